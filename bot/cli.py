@@ -1,0 +1,93 @@
+"""`gpubot` command line (click): run | serve-http | console | demo | check-config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from bot.config import ConfigError, load_config
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _load(path: str):
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        click.echo(f"config {path} is invalid:", err=True)
+        for line in e.errors:
+            click.echo(f"  {line}", err=True)
+        sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default="WARNING", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
+def main(log_level: str) -> None:
+    """gpubot: debug GPU inference servers from Slack, as a team."""
+    _setup_logging(log_level)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+def run(config_path: str) -> None:
+    """Connect to Slack over Socket Mode (needs SLACK_BOT_TOKEN and SLACK_APP_TOKEN)."""
+    from bot.slack.runner import MissingSecret, run_socket_mode
+
+    config = _load(config_path)
+    try:
+        asyncio.run(run_socket_mode(config))
+    except MissingSecret as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command("serve-http")
+@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", "bind", default="0.0.0.0", show_default=True, help="address to listen on")
+def serve_http(config_path: str, port: int, bind: str) -> None:
+    """Serve Slack's HTTP requests at /slack/events (needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)."""
+    from bot.slack.runner import MissingSecret, run_http
+
+    config = _load(config_path)
+    try:
+        asyncio.run(run_http(config, port=port, host=bind))
+    except MissingSecret as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+def console(config_path: str) -> None:
+    """The same commands in a terminal; reads one command per line when stdin is not a terminal."""
+    from bot.console import run_console
+
+    config = _load(config_path)
+    sys.exit(asyncio.run(run_console(config)))
+
+
+@main.command()
+def demo() -> None:
+    """Run /gpu status and /probe against this machine with a demo server. No token, GPU or config needed."""
+    from bot.demo.run import main as demo_main
+
+    sys.exit(demo_main())
+
+
+@main.command("check-config")
+@click.argument("path", type=click.Path())
+def check_config(path: str) -> None:
+    """Validate a config file: prints every error with its location and exits 2, or prints a summary."""
+    config = _load(path)
+    click.echo(f"{path}: OK ({len(config.hosts)} hosts, {len(config.variants)} variants)")
+
+
+if __name__ == "__main__":
+    main()

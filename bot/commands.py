@@ -1,0 +1,128 @@
+"""Command text -> CommandCall (pure). One grammar for `/gpu ...`, `/probe ...`, `@gpubot ...` and `!...`.
+
+Examples (all give name "probe", host "gpu-host-1", kwargs {"pgid": "123"}):
+    slash "/probe" with text "gpu-host-1 pgid=123"
+    slash "/gpu" with text "probe gpu-host-1 pgid=123"
+    message "<@UBOT> probe gpu-host-1 pgid=123"  (app mention, in a channel or a thread)
+    message "!probe gpu-host-1 pgid=123"
+Text is split like a POSIX shell would (shlex, no expansion of anything); nothing here ever runs a shell.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+MAX_COMMAND_CHARS = 4000
+_KWARG_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]{0,40})=(.*)$", re.DOTALL)
+_MENTION_RE = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+
+#: Slash commands and the command name their first word defaults to.
+SLASH_DEFAULTS = {"/gpu": "status", "/gpubot": "help", "/probe": "probe", "/launch": "launch", "/kill": "kill",
+                  "/relaunch": "relaunch"}
+#: `/gpu SUBCOMMAND` forms: `/gpu status`, `/gpu probe`, `/gpu help`.
+GPU_SUBCOMMANDS = {"status", "probe", "help", "launch", "kill", "relaunch", "logs"}
+
+
+class CommandParseError(ValueError):
+    """The text could not be parsed; str() is a user-facing message."""
+
+
+@dataclass
+class CommandCall:
+    """A parsed command: `name` (lower case), positional `args`, `kwargs` from key=value words, the
+    original `raw` text, and `flags` from words like --yes."""
+
+    name: str
+    args: list[str] = field(default_factory=list)
+    kwargs: dict[str, str] = field(default_factory=dict)
+    flags: set[str] = field(default_factory=set)
+    raw: str = ""
+
+
+def _split(text: str) -> list[str]:
+    if len(text) > MAX_COMMAND_CHARS:
+        raise CommandParseError(f"command is too long ({len(text)} characters; at most {MAX_COMMAND_CHARS})")
+    if "\x00" in text:
+        raise CommandParseError("command contains a NUL character")
+    # Slack sends &amp; &lt; &gt; escaped in message text and slash command text.
+    text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    # Smart quotes typed in Slack clients.
+    text = text.translate(str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"}))
+    try:
+        return shlex.split(text, posix=True)
+    except ValueError as e:
+        raise CommandParseError(f"could not parse the command: {e} (check your quotes)") from None
+
+
+def _build(name: str, words: list[str], raw: str) -> CommandCall:
+    name = name.lower()
+    if not _NAME_RE.match(name):
+        raise CommandParseError(f"{name[:40]!r} is not a command name")
+    call = CommandCall(name=name, raw=raw)
+    for w in words:
+        m = _KWARG_RE.match(w)
+        if m:
+            key = m.group(1).lower().replace("-", "_")
+            if key in call.kwargs:
+                raise CommandParseError(f"{key}= given twice")
+            call.kwargs[key] = m.group(2)
+        elif w.startswith("--") and len(w) > 2 and re.fullmatch(r"--[a-z][a-z0-9-]{0,30}", w):
+            call.flags.add(w[2:])
+        else:
+            call.args.append(w)
+    return call
+
+
+def parse_slash(command: str, text: str) -> CommandCall:
+    """Parse a slash command (`command` like "/gpu", `text` what followed it). Raises CommandParseError."""
+    words = _split(text or "")
+    cmd = (command or "").strip().lower()
+    default = SLASH_DEFAULTS.get(cmd)
+    if default is None:
+        raise CommandParseError(f"unknown slash command {cmd[:40]}")
+    if cmd in ("/gpu", "/gpubot") and words and words[0].lower() in GPU_SUBCOMMANDS:
+        return _build(words[0], words[1:], text)
+    if cmd in ("/gpu", "/gpubot") and words and _NAME_RE.match(words[0].lower()) and "=" not in words[0]:
+        # "/gpu gpu-host-1" means status of that host; "/gpu foo" with an unknown word is decided later.
+        return _build(default, words, text)
+    return _build(default, words, text)
+
+
+def strip_mention(text: str) -> tuple[str | None, str]:
+    """Split a leading `<@U123>` mention off message text. Returns (user id or None, rest)."""
+    m = _MENTION_RE.match(text or "")
+    if not m:
+        return None, text or ""
+    return m.group(1), text[m.end() :]
+
+
+def parse_message(text: str, *, bot_user_id: str | None, prefix: str = "!") -> CommandCall | None:
+    """Parse a channel/thread message addressed to the bot: `<@BOT> cmd ...` or `{prefix}cmd ...`.
+
+    Returns None when the message is not addressed to the bot. Raises CommandParseError for a message
+    addressed to the bot that cannot be parsed.
+    """
+    raw = text or ""
+    mentioned, rest = strip_mention(raw)
+    if mentioned is not None:
+        if bot_user_id is not None and mentioned != bot_user_id:
+            return None
+        body = rest
+    elif prefix and raw.lstrip().startswith(prefix):
+        body = raw.lstrip()[len(prefix) :]
+        if not body or body[0].isspace():
+            return None
+    else:
+        return None
+    words = _split(body)
+    if not words:
+        return CommandCall(name="help", raw=raw)
+    first = words[0].lower().lstrip("/")
+    if first in ("gpu", "gpubot"):
+        if len(words) > 1 and words[1].lower() in GPU_SUBCOMMANDS:
+            return _build(words[1], words[2:], raw)
+        return _build("status" if first == "gpu" else "help", words[1:], raw)
+    return _build(first, words[1:], raw)

@@ -1,0 +1,119 @@
+"""The same commands in a terminal: `gpubot console --config FILE`, and the demo's output.
+
+Interactive when stdin is a terminal (prompt `gpubot> `); otherwise one command per line, each answer
+printed as plain text, so sessions can be scripted. Lines look like `/gpu status`, `/probe host pgid=1`,
+`probe host pgid=1` or `!probe ...`; `#` starts a comment line; `quit` / `exit` end the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+from typing import TextIO
+
+from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
+from bot.config import Config
+from bot.render import Message
+from bot.service import HostService
+
+log = logging.getLogger(__name__)
+
+
+class ConsoleSurface:
+    """A Surface that prints plain text to `out`; message ids are increasing integers as strings."""
+
+    def __init__(self, out: TextIO):
+        self.out = out
+        self._ids = itertools.count(1)
+
+    async def post(self, channel: str, message: Message, *, thread_ts: str | None = None) -> str | None:
+        """Print the message text (and the names of attached files). Returns a fresh id."""
+        print(message.text, file=self.out)
+        for name, data in message.files:
+            print(f"[attached {name}, {len(data)} bytes]", file=self.out)
+        self.out.flush()
+        return str(next(self._ids))
+
+    async def update(self, channel: str, ts: str, message: Message) -> bool:
+        """Print the new version of a message, marked as an update."""
+        print(f"[update {ts}] {message.text}", file=self.out)
+        return True
+
+    async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
+                     title: str | None = None) -> bool:
+        """Say that a file would be attached (the console does not store it)."""
+        print(f"[file {filename}: {len(content)} bytes]", file=self.out)
+        return True
+
+
+def parse_console_line(line: str) -> CommandCall | None:
+    """Parse one console line into a CommandCall; None for blank and comment lines.
+
+    Raises CommandParseError for unparseable input.
+    """
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return None
+    if text.startswith("/"):
+        cmd, _, rest = text.partition(" ")
+        try:
+            return parse_slash(cmd, rest)
+        except CommandParseError:
+            text = text[1:]
+    if not text.startswith("!"):
+        text = "!" + text
+    return parse_message(text, bot_user_id=None, prefix="!")
+
+
+async def run_command_line(line: str, config: Config, hosts: HostService, surface: ConsoleSurface,
+                           user_id: str = "console") -> bool:
+    """Run one console line and print its answer. Returns False when the line asks to quit."""
+    from handlers import dispatch
+    from handlers.base import CommandContext, error_message
+
+    if line.strip().lower() in ("quit", "exit"):
+        return False
+    try:
+        call = parse_console_line(line)
+    except CommandParseError as e:
+        await surface.post("console", error_message("Bad command", str(e)))
+        return True
+    if call is None:
+        return True
+    ctx = CommandContext(user_id=user_id, channel_id="console", config=config, hosts=hosts, source="console")
+    await surface.post("console", await dispatch(call, ctx))
+    return True
+
+
+async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextIO | None = None,
+                      hosts: HostService | None = None) -> int:
+    """Read commands from `stdin` until EOF or `quit`; print each answer to `out`. Returns exit code 0."""
+    stdin = stdin or sys.stdin
+    out = out or sys.stdout
+    own = hosts is None
+    hosts = hosts or HostService(config)
+    surface = ConsoleSurface(out)
+    interactive = stdin.isatty()
+    try:
+        while True:
+            if interactive:
+                try:
+                    line = await asyncio.to_thread(input, "gpubot> ")
+                except EOFError:
+                    break
+            else:
+                line = await asyncio.to_thread(stdin.readline)
+                if line == "":
+                    break
+                if line.strip() and not line.lstrip().startswith("#"):
+                    print(f"> {line.strip()}", file=out)
+            if not await run_command_line(line, config, hosts, surface):
+                break
+            if not interactive:
+                print("", file=out)
+    finally:
+        if own:
+            await hosts.close()
+    return 0

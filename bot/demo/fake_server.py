@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""A fake multi-process inference server for the demo and the tests. Standard library only.
+
+The launcher spawns `--workers` TP-rank worker processes (like `sglang::scheduler_TP0..N`), each of which
+"loads weights" (registers fake GPU memory with the fake nvidia-smi when `--gpu-state` is given) and logs
+SGLang-style phase lines (sglang 0.4/0.5 formats). Then, by `--mode`:
+
+- ready: KV cache and CUDA graph lines, then `The server is fired up and ready to roll!` and an HTTP
+  server on `--port` answering GET /health with 200 (and /v1/models).
+- hang:  nothing after `Load weight end`: processes alive, memory held, port closed (case 00).
+- crash: a Python traceback from rank 0, then every process exits 1.
+- oom:   `torch.OutOfMemoryError: CUDA out of memory` from rank 0, exit 1.
+- exit:  prints a shutdown line and exits 0.
+`--own-pgid-child` makes one extra child that calls setsid() (escapes the process group, stays in no
+session of ours) to test that kills reach every process of a launch.
+"""
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def log(msg, rank=None):
+    ts = time.strftime("%Y-%m-%d %H:%M:%S")
+    tag = f"{ts} TP{rank}" if rank is not None else ts
+    print(f"[{tag}] {msg}", flush=True)
+
+
+def register(state, pid, gpu, mib):
+    if not state:
+        return
+    d = os.path.join(state, "holders")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, str(pid)), "w") as f:
+        f.write(f"{gpu} {mib}\n")
+
+
+def worker(args):
+    rank = args.worker_rank
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else [0]
+    gpu = gpus[rank % len(gpus)]
+    log("Load weight begin. avail mem=139.00 GB", rank)
+    steps = max(1, args.load_steps)
+    for i in range(steps):
+        time.sleep(args.load_s / steps)
+        if steps > 1:
+            print(f"Loading safetensors checkpoint shards: {int(100 * (i + 1) / steps)}% "
+                  f"Completed | {i + 1}/{steps}", flush=True)
+    register(args.gpu_state, os.getpid(), gpu, args.mem_mib)
+    log(f"Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16, avail mem={139 - args.mem_mib / 1024:.2f} GB, "
+        f"mem usage={args.mem_mib / 1024:.2f} GB.", rank)
+    if args.mode == "hang":
+        while True:
+            time.sleep(3600)
+    if args.mode == "oom" and rank == 0:
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+              "capacity of 139.81 GiB of which 1.19 GiB is free.", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if args.mode == "crash" and rank == 0:
+        raise RuntimeError("fake scheduler failed during init")
+    log("KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB", rank)
+    log("Capture cuda graph begin. This can take up to several minutes. avail mem=50.00 GB", rank)
+    log("Capture cuda graph end. Time elapsed: 0.10 s. mem usage=0.50 GB. avail mem=49.50 GB.", rank)
+    if args.mode in ("crash", "oom"):
+        time.sleep(0.5)
+        sys.exit(1)
+    # stay alive until the launcher goes away or we are signalled
+    while True:
+        time.sleep(3600)
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server API
+        if self.path in ("/health", "/health_generate", "/v1/models"):
+            body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def launcher(args):
+    log(f"server_args=ServerArgs(model_path='/data/fake', tp_size={args.workers}, port={args.port}, mode={args.mode})")
+    children = []
+    for rank in range(args.workers):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker-rank", str(rank), *sys.argv[1:]]
+        children.append(subprocess.Popen(cmd))
+    if args.own_pgid_child:
+        children.append(subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
+                                         start_new_session=True))
+        log(f"helper process {children[-1].pid} started in its own session")
+    if args.mode == "exit":
+        time.sleep(args.load_s)
+        log("Shutting down (requested).")
+        for c in children:
+            c.terminate()
+        return 0
+    if args.mode == "ready":
+        time.sleep(args.load_s + 0.3)
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
+        log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
+        log("The server is fired up and ready to roll!")
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    while True:
+        for c in children:
+            rc = c.poll()
+            if rc not in (None, 0) and args.mode in ("crash", "oom"):
+                log(f"Received sigquit from a child process. It usually means the child failed. rc={rc}")
+                for o in children:
+                    if o.poll() is None:
+                        o.terminate()
+                return 1
+        time.sleep(0.2)
+
+
+def main():
+    p = argparse.ArgumentParser(description="fake multi-process inference server")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--gpus", default="0")
+    p.add_argument("--mem-mib", type=float, default=8610)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--mode", choices=["ready", "hang", "crash", "oom", "exit"], default="ready")
+    p.add_argument("--load-s", type=float, default=0.5)
+    p.add_argument("--load-steps", type=int, default=1)
+    p.add_argument("--gpu-state", default=None)
+    p.add_argument("--own-pgid-child", action="store_true")
+    p.add_argument("--worker-rank", type=int, default=None)
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.worker_rank is not None:
+        return worker(args)
+    return launcher(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Plain data models shared by parsers, probe, handlers and templates.
+
+Everything here is a frozen-ish dataclass with no I/O. Units are in the field names or docstrings:
+memory in MiB, time in seconds, utilization in percent, power in watts, temperature in Celsius.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class GpuSource(str, Enum):
+    """Where a GPU reading came from."""
+
+    NVIDIA_SMI = "nvidia-smi"
+    NVML = "nvml"
+
+
+@dataclass
+class GpuReading:
+    """One GPU as reported by `nvidia-smi --query-gpu` or NVML.
+
+    Numeric fields are None when the tool printed `[N/A]`, `[Not Supported]` or anything that is not a
+    number. Memory is MiB, utilization percent, temperature Celsius, power watts, clocks MHz.
+    """
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    temperature_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    pstate: str | None = None
+    clocks_sm_mhz: float | None = None
+    ecc_uncorrected: float | None = None
+
+    @property
+    def memory_used_gib(self) -> float | None:
+        """Memory in use in GiB (MiB / 1024), or None when unknown."""
+        return None if self.memory_used_mib is None else self.memory_used_mib / 1024.0
+
+    @property
+    def memory_total_gib(self) -> float | None:
+        """Total memory in GiB (MiB / 1024), or None when unknown."""
+        return None if self.memory_total_mib is None else self.memory_total_mib / 1024.0
+
+
+@dataclass
+class GpuProcess:
+    """A compute process holding GPU memory (`nvidia-smi --query-compute-apps` or NVML).
+
+    `used_memory_mib` is MiB (None when not reported). `gpu_index` is filled in by matching `gpu_uuid`
+    against the GPU table; None when the UUID is unknown.
+    """
+
+    pid: int
+    used_memory_mib: float | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    process_name: str | None = None
+
+    @property
+    def used_memory_gib(self) -> float | None:
+        """GPU memory held in GiB, or None when unknown."""
+        return None if self.used_memory_mib is None else self.used_memory_mib / 1024.0
+
+
+@dataclass
+class GpuSection:
+    """The GPU part of a snapshot.
+
+    `ok` is False when the readings could not be taken; `error` then says exactly why (e.g.
+    "nvidia-smi did not answer in 10 s", "nvidia-smi not found on the host", "NVIDIA driver is not
+    loaded (nvidia-smi exit 9)"). `note` is an informational label such as "replayed sample GPU data".
+    """
+
+    ok: bool
+    gpus: list[GpuReading] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+    source: GpuSource = GpuSource.NVIDIA_SMI
+    error: str | None = None
+    note: str | None = None
+    processes_error: str | None = None
+
+
+@dataclass
+class ProcessInfo:
+    """One row of `ps -eo pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args` (procps-ng).
+
+    `rss_kib` is KiB as ps prints it, `elapsed_s` seconds since start, `cpu_time_s` cumulative CPU
+    seconds (parsed from ps `TIME`, `[[DD-]HH:]MM:SS`), `pcpu` percent of one core averaged over the
+    process lifetime. Fields ps could not print are None.
+    """
+
+    pid: int
+    ppid: int | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    stat: str = ""
+    pcpu: float | None = None
+    rss_kib: int | None = None
+    elapsed_s: int | None = None
+    cpu_time_s: int | None = None
+    wchan: str | None = None
+    args: str = ""
+
+    @property
+    def state(self) -> str:
+        """The one-letter process state (R, S, D, Z, T, ...), first letter of STAT; '?' if empty."""
+        return self.stat[:1] or "?"
+
+
+@dataclass
+class LogInfo:
+    """Stat and tail of a log file.
+
+    `size_bytes` bytes, `mtime` seconds since the epoch (remote clock), `lines` newline count
+    (`wc -l`), `tail` the last lines (decoded with replacement, each cut to a bounded width).
+    `error` is set when the file could not be read (missing, permission denied).
+    """
+
+    path: str
+    exists: bool = False
+    size_bytes: int | None = None
+    mtime: float | None = None
+    lines: int | None = None
+    tail: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def seconds_since_write(self, now: float | None) -> float | None:
+        """Seconds between the last write and `now` (remote clock, epoch seconds); None if unknown."""
+        if now is None or self.mtime is None:
+            return None
+        return max(0.0, now - self.mtime)
+
+
+@dataclass
+class ListenSocket:
+    """A listening TCP socket from /proc/net/tcp or /proc/net/tcp6 (state 0A)."""
+
+    address: str
+    port: int
+    inode: int | None = None
+    ipv6: bool = False
+
+
+@dataclass
+class HealthResult:
+    """The result of `curl -m` against a health endpoint.
+
+    `status` is one of ok (2xx), http_NNN (other code), refused, timeout, error, unavailable
+    (curl missing). `http_code` is the HTTP status (None when no response), `elapsed_s` seconds.
+    """
+
+    url: str
+    status: str
+    http_code: int | None = None
+    elapsed_s: float | None = None
+    detail: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """Everything one probe of one host saw, taken in one round trip.
+
+    `clock` is the remote epoch time in seconds; `processes` the selected process rows (GPU holders
+    plus whatever the probe asked for); `port_listening` is None when no port was asked for.
+    `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
+    """
+
+    host: str
+    clock: float | None = None
+    hostname: str | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)
+    all_process_count: int = 0
+    gpu: GpuSection = field(default_factory=lambda: GpuSection(ok=False, error="not probed"))
+    log: LogInfo | None = None
+    listening: list[ListenSocket] = field(default_factory=list)
+    port: int | None = None
+    port_listening: bool | None = None
+    health: HealthResult | None = None
+    errors: list[str] = field(default_factory=list)
+    duration_s: float | None = None
+
+
+@dataclass
+class HostFailure:
+    """A host that could not be probed at all (unreachable, host key refused, auth failed, timeout)."""
+
+    host: str
+    reason: str

@@ -1,0 +1,342 @@
+"""Pure parsers for procps-ng `ps` output, and process selection over the parsed rows.
+
+No I/O here. Formats come from real captures (procps-ng on Ubuntu 24.04, `tests/fixtures/h200/*.ps.txt`)
+and public bug reports (`ps aux`, `tests/fixtures/cases/00-*/ps.txt`):
+
+- the probe: `ps -eww -o pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args`
+  (header `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN COMMAND`)
+- the fixtures: the same plus `pmem,vsz` (`%MEM`, `VSZ` columns)
+- `ps aux` (`USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND`)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from bot.models import ProcessInfo
+
+__all__ = [
+    "PS_COLUMNS",
+    "parse_cputime",
+    "parse_etime",
+    "parse_ps",
+    "process_tree",
+    "select_processes",
+]
+
+PS_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args"
+"""The `-o` format the probe passes to `ps -eww -o` (procps-ng). `args` must stay last."""
+
+# Header names procps-ng prints -> internal column kind.
+_HEADER_KINDS: dict[str, str] = {
+    "PID": "pid",
+    "PPID": "ppid",
+    "PGID": "pgid",
+    "PGRP": "pgid",
+    "SID": "sid",
+    "SESS": "sid",
+    "STAT": "stat",
+    "S": "stat",
+    "%CPU": "pcpu",
+    "RSS": "rss",
+    "RSZ": "rss",
+    "ELAPSED": "elapsed",
+    "TIME": "cputime",
+    "WCHAN": "wchan",
+    "COMMAND": "args",
+    "CMD": "args",
+    "ARGS": "args",
+}
+# `-o` format specifiers (lower case, without `:width` / `=header`) -> column kind.
+_SPEC_KINDS: dict[str, str] = {
+    "pid": "pid",
+    "tgid": "pid",
+    "ppid": "ppid",
+    "pgid": "pgid",
+    "pgrp": "pgid",
+    "sid": "sid",
+    "sess": "sid",
+    "session": "sid",
+    "stat": "stat",
+    "s": "stat",
+    "state": "stat",
+    "pcpu": "pcpu",
+    "%cpu": "pcpu",
+    "rss": "rss",
+    "rssize": "rss",
+    "rsz": "rss",
+    "etimes": "elapsed",
+    "etime": "elapsed",
+    "time": "cputime",
+    "cputime": "cputime",
+    "cputimes": "cputime",
+    "times": "cputime",
+    "wchan": "wchan",
+    "args": "args",
+    "command": "args",
+    "cmd": "args",
+    "comm": "args",
+    "ucmd": "args",
+    "ucomm": "args",
+}
+
+_DURATION_RE = re.compile(r"^(?:(?:(\d{1,6})-)?(\d{1,4}):)?(\d{1,9}):(\d{1,2})$")
+_MAX_LINE = 256 * 1024  # `ps -ww` prints full command lines; Linux caps them near 128 KiB of args
+
+
+def _duration(text: str) -> int | None:
+    """Seconds from `[[DD-]HH:]MM:SS` or a plain integer; None on anything else."""
+    if not isinstance(text, str):
+        return None
+    s = text.strip()
+    if not s or not s.isascii():
+        return None
+    if s.isdigit():
+        return int(s) if len(s) <= 12 else None
+    m = _DURATION_RE.match(s)
+    if not m:
+        return None
+    days, hours, minutes, seconds = m.groups()
+    if int(seconds) >= 60 or (hours is not None and int(minutes) >= 60):
+        return None
+    if days is not None and int(hours) >= 24:
+        return None
+    return int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes) * 60 + int(seconds)
+
+
+def parse_cputime(text: str) -> int | None:
+    """Return cumulative CPU time in whole seconds from a ps `TIME` cell, or None.
+
+    Accepts procps-ng `time`/`cputime` output `[DD-]HH:MM:SS` (`00:00:04`, `1-02:03:04`), the
+    BSD-style `MM:SS` of `ps aux` where minutes may exceed 59 (`18:36` = 1116 s), and plain integer
+    seconds (`cputimes`). Seconds must be < 60, minutes < 60 when hours are present, hours < 24
+    when days are present. Never raises.
+    """
+    return _duration(text)
+
+
+def parse_etime(text: str) -> int | None:
+    """Return elapsed time since process start in whole seconds from a ps `ELAPSED` cell, or None.
+
+    Accepts procps-ng `etime` output `[[DD-]HH:]MM:SS` (`05:07`, `01:02:03`, `2-03:04:05`) and the
+    integer seconds of `etimes` (`20`); both print the header `ELAPSED`. Never raises.
+    """
+    return _duration(text)
+
+
+def _int(token: str) -> int | None:
+    """Non-negative int from an ASCII digit token, else None."""
+    return int(token) if token.isascii() and token.isdigit() and len(token) <= 18 else None
+
+
+def _float(token: str) -> float | None:
+    """Finite float from a numeric token (`0.2`, `137`), else None."""
+    if not token.isascii() or len(token) > 32:
+        return None
+    try:
+        value = float(token)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _spec_kind(spec: str) -> str | None:
+    """Column kind of an `-o` specifier such as `wchan:32` or `pid=`."""
+    name = spec.strip().split("=", 1)[0].split(":", 1)[0].strip().lower()
+    return _SPEC_KINDS.get(name)
+
+
+def _header_kinds(tokens: list[str]) -> list[str | None] | None:
+    """Column kinds of a header line, or None when the tokens do not look like a ps header."""
+    if not tokens or "PID" not in tokens or _int(tokens[0]) is not None:
+        return None
+    kinds = [_HEADER_KINDS.get(t) for t in tokens]
+    return kinds if sum(k is not None for k in kinds) >= 2 else None
+
+
+def _row(kinds: Sequence[str | None], line: str) -> ProcessInfo | None:
+    """One ProcessInfo from a data line, or None when the line does not fit the columns."""
+    n = len(kinds)
+    parts = line.split(None, n - 1)
+    if len(parts) < n:
+        if len(parts) == n - 1 and kinds[-1] == "args":
+            parts.append("")  # empty command line
+        else:
+            return None
+    values: dict[str, str] = {}
+    for kind, part in zip(kinds, parts, strict=True):
+        if kind is not None and kind not in values:
+            values[kind] = part
+    pid = _int(values.get("pid", ""))
+    if pid is None:
+        return None
+    info = ProcessInfo(pid=pid)
+    if "ppid" in values:
+        info.ppid = _int(values["ppid"])
+    if "pgid" in values:
+        info.pgid = _int(values["pgid"])
+    if "sid" in values:
+        info.sid = _int(values["sid"])
+    if "stat" in values:
+        info.stat = values["stat"] if values["stat"] != "-" else ""
+    if "pcpu" in values:
+        info.pcpu = _float(values["pcpu"])
+    if "rss" in values:
+        info.rss_kib = _int(values["rss"])
+    if "elapsed" in values:
+        info.elapsed_s = parse_etime(values["elapsed"])
+    if "cputime" in values:
+        info.cpu_time_s = parse_cputime(values["cputime"])
+    if "wchan" in values:
+        w = values["wchan"]
+        info.wchan = None if w in ("-", "") else w
+    if "args" in values:
+        info.args = values["args"].rstrip()
+    return info
+
+
+def parse_ps(text: str, columns: Sequence[str] | None = None) -> list[ProcessInfo]:
+    """Parse procps-ng `ps` output into ProcessInfo rows, in input order.
+
+    Without `columns` the text must start with (or contain) a header line; its names decide the
+    columns: `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN COMMAND` (the probe's PS_COLUMNS),
+    the same with `%MEM VSZ` (fixtures) and `ps aux` (`USER PID %CPU %MEM VSZ RSS TTY STAT START TIME
+    COMMAND`) all work; unknown columns (USER, %MEM, VSZ, TTY, START, ...) are ignored. A later header
+    line switches the layout (concatenated outputs). If no header appears before the first data line,
+    the PS_COLUMNS layout is assumed.
+
+    With `columns` (a sequence of `-o` specifiers such as `("pid", "ppid", "wchan:32", "args")`, or a
+    comma-separated string like PS_COLUMNS) the text has no header; header-looking lines are skipped.
+
+    Cells are whitespace-separated, and the last column keeps its internal spaces (so it must be
+    `args`/`COMMAND`; columns whose values contain spaces, like `lstart`, are not supported elsewhere).
+    ELAPSED may be integer seconds (`etimes`) or `[[DD-]HH:]MM:SS` (`etime`); TIME is
+    `[[DD-]HH:]MM:SS` or `MM:SS` (`ps aux`). Units: `rss_kib` KiB, `pcpu` percent, times seconds.
+    WCHAN `-` becomes None. Lines that do not fit (no integer PID, too few cells) are skipped.
+    Never raises.
+    """
+    if not isinstance(text, str):
+        return []
+    kinds: list[str | None] | None = None
+    if columns is not None:
+        specs = columns.split(",") if isinstance(columns, str) else list(columns)
+        kinds = [_spec_kind(str(s)) for s in specs if str(s).strip()]
+        if not kinds:
+            return []
+    out: list[ProcessInfo] = []
+    for line in text.splitlines():
+        if not line.strip() or len(line) > _MAX_LINE:
+            continue
+        if columns is None:
+            head = _header_kinds(line.split())
+            if head is not None:
+                kinds = head
+                continue
+            if kinds is None:
+                kinds = [_spec_kind(s) for s in PS_COLUMNS.split(",")]
+        assert kinds is not None
+        info = _row(kinds, line)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def _children_map(procs: Sequence[ProcessInfo]) -> dict[int, list[int]]:
+    """ppid -> positions (in input order) of the rows with that parent."""
+    children: dict[int, list[int]] = {}
+    for pos, p in enumerate(procs):
+        if p.ppid is not None and p.ppid != p.pid:
+            children.setdefault(p.ppid, []).append(pos)
+    return children
+
+
+def select_processes(
+    procs: Iterable[ProcessInfo],
+    *,
+    pids: Iterable[int] = (),
+    pgid: int | None = None,
+    sid: int | None = None,
+    pid: int | None = None,
+    match: str | None = None,
+    include_descendants: bool = True,
+) -> list[ProcessInfo]:
+    """Return the rows matching any of the criteria, plus (by default) their descendants.
+
+    A row is selected when its pid is in `pids`, or equals `pid`, or its pgid equals `pgid`, or its
+    sid equals `sid`, or `match` is a case-sensitive plain substring of its `args` (no regex; an
+    empty `match` selects nothing). With `include_descendants`, every row whose parent chain (by
+    ppid, within `procs`) reaches a selected row is added too. The result keeps input order and
+    holds each pid once (the first row with that pid). No criteria -> []. Pure; never raises.
+    """
+    rows = list(procs)
+    wanted = set(pids)
+    if pid is not None:
+        wanted.add(pid)
+    selected: set[int] = set()
+    for pos, p in enumerate(rows):
+        if (
+            p.pid in wanted
+            or (pgid is not None and p.pgid == pgid)
+            or (sid is not None and p.sid == sid)
+            or (match and match in p.args)
+        ):
+            selected.add(pos)
+    if include_descendants and selected:
+        children = _children_map(rows)
+        stack = [rows[pos].pid for pos in selected]
+        seen_pids = set(stack)
+        while stack:
+            parent = stack.pop()
+            for child_pos in children.get(parent, ()):
+                selected.add(child_pos)
+                child_pid = rows[child_pos].pid
+                if child_pid not in seen_pids:
+                    seen_pids.add(child_pid)
+                    stack.append(child_pid)
+    out: list[ProcessInfo] = []
+    emitted: set[int] = set()
+    for pos, p in enumerate(rows):
+        if pos in selected and p.pid not in emitted:
+            emitted.add(p.pid)
+            out.append(p)
+    return out
+
+
+def process_tree(procs: Iterable[ProcessInfo]) -> list[tuple[int, ProcessInfo]]:
+    """Return `(depth, row)` pairs in depth-first order (children in input order under their parent).
+
+    Roots (depth 0) are rows whose ppid is None, equal to their own pid, or not the pid of another row
+    in `procs`. Every input row appears exactly once: rows caught in a ppid cycle (no root above them)
+    are emitted as extra roots in input order. Iterative, so deep chains do not hit the recursion
+    limit. Pure; never raises.
+    """
+    rows = list(procs)
+    present = {p.pid for p in rows}
+    children = _children_map(rows)
+    out: list[tuple[int, ProcessInfo]] = []
+    visited: set[int] = set()  # positions
+    expanded: set[int] = set()  # pids whose children were pushed
+
+    def walk(root: int) -> None:
+        stack: list[tuple[int, int]] = [(root, 0)]
+        while stack:
+            pos, depth = stack.pop()
+            if pos in visited:
+                continue
+            visited.add(pos)
+            row = rows[pos]
+            out.append((depth, row))
+            if row.pid in expanded:
+                continue
+            expanded.add(row.pid)
+            kids = [c for c in children.get(row.pid, ()) if c not in visited]
+            stack.extend((c, depth + 1) for c in reversed(kids))
+
+    for pos, p in enumerate(rows):
+        if p.ppid is None or p.ppid == p.pid or p.ppid not in present:
+            walk(pos)
+    for pos in range(len(rows)):
+        if pos not in visited:
+            walk(pos)
+    return out

@@ -1,0 +1,287 @@
+"""The one-round-trip probe: build ONE shell script, split its output into sections, assemble a Snapshot.
+
+The script is sent on stdin to `timeout -k 5 BUDGET sh -s` over one SSH session channel. It prints
+sections between markers that carry a random nonce, so nothing a log line contains can fake a section:
+
+    @@<nonce> BEGIN <name>
+    ...output...
+    @@<nonce> END <name> rc=<exit status>
+
+Sections: clock (`date +%s`), hostname (`uname -n`), ps (`ps -eww -o ...`, procps-ng), gpu and gpu_apps
+(`nvidia-smi --query-gpu=... / --query-compute-apps=... --format=csv,noheader,nounits`, each under its
+own `timeout -k`), log_stat and log_tail (GNU coreutils `stat`, `wc -l`, `tail`), tcp4 and tcp6
+(listening rows of /proc/net/tcp and /proc/net/tcp6: many GPU hosts have no `ss`), and health
+(`curl -sS -o /dev/null -m T -w '%{http_code} %{time_total}'`).
+
+Everything here is pure; `bot.service` runs the script through an executor.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from bot.models import GpuSection, LogInfo, Snapshot
+from bot.parse import health as health_parse
+from bot.parse import log as log_parse
+from bot.parse import nvidia_smi, proc_net
+from bot.parse import ps as ps_parse
+from bot.remote import quote
+
+#: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
+LOG_TAIL_BYTES = 262_144
+#: Widest command line shown, characters.
+MAX_LINE_WIDTH = 400
+
+_SAFE_PATH_RE = re.compile(r"^/[^\x00-\x1f\x7f]*$")
+_HEALTH_PATH_RE = re.compile(r"^/[A-Za-z0-9_./-]*$")
+
+
+class ProbeRequestError(ValueError):
+    """A probe argument is invalid; str() is a user-facing message."""
+
+
+@dataclass
+class ProbeRequest:
+    """What one probe should collect.
+
+    Selectors (`pid`, `pgid`, `sid`, `match`) pick processes in addition to every GPU-holding PID;
+    `log_path` is an absolute path on the host; `port` a TCP port 1..65535 whose listening state and
+    health endpoint (`health_path`) are checked; `tail_lines` lines of log tail (1..500).
+    `gpu` False skips nvidia-smi (used when GPU readings come from NVML).
+    """
+
+    pid: int | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    match: str | None = None
+    log_path: str | None = None
+    port: int | None = None
+    health_path: str | None = "/health"
+    tail_lines: int = 20
+    gpu: bool = True
+    health_timeout_s: float = 3.0
+    nvidia_smi: str = "nvidia-smi"
+    nvidia_smi_timeout_s: float = 10.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ProbeRequestError when a value is out of range or unsafe to send."""
+        for name in ("pid", "pgid", "sid"):
+            v = getattr(self, name)
+            if v is not None and not (1 <= v <= 4_194_304):
+                raise ProbeRequestError(f"{name} must be a process id between 1 and 4194304")
+        if self.port is not None and not (1 <= self.port <= 65535):
+            raise ProbeRequestError("port must be 1..65535")
+        if self.match is not None and (not self.match or len(self.match) > 200 or "\x00" in self.match):
+            raise ProbeRequestError("match must be 1..200 characters")
+        if self.log_path is not None:
+            if len(self.log_path) > 4096 or not _SAFE_PATH_RE.match(self.log_path):
+                raise ProbeRequestError("log must be an absolute path like /data/logs/server.log")
+        if self.health_path is not None and not _HEALTH_PATH_RE.match(self.health_path):
+            raise ProbeRequestError("health path must look like /health")
+        if not 1 <= self.tail_lines <= 500:
+            raise ProbeRequestError("tail lines must be 1..500")
+
+
+@dataclass
+class Section:
+    """One section of probe output: raw `body` bytes, the `rc` its command exited with (None when the
+    END marker never came, e.g. the whole script was killed), and `complete`."""
+
+    body: bytes
+    rc: int | None
+    complete: bool
+
+
+def new_nonce() -> str:
+    """A fresh 16-hex-digit marker nonce."""
+    return secrets.token_hex(8)
+
+
+def build_script(req: ProbeRequest, nonce: str) -> str:
+    """Return the POSIX sh script for `req`. Every value from a request is validated and shell-quoted.
+
+    Raises ProbeRequestError for invalid requests.
+    """
+    req.validate()
+    if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
+        raise ValueError("nonce must be hex")
+    nv = quote(req.nvidia_smi)
+    nvt = max(1, int(round(req.nvidia_smi_timeout_s)))
+    lines = [
+        "export LC_ALL=C",
+        *(f"export {k}={quote(v)}" for k, v in req.env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)),
+        f"M={nonce}",
+        "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }",
+        "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
+        "b clock; date +%s; e clock $?",
+        "b hostname; uname -n; e hostname $?",
+        f"b ps; ps -eww -o {ps_parse.PS_COLUMNS} 2>&1; e ps $?",
+    ]
+    if req.gpu:
+        gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
+        app_fields = ",".join(nvidia_smi.APPS_QUERY_FIELDS)
+        for sec, query in (("gpu", f"--query-gpu={gpu_fields}"), ("gpu_apps", f"--query-compute-apps={app_fields}")):
+            lines.append(
+                f"b {sec}; if command -v {nv} >/dev/null 2>&1; then "
+                f"timeout -k 2 {nvt} {nv} {query} --format=csv,noheader,nounits 2>&1; r=$?; "
+                f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r"
+            )
+    if req.log_path is not None:
+        lp = quote(req.log_path)
+        lines += [
+            f"L={lp}",
+            'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
+            'elif [ ! -r "$L" ]; then echo "permission denied"; r=13; '
+            'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
+            'else printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$(stat -c %Y -- "$L")" '
+            '"$(timeout -k 1 5 wc -l < "$L")"; r=0; fi; e log_stat $r',
+            f'b log_tail; if [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
+            f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
+        ]
+    if req.port is not None:
+        lines += [
+            "b tcp4; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp 2>&1; e tcp4 $?",
+            "b tcp6; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp6 2>&1; e tcp6 $?",
+        ]
+        if req.health_path is not None:
+            url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
+            ht = max(1, int(round(req.health_timeout_s)))
+            lines.append(
+                "b health; if command -v curl >/dev/null 2>&1; then "
+                f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
+                "else echo 'curl: command not found'; r=127; fi; e health $r"
+            )
+    lines.append("exit 0")
+    return "\n".join(lines) + "\n"
+
+
+def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
+    """Split raw script output into sections keyed by name.
+
+    A section whose END marker is missing (script killed mid-way) is returned with rc None and
+    complete False, holding whatever came before the next marker. Never raises.
+    """
+    marker = re.compile(rb"\n?@@" + re.escape(nonce.encode()) + rb" (BEGIN|END) ([a-z0-9_]+)(?: rc=(-?\d*))?\n?")
+    out: dict[str, Section] = {}
+    current: str | None = None
+    start = 0
+    for m in marker.finditer(output):
+        kind, name = m.group(1).decode(), m.group(2).decode()
+        if kind == "BEGIN":
+            if current is not None:
+                out[current] = Section(output[start : m.start()], None, False)
+            current, start = name, m.end()
+        elif current == name:
+            rc_text = m.group(3) or b""
+            try:
+                rc: int | None = int(rc_text)
+            except ValueError:
+                rc = None
+            out[name] = Section(output[start : m.start()], rc, True)
+            current = None
+    if current is not None:
+        out[current] = Section(output[start:], None, False)
+    return out
+
+
+def _text(sec: Section | None) -> str:
+    return "" if sec is None else sec.body.decode("utf-8", errors="replace")
+
+
+def assemble_snapshot(
+    host: str,
+    req: ProbeRequest,
+    sections: dict[str, Section],
+    *,
+    gpu_override: GpuSection | None = None,
+    gpu_note: str | None = None,
+) -> Snapshot:
+    """Build a Snapshot from split sections (pure).
+
+    `gpu_override` replaces the nvidia-smi sections (readings taken through NVML). Missing or failed
+    sections become entries in `Snapshot.errors`, never exceptions.
+    """
+    snap = Snapshot(host=host)
+    clock = _text(sections.get("clock")).strip()
+    try:
+        snap.clock = float(clock.splitlines()[0]) if clock else None
+    except (ValueError, IndexError):
+        snap.errors.append("remote clock unreadable")
+    hn = _text(sections.get("hostname")).strip()
+    snap.hostname = hn.splitlines()[0][:255] if hn else None
+
+    # GPUs
+    if gpu_override is not None:
+        snap.gpu = gpu_override
+    elif req.gpu:
+        g, a = sections.get("gpu"), sections.get("gpu_apps")
+        if g is None:
+            snap.gpu = GpuSection(ok=False, error="GPU readings missing from the probe output (probe cut short)")
+        else:
+            grc = g.rc if g.complete else 124
+            arc = (a.rc if a.complete else 124) if a is not None else None
+            snap.gpu = nvidia_smi.gpu_section_from_outputs(
+                grc, _text(g), arc, _text(a), timeout_s=req.nvidia_smi_timeout_s
+            )
+    else:
+        snap.gpu = GpuSection(ok=False, error="GPU readings not requested")
+    if gpu_note and snap.gpu.note is None:
+        snap.gpu.note = gpu_note
+
+    # Processes: every GPU holder plus the selectors, with descendants.
+    ps_sec = sections.get("ps")
+    procs = ps_parse.parse_ps(_text(ps_sec)) if ps_sec is not None else []
+    if ps_sec is None or not procs:
+        snap.errors.append("process table unavailable (ps failed or printed nothing)")
+    for p in procs:
+        if len(p.args) > 4 * MAX_LINE_WIDTH:
+            p.args = p.args[: 4 * MAX_LINE_WIDTH] + "…"
+    snap.all_process_count = len(procs)
+    gpu_pids = [gp.pid for gp in snap.gpu.processes]
+    snap.processes = ps_parse.select_processes(
+        procs, pids=gpu_pids, pgid=req.pgid, sid=req.sid, pid=req.pid, match=req.match
+    )
+    for gp in snap.gpu.processes:
+        if gp.process_name in (None, "", "[Not Found]"):
+            row = next((p for p in procs if p.pid == gp.pid), None)
+            if row is not None:
+                gp.process_name = row.args.split(" ", 1)[0][:80]
+
+    # Log
+    if req.log_path is not None:
+        info = LogInfo(path=req.log_path)
+        st = sections.get("log_stat")
+        if st is None:
+            info.error = "log stat missing from the probe output"
+        elif st.rc != 0:
+            info.error = _text(st).strip().splitlines()[0] if _text(st).strip() else f"stat failed (rc={st.rc})"
+        else:
+            info.exists = True
+            info.size_bytes, info.mtime, info.lines = log_parse.parse_log_stat(_text(st))
+            tail = sections.get("log_tail")
+            if tail is not None:
+                info.tail = log_parse.clean_log_lines(tail.body, max_lines=req.tail_lines, max_width=MAX_LINE_WIDTH)
+        snap.log = info
+
+    # Port and health
+    if req.port is not None:
+        snap.port = req.port
+        t4, t6 = sections.get("tcp4"), sections.get("tcp6")
+        socks = []
+        if t4 is not None:
+            socks += proc_net.parse_proc_net_tcp(_text(t4), ipv6=False)
+        if t6 is not None:
+            socks += proc_net.parse_proc_net_tcp(_text(t6), ipv6=True)
+        snap.listening = socks
+        if t4 is None and t6 is None:
+            snap.errors.append("listening sockets unavailable")
+        else:
+            snap.port_listening = proc_net.is_listening(socks, req.port)
+        h = sections.get("health")
+        if h is not None and req.health_path is not None:
+            url = f"http://127.0.0.1:{req.port}{req.health_path}"
+            snap.health = health_parse.parse_curl(h.rc if h.complete else 124, _text(h), url)
+    return snap

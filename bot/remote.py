@@ -1,0 +1,322 @@
+"""Executors: run one shell command on a host and return its exit status and output.
+
+`SSHExecutor` keeps ONE pooled asyncssh connection per host, reused by every command, reconnected after
+a drop, with keepalives, a connect timeout, at most `max_channels` concurrent session channels (OpenSSH's
+MaxSessions defaults to 10) and retries of refused channel opens. Host keys are always verified against
+the configured known_hosts file. `LocalExecutor` runs the same commands on the bot's own machine.
+
+Every command is wrapped in coreutils `timeout -k KILL_AFTER BUDGET` on the remote side, and guarded by a
+client-side timeout, so a hung tool (nvidia-smi on a wedged driver) never hangs the bot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import asyncssh
+
+from bot.config import HostConfig
+
+log = logging.getLogger(__name__)
+
+KILL_AFTER_S = 5
+#: Extra seconds the client waits beyond the remote budget before giving up on a command.
+CLIENT_MARGIN_S = 10.0
+
+
+@dataclass
+class CommandResult:
+    """Outcome of one command: `exit_status` (None when killed by a signal), raw `stdout`/`stderr` bytes,
+    `duration_s` seconds measured on the bot, `exit_signal` name when the remote process was signalled."""
+
+    exit_status: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    exit_signal: str | None = None
+
+
+class RemoteError(Exception):
+    """A host could not run a command. `host` is the configured host name; str() is a user-facing message."""
+
+    def __init__(self, host: str, message: str):
+        self.host = host
+        self.message = message
+        super().__init__(message)
+
+
+class HostUnreachable(RemoteError):
+    """TCP connect refused, DNS failure, or no SSH answer within the connect timeout."""
+
+
+class HostKeyRejected(RemoteError):
+    """The host presented a key that is unknown or different from the pinned known_hosts entry."""
+
+
+class AuthenticationFailed(RemoteError):
+    """The SSH server refused our key (or no key was available)."""
+
+
+class RemoteTimeout(RemoteError):
+    """The command did not finish within its budget (the remote `timeout` and the client guard)."""
+
+
+class ConnectionDropped(RemoteError):
+    """The connection broke while a command was running; the command's outcome is unknown."""
+
+
+def wrap_timeout(command: str, budget_s: float, kill_after_s: int = KILL_AFTER_S) -> str:
+    """Return `command` prefixed with `timeout -k KILL_AFTER BUDGET` (coreutils), budget in seconds.
+
+    The command must already be a safe shell string (values quoted with `shlex.quote`).
+    """
+    budget = max(1, int(round(budget_s)))
+    return f"timeout -k {int(kill_after_s)} {budget} {command}"
+
+
+class Executor(Protocol):
+    """Runs shell commands on one host. Implementations: SSHExecutor, LocalExecutor."""
+
+    name: str
+
+    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        """Run `command` (wrapped in `timeout -k`) with optional stdin bytes; raise RemoteError subclasses."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def _known_hosts_has_entry(path: Path, address: str, port: int) -> bool:
+    """True when the known_hosts file holds any key for (address, port): a mismatch then means CHANGED."""
+    try:
+        kh = asyncssh.read_known_hosts(str(path))
+        trusted, _ca, _revoked, *_ = kh.match(address, "", port)
+        return bool(trusted)
+    except (OSError, ValueError, asyncssh.Error):
+        return False
+
+
+class SSHExecutor:
+    """One pooled asyncssh connection to one host.
+
+    `connects` counts successful connection setups; `execs` counts channel exec requests made.
+    Raises `RemoteError` subclasses from `run`: HostUnreachable, HostKeyRejected, AuthenticationFailed,
+    RemoteTimeout, ConnectionDropped.
+    """
+
+    def __init__(self, name: str, cfg: HostConfig, *, keepalive_count_max: int = 3):
+        if cfg.local or not cfg.address:
+            raise ValueError(f"host {name} is not an SSH host")
+        if not cfg.known_hosts:
+            raise ValueError(f"host {name} has no known_hosts file; host keys must be verified")
+        self.name = name
+        self.cfg = cfg
+        self.keepalive_count_max = keepalive_count_max
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self._sem = asyncio.Semaphore(cfg.max_channels)
+        self.connects = 0
+        self.execs = 0
+
+    @property
+    def _known_hosts_path(self) -> Path:
+        return Path(os.path.expanduser(self.cfg.known_hosts or ""))
+
+    async def _connect(self) -> asyncssh.SSHClientConnection:
+        cfg = self.cfg
+        kh = self._known_hosts_path
+        target = f"{cfg.address}:{cfg.port}"
+        if not kh.is_file():
+            raise HostKeyRejected(
+                self.name, f"known_hosts file {kh} not found; cannot verify the host key of {target}"
+            )
+        kwargs: dict = {
+            "port": cfg.port,
+            "known_hosts": str(kh),
+            "config": None,
+            "connect_timeout": cfg.connect_timeout_s,
+            "login_timeout": cfg.connect_timeout_s,
+            "keepalive_interval": cfg.keepalive_interval_s,
+            "keepalive_count_max": self.keepalive_count_max,
+        }
+        if cfg.user:
+            kwargs["username"] = cfg.user
+        if cfg.key_file:
+            kwargs["client_keys"] = [os.path.expanduser(cfg.key_file)]
+            kwargs["agent_path"] = None
+        try:
+            conn = await asyncssh.connect(cfg.address, **kwargs)
+        except asyncssh.HostKeyNotVerifiable as e:
+            if _known_hosts_has_entry(kh, cfg.address or "", cfg.port):
+                msg = (
+                    f"host key of {target} has CHANGED: it does not match the pinned key in {kh}. "
+                    "Refusing to connect (possible man-in-the-middle, or the host was reinstalled: "
+                    "verify the new key out of band, then update known_hosts)"
+                )
+            else:
+                msg = (
+                    f"host key of {target} is unknown: no entry in {kh}. Refusing to connect; "
+                    f"add the host's key (e.g. ssh-keyscan -p {cfg.port} {cfg.address}, verified) to that file"
+                )
+            log.warning("host %s: %s (%s)", self.name, msg, e)
+            raise HostKeyRejected(self.name, msg) from None
+        except asyncssh.PermissionDenied as e:
+            raise AuthenticationFailed(
+                self.name, f"SSH authentication to {cfg.user or ''}@{target} failed: {e.reason}"
+            ) from None
+        except (TimeoutError, asyncio.TimeoutError):
+            raise HostUnreachable(
+                self.name, f"{target} did not answer within {cfg.connect_timeout_s:g} s"
+            ) from None
+        except ConnectionRefusedError:
+            raise HostUnreachable(self.name, f"{target} refused the connection (is sshd running?)") from None
+        except OSError as e:
+            raise HostUnreachable(self.name, f"cannot reach {target}: {e.strerror or e}") from None
+        except asyncssh.Error as e:
+            raise HostUnreachable(self.name, f"SSH to {target} failed: {e.reason}") from None
+        self.connects += 1
+        log.info("host %s: connected to %s", self.name, target)
+        return conn
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        async with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.is_closed():
+                return conn
+            self._conn = await self._connect()
+            return self._conn
+
+    def _drop(self, conn: asyncssh.SSHClientConnection | None) -> None:
+        if conn is not None and self._conn is conn:
+            self._conn = None
+            conn.close()
+
+    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        """Run `command` over one session channel of the pooled connection.
+
+        The command is wrapped in `timeout -k`; stdin is `input` followed by EOF. Returns CommandResult
+        with raw bytes. A refused channel open is retried with backoff; a dead connection is replaced
+        once before the command starts. Raises RemoteError subclasses.
+        """
+        budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
+        wrapped = wrap_timeout(command, budget)
+        delays = [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
+        reconnected = False
+        async with self._sem:
+            attempt = 0
+            while True:
+                conn = await self._connection()
+                start = time.monotonic()
+                try:
+                    self.execs += 1
+                    res = await conn.run(
+                        wrapped,
+                        input=input,
+                        check=False,
+                        encoding=None,
+                        timeout=budget + KILL_AFTER_S + CLIENT_MARGIN_S,
+                    )
+                except asyncssh.ChannelOpenError as e:
+                    if conn.is_closed() and not reconnected:
+                        self._drop(conn)
+                        reconnected = True
+                        continue
+                    if attempt < len(delays):
+                        log.info("host %s: channel open refused (%s); retrying", self.name, e.reason)
+                        await asyncio.sleep(delays[attempt])
+                        attempt += 1
+                        continue
+                    raise ConnectionDropped(
+                        self.name, f"SSH server kept refusing new channels: {e.reason}"
+                    ) from None
+                except asyncssh.TimeoutError as e:
+                    raise RemoteTimeout(
+                        self.name, f"command did not finish within {budget:g} s on {self.name}"
+                    ) from e
+                except (asyncssh.ConnectionLost, asyncssh.DisconnectError, BrokenPipeError, ConnectionError) as e:
+                    self._drop(conn)
+                    raise ConnectionDropped(self.name, f"SSH connection to {self.name} was lost: {e}") from None
+                duration = time.monotonic() - start
+                stdout = res.stdout if isinstance(res.stdout, bytes) else (res.stdout or "").encode()
+                stderr = res.stderr if isinstance(res.stderr, bytes) else (res.stderr or "").encode()
+                sig = res.exit_signal[0] if res.exit_signal else None
+                return CommandResult(res.exit_status, stdout, stderr, duration, sig)
+
+    async def close(self) -> None:
+        """Close the pooled connection (if any) and wait for it to finish closing (bounded, 5 s)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5)
+
+
+class LocalExecutor:
+    """Runs commands on the bot's own machine through `sh -c`, in a new session so a timeout kills the
+    whole process group. `extra_path` directories are put first on PATH (used by the demo)."""
+
+    def __init__(self, name: str, cfg: HostConfig | None = None, *, extra_path: list[str] | None = None):
+        self.name = name
+        self.cfg = cfg or HostConfig(local=True)
+        self.extra_path = extra_path or []
+        self.execs = 0
+
+    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        """Run `command` locally (wrapped in `timeout -k`); returns CommandResult; raises RemoteTimeout."""
+        budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
+        wrapped = wrap_timeout(command, budget)
+        env = dict(os.environ)
+        if self.extra_path:
+            env["PATH"] = os.pathsep.join([*self.extra_path, env.get("PATH", "")])
+        start = time.monotonic()
+        self.execs += 1
+        proc = await asyncio.create_subprocess_exec(
+            "sh",
+            "-c",
+            wrapped,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), budget + KILL_AFTER_S + CLIENT_MARGIN_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise RemoteTimeout(self.name, f"command did not finish within {budget:g} s on {self.name}") from None
+        rc = proc.returncode
+        sig = None
+        if rc is not None and rc < 0:
+            sig = signal.Signals(-rc).name.removeprefix("SIG")
+            rc = None
+        return CommandResult(rc, out, err, time.monotonic() - start, sig)
+
+    async def close(self) -> None:
+        """Nothing to release for local commands."""
+        return None
+
+
+def build_executor(name: str, cfg: HostConfig, *, extra_path: list[str] | None = None) -> Executor:
+    """Return a LocalExecutor for `local: true` hosts, else an SSHExecutor (which verifies host keys)."""
+    if cfg.local:
+        return LocalExecutor(name, cfg, extra_path=extra_path)
+    return SSHExecutor(name, cfg)
+
+
+def quote(value: str) -> str:
+    """Shell-quote one value (shlex.quote); the only way values from users reach a command line."""
+    return shlex.quote(value)

@@ -1,0 +1,207 @@
+"""Jinja2 rendering: templates in `templates/` -> Block Kit JSON plus a plain-text fallback.
+
+Each answer has two templates: `NAME.blocks.j2` builds a list of Block Kit blocks with the `do` extension
+and ends in `{{ blocks | tojson }}`; `NAME.txt.j2` renders plain text, used as the Slack `text` fallback
+and by the console. Remote text (log lines, command lines) is escaped for Slack mrkdwn (`&`, `<`, `>`)
+before it is put into blocks, so a log line cannot mention @channel or forge a link.
+
+`fit_blocks` enforces Slack's Block Kit limits (50 blocks per message, 3000 characters per section
+text, 150 per header text, 40 000 for the top-level text) and marks anything it cuts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import jinja2
+
+MAX_BLOCKS = 50
+MAX_SECTION_TEXT = 3000
+MAX_HEADER_TEXT = 150
+MAX_MESSAGE_TEXT = 40_000
+TRUNCATED = "… (truncated)"
+
+
+@dataclass
+class Message:
+    """One answer: `text` (plain text; Slack fallback and console output), `blocks` (Block Kit list or
+    None), and optional `files` as (filename, bytes) to attach in the thread."""
+
+    text: str
+    blocks: list[dict[str, Any]] | None = None
+    files: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def mrkdwn_escape(value: Any) -> str:
+    """Escape `&`, `<`, `>` for Slack mrkdwn (in that order). Returns a str."""
+    s = "" if value is None else str(value)
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def fmt_num(value: Any, fmt: str = "{:.0f}", missing: str = "-") -> str:
+    """Format a number with `fmt`; None or NaN becomes `missing`."""
+    if value is None:
+        return missing
+    try:
+        if isinstance(value, float) and math.isnan(value):
+            return missing
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return missing
+
+
+def fmt_gib(mib: Any, missing: str = "-") -> str:
+    """MiB -> GiB text with one decimal (e.g. 76015 -> '74.2'); None -> `missing`."""
+    return fmt_num(None if mib is None else mib / 1024.0, "{:.1f}", missing)
+
+
+def fmt_duration(seconds: Any, missing: str = "-") -> str:
+    """Seconds -> compact text: 42 -> '42s', 192 -> '3m12s', 7260 -> '2h01m', 90000 -> '1d01h'."""
+    if seconds is None:
+        return missing
+    try:
+        s = int(seconds)
+    except (TypeError, ValueError):
+        return missing
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def fmt_bytes(n: Any, missing: str = "-") -> str:
+    """Bytes -> '812 B', '4.2 KiB', '1.3 MiB', '2.0 GiB'."""
+    if n is None:
+        return missing
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return missing  # pragma: no cover
+
+
+def cut(value: Any, width: int) -> str:
+    """Cut text to `width` characters, ending in '…' when cut."""
+    s = "" if value is None else str(value)
+    return s if len(s) <= width else s[: max(0, width - 1)] + "…"
+
+
+def chunk_lines(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[str]:
+    """Join lines into chunks of at most `limit` characters each (a line longer than `limit` is cut)."""
+    chunks: list[str] = []
+    cur: list[str] = []
+    size = 0
+    for line in lines:
+        line = cut(line, limit)
+        if cur and size + len(line) + 1 > limit:
+            chunks.append("\n".join(cur))
+            cur, size = [], 0
+        cur.append(line)
+        size += len(line) + 1
+    if cur:
+        chunks.append("\n".join(cur))
+    return chunks
+
+
+def _template_env() -> jinja2.Environment:
+    loader = jinja2.FileSystemLoader(str(resources.files("templates")))
+    env = jinja2.Environment(
+        loader=loader,
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        extensions=["jinja2.ext.do"],
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+    )
+    env.filters.update(
+        esc=mrkdwn_escape,
+        num=fmt_num,
+        gib=fmt_gib,
+        dur=fmt_duration,
+        bytes=fmt_bytes,
+        cut=cut,
+        chunk_lines=chunk_lines,
+    )
+    return env
+
+
+_ENV: jinja2.Environment | None = None
+
+
+def environment() -> jinja2.Environment:
+    """The shared Jinja2 environment (StrictUndefined: a missing variable is an error, not a blank)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = _template_env()
+    return _ENV
+
+
+def _cut_text_obj(obj: dict[str, Any], limit: int) -> None:
+    t = obj.get("text")
+    if isinstance(t, str) and len(t) > limit:
+        suffix = "\n" + TRUNCATED
+        if t.rstrip().endswith("```") and t.count("```") % 2 == 0:
+            obj["text"] = t[: limit - len(suffix) - 4] + "\n```" + suffix
+        else:
+            obj["text"] = t[: limit - len(suffix)] + suffix
+
+
+def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return blocks within Slack's limits: at most 50 blocks (the last one says how many were dropped),
+    section/context texts at most 3000 characters, header texts at most 150."""
+    out = []
+    for b in blocks:
+        b = json.loads(json.dumps(b))
+        if b.get("type") == "header" and isinstance(b.get("text"), dict):
+            _cut_text_obj(b["text"], MAX_HEADER_TEXT)
+        if b.get("type") == "section":
+            if isinstance(b.get("text"), dict):
+                _cut_text_obj(b["text"], MAX_SECTION_TEXT)
+            for f in b.get("fields", []) or []:
+                _cut_text_obj(f, 2000)
+        if b.get("type") == "context":
+            for el in b.get("elements", []) or []:
+                _cut_text_obj(el, MAX_SECTION_TEXT)
+        out.append(b)
+    if len(out) > MAX_BLOCKS:
+        dropped = len(out) - (MAX_BLOCKS - 1)
+        out = out[: MAX_BLOCKS - 1]
+        out.append(
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{TRUNCATED}: {dropped} more blocks"}]}
+        )
+    return out
+
+
+def _tidy(text: str) -> str:
+    """Collapse runs of blank lines to one and strip surrounding newlines."""
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+
+
+def render(name: str, **context: Any) -> Message:
+    """Render `templates/NAME.txt.j2` and `templates/NAME.blocks.j2` with `context`.
+
+    Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters.
+    Raises jinja2.TemplateError on a template bug (callers turn it into an error message).
+    """
+    env = environment()
+    text = _tidy(env.get_template(f"{name}.txt.j2").render(**context))
+    raw = env.get_template(f"{name}.blocks.j2").render(**context)
+    blocks = fit_blocks(json.loads(raw))
+    if len(text) > MAX_MESSAGE_TEXT:
+        text = text[: MAX_MESSAGE_TEXT - len(TRUNCATED) - 1] + "\n" + TRUNCATED
+    return Message(text=text, blocks=blocks)
+
+
+def render_text(name: str, **context: Any) -> str:
+    """Render only the plain-text template `templates/NAME.txt.j2` (console output)."""
+    return _tidy(environment().get_template(f"{name}.txt.j2").render(**context))

@@ -1,0 +1,171 @@
+"""The Bolt AsyncApp: slash commands, app mentions and `!` messages -> handlers -> Slack.
+
+Every listener acks first (nothing slow before the ack: no SSH connect, no DB wait), then runs the
+command and posts the answer with chat.postMessage: slash commands to the channel, messages in the thread
+they were typed in (slash commands cannot be used inside threads, so `@gpubot probe` / `!probe` serve
+there). Duplicate deliveries (Slack retries, Socket Mode reconnects) are dropped by envelope/event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
+from bot.config import Config
+from bot.render import Message
+from bot.service import HostService
+from bot.slack.surface import SlackSurface
+
+log = logging.getLogger(__name__)
+
+SLASH_COMMANDS = ("/gpu", "/probe", "/gpubot")
+
+
+class SeenIds:
+    """A bounded, time-limited set of delivery ids: `first(id)` is True only the first time an id is seen."""
+
+    def __init__(self, max_items: int = 5000, ttl_s: float = 3600.0):
+        self._items: OrderedDict[str, float] = OrderedDict()
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+
+    def first(self, key: str | None) -> bool:
+        """True if `key` was not seen within the TTL (None keys are always 'first')."""
+        if not key:
+            return True
+        now = time.monotonic()
+        while self._items:
+            k, t = next(iter(self._items.items()))
+            if now - t > self.ttl_s or len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+            else:
+                break
+        if key in self._items:
+            return False
+        self._items[key] = now
+        return True
+
+
+class GpuBot:
+    """Glue between Bolt and the handlers. `tasks` tracks running command tasks for a clean shutdown."""
+
+    def __init__(self, config: Config, hosts: HostService, client: AsyncWebClient):
+        self.config = config
+        self.hosts = hosts
+        self.client = client
+        self.surface = SlackSurface(client)
+        self.seen = SeenIds()
+        self.tasks: set[asyncio.Task] = set()
+
+    async def run_call(self, call: CommandCall | None, *, user_id: str, channel_id: str, thread_ts: str | None,
+                       source: str, parse_error: str | None = None, respond: Any = None) -> str | None:
+        """Dispatch `call` and post the answer. Returns the posted message ts (None if posting failed)."""
+        from handlers import dispatch
+        from handlers.base import CommandContext, error_message
+
+        if call is None:
+            msg: Message = error_message("Bad command", parse_error or "could not parse the command",
+                                         "Try `/gpu help`.")
+        else:
+            ctx = CommandContext(user_id=user_id, channel_id=channel_id, config=self.config, hosts=self.hosts,
+                                 thread_ts=thread_ts, source=source)
+            msg = await dispatch(call, ctx)
+        ts = await self.surface.post(channel_id, msg, thread_ts=thread_ts)
+        if ts is None and respond is not None:
+            # e.g. not_in_channel: answer the user privately through the response_url instead.
+            try:
+                await respond(text=msg.text[:3000] + f"\n(could not post in the channel: {self.surface.last_error})",
+                              response_type="ephemeral")
+            except Exception as e:  # the response_url may be expired as well
+                log.warning("respond() fallback failed: %s", e)
+        return ts
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Run `coro` as a tracked task (Bolt does not track work started after the ack)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait (bounded) for running command tasks to finish."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout_s)
+
+
+def build_app(config: Config, hosts: HostService, client: AsyncWebClient, *,
+              signing_secret: str | None = None) -> tuple[AsyncApp, GpuBot]:
+    """Build the Bolt AsyncApp with every listener registered. Returns (app, GpuBot).
+
+    `signing_secret` is required for HTTP mode (request signing); Socket Mode does not use it.
+    """
+    app = AsyncApp(client=client, signing_secret=signing_secret,
+                   request_verification_enabled=signing_secret is not None)
+    bot = GpuBot(config, hosts, client)
+    register_commands(app, bot)
+    register_messages(app, bot)
+    return app, bot
+
+
+def register_commands(app: AsyncApp, bot: GpuBot) -> None:
+    """Slash commands: `/gpu [status|probe|help] ...`, `/probe ...`, `/gpubot ...`."""
+
+    async def on_slash(ack, command, respond, body, request):
+        await ack()  # first, always: Slack shows an error after 3 s without it
+        env_id = request.headers.get("x-slack-retry-num")
+        key = f"cmd:{command.get('trigger_id') or ''}" if command.get("trigger_id") else None
+        if not bot.seen.first(key):
+            log.info("duplicate slash command delivery dropped (retry %s)", env_id)
+            return
+        try:
+            call, err = parse_slash(command.get("command", ""), command.get("text", "")), None
+        except CommandParseError as e:
+            call, err = None, str(e)
+        await bot.run_call(call, user_id=command.get("user_id", ""), channel_id=command.get("channel_id", ""),
+                           thread_ts=None, source="slash", parse_error=err, respond=respond)
+
+    for name in SLASH_COMMANDS:
+        app.command(name)(on_slash)
+
+
+def register_messages(app: AsyncApp, bot: GpuBot) -> None:
+    """`@gpubot CMD` mentions and `!CMD` messages, answered in their thread."""
+    prefix = bot.config.slack.command_prefix
+
+    async def handle(event: dict, context, via: str) -> None:
+        if event.get("bot_id") or event.get("subtype") in ("bot_message", "message_changed", "message_deleted"):
+            return
+        key = f"msg:{event.get('channel')}:{event.get('ts')}"
+        if not bot.seen.first(key):
+            return
+        text = event.get("text") or ""
+        try:
+            call = parse_message(text, bot_user_id=context.get("bot_user_id"), prefix=prefix)
+            err = None
+        except CommandParseError as e:
+            call, err = None, str(e)
+        if call is None and err is None:
+            return
+        thread_ts = event.get("thread_ts") or event.get("ts")
+        await bot.run_call(call, user_id=event.get("user", ""), channel_id=event.get("channel", ""),
+                           thread_ts=thread_ts, source=via, parse_error=err)
+
+    @app.event("app_mention")
+    async def on_mention(event, context):
+        await handle(event, context, "mention")
+
+    @app.message(re.compile(r"^\s*" + re.escape(prefix) + r"\S"))
+    async def on_prefix(message, context):
+        await handle(message, context, "prefix")
+
+    @app.event("message")
+    async def on_other_message(event):
+        return None  # every other channel message: nothing to do (keeps Bolt from logging "unhandled")

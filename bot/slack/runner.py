@@ -1,0 +1,97 @@
+"""Run the Slack app: Socket Mode (`gpubot run`) or HTTP with request signing (`gpubot serve-http`).
+
+Tokens come from the environment only: SLACK_BOT_TOKEN (xoxb-...), SLACK_APP_TOKEN (xapp-..., Socket
+Mode), SLACK_SIGNING_SECRET (HTTP mode). SLACK_API_URL optionally overrides https://slack.com/api/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+from bot.config import Config
+from bot.service import HostService
+from bot.slack.app import build_app
+from bot.slack.surface import make_client
+
+log = logging.getLogger(__name__)
+
+
+class MissingSecret(RuntimeError):
+    """A required environment variable is not set; str() names it."""
+
+
+def env_secret(name: str) -> str:
+    """Read a secret from the environment. Raises MissingSecret when it is unset or empty."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise MissingSecret(f"{name} is not set; export it in the environment (never in the config file)")
+    return value
+
+
+def _api_url(config: Config) -> str | None:
+    return os.environ.get("SLACK_API_URL") or config.slack.api_url
+
+
+async def _wait_for_stop(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+
+
+async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
+    """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set).
+
+    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_APP_TOKEN is missing.
+    """
+    bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
+    stop = stop or asyncio.Event()
+    session = aiohttp.ClientSession()
+    hosts = HostService(config)
+    client = make_client(bot_token, _api_url(config), session=session)
+    app, bot = build_app(config, hosts, client)
+    handler = AsyncSocketModeHandler(app, app_token=app_token)
+    try:
+        await handler.connect_async()
+        log.info("connected to Slack over Socket Mode")
+        await _wait_for_stop(stop)
+    finally:
+        await handler.close_async()
+        await bot.drain()
+        await hosts.close()
+        await session.close()
+
+
+async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: asyncio.Event | None = None) -> None:
+    """Serve Slack's HTTP requests on `host:port` at /slack/events, verifying request signatures.
+
+    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET is missing.
+    """
+    bot_token, secret = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_SIGNING_SECRET")
+    stop = stop or asyncio.Event()
+    session = aiohttp.ClientSession()
+    hosts = HostService(config)
+    client = make_client(bot_token, _api_url(config), session=session)
+    app, bot = build_app(config, hosts, client, signing_secret=secret)
+    runner = web.AppRunner(app.web_app(path="/slack/events"))
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+        log.info("serving Slack HTTP requests on %s:%s/slack/events", host, port)
+        await _wait_for_stop(stop)
+    finally:
+        await runner.cleanup()
+        await bot.drain()
+        await hosts.close()
+        await session.close()

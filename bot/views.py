@@ -1,0 +1,138 @@
+"""Pure view models: Snapshot / HostFailure -> plain dicts the templates render.
+
+No formatting of units happens here beyond grouping and selection; templates format numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bot.models import GpuSection, HostFailure, ProcessInfo, Snapshot
+from bot.parse.ps import process_tree
+
+COMMAND_WIDTH = 90
+
+
+def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
+    """A command line cut to `width` characters, with the program path shortened to its base name."""
+    if not args:
+        return "?"
+    prog, _, rest = args.partition(" ")
+    if "/" in prog and not prog.endswith("/"):
+        prog = os.path.basename(prog)
+    s = f"{prog} {rest}".strip()
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str, Any]:
+    """GPU table rows with their holders. Returns {ok, error, note, source, processes_error, gpus: [...],
+    unassigned: [...]}; each GPU row has index, name, used_mib, total_mib, util_pct, temp_c, power_w,
+    holders: [{pid, name, mib, gpu}] (memory in MiB)."""
+    holders_by_gpu: dict[int | None, list[dict[str, Any]]] = {}
+    for p in gpu.processes:
+        row = procs_by_pid.get(p.pid)
+        name = short_command(row.args, 40) if row else (p.process_name or "?")
+        holders_by_gpu.setdefault(p.gpu_index, []).append(
+            {"pid": p.pid, "name": name, "mib": p.used_memory_mib, "gpu": p.gpu_index, "alive": row is not None}
+        )
+    gpus = []
+    for g in gpu.gpus:
+        gpus.append(
+            {
+                "index": g.index,
+                "name": (g.name or "?").replace("NVIDIA ", ""),
+                "used_mib": g.memory_used_mib,
+                "total_mib": g.memory_total_mib,
+                "util_pct": g.utilization_gpu_pct,
+                "temp_c": g.temperature_c,
+                "power_w": g.power_draw_w,
+                "holders": holders_by_gpu.get(g.index, []),
+            }
+        )
+    known = {g.index for g in gpu.gpus}
+    unassigned = [h for k, hs in holders_by_gpu.items() if k not in known for h in hs]
+    return {
+        "ok": gpu.ok,
+        "error": gpu.error,
+        "note": gpu.note,
+        "source": gpu.source.value,
+        "processes_error": gpu.processes_error,
+        "gpus": gpus,
+        "unassigned": unassigned,
+        "holder_count": len(gpu.processes),
+    }
+
+
+def status_view(results: list[Snapshot | HostFailure]) -> dict[str, Any]:
+    """Context for templates/status.*: {hosts: [{name, failed, reason, hostname, gpu, errors}]}."""
+    hosts = []
+    for r in results:
+        if isinstance(r, HostFailure):
+            hosts.append({"name": r.host, "failed": True, "reason": r.reason})
+            continue
+        by_pid = {p.pid: p for p in r.processes}
+        hosts.append(
+            {
+                "name": r.host,
+                "failed": False,
+                "reason": None,
+                "hostname": r.hostname,
+                "gpu": gpu_view(r.gpu, by_pid),
+                "errors": r.errors,
+            }
+        )
+    return {"hosts": hosts, "failed": sum(1 for h in hosts if h["failed"])}
+
+
+def probe_view(snap: Snapshot, selector: str) -> dict[str, Any]:
+    """Context for templates/probe.*: host, selector text, process tree rows (depth-indented command,
+    pid, ppid, stat, pcpu, cpu_time_s, rss_mib, elapsed_s), log, gpu, port/health."""
+    rows = []
+    for depth, p in process_tree(snap.processes):
+        rows.append(
+            {
+                "pid": p.pid,
+                "ppid": p.ppid,
+                "pgid": p.pgid,
+                "stat": p.stat or "?",
+                "pcpu": p.pcpu,
+                "cpu_time_s": p.cpu_time_s,
+                "rss_mib": None if p.rss_kib is None else p.rss_kib / 1024.0,
+                "elapsed_s": p.elapsed_s,
+                "wchan": p.wchan,
+                "command": "  " * min(depth, 6) + short_command(p.args, COMMAND_WIDTH - 2 * min(depth, 6)),
+            }
+        )
+    by_pid = {p.pid: p for p in snap.processes}
+    log = None
+    if snap.log is not None:
+        lg = snap.log
+        log = {
+            "path": lg.path,
+            "exists": lg.exists,
+            "error": lg.error,
+            "lines": lg.lines,
+            "size_bytes": lg.size_bytes,
+            "since_write_s": lg.seconds_since_write(snap.clock),
+            "tail": lg.tail,
+        }
+    health = None
+    if snap.health is not None:
+        h = snap.health
+        health = {"url": h.url, "status": h.status, "code": h.http_code, "elapsed_s": h.elapsed_s, "detail": h.detail}
+    return {
+        "host": snap.host,
+        "hostname": snap.hostname,
+        "selector": selector,
+        "rows": rows,
+        "process_count": len(rows),
+        "all_process_count": snap.all_process_count,
+        "log": log,
+        "gpu": gpu_view(snap.gpu, by_pid),
+        "port": snap.port,
+        "port_listening": snap.port_listening,
+        "health": health,
+        "errors": snap.errors,
+        "duration_s": snap.duration_s,
+    }

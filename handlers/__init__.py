@@ -1,0 +1,58 @@
+"""Command families and the dispatcher shared by Slack and the console.
+
+`dispatch(call, ctx)` checks the user's role (by Slack user ID), runs the handler and always returns a
+Message: bad input, unknown commands and internal errors become clear answers, never exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bot.commands import CommandCall
+from bot.render import Message
+from handlers.base import CommandContext, CommandSpec, Role, error_message
+from handlers.help import help_message, make_help_handler
+from handlers.probe import USAGE as PROBE_USAGE
+from handlers.probe import handle_probe
+from handlers.status import USAGE as STATUS_USAGE
+from handlers.status import handle_status
+
+log = logging.getLogger(__name__)
+
+COMMANDS: list[CommandSpec] = [
+    CommandSpec("status", STATUS_USAGE, "GPU table per host and who holds each GPU", Role.VIEWER, handle_status),
+    CommandSpec("probe", PROBE_USAGE, "process tree, log tail, GPUs, port and health, in one round trip",
+                Role.VIEWER, handle_probe),
+]
+COMMANDS.append(CommandSpec("help", "/gpu help", "this list", Role.NONE, make_help_handler(COMMANDS)))
+
+_BY_NAME = {c.name: c for c in COMMANDS}
+
+
+def find(name: str) -> CommandSpec | None:
+    """The command spec for `name` (or one of its aliases), or None."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        spec = next((c for c in COMMANDS if name in c.aliases), None)
+    return spec
+
+
+async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
+    """Run `call` for `ctx.user_id`. Returns the answer Message; never raises for user input."""
+    spec = find(call.name)
+    if spec is None:
+        return help_message(ctx, COMMANDS, intro=f"Unknown command {call.name[:40]!r}. Here is what I can do:")
+    chans = ctx.config.permissions.channels
+    if chans and ctx.source != "console" and ctx.channel_id not in chans and spec.role > Role.NONE:
+        return error_message("Not allowed here", "gpubot does not take commands in this channel",
+                             f"Allowed channel IDs: {', '.join(chans)}")
+    if ctx.role < spec.role:
+        log.info("denied %s to %s (role %s, needs %s)", call.name, ctx.user_id, ctx.role.name, spec.role.name)
+        return error_message("Permission denied", f"`{spec.name}` needs the {spec.role.name.lower()} role",
+                             "Ask an admin to add your Slack user ID to the config's permissions.")
+    try:
+        return await spec.handler(call, ctx)
+    except Exception as e:
+        log.exception("command %s failed", call.name)
+        return error_message("Internal error", f"{call.name} failed: {type(e).__name__}",
+                             "The bot logged the details; the state is unchanged.")
