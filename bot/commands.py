@@ -40,6 +40,7 @@ class CommandCall:
     kwargs: dict[str, str] = field(default_factory=dict)
     flags: set[str] = field(default_factory=set)
     raw: str = ""
+    word: str = ""
 
 
 def _split(text: str) -> list[str]:
@@ -58,10 +59,11 @@ def _split(text: str) -> list[str]:
 
 
 def _build(name: str, words: list[str], raw: str) -> CommandCall:
+    word = name
     name = name.lower()
     if not _NAME_RE.match(name):
         raise CommandParseError(f"{name[:40]!r} is not a command name")
-    call = CommandCall(name=name, raw=raw)
+    call = CommandCall(name=name, raw=raw, word=word)
     for w in words:
         m = _KWARG_RE.match(w)
         if m:
@@ -83,11 +85,10 @@ def parse_slash(command: str, text: str) -> CommandCall:
     default = SLASH_DEFAULTS.get(cmd)
     if default is None:
         raise CommandParseError(f"unknown slash command {cmd[:40]}")
-    if cmd in ("/gpu", "/gpubot") and words and words[0].lower() in GPU_SUBCOMMANDS:
+    if cmd in ("/gpu", "/gpubot") and words and "=" not in words[0] and not words[0].startswith("--"):
+        # "/gpu status", "/gpu probe ...", or "/gpu WORD": an unknown WORD that names a host is taken as
+        # "/gpu status WORD" by the dispatcher; anything else gets the help text.
         return _build(words[0], words[1:], text)
-    if cmd in ("/gpu", "/gpubot") and words and _NAME_RE.match(words[0].lower()) and "=" not in words[0]:
-        # "/gpu gpu-host-1" means status of that host; "/gpu foo" with an unknown word is decided later.
-        return _build(default, words, text)
     return _build(default, words, text)
 
 

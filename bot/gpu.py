@@ -105,5 +105,5 @@ async def read_nvml_async(timeout_s: float = 10.0, reader: Callable[[], GpuSecti
     """
     try:
         return await asyncio.wait_for(asyncio.to_thread(reader), timeout_s)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         return GpuSection(ok=False, source=GpuSource.NVML, error=f"NVML did not answer in {timeout_s:g} s")

@@ -7,10 +7,10 @@ memory in MiB, time in seconds, utilization in percent, power in watts, temperat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class GpuSource(str, Enum):
+class GpuSource(StrEnum):
     """Where a GPU reading came from."""
 
     NVIDIA_SMI = "nvidia-smi"

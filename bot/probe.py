@@ -109,7 +109,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise ValueError("nonce must be hex")
     nv = quote(req.nvidia_smi)
-    nvt = max(1, int(round(req.nvidia_smi_timeout_s)))
+    nvt = max(1, round(req.nvidia_smi_timeout_s))
     lines = [
         "export LC_ALL=C",
         *(f"export {k}={quote(v)}" for k, v in req.env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)),
@@ -148,7 +148,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
         ]
         if req.health_path is not None:
             url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
-            ht = max(1, int(round(req.health_timeout_s)))
+            ht = max(1, round(req.health_timeout_s))
             lines.append(
                 "b health; if command -v curl >/dev/null 2>&1; then "
                 f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "

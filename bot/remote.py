@@ -79,7 +79,7 @@ def wrap_timeout(command: str, budget_s: float, kill_after_s: int = KILL_AFTER_S
 
     The command must already be a safe shell string (values quoted with `shlex.quote`).
     """
-    budget = max(1, int(round(budget_s)))
+    budget = max(1, round(budget_s))
     return f"timeout -k {int(kill_after_s)} {budget} {command}"
 
 
@@ -128,10 +128,8 @@ class SSHExecutor:
         self._sem = asyncio.Semaphore(cfg.max_channels)
         self.connects = 0
         self.execs = 0
-
-    @property
-    def _known_hosts_path(self) -> Path:
-        return Path(os.path.expanduser(self.cfg.known_hosts or ""))
+        self._known_hosts_path = Path(os.path.expanduser(cfg.known_hosts))
+        self._key_file = os.path.expanduser(cfg.key_file) if cfg.key_file else None
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         cfg = self.cfg
@@ -152,8 +150,8 @@ class SSHExecutor:
         }
         if cfg.user:
             kwargs["username"] = cfg.user
-        if cfg.key_file:
-            kwargs["client_keys"] = [os.path.expanduser(cfg.key_file)]
+        if self._key_file:
+            kwargs["client_keys"] = [self._key_file]
             kwargs["agent_path"] = None
         try:
             conn = await asyncssh.connect(cfg.address, **kwargs)
@@ -175,7 +173,7 @@ class SSHExecutor:
             raise AuthenticationFailed(
                 self.name, f"SSH authentication to {cfg.user or ''}@{target} failed: {e.reason}"
             ) from None
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise HostUnreachable(
                 self.name, f"{target} did not answer within {cfg.connect_timeout_s:g} s"
             ) from None
@@ -293,7 +291,7 @@ class LocalExecutor:
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(input), budget + KILL_AFTER_S + CLIENT_MARGIN_S)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()

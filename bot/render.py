@@ -116,7 +116,7 @@ def _template_env() -> jinja2.Environment:
     loader = jinja2.FileSystemLoader(str(resources.files("templates")))
     env = jinja2.Environment(
         loader=loader,
-        autoescape=False,
+        autoescape=False,  # noqa: S701 - output is Block Kit JSON, not HTML; remote text goes through |esc
         undefined=jinja2.StrictUndefined,
         extensions=["jinja2.ext.do"],
         trim_blocks=True,

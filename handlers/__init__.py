@@ -40,6 +40,10 @@ def find(name: str) -> CommandSpec | None:
 async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
     """Run `call` for `ctx.user_id`. Returns the answer Message; never raises for user input."""
     spec = find(call.name)
+    if spec is None and call.word in ctx.config.hosts:
+        # "/gpu gpu-host-1" is "/gpu status gpu-host-1"
+        call = CommandCall(name="status", args=[call.word, *call.args], kwargs=call.kwargs, raw=call.raw)
+        spec = find("status")
     if spec is None:
         return help_message(ctx, COMMANDS, intro=f"Unknown command {call.name[:40]!r}. Here is what I can do:")
     chans = ctx.config.permissions.channels

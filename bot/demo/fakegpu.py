@@ -76,9 +76,7 @@ def install_fake_gpu(directory: str | os.PathLike[str], *, gpu_count: int = 1, p
     (state / "gpus.json").write_text(json.dumps(gpus))
     script = resources.files("bot.demo") / "fake_nvidia_smi.py"
     wrapper = bin_dir / "nvidia-smi"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"exec {shlex.quote(python or sys.executable)} {shlex.quote(str(script))} --state {shlex.quote(str(state))} \"$@\"\n"
-    )
+    py, scr, st = (shlex.quote(x) for x in (python or sys.executable, str(script), str(state)))
+    wrapper.write_text(f"#!/bin/sh\nexec {py} {scr} --state {st} \"$@\"\n")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return FakeGpu(bin_dir=bin_dir, nvidia_smi=wrapper, state_dir=state)

@@ -43,7 +43,7 @@ def wait_healthy(port: int, timeout_s: float, proc: subprocess.Popen) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:  # noqa: S310
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if r.status == 200:
                     return True
         except (urllib.error.URLError, OSError):
@@ -79,6 +79,13 @@ def stop_group(pgid: int, grace_s: float = 3.0, proc: subprocess.Popen | None = 
         return True
 
 
+def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """Start `cmd` in its own session (PID = PGID = SID) with stdout+stderr to `log_path`."""
+    with open(log_path, "wb") as logf:
+        return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 async def run_demo(out: TextIO | None = None) -> int:
     """Run the demo, printing to `out` (default stdout). Returns the exit code (0 on success)."""
     out = out or sys.stdout
@@ -102,16 +109,14 @@ async def run_demo(out: TextIO | None = None) -> int:
         print(f"gpubot demo: host 'local' is this machine ({socket.gethostname()}); no Slack token needed.", file=out)
         if real_smi is None:
             print(f"GPU data: {REPLAY_NOTE}.", file=out)
-        with open(log_path, "wb") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = start_server(cmd, log_path)
         print(f"started demo server: pid {proc.pid} (process group {proc.pid}), 2 workers, port {port}, "
               f"log {log_path}", file=out)
         hosts = HostService(config)
         surface = ConsoleSurface(out)
         rc = 0
         try:
-            if not wait_healthy(port, 30.0, proc):
+            if not await asyncio.to_thread(wait_healthy, port, 30.0, proc):
                 print(f"demo server did not become ready; last log lines:\n{log_path.read_text()[-2000:]}", file=out)
                 rc = 1
             else:
@@ -119,12 +124,12 @@ async def run_demo(out: TextIO | None = None) -> int:
                     print(f"\n$ {line}", file=out)
                     await run_command_line(line, config, hosts, surface)
         finally:
-            gone = stop_group(proc.pid, proc=proc)
+            gone = await asyncio.to_thread(stop_group, proc.pid, 3.0, proc)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=2)
             await hosts.close()
-            print(f"\nstopped demo server (process group {proc.pid}): {'all processes gone' if gone else 'SOME REMAIN'}",
-                  file=out)
+            outcome = "all processes gone" if gone else "SOME REMAIN"
+            print(f"\nstopped demo server (process group {proc.pid}): {outcome}", file=out)
             if not gone:
                 rc = 1
         return rc

@@ -43,7 +43,9 @@ def _split_output(output: str) -> tuple[int | None, float | None, str | None]:
     elapsed: float | None = None
     m = _WRITEOUT_RE.search(text) or _WRITEOUT_HEAD_RE.match(text)
     if m:
-        code = int(m.group(1)) or None
+        code = int(m.group(1))
+        if code < 100:  # `000`: no response; curl prints real HTTP codes as 1xx-5xx
+            code = None
         try:
             elapsed = float(m.group(2).replace(",", "."))
         except ValueError:  # pragma: no cover - regex admits only numbers

@@ -68,11 +68,8 @@ _ALIASES: dict[str, str] = {
     "clocks.current.sm": "clocks.sm",
     "clocks.current.graphics": "clocks.gr",
     "clocks.current.memory": "clocks.mem",
-    "temperature.gpu": "temperature.gpu",
     "power.draw.instant": "power.draw",
     "enforced.power.limit": "power.limit",
-    "utilization.gpu": "utilization.gpu",
-    "ecc.errors.uncorrected.volatile.total": "ecc.errors.uncorrected.volatile.total",
 }
 _APPS_ALIASES: dict[str, str] = {
     "used_gpu_memory": "used_memory",

@@ -36,7 +36,10 @@ def _decode_address(hexaddr: str) -> tuple[str, bool] | None:
     raw = b"".join(bytes.fromhex(hexaddr[i : i + 8])[::-1] for i in range(0, len(hexaddr), 8))
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw)), False
-    return ipaddress.IPv6Address(raw).compressed, True
+    addr = ipaddress.IPv6Address(raw)
+    if addr.ipv4_mapped is not None:  # same text on every Python version (3.13 changed str())
+        return f"::ffff:{addr.ipv4_mapped}", True
+    return addr.compressed, True
 
 
 def parse_proc_net_tcp(text: str, ipv6: bool = False) -> list[ListenSocket]:

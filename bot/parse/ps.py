@@ -11,6 +11,7 @@ and public bug reports (`ps aux`, `tests/fixtures/cases/00-*/ps.txt`):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 
@@ -138,7 +139,7 @@ def _float(token: str) -> float | None:
         value = float(token)
     except ValueError:
         return None
-    return value if value == value and abs(value) != float("inf") else None
+    return value if math.isfinite(value) else None
 
 
 def _spec_kind(spec: str) -> str | None:

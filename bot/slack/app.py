@@ -43,7 +43,7 @@ class SeenIds:
             return True
         now = time.monotonic()
         while self._items:
-            k, t = next(iter(self._items.items()))
+            _key, t = next(iter(self._items.items()))
             if now - t > self.ttl_s or len(self._items) > self.max_items:
                 self._items.popitem(last=False)
             else:

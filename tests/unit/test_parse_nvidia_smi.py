@@ -238,7 +238,12 @@ def test_assign_gpu_indexes_returns_new_objects() -> None:
         (137, "partial, output", 2.5, "nvidia-smi did not answer in 2.5 s (killed by timeout)"),
         (124, "", None, "nvidia-smi did not answer in time (killed by timeout)"),
         (127, "bash: line 1: nvidia-smi: command not found", None, "nvidia-smi not found on the host"),
-        (6, "No devices were found\n", None, "no NVIDIA GPU found (nvidia-smi exit 6: No devices were found)"),
+        (
+            6,
+            "No devices were found\n",
+            None,
+            "no NVIDIA GPU found (nvidia-smi exit 6: No devices were found)",
+        ),
         (9, "", None, "NVIDIA driver is not loaded (nvidia-smi exit 9)"),
         (12, "", None, "NVML shared library not found (nvidia-smi exit 12)"),
         (15, "", None, "a GPU has fallen off the bus (nvidia-smi exit 15)"),
@@ -285,7 +290,9 @@ def test_describe_exit_cuts_long_line_and_strips_control() -> None:
 
 
 def test_section_ok_assigns_indexes() -> None:
-    sec = gpu_section_from_outputs(0, read(H200 / "busy.query-gpu.csv"), 0, read(H200 / "busy.query-apps.csv"))
+    sec = gpu_section_from_outputs(
+        0, read(H200 / "busy.query-gpu.csv"), 0, read(H200 / "busy.query-apps.csv")
+    )
     assert sec.ok and sec.error is None and sec.processes_error is None
     assert sec.source is GpuSource.NVIDIA_SMI
     assert [g.memory_used_mib for g in sec.gpus] == [18242.0]
@@ -293,7 +300,9 @@ def test_section_ok_assigns_indexes() -> None:
 
 
 def test_section_freed_has_no_processes() -> None:
-    sec = gpu_section_from_outputs(0, read(H200 / "freed.query-gpu.csv"), 0, read(H200 / "freed.query-apps.csv"))
+    sec = gpu_section_from_outputs(
+        0, read(H200 / "freed.query-gpu.csv"), 0, read(H200 / "freed.query-apps.csv")
+    )
     assert sec.ok and sec.processes == [] and sec.gpus[0].memory_used_mib == 0.0
 
 
@@ -360,9 +369,9 @@ def test_table_case18_rtx6000_truncated_name() -> None:
 
 def test_table_case24_l40s() -> None:
     gpus, procs = parse_nvidia_smi_table(case_file("24", "nvidia-smi.txt"))
-    assert [(g.index, g.name, g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct) for g in gpus] == [
-        (0, "NVIDIA L40S", 886.0, 46068.0, 0.0)
-    ]
+    assert [
+        (g.index, g.name, g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct) for g in gpus
+    ] == [(0, "NVIDIA L40S", 886.0, 46068.0, 0.0)]
     assert gpus[0].power_draw_w == 78.0 and gpus[0].power_limit_w == 350.0 and gpus[0].temperature_c == 28.0
     assert procs == []
 
@@ -413,7 +422,11 @@ OLD_LAYOUT = """\
 
 def test_table_old_narrow_layout() -> None:
     gpus, procs = parse_nvidia_smi_table(OLD_LAYOUT)
-    assert [(g.index, g.name) for g in gpus] == [(0, "GeForce GTX 108..."), (1, "GeForce GTX 108..."), (2, "GeForce GTX 560 Ti")]
+    assert [(g.index, g.name) for g in gpus] == [
+        (0, "GeForce GTX 108..."),
+        (1, "GeForce GTX 108..."),
+        (2, "GeForce GTX 560 Ti"),
+    ]
     assert [(g.temperature_c, g.power_draw_w, g.power_limit_w, g.utilization_gpu_pct) for g in gpus] == [
         (64.0, 131.0, 150.0, 100.0),
         (68.0, 130.0, 150.0, 100.0),
@@ -480,7 +493,12 @@ def test_table_truncated_box() -> None:
 
 _REAL_LINES = [
     line
-    for name in ("hung.query-gpu.csv", "busy.query-gpu.header.csv", "busy.query-apps.csv", "busy.nvidia-smi.txt")
+    for name in (
+        "hung.query-gpu.csv",
+        "busy.query-gpu.header.csv",
+        "busy.query-apps.csv",
+        "busy.nvidia-smi.txt",
+    )
     for line in read(H200 / name).splitlines()
 ] + OLD_LAYOUT.splitlines()
 

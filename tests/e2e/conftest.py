@@ -1,0 +1,56 @@
+"""The real Bolt app wired to a local fake of Slack's servers and a loopback SSH host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+
+from bot.config import Config
+from bot.service import HostService
+from bot.slack.app import GpuBot, build_app
+from bot.slack.surface import make_client
+from tests.fakes.slack_server import FakeSlack
+
+
+@dataclass
+class SlackStack:
+    fake: FakeSlack
+    app: AsyncApp
+    bot: GpuBot
+    hosts: HostService
+    handler: AsyncSocketModeHandler | None = None
+
+
+async def start_stack(config: Config, *, socket_mode: bool = True, signing_secret: str | None = None):
+    fake = FakeSlack()
+    await fake.start()
+    session = aiohttp.ClientSession()
+    client = make_client("xoxb-test", fake.api_url, session=session)
+    hosts = HostService(config)
+    app, bot = build_app(config, hosts, client, signing_secret=signing_secret)
+    stack = SlackStack(fake, app, bot, hosts)
+    if socket_mode:
+        stack.handler = AsyncSocketModeHandler(app, app_token="xapp-test", ping_interval=1)
+        await stack.handler.connect_async()
+        await fake.wait_connected(5)
+
+    async def stop():
+        if stack.handler is not None:
+            await stack.handler.close_async()
+        await bot.drain(5)
+        await hosts.close()
+        await session.close()
+        await fake.close()
+
+    return stack, stop
+
+
+@pytest.fixture
+async def slack(ssh_config):
+    stack, stop = await start_stack(ssh_config)
+    yield stack
+    await stop()

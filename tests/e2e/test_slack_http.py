@@ -1,0 +1,72 @@
+"""HTTP mode: Bolt's aiohttp web app with request signing, served on loopback."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlencode
+
+import aiohttp
+import pytest
+from aiohttp import web
+from slack_sdk.signature import SignatureVerifier
+
+from tests.e2e.conftest import start_stack
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = "test-signing-secret"
+
+
+@pytest.fixture
+async def http_stack(ssh_config):
+    stack, stop = await start_stack(ssh_config, socket_mode=False, signing_secret=SECRET)
+    runner = web.AppRunner(stack.app.web_app(path="/slack/events"))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield stack, f"http://127.0.0.1:{port}/slack/events"
+    await runner.cleanup()
+    await stop()
+
+
+def slash_body(stack, text: str) -> str:
+    return urlencode({
+        "token": "x", "team_id": "T1", "team_domain": "t", "channel_id": "C1", "channel_name": "gpu",
+        "user_id": "U1", "user_name": "alice", "command": "/gpu", "text": text,
+        "response_url": stack.fake.response_url("http-1"), "trigger_id": "1.2.3", "api_app_id": "A1",
+    })
+
+
+def signed_headers(body: str, secret: str = SECRET, ts: int | None = None) -> dict:
+    ts = int(time.time()) if ts is None else ts
+    sig = SignatureVerifier(secret).generate_signature(timestamp=str(ts), body=body)
+    return {"X-Slack-Request-Timestamp": str(ts), "X-Slack-Signature": sig,
+            "Content-Type": "application/x-www-form-urlencoded"}
+
+
+async def test_signed_request_is_served_and_answered(http_stack):
+    stack, url = http_stack
+    body = slash_body(stack, "status")
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=signed_headers(body)) as r:
+        assert r.status == 200
+        acked = time.monotonic() - t0
+    assert acked < 2.0
+    call = await stack.fake.wait_for_call("chat.postMessage", timeout=20)
+    assert call["params"]["channel"] == "C1" and "GPU status" in call["params"]["text"]
+
+
+@pytest.mark.parametrize("variant", ["bad-secret", "stale", "tampered"])
+async def test_badly_signed_request_is_rejected(http_stack, variant):
+    stack, url = http_stack
+    body = slash_body(stack, "status")
+    if variant == "bad-secret":
+        headers = signed_headers(body, secret="wrong")
+    elif variant == "stale":
+        headers = signed_headers(body, ts=int(time.time()) - 600)
+    else:
+        headers = signed_headers(body)
+        body = body.replace("status", "probe")
+    async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=headers) as r:
+        assert r.status == 401
+    assert stack.fake.calls_for("chat.postMessage") == []

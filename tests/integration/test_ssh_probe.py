@@ -1,0 +1,236 @@
+"""Probes over a REAL SSH server on loopback (asyncssh server running commands as local processes).
+
+The fake nvidia-smi replays the real H200 captures; the fake server's workers register fake GPU memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bot.commands import parse_message, parse_slash
+from bot.config import Config
+from bot.models import HostFailure, Snapshot
+from bot.probe import ProbeRequest
+from bot.service import HostService
+from handlers import dispatch
+from handlers.base import CommandContext
+from tests.conftest import H200, free_port, ssh_host
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def fixture_gpu_row():
+    """The replayed GPU row (idle H200 capture): index, name, total MiB, temperature, power."""
+    cells = [c.strip() for c in (H200 / "freed.query-gpu.csv").read_text().split(",")]
+    return {"name": cells[2], "total": float(cells[4]), "temp": float(cells[7]), "power": float(cells[8])}
+
+
+async def test_probe_is_one_channel_exec_and_sees_everything(ssh_server, ssh_config, start_fake_server):
+    server = start_fake_server(mode="ready", workers=2)
+    await asyncio.to_thread(server.wait_ready)
+    svc = HostService(ssh_config)
+    try:
+        before = ssh_server.exec_count
+        snap = await svc.probe(
+            "gpu-host-1", ProbeRequest(pgid=server.pid, log_path=str(server.log_path), port=server.port)
+        )
+        assert ssh_server.exec_count - before == 1, "one probe must be exactly one SSH channel exec"
+        assert ssh_server.commands[-1].endswith("sh -s") and ssh_server.commands[-1].startswith("timeout -k ")
+    finally:
+        await svc.close()
+    assert isinstance(snap, Snapshot), snap
+    # GPU table = replayed capture, memory = the two workers' fake holdings
+    row = fixture_gpu_row()
+    assert snap.gpu.ok, snap.gpu.error
+    (gpu,) = snap.gpu.gpus
+    assert gpu.name == row["name"] == "NVIDIA H200"
+    assert gpu.memory_total_mib == row["total"] == 143771
+    assert gpu.memory_used_mib == 2 * 8610
+    assert gpu.temperature_c == row["temp"]
+    assert gpu.power_draw_w == pytest.approx(row["power"])
+    holder_pids = sorted(p.pid for p in snap.gpu.processes)
+    assert len(holder_pids) == 2 and all(p.gpu_index == 0 for p in snap.gpu.processes)
+    # process tree: launcher + 2 workers, all in the launch's process group
+    pids = {p.pid for p in snap.processes}
+    assert server.pid in pids and set(holder_pids) <= pids
+    assert all(p.pgid == server.pid for p in snap.processes)
+    # log, port, health
+    assert snap.log is not None and snap.log.exists
+    assert snap.log.lines == len(server.log_path.read_text().splitlines())
+    assert any("fired up and ready to roll" in line for line in snap.log.tail)
+    assert snap.port_listening is True
+    assert snap.health is not None and snap.health.status == "ok" and snap.health.http_code == 200
+    assert snap.clock is not None and snap.log.seconds_since_write(snap.clock) is not None
+
+
+async def test_connection_is_pooled_and_reconnects_after_drop(ssh_server, ssh_config):
+    svc = HostService(ssh_config)
+    try:
+        for _ in range(3):
+            assert isinstance(await svc.probe("gpu-host-1", ProbeRequest()), Snapshot)
+        assert ssh_server.connection_count == 1
+        await ssh_server.drop_connections()
+        await asyncio.sleep(0.1)
+        # the next probe detects the dead connection and opens a new one
+        results = [await svc.probe("gpu-host-1", ProbeRequest()) for _ in range(2)]
+        assert isinstance(results[-1], Snapshot)
+        assert ssh_server.connection_count == 2
+    finally:
+        await svc.close()
+
+
+async def test_channel_cap_keeps_under_max_sessions(tmp_path, fake_gpu):
+    from tests.fakes.ssh_server import LoopbackSSHServer
+
+    env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
+    async with LoopbackSSHServer(tmp_path / "ssh10", env=env, max_sessions=10) as srv:
+        cfg = Config(hosts={"h": ssh_host(srv, max_channels=8)})
+        svc = HostService(cfg)
+        try:
+            results = await asyncio.gather(*(svc.probe("h", ProbeRequest()) for _ in range(24)))
+        finally:
+            await svc.close()
+        assert all(isinstance(r, Snapshot) for r in results), [r for r in results if not isinstance(r, Snapshot)]
+        assert srv.peak_open_sessions <= 8
+        assert srv.connection_count == 1
+
+
+async def test_refused_connection_is_a_clear_failure(tmp_path):
+    port = free_port()  # nothing listens there
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    cfg = Config(hosts={"dead": {"address": "127.0.0.1", "port": port, "known_hosts": str(kh),
+                                 "connect_timeout_s": 3}})
+    svc = HostService(cfg)
+    try:
+        res = await svc.probe("dead", ProbeRequest())
+    finally:
+        await svc.close()
+    assert isinstance(res, HostFailure)
+    assert "refused" in res.reason and str(port) in res.reason
+
+
+async def test_changed_host_key_is_refused(ssh_server, ssh_config):
+    svc = HostService(ssh_config)
+    try:
+        assert isinstance(await svc.probe("gpu-host-1", ProbeRequest()), Snapshot)
+        await ssh_server.rotate_host_key()  # new key, same port; config still pins the old known_hosts
+        res = await svc.probe("gpu-host-1", ProbeRequest())
+        if isinstance(res, Snapshot):  # the drop may be noticed only on the next command
+            res = await svc.probe("gpu-host-1", ProbeRequest())
+    finally:
+        await svc.close()
+    assert isinstance(res, HostFailure)
+    assert "CHANGED" in res.reason and "Refusing" in res.reason
+
+
+async def test_unknown_host_key_is_refused(ssh_server, tmp_path):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    cfg = Config(hosts={"h": ssh_host(ssh_server, known_hosts=str(empty))})
+    svc = HostService(cfg)
+    try:
+        res = await svc.probe("h", ProbeRequest())
+    finally:
+        await svc.close()
+    assert isinstance(res, HostFailure) and "unknown" in res.reason
+    assert ssh_server.exec_count == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("hang", "did not answer in 3 s"),
+        ("exit:9", "driver is not loaded"),
+        ("exit:15", "fallen off the bus"),
+        ("exit:6", "No devices were found"),
+        ("exit:255", "exit 255"),
+    ],
+)
+async def test_nvidia_smi_failures_are_findings_not_crashes(ssh_server, ssh_config, fake_gpu, mode, expected):
+    fake_gpu.set_mode(mode)
+    svc = HostService(ssh_config)
+    try:
+        snap = await svc.probe("gpu-host-1", ProbeRequest())
+    finally:
+        await svc.close()
+    assert isinstance(snap, Snapshot)
+    assert not snap.gpu.ok and expected in (snap.gpu.error or "")
+    assert snap.all_process_count > 0, "the rest of the snapshot must still be there"
+
+
+async def test_nvidia_smi_missing(ssh_server, ssh_config):
+    cfg = Config(hosts={"gpu-host-1": ssh_host(ssh_server, nvidia_smi="/nonexistent/nvidia-smi")})
+    svc = HostService(cfg)
+    try:
+        snap = await svc.probe("gpu-host-1", ProbeRequest())
+    finally:
+        await svc.close()
+    assert isinstance(snap, Snapshot) and not snap.gpu.ok
+    assert "not found" in (snap.gpu.error or "")
+
+
+async def test_status_shows_failed_host_and_healthy_host(ssh_server, fake_gpu):
+    cfg = Config(hosts={
+        "good": ssh_host(ssh_server),
+        "bad": {"address": "127.0.0.1", "port": free_port(), "known_hosts": str(ssh_server.known_hosts_path),
+                "connect_timeout_s": 2},
+    })
+    svc = HostService(cfg)
+    ctx = CommandContext(user_id="U1", channel_id="C1", config=cfg, hosts=svc, source="slash")
+    try:
+        msg = await dispatch(parse_slash("/gpu", "status"), ctx)
+    finally:
+        await svc.close()
+    assert "== good" in msg.text and "H200" in msg.text
+    assert "== bad" in msg.text and "FAILED" in msg.text and "refused" in msg.text
+
+
+INJECTIONS = [
+    "match=x; touch {marker}",
+    "match=$(touch {marker})",
+    "match=`touch {marker}`",
+    "log=/tmp/x; touch {marker}",
+    "log=/tmp/$(touch {marker})",
+    "log='/tmp/a`touch {marker}`'",
+    'match="a\'; touch {marker}; echo \'"',
+    "health=/h;touch{marker} port=1",
+    "gpu-host-1 match=\"x\ntouch {marker}\"",
+]
+
+
+@pytest.mark.parametrize("template", INJECTIONS)
+async def test_shell_metacharacters_never_run(ssh_server, ssh_config, tmp_path, template):
+    marker = tmp_path / "pwned"
+    text = template.format(marker=marker)
+    svc = HostService(ssh_config)
+    ctx = CommandContext(user_id="U1", channel_id="C1", config=ssh_config, hosts=svc, source="slash")
+    try:
+        msg = await dispatch(parse_slash("/probe", text), ctx)
+        msg2 = await dispatch(parse_message("!probe " + text, bot_user_id=None), ctx)
+    finally:
+        await svc.close()
+    await asyncio.sleep(0.2)
+    assert not marker.exists(), f"injection ran: {text!r}"
+    assert not Path("/tmp/pwned").exists()
+    # the only thing ever executed remotely is the wrapped probe shell
+    assert all(c.startswith("timeout -k ") and c.endswith(" sh -s") for c in ssh_server.commands)
+    assert msg.text and msg2.text
+
+
+async def test_quoted_log_path_reaches_remote_as_data(ssh_server, ssh_config, tmp_path):
+    """A path full of metacharacters passes validation, is sent quoted, and is only ever a file name."""
+    marker = tmp_path / "pwned2"
+    evil = f"/tmp/$(touch {marker})`touch {marker}`;touch {marker}"
+    svc = HostService(ssh_config)
+    try:
+        snap = await svc.probe("gpu-host-1", ProbeRequest(log_path=evil))
+    finally:
+        await svc.close()
+    assert ssh_server.exec_count == 1
+    assert isinstance(snap, Snapshot) and snap.log is not None
+    assert snap.log.error == "no such file" and snap.log.path == evil
+    assert not marker.exists()
