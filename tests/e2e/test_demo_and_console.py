@@ -1,0 +1,83 @@
+"""The README's first command (`gpubot demo`) and the scripted console, as real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import sys
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _env_without_nvidia_smi() -> dict:
+    env = dict(os.environ)
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a real nvidia-smi; the replay path is not used")
+    return env
+
+
+async def test_demo_shows_gpu_table_and_probe_of_a_real_process_then_cleans_up():
+    env = _env_without_nvidia_smi()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "demo", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out_b, _ = await asyncio.wait_for(proc.communicate(), 80)
+    out = out_b.decode()
+    assert proc.returncode == 0, out
+    assert "replayed sample GPU data" in out
+    assert "$ /gpu status" in out and "H200" in out and "16.8 / 140.4" in out
+    m = re.search(r"started demo server: pid (\d+)", out)
+    assert m, out
+    pid = int(m.group(1))
+    assert f"$ /probe local pgid={pid}" in out
+    # the probe shows the real local launcher process and its two workers
+    assert re.search(rf"^\s+{pid}\s+\d+\s+S", out, re.M), out
+    assert out.count("--worker-rank") >= 2
+    assert "The server is fired up and ready to roll!" in out
+    assert "listening" in out and "ok (HTTP 200)" in out
+    assert "all processes gone" in out
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server):
+    server = start_fake_server(mode="hang", workers=2, load_s=0.1)
+    await asyncio.to_thread(server.wait_log, "Load weight end")
+    marker = tmp_path / "pwned"
+    cfg = {
+        "hosts": {"gpu-host-1": {
+            "address": ssh_server.host, "port": ssh_server.port, "user": ssh_server.username,
+            "key_file": str(ssh_server.client_key_path), "known_hosts": str(ssh_server.known_hosts_path),
+            "connect_timeout_s": 5}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    script = "\n".join([
+        "# a comment line is ignored",
+        "/gpu status",
+        f"probe gpu-host-1 pgid={server.pid} log={server.log_path}",
+        "frobnicate",
+        "/probe no-such-host",
+        f"!probe match='x; touch {marker}'",
+        'probe "unbalanced',
+        "quit",
+        "/gpu status",  # never reached
+    ]) + "\n"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "console", "--config", str(path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out_b, err_b = await asyncio.wait_for(proc.communicate(script.encode()), 60)
+    out = out_b.decode()
+    assert proc.returncode == 0, err_b.decode()
+    assert out.count("GPU status: 1 host") == 1, out  # the line after quit never ran
+    assert "16.8 / 140.4" in out
+    assert "Probe of gpu-host-1" in out and "Load weight end" in out
+    assert "Unknown command 'frobnicate'" in out
+    assert "Unknown host" in out and "Known hosts: gpu-host-1" in out
+    assert "could not parse the command" in out
+    assert not marker.exists()
