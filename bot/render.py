@@ -20,6 +20,8 @@ from typing import Any
 
 import jinja2
 
+from bot.redact import redact
+
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
 MAX_HEADER_TEXT = 150
@@ -182,6 +184,18 @@ def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _redact_blocks(obj: Any) -> Any:
+    """Apply `redact` to every string inside a Block Kit structure (a safety net after the views)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, list):
+        return [_redact_blocks(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: (_redact_blocks(v) if k in ("text", "elements", "fields", "blocks") or isinstance(v, (list, dict))
+                    else v) for k, v in obj.items()}
+    return obj
+
+
 def _tidy(text: str) -> str:
     """Collapse runs of blank lines to one and strip surrounding newlines."""
     return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
@@ -194,9 +208,9 @@ def render(name: str, **context: Any) -> Message:
     Raises jinja2.TemplateError on a template bug (callers turn it into an error message).
     """
     env = environment()
-    text = _tidy(env.get_template(f"{name}.txt.j2").render(**context))
+    text = redact(_tidy(env.get_template(f"{name}.txt.j2").render(**context)))
     raw = env.get_template(f"{name}.blocks.j2").render(**context)
-    blocks = fit_blocks(json.loads(raw))
+    blocks = fit_blocks(_redact_blocks(json.loads(raw)))
     if len(text) > MAX_MESSAGE_TEXT:
         text = text[: MAX_MESSAGE_TEXT - len(TRUNCATED) - 1] + "\n" + TRUNCATED
     return Message(text=text, blocks=blocks)
@@ -204,4 +218,4 @@ def render(name: str, **context: Any) -> Message:
 
 def render_text(name: str, **context: Any) -> str:
     """Render only the plain-text template `templates/NAME.txt.j2` (console output)."""
-    return _tidy(environment().get_template(f"{name}.txt.j2").render(**context))
+    return redact(_tidy(environment().get_template(f"{name}.txt.j2").render(**context)))

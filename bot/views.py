@@ -10,6 +10,7 @@ from typing import Any
 
 from bot.models import GpuSection, HostFailure, ProcessInfo, Snapshot
 from bot.parse.ps import process_tree
+from bot.redact import redact
 
 COMMAND_WIDTH = 90
 
@@ -18,6 +19,7 @@ def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
     """A command line cut to `width` characters, with the program path shortened to its base name."""
     if not args:
         return "?"
+    args = redact(args)
     prog, _, rest = args.partition(" ")
     if "/" in prog and not prog.endswith("/"):
         prog = os.path.basename(prog)
@@ -32,7 +34,7 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str,
     holders_by_gpu: dict[int | None, list[dict[str, Any]]] = {}
     for p in gpu.processes:
         row = procs_by_pid.get(p.pid)
-        name = short_command(row.args, 40) if row else (p.process_name or "?")
+        name = short_command(row.args, 40) if row else redact(p.process_name or "?")
         holders_by_gpu.setdefault(p.gpu_index, []).append(
             {"pid": p.pid, "name": name, "mib": p.used_memory_mib, "gpu": p.gpu_index, "alive": row is not None}
         )
@@ -69,7 +71,7 @@ def status_view(results: list[Snapshot | HostFailure]) -> dict[str, Any]:
     hosts = []
     for r in results:
         if isinstance(r, HostFailure):
-            hosts.append({"name": r.host, "failed": True, "reason": r.reason})
+            hosts.append({"name": r.host, "failed": True, "reason": redact(r.reason)})
             continue
         by_pid = {p.pid: p for p in r.processes}
         hosts.append(
@@ -115,7 +117,7 @@ def probe_view(snap: Snapshot, selector: str) -> dict[str, Any]:
             "lines": lg.lines,
             "size_bytes": lg.size_bytes,
             "since_write_s": lg.seconds_since_write(snap.clock),
-            "tail": lg.tail,
+            "tail": [redact(line) for line in lg.tail],
         }
     health = None
     if snap.health is not None:
