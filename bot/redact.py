@@ -13,8 +13,10 @@ from collections.abc import Iterable
 MASK = "[REDACTED]"
 
 # A name that ENDS in a secret word: HF_TOKEN, api_key, DB_PASSWORD; not tokenizer_path, max_tokens, pad_token_id.
-_SECRET_NAME = (r"[A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"
-                r"|SECRET_?KEY|CREDENTIALS?)\b")
+_SECRET_NAME = (
+    r"[A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"  # noqa: S105
+    r"|SECRET_?KEY|CREDENTIALS?)\b"
+)
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # NAME=value (env assignments, ServerArgs(api_key='...'))
     (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(['\"]?)([^\s'\",)]+)"), rf"\1\2\3{MASK}"),
