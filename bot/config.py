@@ -24,7 +24,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 SLACK_USER_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
 SLACK_GROUP_RE = re.compile(r"^S[A-Z0-9]{2,}$")
 SLACK_CHANNEL_RE = re.compile(r"^[CGD][A-Z0-9]{2,}$")
-SECRET_KEY_RE = re.compile(r"(token|secret|password|passwd|api[_-]?key)", re.IGNORECASE)
+#: Keys whose NAME ends in a secret word (slack_token, signing_secret, api_key, HF_TOKEN); not max_tokens, tokenizer.
+SECRET_KEY_RE = re.compile(
+    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key)$",
+    re.IGNORECASE,
+)
 
 #: Names a variant's command template may use besides its declared params.
 BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})

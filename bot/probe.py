@@ -136,6 +136,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
             'elif [ ! -r "$L" ]; then echo "permission denied"; r=13; '
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
+            'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
             'else printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$(stat -c %Y -- "$L")" '
             '"$(timeout -k 1 5 wc -l < "$L")"; r=0; fi; e log_stat $r',
             f'b log_tail; if [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
@@ -271,13 +272,15 @@ def assemble_snapshot(
         snap.port = req.port
         t4, t6 = sections.get("tcp4"), sections.get("tcp6")
         socks = []
-        if t4 is not None:
+        t4_ok = t4 is not None and t4.rc == 0
+        t6_ok = t6 is not None and t6.rc == 0
+        if t4_ok:
             socks += proc_net.parse_proc_net_tcp(_text(t4), ipv6=False)
-        if t6 is not None:
+        if t6_ok:
             socks += proc_net.parse_proc_net_tcp(_text(t6), ipv6=True)
         snap.listening = socks
-        if t4 is None and t6 is None:
-            snap.errors.append("listening sockets unavailable")
+        if not t4_ok and not t6_ok:
+            snap.errors.append("listening sockets unavailable (/proc/net/tcp unreadable or awk missing)")
         else:
             snap.port_listening = proc_net.is_listening(socks, req.port)
         h = sections.get("health")
