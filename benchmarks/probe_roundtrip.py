@@ -38,7 +38,7 @@ CHECKS = [
 
 
 async def run(srv, smi: str, log: Path, rounds: int) -> dict[str, list[float]]:
-    cfg = Config(hosts={"h": ssh_host(srv, nvidia_smi=smi)})
+    cfg = Config(hosts={"h": ssh_host(srv, nvidia_smi=smi, log_dirs=[str(log.parent)])})
     svc = HostService(cfg)
     times: dict[str, list[float]] = {"A one exec, pooled": [], "B 5 execs, pooled": [], "C 5 fresh connections": []}
     cmds = [c.format(log=log, smi=smi) for c in CHECKS]

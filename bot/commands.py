@@ -18,6 +18,8 @@ MAX_COMMAND_CHARS = 4000
 _KWARG_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]{0,40})=(.*)$", re.DOTALL)
 _MENTION_RE = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+#: Words that may name a host (same rule as config host names): `/gpu HOST` shorthand.
+_HOSTLIKE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 #: Slash commands and the command name their first word defaults to.
 SLASH_DEFAULTS = {"/gpu": "status", "/gpubot": "help", "/probe": "probe", "/launch": "launch", "/kill": "kill",
@@ -61,7 +63,7 @@ def _split(text: str) -> list[str]:
 def _build(name: str, words: list[str], raw: str) -> CommandCall:
     word = name
     name = name.lower()
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.match(name) and not _HOSTLIKE_RE.match(word):
         raise CommandParseError(f"{name[:40]!r} is not a command name")
     call = CommandCall(name=name, raw=raw, word=word)
     for w in words:

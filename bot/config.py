@@ -26,7 +26,8 @@ SLACK_GROUP_RE = re.compile(r"^S[A-Z0-9]{2,}$")
 SLACK_CHANNEL_RE = re.compile(r"^[CGD][A-Z0-9]{2,}$")
 #: Keys whose NAME ends in a secret word (slack_token, signing_secret, api_key, HF_TOKEN); not max_tokens, tokenizer.
 SECRET_KEY_RE = re.compile(
-    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key)$",
+    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|secret[_-]?key)$",
     re.IGNORECASE,
 )
 
@@ -69,6 +70,17 @@ class HostConfig(_Model):
     use_nvml: bool = True
     gpu_note: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    log_dirs: list[str] = Field(default_factory=list)
+
+    @field_validator("log_dirs")
+    @classmethod
+    def _log_dirs(cls, v: list[str]) -> list[str]:
+        out = []
+        for d in v:
+            if not d.startswith("/") or any(c in d for c in "\x00\n\r") or "/../" in d + "/" or d.rstrip("/") == "":
+                raise ValueError(f"{d!r}: log directories must be absolute paths other than / (no ..)")
+            out.append(d.rstrip("/"))
+        return out
 
     @field_validator("port")
     @classmethod
@@ -259,13 +271,6 @@ class Config(_Model):
     state_dir: str = "~/.local/state/gpubot"
     default_host: str | None = None
 
-    @field_validator("hosts", "variants")
-    @classmethod
-    def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for name in v:
-            if not NAME_RE.match(name):
-                raise ValueError(f"name {name!r} must match {NAME_RE.pattern}")
-        return v
 
     def host_names(self) -> list[str]:
         """Configured host names, in file order."""
@@ -387,11 +392,19 @@ def parse_config(data: Any) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(["(top level): must be a mapping of keys like hosts:, variants:, permissions:"])
     errors = _find_secret_keys(data)
+    for section in ("hosts", "variants"):
+        names = data.get(section)
+        if isinstance(names, dict):
+            for name in names:
+                if not NAME_RE.fullmatch(str(name)):
+                    errors.append(f"{section}.{name}: name must be 1-63 letters, digits, '.', '_' or '-', "
+                                  "starting with a letter or digit")
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(errors + _format_pydantic(e)) from None
     errors.extend(_cross_checks(cfg))
+    errors = list(dict.fromkeys(errors))
     if errors:
         raise ConfigError(errors)
     return cfg

@@ -18,6 +18,7 @@ Everything here is pure; `bot.service` runs the script through an executor.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -34,8 +35,8 @@ LOG_TAIL_BYTES = 262_144
 #: Widest command line shown, characters.
 MAX_LINE_WIDTH = 400
 
-_SAFE_PATH_RE = re.compile(r"^/[^\x00-\x1f\x7f]*$")
-_HEALTH_PATH_RE = re.compile(r"^/[A-Za-z0-9_./-]*$")
+_SAFE_PATH_RE = re.compile(r"/[^\x00-\x1f\x7f]*")
+_HEALTH_PATH_RE = re.compile(r"/[A-Za-z0-9_./-]*")
 
 
 class ProbeRequestError(ValueError):
@@ -49,7 +50,9 @@ class ProbeRequest:
     Selectors (`pid`, `pgid`, `sid`, `match`) pick processes in addition to every GPU-holding PID;
     `log_path` is an absolute path on the host; `port` a TCP port 1..65535 whose listening state and
     health endpoint (`health_path`) are checked; `tail_lines` lines of log tail (1..500).
-    `gpu` False skips nvidia-smi (used when GPU readings come from NVML).
+    `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `log_dirs` are the host's
+    allowed log directories (None until the host's policy is applied; a log is only read when its path,
+    and its resolved path on the host, are inside one of them).
     """
 
     pid: int | None = None
@@ -65,6 +68,7 @@ class ProbeRequest:
     nvidia_smi: str = "nvidia-smi"
     nvidia_smi_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
+    log_dirs: list[str] | None = None
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -77,9 +81,18 @@ class ProbeRequest:
         if self.match is not None and (not self.match or len(self.match) > 200 or "\x00" in self.match):
             raise ProbeRequestError("match must be 1..200 characters")
         if self.log_path is not None:
-            if len(self.log_path) > 4096 or not _SAFE_PATH_RE.match(self.log_path):
+            if len(self.log_path) > 4096 or not _SAFE_PATH_RE.fullmatch(self.log_path):
                 raise ProbeRequestError("log must be an absolute path like /data/logs/server.log")
-        if self.health_path is not None and not _HEALTH_PATH_RE.match(self.health_path):
+            if "/../" in self.log_path + "/" or "/./" in self.log_path + "/":
+                raise ProbeRequestError("log path must not contain . or .. components")
+            if self.log_dirs is not None and not self.log_dirs:
+                raise ProbeRequestError(
+                    "this host allows no log= reads: an admin must list the server log directories under "
+                    "hosts.<host>.log_dirs in the config"
+                )
+            if self.log_dirs and not any(self.log_path.startswith(d.rstrip("/") + "/") for d in self.log_dirs):
+                raise ProbeRequestError(f"log= must be under this host's log directories: {', '.join(self.log_dirs)}")
+        if self.health_path is not None and not _HEALTH_PATH_RE.fullmatch(self.health_path):
             raise ProbeRequestError("health path must look like /health")
         if not 1 <= self.tail_lines <= 500:
             raise ProbeRequestError("tail lines must be 1..500")
@@ -106,6 +119,8 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
     Raises ProbeRequestError for invalid requests.
     """
     req.validate()
+    if req.log_path is not None and not req.log_dirs:
+        raise ProbeRequestError("log= reads need the host's log_dirs (none given)")
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise ValueError("nonce must be hex")
     nv = quote(req.nvidia_smi)
@@ -131,15 +146,19 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             )
     if req.log_path is not None:
         lp = quote(req.log_path)
+        # The resolved path (symlinks followed) must still be inside an allowed directory.
+        allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in req.log_dirs)
         lines += [
             f"L={lp}",
-            'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
+            f'R=$(readlink -f -- "$L" 2>/dev/null || echo "$L"); case "$R" in {allowed}) OK=1;; *) OK=0;; esac',
+            'b log_stat; if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
+            'elif [ ! -e "$L" ]; then echo "no such file"; r=2; '
             'elif [ ! -r "$L" ]; then echo "permission denied"; r=13; '
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
             'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
             'else printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$(stat -c %Y -- "$L")" '
             '"$(timeout -k 1 5 wc -l < "$L")"; r=0; fi; e log_stat $r',
-            f'b log_tail; if [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
+            f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
         ]
     if req.port is not None:
@@ -208,7 +227,10 @@ def assemble_snapshot(
     snap = Snapshot(host=host)
     clock = _text(sections.get("clock")).strip()
     try:
-        snap.clock = float(clock.splitlines()[0]) if clock else None
+        value = float(clock.splitlines()[0]) if clock else None
+        if value is not None and not math.isfinite(value):
+            raise ValueError("non-finite clock")
+        snap.clock = value
     except (ValueError, IndexError):
         snap.errors.append("remote clock unreadable")
     hn = _text(sections.get("hostname")).strip()

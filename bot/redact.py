@@ -19,13 +19,13 @@ _SECRET_NAME = (
 )
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # NAME=value (env assignments, ServerArgs(api_key='...'))
-    (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(['\"]?)([^\s'\",)]+)"), rf"\1\2\3{MASK}"),
+    (re.compile(rf"(?i)\b({_SECRET_NAME})([ \t]*[=:][ \t]*)(['\"]?)([^\s'\",)]+)"), rf"\1\2\3{MASK}"),
     # --api-key VALUE / --api-key=VALUE / --hf-token ... / --password ...
-    (re.compile(r"(?i)(--?[a-z0-9-]*(?:token|secret|password|passwd|api-?key|access-?key))(=|\s+)(?!-)(\S+)"),
+    (re.compile(r"(?i)(--?[a-z0-9-]*(?:token|secret|password|passwd|api-?key|access-?key))(=|[ \t]+)(?!-)(\S+)"),
      rf"\1\2{MASK}"),
-    (re.compile(r"(?i)\b(authorization|proxy-authorization)(\s*:\s*)(?:(bearer|basic|token)\s+)?\S+"),
+    (re.compile(r"(?i)\b(authorization|proxy-authorization)([ \t]*:[ \t]*)(?:(bearer|basic|token)[ \t]+)?\S+"),
      lambda m: f"{m.group(1)}{m.group(2)}{(m.group(3) + ' ') if m.group(3) else ''}{MASK}"),
-    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"), f"Bearer {MASK}"),
+    (re.compile(r"(?i)\bbearer[ \t]+[A-Za-z0-9._~+/=-]{8,}"), f"Bearer {MASK}"),
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), MASK),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), MASK),
     (re.compile(r"\bxox[abposre]-[A-Za-z0-9-]{8,}"), MASK),

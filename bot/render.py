@@ -45,6 +45,12 @@ def mrkdwn_escape(value: Any) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def code_escape(value: Any) -> str:
+    """Escape text for inside a ``` code block: mrkdwn escaping, and a zero-width space breaks any ```
+    in remote text so it cannot close the block."""
+    return mrkdwn_escape(value).replace("```", "`\u200b``")
+
+
 def fmt_num(value: Any, fmt: str = "{:.0f}", missing: str = "-") -> str:
     """Format a number with `fmt`; None or NaN becomes `missing`."""
     if value is None:
@@ -68,7 +74,9 @@ def fmt_duration(seconds: Any, missing: str = "-") -> str:
         return missing
     try:
         s = int(seconds)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
+        return missing
+    if s < 0:
         return missing
     if s < 60:
         return f"{s}s"
@@ -81,9 +89,12 @@ def fmt_duration(seconds: Any, missing: str = "-") -> str:
 
 def fmt_bytes(n: Any, missing: str = "-") -> str:
     """Bytes -> '812 B', '4.2 KiB', '1.3 MiB', '2.0 GiB'."""
-    if n is None:
+    try:
+        v = float(n)
+    except (TypeError, ValueError):
         return missing
-    v = float(n)
+    if not math.isfinite(v) or v < 0:
+        return missing
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if v < 1024 or unit == "TiB":
             return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
@@ -127,6 +138,7 @@ def _template_env() -> jinja2.Environment:
     )
     env.filters.update(
         esc=mrkdwn_escape,
+        code=code_escape,
         num=fmt_num,
         gib=fmt_gib,
         dur=fmt_duration,

@@ -80,6 +80,7 @@ class HostService:
         req.nvidia_smi = cfg.nvidia_smi
         req.nvidia_smi_timeout_s = cfg.nvidia_smi_timeout_s
         req.env = dict(cfg.env)
+        req.log_dirs = list(cfg.log_dirs)
         req.validate()
         gpu_override = None
         if cfg.local and cfg.use_nvml and req.gpu:

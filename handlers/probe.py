@@ -74,7 +74,10 @@ async def handle_probe(call: CommandCall, ctx: CommandContext) -> Message:
         req = build_request(call)
     except ProbeRequestError as e:
         return error_message("Bad arguments", str(e), f"Usage: {USAGE}")
-    result = await ctx.hosts.probe(host, req)
+    try:
+        result = await ctx.hosts.probe(host, req)
+    except ProbeRequestError as e:  # the host's policy (e.g. allowed log directories) refused it
+        return error_message("Not allowed", str(e), f"Usage: {USAGE}")
     if isinstance(result, HostFailure):
         return error_message(f"Probe of {host} failed", result.reason)
     return render("probe", **probe_view(result, describe_selector(req)))

@@ -58,6 +58,7 @@ def ssh_host(srv, **overrides) -> HostConfig:
         "command_timeout_s": 20,
         "nvidia_smi_timeout_s": 3,
         "keepalive_interval_s": 5,
+        "log_dirs": ["/tmp"],
     }
     fields.update(overrides)
     return HostConfig(**fields)

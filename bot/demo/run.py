@@ -92,12 +92,13 @@ async def run_demo(out: TextIO | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpubot-demo-") as tmp:
         tmpdir = Path(tmp)
         real_smi = shutil.which("nvidia-smi")
-        host = HostConfig(local=True)
+        host = HostConfig(local=True, log_dirs=[str(tmpdir)])
         gpu_state = None
         if real_smi is None:
             fake = install_fake_gpu(tmpdir / "gpu", gpu_count=1)
             gpu_state = str(fake.state_dir)
-            host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE)
+            host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE,
+                              log_dirs=[str(tmpdir)])
         config = Config(hosts={"local": host}, default_host="local", state_dir=str(tmpdir / "state"))
         port = free_port()
         log_path = tmpdir / "demo-server.log"

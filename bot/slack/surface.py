@@ -16,7 +16,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.render import Message
+from bot.render import Message, mrkdwn_escape
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class SlackSurface:
         """chat.postMessage with blocks + text fallback; attached files go to the same thread. Returns ts."""
         try:
             resp = await self.client.chat_postMessage(
-                channel=channel, text=message.text[:40_000], blocks=message.blocks, thread_ts=thread_ts,
+                channel=channel, text=mrkdwn_escape(message.text)[:40_000], blocks=message.blocks, thread_ts=thread_ts,
                 unfurl_links=False, unfurl_media=False,
             )
         except SlackApiError as e:
@@ -67,7 +67,8 @@ class SlackSurface:
     async def update(self, channel: str, ts: str, message: Message) -> bool:
         """chat.update of a message the bot posted. Returns True on success."""
         try:
-            await self.client.chat_update(channel=channel, ts=ts, text=message.text[:40_000], blocks=message.blocks)
+            await self.client.chat_update(channel=channel, ts=ts, text=mrkdwn_escape(message.text)[:40_000],
+                                          blocks=message.blocks)
             return True
         except (SlackApiError, SlackClientError, OSError, TimeoutError) as e:
             log.warning("chat.update %s/%s failed: %s", channel, ts, e)

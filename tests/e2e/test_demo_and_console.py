@@ -53,7 +53,7 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
         "hosts": {"gpu-host-1": {
             "address": ssh_server.host, "port": ssh_server.port, "user": ssh_server.username,
             "key_file": str(ssh_server.client_key_path), "known_hosts": str(ssh_server.known_hosts_path),
-            "connect_timeout_s": 5}},
+            "connect_timeout_s": 5, "log_dirs": [str(tmp_path)]}},
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -64,6 +64,7 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
         "frobnicate",
         "/probe no-such-host",
         f"!probe match='x; touch {marker}'",
+        "probe gpu-host-1 log=/etc/shadow",
         'probe "unbalanced',
         "quit",
         "/gpu status",  # never reached
@@ -81,3 +82,4 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
     assert "Unknown host" in out and "Known hosts: gpu-host-1" in out
     assert "could not parse the command" in out
     assert not marker.exists()
+    assert "log= must be under this host's log directories" in out and "root:" not in out

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def local(fake_gpu):
     cfg = Config(hosts={"me": HostConfig(local=True, use_nvml=False, nvidia_smi=str(fake_gpu.nvidia_smi),
-                                         command_timeout_s=20)})
+                                         command_timeout_s=20, log_dirs=["/tmp", "/dev", "/proc"])})
     return HostService(cfg)
 
 

@@ -248,8 +248,9 @@ def test_defaults_and_empty_file(tmp_path):
 
 
 def test_builtin_template_vars_are_accepted():
-    tmpl = " ".join("{{ %s }}" % v for v in sorted(BUILTIN_TEMPLATE_VARS))
-    cfg = parse_config(base_data(variants={"v": {"host": "local-box", "command": f"run {tmpl}", "log": "/l/{{ port }}"}}))
+    tmpl = " ".join("{{ " + v + " }}" for v in sorted(BUILTIN_TEMPLATE_VARS))
+    variant = {"host": "local-box", "command": f"run {tmpl}", "log": "/l/{{ port }}"}
+    cfg = parse_config(base_data(variants={"v": variant}))
     assert cfg.variants["v"].command.startswith("run ")
 
 
@@ -313,20 +314,15 @@ def test_errors_are_location_colon_message():
         assert sep and loc and msg, e
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Config._names (a plain after-validator on hosts/variants) never runs when any host or variant "
-    "has its own error, so an invalid host name is only reported once everything else is fixed",
-)
 def test_invalid_host_name_reported_together_with_other_errors():
     errs = errors_of({"hosts": {"bad name": {"local": True}, "h": {"local": True, "port": 0}}})
     assert "hosts.h.port: must be 1..65535" in errs
-    assert any(e.startswith("hosts:") and "'bad name'" in e for e in errs), errs
+    assert any(e.startswith("hosts.bad name: name must be") for e in errs), errs
 
 
 def test_invalid_host_name_alone():
     errs = errors_of({"hosts": {"bad name": {"local": True}}})
-    assert len(errs) == 1 and errs[0].startswith("hosts: name 'bad name' must match")
+    assert len(errs) == 1 and errs[0].startswith("hosts.bad name: name must be 1-63 letters")
 
 
 @pytest.mark.parametrize(
@@ -420,26 +416,39 @@ def test_env_reference_is_allowed():
 
 
 def test_partial_env_reference_is_not_allowed():
-    errs = errors_of(base_data(variants={"v": {"host": "local-box", "command": "x", "env": {"HF_TOKEN": "x${HF_TOKEN}"}}}))
+    variant = {"host": "local-box", "command": "x", "env": {"HF_TOKEN": "x${HF_TOKEN}"}}
+    errs = errors_of(base_data(variants={"v": variant}))
     assert any(e.startswith("variants.v.env.HF_TOKEN: ") and SECRET_MSG in e for e in errs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: SECRET_KEY_RE (bot/config.py) matches substrings, so ordinary launch params and env vars such "
-    "as max_num_batched_tokens, tokenizer and TOKENIZERS_PARALLELISM are rejected as secrets",
-)
 @pytest.mark.parametrize(
     "variant",
     [
-        {"command": "x --max-num-batched-tokens {{ max_num_batched_tokens }}", "params": {"max_num_batched_tokens": 8192}},
+        {"command": "x --max-num-batched-tokens {{ max_num_batched_tokens }}",
+         "params": {"max_num_batched_tokens": 8192}},
         {"command": "x --tokenizer {{ tokenizer }}", "params": {"tokenizer": "/models/tok"}},
         {"command": "x", "env": {"TOKENIZERS_PARALLELISM": "false"}},
+        {"command": "x", "env": {"HF_TOKEN_PATH": "/secrets/hf"}},
+        {"command": "x --pad {{ pad_token_id }}", "params": {"pad_token_id": 0}},
     ],
 )
 def test_ordinary_token_named_settings_are_not_secrets(variant):
+    # regression: a substring match used to reject common vLLM/SGLang params and env vars as "secrets"
     cfg = parse_config(base_data(variants={"v": {"host": "local-box", **variant}}))
     assert "v" in cfg.variants
+
+
+@pytest.mark.parametrize("key", ["AWS_SECRET_ACCESS_KEY", "client_secret", "DB_PASSWORD", "AWS_SESSION_TOKEN",
+                                 "NGC_API_KEY", "apikey"])
+def test_more_secret_names_rejected(key):
+    errs = errors_of(base_data(variants={"v": {"host": "local-box", "command": "x", "env": {key: "value123"}}}))
+    assert any(e.startswith(f"variants.v.env.{key}: ") and SECRET_MSG in e for e in errs), errs
+
+
+@pytest.mark.parametrize("key", ["SECRET_KEY", "jwt_secret_key"])
+def test_secret_key_names_rejected(key):
+    errs = errors_of(base_data(variants={"v": {"host": "local-box", "command": "x", "env": {key: "s3cr3t"}}}))
+    assert any(e.startswith(f"variants.v.env.{key}: ") and SECRET_MSG in e for e in errs), errs
 
 
 # --- YAML and top level ---------------------------------------------------------------------------
