@@ -67,10 +67,18 @@ def serve_http(config_path: str, port: int, bind: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
 def console(config_path: str) -> None:
     """The same commands in a terminal; reads one command per line when stdin is not a terminal."""
-    from bot.console import run_console
+    from bot.console import run_console, run_interactive
 
     config = _load(config_path)
-    sys.exit(asyncio.run(run_console(config)))
+    if logging.getLogger().level == logging.WARNING:
+        # answers already say what failed; repeated WARNING lines on stderr would only duplicate them
+        logging.getLogger().setLevel(logging.ERROR)
+    if sys.stdin.isatty():
+        sys.exit(run_interactive(config))
+    try:
+        sys.exit(asyncio.run(run_console(config)))
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 @main.command()
@@ -84,10 +92,25 @@ def demo() -> None:
 @main.command("check-config")
 @click.argument("path", type=click.Path())
 def check_config(path: str) -> None:
-    """Validate a config file: prints every error with its location and exits 2, or prints a summary."""
-    config = _load(path)
-    click.echo(f"{path}: OK ({len(config.hosts)} hosts, {len(config.variants)} variants)")
+    """Validate a config file: prints every error with its location and exits 2, or prints a summary.
 
+    Warnings (a missing known_hosts or key file, a host without log_dirs, no hosts at all) are printed
+    to stderr after the summary; they do not change the exit code 0.
+    """
+    from bot.config import config_warnings
+
+    config = _load(path)
+    warnings = config_warnings(config)
+
+    def count(n: int, word: str) -> str:
+        return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+    summary = f"{count(len(config.hosts), 'host')}, {count(len(config.variants), 'variant')}"
+    if warnings:
+        summary += f"; {count(len(warnings), 'warning')}"
+    click.echo(f"{path}: OK ({summary})")
+    for line in warnings:
+        click.echo(f"  warning: {line}", err=True)
 
 if __name__ == "__main__":
     main()

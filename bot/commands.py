@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 
 MAX_COMMAND_CHARS = 4000
+_LINK_RE = re.compile(r"<((?:https?|mailto|ftp):[^|>\s]*)(?:\|([^>]*))?>")
 _KWARG_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]{0,40})=(.*)$", re.DOTALL)
 _MENTION_RE = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
@@ -50,6 +51,9 @@ def _split(text: str) -> list[str]:
         raise CommandParseError(f"command is too long ({len(text)} characters; at most {MAX_COMMAND_CHARS})")
     if "\x00" in text:
         raise CommandParseError("command contains a NUL character")
+    # Slack turns host names and paths it recognises into links: <http://gpu1.example.com|gpu1.example.com>,
+    # <mailto:a@b|a@b>, <#C123|name>; keep the label (or the bare URL) the user typed.
+    text = _LINK_RE.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(1), text)
     # Slack sends &amp; &lt; &gt; escaped in message text and slash command text.
     text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     # Smart quotes typed in Slack clients.

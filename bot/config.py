@@ -2,23 +2,44 @@
 
 The file describes hosts, server variants, permissions and the watch policy. Secrets are never read
 from it: Slack tokens and signing secrets come from the environment (SLACK_BOT_TOKEN, SLACK_APP_TOKEN,
-SLACK_SIGNING_SECRET). `load_config` raises `ConfigError` listing every problem with its location,
-e.g. `hosts.gpu-host-1.port: must be 1..65535`.
+SLACK_SIGNING_SECRET). An `env:` value that is exactly `${NAME}` is replaced at load time by the
+environment variable NAME. `load_config` raises `ConfigError` listing every problem with its location,
+e.g. `hosts.gpu-host-1.port: must be 1..65535`; `config_warnings` lists problems that do not stop the bot.
+
+YAML is read with a strict SafeLoader: duplicate keys are errors, and alias use, nesting depth, the
+number of values and the file size are capped, so a hostile or broken file cannot hang or crash the bot.
 
 The documented schema with every key lives in `deploy/config.example.yaml`.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
+import os
 import re
+import stat
+import types
+import typing
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jinja2
 import jinja2.meta
 import jinja2.sandbox
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 SLACK_USER_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
@@ -31,8 +52,24 @@ SECRET_KEY_RE = re.compile(
     re.IGNORECASE,
 )
 
+#: An environment reference: a value that is exactly `${NAME}`.
+ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
 #: Names a variant's command template may use besides its declared params.
 BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})
+
+#: Limits on the YAML file: a config is a few KiB with a handful of anchors.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 100
+MAX_YAML_VALUES = 100_000
+#: Upper bound of every duration setting, in seconds.
+MAX_SECONDS = 3600
+
+SECRETS_HINT = (
+    "secrets are never read from the config file; set them in the environment (Slack tokens: "
+    "SLACK_BOT_TOKEN, SLACK_APP_TOKEN, SLACK_SIGNING_SECRET) or reference one as ${NAME} in an env: map"
+)
 
 
 class ConfigError(Exception):
@@ -47,26 +84,51 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, not {str(v).lower()}")
+    return v
+
+
+#: An integer as YAML writes it: `true` is not 1, and "22" or 22.0 are not 22.
+Int = Annotated[int, Strict()]
+#: A number: ints are accepted, `true` / `false` are not.
+Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
+def _seconds(v: float, *, zero_ok: bool = False) -> float:
+    """`v` if it is a finite number of seconds, > 0 (>= 0 with `zero_ok`) and <= MAX_SECONDS; else raises
+    ValueError with the allowed range."""
+    if zero_ok:
+        if not 0 <= v <= MAX_SECONDS:  # also false for NaN
+            raise ValueError(f"must be 0..{MAX_SECONDS} seconds")
+    elif not 0 < v <= MAX_SECONDS:
+        raise ValueError(f"must be > 0 and <= {MAX_SECONDS} seconds")
+    return v
+
+
 class HostConfig(_Model):
     """One GPU host reached over SSH, or the machine the bot runs on (`local: true`).
 
-    `port` 1..65535; `connect_timeout_s` / `command_timeout_s` seconds; `max_channels` concurrent SSH
+    `port` 1..65535; `connect_timeout_s` / `command_timeout_s` / `nvidia_smi_timeout_s` seconds in
+    (0, 3600]; `keepalive_interval_s` seconds in [0, 3600] (0: no keepalives); `max_channels` concurrent SSH
     session channels per connection (keep below the server's MaxSessions, OpenSSH default 10).
+    Integers must be YAML integers (`port: true` is an error); every duration must be finite.
     `known_hosts` is required for SSH hosts: host keys are always verified.
     """
 
     address: str | None = None
-    port: int = 22
+    port: Int = 22
     user: str | None = None
     key_file: str | None = None
     known_hosts: str | None = None
     local: bool = False
-    connect_timeout_s: float = 10.0
-    command_timeout_s: float = 30.0
-    keepalive_interval_s: float = 15.0
-    max_channels: int = 8
+    connect_timeout_s: Number = 10.0
+    command_timeout_s: Number = 30.0
+    keepalive_interval_s: Number = 15.0
+    max_channels: Int = 8
     nvidia_smi: str = "nvidia-smi"
-    nvidia_smi_timeout_s: float = 10.0
+    nvidia_smi_timeout_s: Number = 10.0
     use_nvml: bool = True
     gpu_note: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -99,9 +161,12 @@ class HostConfig(_Model):
     @field_validator("connect_timeout_s", "command_timeout_s", "nvidia_smi_timeout_s")
     @classmethod
     def _positive(cls, v: float) -> float:
-        if not 0 < v <= 3600:
-            raise ValueError("must be > 0 and <= 3600 seconds")
-        return v
+        return _seconds(v)
+
+    @field_validator("keepalive_interval_s")
+    @classmethod
+    def _keepalive(cls, v: float) -> float:
+        return _seconds(v, zero_ok=True)  # 0 turns keepalives off
 
     @field_validator("nvidia_smi")
     @classmethod
@@ -135,9 +200,16 @@ class ParamSpec(_Model):
     default: Any = None
     choices: list[Any] | None = None
     regex: str | None = None
-    min: float | None = None
-    max: float | None = None
+    min: Number | None = None
+    max: Number | None = None
     description: str | None = None
+
+    @field_validator("min", "max")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
 
     @field_validator("regex")
     @classmethod
@@ -153,18 +225,16 @@ class ParamSpec(_Model):
 class WatchPolicy(_Model):
     """How launches are followed: check interval and silence threshold in seconds, per-phase grace."""
 
-    interval_s: float = 30.0
-    silence_after_s: float = 300.0
-    phase_grace_s: dict[str, float] = Field(default_factory=dict)
+    interval_s: Number = 30.0
+    silence_after_s: Number = 300.0
+    phase_grace_s: dict[str, Number] = Field(default_factory=dict)
     digest_cron: str | None = None
     digest_channel: str | None = None
 
     @field_validator("interval_s", "silence_after_s")
     @classmethod
     def _pos(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be > 0 seconds")
-        return v
+        return _seconds(v)
 
     @field_validator("phase_grace_s")
     @classmethod
@@ -173,8 +243,8 @@ class WatchPolicy(_Model):
         for k, s in v.items():
             if k not in known:
                 raise ValueError(f"unknown phase {k!r}; known: {', '.join(sorted(known))}")
-            if s <= 0:
-                raise ValueError(f"grace for {k} must be > 0 seconds")
+            if not 0 < s <= MAX_SECONDS:
+                raise ValueError(f"grace for {k} must be > 0 and <= {MAX_SECONDS} seconds")
         return v
 
 
@@ -193,11 +263,46 @@ class VariantConfig(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     log: str | None = None
-    port: int | None = None
+    port: Int | None = None
     health: str | None = None
-    gpus: list[int] | None = None
+    gpus: list[Int] | None = None
     engine: Literal["sglang", "vllm", "tgi", "trtllm", "generic"] | None = None
     watch: WatchPolicy | None = None
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        # Decide per value which form it is, so one mistake gives one message (a plain union would report
+        # the failure of every member: ParamSpec, str, int, float and bool).
+        if not isinstance(v, dict):
+            return v
+        out: dict[Any, Any] = {}
+        problems: list[InitErrorDetails] = []
+        for name, spec in v.items():
+            if isinstance(spec, (ParamSpec, str, int, float, bool)):
+                out[name] = spec
+            elif isinstance(spec, dict):
+                try:
+                    out[name] = ParamSpec.model_validate(spec)
+                except ValidationError as e:
+                    for err in e.errors(include_url=False):
+                        detail = InitErrorDetails(type=err["type"], loc=(name, *err["loc"]), input=err["input"])
+                        if "ctx" in err:
+                            detail["ctx"] = err["ctx"]
+                        problems.append(detail)
+            else:
+                problems.append(InitErrorDetails(
+                    type=PydanticCustomError(
+                        "param_value",
+                        "must be a default value (string, number or true/false) or a mapping of "
+                        "type/default/choices/regex/min/max/description",
+                    ),
+                    loc=(name,),
+                    input=spec,
+                ))
+        if problems:
+            raise ValidationError.from_exception_data("params", problems)
+        return out
 
     @field_validator("port")
     @classmethod
@@ -304,40 +409,134 @@ class Config(_Model):
         return VariantConfig.model_validate(merged)
 
 
-def _find_secret_keys(data: Any, path: str = "") -> list[str]:
-    out: list[str] = []
-    if isinstance(data, dict):
-        for k, v in data.items():
-            loc = f"{path}.{k}" if path else str(k)
-            # env maps and params are allowed to *name* things like HF_TOKEN only via ${ENV} references.
-            if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, dict):
-                if isinstance(v, str) and re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", v):
-                    continue
-                out.append(
-                    f"{loc}: secrets are never read from the config file; "
-                    "put them in the environment (e.g. SLACK_BOT_TOKEN) or reference one as ${NAME}"
-                )
-            out.extend(_find_secret_keys(v, loc))
-    elif isinstance(data, list):
-        for i, v in enumerate(data):
-            out.extend(_find_secret_keys(v, f"{path}[{i}]"))
+class _Index(int):
+    """A list index in a location path (shown as `[i]`; a mapping key is shown as `.key`)."""
+
+
+def _loc(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, _Index) else (f".{part}" if out else str(part))
     return out
 
 
-def _format_pydantic(e: ValidationError) -> list[str]:
+def _is_env_map(path: tuple[Any, ...]) -> bool:
+    """True for the path of `hosts.NAME.env` or `variants.NAME.env`, the maps that may hold ${NAME}."""
+    return len(path) == 3 and path[0] in ("hosts", "variants") and path[2] == "env"
+
+
+def _find_secret_keys(data: Any) -> list[tuple[str, str]]:
+    """(location, error) for every secret-looking key with a literal value, anywhere in `data`."""
+    out: list[tuple[str, str]] = []
+    todo: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while todo:
+        path, node = todo.pop()
+        if isinstance(node, dict):
+            children = list(node.items())
+            for k, v in children:
+                here = (*path, k)
+                # Only env maps may name a secret, and only as a reference to the bot's environment.
+                if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, dict):
+                    if not (_is_env_map(path) and isinstance(v, str) and ENV_REF_RE.fullmatch(v)):
+                        out.append((_loc(here), f"{_loc(here)}: {SECRETS_HINT}"))
+            todo.extend(((*path, k), v) for k, v in reversed(children))
+        elif isinstance(node, list):
+            todo.extend(((*path, _Index(i)), v) for i, v in reversed(list(enumerate(node))))
+    return out
+
+
+def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of `data` with every `hosts.*.env` / `variants.*.env` value that is exactly `${NAME}` replaced
+    by environ[NAME], and an error for each NAME that is not set. `data` itself is not modified."""
+    errors: list[str] = []
+    out = dict(data)
+    for section in ("hosts", "variants"):
+        entries = data.get(section)
+        if not isinstance(entries, dict):
+            continue
+        new_entries = dict(entries)
+        for name, entry in entries.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("env"), dict):
+                continue
+            env = dict(entry["env"])
+            for key, value in env.items():
+                m = ENV_REF_RE.fullmatch(value) if isinstance(value, str) else None
+                if m is None:
+                    continue
+                if m.group(1) in environ:
+                    env[key] = environ[m.group(1)]
+                else:
+                    errors.append(f"{section}.{name}.env.{key}: environment variable {m.group(1)} is not set")
+            new_entries[name] = {**entry, "env": env}
+        out[section] = new_entries
+    return out, errors
+
+
+def _unwrap_model(annotation: Any, part: Any) -> Any:
+    """The annotation one step below `annotation` at location part `part`, or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _unwrap_model(args[0], part)
+    if origin is dict:
+        return args[1]
+    if origin is list:
+        return args[0]
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            below = _unwrap_model(arg, part)
+            if below is not None:
+                return below
+    return None
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _as_model(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return next((m for m in map(_as_model, args) if m is not None), None)
+    return None
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that validates the mapping at `loc` (a pydantic error location), or None."""
+    annotation: Any = Config
+    for part in loc:
+        annotation = _unwrap_model(annotation, part)
+        if annotation is None:
+            return None
+    return _as_model(annotation)
+
+
+def _unknown_key_message(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    if model is None or not loc:
+        return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"unknown key; did you mean {close[0]!r}?" if close else "unknown key"
+
+
+def _format_pydantic(e: ValidationError, skip_unknown: Collection[str] = ()) -> list[str]:
+    """`location: message` strings for a pydantic error; "unknown key" is left out at `skip_unknown`."""
     out = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        # drop pydantic's union branch names from locations
-        loc = re.sub(r"\.(ParamSpec|str|int|float|bool)(?=\.|$)", "", loc)
+    for err in e.errors(include_url=False):
+        parts = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+        loc = ".".join(str(p) for p in parts)
         msg = err["msg"]
         for prefix in ("Value error, ", "Assertion failed, "):
             if msg.startswith(prefix):
                 msg = msg[len(prefix) :]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            if loc in skip_unknown:
+                continue  # already reported as a secret
+            msg = _unknown_key_message(parts)
         out.append(f"{loc or '(top level)'}: {msg}")
-    return sorted(set(out), key=out.index)
+    return list(dict.fromkeys(out))
 
 
 def _cross_checks(cfg: Config) -> list[str]:
@@ -385,13 +584,26 @@ def _cross_checks(cfg: Config) -> list[str]:
     return errors
 
 
-def parse_config(data: Any) -> Config:
-    """Validate already-loaded YAML data. Returns a `Config`; raises `ConfigError` with every problem."""
+def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate already-loaded YAML data and expand its `${NAME}` environment references.
+
+    Values of `hosts.*.env` and `variants.*.env` that are exactly `${NAME}` are replaced by NAME from
+    `environ` (default: `os.environ`). `data` is not modified. Returns a `Config`; raises `ConfigError`
+    with every problem (including each referenced variable that is not set).
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(["(top level): must be a mapping of keys like hosts:, variants:, permissions:"])
-    errors = _find_secret_keys(data)
+    try:
+        return _parse(data, os.environ if environ is None else environ)
+    except RecursionError:
+        raise ConfigError([f"(top level): nested too deeply (more than {MAX_YAML_DEPTH} levels)"]) from None
+
+
+def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
+    secrets = _find_secret_keys(data)
+    errors = [msg for _loc_, msg in secrets]
     for section in ("hosts", "variants"):
         names = data.get(section)
         if isinstance(names, dict):
@@ -399,10 +611,13 @@ def parse_config(data: Any) -> Config:
                 if not NAME_RE.fullmatch(str(name)):
                     errors.append(f"{section}.{name}: name must be 1-63 letters, digits, '.', '_' or '-', "
                                   "starting with a letter or digit")
+    # Secrets are looked for in the file as written; references are expanded only afterwards.
+    data, env_errors = _expand_env_refs(data, environ)
+    errors.extend(env_errors)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(errors + _format_pydantic(e)) from None
+        raise ConfigError(list(dict.fromkeys(errors + _format_pydantic(e, {loc for loc, _ in secrets})))) from None
     errors.extend(_cross_checks(cfg))
     errors = list(dict.fromkeys(errors))
     if errors:
@@ -410,22 +625,227 @@ def parse_config(data: Any) -> Config:
     return cfg
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file.
+class _YAMLLimitError(Exception):
+    """The YAML text is over one of the loader's limits; `mark` is where, when known."""
 
-    Returns the `Config`. Raises `ConfigError` (with `.errors`, one `location: message` string each)
-    for unreadable files, YAML syntax errors (with line and column) and schema violations.
+    def __init__(self, message: str, mark: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.mark = mark
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and caps aliases, depth and the expanded size.
+
+    Duplicate keys are collected in `.duplicates` (as `location: duplicate key 'x' (line N)`) and the
+    last one still wins, so every duplicate of the file is reported at once. Limits raise
+    `_YAMLLimitError` during composition, before anything is constructed.
     """
-    p = Path(path).expanduser()
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+        self._aliases = 0
+        self._nodes = 0
+        self._depth = 0
+        self._paths: dict[int, str] = {}
+        self._checked: set[int] = set()
+
+    # -- compose: limits -----------------------------------------------------------------------------
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YAMLLimitError(f"more than {MAX_YAML_ALIASES} aliases (*name)", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        self._nodes += 1
+        if self._nodes > MAX_YAML_VALUES:
+            raise _YAMLLimitError(f"more than {MAX_YAML_VALUES} values", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _YAMLLimitError(f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        self._check_graph(node)
+        return node
+
+    def _check_graph(self, root: yaml.Node) -> None:
+        """Walk the node graph once (aliases are shared nodes): refuse cycles, and documents that
+        would be too deep or too large once aliases are expanded. Records each mapping's location."""
+        size: dict[int, int] = {}
+        depth: dict[int, int] = {}
+        visiting: set[int] = set()
+        stack: list[tuple[yaml.Node, str, bool]] = [(root, "", False)]
+        while stack:
+            node, path, done = stack.pop()
+            nid = id(node)
+            children = self._children(node)
+            if done:
+                visiting.discard(nid)
+                size[nid] = min(1 + sum(size[id(c)] for c, _ in children), MAX_YAML_VALUES + 1)
+                depth[nid] = 1 + max((depth[id(c)] for c, _ in children), default=0)
+                # Without aliases, compose_node has already enforced both limits.
+                if size[nid] > MAX_YAML_VALUES:
+                    raise _YAMLLimitError(f"more than {MAX_YAML_VALUES} values once aliases are expanded",
+                                          node.start_mark)
+                if depth[nid] > MAX_YAML_DEPTH:
+                    raise _YAMLLimitError(
+                        f"nested more than {MAX_YAML_DEPTH} levels deep once aliases are expanded", node.start_mark
+                    )
+                continue
+            if nid in size:
+                continue
+            if nid in visiting:
+                raise _YAMLLimitError("an alias refers to a node that contains it (recursive structure)",
+                                      node.start_mark)
+            visiting.add(nid)
+            self._paths.setdefault(nid, path)
+            stack.append((node, path, True))
+            for child, child_path in reversed(children):
+                stack.append((child, self._join(path, child_path), False))
+
+    @staticmethod
+    def _children(node: yaml.Node) -> list[tuple[yaml.Node, str]]:
+        if isinstance(node, yaml.MappingNode):
+            out: list[tuple[yaml.Node, str]] = []
+            for k, v in node.value:
+                label = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                out.extend(((k, label), (v, label)))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [(v, f"[{i}]") for i, v in enumerate(node.value)]
+        return []
+
+    @staticmethod
+    def _join(path: str, part: str) -> str:
+        return path + part if part.startswith("[") else (f"{path}.{part}" if path else part)
+
+    # -- construct: duplicate keys -------------------------------------------------------------------
+
+    def _check_duplicates(self, node: yaml.MappingNode) -> None:
+        # Runs before PyYAML flattens merge keys (<<) into the node, so overriding a merged key is fine.
+        if id(node) in self._checked:
+            return
+        self._checked.add(id(node))
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            try:
+                if key in seen:
+                    loc = self._paths.get(id(node)) or "(top level)"
+                    self.duplicates.append(f"{loc}: duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            except TypeError:  # unhashable: PyYAML reports it
+                continue
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        self._check_duplicates(node)
+        super().flatten_mapping(node)
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            self._check_duplicates(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(p: Path, text: str) -> tuple[Any, list[str]]:
+    """Parse `text` with `_ConfigLoader`: (data, duplicate-key errors). Raises ConfigError for syntax
+    errors and the loader's limits."""
+    loader = _ConfigLoader(text)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError([f"{p}: cannot read: {e}"]) from None
-    try:
-        data = yaml.safe_load(text)
+        data = loader.get_single_data()
+    except _YAMLLimitError as e:
+        mark = e.mark
+        where = f":line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError([f"{p}{where}: {e.message}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{p}: nested too deeply (more than {MAX_YAML_DEPTH} levels)"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError([f"{p}:{where}: YAML syntax error: {problem}"]) from None
-    return parse_config(data)
+    finally:
+        loader.dispose()
+    return data, loader.duplicates
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a YAML config file (`~` is expanded in `path`).
+
+    `environ` (default `os.environ`) supplies the `${NAME}` references of `env:` maps. Returns the
+    `Config`. Raises `ConfigError` (with `.errors`, one `location: message` string each) for unreadable
+    files, files over 1 MiB, YAML syntax errors (with line and column), duplicate keys, too many aliases
+    or too deep nesting, unset referenced variables and schema violations.
+    """
+    p = Path(path).expanduser()
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{p}: file is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB; "
+                               "a gpubot config is a few KiB (is this the right file?)"])
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{p}: cannot read: {e}"]) from None
+    data, duplicates = _read_yaml(p, text)
+    try:
+        cfg = parse_config(data, environ)
+    except ConfigError as e:
+        raise ConfigError(duplicates + [err for err in e.errors if err not in duplicates]) from None
+    if duplicates:
+        raise ConfigError(duplicates)
+    return cfg
+
+
+def _path_problem(value: str) -> str | None:
+    """Why the local file `value` (`~` expanded) is unusable, or None when it is a readable file."""
+    try:
+        st = os.stat(Path(value).expanduser())
+    except (FileNotFoundError, NotADirectoryError):
+        return "does not exist on this machine"
+    except OSError as e:
+        return f"cannot be checked ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    return None
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Problems that do not make `cfg` invalid but will make something fail or be disabled (pure apart
+    from checking that files exist on this machine).
+
+    Returns `location: message` strings, empty when there is nothing to say: no hosts configured; an SSH
+    host whose `known_hosts` or `key_file` does not exist here; a host with no `log_dirs` (`/probe log=`
+    reads are then refused); an env value with `${...}` that is not the whole value (passed literally).
+    Never raises for a valid `Config`.
+    """
+    out: list[str] = []
+    if not cfg.hosts:
+        out.append("hosts: no hosts configured; /gpu status and /probe have nothing to look at")
+    for name, host in cfg.hosts.items():
+        if not host.local:
+            for field_name, consequence in (("known_hosts", "host keys cannot be verified, so SSH connections "
+                                             "will be refused"), ("key_file", "SSH logins with it will fail")):
+                value = getattr(host, field_name)
+                problem = _path_problem(value) if value else None
+                if problem:
+                    out.append(f"hosts.{name}.{field_name}: {value} {problem}; {consequence}")
+        if not host.log_dirs:
+            out.append(f"hosts.{name}.log_dirs: not set, so /probe log= reads are disabled on this host")
+    env_maps = [(f"hosts.{n}.env", h.env) for n, h in cfg.hosts.items()]
+    env_maps += [(f"variants.{n}.env", v.env) for n, v in cfg.variants.items()]
+    for where, env in env_maps:
+        for key, value in env.items():
+            if "${" in value and not ENV_REF_RE.fullmatch(value):
+                out.append(f"{where}.{key}: only a value that is exactly ${{NAME}} is expanded; "
+                           "this one is passed literally")
+    return out

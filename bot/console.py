@@ -62,6 +62,8 @@ def parse_console_line(line: str) -> CommandCall | None:
             return parse_slash(cmd, rest)
         except CommandParseError:
             text = text[1:]
+    if text.lower().startswith(("@gpubot ", "@gpubot\t")) or text.lower() == "@gpubot":
+        text = text[len("@gpubot"):].strip()
     if not text.startswith("!"):
         text = "!" + text
     return parse_message(text, bot_user_id=None, prefix="!")
@@ -87,32 +89,59 @@ async def run_command_line(line: str, config: Config, hosts: HostService, surfac
     return True
 
 
+def run_interactive(config: Config) -> int:
+    """Prompt `gpubot> ` on the terminal until `quit` or Ctrl-D, with line editing (readline).
+
+    Ctrl-C abandons the current line or command and returns to the prompt. Returns exit code 0.
+    """
+    try:
+        import readline  # noqa: F401 - gives input() line editing and history
+    except ImportError:
+        pass
+    loop = asyncio.new_event_loop()
+    hosts = HostService(config)
+    surface = ConsoleSurface(sys.stdout)
+    print("gpubot console: type `help`, `quit` or Ctrl-D to leave.")
+    try:
+        while True:
+            try:
+                line = input("gpubot> ")
+            except EOFError:
+                print()
+                break
+            except KeyboardInterrupt:
+                print()
+                continue
+            try:
+                if not loop.run_until_complete(run_command_line(line, config, hosts, surface)):
+                    break
+            except KeyboardInterrupt:
+                print("\n(interrupted)")
+    finally:
+        loop.run_until_complete(hosts.close())
+        loop.close()
+    return 0
+
+
 async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextIO | None = None,
                       hosts: HostService | None = None) -> int:
-    """Read commands from `stdin` until EOF or `quit`; print each answer to `out`. Returns exit code 0."""
+    """Read commands from `stdin` (one per line, as from a pipe) until EOF or `quit`; print each command
+    (`> CMD`) and its answer to `out`. Returns exit code 0."""
     stdin = stdin or sys.stdin
     out = out or sys.stdout
     own = hosts is None
     hosts = hosts or HostService(config)
     surface = ConsoleSurface(out)
-    interactive = stdin.isatty()
     try:
         while True:
-            if interactive:
-                try:
-                    line = await asyncio.to_thread(input, "gpubot> ")
-                except EOFError:
-                    break
-            else:
-                line = await asyncio.to_thread(stdin.readline)
-                if line == "":
-                    break
-                if line.strip() and not line.lstrip().startswith("#"):
-                    print(f"> {line.strip()}", file=out)
+            line = await asyncio.to_thread(stdin.readline)
+            if line == "":
+                break
+            if line.strip() and not line.lstrip().startswith("#"):
+                print(f"> {line.strip()}", file=out)
             if not await run_command_line(line, config, hosts, surface):
                 break
-            if not interactive:
-                print("", file=out)
+            print("", file=out)
     finally:
         if own:
             await hosts.close()

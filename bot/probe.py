@@ -80,6 +80,14 @@ class ProbeRequest:
             raise ProbeRequestError("port must be 1..65535")
         if self.match is not None and (not self.match or len(self.match) > 200 or "\x00" in self.match):
             raise ProbeRequestError("match must be 1..200 characters")
+        for name in ("match", "log_path", "health_path"):
+            v = getattr(self, name)
+            if v is not None:
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ProbeRequestError(f"{name.replace('_path', '')} contains characters that are not valid "
+                                            "text (unpaired surrogates)") from None
         if self.log_path is not None:
             if len(self.log_path) > 4096 or not _SAFE_PATH_RE.fullmatch(self.log_path):
                 raise ProbeRequestError("log must be an absolute path like /data/logs/server.log")
@@ -133,7 +141,9 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
         "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
         "b clock; date +%s; e clock $?",
         "b hostname; uname -n; e hostname $?",
-        f"b ps; ps -eww -o {ps_parse.PS_COLUMNS} 2>&1; e ps $?",
+        "b self; echo $$; e self 0",
+        # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
+        f"b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?",
     ]
     if req.gpu:
         gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
@@ -157,7 +167,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
             'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
             'else printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$(stat -c %Y -- "$L")" '
-            '"$(timeout -k 1 5 wc -l < "$L")"; r=0; fi; e log_stat $r',
+            '"$(timeout -k 1 5 cat -- "$L" | wc -l)"; r=0; fi; e log_stat $r',
             f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
         ]
@@ -205,6 +215,40 @@ def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
     if current is not None:
         out[current] = Section(output[start:], None, False)
     return out
+
+
+#: An `etimes` above this (about 30 years) is a procps glitch, not an age.
+MAX_PLAUSIBLE_ELAPSED_S = 10**9
+
+
+def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
+    """PIDs of the probe itself (its shell, `timeout`, `ps`, `cut`...): the process group of the probe's
+    shell, plus the wrapper shell above it. They are never shown in a probe's process tree."""
+    try:
+        me = int(_text(self_sec).split()[0])
+    except (ValueError, IndexError):
+        return set()
+    by_pid = {p.pid: p for p in procs}
+    row = by_pid.get(me)
+    if row is None or row.pgid is None:
+        return {me}
+    leader = by_pid.get(row.pgid)
+    if leader is not None and leader.args.startswith("timeout "):
+        own = {p.pid for p in procs if p.pgid == row.pgid}  # the `timeout -k` group the executor made
+    else:
+        own = {me}
+        grew = True
+        while grew:
+            grew = False
+            for p in procs:
+                if p.ppid in own and p.pid not in own:
+                    own.add(p.pid)
+                    grew = True
+    parent = by_pid.get(row.ppid) if row.ppid else None
+    while parent is not None and "timeout -k " in parent.args and parent.args.rstrip().endswith("sh -s"):
+        own.add(parent.pid)
+        parent = by_pid.get(parent.ppid) if parent.ppid else None
+    return own
 
 
 def _text(sec: Section | None) -> str:
@@ -262,11 +306,19 @@ def assemble_snapshot(
     for p in procs:
         if len(p.args) > 4 * MAX_LINE_WIDTH:
             p.args = p.args[: 4 * MAX_LINE_WIDTH] + "…"
-    snap.all_process_count = len(procs)
+    for p in procs:
+        if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
+            p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
+    own = _own_processes(procs, sections.get("self"))
+    snap.all_process_count = len(procs) - len(own)
     gpu_pids = [gp.pid for gp in snap.gpu.processes]
-    snap.processes = ps_parse.select_processes(
-        procs, pids=gpu_pids, pgid=req.pgid, sid=req.sid, pid=req.pid, match=req.match
-    )
+    snap.processes = [
+        p
+        for p in ps_parse.select_processes(
+            procs, pids=gpu_pids, pgid=req.pgid, sid=req.sid, pid=req.pid, match=req.match
+        )
+        if p.pid not in own
+    ]
     for gp in snap.gpu.processes:
         if gp.process_name in (None, "", "[Not Found]"):
             row = next((p for p in procs if p.pid == gp.pid), None)

@@ -1,49 +1,279 @@
 """Secret redaction for everything gpubot posts (pure).
 
 Process command lines, environment-style assignments, log lines and error texts can carry API keys and
-tokens (`--api-key sk-...`, `HF_TOKEN=hf_...`, `Authorization: Bearer ...`). `redact(text)` replaces the
-secret part with `[REDACTED]` and keeps the name, so people still see WHICH secret was there.
+tokens (`--api-key sk-...`, `HF_TOKEN=hf_...`, `Authorization: Bearer ...`, a PEM private key printed into
+a log). `redact(text)` replaces the secret part with `[REDACTED]` and keeps the name, so people still see
+WHICH secret was there.
+
+Public API:
+- `redact(text, extra=())`: one line or a whole multi-line text.
+- `redact_lines(lines, extra=())`: a list of lines (a log tail), with PEM private-key blocks tracked
+  across lines.
+- `redact_then_cut(text, width)`: redact first, then cut to `width` characters (command lines).
+
+What counts as a secret (names match case-insensitively and must END in a secret word, so
+`max_new_tokens`, `pad_token_id`, `tokenizer_path`, `--max-tokens`, `--tokenizer-mode` are not secrets):
+- `NAME=value`, `NAME: value`, `"NAME": "value"`, `'NAME': 'value'`, `NAME := value`, `NAME => value`,
+  query parameters `?api-key=value&...`, headers `X-Api-Key: value`, where NAME ends in TOKEN, SECRET,
+  PASSWORD, PASSWD, PASSPHRASE, API_KEY/API-KEY/APIKEY, ACCESS_KEY, SECRET_KEY, PRIVATE_KEY, CREDENTIAL(S).
+  A quoted value is masked whole (`--api-key "a b c"`), an unquoted one up to whitespace, a quote,
+  `,` or `)` (and `&`/`#` inside a query string).
+- `--flag VALUE`, `--flag=VALUE`, `--flag "quoted value"` for flags ending in one of those words
+  (`--api-key`, `--api_key`, `--hf_token`, `--secret-key`, `--password`).
+- `Authorization: <scheme> value`, `Bearer value`, netrc `machine h login u password value`.
+- URL credentials `scheme://user:password@host` (also an empty user, `redis://:pw@host`).
+- Well-known token formats anywhere: `hf_`, `sk-` (also `sk-proj-`, `sk-ant-`), `github_pat_`, `ghp_`/
+  `gho_`/`ghu_`/`ghs_`/`ghr_`, `glpat-` (and the other GitLab prefixes), `nvapi-`, Slack `xox?-`/`xapp-`,
+  AWS `AKIA`/`ASIA` key ids, GCP `AIza` keys, JWTs.
+- PEM private keys: from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----`.
+
+Deliberately NOT secrets (documented trade-offs):
+- Names that only CONTAIN a secret word are references, not secrets: `password_file=/etc/x`,
+  `--token-file`, `api_key_path`, `hf_token_id`. They are shown unchanged.
+- Counters written `#token: 40` / `#new-token: 7` (SGLang batch logs) are not secrets.
+- The literal values None/null/nil/true/false/undefined are kept (`api_key=None` tells the reader no key
+  was given); a quoted `'None'` is still masked.
+Over-redaction we accept: any value after a secret-looking name is masked even when it is harmless
+(`token: 5` in prose, `--api-key $OPENAI_API_KEY`), and any `sk-` word of 16+ token characters is masked.
+
+Separators and values never cross a line break: multi-line text is split into lines first.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+__all__ = ["MASK", "redact", "redact_lines", "redact_then_cut"]
 
 MASK = "[REDACTED]"
+_ELLIPSIS = "…"
 
-# A name that ENDS in a secret word: HF_TOKEN, api_key, DB_PASSWORD; not tokenizer_path, max_tokens, pad_token_id.
-_SECRET_NAME = (
-    r"[A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY"  # noqa: S105
-    r"|SECRET_?KEY|CREDENTIALS?)\b"
+# The word a secret NAME ends in.
+_WORD = (
+    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
+    r"|CREDENTIALS?)"
 )
-_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    # NAME=value (env assignments, ServerArgs(api_key='...'))
-    (re.compile(rf"(?i)\b({_SECRET_NAME})([ \t]*[=:][ \t]*)(['\"]?)([^\s'\",)]+)"), rf"\1\2\3{MASK}"),
-    # --api-key VALUE / --api-key=VALUE / --hf-token ... / --password ...
-    (re.compile(r"(?i)(--?[a-z0-9-]*(?:token|secret|password|passwd|api-?key|access-?key))(=|[ \t]+)(?!-)(\S+)"),
-     rf"\1\2{MASK}"),
-    (re.compile(r"(?i)\b(authorization|proxy-authorization)([ \t]*:[ \t]*)(?:(bearer|basic|token)[ \t]+)?\S+"),
-     lambda m: f"{m.group(1)}{m.group(2)}{(m.group(3) + ' ') if m.group(3) else ''}{MASK}"),
-    (re.compile(r"(?i)\bbearer[ \t]+[A-Za-z0-9._~+/=-]{8,}"), f"Bearer {MASK}"),
-    (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), MASK),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), MASK),
-    (re.compile(r"\bxox[abposre]-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"\bxapp-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), MASK),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), MASK),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{5,}"), MASK),  # JWT
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+@"), rf"\1{MASK}@"),  # URL credentials
+# A secret name: word characters and hyphens ending in the secret word (X-Api-Key, AWS_SECRET_ACCESS_KEY).
+_NAME = rf"[A-Za-z0-9_-]*{_WORD}"
+# NAME = / NAME: / NAME == / NAME := / NAME => (spaces and tabs only: never across a line break).
+_SEP = r"[ \t]*(?:=>|==?|:=?)[ \t]*"
+
+# Where a NAME=value form starts: an unquoted name not after "#" (SGLang's `#token: 40` counters), or a
+# quoted one; never right after "//" (`https://user:pw@host` is URL credentials).
+_NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"|'{_NAME}'|(?<!#){_NAME}){_SEP}"
+# A value must not itself be, or run into, the start of ANOTHER secret form: masking it would swallow that
+# form's name and leave its secret standing (`token: X-Api-Key: s3cr3t`, `token: f(api_key=s3cr3t)`). Each
+# alternative matches only where the pattern for that form (below) matches too.
+_FORM_START = (
+    rf"{_NAME_FORM}"
+    rf"|--?{_NAME}(?:[ \t]*=|[ \t])"
+    r"|(?:proxy-)?authorization[ \t]*:"
+    r"|bearer[ \t]+[A-Za-z0-9._~+/=-]{8}"
+    r"|(?:machine|login|account|default)[ \t]"
+)
+# ...nor is a bare None/null/... a secret (`api_key=None` tells the reader that no key was given).
+_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined)(?:[\s'\",)]|$))"
+
+
+def _unquoted(chars: str) -> str:
+    """An unquoted value of `chars` that stops where another secret form starts. The check runs only where a
+    name can start (not after a word character or "-"), so the scan stays linear; a "?" or "&" right before
+    another form is left out of the value, so the query-string form still sees it."""
+    return rf"(?:(?![?&](?:{_FORM_START}))(?:(?<=[\w-]){chars}|(?<![\w-])(?!{_FORM_START}){chars}))+"
+
+
+_ANY = _unquoted(r"\S")  # flag, header and netrc values: up to whitespace
+_KV = _unquoted(r"[^\s'\",)]")  # NAME=value: also up to a quote, `,` or `)` (`f(api_key=x, port=1)`)
+_QS = _unquoted(r"[^\s&#'\"]")  # ?name=value: up to the next parameter or the fragment
+# A quoted value (masked whole, quotes kept; an unterminated quote runs to the end of the line).
+_QUOTED = r"\"(?:[^\"\\\r\n]|\\.)+(?P<dq>\")?|'(?:[^'\\\r\n]|\\.)+(?P<sq>')?"
+
+
+def _name_value(m: re.Match[str]) -> str:
+    """Replacement for the name/value forms: everything before the value, then the masked value (a quoted
+    value keeps its opening quote, and its closing quote when it had one)."""
+    head = m.group(0)[: m.start("val") - m.start(0)]
+    q = m.group("val")[0]
+    if q not in "\"'" or "dq" not in m.re.groupindex:
+        return head + MASK
+    return head + q + MASK + (m.group("dq") or m.group("sq") or "")
+
+
+_PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
+_PEM_BEGIN_RE = rf"-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
+_PEM_END_RE = rf"-{{2,}}[ \t]*END{_PEM_KEY}"
+_PEM_BEGIN = re.compile(_PEM_BEGIN_RE, re.IGNORECASE)
+_PEM_END = re.compile(_PEM_END_RE, re.IGNORECASE)
+
+_Repl = str | Callable[[re.Match[str]], str]
+
+_PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
+    # A PEM private key on one line (or its BEGIN line): BEGIN marker through END marker / end of line.
+    (re.compile(rf"{_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", re.IGNORECASE), MASK),
+    # Authorization: [scheme] value
+    (re.compile(rf"(?i)(?<![\w-])(?:proxy-)?authorization[ \t]*:[ \t]*"
+                rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
+     _name_value),
+    # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
+    (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-)(?P<val>{_QUOTED}|{_ANY})"),
+     _name_value),
+    # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
+    (re.compile(rf"(?i)(?<![\w-])(?<!//)(?P<qs>(?<=[?&]))?(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
+                rf"(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}"
+                rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))"),
+     _name_value),
+    # netrc: machine HOST login USER password VALUE (also `login USER password VALUE`)
+    (re.compile(rf"(?i)(?<![\w-])(?:(?:machine|login|account)[ \t]+\S+[ \t]+|default[ \t]+)"
+                rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+)*(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
+     _name_value),
+    # Bearer VALUE anywhere
+    (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>[A-Za-z0-9._~+/=-]{{8,}})"), _name_value),
+    # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @)
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^\s/?#]+@"), rf"\1{MASK}@"),
+    # Well-known token formats.
+    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
 ]
+
+# A line that looks like PEM body (base64, no spaces). A "long" one is what a full body line looks like.
+_B64_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]+[ \t]*")
+_B64_LONG = re.compile(r"[ \t]*[A-Za-z0-9+/=]{60,}[ \t]*")
+_HEX_ONLY = re.compile(r"[ \t]*[0-9A-Fa-f=]+[ \t]*")
+_PEM_HEADER = re.compile(r"(?i)[ \t]*(?:Proc-Type|DEK-Info|Comment)[ \t]*:.*")
+# Fewer than this many consecutive long base64 lines with no PEM marker at all are left alone.
+_B64_RUN = 3
+
+
+def _redact_line(line: str, extra: Iterable[re.Pattern[str]]) -> str:
+    """Apply every single-line pattern, then the `extra` ones, to one line (no line breaks inside)."""
+    for pat, repl in _PATTERNS:
+        line = pat.sub(repl, line)
+    for pat in extra:
+        line = pat.sub(MASK, line)
+    return line
+
+
+def _mask_whole(line: str) -> str:
+    """MASK in place of a line's content, keeping its indentation."""
+    return line[: len(line) - len(line.lstrip(" \t"))] + MASK
+
+
+def _pem_plan(lines: list[str]) -> list[str]:
+    """Mask the PEM private-key material that needs context across lines; single-line forms are left
+    to `_redact_line`. Returns a new list of the same length."""
+    out = list(lines)
+    n = len(lines)
+    i = 0
+    while i < n:
+        line = out[i]
+        begin = _PEM_BEGIN.search(line)
+        end = _PEM_END.search(line)
+        if end is not None and (begin is None or end.start() < begin.start()):
+            # END with no open block (the tail starts inside the key): mask up to the marker and the body
+            # lines right above it (the last body line may be short; the ones above it are full lines).
+            out[i] = MASK + line[end.end():]
+            j = i - 1
+            while j >= 0 and (_B64_LONG.fullmatch(out[j]) or (j == i - 1 and _B64_LINE.fullmatch(out[j]))
+                              or _PEM_HEADER.fullmatch(out[j])):
+                out[j] = _mask_whole(out[j])
+                j -= 1
+            i = _after_block(out, i + 1)
+            continue
+        if begin is None or _PEM_END.search(line, begin.end()):
+            i += 1
+            continue
+        # An open block: find its END before any other BEGIN.
+        j = i + 1
+        while j < n and not _PEM_END.search(lines[j]) and not _PEM_BEGIN.search(lines[j]):
+            j += 1
+        if j < n and _PEM_END.search(lines[j]) and not (
+            _PEM_BEGIN.search(lines[j]) and _PEM_BEGIN.search(lines[j]).start() < _PEM_END.search(lines[j]).start()
+        ):
+            for k in range(i + 1, j):
+                out[k] = _mask_whole(lines[k])
+            end = _PEM_END.search(lines[j])
+            assert end is not None
+            out[j] = MASK + lines[j][end.end():]
+            i = _after_block(out, j + 1)
+            continue
+        # Unterminated (the tail ends inside the key): mask what still looks like PEM body.
+        k = i + 1
+        while k < n and (_B64_LINE.fullmatch(lines[k]) or _PEM_HEADER.fullmatch(lines[k])
+                         or (not lines[k].strip() and k + 1 < n and _B64_LINE.fullmatch(lines[k + 1]))):
+            if lines[k].strip():
+                out[k] = _mask_whole(lines[k])
+            k += 1
+        i = _after_block(out, k)
+    # Key material with no marker in sight (a window inside a long key): a run of long base64 lines.
+    i = 0
+    while i < n:
+        j = i
+        while j < n and _B64_LONG.fullmatch(out[j]):
+            j += 1
+        if j - i >= _B64_RUN and any(not _HEX_ONLY.fullmatch(out[k]) for k in range(i, j)):
+            for k in range(i, j):
+                out[k] = _mask_whole(out[k])
+        i = max(j, i + 1)
+    return out
+
+
+def _after_block(out: list[str], i: int) -> int:
+    """Mask the long base64 lines directly following a PEM block; return the index after them."""
+    while i < len(out) and _B64_LONG.fullmatch(out[i]):
+        out[i] = _mask_whole(out[i])
+        i += 1
+    return i
+
+
+def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
+    """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`.
+
+    Every line gets what `redact` does to one line. On top of that, PEM private keys are tracked across
+    lines: every line from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----` inclusive
+    is masked (text before BEGIN on the first line and after END on the last is kept), and so are:
+    long base64 lines (60+ characters of `[A-Za-z0-9+/=]`, no spaces) directly following such a block;
+    the base64 lines above an END whose BEGIN is not in `lines` (a log tail that starts inside a key);
+    the base64 lines after a BEGIN whose END is not in `lines`; and a run of 3+ long base64 lines that
+    are not all hex (key material with neither marker in view). `extra` are configured patterns whose
+    whole match is masked. Returns a new list of the same length. Never raises for a list of str.
+    """
+    extra = tuple(extra)
+    return [_redact_line(line, extra) if line else line for line in _pem_plan(list(lines))]
 
 
 def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
-    """Return `text` with secrets replaced by `[REDACTED]`. `extra` are configured patterns whose whole
-    match is masked. Never raises for str input."""
+    """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
+
+    `text` may be one line (a process command line, one log line) or a multi-line text; multi-line text
+    is split on line breaks (which are kept as they were) and passed through `redact_lines`, so PEM
+    private-key blocks are masked across lines and no pattern ever spans a line break. `extra` are
+    configured patterns whose whole match is masked (applied line by line). Idempotent:
+    `redact(redact(t)) == redact(t)`. Never raises for str input.
+    """
     if not text:
         return text
-    for pat, repl in _PATTERNS:
-        text = pat.sub(repl, text)
-    for pat in extra:
-        text = pat.sub(MASK, text)
-    return text
+    parts = text.splitlines(keepends=True)
+    bodies = [p.splitlines()[0] for p in parts]
+    redacted = redact_lines(bodies, extra)
+    return "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
+
+
+def redact_then_cut(text: str, width: int) -> str:
+    """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).
+
+    Redacting first matters: cutting first can leave the start of a secret that no pattern recognises any
+    more (`sk-ABCDEFGHIJ…`). `width` < 1 is treated as 1. Never raises for str input.
+    """
+    width = max(1, width)
+    out = redact(text or "")
+    return out if len(out) <= width else out[: width - 1] + _ELLIPSIS

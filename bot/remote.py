@@ -29,6 +29,8 @@ from bot.config import HostConfig
 log = logging.getLogger(__name__)
 
 KILL_AFTER_S = 5
+#: A failed connect is reported to every command that arrives within this many seconds.
+FAILURE_CACHE_S = 5.0
 #: Extra seconds the client waits beyond the remote budget before giving up on a command.
 CLIENT_MARGIN_S = 10.0
 
@@ -129,6 +131,7 @@ class SSHExecutor:
         self.connects = 0
         self.execs = 0
         self._known_hosts_path = Path(os.path.expanduser(cfg.known_hosts))
+        self._last_failure: tuple[float, RemoteError] | None = None
         self._key_file = os.path.expanduser(cfg.key_file) if cfg.key_file else None
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
@@ -151,7 +154,14 @@ class SSHExecutor:
         if cfg.user:
             kwargs["username"] = cfg.user
         if self._key_file:
-            kwargs["client_keys"] = [self._key_file]
+            try:
+                kwargs["client_keys"] = [asyncssh.read_private_key(self._key_file)]
+            except (OSError, asyncssh.KeyImportError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                raise AuthenticationFailed(
+                    self.name, f"key_file {self._key_file} cannot be used: {reason} "
+                    "(gpubot needs an unencrypted key file, or no key_file to use the SSH agent)"
+                ) from None
             kwargs["agent_path"] = None
         try:
             conn = await asyncssh.connect(cfg.address, **kwargs)
@@ -192,7 +202,17 @@ class SSHExecutor:
             conn = self._conn
             if conn is not None and not conn.is_closed():
                 return conn
-            self._conn = await self._connect()
+            # Commands queued behind a failed connect get that failure at once instead of each waiting
+            # for their own connect timeout.
+            if self._last_failure is not None and time.monotonic() - self._last_failure[0] < FAILURE_CACHE_S:
+                err = self._last_failure[1]
+                raise type(err)(err.host, err.message)
+            try:
+                self._conn = await self._connect()
+            except RemoteError as e:
+                self._last_failure = (time.monotonic(), e)
+                raise
+            self._last_failure = None
             return self._conn
 
     def _drop(self, conn: asyncssh.SSHClientConnection | None) -> None:
@@ -246,6 +266,12 @@ class SSHExecutor:
                     self._drop(conn)
                     raise ConnectionDropped(self.name, f"SSH connection to {self.name} was lost: {e}") from None
                 duration = time.monotonic() - start
+                if res.exit_status is None and not res.exit_signal:
+                    # The channel closed without an exit status: the connection dropped mid-command.
+                    self._drop(conn)
+                    raise ConnectionDropped(
+                        self.name, f"SSH connection to {self.name} was lost while the command ran"
+                    )
                 stdout = res.stdout if isinstance(res.stdout, bytes) else (res.stdout or "").encode()
                 stderr = res.stderr if isinstance(res.stderr, bytes) else (res.stderr or "").encode()
                 sig = res.exit_signal[0] if res.exit_signal else None
@@ -258,6 +284,11 @@ class SSHExecutor:
             conn.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.wait_closed(), 5)
+
+
+#: Environment variables a local command inherits from the bot (nothing else: no tokens).
+LOCAL_ENV_KEEP = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                            "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"})
 
 
 class LocalExecutor:
@@ -274,7 +305,9 @@ class LocalExecutor:
         """Run `command` locally (wrapped in `timeout -k`); returns CommandResult; raises RemoteTimeout."""
         budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
         wrapped = wrap_timeout(command, budget)
-        env = dict(os.environ)
+        # Never hand the bot's own environment (Slack tokens) to commands: a minimal one, like a login.
+        env = {k: v for k, v in os.environ.items() if k in LOCAL_ENV_KEEP or k.startswith("LC_")}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.extra_path:
             env["PATH"] = os.pathsep.join([*self.extra_path, env.get("PATH", "")])
         start = time.monotonic()

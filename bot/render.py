@@ -26,7 +26,7 @@ MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
 MAX_HEADER_TEXT = 150
 MAX_MESSAGE_TEXT = 40_000
-TRUNCATED = "… (truncated)"
+TRUNCATED = "… (truncated, full output attached)"
 
 
 @dataclass
@@ -216,16 +216,22 @@ def _tidy(text: str) -> str:
 def render(name: str, **context: Any) -> Message:
     """Render `templates/NAME.txt.j2` and `templates/NAME.blocks.j2` with `context`.
 
-    Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters.
+    Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
+    anything had to be cut, the full plain text is attached as `gpubot-NAME.txt` (Message.files) and the
+    cut places say "(truncated, full output attached)". Everything is redacted (bot.redact).
     Raises jinja2.TemplateError on a template bug (callers turn it into an error message).
     """
     env = environment()
-    text = redact(_tidy(env.get_template(f"{name}.txt.j2").render(**context)))
-    raw = env.get_template(f"{name}.blocks.j2").render(**context)
-    blocks = fit_blocks(_redact_blocks(json.loads(raw)))
+    full_text = redact(_tidy(env.get_template(f"{name}.txt.j2").render(**context)))
+    raw = _redact_blocks(json.loads(env.get_template(f"{name}.blocks.j2").render(**context)))
+    blocks = fit_blocks(raw)
+    text = full_text
     if len(text) > MAX_MESSAGE_TEXT:
         text = text[: MAX_MESSAGE_TEXT - len(TRUNCATED) - 1] + "\n" + TRUNCATED
-    return Message(text=text, blocks=blocks)
+    msg = Message(text=text, blocks=blocks)
+    if blocks != raw or text != full_text:
+        msg.files.append((f"gpubot-{name}.txt", full_text.encode("utf-8", "replace")))
+    return msg
 
 
 def render_text(name: str, **context: Any) -> str:

@@ -23,6 +23,9 @@ def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
     prog, _, rest = args.partition(" ")
     if "/" in prog and not prog.endswith("/"):
         prog = os.path.basename(prog)
+    script, sep, tail = rest.partition(" ")
+    if script.startswith("/") and script.endswith(".py"):
+        rest = os.path.basename(script) + sep + tail  # python3 /long/path/server.py -> python3 server.py
     s = f"{prog} {rest}".strip()
     return s if len(s) <= width else s[: width - 1] + "…"
 
@@ -34,7 +37,7 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str,
     holders_by_gpu: dict[int | None, list[dict[str, Any]]] = {}
     for p in gpu.processes:
         row = procs_by_pid.get(p.pid)
-        name = short_command(row.args, 40) if row else redact(p.process_name or "?")
+        name = short_command(row.args, 64) if row else redact(p.process_name or "?")
         holders_by_gpu.setdefault(p.gpu_index, []).append(
             {"pid": p.pid, "name": name, "mib": p.used_memory_mib, "gpu": p.gpu_index, "alive": row is not None}
         )

@@ -40,8 +40,8 @@ def find(name: str) -> CommandSpec | None:
 async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
     """Run `call` for `ctx.user_id`. Returns the answer Message; never raises for user input."""
     spec = find(call.name)
-    if spec is None and call.word in ctx.config.hosts:
-        # "/gpu gpu-host-1" is "/gpu status gpu-host-1"
+    if spec is None and (call.word in ctx.config.hosts or call.word == "all"):
+        # "/gpu gpu-host-1" is "/gpu status gpu-host-1"; "/gpu all" is "/gpu status all"
         call = CommandCall(name="status", args=[call.word, *call.args], kwargs=call.kwargs, raw=call.raw)
         spec = find("status")
     if spec is None:

@@ -19,9 +19,11 @@ import argparse
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -67,6 +69,8 @@ def worker(args):
     log("KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB", rank)
     log("Capture cuda graph begin. This can take up to several minutes. avail mem=50.00 GB", rank)
     log("Capture cuda graph end. Time elapsed: 0.10 s. mem usage=0.50 GB. avail mem=49.50 GB.", rank)
+    if args.ready_dir:
+        open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
     if args.mode in ("crash", "oom"):
         time.sleep(0.5)
         sys.exit(1)
@@ -92,10 +96,19 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def launcher(args):
+    ready_dir = tempfile.mkdtemp(prefix="fake-server-ready-")
+    try:
+        return _launcher(args, ready_dir)
+    finally:
+        shutil.rmtree(ready_dir, ignore_errors=True)
+
+
+def _launcher(args, ready_dir):
     log(f"server_args=ServerArgs(model_path='/data/fake', tp_size={args.workers}, port={args.port}, mode={args.mode})")
     children = []
     for rank in range(args.workers):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker-rank", str(rank), *sys.argv[1:]]
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker-rank", str(rank), *sys.argv[1:],
+               "--ready-dir", ready_dir]
         children.append(subprocess.Popen(cmd))
     if args.own_pgid_child:
         children.append(subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
@@ -108,7 +121,12 @@ def launcher(args):
             c.terminate()
         return 0
     if args.mode == "ready":
-        time.sleep(args.load_s + 0.3)
+        # like SGLang: the HTTP port opens only after every TP rank reported ready
+        while len(os.listdir(ready_dir)) < args.workers:
+            if any(c.poll() not in (None, 0) for c in children):
+                log("A TP rank exited before it was ready.")
+                return 1
+            time.sleep(0.05)
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
         log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
         log("The server is fired up and ready to roll!")
@@ -137,6 +155,7 @@ def main():
     p.add_argument("--gpu-state", default=None)
     p.add_argument("--own-pgid-child", action="store_true")
     p.add_argument("--worker-rank", type=int, default=None)
+    p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.worker_rank is not None:

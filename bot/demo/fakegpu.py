@@ -1,7 +1,7 @@
 """Install the replaying fake `nvidia-smi` (bot/demo/fake_nvidia_smi.py) into a directory.
 
 Used by `gpubot demo` on machines without nvidia-smi, and by the tests. The GPU rows are the real H200
-capture `fixtures/h200-idle.query-gpu.csv` (nvidia-smi 580.159.04, `--query-gpu` with the fields of
+capture `bot/demo/h200-idle.query-gpu.csv` (nvidia-smi 580.159.04, `--query-gpu` with the fields of
 `bot.parse.nvidia_smi.GPU_QUERY_FIELDS`), repeated `gpu_count` times with distinct indexes and UUIDs.
 """
 
@@ -64,7 +64,7 @@ def install_fake_gpu(directory: str | os.PathLike[str], *, gpu_count: int = 1, p
     (state / "holders").mkdir(parents=True, exist_ok=True)
     state.chmod(0o777)
     (state / "holders").chmod(0o1777)
-    row = (resources.files("bot.demo") / "fixtures" / "h200-idle.query-gpu.csv").read_text().strip()
+    row = (resources.files("bot.demo") / "h200-idle.query-gpu.csv").read_text().strip()
     base = dict(zip(FIELDS, (_value(v) for v in row.split(",")), strict=False))
     gpus = []
     for i in range(gpu_count):

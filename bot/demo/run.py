@@ -95,7 +95,7 @@ async def run_demo(out: TextIO | None = None) -> int:
         host = HostConfig(local=True, log_dirs=[str(tmpdir)])
         gpu_state = None
         if real_smi is None:
-            fake = install_fake_gpu(tmpdir / "gpu", gpu_count=1)
+            fake = install_fake_gpu(tmpdir / "gpu", gpu_count=2)
             gpu_state = str(fake.state_dir)
             host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE,
                               log_dirs=[str(tmpdir)])
@@ -103,7 +103,7 @@ async def run_demo(out: TextIO | None = None) -> int:
         port = free_port()
         log_path = tmpdir / "demo-server.log"
         server = str(resources.files("bot.demo") / "fake_server.py")
-        cmd = [sys.executable, server, "--workers", "2", "--port", str(port), "--mode", "ready",
+        cmd = [sys.executable, server, "--workers", "2", "--gpus", "0,1", "--port", str(port), "--mode", "ready",
                "--load-s", "1.0", "--load-steps", "4"]
         if gpu_state:
             cmd += ["--gpu-state", gpu_state]
@@ -111,8 +111,8 @@ async def run_demo(out: TextIO | None = None) -> int:
         if real_smi is None:
             print(f"GPU data: {REPLAY_NOTE}.", file=out)
         proc = start_server(cmd, log_path)
-        print(f"started demo server: pid {proc.pid} (process group {proc.pid}), 2 workers, port {port}, "
-              f"log {log_path}", file=out)
+        print(f"started demo server: pid {proc.pid} (process group {proc.pid}), 2 TP-rank workers on GPUs 0 "
+              f"and 1, port {port}, log {log_path}", file=out)
         hosts = HostService(config)
         surface = ConsoleSurface(out)
         rc = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 __all__ = ["clean_log_lines", "parse_log_stat", "strip_control"]
 
@@ -35,6 +36,7 @@ _ANSI_RE = re.compile(
 _CONTROL_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 _ELLIPSIS = "…"
+_REDACTED = "[REDACTED]"
 
 
 def strip_control(text: str) -> str:
@@ -64,16 +66,32 @@ def _last_segment(line: str) -> str:
     return ""
 
 
-def clean_log_lines(raw: bytes | str, *, max_lines: int = 20, max_width: int = 400) -> list[str]:
+def clean_log_lines(
+    raw: bytes | str,
+    *,
+    max_lines: int = 20,
+    max_width: int = 400,
+    redactor: Callable[[list[str]], list[str]] | None = None,
+) -> list[str]:
     """Return the last `max_lines` display-safe lines of a log tail.
 
     `raw` is the output of `tail -c N FILE` (bytes, decoded here as UTF-8 with replacement, so a
     character cut by `tail -c` becomes U+FFFD) or an already decoded string. Lines are split on `\\n`;
     a final newline does not make an extra empty line. Within a line, `\\r` rewrites (tqdm/progress
     bars, CRLF endings) keep only the last non-empty `\\r` segment. Each line is then passed through
-    `strip_control`, right-stripped of whitespace and, when longer than `max_width` characters, cut to
-    `max_width - 1` characters plus "…" (so every line is at most `max_width` characters; `max_width` < 1
-    is treated as 1). Returns [] for empty input or `max_lines` <= 0. Never raises.
+    `strip_control` and right-stripped of whitespace.
+
+    `redactor` (e.g. `bot.redact.redact_lines`, passed in by the caller so this module stays
+    dependency-free) is then applied to the cleaned, still full-width lines: to ALL lines of `raw`, not
+    only the kept ones, so context above the window (the BEGIN line of a PEM key) is seen. It must return
+    one line per input line (a result of another length is not trusted: every line becomes "[REDACTED]");
+    its lines pass through `strip_control` again.
+    Redacting happens BEFORE cutting, because a secret cut in half ("sk-ABCDEFGHIJ…") is no longer
+    recognisable.
+
+    Last, a line longer than `max_width` characters is cut to `max_width - 1` characters plus "…" (so
+    every line is at most `max_width` characters; `max_width` < 1 is treated as 1). Returns [] for empty
+    input or `max_lines` <= 0. Never raises, unless `redactor` does.
     """
     if max_lines <= 0 or not raw:
         return []
@@ -81,14 +99,14 @@ def clean_log_lines(raw: bytes | str, *, max_lines: int = 20, max_width: int = 4
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes | bytearray) else str(raw)
     if text.endswith("\n"):
         text = text[:-1]
-    parts = text.rsplit("\n", max_lines)[-max_lines:]
-    out: list[str] = []
-    for part in parts:
-        line = strip_control(_last_segment(part)).rstrip()
-        if len(line) > width:
-            line = line[: width - 1] + _ELLIPSIS
-        out.append(line)
-    return out
+    parts = text.split("\n") if redactor is not None else text.rsplit("\n", max_lines)[-max_lines:]
+    lines = [strip_control(_last_segment(part)).rstrip() for part in parts]
+    if redactor is not None:
+        redacted = list(redactor(list(lines)))
+        if len(redacted) != len(lines):
+            redacted = [_REDACTED] * len(lines)
+        lines = [strip_control(line) for line in redacted[-max_lines:]]
+    return [line[: width - 1] + _ELLIPSIS if len(line) > width else line for line in lines]
 
 
 def _int_or_none(token: str) -> int | None:

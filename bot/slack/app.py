@@ -20,11 +20,24 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
-from bot.render import Message
+from bot.render import Message, mrkdwn_escape
 from bot.service import HostService
 from bot.slack.surface import SlackSurface
 
 log = logging.getLogger(__name__)
+
+
+class _DropClientTokenWarning(logging.Filter):
+    """Bolt warns that `token` is unused whenever SLACK_BOT_TOKEN is set and a client is passed: expected."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
+logging.getLogger("slack_bolt.AsyncApp").addFilter(_DropClientTokenWarning())
+
+#: Seconds a Slack user-group membership lookup is cached.
+GROUP_CACHE_S = 300.0
 
 SLASH_COMMANDS = ("/gpu", "/probe", "/gpubot")
 
@@ -64,6 +77,31 @@ class GpuBot:
         self.surface = SlackSurface(client)
         self.seen = SeenIds()
         self.tasks: set[asyncio.Task] = set()
+        self._groups: dict[str, tuple[float, set[str]]] = {}
+
+    def _configured_groups(self) -> set[str]:
+        p = self.config.permissions
+        return {x for x in (*p.admins, *p.operators, *p.viewers) if x.startswith("S")}
+
+    async def user_groups_of(self, user_id: str) -> set[str]:
+        """The configured Slack user groups (S...) that `user_id` belongs to, via usergroups.users.list
+        (cached GROUP_CACHE_S seconds per group). A failed lookup counts as "not a member" and is logged."""
+        out: set[str] = set()
+        now = time.monotonic()
+        for gid in sorted(self._configured_groups()):
+            cached = self._groups.get(gid)
+            if cached is None or now - cached[0] > GROUP_CACHE_S:
+                try:
+                    resp = await self.client.usergroups_users_list(usergroup=gid)
+                    members = set(resp.get("users") or [])
+                except Exception as e:
+                    log.warning("cannot read members of user group %s: %s", gid, e)
+                    members = cached[1] if cached else set()
+                self._groups[gid] = (now, members)
+                cached = self._groups[gid]
+            if user_id in cached[1]:
+                out.add(gid)
+        return out
 
     async def run_call(self, call: CommandCall | None, *, user_id: str, channel_id: str, thread_ts: str | None,
                        source: str, parse_error: str | None = None, respond: Any = None) -> str | None:
@@ -75,15 +113,16 @@ class GpuBot:
             msg: Message = error_message("Bad command", parse_error or "could not parse the command",
                                          "Try `/gpu help`.")
         else:
+            groups = await self.user_groups_of(user_id) if self._configured_groups() else set()
             ctx = CommandContext(user_id=user_id, channel_id=channel_id, config=self.config, hosts=self.hosts,
-                                 thread_ts=thread_ts, source=source)
+                                 thread_ts=thread_ts, source=source, user_groups=groups)
             msg = await dispatch(call, ctx)
         ts = await self.surface.post(channel_id, msg, thread_ts=thread_ts)
         if ts is None and respond is not None:
             # e.g. not_in_channel: answer the user privately through the response_url instead.
             try:
-                await respond(text=msg.text[:3000] + f"\n(could not post in the channel: {self.surface.last_error})",
-                              response_type="ephemeral")
+                note = f"\n(could not post in the channel: {self.surface.last_error})"
+                await respond(text=mrkdwn_escape(msg.text[:2900]) + note, response_type="ephemeral")
             except Exception as e:  # the response_url may be expired as well
                 log.warning("respond() fallback failed: %s", e)
         return ts
@@ -129,11 +168,23 @@ def register_commands(app: AsyncApp, bot: GpuBot) -> None:
             call, err = parse_slash(command.get("command", ""), command.get("text", "")), None
         except CommandParseError as e:
             call, err = None, str(e)
-        await bot.run_call(call, user_id=command.get("user_id", ""), channel_id=command.get("channel_id", ""),
-                           thread_ts=None, source="slash", parse_error=err, respond=respond)
+        await bot.spawn(bot.run_call(call, user_id=command.get("user_id", ""),
+                                     channel_id=command.get("channel_id", ""), thread_ts=None, source="slash",
+                                     parse_error=err, respond=respond))
 
     for name in SLASH_COMMANDS:
         app.command(name)(on_slash)
+
+
+def _addresses_bot(text: str, prefix: str, bot: GpuBot) -> bool:
+    """True when a `!word ...` message names a command (or `gpu`/`gpubot`, or a configured host)."""
+    from handlers import find
+
+    body = text.lstrip()[len(prefix):]
+    first = body.split(None, 1)[0] if body.split() else ""
+    first = first.rstrip(":,.")
+    return bool(first) and (first.lower() in ("gpu", "gpubot") or find(first.lower()) is not None
+                            or first in bot.config.hosts)
 
 
 def register_messages(app: AsyncApp, bot: GpuBot) -> None:
@@ -143,10 +194,14 @@ def register_messages(app: AsyncApp, bot: GpuBot) -> None:
     async def handle(event: dict, context, via: str) -> None:
         if event.get("bot_id") or event.get("subtype") in ("bot_message", "message_changed", "message_deleted"):
             return
-        key = f"msg:{event.get('channel')}:{event.get('ts')}"
+        if not event.get("channel") or not event.get("user"):
+            return
+        key = f"msg:{event['channel']}:{event['ts']}" if event.get("ts") else None
         if not bot.seen.first(key):
             return
         text = event.get("text") or ""
+        if via == "prefix" and not _addresses_bot(text, prefix, bot):
+            return  # "!important: prod is down" is chat, not a command
         try:
             call = parse_message(text, bot_user_id=context.get("bot_user_id"), prefix=prefix)
             err = None
@@ -155,8 +210,8 @@ def register_messages(app: AsyncApp, bot: GpuBot) -> None:
         if call is None and err is None:
             return
         thread_ts = event.get("thread_ts") or event.get("ts")
-        await bot.run_call(call, user_id=event.get("user", ""), channel_id=event.get("channel", ""),
-                           thread_ts=thread_ts, source=via, parse_error=err)
+        await bot.spawn(bot.run_call(call, user_id=event["user"], channel_id=event["channel"],
+                                     thread_ts=thread_ts, source=via, parse_error=err))
 
     @app.event("app_mention")
     async def on_mention(event, context):

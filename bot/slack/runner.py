@@ -72,6 +72,11 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
         await session.close()
 
 
+async def _healthz(request: web.Request) -> web.Response:
+    """GET /healthz for load balancers and reverse proxies: 200 "ok" while the process serves."""
+    return web.Response(text="ok")
+
+
 async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: asyncio.Event | None = None) -> None:
     """Serve Slack's HTTP requests on `host:port` at /slack/events, verifying request signatures.
 
@@ -83,7 +88,9 @@ async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: as
     hosts = HostService(config)
     client = make_client(bot_token, _api_url(config), session=session)
     app, bot = build_app(config, hosts, client, signing_secret=secret)
-    runner = web.AppRunner(app.web_app(path="/slack/events"))
+    web_app = app.web_app(path="/slack/events")
+    web_app.router.add_get("/healthz", _healthz)
+    runner = web.AppRunner(web_app)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

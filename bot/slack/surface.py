@@ -21,6 +21,20 @@ from bot.render import Message, mrkdwn_escape
 log = logging.getLogger(__name__)
 
 
+def slack_error(e: BaseException) -> str:
+    """A short description of a failed Slack call: the API error code (`not_in_channel`), or the HTTP
+    status for non-JSON answers (`HTTP 502`), or the exception type for network errors."""
+    if isinstance(e, SlackApiError) and e.response is not None:
+        data = getattr(e.response, "data", None)
+        if isinstance(data, dict) and data.get("error"):
+            return str(data["error"])
+        status = getattr(e.response, "status_code", None)
+        return f"HTTP {status}" if status else "Slack API error"
+    if isinstance(e, SlackClientError):
+        return f"Slack client error: {type(e).__name__}"
+    return f"{type(e).__name__}: {e}"[:200]
+
+
 def retry_handlers() -> list:
     """slack_sdk retry handlers: connection errors, 429 honoring Retry-After (3 tries), 5xx (2 tries)."""
     return [
@@ -51,13 +65,9 @@ class SlackSurface:
                 channel=channel, text=mrkdwn_escape(message.text)[:40_000], blocks=message.blocks, thread_ts=thread_ts,
                 unfurl_links=False, unfurl_media=False,
             )
-        except SlackApiError as e:
-            self.last_error = str(e.response.get("error") if e.response is not None else e)
+        except Exception as e:  # SlackApiError (any body, even HTML), client, network: never into handlers
+            self.last_error = slack_error(e)
             log.warning("chat.postMessage to %s failed: %s", channel, self.last_error)
-            return None
-        except (SlackClientError, OSError, TimeoutError) as e:
-            self.last_error = type(e).__name__
-            log.warning("chat.postMessage to %s failed: %s", channel, e)
             return None
         ts = resp.get("ts")
         for name, data in message.files:
@@ -70,8 +80,9 @@ class SlackSurface:
             await self.client.chat_update(channel=channel, ts=ts, text=mrkdwn_escape(message.text)[:40_000],
                                           blocks=message.blocks)
             return True
-        except (SlackApiError, SlackClientError, OSError, TimeoutError) as e:
-            log.warning("chat.update %s/%s failed: %s", channel, ts, e)
+        except Exception as e:
+            self.last_error = slack_error(e)
+            log.warning("chat.update %s/%s failed: %s", channel, ts, self.last_error)
             return False
 
     async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
@@ -81,6 +92,7 @@ class SlackSurface:
             await self.client.files_upload_v2(channel=channel, thread_ts=thread_ts, filename=filename,
                                               content=content, title=title or filename)
             return True
-        except (SlackApiError, SlackClientError, OSError, TimeoutError) as e:
-            log.warning("file upload %s to %s failed: %s", filename, channel, e)
+        except Exception as e:
+            self.last_error = slack_error(e)
+            log.warning("file upload %s to %s failed: %s", filename, channel, self.last_error)
             return False

@@ -159,7 +159,7 @@ def test_status_exact_values_in_text(status_msg):
     assert "== gpu-host-1 (h200-box) ==" in t
     assert "16.8 / 140.4" in t  # 17235 / 143771 MiB
     assert "  0 H200 " in t and "39C" in t and "123W" in t
-    assert "      pid 569         8.4 GiB  python3 -B -c from multiprocessing.spaw…" in t
+    assert "      pid 569         8.4 GiB  python3 -B -c from multiprocessing.spawn import spawn_main; spa…" in t
     assert "      pid 570         8.4 GiB  " in t
     assert t.count("74.2 / 95.6") == 8  # 76015 and 76017 MiB of 97887 MiB
     for i in range(8):
@@ -200,7 +200,7 @@ def test_status_gpu_error_and_note():
     snap = Snapshot(host="h", gpu=gpu)
     m = render("status", **status_view([snap]))
     assert_slack_valid(m)
-    assert "GPUs: nvidia-smi not found on the host" in m.text
+    assert "GPU readings unavailable: nvidia-smi not found on the host" in m.text
     assert "[replayed <data>]" in m.text
     assert "_replayed &lt;data&gt;_" in all_block_text(m)
 
@@ -218,7 +218,7 @@ def test_probe_exact_values_in_text(probe_msg):
     t = probe_msg.text
     assert t.startswith("Probe of gpu-host-1 (h200-box): pgid=566")
     assert "Processes (4 shown of 187 on the host):" in t
-    assert "    566     561 Ss     0.2       0s      16      20s  python3 /srv/fake_server.py 2" in t
+    assert "    566     561 Ss     0.2       0s      16      20s  python3 fake_server.py 2" in t
     assert "    569     566 Sl    20.2       4s     614      20s    python3 -B -c from multiprocessing.spawn" in t
     assert "41 lines, 8.4 KiB, last write 1m40s ago" in t
     assert "  | [TP0] Load weight end. type=Fake, avail mem=131.19 GB" in t
