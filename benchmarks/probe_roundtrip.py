@@ -66,7 +66,7 @@ async def run(srv, smi: str, log: Path, rounds: int) -> dict[str, list[float]]:
 
 def report(name: str, times: dict[str, list[float]]) -> None:
     base = statistics.median(times["A one exec, pooled"])
-    print(f"\n{name}: median seconds per full probe (ratio to gpubot's one-exec probe)")
+    print(f"\n{name}: median milliseconds per full probe (ratio to gpubot's one-exec probe)")
     for k, v in times.items():
         m = statistics.median(v)
         print(f"  {k:<26} {m * 1000:8.1f} ms   x{m / base:5.2f}")
