@@ -65,6 +65,8 @@ MAX_YAML_DEPTH = 100
 MAX_YAML_VALUES = 100_000
 #: Upper bound of every duration setting, in seconds.
 MAX_SECONDS = 3600
+#: Watch durations may be long: a cold 600 GB checkpoint can take over an hour to load (one day at most).
+MAX_WATCH_SECONDS = 86400
 
 SECRETS_HINT = (
     "secrets are never read from the config file; set them in the environment (Slack tokens: "
@@ -96,14 +98,14 @@ Int = Annotated[int, Strict()]
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
-def _seconds(v: float, *, zero_ok: bool = False) -> float:
-    """`v` if it is a finite number of seconds, > 0 (>= 0 with `zero_ok`) and <= MAX_SECONDS; else raises
+def _seconds(v: float, *, zero_ok: bool = False, limit: float = MAX_SECONDS) -> float:
+    """`v` if it is a finite number of seconds, > 0 (>= 0 with `zero_ok`) and <= `limit`; else raises
     ValueError with the allowed range."""
     if zero_ok:
-        if not 0 <= v <= MAX_SECONDS:  # also false for NaN
-            raise ValueError(f"must be 0..{MAX_SECONDS} seconds")
-    elif not 0 < v <= MAX_SECONDS:
-        raise ValueError(f"must be > 0 and <= {MAX_SECONDS} seconds")
+        if not 0 <= v <= limit:  # also false for NaN
+            raise ValueError(f"must be 0..{limit:g} seconds")
+    elif not 0 < v <= limit:
+        raise ValueError(f"must be > 0 and <= {limit:g} seconds")
     return v
 
 
@@ -234,7 +236,7 @@ class WatchPolicy(_Model):
     @field_validator("interval_s", "silence_after_s")
     @classmethod
     def _pos(cls, v: float) -> float:
-        return _seconds(v)
+        return _seconds(v, limit=MAX_WATCH_SECONDS)
 
     @field_validator("phase_grace_s")
     @classmethod
@@ -243,8 +245,8 @@ class WatchPolicy(_Model):
         for k, s in v.items():
             if k not in known:
                 raise ValueError(f"unknown phase {k!r}; known: {', '.join(sorted(known))}")
-            if not 0 < s <= MAX_SECONDS:
-                raise ValueError(f"grace for {k} must be > 0 and <= {MAX_SECONDS} seconds")
+            if not 0 < s <= MAX_WATCH_SECONDS:
+                raise ValueError(f"grace for {k} must be > 0 and <= {MAX_WATCH_SECONDS} seconds")
         return v
 
 

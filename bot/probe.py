@@ -222,29 +222,24 @@ MAX_PLAUSIBLE_ELAPSED_S = 10**9
 
 
 def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
-    """PIDs of the probe itself (its shell, `timeout`, `ps`, `cut`...): the process group of the probe's
-    shell, plus the wrapper shell above it. They are never shown in a probe's process tree."""
+    """PIDs of the probe itself: its shell (`$$`, printed in the `self` section), every descendant of it
+    (`ps`, `cut`, nested `timeout`s) and the `timeout -k ... sh -s` wrappers above it. They are never shown
+    in a probe's process tree."""
     try:
         me = int(_text(self_sec).split()[0])
     except (ValueError, IndexError):
         return set()
     by_pid = {p.pid: p for p in procs}
+    own = {me}
+    grew = True
+    while grew:
+        grew = False
+        for p in procs:
+            if p.ppid in own and p.pid not in own:
+                own.add(p.pid)
+                grew = True
     row = by_pid.get(me)
-    if row is None or row.pgid is None:
-        return {me}
-    leader = by_pid.get(row.pgid)
-    if leader is not None and leader.args.startswith("timeout "):
-        own = {p.pid for p in procs if p.pgid == row.pgid}  # the `timeout -k` group the executor made
-    else:
-        own = {me}
-        grew = True
-        while grew:
-            grew = False
-            for p in procs:
-                if p.ppid in own and p.pid not in own:
-                    own.add(p.pid)
-                    grew = True
-    parent = by_pid.get(row.ppid) if row.ppid else None
+    parent = by_pid.get(row.ppid) if row is not None and row.ppid else None
     while parent is not None and "timeout -k " in parent.args and parent.args.rstrip().endswith("sh -s"):
         own.add(parent.pid)
         parent = by_pid.get(parent.ppid) if parent.ppid else None

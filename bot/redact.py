@@ -76,18 +76,21 @@ _FORM_START = (
 _GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined)(?:[\s'\",)]|$))"
 
 
-def _unquoted(chars: str) -> str:
-    """An unquoted value of `chars` that stops where another secret form starts. The check runs only where a
-    name can start (not after a word character or "-"), so the scan stays linear; a "?" or "&" right before
-    another form is left out of the value, so the query-string form still sees it."""
-    return rf"(?:(?![?&](?:{_FORM_START}))(?:(?<=[\w-]){chars}|(?<![\w-])(?!{_FORM_START}){chars}))+"
+def _run(char: str) -> str:
+    """One or more `char` that stop where another secret form starts. The check runs only where a name can
+    start (not after a word character or "-"), so the scan stays linear; a "?" or "&" right before another
+    form is left out too, so the query-string form still sees it."""
+    return rf"(?:(?![?&](?:{_FORM_START}))(?:(?<=[\w-]){char}|(?<![\w-])(?!{_FORM_START}){char}))+"
 
 
-_ANY = _unquoted(r"\S")  # flag, header and netrc values: up to whitespace
-_KV = _unquoted(r"[^\s'\",)]")  # NAME=value: also up to a quote, `,` or `)` (`f(api_key=x, port=1)`)
-_QS = _unquoted(r"[^\s&#'\"]")  # ?name=value: up to the next parameter or the fragment
-# A quoted value (masked whole, quotes kept; an unterminated quote runs to the end of the line).
-_QUOTED = r"\"(?:[^\"\\\r\n]|\\.)+(?P<dq>\")?|'(?:[^'\\\r\n]|\\.)+(?P<sq>')?"
+_ANY = _run(r"\S")  # flag, header and netrc values: up to whitespace
+_KV = _run(r"[^\s'\",)]")  # NAME=value: also up to a quote, `,` or `)` (`f(api_key=x, port=1)`)
+_QS = _run(r"[^\s&#'\"]")  # ?name=value: up to the next parameter or the fragment
+# A quoted value (masked whole, quotes kept). An unterminated quote runs to the end of the line, and a quote
+# that opens another form (`token=" {"api_key": ...`) is not taken as the closing one.
+_DQ_RUN = _run(r'(?:[^"\\\r\n]|\\.)')
+_SQ_RUN = _run(r"(?:[^'\\\r\n]|\\.)")
+_QUOTED = rf"\"{_DQ_RUN}(?:(?!{_FORM_START})(?P<dq>\"))?|'{_SQ_RUN}(?:(?!{_FORM_START})(?P<sq>'))?"
 
 
 def _name_value(m: re.Match[str]) -> str:

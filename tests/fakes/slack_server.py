@@ -150,6 +150,8 @@ class FakeSlack:
         self._closing = False
 
         self.users: dict[str, dict[str, Any]] = {}
+        #: user group id (S...) -> member user ids, answered by usergroups.users.list
+        self.usergroups: dict[str, list[str]] = {}
         self.channels: dict[str, dict[str, Any]] = {}
         self._reset_records()
 
@@ -743,6 +745,12 @@ class FakeSlack:
         if handler is None:
             return {"ok": True}
         return handler(params, token)
+
+    def _api_usergroups_users_list(self, params: dict[str, Any], token: str) -> dict[str, Any]:
+        gid = params.get("usergroup")
+        if gid not in self.usergroups:
+            return {"ok": False, "error": "no_such_subteam"}
+        return {"ok": True, "users": list(self.usergroups[gid])}
 
     def _api_auth_test(self, params: dict[str, Any], token: str) -> dict[str, Any]:
         return {

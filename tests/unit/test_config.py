@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -10,9 +12,20 @@ import yaml
 from click.testing import CliRunner
 
 from bot.cli import main as cli_main
-from bot.config import BUILTIN_TEMPLATE_VARS, Config, ConfigError, HostConfig, ParamSpec, load_config, parse_config
+from bot.config import (
+    BUILTIN_TEMPLATE_VARS,
+    Config,
+    ConfigError,
+    HostConfig,
+    ParamSpec,
+    config_warnings,
+    load_config,
+    parse_config,
+)
 
 SECRET_MSG = "secrets are never read from the config file"
+#: The environment VALID_YAML's `HF_TOKEN: ${HF_TOKEN}` is expanded from.
+ENV = {"HF_TOKEN": "hf_from_the_environment"}
 
 VALID_YAML = textwrap.dedent(
     """\
@@ -147,7 +160,7 @@ def base_data(**extra) -> dict:
 
 
 def test_full_valid_config_parses(tmp_path):
-    cfg = load_config(write(tmp_path, VALID_YAML))
+    cfg = load_config(write(tmp_path, VALID_YAML), environ=ENV)
     assert isinstance(cfg, Config)
     assert cfg.host_names() == ["gpu-host-1", "gpu-host-2.lab", "bot-box"]
 
@@ -176,7 +189,7 @@ def test_full_valid_config_parses(tmp_path):
     assert isinstance(base.params["model"], ParamSpec) and base.params["model"].type == "path"
     assert base.params["tp"].choices == [1, 2, 4, 8]
     assert base.params["mem_fraction"] == 0.85
-    assert base.env["HF_TOKEN"] == "${HF_TOKEN}"
+    assert base.env["HF_TOKEN"] == "hf_from_the_environment"
     assert base.watch is not None and base.watch.phase_grace_s == {"weight_loading": 1800, "cuda_graph_capture": 600}
 
     assert cfg.permissions.admins == ["U012ABCDEF"]
@@ -192,7 +205,7 @@ def test_full_valid_config_parses(tmp_path):
 
 
 def test_resolved_variant_merges_through_extends(tmp_path):
-    cfg = load_config(write(tmp_path, VALID_YAML))
+    cfg = load_config(write(tmp_path, VALID_YAML), environ=ENV)
     rv = cfg.resolved_variant("sglang-tp4")
     assert rv.extends is None
     # inherited
@@ -210,23 +223,23 @@ def test_resolved_variant_merges_through_extends(tmp_path):
     assert rv.params["dtype"].regex == "^(bf16|fp16|fp8)$"
     assert rv.params["mem_fraction"] == 0.85
     # env merged, child wins per key
-    assert rv.env == {"NCCL_DEBUG": "INFO", "HF_TOKEN": "${HF_TOKEN}", "NCCL_IB_DISABLE": "1"}
+    assert rv.env == {"NCCL_DEBUG": "INFO", "HF_TOKEN": "hf_from_the_environment", "NCCL_IB_DISABLE": "1"}
     # extra_args appended after the parent's
     assert rv.extra_args == ["--trust-remote-code", "--dtype", "{{ dtype }}"]
     # the stored variants are not modified
     assert cfg.variants["sglang-tp4"].extends == "sglang-base"
     assert cfg.variants["sglang-base"].port == 30000
-    assert cfg.variants["sglang-base"].env == {"NCCL_DEBUG": "WARN", "HF_TOKEN": "${HF_TOKEN}"}
+    assert cfg.variants["sglang-base"].env == {"NCCL_DEBUG": "WARN", "HF_TOKEN": "hf_from_the_environment"}
 
 
 def test_resolved_variant_three_levels(tmp_path):
-    cfg = load_config(write(tmp_path, VALID_YAML))
+    cfg = load_config(write(tmp_path, VALID_YAML), environ=ENV)
     rv = cfg.resolved_variant("sglang-tp4-local")
     assert rv.host == "bot-box"
     assert rv.port == 30001
     assert rv.env == {
         "NCCL_DEBUG": "INFO",
-        "HF_TOKEN": "${HF_TOKEN}",
+        "HF_TOKEN": "hf_from_the_environment",
         "NCCL_IB_DISABLE": "1",
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
     }
@@ -266,7 +279,9 @@ def test_expanduser_on_path(tmp_path, monkeypatch):
 
 def test_port_out_of_range_exact_message(tmp_path):
     text = VALID_YAML.replace("port: 2222", "port: 70000")
-    errs = load_errors(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, text), environ=ENV)
+    errs = ei.value.errors
     assert errs == ["hosts.gpu-host-1.port: must be 1..65535"]
 
 
@@ -301,7 +316,7 @@ def test_several_errors_are_all_listed():
         "hosts.d.connect_timeout_s: must be > 0 and <= 3600 seconds",
         "permissions.admins: 'bob' is not a Slack user ID (U...) or user group ID (S...)",
         "permissions.channels: '#general' is not a Slack channel ID (C..., G... or D...)",
-        "watch.interval_s: must be > 0 seconds",
+        "watch.interval_s: must be > 0 and <= 86400 seconds",
     }
     assert expected <= set(errs)
     assert len(errs) == len(set(errs)), "duplicates in the error list"
@@ -340,7 +355,8 @@ def test_invalid_host_name_alone():
 )
 def test_unknown_key_with_location(where, data, location):
     errs = errors_of(data)
-    assert f"{location}: unknown key" in errs
+    assert any(e == f"{location}: unknown key" or e.startswith(f"{location}: unknown key; did you mean ")
+               for e in errs), errs
 
 
 def test_missing_known_hosts_for_ssh_host(tmp_path):
@@ -409,10 +425,11 @@ def test_env_reference_is_allowed():
                     "env": {"HF_TOKEN": "${HF_TOKEN}", "WANDB_API_KEY": "${WANDB_API_KEY}"},
                 }
             }
-        )
+        ),
+        environ={"HF_TOKEN": "hf_1", "WANDB_API_KEY": "wb_2"},
     )
-    assert cfg.variants["v"].env["HF_TOKEN"] == "${HF_TOKEN}"
-    assert cfg.variants["v"].env["WANDB_API_KEY"] == "${WANDB_API_KEY}"
+    assert cfg.variants["v"].env["HF_TOKEN"] == "hf_1"
+    assert cfg.variants["v"].env["WANDB_API_KEY"] == "wb_2"
 
 
 def test_partial_env_reference_is_not_allowed():
@@ -656,7 +673,9 @@ def test_example_config_in_deploy_if_present():
     if not example.exists():
         pytest.skip("deploy/config.example.yaml not present")
     data = yaml.safe_load(example.read_text())
-    assert isinstance(parse_config(data), Config)
+    assert isinstance(parse_config(data, environ={}), Config)
+    # the strict loader reads it too, with no environment at all
+    assert isinstance(load_config(example, environ={}), Config)
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -664,15 +683,15 @@ def test_example_config_in_deploy_if_present():
 
 def test_cli_check_config_ok(tmp_path):
     p = write(tmp_path, VALID_YAML)
-    result = CliRunner().invoke(cli_main, ["check-config", str(p)])
+    result = CliRunner().invoke(cli_main, ["check-config", str(p)], env=ENV)
     assert result.exit_code == 0, result.output
-    assert f"{p}: OK (3 hosts, 3 variants)" in result.output
+    assert result.stdout.startswith(f"{p}: OK (3 hosts, 3 variants")
 
 
 def test_cli_check_config_errors(tmp_path):
     bad = VALID_YAML.replace("port: 2222", "port: 70000").replace("max_channels: 6", "max_channels: 0")
     p = write(tmp_path, bad)
-    result = CliRunner().invoke(cli_main, ["check-config", str(p)])
+    result = CliRunner().invoke(cli_main, ["check-config", str(p)], env=ENV)
     assert result.exit_code == 2
     assert f"config {p} is invalid:" in result.stderr
     assert "  hosts.gpu-host-1.port: must be 1..65535" in result.stderr
@@ -699,3 +718,442 @@ def test_cli_check_config_missing_file(tmp_path):
     result = CliRunner().invoke(cli_main, ["check-config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2
     assert "cannot read" in result.stderr
+
+
+# --- review findings: duplicate keys ---------------------------------------------------------------
+
+
+def test_duplicate_key_in_a_host_is_an_error(tmp_path):
+    text = "hosts:\n  h:\n    address: 10.0.0.1\n    known_hosts: /kh\n    port: 22\n    port: 2222\n"
+    assert load_errors(tmp_path, text) == ["hosts.h: duplicate key 'port' (line 6)"]
+
+
+def test_duplicate_top_level_key_is_an_error(tmp_path):
+    text = "hosts:\n  a:\n    local: true\nhosts:\n  b:\n    local: true\n"
+    assert load_errors(tmp_path, text) == ["(top level): duplicate key 'hosts' (line 4)"]
+
+
+def test_every_duplicate_is_listed_with_schema_errors(tmp_path):
+    text = textwrap.dedent(
+        """\
+        hosts:
+          h:
+            local: true
+            local: true
+            port: 0
+        variants:
+          v:
+            host: h
+            command: x {{ p }}
+            params:
+              p:
+                type: int
+                type: str
+        """
+    )
+    errs = load_errors(tmp_path, text)
+    assert errs[:2] == ["hosts.h: duplicate key 'local' (line 4)",
+                        "variants.v.params.p: duplicate key 'type' (line 13)"]
+    assert "hosts.h.port: must be 1..65535" in errs
+
+
+def test_duplicate_host_names_are_an_error(tmp_path):
+    text = "hosts:\n  gpu-1:\n    local: true\n  gpu-1:\n    local: true\n"
+    assert load_errors(tmp_path, text) == ["hosts: duplicate key 'gpu-1' (line 4)"]
+
+
+def test_anchors_aliases_and_merge_keys_still_work(tmp_path):
+    text = textwrap.dedent(
+        """\
+        hosts:
+          a: &ssh
+            address: 10.0.0.1
+            known_hosts: /etc/gpubot/known_hosts
+            log_dirs: &logs [/data/logs]
+          b:
+            <<: *ssh
+            address: 10.0.0.2
+          c:
+            <<: *ssh
+            address: 10.0.0.3
+            log_dirs: *logs
+        permissions:
+          admins: &admins [U0ADMIN1]
+          operators: *admins
+        """
+    )
+    cfg = load_config(write(tmp_path, text))
+    assert [cfg.hosts[n].address for n in "abc"] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    assert cfg.hosts["b"].known_hosts == "/etc/gpubot/known_hosts"
+    assert cfg.hosts["c"].log_dirs == ["/data/logs"]
+    assert cfg.permissions.operators == ["U0ADMIN1"]
+
+
+# --- review findings: hostile YAML -----------------------------------------------------------------
+
+
+def test_billion_laughs_is_refused_quickly(tmp_path):
+    # 9 levels of 9 aliases each: only 81 aliases, but 9**9 values once expanded.
+    lines = ['a0: &a0 "lol"']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    start = time.monotonic()
+    (err,) = load_errors(tmp_path, "\n".join(lines) + "\n")
+    assert time.monotonic() - start < 5
+    assert "more than 100000 values once aliases are expanded" in err and ":line " in err
+
+
+def test_more_than_100_aliases_is_refused(tmp_path):
+    text = "hosts:\n  h: &h {local: true}\npermissions:\n  admins: [" + ", ".join(["*x"] * 101) + "]\n"
+    text = "x: &x U0ABC\n" + text
+    (err,) = load_errors(tmp_path, text)
+    assert err.endswith("more than 100 aliases (*name)") and ":line 5, column " in err
+
+
+def test_deep_nesting_is_a_config_error_not_a_crash(tmp_path):
+    (err,) = load_errors(tmp_path, "x: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nested more than 100 levels deep" in err
+
+
+def test_deep_nesting_through_aliases_is_refused(tmp_path):
+    deep = "[" * 90 + "1" + "]" * 90
+    text = f"a: &a {deep}\nb: " + "[" * 20 + "*a, *a" + "]" * 20 + "\n"
+    (err,) = load_errors(tmp_path, text)
+    assert "nested more than 100 levels deep once aliases are expanded" in err
+
+
+def test_recursive_alias_is_refused(tmp_path):
+    (err,) = load_errors(tmp_path, "hosts: &h\n  h: *h\n")
+    assert "recursive structure" in err
+
+
+def test_deeply_nested_python_data_is_a_config_error():
+    data: dict = {}
+    cur = data
+    for _ in range(5000):
+        cur["a"] = {}
+        cur = cur["a"]
+    assert errors_of({"hostz": data}) == ["hostz: unknown key; did you mean 'hosts'?"]
+
+
+def test_file_over_1_mib_is_refused(tmp_path):
+    p = write(tmp_path, "hosts: {}\n" + "#" * (1024 * 1024) + "\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert ei.value.errors == [
+        f"{p}: file is larger than 1 MiB; a gpubot config is a few KiB (is this the right file?)"
+    ]
+
+
+def test_file_just_under_the_cap_loads(tmp_path):
+    text = "hosts:\n  h:\n    local: true\n"
+    p = write(tmp_path, text + "#" * (1024 * 1024 - len(text) - 1) + "\n")
+    assert load_config(p).host_names() == ["h"]
+
+
+# --- review findings: numbers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "location"),
+    [
+        ({"port": True}, "hosts.h.port"),
+        ({"max_channels": True}, "hosts.h.max_channels"),
+        ({"port": "22"}, "hosts.h.port"),
+        ({"port": 22.0}, "hosts.h.port"),
+        ({"connect_timeout_s": True}, "hosts.h.connect_timeout_s"),
+        ({"keepalive_interval_s": False}, "hosts.h.keepalive_interval_s"),
+    ],
+)
+def test_host_numbers_are_strict(host, location):
+    errs = errors_of({"hosts": {"h": {**HOST, **host}}})
+    assert len(errs) == 1 and errs[0].startswith(f"{location}: "), errs
+
+
+def test_port_true_in_yaml_is_an_error(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, VALID_YAML.replace("port: 2222", "port: true")), environ=ENV)
+    assert ei.value.errors == ["hosts.gpu-host-1.port: Input should be a valid integer"]
+
+
+def test_bool_is_not_a_number_message():
+    errs = errors_of({"hosts": {"h": {**HOST, "connect_timeout_s": True}}})
+    assert errs == ["hosts.h.connect_timeout_s: must be a number, not true"]
+
+
+def test_variant_numbers_are_strict():
+    errs = errors_of(base_data(variants={"v": {"host": "local-box", "command": "x", "port": True, "gpus": [0, True]}}))
+    assert set(errs) == {"variants.v.port: Input should be a valid integer",
+                         "variants.v.gpus.1: Input should be a valid integer"}
+
+
+def test_yaml_ints_and_floats_still_accepted(tmp_path):
+    text = "hosts:\n  h:\n    local: true\n    port: 2222\n    connect_timeout_s: 2.5\n    keepalive_interval_s: 0\n"
+    h = load_config(write(tmp_path, text)).hosts["h"]
+    assert (h.port, h.connect_timeout_s, h.keepalive_interval_s) == (2222, 2.5, 0)
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, 3601, math.nan, math.inf, -math.inf])
+def test_keepalive_must_be_finite_0_to_3600(value):
+    errs = errors_of({"hosts": {"h": {**HOST, "keepalive_interval_s": value}}})
+    assert errs == ["hosts.h.keepalive_interval_s: must be 0..3600 seconds"]
+
+
+@pytest.mark.parametrize("field", ["connect_timeout_s", "command_timeout_s", "nvidia_smi_timeout_s"])
+@pytest.mark.parametrize("value", [0, -1, 3601, math.nan, math.inf])
+def test_host_timeouts_must_be_finite_up_to_3600(field, value):
+    errs = errors_of({"hosts": {"h": {**HOST, field: value}}})
+    assert errs == [f"hosts.h.{field}: must be > 0 and <= 3600 seconds"]
+
+
+@pytest.mark.parametrize("value", [0, -5, 86401, math.nan, math.inf])
+def test_watch_durations_must_be_finite_up_to_one_day(value):
+    errs = errors_of({"watch": {"interval_s": value, "silence_after_s": value, "phase_grace_s": {"warmup": value}}})
+    assert set(errs) == {
+        "watch.interval_s: must be > 0 and <= 86400 seconds",
+        "watch.silence_after_s: must be > 0 and <= 86400 seconds",
+        "watch.phase_grace_s: grace for warmup must be > 0 and <= 86400 seconds",
+    }
+
+
+def test_hour_long_weight_loading_grace_is_allowed():
+    cfg = parse_config({"watch": {"phase_grace_s": {"weight_loading": 5400}}})
+    assert cfg.watch.phase_grace_s["weight_loading"] == 5400
+
+
+def test_nan_in_yaml_is_refused(tmp_path):
+    errs = load_errors(tmp_path, "hosts:\n  h:\n    local: true\n    keepalive_interval_s: .nan\n")
+    assert errs == ["hosts.h.keepalive_interval_s: must be 0..3600 seconds"]
+
+
+def test_param_bounds_are_finite_numbers():
+    errs = variant_errors({"v": {"host": "local-box", "command": "x {{ p }}",
+                                 "params": {"p": {"type": "float", "min": math.nan, "max": True}}}})
+    assert set(errs) == {"variants.v.params.p.min: must be a finite number",
+                         "variants.v.params.p.max: must be a number, not true"}
+
+
+# --- review findings: ${NAME} environment references ------------------------------------------------
+
+
+def test_env_reference_expanded_from_os_environ(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_os_environ")
+    monkeypatch.setenv("CUDA_HOME_FOR_TEST", "/usr/local/cuda")
+    data = base_data(variants={"v": {"host": "local-box", "command": "x", "env": {"HF_TOKEN": "${HF_TOKEN}"}}})
+    data["hosts"]["local-box"]["env"] = {"CUDA_HOME": "${CUDA_HOME_FOR_TEST}"}
+    cfg = parse_config(data)
+    assert cfg.variants["v"].env == {"HF_TOKEN": "hf_from_os_environ"}
+    assert cfg.hosts["local-box"].env == {"CUDA_HOME": "/usr/local/cuda"}
+    # the caller's data is not modified
+    assert data["variants"]["v"]["env"] == {"HF_TOKEN": "${HF_TOKEN}"}
+
+
+def test_env_reference_to_unset_variable_is_an_error(tmp_path):
+    text = "hosts:\n  h:\n    local: true\nvariants:\n  base:\n    host: h\n    command: x\n" \
+           "    env:\n      HF_TOKEN: ${HF_TOKEN}\n"
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, text), environ={"OTHER": "1"})
+    assert ei.value.errors == ["variants.base.env.HF_TOKEN: environment variable HF_TOKEN is not set"]
+
+
+def test_env_reference_unset_in_host_env(monkeypatch):
+    monkeypatch.delenv("GPUBOT_TEST_UNSET_VAR", raising=False)
+    errs = errors_of({"hosts": {"h": {"local": True, "env": {"X": "${GPUBOT_TEST_UNSET_VAR}"}}}})
+    assert errs == ["hosts.h.env.X: environment variable GPUBOT_TEST_UNSET_VAR is not set"]
+
+
+def test_empty_environment_value_is_expanded():
+    cfg = parse_config({"hosts": {"h": {"local": True, "env": {"X": "${EMPTY}"}}}}, environ={"EMPTY": ""})
+    assert cfg.hosts["h"].env == {"X": ""}
+
+
+@pytest.mark.parametrize("value", ["x${A}", "${A}:/opt/bin", "$A", "${A", "${1A}"])
+def test_only_whole_references_are_expanded(value):
+    cfg = parse_config({"hosts": {"h": {"local": True, "env": {"V": value}}}}, environ={"A": "expanded"})
+    assert cfg.hosts["h"].env == {"V": value}
+
+
+def test_references_outside_env_maps_are_not_expanded():
+    cfg = parse_config({"hosts": {"h": {"local": True, "gpu_note": "${A}"}}, "state_dir": "${A}"},
+                       environ={"A": "expanded"})
+    assert cfg.hosts["h"].gpu_note == "${A}" and cfg.state_dir == "${A}"
+
+
+def test_expanded_value_never_echoed_in_errors():
+    data = {"hosts": {"h": {"local": True, "port": 0, "env": {"HF_TOKEN": "${HF_TOKEN}"}}}}
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, environ={"HF_TOKEN": "hf_secret_value_123"})
+    assert ei.value.errors == ["hosts.h.port: must be 1..65535"]
+    assert "hf_secret_value_123" not in str(ei.value)
+
+
+def test_reference_outside_env_map_is_still_a_secret():
+    errs = errors_of({"slack": {"bot_token": "${SLACK_BOT_TOKEN}"}})
+    assert len(errs) == 1 and errs[0].startswith("slack.bot_token: " + SECRET_MSG)
+
+
+# --- review findings: check-config messages --------------------------------------------------------
+
+
+def test_secret_key_reported_once_not_also_as_unknown():
+    errs = errors_of({"slack": {"slack_token": "xoxb-1"}, "hosts": {"h": {"local": True, "password": "x"}}})
+    assert len(errs) == 2, errs
+    assert not any("unknown key" in e for e in errs)
+
+
+def test_secret_hint_is_generic():
+    (err,) = errors_of({"api_key": "sk-1"})
+    assert err == (
+        "api_key: secrets are never read from the config file; set them in the environment (Slack tokens: "
+        "SLACK_BOT_TOKEN, SLACK_APP_TOKEN, SLACK_SIGNING_SECRET) or reference one as ${NAME} in an env: map"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"hosts": {"h": {**HOST, "connect_timout_s": 5}}}, "hosts.h.connect_timout_s: unknown key; did you mean "
+                                                            "'connect_timeout_s'?"),
+        ({"hosts": {"h": {"local": True, "adress": "x"}}}, "hosts.h.adress: unknown key; did you mean 'address'?"),
+        ({"hostz": {}}, "hostz: unknown key; did you mean 'hosts'?"),
+        ({"watch": {"intervl_s": 3}}, "watch.intervl_s: unknown key; did you mean 'interval_s'?"),
+        ({"variants": {"v": {"watch": {"silence_s": 3}}}},
+         "variants.v.watch.silence_s: unknown key; did you mean 'silence_after_s'?"),
+        ({"variants": {"v": {"params": {"p": {"defualt": 1}}}}},
+         "variants.v.params.p.defualt: unknown key; did you mean 'default'?"),
+        ({"permissions": {"zzz": []}}, "permissions.zzz: unknown key"),
+    ],
+)
+def test_unknown_key_did_you_mean(data, expected):
+    assert expected in errors_of(data)
+
+
+@pytest.mark.parametrize("bad_type", ["integer", 5, None])
+def test_wrong_param_type_is_one_message(bad_type):
+    errs = variant_errors({"v": {"host": "local-box", "command": "x {{ p }}", "params": {"p": {"type": bad_type}}}})
+    assert errs == ["variants.v.params.p.type: Input should be 'str', 'int', 'float', 'bool' or 'path'"]
+
+
+@pytest.mark.parametrize("value", [None, [1, 2]])
+def test_param_that_is_neither_default_nor_spec_is_one_message(value):
+    errs = variant_errors({"v": {"host": "local-box", "command": "x {{ p }}", "params": {"p": value}}})
+    assert len(errs) == 1 and errs[0].startswith("variants.v.params.p: must be a default value"), errs
+
+
+def test_several_param_errors_keep_their_locations():
+    errs = variant_errors({"v": {"host": "local-box", "command": "x {{ a }} {{ b }}",
+                                 "params": {"a": {"type": "nope", "regex": "("}, "b": {"min": "low"}, "c": 1}}})
+    assert errs[0] == "variants.v.params.a.type: Input should be 'str', 'int', 'float', 'bool' or 'path'"
+    assert any(e.startswith("variants.v.params.a.regex: invalid regex") for e in errs)
+    assert any(e.startswith("variants.v.params.b.min: ") for e in errs)
+    assert len(errs) == 3, errs
+
+
+def test_host_named_like_a_type_keeps_its_location():
+    errs = errors_of({"hosts": {"int": {"local": True, "port": 0}}})
+    assert errs == ["hosts.int.port: must be 1..65535"]
+
+
+# --- review findings: warnings ---------------------------------------------------------------------
+
+
+def ssh_host_with_files(tmp_path: Path, **extra) -> dict:
+    kh, key = tmp_path / "known_hosts", tmp_path / "id_ed25519"
+    kh.write_text("")
+    key.write_text("")
+    return {"address": "10.0.0.5", "known_hosts": str(kh), "key_file": str(key), "log_dirs": ["/data/logs"],
+            **extra}
+
+
+def test_no_warnings_for_a_complete_config(tmp_path):
+    cfg = parse_config({"hosts": {"h": ssh_host_with_files(tmp_path)}})
+    assert config_warnings(cfg) == []
+
+
+def test_warning_for_missing_known_hosts_and_key_file(tmp_path):
+    host = ssh_host_with_files(tmp_path, known_hosts=str(tmp_path / "nope"), key_file="~/no-such-key")
+    warnings = config_warnings(parse_config({"hosts": {"h": host}}))
+    assert warnings == [
+        f"hosts.h.known_hosts: {tmp_path / 'nope'} does not exist on this machine; host keys cannot be verified, "
+        "so SSH connections will be refused",
+        "hosts.h.key_file: ~/no-such-key does not exist on this machine; SSH logins with it will fail",
+    ]
+
+
+def test_key_file_tilde_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "id").write_text("")
+    cfg = parse_config({"hosts": {"h": ssh_host_with_files(tmp_path, key_file="~/id")}})
+    assert config_warnings(cfg) == []
+
+
+def test_known_hosts_that_is_a_directory_warns(tmp_path):
+    cfg = parse_config({"hosts": {"h": ssh_host_with_files(tmp_path, known_hosts=str(tmp_path))}})
+    (w,) = config_warnings(cfg)
+    assert w.startswith("hosts.h.known_hosts: ") and "is not a regular file" in w
+
+
+def test_warning_for_host_without_log_dirs_and_no_ssh_checks_for_local(tmp_path):
+    cfg = parse_config({"hosts": {"me": {"local": True}}})
+    assert config_warnings(cfg) == ["hosts.me.log_dirs: not set, so /probe log= reads are disabled on this host"]
+
+
+def test_warning_for_no_hosts():
+    assert config_warnings(parse_config({})) == ["hosts: no hosts configured; /gpu status and /probe have nothing "
+                                                 "to look at"]
+
+
+def test_warning_for_partial_env_reference_without_its_value(tmp_path):
+    host = ssh_host_with_files(tmp_path, env={"PATH": "${PATH}:/opt/bin"})
+    (w,) = config_warnings(parse_config({"hosts": {"h": host}}))
+    assert w == "hosts.h.env.PATH: only a value that is exactly ${NAME} is expanded; this one is passed literally"
+
+
+def test_cli_check_config_prints_warnings_and_exits_0(tmp_path):
+    text = textwrap.dedent(
+        f"""\
+        hosts:
+          gpu-1:
+            address: 10.0.0.5
+            known_hosts: {tmp_path}/missing_known_hosts
+            log_dirs: [/data/logs]
+          me:
+            local: true
+        """
+    )
+    p = write(tmp_path, text)
+    result = CliRunner().invoke(cli_main, ["check-config", str(p)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{p}: OK (2 hosts, 0 variants; 2 warnings)\n"
+    assert result.stderr.splitlines() == [
+        f"  warning: hosts.gpu-1.known_hosts: {tmp_path}/missing_known_hosts does not exist on this machine; "
+        "host keys cannot be verified, so SSH connections will be refused",
+        "  warning: hosts.me.log_dirs: not set, so /probe log= reads are disabled on this host",
+    ]
+
+
+def test_cli_check_config_singular_counts(tmp_path):
+    host = ssh_host_with_files(tmp_path)
+    text = yaml.safe_dump({"hosts": {"h": host}, "variants": {"v": {"host": "h", "command": "serve"}}})
+    p = write(tmp_path, text)
+    result = CliRunner().invoke(cli_main, ["check-config", str(p)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{p}: OK (1 host, 1 variant)\n"
+    assert result.stderr == ""
+
+
+def test_cli_check_config_one_warning(tmp_path):
+    p = write(tmp_path, "")
+    result = CliRunner().invoke(cli_main, ["check-config", str(p)])
+    assert result.exit_code == 0
+    assert result.stdout == f"{p}: OK (0 hosts, 0 variants; 1 warning)\n"
+    assert "warning: hosts: no hosts configured" in result.stderr
+
+
+def test_cli_check_config_duplicate_key_and_unset_reference(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUBOT_TEST_UNSET_VAR", raising=False)
+    text = "hosts:\n  h:\n    local: true\n    local: true\n    env:\n      X: ${GPUBOT_TEST_UNSET_VAR}\n"
+    result = CliRunner().invoke(cli_main, ["check-config", str(write(tmp_path, text))])
+    assert result.exit_code == 2
+    assert "  hosts.h: duplicate key 'local' (line 4)" in result.stderr
+    assert "  hosts.h.env.X: environment variable GPUBOT_TEST_UNSET_VAR is not set" in result.stderr

@@ -1,0 +1,124 @@
+"""Slack-side robustness: failures of Slack itself, chat that is not a command, permissions by user group,
+oversized answers, links Slack adds, HTTP health endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from bot.config import Config
+from tests.conftest import ssh_host
+from tests.e2e.conftest import start_stack
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_post_failure_500_falls_back_to_the_user_privately(slack):
+    slack.fake.fail("chat.postMessage", status=500, times=10)
+    env_id = await slack.fake.push_slash_command("/gpu", "help")
+    await slack.fake.wait_for_ack(env_id, 5)
+    body = await slack.fake.wait_for_response(timeout=20)
+    assert "could not post in the channel: HTTP 500" in body["text"]
+    assert "/gpu status" in body["text"]
+    assert body.get("response_type") == "ephemeral"
+
+
+async def test_not_in_channel_falls_back_to_response_url(slack):
+    slack.fake.set_error("chat.postMessage", "not_in_channel", times=1)
+    await slack.fake.push_slash_command("/gpu", "help")
+    body = await slack.fake.wait_for_response(timeout=10)
+    assert "not_in_channel" in body["text"]
+
+
+async def test_bang_chat_that_is_not_a_command_is_ignored(slack):
+    for i, text in enumerate(["!important: prod is down", "!nice one", "!don't do that"]):
+        await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2",
+                                     "ts": f"1700000300.00030{i}", "text": text})
+    await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2", "ts": "1700000300.000400",
+                                 "text": "!help"})
+    call = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
+    await asyncio.sleep(0.5)
+    assert len(slack.fake.calls_for("chat.postMessage")) == 1
+    assert call["params"]["thread_ts"] == "1700000300.000400"
+
+
+async def test_events_without_user_or_channel_are_ignored(slack):
+    await slack.fake.push_event({"type": "message", "channel": "C1", "ts": "1.1", "text": "!help"})
+    await slack.fake.push_event({"type": "message", "user": "U1", "ts": "1.2", "text": "!help"})
+    await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U1", "text": "!help"})
+    call = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
+    assert call["params"]["channel"] == "C1"  # the one complete event (no ts: answered, not deduplicated away)
+    await asyncio.sleep(0.3)
+    assert len(slack.fake.calls_for("chat.postMessage")) == 1
+
+
+async def test_gpu_all_and_slack_autolinked_host_name(slack):
+    await slack.fake.push_slash_command("/gpu", "all")
+    call = await slack.fake.wait_for_call("chat.postMessage", timeout=20)
+    assert call["params"]["text"].startswith("GPU status: 1 host")
+    await slack.fake.push_slash_command("/probe", "<http://gpu-host-1|gpu-host-1> pid=1")
+    call = await slack.fake.wait_for_call(
+        "chat.postMessage", predicate=lambda c: "Probe of gpu-host-1" in c["params"].get("text", ""), timeout=20)
+    assert "pid=1" in call["params"]["text"]
+
+
+async def test_permissions_by_user_group(ssh_server):
+    cfg = Config(hosts={"gpu-host-1": ssh_host(ssh_server)}, permissions={"viewers": ["S0GPUTEAM"]})
+    stack, stop = await start_stack(cfg)
+    try:
+        stack.fake.usergroups["S0GPUTEAM"] = ["UMEMBER"]
+        await stack.fake.push_slash_command("/gpu", "status", user_id="UOUTSIDER")
+        denied = await stack.fake.wait_for_call("chat.postMessage", timeout=10)
+        assert "Permission denied" in denied["params"]["text"] and "viewer" in denied["params"]["text"]
+        await stack.fake.push_slash_command("/gpu", "status", user_id="UMEMBER")
+        ok = await stack.fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: c["params"]["text"].startswith("GPU status"), timeout=20)
+        assert "H200" in ok["params"]["text"]
+        assert len(stack.fake.calls_for("usergroups.users.list")) == 1  # cached
+    finally:
+        await stop()
+
+
+async def test_oversized_answer_is_cut_and_full_output_attached(ssh_server):
+    hosts = {f"h{i:02d}": ssh_host(ssh_server) for i in range(40)}
+    stack, stop = await start_stack(Config(hosts=hosts))
+    try:
+        await stack.fake.push_slash_command("/gpu", "status all")
+        post = await stack.fake.wait_for_call("chat.postMessage", timeout=40)
+        done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=20)
+    finally:
+        await stop()
+    blocks = post["params"]["blocks"]
+    assert len(blocks) <= 50
+    assert "truncated, full output attached" in str(blocks)
+    assert done["params"]["thread_ts"] == post["response"]["ts"]
+    (data,) = stack.fake.uploads.values()
+    text = data.decode()
+    assert all(f"== h{i:02d}" in text for i in range(40))
+
+
+async def test_http_mode_health_endpoint(ssh_config, monkeypatch):
+    from bot.slack import runner
+
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    stop = asyncio.Event()
+    from tests.conftest import free_port
+
+    port = free_port()
+    task = asyncio.create_task(runner.run_http(ssh_config, port=port, host="127.0.0.1", stop=stop))
+    try:
+        for _ in range(50):
+            try:
+                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as r:
+                    assert r.status == 200 and await r.text() == "ok"
+                    break
+            except aiohttp.ClientConnectorError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("serve-http never listened")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
