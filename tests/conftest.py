@@ -18,11 +18,8 @@ import pytest
 
 from bot.config import Config, HostConfig
 from bot.demo.fakegpu import FakeGpu, install_fake_gpu
+from tests.data import CASES, FIXTURES, H200  # noqa: F401  (re-exported for tests)
 from tests.fakes.ssh_server import LoopbackSSHServer
-
-FIXTURES = Path(__file__).parent / "fixtures"
-H200 = FIXTURES / "h200"
-CASES = FIXTURES / "cases"
 
 
 @pytest.fixture(autouse=True)

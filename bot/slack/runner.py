@@ -7,6 +7,7 @@ Mode), SLACK_SIGNING_SECRET (HTTP mode). SLACK_API_URL optionally overrides http
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -49,6 +50,22 @@ async def _wait_for_stop(stop: asyncio.Event) -> None:
     await stop.wait()
 
 
+@contextlib.asynccontextmanager
+async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None = None):
+    """Yield the Bolt app wired to a shared aiohttp session, the host service and the Slack client; on
+    exit wait (bounded) for running commands, close SSH connections and the session."""
+    session = aiohttp.ClientSession()
+    hosts = HostService(config)
+    client = make_client(bot_token, _api_url(config), session=session)
+    app, bot = build_app(config, hosts, client, signing_secret=signing_secret)
+    try:
+        yield app
+    finally:
+        await bot.drain()
+        await hosts.close()
+        await session.close()
+
+
 async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set).
 
@@ -56,20 +73,14 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
     """
     bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
     stop = stop or asyncio.Event()
-    session = aiohttp.ClientSession()
-    hosts = HostService(config)
-    client = make_client(bot_token, _api_url(config), session=session)
-    app, bot = build_app(config, hosts, client)
-    handler = AsyncSocketModeHandler(app, app_token=app_token)
-    try:
-        await handler.connect_async()
-        log.info("connected to Slack over Socket Mode")
-        await _wait_for_stop(stop)
-    finally:
-        await handler.close_async()
-        await bot.drain()
-        await hosts.close()
-        await session.close()
+    async with _bolt_app(config, bot_token) as app:
+        handler = AsyncSocketModeHandler(app, app_token=app_token)
+        try:
+            await handler.connect_async()
+            log.info("connected to Slack over Socket Mode")
+            await _wait_for_stop(stop)
+        finally:
+            await handler.close_async()
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -78,27 +89,21 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: asyncio.Event | None = None) -> None:
-    """Serve Slack's HTTP requests on `host:port` at /slack/events, verifying request signatures.
+    """Serve Slack's HTTP requests on `host:port` at /slack/events (GET /healthz for probes), verifying
+    request signatures.
 
     Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET is missing.
     """
     bot_token, secret = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_SIGNING_SECRET")
     stop = stop or asyncio.Event()
-    session = aiohttp.ClientSession()
-    hosts = HostService(config)
-    client = make_client(bot_token, _api_url(config), session=session)
-    app, bot = build_app(config, hosts, client, signing_secret=secret)
-    web_app = app.web_app(path="/slack/events")
-    web_app.router.add_get("/healthz", _healthz)
-    runner = web.AppRunner(web_app)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-        log.info("serving Slack HTTP requests on %s:%s/slack/events", host, port)
-        await _wait_for_stop(stop)
-    finally:
-        await runner.cleanup()
-        await bot.drain()
-        await hosts.close()
-        await session.close()
+    async with _bolt_app(config, bot_token, secret) as app:
+        web_app = app.web_app(path="/slack/events")
+        web_app.router.add_get("/healthz", _healthz)
+        runner = web.AppRunner(web_app)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            log.info("serving Slack HTTP requests on %s:%s/slack/events", host, port)
+            await _wait_for_stop(stop)
+        finally:
+            await runner.cleanup()

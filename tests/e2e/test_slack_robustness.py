@@ -122,3 +122,41 @@ async def test_http_mode_health_endpoint(ssh_config, monkeypatch):
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_gpubot_run_entrypoint_over_socket_mode(ssh_config, monkeypatch):
+    """`gpubot run` as deployed: tokens and the API URL from the environment, Socket Mode to the fake."""
+    from bot.slack import runner
+    from tests.fakes.slack_server import FakeSlack
+
+    async with FakeSlack() as fake:
+        monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-env")
+        monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-env")
+        monkeypatch.setenv("SLACK_API_URL", fake.api_url)
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run_socket_mode(ssh_config, stop=stop))
+        try:
+            await fake.wait_connected(10)
+            await fake.push_slash_command("/gpu", "status")
+            call = await fake.wait_for_call("chat.postMessage", timeout=20)
+            assert call["token"] == "xoxb-env" and call["params"]["text"].startswith("GPU status")
+            opened = fake.calls_for("apps.connections.open")
+            assert opened and opened[0]["token"] == "xapp-env"
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+def test_cli_refuses_to_start_without_tokens(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from bot.cli import main
+
+    for k in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hosts:\n  me: {local: true}\n")
+    res = CliRunner().invoke(main, ["run", "--config", str(cfg)])
+    assert res.exit_code == 2 and "SLACK_BOT_TOKEN is not set" in res.output
+    res = CliRunner().invoke(main, ["serve-http", "--config", str(cfg), "--port", "3999"])
+    assert res.exit_code == 2 and "SLACK_BOT_TOKEN is not set" in res.output

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,20 +18,9 @@ from bot.parse.nvidia_smi import (
     parse_query_apps,
     parse_query_gpu,
 )
+from tests.data import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-H200 = FIXTURES / "h200"
-CASES = FIXTURES / "cases"
 UUID = "GPU-5a1c0de2-7b3e-4f10-9c8d-0e1f2a3b4c5d"
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def case_file(prefix: str, name: str) -> str:
-    (directory,) = CASES.glob(f"{prefix}-*")
-    return read(directory / name)
 
 
 # --- parse_number ----------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,20 +12,9 @@ from hypothesis import strategies as st
 
 from bot.models import ProcessInfo
 from bot.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
+from tests.data import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-H200 = FIXTURES / "h200"
-CASES = FIXTURES / "cases"
 FIXTURE_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,pmem,rss,vsz,etimes,time,wchan:32,args"  # h200/README.md
-
-
-def read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def case_file(prefix: str, name: str) -> str:
-    (directory,) = CASES.glob(f"{prefix}-*")
-    return read(directory / name)
 
 
 # --- time formats ----------------------------------------------------------------------------------

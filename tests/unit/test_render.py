@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,10 +44,9 @@ from bot.render import (
     render_text,
 )
 from bot.views import probe_view, status_view
+from tests.data import FIXTURES, H200, case_dir  # noqa: F401
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-H200 = FIXTURES / "h200"
-(CASE00,) = (FIXTURES / "cases").glob("00-*")
+CASE00 = case_dir("00")
 EVIL = "<!channel> <@U123> & <http://evil|x>"
 EVIL_ESCAPED = "&lt;!channel&gt; &lt;@U123&gt; &amp; &lt;http://evil|x&gt;"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from bot.models import (
@@ -20,10 +18,9 @@ from bot.models import (
 from bot.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
 from bot.parse.ps import parse_ps
 from bot.views import COMMAND_WIDTH, gpu_view, probe_view, short_command, status_view
+from tests.data import FIXTURES, H200, case_dir  # noqa: F401
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-H200 = FIXTURES / "h200"
-(CASE00,) = (FIXTURES / "cases").glob("00-*")
+CASE00 = case_dir("00")
 CASE00_FIELDS = ["index", "memory.used", "memory.total", "utilization.gpu"]
 
 
