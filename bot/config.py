@@ -367,8 +367,32 @@ class SlackSettings(_Model):
     api_url: str | None = None
 
 
+class LifecyclePolicy(_Model):
+    """Launch/kill settings: a GPU counts as free below `gpu_free_mib` MiB used; `kill_grace_s` seconds between
+    SIGTERM and SIGKILL; `release_timeout_s` seconds to wait for GPU memory to be released after a kill;
+    `min_shm_free_mib` MiB of /dev/shm a launch needs."""
+
+    gpu_free_mib: Number = 1024.0
+    kill_grace_s: Number = 10.0
+    release_timeout_s: Number = 60.0
+    min_shm_free_mib: Number = 1024.0
+
+    @field_validator("kill_grace_s", "release_timeout_s")
+    @classmethod
+    def _secs(cls, v: float) -> float:
+        return _seconds(v)
+
+    @field_validator("gpu_free_mib", "min_shm_free_mib")
+    @classmethod
+    def _mib(cls, v: float) -> float:
+        if not 0 <= v <= 10_000_000:
+            raise ValueError("must be 0..10000000 MiB")
+        return v
+
+
 class Config(_Model):
-    """The whole configuration. `state_dir` holds the SQLite database and other state."""
+    """The whole configuration. `state_dir` holds the SQLite database and other state; `database_url`
+    (any SQLAlchemy URL) replaces the default `sqlite:///STATE_DIR/gpubot.db`."""
 
     hosts: dict[str, HostConfig] = Field(default_factory=dict)
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
@@ -376,6 +400,8 @@ class Config(_Model):
     watch: WatchPolicy = Field(default_factory=WatchPolicy)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     state_dir: str = "~/.local/state/gpubot"
+    database_url: str | None = None
+    lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)
     default_host: str | None = None
 
 

@@ -15,6 +15,7 @@ from typing import TextIO
 
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
+from bot.launches import LaunchService, build_launch_service
 from bot.render import Message
 from bot.service import HostService
 
@@ -37,8 +38,8 @@ class ConsoleSurface:
         return str(next(self._ids))
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
-        """Print the new version of a message, marked as an update."""
-        print(f"[update {ts}] {message.text}", file=self.out)
+        """Print the first line of the new version of a message (e.g. a launch's new state)."""
+        print(f"[message {ts} updated] {message.text.splitlines()[0] if message.text else ''}", file=self.out)
         return True
 
     async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
@@ -70,7 +71,7 @@ def parse_console_line(line: str) -> CommandCall | None:
 
 
 async def run_command_line(line: str, config: Config, hosts: HostService, surface: ConsoleSurface,
-                           user_id: str = "console") -> bool:
+                           user_id: str = "console", launches: LaunchService | None = None) -> bool:
     """Run one console line and print its answer. Returns False when the line asks to quit."""
     from handlers import dispatch
     from handlers.base import CommandContext, error_message
@@ -84,8 +85,9 @@ async def run_command_line(line: str, config: Config, hosts: HostService, surfac
         return True
     if call is None:
         return True
-    ctx = CommandContext(user_id=user_id, channel_id="console", config=config, hosts=hosts, source="console")
-    await surface.post("console", await dispatch(call, ctx))
+    ctx = CommandContext(user_id=user_id, channel_id="console", config=config, hosts=hosts, source="console",
+                         surface=surface, launches=launches)
+    await surface.post("console", await dispatch(call, ctx), thread_ts=ctx.reply_thread_ts)
     return True
 
 
@@ -100,6 +102,7 @@ def run_interactive(config: Config) -> int:
         pass
     loop = asyncio.new_event_loop()
     hosts = HostService(config)
+    launches = build_launch_service(config, hosts)
     surface = ConsoleSurface(sys.stdout)
     print("gpubot console: type `help`, `quit` or Ctrl-D to leave.")
     try:
@@ -113,12 +116,13 @@ def run_interactive(config: Config) -> int:
                 print()
                 continue
             try:
-                if not loop.run_until_complete(run_command_line(line, config, hosts, surface)):
+                if not loop.run_until_complete(run_command_line(line, config, hosts, surface, launches=launches)):
                     break
             except KeyboardInterrupt:
                 print("\n(interrupted)")
     finally:
         loop.run_until_complete(hosts.close())
+        launches.store.close()
         loop.close()
     return 0
 
@@ -131,6 +135,7 @@ async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextI
     out = out or sys.stdout
     own = hosts is None
     hosts = hosts or HostService(config)
+    launches = build_launch_service(config, hosts)
     surface = ConsoleSurface(out)
     try:
         while True:
@@ -139,10 +144,11 @@ async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextI
                 break
             if line.strip() and not line.lstrip().startswith("#"):
                 print(f"> {line.strip()}", file=out)
-            if not await run_command_line(line, config, hosts, surface):
+            if not await run_command_line(line, config, hosts, surface, launches=launches):
                 break
             print("", file=out)
     finally:
+        launches.store.close()
         if own:
             await hosts.close()
     return 0

@@ -50,6 +50,8 @@ class ProbeRequest:
     Selectors (`pid`, `pgid`, `sid`, `match`) pick processes in addition to every GPU-holding PID;
     `log_path` is an absolute path on the host; `port` a TCP port 1..65535 whose listening state and
     health endpoint (`health_path`) are checked; `tail_lines` lines of log tail (1..500).
+    `launch_tag` lists the PIDs whose environment carries GPUBOT_LAUNCH_ID=<tag> (a launch's processes,
+    even those that left its session); `shm` measures free space in /dev/shm (`df -Pk`).
     `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `log_dirs` are the host's
     allowed log directories (None until the host's policy is applied; a log is only read when its path,
     and its resolved path on the host, are inside one of them).
@@ -69,6 +71,8 @@ class ProbeRequest:
     nvidia_smi_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
     log_dirs: list[str] | None = None
+    launch_tag: int | None = None
+    shm: bool = False
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -171,6 +175,12 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
         ]
+    if req.launch_tag is not None:
+        from bot.lifecycle import tagged_pids_script
+
+        lines.append(f"b tagged; {tagged_pids_script(int(req.launch_tag))}; e tagged 0")
+    if req.shm:
+        lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
     if req.port is not None:
         lines += [
             "b tcp4; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp 2>&1; e tcp4 $?",
@@ -246,6 +256,16 @@ def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
     return own
 
 
+def parse_df_available_mib(text: str) -> float | None:
+    """Available MiB from `df -Pk PATH` (POSIX format: header, then `fs 1024-blocks used avail cap% mount`).
+    None when the output is not in that format."""
+    for line in text.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 6 and cols[3].isdigit():
+            return int(cols[3]) / 1024.0
+    return None
+
+
 def _text(sec: Section | None) -> str:
     return "" if sec is None else sec.body.decode("utf-8", errors="replace")
 
@@ -305,8 +325,12 @@ def assemble_snapshot(
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
     own = _own_processes(procs, sections.get("self"))
-    snap.all_process_count = len(procs) - len(own)
-    gpu_pids = [gp.pid for gp in snap.gpu.processes]
+    snap.table = [p for p in procs if p.pid not in own]
+    snap.all_process_count = len(snap.table)
+    tagged = sections.get("tagged")
+    if tagged is not None:
+        snap.tagged_pids = sorted({int(t) for t in _text(tagged).split() if t.isdigit()} - own)
+    gpu_pids = [gp.pid for gp in snap.gpu.processes] + snap.tagged_pids
     snap.processes = [
         p
         for p in ps_parse.select_processes(
@@ -319,6 +343,10 @@ def assemble_snapshot(
             row = next((p for p in procs if p.pid == gp.pid), None)
             if row is not None:
                 gp.process_name = row.args.split(" ", 1)[0][:80]
+
+    shm = sections.get("shm")
+    if shm is not None:
+        snap.shm_free_mib = parse_df_available_mib(_text(shm)) if shm.rc == 0 else None
 
     # Log
     if req.log_path is not None:

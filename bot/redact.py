@@ -31,8 +31,9 @@ Deliberately NOT secrets (documented trade-offs):
 - Names that only CONTAIN a secret word are references, not secrets: `password_file=/etc/x`,
   `--token-file`, `api_key_path`, `hf_token_id`. They are shown unchanged.
 - Counters written `#token: 40` / `#new-token: 7` (SGLang batch logs) are not secrets.
-- The literal values None/null/nil/true/false/undefined are kept (`api_key=None` tells the reader no key
-  was given); a quoted `'None'` is still masked.
+- Tokenizer special tokens are not secrets: `"eos_token": "</s>"`, `pad_token=...`, `bos_token`, `unk_token`...
+- The literal values None/null/nil/true/false/undefined and an empty `""`/`''` are kept (`api_key=None`
+  tells the reader no key was given); a quoted `'None'` is still masked.
 Over-redaction we accept: any value after a secret-looking name is masked even when it is harmless
 (`token: 5` in prose, `--api-key $OPENAI_API_KEY`), and any `sk-` word of 16+ token characters is masked.
 
@@ -54,11 +55,17 @@ _WORD = (
     r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
     r"|CREDENTIALS?)"
 )
+# Tokenizer special tokens are vocabulary entries, not credentials (`"eos_token": "</s>"`).
+_SPECIAL_TOKENS = ("bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "im_start", "im_end")
 # A secret name: word characters and hyphens ending in the secret word (X-Api-Key, AWS_SECRET_ACCESS_KEY).
-_NAME = rf"[A-Za-z0-9_-]*{_WORD}"
+_NAME = rf"[A-Za-z0-9_-]*{_WORD}" + "".join(rf"(?<!{t}_token)(?<!{t}-token)" for t in _SPECIAL_TOKENS)
 # NAME = / NAME: / NAME == / NAME := / NAME => (spaces and tabs only: never across a line break).
 _SEP = r"[ \t]*(?:=>|==?|:=?)[ \t]*"
 
+# A bearer credential's characters (RFC 6750 b64token), and an already masked value (so that a second pass
+# over redacted text takes the same decisions as the first: `redact` is idempotent).
+_B64URL = r"[A-Za-z0-9._~+/=-]"
+_MASK_RE = re.escape(MASK)
 # Where a NAME=value form starts: an unquoted name not after "#" (SGLang's `#token: 40` counters), or a
 # quoted one; never right after "//" (`https://user:pw@host` is URL credentials).
 _NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"|'{_NAME}'|(?<!#){_NAME}){_SEP}"
@@ -69,11 +76,12 @@ _FORM_START = (
     rf"{_NAME_FORM}"
     rf"|--?{_NAME}(?:[ \t]*=|[ \t])"
     r"|(?:proxy-)?authorization[ \t]*:"
-    r"|bearer[ \t]+[A-Za-z0-9._~+/=-]{8}"
+    rf"|bearer[ \t]+(?:{_B64URL}{{8}}|{_MASK_RE})"
     r"|(?:machine|login|account|default)[ \t]"
 )
-# ...nor is a bare None/null/... a secret (`api_key=None` tells the reader that no key was given).
-_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined)(?:[\s'\",)]|$))"
+# ...nor is a bare None/null/... or an empty quoted string a secret (`api_key=None` tells the reader that no
+# key was given).
+_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$))"
 
 
 def _run(char: str) -> str:
@@ -104,8 +112,8 @@ def _name_value(m: re.Match[str]) -> str:
 
 
 _PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
-_PEM_BEGIN_RE = rf"-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
-_PEM_END_RE = rf"-{{2,}}[ \t]*END{_PEM_KEY}"
+_PEM_BEGIN_RE = rf"(?<!-)-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
+_PEM_END_RE = rf"(?<!-)-{{2,}}[ \t]*END{_PEM_KEY}"
 _PEM_BEGIN = re.compile(_PEM_BEGIN_RE, re.IGNORECASE)
 _PEM_END = re.compile(_PEM_END_RE, re.IGNORECASE)
 
@@ -114,6 +122,9 @@ _Repl = str | Callable[[re.Match[str]], str]
 _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     # A PEM private key on one line (or its BEGIN line): BEGIN marker through END marker / end of line.
     (re.compile(rf"{_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", re.IGNORECASE), MASK),
+    # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
+    # first, so no name/value form takes `scheme` or `user:` for a value
+    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^\s/?#]+@"), rf"\1{MASK}@"),
     # Authorization: [scheme] value
     (re.compile(rf"(?i)(?<![\w-])(?:proxy-)?authorization[ \t]*:[ \t]*"
                 rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
@@ -122,18 +133,18 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-)(?P<val>{_QUOTED}|{_ANY})"),
      _name_value),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
-    (re.compile(rf"(?i)(?<![\w-])(?<!//)(?P<qs>(?<=[?&]))?(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
+    # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
+    (re.compile(rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
                 rf"(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}"
                 rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))"),
      _name_value),
     # netrc: machine HOST login USER password VALUE (also `login USER password VALUE`)
     (re.compile(rf"(?i)(?<![\w-])(?:(?:machine|login|account)[ \t]+\S+[ \t]+|default[ \t]+)"
-                rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+)*(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
+                rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+){{0,3}}(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
      _name_value),
     # Bearer VALUE anywhere
-    (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>[A-Za-z0-9._~+/=-]{{8,}})"), _name_value),
-    # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @)
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^\s/?#]+@"), rf"\1{MASK}@"),
+    (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})"),
+     _name_value),
     # Well-known token formats.
     (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
     (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}"), MASK),
@@ -171,43 +182,52 @@ def _mask_whole(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))] + MASK
 
 
+def _leading_end(line: str) -> int | None:
+    """Where the text after a line's closing PEM marker(s) starts: the end of the last END marker that comes
+    before any BEGIN marker on the line; None when the line has no such END marker."""
+    begin = _PEM_BEGIN.search(line)
+    stop = begin.start() if begin else len(line)
+    cut = None
+    for end in _PEM_END.finditer(line, 0, stop):
+        cut = end.end()
+    return cut
+
+
+def _opens(line: str) -> bool:
+    """Whether a line opens a PEM block that goes on to the next lines (a BEGIN with no END after it)."""
+    begins = list(_PEM_BEGIN.finditer(line))
+    return bool(begins) and _PEM_END.search(line, begins[-1].end()) is None
+
+
 def _pem_plan(lines: list[str]) -> list[str]:
-    """Mask the PEM private-key material that needs context across lines; single-line forms are left
-    to `_redact_line`. Returns a new list of the same length."""
+    """Mask the PEM private-key material that needs context across lines; single-line forms (a BEGIN line,
+    a key on one line) are left to `_redact_line`. Returns a new list of the same length."""
     out = list(lines)
     n = len(lines)
     i = 0
     while i < n:
-        line = out[i]
-        begin = _PEM_BEGIN.search(line)
-        end = _PEM_END.search(line)
-        if end is not None and (begin is None or end.start() < begin.start()):
+        line = lines[i]
+        cut = _leading_end(line)
+        if cut is not None:
             # END with no open block (the tail starts inside the key): mask up to the marker and the body
             # lines right above it (the last body line may be short; the ones above it are full lines).
-            out[i] = MASK + line[end.end():]
+            out[i] = MASK + line[cut:]
             j = i - 1
             while j >= 0 and (_B64_LONG.fullmatch(out[j]) or (j == i - 1 and _B64_LINE.fullmatch(out[j]))
                               or _PEM_HEADER.fullmatch(out[j])):
                 out[j] = _mask_whole(out[j])
                 j -= 1
-            i = _after_block(out, i + 1)
-            continue
-        if begin is None or _PEM_END.search(line, begin.end()):
-            i += 1
+        if not _opens(line):
+            i = _after_block(out, i + 1) if cut is not None else i + 1
             continue
         # An open block: find its END before any other BEGIN.
         j = i + 1
         while j < n and not _PEM_END.search(lines[j]) and not _PEM_BEGIN.search(lines[j]):
             j += 1
-        if j < n and _PEM_END.search(lines[j]) and not (
-            _PEM_BEGIN.search(lines[j]) and _PEM_BEGIN.search(lines[j]).start() < _PEM_END.search(lines[j]).start()
-        ):
+        if j < n and _leading_end(lines[j]) is not None:
             for k in range(i + 1, j):
                 out[k] = _mask_whole(lines[k])
-            end = _PEM_END.search(lines[j])
-            assert end is not None
-            out[j] = MASK + lines[j][end.end():]
-            i = _after_block(out, j + 1)
+            i = j  # the END line: masked above, and it may open the next block
             continue
         # Unterminated (the tail ends inside the key): mask what still looks like PEM body.
         k = i + 1
@@ -216,7 +236,7 @@ def _pem_plan(lines: list[str]) -> list[str]:
             if lines[k].strip():
                 out[k] = _mask_whole(lines[k])
             k += 1
-        i = _after_block(out, k)
+        i = k
     # Key material with no marker in sight (a window inside a long key): a run of long base64 lines.
     i = 0
     while i < n:
@@ -250,8 +270,8 @@ def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> lis
     are not all hex (key material with neither marker in view). `extra` are configured patterns whose
     whole match is masked. Returns a new list of the same length. Never raises for a list of str.
     """
-    extra = tuple(extra)
-    return [_redact_line(line, extra) if line else line for line in _pem_plan(list(lines))]
+    patterns = tuple(extra)
+    return [_redact_line(line, patterns) if line else line for line in _pem_plan(list(lines))]
 
 
 def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:

@@ -213,7 +213,7 @@ def _tidy(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
 
 
-def render(name: str, **context: Any) -> Message:
+def render(name: str, /, **context: Any) -> Message:
     """Render `templates/NAME.txt.j2` and `templates/NAME.blocks.j2` with `context`.
 
     Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
@@ -234,6 +234,6 @@ def render(name: str, **context: Any) -> Message:
     return msg
 
 
-def render_text(name: str, **context: Any) -> str:
+def render_text(name: str, /, **context: Any) -> str:
     """Render only the plain-text template `templates/NAME.txt.j2` (console output)."""
     return redact(_tidy(environment().get_template(f"{name}.txt.j2").render(**context)))

@@ -80,7 +80,8 @@ class HostService:
         req.nvidia_smi = cfg.nvidia_smi
         req.nvidia_smi_timeout_s = cfg.nvidia_smi_timeout_s
         req.env = dict(cfg.env)
-        req.log_dirs = list(cfg.log_dirs)
+        if req.log_dirs is None:  # a user's log= is held to the host's log_dirs; a launch's own log is not
+            req.log_dirs = list(cfg.log_dirs)
         req.validate()
         gpu_override = None
         if cfg.local and cfg.use_nvml and req.gpu:

@@ -30,7 +30,8 @@ def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str, Any]:
+def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo],
+             owners: dict[int, str] | None = None) -> dict[str, Any]:
     """GPU table rows with their holders. Returns {ok, error, note, source, processes_error, gpus: [...],
     unassigned: [...]}; each GPU row has index, name, used_mib, total_mib, util_pct, temp_c, power_w,
     holders: [{pid, name, mib, gpu}] (memory in MiB)."""
@@ -39,7 +40,8 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str,
         row = procs_by_pid.get(p.pid)
         name = short_command(row.args, 64) if row else redact(p.process_name or "?")
         holders_by_gpu.setdefault(p.gpu_index, []).append(
-            {"pid": p.pid, "name": name, "mib": p.used_memory_mib, "gpu": p.gpu_index, "alive": row is not None}
+            {"pid": p.pid, "name": name, "mib": p.used_memory_mib, "gpu": p.gpu_index, "alive": row is not None,
+             "owner": (owners or {}).get(p.pid)}
         )
     gpus = []
     for g in gpu.gpus:
@@ -69,8 +71,11 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo]) -> dict[str,
     }
 
 
-def status_view(results: list[Snapshot | HostFailure]) -> dict[str, Any]:
-    """Context for templates/status.*: {hosts: [{name, failed, reason, hostname, gpu, errors}]}."""
+def status_view(results: list[Snapshot | HostFailure],
+                owners: dict[str, dict[int, str]] | None = None) -> dict[str, Any]:
+    """Context for templates/status.*: {hosts: [{name, failed, reason, hostname, gpu, errors}]}.
+
+    `owners` maps host -> pid -> label (`base#12`, `orphan of base#12`, `foreign`) for GPU holders."""
     hosts = []
     for r in results:
         if isinstance(r, HostFailure):
@@ -83,7 +88,7 @@ def status_view(results: list[Snapshot | HostFailure]) -> dict[str, Any]:
                 "failed": False,
                 "reason": None,
                 "hostname": r.hostname,
-                "gpu": gpu_view(r.gpu, by_pid),
+                "gpu": gpu_view(r.gpu, by_pid, (owners or {}).get(r.host)),
                 "errors": r.errors,
             }
         )
@@ -140,4 +145,75 @@ def probe_view(snap: Snapshot, selector: str) -> dict[str, Any]:
         "health": health,
         "errors": snap.errors,
         "duration_s": snap.duration_s,
+    }
+
+
+def _user_mention(user_id: str) -> str:
+    """`<@U123>` for a real Slack user ID, else the plain text (console, tests)."""
+    import re
+
+    return f"<@{user_id}>" if re.fullmatch(r"[UW][A-Z0-9]{2,}", user_id or "") else (user_id or "?")
+
+
+STATE_EMOJI = {"starting": ":hourglass_flowing_sand:", "running": ":large_green_circle:",
+               "kill_failed": ":red_circle:", "killed": ":black_square_for_stop:", "exited": ":white_circle:",
+               "failed": ":x:"}
+
+
+def launch_view(la: Any) -> dict[str, Any]:
+    """Context for templates/launch_root.*: the launch's identity, who, params, processes, state."""
+    params = ", ".join(f"{k}={v}" for k, v in sorted(la.params.items())) or "(defaults)"
+    return {
+        "name": la.name,
+        "id": la.id,
+        "variant": la.variant,
+        "host": la.host,
+        "state": la.state,
+        "state_emoji": STATE_EMOJI.get(la.state, ""),
+        "state_detail": redact(la.state_detail or ""),
+        "who": _user_mention(la.created_by),
+        "params": redact(params),
+        "pid": la.pid,
+        "port": la.port,
+        "gpus": ",".join(map(str, la.gpus)) if la.gpus else "all",
+        "log": la.log_path,
+        "command": redact(short_command(la.command, 300)) if la.command else "",
+        "relaunch_of": la.relaunch_of,
+    }
+
+
+def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[str, Any]:
+    """Context for templates/launch_result.*: started / refused / failed / exited early."""
+    la = outcome.launch
+    return {
+        "variant": variant,
+        "host": host or (la.host if la else "?"),
+        "launch": launch_view(la) if la else None,
+        "refused": list(outcome.checks.problems),
+        "passed": list(outcome.checks.passed),
+        "error": redact(outcome.error) if outcome.error else None,
+        "exited_early": [redact(x) for x in outcome.exited_early],
+        "ok": outcome.ok,
+    }
+
+
+def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
+    """Context for templates/kill_result.*: what was signalled, what is left (with states), GPU memory
+    before/after in MiB, released or not, and whether the host needs a reboot."""
+    return {
+        "target": out.target,
+        "error": redact(out.error) if out.error else None,
+        "nothing": out.nothing_to_kill,
+        "signalled": len(out.signalled),
+        "sigkill": out.used_sigkill,
+        "remaining": [{"pid": p.pid, "stat": p.stat, "wchan": p.wchan, "command": short_command(p.args, 60)}
+                      for p in out.remaining],
+        "holding": [{"pid": h.pid, "gpu": h.gpu_index, "mib": h.mib, "state": h.state,
+                     "command": short_command(h.command, 60)} for h in out.still_holding],
+        "before_mib": out.mem_before_mib,
+        "after_mib": out.mem_after_mib,
+        "released": out.released,
+        "reboot": out.needs_reboot or any(h.state[:1] in ("D",) for h in out.still_holding),
+        "seconds": out.seconds,
+        "gpus": ",".join(map(str, gpus)) if gpus else "all",
     }

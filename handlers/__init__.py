@@ -12,6 +12,16 @@ from bot.commands import CommandCall
 from bot.render import Message
 from handlers.base import CommandContext, CommandSpec, Role, error_message
 from handlers.help import help_message, make_help_handler
+from handlers.launch import (
+    KILL_USAGE,
+    LAUNCH_USAGE,
+    LOGS_USAGE,
+    RELAUNCH_USAGE,
+    handle_kill,
+    handle_launch,
+    handle_logs,
+    handle_relaunch,
+)
 from handlers.probe import USAGE as PROBE_USAGE
 from handlers.probe import handle_probe
 from handlers.status import USAGE as STATUS_USAGE
@@ -23,6 +33,13 @@ COMMANDS: list[CommandSpec] = [
     CommandSpec("status", STATUS_USAGE, "GPU table per host and who holds each GPU", Role.VIEWER, handle_status),
     CommandSpec("probe", PROBE_USAGE, "process tree, log tail, GPUs, port and health, in one round trip",
                 Role.VIEWER, handle_probe),
+    CommandSpec("logs", LOGS_USAGE, "last N lines of a launch's log (a file when long)", Role.VIEWER, handle_logs),
+    CommandSpec("launch", LAUNCH_USAGE, "start a server variant in its own session, with an incident thread",
+                Role.OPERATOR, handle_launch),
+    CommandSpec("kill", KILL_USAGE, "stop every process of a launch and verify its GPU memory is released",
+                Role.OPERATOR, handle_kill),
+    CommandSpec("relaunch", RELAUNCH_USAGE, "kill (verified), then launch again in the same thread",
+                Role.OPERATOR, handle_relaunch),
 ]
 COMMANDS.append(CommandSpec("help", "/gpu help", "this list", Role.NONE, make_help_handler(COMMANDS)))
 

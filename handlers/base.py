@@ -9,8 +9,10 @@ from enum import IntEnum
 
 from bot.commands import CommandCall
 from bot.config import Config, Permissions
+from bot.launches import LaunchService
 from bot.render import Message, render
 from bot.service import HostService
+from bot.surface import Surface
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class CommandContext:
     thread_ts: str | None = None
     source: str = "console"
     user_groups: set[str] = field(default_factory=set)
+    surface: Surface | None = None
+    launches: LaunchService | None = None
+    #: Set by a handler that opened an incident thread: the answer goes there instead of `thread_ts`.
+    reply_thread_ts: str | None = None
 
     @property
     def role(self) -> Role:

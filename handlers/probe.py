@@ -61,6 +61,11 @@ def describe_selector(req: ProbeRequest) -> str:
 async def handle_probe(call: CommandCall, ctx: CommandContext) -> Message:
     """Answer `/probe`. Returns the rendered probe, or an error message for bad arguments, an unknown
     host, or a host that could not be reached (with the reason)."""
+    from handlers.launch import handle_thread_probe
+
+    thread_answer = await handle_thread_probe(call, ctx)
+    if thread_answer is not None:
+        return thread_answer
     if len(call.args) > 1:
         return error_message("Bad arguments", f"expected at most one host name, got {len(call.args)} words",
                              f"Usage: {USAGE}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bot.commands import CommandCall
+from bot.models import HostFailure
 from bot.render import Message, render
 from bot.service import UnknownHost
 from bot.views import status_view
@@ -35,4 +36,9 @@ async def handle_status(call: CommandCall, ctx: CommandContext) -> Message:
                 )
         hosts = list(dict.fromkeys(hosts))
     results = await ctx.hosts.status(hosts)
-    return render("status", **status_view(results))
+    owners: dict[str, dict[int, str]] = {}
+    if ctx.launches is not None:
+        for r in results:
+            if not isinstance(r, HostFailure):
+                owners[r.host] = {h.pid: h.owner for h in ctx.launches.holders(r)}
+    return render("status", **status_view(results, owners))

@@ -20,6 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
+from bot.launches import LaunchService
 from bot.render import Message, mrkdwn_escape
 from bot.service import HostService
 from bot.slack.surface import SlackSurface
@@ -39,7 +40,7 @@ logging.getLogger("slack_bolt.AsyncApp").addFilter(_DropClientTokenWarning())
 #: Seconds a Slack user-group membership lookup is cached.
 GROUP_CACHE_S = 300.0
 
-SLASH_COMMANDS = ("/gpu", "/probe", "/gpubot")
+SLASH_COMMANDS = ("/gpu", "/probe", "/gpubot", "/launch", "/kill", "/relaunch")
 
 
 class SeenIds:
@@ -70,9 +71,11 @@ class SeenIds:
 class GpuBot:
     """Glue between Bolt and the handlers. `tasks` tracks running command tasks for a clean shutdown."""
 
-    def __init__(self, config: Config, hosts: HostService, client: AsyncWebClient):
+    def __init__(self, config: Config, hosts: HostService, client: AsyncWebClient,
+                 launches: LaunchService | None = None):
         self.config = config
         self.hosts = hosts
+        self.launches = launches
         self.client = client
         self.surface = SlackSurface(client)
         self.seen = SeenIds()
@@ -115,8 +118,10 @@ class GpuBot:
         else:
             groups = await self.user_groups_of(user_id) if self._configured_groups() else set()
             ctx = CommandContext(user_id=user_id, channel_id=channel_id, config=self.config, hosts=self.hosts,
-                                 thread_ts=thread_ts, source=source, user_groups=groups)
+                                 thread_ts=thread_ts, source=source, user_groups=groups, surface=self.surface,
+                                 launches=self.launches)
             msg = await dispatch(call, ctx)
+            thread_ts = ctx.reply_thread_ts or thread_ts
         ts = await self.surface.post(channel_id, msg, thread_ts=thread_ts)
         if ts is None and respond is not None:
             # e.g. not_in_channel: answer the user privately through the response_url instead.
@@ -141,14 +146,14 @@ class GpuBot:
 
 
 def build_app(config: Config, hosts: HostService, client: AsyncWebClient, *,
-              signing_secret: str | None = None) -> tuple[AsyncApp, GpuBot]:
+              signing_secret: str | None = None, launches: LaunchService | None = None) -> tuple[AsyncApp, GpuBot]:
     """Build the Bolt AsyncApp with every listener registered. Returns (app, GpuBot).
 
     `signing_secret` is required for HTTP mode (request signing); Socket Mode does not use it.
     """
     app = AsyncApp(client=client, signing_secret=signing_secret,
                    request_verification_enabled=signing_secret is not None)
-    bot = GpuBot(config, hosts, client)
+    bot = GpuBot(config, hosts, client, launches)
     register_commands(app, bot)
     register_messages(app, bot)
     return app, bot

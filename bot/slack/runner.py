@@ -17,6 +17,7 @@ from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.config import Config
+from bot.launches import build_launch_service
 from bot.service import HostService
 from bot.slack.app import build_app
 from bot.slack.surface import make_client
@@ -56,13 +57,15 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
     exit wait (bounded) for running commands, close SSH connections and the session."""
     session = aiohttp.ClientSession()
     hosts = HostService(config)
+    launches = build_launch_service(config, hosts)
     client = make_client(bot_token, _api_url(config), session=session)
-    app, bot = build_app(config, hosts, client, signing_secret=signing_secret)
+    app, bot = build_app(config, hosts, client, signing_secret=signing_secret, launches=launches)
     try:
         yield app
     finally:
         await bot.drain()
         await hosts.close()
+        launches.store.close()
         await session.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 
 import aiohttp
@@ -10,9 +11,11 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 
 from bot.config import Config
+from bot.launches import LaunchService
 from bot.service import HostService
 from bot.slack.app import GpuBot, build_app
 from bot.slack.surface import make_client
+from bot.store import Store
 from tests.fakes.slack_server import FakeSlack
 
 
@@ -31,7 +34,10 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
     session = aiohttp.ClientSession()
     client = make_client("xoxb-test", fake.api_url, session=session)
     hosts = HostService(config)
-    app, bot = build_app(config, hosts, client, signing_secret=signing_secret)
+    store = Store(f"sqlite:///{tempfile.mkdtemp(prefix='gpubot-e2e-')}/gpubot.db")
+    launches = LaunchService(config, hosts, store, kill_grace_s=3, release_timeout_s=10, poll_s=0.2,
+                             start_check_s=0.5)
+    app, bot = build_app(config, hosts, client, signing_secret=signing_secret, launches=launches)
     stack = SlackStack(fake, app, bot, hosts)
     if socket_mode:
         stack.handler = AsyncSocketModeHandler(app, app_token="xapp-test", ping_interval=1)
@@ -43,6 +49,7 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
             await stack.handler.close_async()
         await bot.drain(5)
         await hosts.close()
+        store.close()
         await session.close()
         await fake.close()
 

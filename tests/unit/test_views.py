@@ -127,7 +127,7 @@ def test_gpu_view_holder_not_in_process_table():
                      processes=[GpuProcess(pid=77, used_memory_mib=100, gpu_index=0, process_name="/usr/bin/python3")])
     v = gpu_view(gpu, {})
     (h,) = v["gpus"][0]["holders"]
-    assert h == {"pid": 77, "name": "/usr/bin/python3", "mib": 100, "gpu": 0, "alive": False}
+    assert h == {"pid": 77, "name": "/usr/bin/python3", "mib": 100, "gpu": 0, "alive": False, "owner": None}
     assert v["gpus"][0]["name"] == "?"
 
 

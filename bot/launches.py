@@ -1,0 +1,404 @@
+"""LaunchService: launch, kill and relaunch server variants on hosts, with pre-launch checks, verified GPU
+release and an audit trail. The I/O edge around the pure rules in `bot.lifecycle`.
+
+Every action is recorded in the store's events table with the Slack user ID, time, args and result. A
+launch is recorded (state `starting`) before its process is started, and its PID (= PGID = SID) right after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from bot.config import Config
+from bot.lifecycle import (
+    DEFAULT_GPU_FREE_MIB,
+    CheckResult,
+    Holder,
+    LaunchError,
+    RenderedLaunch,
+    attribute_holders,
+    gpu_memory,
+    launch_processes,
+    launch_script,
+    parse_launch_output,
+    prelaunch_checks,
+    render_launch,
+    signal_script,
+)
+from bot.models import HostFailure, ProcessInfo, Snapshot
+from bot.probe import ProbeRequest
+from bot.remote import RemoteError
+from bot.service import HostService
+from bot.store import Launch, Store
+
+log = logging.getLogger(__name__)
+
+#: Called with the new launch (state `starting`) before its process starts; returns the incident thread's
+#: ts (the root message it posted) or None.
+OnCreated = Callable[[Launch], Awaitable[str | None]]
+
+
+@dataclass
+class LaunchOutcome:
+    """Result of `launch`: `launch` (None when refused before recording), `refused` problems, check
+    lines that passed, and `error` when starting failed."""
+
+    launch: Launch | None
+    checks: CheckResult = field(default_factory=CheckResult)
+    error: str | None = None
+    exited_early: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the server process was started and still ran at the first check."""
+        return self.launch is not None and self.error is None and self.checks.ok and not self.exited_early
+
+
+@dataclass
+class KillOutcome:
+    """Result of a kill: processes signalled, the ones left (with their state), GPU memory before/after
+    (MiB over the launch's GPUs) and whether the memory was released."""
+
+    target: str
+    signalled: list[ProcessInfo] = field(default_factory=list)
+    remaining: list[ProcessInfo] = field(default_factory=list)
+    still_holding: list[Holder] = field(default_factory=list)
+    mem_before_mib: float | None = None
+    mem_after_mib: float | None = None
+    released: bool = False
+    used_sigkill: bool = False
+    error: str | None = None
+    nothing_to_kill: bool = False
+    seconds: float = 0.0
+
+    @property
+    def needs_reboot(self) -> bool:
+        """True when a remaining process is in uninterruptible sleep (D) or still running in the driver."""
+        return any(p.state in ("D", "R") for p in self.remaining)
+
+
+def build_launch_service(config: Config, hosts: HostService, store: Store | None = None) -> LaunchService:
+    """A LaunchService with the config's lifecycle policy and its store (default: the config's database)."""
+    from bot.store import default_url
+
+    store = store or Store(config.database_url or default_url(config.state_dir))
+    lc = config.lifecycle
+    return LaunchService(config, hosts, store, gpu_free_mib=lc.gpu_free_mib, kill_grace_s=lc.kill_grace_s,
+                         release_timeout_s=lc.release_timeout_s, min_shm_free_mib=lc.min_shm_free_mib)
+
+
+class LaunchService:
+    """Launch/kill/relaunch for every configured host. Timings in seconds, memory in MiB."""
+
+    def __init__(self, config: Config, hosts: HostService, store: Store, *, gpu_free_mib: float = DEFAULT_GPU_FREE_MIB,
+                 kill_grace_s: float = 10.0, release_timeout_s: float = 60.0, poll_s: float = 0.5,
+                 start_check_s: float = 1.0, min_shm_free_mib: float = 1024.0):
+        self.config = config
+        self.hosts = hosts
+        self.store = store
+        self.gpu_free_mib = gpu_free_mib
+        self.kill_grace_s = kill_grace_s
+        self.release_timeout_s = release_timeout_s
+        self.poll_s = poll_s
+        self.start_check_s = start_check_s
+        self.min_shm_free_mib = min_shm_free_mib
+
+    # -- helpers ------------------------------------------------------------------------------------
+    async def _snapshot(self, host: str, req: ProbeRequest) -> Snapshot:
+        res = await self.hosts.probe(host, req)
+        if isinstance(res, HostFailure):
+            raise RemoteError(host, res.reason)
+        return res
+
+    def _host_launches(self, host: str) -> list[Launch]:
+        return [la for la in self.store.recent_launches(200) if la.host == host]
+
+    def holders(self, snap: Snapshot) -> list[Holder]:
+        """GPU holders of a snapshot, attributed to this host's launches (or orphan / foreign)."""
+        return attribute_holders(snap.gpu, snap.table, self._host_launches(snap.host))
+
+    def _alive(self, la: Launch, table: list[ProcessInfo], tagged: list[int] = ()) -> list[ProcessInfo]:
+        return launch_processes(table, pgid=la.pgid, sid=la.sid, tagged=tagged)
+
+    # -- launch -------------------------------------------------------------------------------------
+    async def launch(self, variant: str, params: dict[str, str], *, user: str, channel: str | None = None,
+                     host: str | None = None, thread_ts: str | None = None, relaunch_of: int | None = None,
+                     on_created: OnCreated | None = None) -> LaunchOutcome:
+        """Check, record and start one launch. Raises LaunchError for bad input (nothing recorded then) and
+        never raises for remote failures (they are in the outcome and the events table)."""
+        preview = render_launch(self.config, variant, params, launch_id=0, host=host)
+        host = preview.host
+        args = {"variant": variant, "host": host, "params": params}
+        try:
+            snap = await self._snapshot(host, ProbeRequest(port=preview.port, health_path=None, shm=True))
+        except RemoteError as e:
+            self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=str(e),
+                                 host=host, channel=channel)
+            return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}")
+        live = []
+        for la in self.store.live_launches(host, variant):
+            if self._alive(la, snap.table):
+                live.append(la)
+            else:
+                self.store.update_launch(la.id, state="exited", state_detail="no process left (seen at a later launch)")
+        checks = prelaunch_checks(snap, preview, self.holders(snap), live_same_variant=live,
+                                  gpu_free_mib=self.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
+                                  min_shm_free_mib=self.min_shm_free_mib)
+        if not checks.ok:
+            self.store.add_event(user_id=user, action="launch", args=args, result="refused",
+                                 detail="; ".join(checks.problems), host=host, channel=channel)
+            return LaunchOutcome(None, checks=checks)
+        la = self.store.create_launch(host=host, variant=variant, params=preview.params, command="",
+                                      log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
+                                      channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
+        r = render_launch(self.config, variant, params, launch_id=la.id, host=host)
+        la = self.store.update_launch(la.id, command=r.command, log_path=r.log_path)
+        if on_created is not None and thread_ts is None:
+            try:
+                ts = await on_created(la)
+            except Exception:
+                log.exception("posting the root message of %s failed", la.name)
+                ts = None
+            if ts:
+                la = self.store.update_launch(la.id, thread_ts=ts)
+        outcome = await self._start(la, r, user, args, checks)
+        return outcome
+
+    async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: CheckResult) -> LaunchOutcome:
+        try:
+            res = await self.hosts.executor(la.host).run("sh -s", input=launch_script(r).encode(), timeout_s=30)
+        except RemoteError as e:
+            la = self.store.update_launch(la.id, state="failed", state_detail=str(e))
+            self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=str(e),
+                                 launch_id=la.id, host=la.host, channel=la.channel)
+            return LaunchOutcome(la, checks=checks, error=str(e))
+        out = res.stdout.decode("utf-8", "replace")
+        pid = parse_launch_output(out)
+        if pid is None:
+            why = (out + res.stderr.decode("utf-8", "replace")).strip()[:500] or f"exit {res.exit_status}"
+            la = self.store.update_launch(la.id, state="failed", state_detail=why)
+            self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=why,
+                                 launch_id=la.id, host=la.host, channel=la.channel)
+            return LaunchOutcome(la, checks=checks, error=f"could not start: {why}")
+        la = self.store.update_launch(la.id, pid=pid, pgid=pid, sid=pid, state="running")
+        self.store.add_event(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
+                             detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
+        outcome = LaunchOutcome(la, checks=checks)
+        await asyncio.sleep(self.start_check_s)
+        try:
+            snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))
+        except RemoteError:
+            return outcome
+        if not self._alive(la, snap.table, snap.tagged_pids):
+            tail = snap.log.tail if snap.log else []
+            outcome.exited_early = tail or ["(the log is empty)"]
+            outcome.launch = self.store.update_launch(la.id, state="exited",
+                                                      state_detail="exited within the first check")
+        return outcome
+
+    def launch_probe_request(self, la: Launch, *, tail_lines: int = 20, gpu: bool = True) -> ProbeRequest:
+        """A probe of one launch: its session/process group, its tagged processes, its log and port.
+
+        The launch's own log path (rendered from the config, not typed by a user) is allowed as is.
+        """
+        log_dirs = [la.log_path.rsplit("/", 1)[0] or "/"] if la.log_path else None
+        return ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id, log_path=la.log_path, log_dirs=log_dirs,
+                            port=la.port, health_path=self._health(la), tail_lines=tail_lines, gpu=gpu)
+
+    def _health(self, la: Launch) -> str | None:
+        if la.variant in self.config.variants:
+            return self.config.resolved_variant(la.variant).health or "/health"
+        return "/health"
+
+    async def probe_launch(self, la: Launch, *, tail_lines: int = 20) -> Snapshot | HostFailure:
+        """Probe one launch (see launch_probe_request)."""
+        return await self.hosts.probe(la.host, self.launch_probe_request(la, tail_lines=tail_lines))
+
+    # -- kill ---------------------------------------------------------------------------------------
+    async def kill(self, la: Launch, *, user: str, channel: str | None = None) -> KillOutcome:
+        """SIGTERM the launch's process group and every process of its session (and tagged ones), wait
+        `kill_grace_s`, SIGKILL what is left, then poll GPU memory until the launch's GPUs are released
+        (at most `release_timeout_s`). Never raises; the outcome and the events table say what happened."""
+        t0 = time.monotonic()
+        out = KillOutcome(target=la.name)
+        try:
+            out = await self._kill(la, out)
+        except RemoteError as e:
+            out.error = str(e)
+        out.seconds = time.monotonic() - t0
+        if out.error:
+            state, result = la.state, "error"
+        elif out.remaining or out.still_holding:
+            state, result = "kill_failed", "incomplete"
+        else:
+            state, result = "killed", "released" if out.released else "killed"
+        detail = self.describe_kill(out)
+        self.store.update_launch(la.id, state=state, state_detail=detail)
+        self.store.add_event(user_id=user, action="kill", args={"launch": la.name}, result=result, detail=detail,
+                             launch_id=la.id, host=la.host, channel=channel)
+        return out
+
+    async def _kill(self, la: Launch, out: KillOutcome) -> KillOutcome:
+        req = ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id, health_path=None)
+        snap = await self._snapshot(la.host, req)
+        procs = self._alive(la, snap.table, snap.tagged_pids)
+        out.mem_before_mib = gpu_memory(snap.gpu, la.gpus)
+        if not procs:
+            out.nothing_to_kill = True
+            out.released = True
+            out.mem_after_mib = out.mem_before_mib
+            return out
+        out.signalled = procs
+        ex = self.hosts.executor(la.host)
+        await ex.run("sh -s", input=signal_script([p.pid for p in procs], la.pgid, "TERM").encode(), timeout_s=15)
+        procs = await self._wait_gone(la, self.kill_grace_s, [p.pid for p in procs])
+        if procs:
+            out.used_sigkill = True
+            await ex.run("sh -s", input=signal_script([p.pid for p in procs], la.pgid, "KILL").encode(), timeout_s=15)
+            procs = await self._wait_gone(la, 5.0, [p.pid for p in procs])
+        out.remaining = procs
+        return await self._wait_released(la, out, {p.pid for p in out.signalled})
+
+    async def _wait_gone(self, la: Launch, budget_s: float, pids: list[int]) -> list[ProcessInfo]:
+        deadline = time.monotonic() + budget_s
+        while True:
+            snap = await self._snapshot(la.host, ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id,
+                                                              health_path=None, gpu=False))
+            procs = self._alive(la, snap.table, snap.tagged_pids) + [p for p in snap.table if p.pid in pids]
+            procs = [p for p in {p.pid: p for p in procs}.values() if p.state != "Z"]
+            if not procs or time.monotonic() >= deadline:
+                return procs
+            await asyncio.sleep(self.poll_s)
+
+    async def _wait_released(self, la: Launch, out: KillOutcome, pids: set[int]) -> KillOutcome:
+        deadline = time.monotonic() + self.release_timeout_s
+        while True:
+            snap = await self._snapshot(la.host, ProbeRequest(health_path=None))
+            out.mem_after_mib = gpu_memory(snap.gpu, la.gpus)
+            holders = [h for h in self.holders(snap) if h.pid in pids or h.launch_id == la.id]
+            out.still_holding = holders
+            gpus_free = True
+            if snap.gpu.ok and la.gpus:
+                gpus_free = all((g.memory_used_mib or 0) < self.gpu_free_mib
+                                for g in snap.gpu.gpus if g.index in la.gpus)
+            if not snap.gpu.ok:
+                out.released = not holders and not out.remaining
+                return out
+            if not holders and gpus_free:
+                out.released = True
+                return out
+            if time.monotonic() >= deadline:
+                out.released = False
+                return out
+            await asyncio.sleep(self.poll_s)
+
+    async def kill_pid(self, host: str, pid: int, *, user: str, channel: str | None = None) -> KillOutcome:
+        """Kill one (foreign) process: SIGTERM, grace, SIGKILL; report its GPU memory released or not."""
+        out = KillOutcome(target=f"pid {pid} on {host}")
+        t0 = time.monotonic()
+        try:
+            snap = await self._snapshot(host, ProbeRequest(pid=pid, health_path=None))
+            row = next((p for p in snap.table if p.pid == pid), None)
+            held = sum(gp.used_memory_mib or 0 for gp in snap.gpu.processes if gp.pid == pid)
+            out.mem_before_mib = float(held) if snap.gpu.ok else None
+            if row is None:
+                out.nothing_to_kill = out.released = True
+            else:
+                out.signalled = [row]
+                ex = self.hosts.executor(host)
+                await ex.run("sh -s", input=signal_script([pid], None, "TERM").encode(), timeout_s=15)
+                fake = Launch(id=0, host=host, variant="pid", params={}, command="", log_path=None, port=None,
+                              gpus=[], pid=pid, pgid=None, sid=None, state="running", state_detail=None,
+                              created_by="", created_at=0, ended_at=None, channel=None, thread_ts=None)
+                left = await self._wait_gone(fake, self.kill_grace_s, [pid])
+                if left:
+                    out.used_sigkill = True
+                    await ex.run("sh -s", input=signal_script([pid], None, "KILL").encode(), timeout_s=15)
+                    left = await self._wait_gone(fake, 5.0, [pid])
+                out.remaining = left
+                after = await self._snapshot(host, ProbeRequest(health_path=None))
+                out.still_holding = [h for h in self.holders(after) if h.pid == pid]
+                out.mem_after_mib = float(sum(h.mib or 0 for h in out.still_holding)) if after.gpu.ok else None
+                out.released = not out.remaining and not out.still_holding
+        except RemoteError as e:
+            out.error = str(e)
+        out.seconds = time.monotonic() - t0
+        self.store.add_event(user_id=user, action="kill_pid", args={"host": host, "pid": pid},
+                             result="error" if out.error else ("released" if out.released else "incomplete"),
+                             detail=self.describe_kill(out), host=host, channel=channel)
+        return out
+
+    @staticmethod
+    def describe_kill(out: KillOutcome) -> str:
+        """One line for the audit trail and the root message."""
+        if out.error:
+            return f"kill failed: {out.error}"
+        if out.nothing_to_kill:
+            return "no process was left"
+        mem = ""
+        if out.mem_before_mib is not None and out.mem_after_mib is not None:
+            mem = f"; GPU memory {out.mem_before_mib / 1024:.1f} -> {out.mem_after_mib / 1024:.1f} GiB"
+        if out.remaining or out.still_holding:
+            return f"{len(out.remaining)} process(es) survived, {len(out.still_holding)} still hold GPU memory{mem}"
+        return f"{len(out.signalled)} process(es) stopped{' (SIGKILL needed)' if out.used_sigkill else ''}{mem}"
+
+    # -- relaunch -----------------------------------------------------------------------------------
+    async def relaunch(self, la: Launch, params: dict[str, str], *, user: str,
+                       channel: str | None = None) -> tuple[KillOutcome, LaunchOutcome | None]:
+        """Kill `la` (verified: processes gone and GPU memory released), then launch the same variant on the
+        same host with its params updated by `params`, in the same thread. Returns both outcomes; the
+        launch outcome is None when the kill did not complete."""
+        merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()}
+        merged.update(params)
+        render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
+        if la.live:
+            k = await self.kill(la, user=user, channel=channel)
+        else:
+            k = KillOutcome(target=la.name, nothing_to_kill=True, released=True)
+        if k.error or k.remaining or k.still_holding:
+            self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": params},
+                                 result="refused", detail="the old launch did not stop cleanly", launch_id=la.id,
+                                 host=la.host, channel=channel)
+            return k, None
+        new = await self.launch(la.variant, merged, user=user, channel=la.channel or channel, host=la.host,
+                                thread_ts=la.thread_ts, relaunch_of=la.id)
+        self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": params},
+                             result="started" if new.ok else "failed",
+                             detail=new.launch.name if new.launch else "; ".join(new.checks.problems) or new.error,
+                             launch_id=la.id, host=la.host, channel=channel)
+        return k, new
+
+    # -- lookup -------------------------------------------------------------------------------------
+    def find(self, ref: str | None, *, channel: str | None = None, thread_ts: str | None = None) -> Launch:
+        """Resolve a launch reference: `12`, `base#12`, a variant name (its newest live launch), or nothing
+        (the launch of this thread, else the only live launch). Raises LaunchError with the live launches."""
+        if ref:
+            text = ref.strip()
+            num = text.split("#", 1)[1] if "#" in text else text
+            if num.isascii() and num.isdigit():
+                la = self.store.get_launch(int(num))
+                if la is None:
+                    raise LaunchError(f"no launch #{num}")
+                return la
+            live = self.store.live_launches(variant=text)
+            if live:
+                return live[0]
+            raise LaunchError(f"no live launch of {text[:40]!r}; {self._live_list()}")
+        if channel and thread_ts:
+            la = self.store.launch_for_thread(channel, thread_ts)
+            if la is not None:
+                return la
+        live = self.store.live_launches()
+        if len(live) == 1:
+            return live[0]
+        raise LaunchError(f"name the launch (id or variant); {self._live_list()}")
+
+    def _live_list(self) -> str:
+        live = self.store.live_launches()
+        if not live:
+            return "no launch is live"
+        return "live launches: " + ", ".join(f"{la.name} on {la.host}" for la in live[:10])

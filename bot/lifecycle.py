@@ -1,0 +1,379 @@
+"""Launch, kill and relaunch, the pure part: command rendering, the shell scripts, pre-launch checks.
+
+A launch runs `setsid nohup sh -c 'exec COMMAND' > LOG 2>&1 < /dev/null &` on the host, so the server is
+the leader of its own session and process group: PID = PGID = SID. Its environment carries
+`GPUBOT_LAUNCH_ID=<id>`, which every child inherits, so even a child that started its own session is
+found again by reading /proc/PID/environ. Nothing a user typed reaches a shell unquoted: every value is
+validated against the variant's declared params, then `shlex.quote`d before the (sandboxed) template
+renders it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+
+from bot.config import Config, ParamSpec, VariantConfig
+from bot.models import GpuSection, ProcessInfo, Snapshot
+
+#: Environment variable that tags every process of a launch (inherited by all children).
+LAUNCH_ENV = "GPUBOT_LAUNCH_ID"
+#: A GPU counts as free below this much used memory (MiB) unless the config says otherwise.
+DEFAULT_GPU_FREE_MIB = 1024.0
+_CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class LaunchError(ValueError):
+    """A launch request is invalid (unknown variant or param, bad value); str() is user-facing."""
+
+
+@dataclass
+class RenderedLaunch:
+    """Everything needed to start one launch: the final shell-safe `command`, the log path, port, GPU
+    list, environment (values not yet quoted), working directory and the validated params."""
+
+    variant: str
+    host: str
+    command: str
+    log_path: str
+    port: int | None
+    gpus: list[int]
+    env: dict[str, str]
+    workdir: str | None
+    params: dict[str, Any]
+    health_path: str | None = None
+
+
+def param_specs(variant: VariantConfig) -> dict[str, ParamSpec]:
+    """The variant's params as ParamSpec; a bare scalar is a param of that type with that default."""
+    out: dict[str, ParamSpec] = {}
+    for name, spec in variant.params.items():
+        if isinstance(spec, ParamSpec):
+            out[name] = spec
+        else:
+            kind = "bool" if isinstance(spec, bool) else "int" if isinstance(spec, int) else \
+                "float" if isinstance(spec, float) else "path" if str(spec).startswith("/") else "str"
+            out[name] = ParamSpec(type=kind, default=spec)
+    return out
+
+
+def coerce_param(name: str, spec: ParamSpec, raw: Any) -> Any:
+    """Validate one value against its spec and return it typed (str, int, float or bool).
+
+    Raises LaunchError with a message naming the param. Strings may not start with '-' (no smuggled
+    flags), contain control characters or newlines, or exceed 1024 characters; paths must be absolute
+    without `..`.
+    """
+    if isinstance(raw, str):
+        text = raw
+        if len(text) > 1024 or _CTRL_RE.search(text):
+            raise LaunchError(f"{name}: value must be at most 1024 characters, without newlines or control characters")
+    else:
+        text = str(raw)
+    value: Any
+    try:
+        if spec.type == "int":
+            if isinstance(raw, bool) or not re.fullmatch(r"-?\d{1,12}", text.strip()):
+                raise ValueError
+            value = int(text)
+        elif spec.type == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+        elif spec.type == "bool":
+            lowered = text.strip().lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                raise ValueError
+            value = lowered in ("true", "1", "yes", "on")
+        else:
+            value = text
+    except ValueError:
+        raise LaunchError(f"{name}: {text[:60]!r} is not a valid {spec.type}") from None
+    if spec.type in ("str", "path"):
+        if value.startswith("-"):
+            raise LaunchError(f"{name}: values may not start with '-' (no extra flags through params)")
+        if spec.type == "path" and (not value.startswith("/") or "/../" in value + "/"):
+            raise LaunchError(f"{name}: must be an absolute path without '..'")
+    if spec.choices is not None and value not in spec.choices:
+        raise LaunchError(f"{name}: must be one of {', '.join(map(str, spec.choices))}")
+    if spec.regex is not None and not re.fullmatch(spec.regex, str(value)):
+        raise LaunchError(f"{name}: {str(value)[:60]!r} does not match {spec.regex}")
+    if spec.type in ("int", "float"):
+        if spec.min is not None and value < spec.min:
+            raise LaunchError(f"{name}: must be >= {spec.min:g}")
+        if spec.max is not None and value > spec.max:
+            raise LaunchError(f"{name}: must be <= {spec.max:g}")
+    return value
+
+
+def resolve_params(variant: VariantConfig, given: dict[str, str]) -> dict[str, Any]:
+    """Declared params with defaults, overridden by `given` (only declared names may be set).
+
+    Returns typed values. Raises LaunchError for unknown names, invalid values and missing required
+    params (declared without a default).
+    """
+    specs = param_specs(variant)
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        known = ", ".join(sorted(specs)) or "(none)"
+        raise LaunchError(f"unknown parameter(s) {', '.join(unknown)}; this variant declares: {known}")
+    out: dict[str, Any] = {}
+    for name, spec in specs.items():
+        if name in given:
+            out[name] = coerce_param(name, spec, given[name])
+        elif spec.default is not None:
+            out[name] = coerce_param(name, spec, spec.default)
+        else:
+            raise LaunchError(f"{name}: required (no default); pass {name}=VALUE")
+    return out
+
+
+def _quote_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return shlex.quote(str(v))
+
+
+_ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
+                  host: str | None = None) -> RenderedLaunch:
+    """Render a variant into a RenderedLaunch (pure).
+
+    Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
+    `extra_args` are appended quoted. The log path defaults to `/tmp/gpubot-VARIANT-ID.log`.
+    Raises LaunchError for an unknown variant/host, bad params, or a template that fails to render.
+    """
+    if variant_name not in config.variants:
+        known = ", ".join(config.variants) or "(none configured)"
+        raise LaunchError(f"unknown variant {variant_name[:40]!r}; known variants: {known}")
+    v = config.resolved_variant(variant_name)
+    host = host or v.host
+    if host not in config.hosts:
+        raise LaunchError(f"unknown host {str(host)[:40]!r}; known hosts: {', '.join(config.hosts)}")
+    params = resolve_params(v, given)
+    gpus = list(v.gpus or [])
+    builtins = {"variant": variant_name, "launch_id": launch_id, "host": host,
+                "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
+                "cuda_visible_devices": ",".join(map(str, gpus))}
+    try:
+        log_path = _ENV.from_string(v.log).render(**builtins, **params) if v.log else \
+            f"/tmp/gpubot-{variant_name}-{launch_id}.log"
+    except jinja2.TemplateError as e:
+        raise LaunchError(f"log template of {variant_name} failed: {e}") from None
+    if not log_path.startswith("/") or _CTRL_RE.search(log_path) or "/../" in log_path + "/":
+        raise LaunchError(f"log path {log_path[:100]!r} must be an absolute path without '..'")
+    quoted = {k: _quote_value(val) for k, val in params.items()}
+    qbuiltins = {k: _quote_value(val) for k, val in builtins.items()}
+    qbuiltins["log"] = shlex.quote(log_path)
+    try:
+        command = _ENV.from_string(v.command or "").render(**qbuiltins, **quoted).strip()
+    except jinja2.TemplateError as e:
+        raise LaunchError(f"command template of {variant_name} failed: {e}") from None
+    if v.extra_args:
+        command += " " + " ".join(shlex.quote(a) for a in v.extra_args)
+    env = dict(v.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    if gpus:
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
+    env[LAUNCH_ENV] = str(launch_id)
+    return RenderedLaunch(variant=variant_name, host=host, command=command, log_path=log_path, port=v.port,
+                          gpus=gpus, env=env, workdir=v.workdir, params=params, health_path=v.health)
+
+
+def launch_script(r: RenderedLaunch) -> str:
+    """The POSIX sh script that starts `r` detached in its own session and prints `PID=<pid>`.
+
+    Exits 3 when the working directory or the log directory cannot be used (and says why).
+    """
+    lines = ["export LC_ALL=C"]
+    for k, val in r.env.items():
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            lines.append(f"export {k}={shlex.quote(val)}")
+    if r.workdir:
+        lines.append(f"cd -- {shlex.quote(r.workdir)} || {{ echo 'cannot cd to the workdir'; exit 3; }}")
+    log = shlex.quote(r.log_path)
+    lines += [
+        f"mkdir -p -- \"$(dirname -- {log})\" || {{ echo 'cannot create the log directory'; exit 3; }}",
+        f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
+        # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
+        # $! is the server's PID = PGID = SID.
+        f"setsid nohup sh -c {shlex.quote('exec ' + r.command)} > {log} 2>&1 < /dev/null &",
+        "echo \"PID=$!\"",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_launch_output(text: str) -> int | None:
+    """The PID printed by launch_script (`PID=1234`), or None."""
+    m = re.search(r"^PID=(\d+)$", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def tagged_pids_script(launch_id: int) -> str:
+    """Shell lines printing the PIDs whose environment has GPUBOT_LAUNCH_ID=<id> (one per line)."""
+    return (f"for f in /proc/[0-9]*/environ; do grep -qzx -- {shlex.quote(f'{LAUNCH_ENV}={launch_id}')} \"$f\" "
+            "2>/dev/null && { p=${f#/proc/}; echo \"${p%/environ}\"; }; done")
+
+
+def signal_script(pids: list[int], pgid: int | None, sig: str) -> str:
+    """Send `sig` (TERM or KILL) to the process group `pgid` and to every PID in `pids`. Prints nothing."""
+    if sig not in ("TERM", "KILL", "INT", "QUIT"):
+        raise ValueError(sig)
+    parts = []
+    if pgid:
+        parts.append(f"kill -{sig} -- -{int(pgid)} 2>/dev/null")
+    if pids:
+        parts.append(f"kill -{sig} {' '.join(str(int(p)) for p in sorted(set(pids)))} 2>/dev/null")
+    parts.append("exit 0")
+    return "; ".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Who owns which process, and pre-launch checks
+
+
+@dataclass
+class Holder:
+    """A process holding GPU memory, attributed: `owner` is a launch name (`base#12`), `orphan of base#12`
+    (the launch's launcher is gone but this process lives), or `foreign` (no launch of ours)."""
+
+    pid: int
+    gpu_index: int | None
+    mib: float | None
+    command: str
+    state: str
+    owner: str
+    launch_id: int | None = None
+
+
+def launch_processes(procs: list[ProcessInfo], *, pgid: int | None, sid: int | None,
+                     tagged: list[int] | tuple[int, ...] = ()) -> list[ProcessInfo]:
+    """Live processes of one launch: same session or process group as its leader, tagged with its launch id,
+    or descended from any of those (pure). Zombies are left out: they hold nothing and cannot be killed."""
+    chosen = {p.pid for p in procs if (sid and p.sid == sid) or (pgid and p.pgid == pgid) or p.pid in tagged}
+    grew = True
+    while grew:
+        grew = False
+        for p in procs:
+            if p.pid not in chosen and p.ppid in chosen:
+                chosen.add(p.pid)
+                grew = True
+    return [p for p in procs if p.pid in chosen and p.state != "Z"]
+
+
+def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any]) -> list[Holder]:
+    """Label every GPU-holding process with its launch (or orphan / foreign). `launches` are store Launch
+    objects of this host (any state). Pure."""
+    by_pid = {p.pid: p for p in procs}
+    out = []
+    for gp in gpu.processes:
+        row = by_pid.get(gp.pid)
+        owner, lid = "foreign", None
+        if row is not None:
+            for la in launches:
+                if (la.sid and row.sid == la.sid) or (la.pgid and row.pgid == la.pgid):
+                    leader = by_pid.get(la.pid)
+                    leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
+                    lid = la.id
+                    owner = la.name if (la.live and leader_alive) else f"orphan of {la.name}"
+                    break
+        out.append(Holder(pid=gp.pid, gpu_index=gp.gpu_index, mib=gp.used_memory_mib,
+                          command=(row.args if row else gp.process_name or "?"), state=row.stat if row else "?",
+                          owner=owner, launch_id=lid))
+    return out
+
+
+@dataclass
+class CheckResult:
+    """Outcome of the pre-launch checks: `problems` (each says what holds what and what to do) and
+    human-readable `passed` lines."""
+
+    problems: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing blocks the launch."""
+        return not self.problems
+
+
+def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *, live_same_variant: list[Any],
+                     gpu_free_mib: float = DEFAULT_GPU_FREE_MIB, shm_free_mib: float | None = None,
+                     min_shm_free_mib: float = 1024.0) -> CheckResult:
+    """Decide whether `r` may start on the host seen in `snap` (pure).
+
+    Checks: no live launch of the same variant; the port is not listening; each of the variant's GPUs
+    (all GPUs when it names none) uses less than `gpu_free_mib` MiB; /dev/shm has at least
+    `min_shm_free_mib` MiB free (when measured). Refusals name the holders (pid, command, GiB, launch or
+    foreign) and the command that frees them.
+    """
+    res = CheckResult()
+    for la in live_same_variant:
+        res.problems.append(f"{la.name} of {r.variant} is still live on {r.host} (pid {la.pid}); "
+                            f"`/kill {la.id}` or `/relaunch {la.id}` first")
+    if r.port is not None:
+        if snap.port_listening:
+            res.problems.append(f"port {r.port} is already listening on {r.host}; find its owner with "
+                                f"`/probe {r.host} port={r.port}`")
+        elif snap.port_listening is False:
+            res.passed.append(f"port {r.port} free")
+    if snap.gpu.ok:
+        wanted = r.gpus or [g.index for g in snap.gpu.gpus]
+        for g in snap.gpu.gpus:
+            if g.index not in wanted or g.memory_used_mib is None:
+                continue
+            if g.memory_used_mib >= gpu_free_mib:
+                hs = [h for h in holders if h.gpu_index == g.index]
+                who = "; ".join(f"pid {h.pid} {short(h.command)} {fmt_gib(h.mib)} GiB ({h.owner})" for h in hs) \
+                    or "no process listed (memory held by the driver or another container)"
+                fix = _kill_hint(hs)
+                res.problems.append(f"GPU {g.index} already uses {g.memory_used_mib / 1024:.1f} GiB: {who}{fix}")
+        if not any(p.startswith("GPU") for p in res.problems):
+            res.passed.append(f"GPUs {','.join(map(str, wanted))} free (< {gpu_free_mib / 1024:.1f} GiB used)")
+    else:
+        res.passed.append(f"GPU check skipped: {snap.gpu.error}")
+    if shm_free_mib is not None:
+        if shm_free_mib < min_shm_free_mib:
+            res.problems.append(f"/dev/shm has only {shm_free_mib:.0f} MiB free (needs {min_shm_free_mib:.0f}); "
+                                "stale NCCL/SGLang segments are a common cause: look for nccl-* files")
+        else:
+            res.passed.append(f"/dev/shm {shm_free_mib / 1024:.1f} GiB free")
+    return res
+
+
+def _kill_hint(holders: list[Holder]) -> str:
+    ids = sorted({h.launch_id for h in holders if h.launch_id is not None})
+    foreign = [h.pid for h in holders if h.launch_id is None]
+    hints = [f"`/kill {i}`" for i in ids] + [f"`/kill pid={p}`" for p in foreign]
+    return f". Free it with {' and '.join(hints)}" if hints else ""
+
+
+def short(command: str, width: int = 60) -> str:
+    """A command line with its program shortened to the base name, cut to `width` characters."""
+    prog, _, rest = command.partition(" ")
+    s = (os.path.basename(prog) + " " + rest).strip() if "/" in prog else command
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def fmt_gib(mib: float | None) -> str:
+    """MiB -> GiB with one decimal, '?' when unknown."""
+    return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+def gpu_memory(gpu: GpuSection, indexes: list[int] | None) -> float | None:
+    """Total used MiB on the given GPUs (all when None/empty); None when unknown."""
+    if not gpu.ok:
+        return None
+    vals = [g.memory_used_mib for g in gpu.gpus if (not indexes or g.index in indexes)]
+    if any(v is None for v in vals):
+        return None
+    return float(sum(v for v in vals if v is not None))

@@ -1,0 +1,265 @@
+"""State that survives a restart: launches, their incident threads, and the audit trail (events).
+
+SQLite through SQLAlchemy 2.0 ORM is the embedded default: a file `gpubot.db` in the config's
+`state_dir`; any SQLAlchemy URL can be given instead. Every write is its own short transaction, so a
+crash never leaves half a launch. The Store is synchronous (SQLite on the event loop is fine at chat-ops
+volumes: a few writes per command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+#: Launch states. `starting` until the process is confirmed, `running` while it lives, then one of the
+#: terminal states. `kill_failed` means processes still hold GPU memory after a kill.
+LIVE_STATES = ("starting", "running", "kill_failed")
+TERMINAL_STATES = ("killed", "exited", "failed")
+
+
+class Base(DeclarativeBase):
+    """SQLAlchemy declarative base of gpubot's tables."""
+
+
+class LaunchRow(Base):
+    """Table `launches`: one row per launch of a variant on a host (times are epoch seconds)."""
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    variant: Mapped[str] = mapped_column(String(64), index=True)
+    params_json: Mapped[str] = mapped_column(Text, default="{}")
+    command: Mapped[str] = mapped_column(Text, default="")
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus_json: Mapped[str] = mapped_column(Text, default="[]")
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pgid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    state: Mapped[str] = mapped_column(String(32), default="starting", index=True)
+    state_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    channel: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    relaunch_of: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True)
+
+
+class EventRow(Base):
+    """Table `events`: the audit trail and each launch's timeline (who did what, with which args, result)."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, default=time.time, index=True)
+    user_id: Mapped[str] = mapped_column(String(64), default="")
+    action: Mapped[str] = mapped_column(String(64))
+    args_json: Mapped[str] = mapped_column(Text, default="{}")
+    result: Mapped[str] = mapped_column(String(32), default="ok")
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    launch_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True, index=True)
+    host: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+@dataclass
+class Launch:
+    """A launch as the rest of the bot sees it (a detached copy of its row). Times are epoch seconds."""
+
+    id: int
+    host: str
+    variant: str
+    params: dict[str, Any]
+    command: str
+    log_path: str | None
+    port: int | None
+    gpus: list[int]
+    pid: int | None
+    pgid: int | None
+    sid: int | None
+    state: str
+    state_detail: str | None
+    created_by: str
+    created_at: float
+    ended_at: float | None
+    channel: str | None
+    thread_ts: str | None
+    relaunch_of: int | None = None
+
+    @property
+    def live(self) -> bool:
+        """True while the launch may still have processes (not killed, exited or failed)."""
+        return self.state in LIVE_STATES
+
+    @property
+    def name(self) -> str:
+        """Short display name, e.g. `base#12`."""
+        return f"{self.variant}#{self.id}"
+
+
+@dataclass
+class Event:
+    """One audit entry (see EventRow)."""
+
+    id: int
+    at: float
+    user_id: str
+    action: str
+    args: dict[str, Any] = field(default_factory=dict)
+    result: str = "ok"
+    detail: str | None = None
+    launch_id: int | None = None
+    host: str | None = None
+    channel: str | None = None
+
+
+def _launch(row: LaunchRow) -> Launch:
+    return Launch(
+        id=row.id, host=row.host, variant=row.variant, params=json.loads(row.params_json or "{}"),
+        command=row.command, log_path=row.log_path, port=row.port, gpus=json.loads(row.gpus_json or "[]"),
+        pid=row.pid, pgid=row.pgid, sid=row.sid, state=row.state, state_detail=row.state_detail,
+        created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
+        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of,
+    )
+
+
+def _event(row: EventRow) -> Event:
+    return Event(id=row.id, at=row.at, user_id=row.user_id, action=row.action,
+                 args=json.loads(row.args_json or "{}"), result=row.result, detail=row.detail,
+                 launch_id=row.launch_id, host=row.host, channel=row.channel)
+
+
+def default_url(state_dir: str) -> str:
+    """SQLite URL of `gpubot.db` in `state_dir` (created with mode 0700 if missing)."""
+    d = Path(os.path.expanduser(state_dir))
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return f"sqlite:///{d / 'gpubot.db'}"
+
+
+class Store:
+    """Launches, incident threads and events in one database. Raises sqlalchemy errors only on a broken
+    database (disk full, unreadable file)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine: Engine = create_engine(url, future=True)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._sessions.begin() as s:
+            yield s
+
+    # launches -----------------------------------------------------------------------------------
+    def create_launch(self, *, host: str, variant: str, params: dict[str, Any], command: str,
+                      log_path: str | None, port: int | None, gpus: list[int], created_by: str,
+                      channel: str | None = None, thread_ts: str | None = None,
+                      relaunch_of: int | None = None) -> Launch:
+        """Insert a launch in state `starting` and return it (with its new id)."""
+        with self._tx() as s:
+            row = LaunchRow(host=host, variant=variant, params_json=json.dumps(params, sort_keys=True),
+                            command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
+                            created_by=created_by, created_at=time.time(), channel=channel,
+                            thread_ts=thread_ts, relaunch_of=relaunch_of, state="starting")
+            s.add(row)
+            s.flush()
+            return _launch(row)
+
+    def update_launch(self, launch_id: int, **fields: Any) -> Launch:
+        """Set columns of a launch (`params`/`gpus` are JSON-encoded) and return the new version.
+
+        Raises KeyError for an unknown id.
+        """
+        with self._tx() as s:
+            row = s.get(LaunchRow, launch_id)
+            if row is None:
+                raise KeyError(launch_id)
+            for k, v in fields.items():
+                if k == "params":
+                    row.params_json = json.dumps(v, sort_keys=True)
+                elif k == "gpus":
+                    row.gpus_json = json.dumps(v)
+                else:
+                    setattr(row, k, v)
+            if fields.get("state") in TERMINAL_STATES and row.ended_at is None:
+                row.ended_at = time.time()
+            return _launch(row)
+
+    def get_launch(self, launch_id: int) -> Launch | None:
+        """The launch with this id, or None."""
+        with self._tx() as s:
+            row = s.get(LaunchRow, launch_id)
+            return _launch(row) if row else None
+
+    def launch_for_thread(self, channel: str, thread_ts: str) -> Launch | None:
+        """The launch whose incident thread is (channel, thread_ts), or None."""
+        with self._tx() as s:
+            row = s.scalars(select(LaunchRow).where(LaunchRow.channel == channel, LaunchRow.thread_ts == thread_ts)
+                            .order_by(LaunchRow.id.desc())).first()
+            return _launch(row) if row else None
+
+    def live_launches(self, host: str | None = None, variant: str | None = None) -> list[Launch]:
+        """Launches in a live state, newest first, optionally on one host and/or of one variant."""
+        with self._tx() as s:
+            q = select(LaunchRow).where(LaunchRow.state.in_(LIVE_STATES))
+            if host is not None:
+                q = q.where(LaunchRow.host == host)
+            if variant is not None:
+                q = q.where(LaunchRow.variant == variant)
+            return [_launch(r) for r in s.scalars(q.order_by(LaunchRow.id.desc()))]
+
+    def recent_launches(self, limit: int = 20) -> list[Launch]:
+        """The newest launches, newest first."""
+        with self._tx() as s:
+            return [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]
+
+    # events -------------------------------------------------------------------------------------
+    def add_event(self, *, user_id: str, action: str, args: dict[str, Any] | None = None, result: str = "ok",
+                  detail: str | None = None, launch_id: int | None = None, host: str | None = None,
+                  channel: str | None = None) -> Event:
+        """Append an audit entry and return it."""
+        with self._tx() as s:
+            row = EventRow(at=time.time(), user_id=user_id, action=action,
+                           args_json=json.dumps(args or {}, sort_keys=True, default=str), result=result,
+                           detail=detail, launch_id=launch_id, host=host, channel=channel)
+            s.add(row)
+            s.flush()
+            return _event(row)
+
+    def events(self, *, launch_id: int | None = None, action: str | None = None, limit: int = 1000) -> list[Event]:
+        """Events in time order, optionally for one launch and/or one action."""
+        with self._tx() as s:
+            q = select(EventRow)
+            if launch_id is not None:
+                q = q.where(EventRow.launch_id == launch_id)
+            if action is not None:
+                q = q.where(EventRow.action == action)
+            return [_event(r) for r in s.scalars(q.order_by(EventRow.id).limit(limit))]
+
+    def close(self) -> None:
+        """Dispose of the engine's connections."""
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()

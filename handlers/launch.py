@@ -1,0 +1,182 @@
+"""`/launch`, `/kill`, `/relaunch` and the thread command `!logs N`.
+
+Every launch opens one incident thread: a root message in the channel (variant, host, params, who, state)
+that is edited in place when the state changes; everything else about the launch goes into its thread,
+where commands apply to that launch without naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bot.commands import CommandCall
+from bot.lifecycle import LaunchError
+from bot.models import HostFailure
+from bot.render import Message, render
+from bot.store import Launch
+from bot.views import kill_view, launch_outcome_view, launch_view, probe_view
+from handlers.base import CommandContext, error_message
+
+log = logging.getLogger(__name__)
+
+LAUNCH_USAGE = "/launch VARIANT [host=HOST] [param=value ...]"
+KILL_USAGE = "/kill [LAUNCH|VARIANT] | /kill pid=N [host=HOST]"
+RELAUNCH_USAGE = "/relaunch [LAUNCH|VARIANT] [param=value ...]"
+LOGS_USAGE = "!logs [N] (in a launch thread)"
+#: `!logs` with more lines than this goes as a file into the thread.
+LOGS_INLINE_MAX = 40
+LOGS_MAX = 5000
+
+
+def _no_launch_service(ctx: CommandContext) -> Message | None:
+    if ctx.launches is None:
+        return error_message("Not available", "launches need the bot's state store, which is not configured here")
+    return None
+
+
+async def update_root(ctx: CommandContext, la: Launch) -> None:
+    """Edit the launch's root message (its thread parent) to show the current state; failures are logged."""
+    if ctx.surface is None or not la.channel or not la.thread_ts:
+        return
+    ok = await ctx.surface.update(la.channel, la.thread_ts, render("launch_root", **launch_view(la)))
+    if not ok:
+        log.warning("could not update the root message of %s", la.name)
+
+
+async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
+    """`/launch VARIANT [host=H] [param=value ...]`: pre-launch checks, record, root message, start."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    if len(call.args) != 1:
+        known = ", ".join(ctx.config.variants) or "(none configured)"
+        return error_message("Bad arguments", "name exactly one variant", f"Usage: {LAUNCH_USAGE}. Variants: {known}")
+    variant = call.args[0]
+    params = dict(call.kwargs)
+    host = params.pop("host", None)
+    in_thread = ctx.thread_ts if ctx.source != "slash" else None
+
+    async def on_created(la: Launch) -> str | None:
+        if ctx.surface is None:
+            return None
+        return await ctx.surface.post(ctx.channel_id, render("launch_root", **launch_view(la)))
+
+    try:
+        outcome = await ctx.launches.launch(variant, params, user=ctx.user_id, channel=ctx.channel_id, host=host,
+                                            thread_ts=in_thread, on_created=on_created)
+    except LaunchError as e:
+        ctx.launches.store.add_event(user_id=ctx.user_id, action="launch", args={"variant": variant, **call.kwargs},
+                                     result="invalid", detail=str(e), channel=ctx.channel_id)
+        return error_message("Cannot launch", str(e), f"Usage: {LAUNCH_USAGE}")
+    if outcome.launch is not None:
+        ctx.reply_thread_ts = outcome.launch.thread_ts
+        await update_root(ctx, outcome.launch)
+    return render("launch_result", **launch_outcome_view(outcome, variant, host))
+
+
+def _target(call: CommandCall, ctx: CommandContext) -> Launch:
+    assert ctx.launches is not None
+    if len(call.args) > 1:
+        raise LaunchError("name at most one launch")
+    return ctx.launches.find(call.args[0] if call.args else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts)
+
+
+async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
+    """`/kill [LAUNCH|VARIANT]` or `/kill pid=N [host=H]`: stop every process, verify GPU memory released."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    if "pid" in call.kwargs:
+        pid_text = call.kwargs["pid"].strip()
+        if not (pid_text.isascii() and pid_text.isdigit()) or not 1 < int(pid_text) <= 4_194_304:
+            return error_message("Bad arguments", "pid= must be a process id (2..4194304)", f"Usage: {KILL_USAGE}")
+        try:
+            host = ctx.hosts.resolve_host(call.kwargs.get("host") or (call.args[0] if call.args else None))
+        except KeyError:
+            return error_message("Unknown host", repr(call.kwargs.get("host")),
+                                 f"Known hosts: {', '.join(ctx.config.hosts)}")
+        out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id)
+        return render("kill_result", **kill_view(out))
+    try:
+        la = _target(call, ctx)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {KILL_USAGE}")
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    out = await ctx.launches.kill(la, user=ctx.user_id, channel=ctx.channel_id)
+    la = ctx.launches.store.get_launch(la.id) or la
+    await update_root(ctx, la)
+    return render("kill_result", **kill_view(out, la.gpus))
+
+
+async def handle_relaunch(call: CommandCall, ctx: CommandContext) -> Message:
+    """`/relaunch [LAUNCH|VARIANT] [param=value ...]`: kill (verified), then launch in the same thread."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    try:
+        la = _target(call, ctx)
+        k, new = await ctx.launches.relaunch(la, dict(call.kwargs), user=ctx.user_id, channel=ctx.channel_id)
+    except LaunchError as e:
+        return error_message("Cannot relaunch", str(e), f"Usage: {RELAUNCH_USAGE}")
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    old = ctx.launches.store.get_launch(la.id) or la
+    kill_msg = render("kill_result", **kill_view(k, old.gpus))
+    if new is None:
+        await update_root(ctx, old)
+        note = "Relaunch cancelled: the old launch did not stop cleanly."
+        return Message(text=kill_msg.text + "\n" + note,
+                       blocks=(kill_msg.blocks or []) + [{"type": "section", "text": {"type": "mrkdwn",
+                                                                                      "text": f":no_entry: {note}"}}])
+    if new.launch is not None:
+        await update_root(ctx, new.launch)
+    started = render("launch_result", **launch_outcome_view(new, la.variant, la.host))
+    return Message(text=kill_msg.text + "\n" + started.text, blocks=(kill_msg.blocks or []) + (started.blocks or []),
+                   files=kill_msg.files + started.files)
+
+
+async def handle_logs(call: CommandCall, ctx: CommandContext) -> Message:
+    """`!logs [N]`: the last N lines (default 50) of the launch's log; more than 40 lines go as a file."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    n_text = next((a for a in call.args if a.isascii() and a.isdigit()), call.kwargs.get("lines", "50"))
+    if not (n_text.isascii() and n_text.isdigit()) or not 1 <= int(n_text) <= LOGS_MAX:
+        return error_message("Bad arguments", f"N must be 1..{LOGS_MAX}", f"Usage: {LOGS_USAGE}")
+    refs = [a for a in call.args if not (a.isascii() and a.isdigit())]
+    try:
+        la = ctx.launches.find(refs[0] if refs else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {LOGS_USAGE}")
+    if not la.log_path:
+        return error_message("No log", f"{la.name} has no log path")
+    req = ctx.launches.launch_probe_request(la, tail_lines=min(int(n_text), 500), gpu=False)
+    req.port = None
+    if int(n_text) > 500:
+        req.tail_lines = 500
+    snap = await ctx.hosts.probe(la.host, req)
+    if isinstance(snap, HostFailure):
+        return error_message(f"Logs of {la.name} unavailable", snap.reason)
+    lg = snap.log
+    view = probe_view(snap, la.name)["log"] or {}
+    lines = view.get("tail", [])
+    attach = len(lines) > LOGS_INLINE_MAX
+    msg = render("logs", name=la.name, path=la.log_path, error=lg.error if lg else "not read", lines=lines,
+                 total=view.get("lines"), size=view.get("size_bytes"), since=view.get("since_write_s"), attach=attach)
+    if attach and not msg.files:
+        msg.files.append((f"{la.variant}-{la.id}.log.txt", "\n".join(lines).encode()))
+    return msg
+
+
+async def handle_thread_probe(call: CommandCall, ctx: CommandContext) -> Message | None:
+    """`!probe` with no selector inside a launch thread: a probe of that launch. None when not applicable."""
+    if ctx.launches is None or not ctx.thread_ts or call.args or call.kwargs:
+        return None
+    la = ctx.launches.store.launch_for_thread(ctx.channel_id, ctx.thread_ts)
+    if la is None:
+        return None
+    snap = await ctx.launches.probe_launch(la)
+    if isinstance(snap, HostFailure):
+        return error_message(f"Probe of {la.name} failed", snap.reason)
+    return render("probe", **probe_view(snap, f"{la.name} (pgid={la.pgid})"))

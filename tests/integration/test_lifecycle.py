@@ -1,0 +1,270 @@
+"""Launch -> kill -> relaunch of a multi-process fake server over a real SSH server on loopback, with the
+fake nvidia-smi reporting each live TP worker's "GPU memory"."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from importlib import resources
+
+import pytest
+
+from bot.commands import parse_message, parse_slash
+from bot.config import Config
+from bot.launches import LaunchService
+from bot.models import Snapshot
+from bot.probe import ProbeRequest
+from bot.service import HostService
+from bot.store import Store
+from handlers import dispatch
+from handlers.base import CommandContext
+from tests.conftest import free_port, ssh_host
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class RecordingSurface:
+    """A Surface that keeps what would be posted (the Slack one is tested end to end elsewhere)."""
+
+    def __init__(self):
+        self.posts: list[tuple[str, str | None, str]] = []
+        self.updates: list[tuple[str, str, str]] = []
+        self.n = 0
+
+    async def post(self, channel, message, *, thread_ts=None):
+        self.n += 1
+        self.posts.append((channel, thread_ts, message.text))
+        return f"1700000000.{self.n:06d}"
+
+    async def update(self, channel, ts, message):
+        self.updates.append((channel, ts, message.text))
+        return True
+
+    async def upload(self, channel, filename, content, *, thread_ts=None, title=None):
+        return True
+
+
+def make_config(ssh_server, fake_gpu, tmp_path, **variant_extra) -> Config:
+    server = str(resources.files("bot.demo") / "fake_server.py")
+    base = {
+        "host": "gpu-host-1",
+        "command": "{{ python }} {{ server }} --workers {{ workers }} --gpus 0,1 --port {{ port }} --mode {{ mode }}"
+                   " --load-s {{ load_s }} --gpu-state {{ state }}",
+        "params": {
+            "python": {"type": "path", "default": sys.executable},
+            "server": {"type": "path", "default": server},
+            "workers": {"type": "int", "default": 2, "min": 1, "max": 8},
+            "mode": {"type": "str", "default": "hang", "choices": ["ready", "hang", "crash", "oom", "exit"]},
+            "load_s": {"type": "float", "default": 0.2},
+            "state": {"type": "path", "default": str(fake_gpu.state_dir)},
+            "model": {"type": "str", "default": "fake", "regex": "[A-Za-z0-9_./-]+"},
+        },
+        "port": free_port(),
+        "gpus": [0, 1],
+        "log": str(tmp_path / "logs" / "{{ variant }}-{{ launch_id }}.log"),
+    }
+    base.update(variant_extra)
+    fake_gpu_2 = fake_gpu  # the fake has one GPU row by default; use 2 rows for TP=2
+    from bot.demo.fakegpu import install_fake_gpu
+
+    install_fake_gpu(fake_gpu_2.state_dir.parent, gpu_count=2)
+    return Config.model_validate({
+        "hosts": {"gpu-host-1": ssh_host(ssh_server).model_dump()},
+        "variants": {"base": base, "helper": {"extends": "base", "command": base["command"] + " --own-pgid-child"}},
+        "state_dir": str(tmp_path / "state"),
+        "permissions": {"operators": ["U0OPERATOR", "U0OTHER"]},
+    })
+
+
+@pytest.fixture
+def stack(ssh_server, fake_gpu, tmp_path):
+    cfg = make_config(ssh_server, fake_gpu, tmp_path)
+    hosts = HostService(cfg)
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    launches = LaunchService(cfg, hosts, store, kill_grace_s=3, release_timeout_s=10, poll_s=0.2, start_check_s=0.8)
+    surface = RecordingSurface()
+    started: list[int] = []
+
+    def ctx(user="U0OPERATOR", channel="C1", thread_ts=None, source="slash"):
+        return CommandContext(user_id=user, channel_id=channel, config=cfg, hosts=hosts, thread_ts=thread_ts,
+                              source=source, surface=surface, launches=launches)
+
+    yield type("S", (), {"cfg": cfg, "hosts": hosts, "store": store, "launches": launches, "surface": surface,
+                         "ctx": staticmethod(ctx), "started": started, "tmp": tmp_path})
+    for la in store.recent_launches(100):  # kill by PID whatever a failed test left behind
+        for pid in pids_of_launch(la):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    store.close()
+
+
+def pids_of_launch(la) -> list[int]:
+    """Every live process on this machine carrying the launch's GPUBOT_LAUNCH_ID, or in its session."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] == "Z":
+            continue
+        if f"GPUBOT_LAUNCH_ID={la.id}".encode() in env or int(stat[3]) == la.sid:
+            out.append(int(d))
+    return out
+
+
+async def wait_log(path, text, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+async def test_launch_kill_relaunch_leaves_nothing_and_releases_gpu(stack):
+    msg = await dispatch(parse_slash("/launch", "helper mode=hang"), stack.ctx())
+    assert msg.text.startswith("Launched helper#1"), msg.text
+    la = stack.store.get_launch(1)
+    assert la.pid and la.pid == la.pgid == la.sid and la.state == "running"
+    assert la.thread_ts == "1700000000.000001" and stack.surface.posts[0][1] is None  # root message at channel level
+    await wait_log(la.log_path, "Load weight end", 15)
+    await asyncio.sleep(0.3)
+    # the own-session helper child escaped the process group and session, but carries the launch tag
+    pids = pids_of_launch(la)
+    assert len(pids) >= 4, pids  # launcher, 2 TP workers, the setsid helper
+    snap = await stack.hosts.probe("gpu-host-1", ProbeRequest())
+    assert isinstance(snap, Snapshot) and sum(g.memory_used_mib for g in snap.gpu.gpus) == 2 * 8610
+
+    # kill, typed in the launch's thread without naming it
+    kmsg = await dispatch(parse_message("!kill", bot_user_id=None),
+                          stack.ctx(thread_ts=la.thread_ts, source="prefix"))
+    assert "Killed helper#1" in kmsg.text and "released" in kmsg.text, kmsg.text
+    assert "16.8 GiB before, 0.0 GiB after" in kmsg.text
+    await asyncio.sleep(0.2)
+    assert pids_of_launch(la) == []
+    assert stack.store.get_launch(1).state == "killed"
+    assert any("killed" in u[2] for u in stack.surface.updates), "root message updated in place"
+
+    # relaunch with a changed param, in the same thread
+    rmsg = await dispatch(parse_message("!relaunch workers=1", bot_user_id=None),
+                          stack.ctx(thread_ts=la.thread_ts, source="prefix"))
+    assert "Launched helper#2" in rmsg.text, rmsg.text
+    new = stack.store.get_launch(2)
+    assert new.thread_ts == la.thread_ts and new.relaunch_of == 1 and new.params["workers"] == 1
+    await wait_log(new.log_path, "Load weight end", 15)
+    k2 = await stack.launches.kill(new, user="U0OPERATOR")
+    assert k2.released and not k2.remaining and pids_of_launch(new) == []
+
+    # the audit trail: who, when, args, result for every action
+    events = stack.store.events()
+    actions = [(e.action, e.result) for e in events]
+    assert ("launch", "started") in actions and ("kill", "released") in actions and ("relaunch", "started") in actions
+    assert all(e.user_id == "U0OPERATOR" and e.at > 0 for e in events)
+    assert any(e.args.get("params") == {"mode": "hang"} for e in events if e.action == "launch")
+
+
+async def test_parent_sigkilled_alone_leaves_orphans_shown_in_status(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang"), stack.ctx())
+    la = stack.store.get_launch(1)
+    await wait_log(la.log_path, "Load weight end", 15)
+    await asyncio.sleep(0.3)
+    os.kill(la.pid, signal.SIGKILL)  # the launcher only: its TP workers are re-parented and keep the memory
+    await asyncio.sleep(0.5)
+    status = await dispatch(parse_slash("/gpu", "status"), stack.ctx())
+    assert status.text.count("[orphan of base#1]") == 2, status.text
+    # /kill still finds and stops them (same session), and the memory comes back
+    out = await stack.launches.kill(stack.store.get_launch(1), user="U0OTHER")
+    assert out.released and len(out.signalled) >= 2
+    status2 = await dispatch(parse_slash("/gpu", "status"), stack.ctx())
+    assert "orphan" not in status2.text and "no process holds GPU memory" in status2.text
+
+
+async def test_second_launch_refused_when_gpus_or_port_are_held(stack, start_fake_server):
+    # a foreign server (not launched by the bot) holds the GPUs
+    foreign = start_fake_server(mode="hang", workers=2, load_s=0.1, gpus="0,1")
+    await asyncio.to_thread(foreign.wait_log, "Load weight end")
+    await asyncio.sleep(0.3)
+    msg = await dispatch(parse_slash("/launch", "base"), stack.ctx())
+    assert "refused" in msg.text and "GPU 0 already uses 8.4 GiB" in msg.text, msg.text
+    assert "(foreign)" in msg.text and "/kill pid=" in msg.text
+    assert stack.store.recent_launches() == []  # nothing recorded, nothing started
+    refused = stack.store.events(action="launch")
+    assert refused and refused[-1].result == "refused"
+    # free the GPUs with /kill pid=N, then the port is the problem
+    for pid in {int(x) for x in __import__("re").findall(r"/kill pid=(\d+)", msg.text)}:
+        k = await dispatch(parse_slash("/kill", f"pid={pid}"), stack.ctx())
+        assert "Killed pid" in k.text
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", stack.cfg.variants["base"].port))
+        s.listen(1)
+        msg2 = await dispatch(parse_slash("/launch", "base"), stack.ctx())
+    assert f"port {stack.cfg.variants['base'].port} is already listening" in msg2.text, msg2.text
+
+
+async def test_live_launch_of_same_variant_blocks_a_second_one(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    second = await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    assert "base#1 of base is still live" in second.text and "`/kill 1`" in second.text
+
+
+INJECTIONS = [
+    "model=/x;touch {m}", "model=$(touch {m})", "model=`touch {m}`", "model='a\ntouch {m}'",
+    "mode='hang; touch {m}'", "workers='1; touch {m}'", "load_s='0.1 --own-pgid-child'",
+    "model=--own-pgid-child", "state='/tmp/$(touch {m})'", "python=/bin/sh server=-c",
+    "evil=1", "host='gpu-host-1;touch {m}'",
+]
+
+
+@pytest.mark.parametrize("inj", INJECTIONS)
+async def test_param_injection_is_rejected_or_quoted(stack, inj):
+    marker = stack.tmp / "pwned"
+    msg = await dispatch(parse_slash("/launch", "base " + inj.format(m=marker)), stack.ctx())
+    await asyncio.sleep(0.5)
+    assert not marker.exists()
+    for la in stack.store.recent_launches():
+        # when a value was accepted it reached the command only shell-quoted
+        assert "touch" not in la.command or "'" in la.command
+    assert any(w in msg.text for w in ("Cannot launch", "Bad arguments", "Launched", "refused")), msg.text
+
+
+async def test_launch_survives_a_bot_restart(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang"), stack.ctx())
+    la = stack.store.get_launch(1)
+    await wait_log(la.log_path, "Load weight end", 15)
+    # "restart": new store, new services over the same database file, new SSH connection
+    await stack.hosts.close()
+    stack.store.close()
+    hosts2 = HostService(stack.cfg)
+    store2 = Store(stack.store.url)
+    launches2 = LaunchService(stack.cfg, hosts2, store2, kill_grace_s=3, release_timeout_s=10, poll_s=0.2)
+    ctx2 = CommandContext(user_id="U0OPERATOR", channel_id="C1", config=stack.cfg, hosts=hosts2,
+                          thread_ts=la.thread_ts, source="prefix", surface=stack.surface, launches=launches2)
+    try:
+        again = store2.get_launch(1)
+        assert (again.pid, again.thread_ts, again.state) == (la.pid, la.thread_ts, "running")
+        probe = await dispatch(parse_message("!probe", bot_user_id=None), ctx2)
+        assert "Probe of gpu-host-1" in probe.text and "base#1" in probe.text
+        assert "Load weight end" in probe.text and str(la.pid) in probe.text
+        logs = await dispatch(parse_message("!logs 3", bot_user_id=None), ctx2)
+        assert "Last 3 lines" in logs.text
+        killed = await dispatch(parse_slash("/kill", "1"), CommandContext(
+            user_id="U0OPERATOR", channel_id="C1", config=stack.cfg, hosts=hosts2, source="slash",
+            surface=stack.surface, launches=launches2))
+        assert "Killed base#1" in killed.text and "released" in killed.text
+        assert pids_of_launch(la) == []
+    finally:
+        await hosts2.close()
+        store2.close()
