@@ -125,6 +125,19 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
     # first, so no name/value form takes `scheme` or `user:` for a value
     (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^\s/?#]+@"), rf"\1{MASK}@"),
+    # Well-known token formats. Like the two above, these run before the forms below: those decide where a
+    # value ends by looking at what follows, and must see the same text when run again on their output.
+    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
     # Authorization: [scheme] value
     (re.compile(rf"(?i)(?<![\w-])(?:proxy-)?authorization[ \t]*:[ \t]*"
                 rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
@@ -145,18 +158,6 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     # Bearer VALUE anywhere
     (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})"),
      _name_value),
-    # Well-known token formats.
-    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
 ]
 
 # A line that looks like PEM body (base64, no spaces). A "long" one is what a full body line looks like.

@@ -95,7 +95,7 @@ def status_view(results: list[Snapshot | HostFailure],
     return {"hosts": hosts, "failed": sum(1 for h in hosts if h["failed"])}
 
 
-def probe_view(snap: Snapshot, selector: str) -> dict[str, Any]:
+def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = None) -> dict[str, Any]:
     """Context for templates/probe.*: host, selector text, process tree rows (depth-indented command,
     pid, ppid, stat, pcpu, cpu_time_s, rss_mib, elapsed_s), log, gpu, port/health."""
     rows = []
@@ -139,7 +139,7 @@ def probe_view(snap: Snapshot, selector: str) -> dict[str, Any]:
         "process_count": len(rows),
         "all_process_count": snap.all_process_count,
         "log": log,
-        "gpu": gpu_view(snap.gpu, by_pid),
+        "gpu": gpu_view(snap.gpu, by_pid, owners),
         "port": snap.port,
         "port_listening": snap.port_listening,
         "health": health,

@@ -179,4 +179,5 @@ async def handle_thread_probe(call: CommandCall, ctx: CommandContext) -> Message
     snap = await ctx.launches.probe_launch(la)
     if isinstance(snap, HostFailure):
         return error_message(f"Probe of {la.name} failed", snap.reason)
-    return render("probe", **probe_view(snap, f"{la.name} (pgid={la.pgid})"))
+    owners = {h.pid: h.owner for h in ctx.launches.holders(snap)}
+    return render("probe", **probe_view(snap, f"{la.name} (pgid={la.pgid})", owners))

@@ -85,4 +85,5 @@ async def handle_probe(call: CommandCall, ctx: CommandContext) -> Message:
         return error_message("Not allowed", str(e), f"Usage: {USAGE}")
     if isinstance(result, HostFailure):
         return error_message(f"Probe of {host} failed", result.reason)
-    return render("probe", **probe_view(result, describe_selector(req)))
+    owners = {h.pid: h.owner for h in ctx.launches.holders(result)} if ctx.launches is not None else None
+    return render("probe", **probe_view(result, describe_selector(req), owners))

@@ -28,6 +28,7 @@ from typing import TextIO
 from bot.config import Config, HostConfig
 from bot.console import ConsoleSurface, run_command_line
 from bot.demo.fakegpu import REPLAY_NOTE, install_fake_gpu
+from bot.launches import build_launch_service
 from bot.service import HostService
 
 
@@ -86,54 +87,90 @@ def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def demo_config(tmpdir: Path) -> Config:
+    """The demo's config: this machine as host `local` (fake nvidia-smi replaying H200 captures when it has
+    no nvidia-smi), and a variant `demo` that runs the fake 2-rank server on GPUs 0 and 1."""
+    server = str(resources.files("bot.demo") / "fake_server.py")
+    params: dict = {"python": {"type": "path", "default": sys.executable},
+                    "server": {"type": "path", "default": server},
+                    "load_s": {"type": "float", "default": 1.0, "min": 0, "max": 60}}
+    command = ("{{ python }} {{ server }} --workers 2 --gpus 0,1 --port {{ port }} --mode ready "
+               "--load-s {{ load_s }} --load-steps 4")
+    lifecycle: dict = {"kill_grace_s": 5, "release_timeout_s": 15, "min_shm_free_mib": 0}
+    if shutil.which("nvidia-smi") is None:
+        fake = install_fake_gpu(tmpdir / "gpu", gpu_count=2)
+        host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE,
+                          log_dirs=[str(tmpdir)])
+        params["state"] = {"type": "path", "default": str(fake.state_dir)}
+        command += " --gpu-state {{ state }}"
+    else:
+        # a real GPU machine: the demo server holds no real GPU memory, and other jobs may use the GPUs
+        host = HostConfig(local=True, log_dirs=[str(tmpdir)])
+        lifecycle["gpu_free_mib"] = 10_000_000
+    variant = {"host": "local", "command": command, "params": params, "port": free_port(),
+               "gpus": [0, 1], "log": str(tmpdir / "{{ variant }}-{{ launch_id }}.log"), "health": "/health"}
+    return Config.model_validate({"hosts": {"local": host.model_dump()}, "default_host": "local",
+                                  "variants": {"demo": variant}, "state_dir": str(tmpdir / "state"),
+                                  "lifecycle": lifecycle})
+
+
 async def run_demo(out: TextIO | None = None) -> int:
-    """Run the demo, printing to `out` (default stdout). Returns the exit code (0 on success)."""
+    """Run the demo, printing to `out` (default stdout). Returns the exit code (0 on success).
+
+    `/launch demo` (incident thread, pre-launch checks), `/gpu status` (holders labelled with the launch),
+    `/probe` of the launch's process group, log and port, then `/kill 1` (GPU memory released).
+    """
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="gpubot-demo-") as tmp:
         tmpdir = Path(tmp)
-        real_smi = shutil.which("nvidia-smi")
-        host = HostConfig(local=True, log_dirs=[str(tmpdir)])
-        gpu_state = None
-        if real_smi is None:
-            fake = install_fake_gpu(tmpdir / "gpu", gpu_count=2)
-            gpu_state = str(fake.state_dir)
-            host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE,
-                              log_dirs=[str(tmpdir)])
-        config = Config(hosts={"local": host}, default_host="local", state_dir=str(tmpdir / "state"))
-        port = free_port()
-        log_path = tmpdir / "demo-server.log"
-        server = str(resources.files("bot.demo") / "fake_server.py")
-        cmd = [sys.executable, server, "--workers", "2", "--gpus", "0,1", "--port", str(port), "--mode", "ready",
-               "--load-s", "1.0", "--load-steps", "4"]
-        if gpu_state:
-            cmd += ["--gpu-state", gpu_state]
+        config = demo_config(tmpdir)
         print(f"gpubot demo: host 'local' is this machine ({socket.gethostname()}); no Slack token needed.", file=out)
-        if real_smi is None:
+        if config.hosts["local"].gpu_note:
             print(f"GPU data: {REPLAY_NOTE}.", file=out)
-        proc = start_server(cmd, log_path)
-        print(f"started demo server: pid {proc.pid} (process group {proc.pid}), 2 TP-rank workers on GPUs 0 "
-              f"and 1, port {port}, log {log_path}", file=out)
         hosts = HostService(config)
+        launches = build_launch_service(config, hosts)
         surface = ConsoleSurface(out)
+        port = config.variants["demo"].port
         rc = 0
+        la = None
         try:
-            if not await asyncio.to_thread(wait_healthy, port, 30.0, proc):
-                print(f"demo server did not become ready; last log lines:\n{log_path.read_text()[-2000:]}", file=out)
+            print("\n$ /launch demo", file=out)
+            await run_command_line("/launch demo", config, hosts, surface, launches=launches)
+            la = launches.store.get_launch(1)
+            if la is None or la.state != "running" or la.pid is None:
+                print("the demo server did not start", file=out)
+                return 1
+            if not await asyncio.to_thread(wait_healthy, port, 30.0, _Pid(la.pid)):
+                print("the demo server did not become ready", file=out)
                 rc = 1
-            else:
-                for line in ("/gpu status", f"/probe local pgid={proc.pid} log={log_path} port={port}"):
-                    print(f"\n$ {line}", file=out)
-                    await run_command_line(line, config, hosts, surface)
+            for line in ("/gpu status", f"/probe local pgid={la.pgid} log={la.log_path} port={port}", "/kill 1"):
+                print(f"\n$ {line}", file=out)
+                await run_command_line(line, config, hosts, surface, launches=launches)
+            after = launches.store.get_launch(1)
+            if after is None or after.state != "killed":
+                rc = 1
         finally:
-            gone = await asyncio.to_thread(stop_group, proc.pid, 3.0, proc)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=2)
-            await hosts.close()
-            outcome = "all processes gone" if gone else "SOME REMAIN"
-            print(f"\nstopped demo server (process group {proc.pid}): {outcome}", file=out)
-            if not gone:
+            if la is not None and la.pgid and not await asyncio.to_thread(stop_group, la.pgid, 3.0):
+                print(f"demo server process group {la.pgid}: SOME PROCESSES REMAIN", file=out)
                 rc = 1
+            await hosts.close()
+            launches.store.close()
+        print(f"\ndemo {'finished' if rc == 0 else 'FAILED'}: launch -> status -> probe -> kill", file=out)
         return rc
+
+
+class _Pid:
+    """Minimal Popen-like handle for wait_healthy: `poll()` is None while the process lives."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return None if f.read().rsplit(")", 1)[1].split()[0] != "Z" else 0
+        except OSError:
+            return 0
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ def _env_without_nvidia_smi() -> dict:
     return env
 
 
-async def test_demo_shows_gpu_table_and_probe_of_a_real_process_then_cleans_up():
+async def test_demo_launches_probes_and_kills_a_real_local_server():
     env = _env_without_nvidia_smi()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli", "demo", env=env,
@@ -30,17 +30,21 @@ async def test_demo_shows_gpu_table_and_probe_of_a_real_process_then_cleans_up()
     out = out_b.decode()
     assert proc.returncode == 0, out
     assert "replayed sample GPU data" in out
-    assert "$ /gpu status" in out and "H200" in out and out.count("8.4 / 140.4") >= 2  # one TP rank per GPU
-    m = re.search(r"started demo server: pid (\d+)", out)
+    m = re.search(r"Launched demo#1 on local: pid (\d+) \(= process group = session\)", out)
     assert m, out
     pid = int(m.group(1))
+    assert "Checks passed: port" in out
+    # /gpu status: the replayed H200s, each held by one TP rank of the launch
+    assert "$ /gpu status" in out and "H200" in out and out.count("8.4 / 140.4") >= 2
+    assert len(re.findall(r"\[demo#1\] python\S* fake_server\.py --worker-rank", out)) == 4  # status + probe
+    # /probe of the launch's process group: the real local launcher and its two workers, log, port, health
     assert f"$ /probe local pgid={pid}" in out
-    # the probe shows the real local launcher process and its two workers
     assert re.search(rf"^\s+{pid}\s+\d+\s+S", out, re.M), out
-    assert out.count("--worker-rank") >= 2
     assert "The server is fired up and ready to roll!" in out
     assert "listening" in out and "ok (HTTP 200)" in out
-    assert "all processes gone" in out
+    # /kill 1: every process gone, memory released
+    assert "Killed demo#1" in out and "16.8 GiB before, 0.0 GiB after: released" in out
+    assert "demo finished" in out
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
 

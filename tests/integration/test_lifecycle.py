@@ -75,7 +75,7 @@ def make_config(ssh_server, fake_gpu, tmp_path, **variant_extra) -> Config:
         "hosts": {"gpu-host-1": ssh_host(ssh_server).model_dump()},
         "variants": {"base": base, "helper": {"extends": "base", "command": base["command"] + " --own-pgid-child"}},
         "state_dir": str(tmp_path / "state"),
-        "permissions": {"operators": ["U0OPERATOR", "U0OTHER"]},
+        "permissions": {"operators": ["U0OPERATOR", "U0OTHER"], "viewers": ["U0VIEWER"]},
     })
 
 

@@ -1,0 +1,65 @@
+"""A launch's incident thread in Slack: root message, in-place updates, thread commands, log files."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.e2e.conftest import start_stack
+from tests.integration.test_lifecycle import make_config, pids_of_launch, wait_log
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_launch_opens_a_thread_and_everything_goes_there(ssh_server, fake_gpu, tmp_path):
+    cfg = make_config(ssh_server, fake_gpu, tmp_path)
+    stack, stop = await start_stack(cfg)
+    fake = stack.fake
+    try:
+        await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
+        root = await fake.wait_for_call("chat.postMessage", timeout=20)
+        assert root["params"]["channel"] == "C1" and root["params"].get("thread_ts") is None
+        assert root["params"]["text"].startswith("base#1 on gpu-host-1: starting")
+        root_ts = root["response"]["ts"]
+        reply = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: c["params"].get("thread_ts") == root_ts, timeout=20)
+        assert "Launched base#1" in reply["params"]["text"]
+        upd = await fake.wait_for_call("chat.update", timeout=10)
+        assert upd["params"]["ts"] == root_ts and "running" in upd["params"]["text"]
+        assert "<@U0OPERATOR>" in str(upd["params"]["blocks"])  # whoever launched it is mentioned
+
+        la = stack.bot.launches.store.get_launch(1)
+        await wait_log(la.log_path, "Load weight end")
+        # a viewer may look but not kill, even from inside the thread
+        await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000100",
+                               "thread_ts": root_ts, "text": "!kill"})
+        denied = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+        assert denied["params"]["thread_ts"] == root_ts
+        assert stack.bot.launches.store.get_launch(1).state == "running"
+
+        with open(la.log_path, "a") as f:  # a chattier server: 80 more lines
+            f.writelines(f"[TP0] decode batch {i}: 12 tokens\n" for i in range(80))
+        await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000200",
+                               "thread_ts": root_ts, "text": "!logs 100"})
+        await fake.wait_for_call("files.completeUploadExternal", timeout=20)
+        (upload,) = fake.uploads.values()
+        assert b"Load weight end" in upload and upload.count(b"decode batch") == 80
+        logs_msg = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=10)
+        assert logs_msg["params"]["thread_ts"] == root_ts and "full text attached" in str(logs_msg["params"]["blocks"])
+
+        await fake.push_event({"type": "message", "channel": "C1", "user": "U0OPERATOR", "ts": "1700000500.000300",
+                               "thread_ts": root_ts, "text": "!kill"})
+        killed = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+        assert killed["params"]["thread_ts"] == root_ts and "released" in killed["params"]["text"]
+        await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=10)
+        assert pids_of_launch(la) == []
+        events = stack.bot.launches.store.events()
+        assert [(e.action, e.user_id, e.result) for e in events if e.action == "kill"] == [
+            ("kill", "U0OPERATOR", "released")]
+    finally:
+        await stop()
+        await asyncio.sleep(0)
