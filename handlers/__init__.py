@@ -54,6 +54,19 @@ def find(name: str) -> CommandSpec | None:
     return spec
 
 
+def _audit(ctx: CommandContext, call: CommandCall, result: str, detail: str | None = None) -> None:
+    """Record the command in the audit trail (when the bot has a store); never fails the command."""
+    if ctx.launches is None:
+        return
+    try:
+        la = ctx.launches.store.launch_for_thread(ctx.channel_id, ctx.thread_ts) if ctx.thread_ts else None
+        ctx.launches.store.add_event(user_id=ctx.user_id, action=f"command:{call.name}",
+                                     args={"text": call.raw[:500], "source": ctx.source}, result=result,
+                                     detail=detail, launch_id=la.id if la else None, channel=ctx.channel_id)
+    except Exception:
+        log.exception("could not record the audit event of %s", call.name)
+
+
 async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
     """Run `call` for `ctx.user_id`. Returns the answer Message; never raises for user input."""
     spec = find(call.name)
@@ -65,15 +78,20 @@ async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
         return help_message(ctx, COMMANDS, intro=f"Unknown command {call.name[:40]!r}. Here is what I can do:")
     chans = ctx.config.permissions.channels
     if chans and ctx.source != "console" and ctx.channel_id not in chans and spec.role > Role.NONE:
+        _audit(ctx, call, "denied", "channel not allowed")
         return error_message("Not allowed here", "gpubot does not take commands in this channel",
                              f"Allowed channel IDs: {', '.join(chans)}")
     if ctx.role < spec.role:
         log.info("denied %s to %s (role %s, needs %s)", call.name, ctx.user_id, ctx.role.name, spec.role.name)
+        _audit(ctx, call, "denied", f"needs {spec.role.name.lower()}, has {ctx.role.name.lower()}")
         return error_message("Permission denied", f"`{spec.name}` needs the {spec.role.name.lower()} role",
                              "Ask an admin to add your Slack user ID to the config's permissions.")
     try:
-        return await spec.handler(call, ctx)
+        msg = await spec.handler(call, ctx)
+        _audit(ctx, call, "ok")
+        return msg
     except Exception as e:
         log.exception("command %s failed", call.name)
+        _audit(ctx, call, "error", type(e).__name__)
         return error_message("Internal error", f"{call.name} failed: {type(e).__name__}",
                              "The bot logged the details; the state is unchanged.")

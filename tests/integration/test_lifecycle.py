@@ -268,3 +268,16 @@ async def test_launch_survives_a_bot_restart(stack):
     finally:
         await hosts2.close()
         store2.close()
+
+
+async def test_every_command_and_every_denial_is_audited(stack):
+    viewer = stack.ctx(user="U0VIEWER")
+    denied = await dispatch(parse_slash("/launch", "base"), viewer)
+    assert "Permission denied" in denied.text and "operator" in denied.text
+    await dispatch(parse_slash("/gpu", "status"), viewer)
+    events = stack.store.events()
+    got = [(e.user_id, e.action, e.result) for e in events]
+    assert ("U0VIEWER", "command:launch", "denied") in got
+    assert ("U0VIEWER", "command:status", "ok") in got
+    assert stack.store.recent_launches() == []
+    assert all(e.at > 0 and e.args.get("text") is not None for e in events)
