@@ -28,6 +28,7 @@ from bot.parse import health as health_parse
 from bot.parse import log as log_parse
 from bot.parse import nvidia_smi, proc_net
 from bot.parse import ps as ps_parse
+from bot.redact import redact_lines, redact_then_cut
 from bot.remote import quote
 
 #: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
@@ -318,9 +319,8 @@ def assemble_snapshot(
     procs = ps_parse.parse_ps(_text(ps_sec)) if ps_sec is not None else []
     if ps_sec is None or not procs:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
-    for p in procs:
-        if len(p.args) > 4 * MAX_LINE_WIDTH:
-            p.args = p.args[: 4 * MAX_LINE_WIDTH] + "…"
+    for p in procs:  # redact before cutting, so a cut can never leave half a secret visible
+        p.args = redact_then_cut(p.args, 4 * MAX_LINE_WIDTH + 1)
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
@@ -361,7 +361,8 @@ def assemble_snapshot(
             info.size_bytes, info.mtime, info.lines = log_parse.parse_log_stat(_text(st))
             tail = sections.get("log_tail")
             if tail is not None:
-                info.tail = log_parse.clean_log_lines(tail.body, max_lines=req.tail_lines, max_width=MAX_LINE_WIDTH)
+                info.tail = log_parse.clean_log_lines(tail.body, max_lines=req.tail_lines, max_width=MAX_LINE_WIDTH,
+                                                      redactor=redact_lines)
         snap.log = info
 
     # Port and health
