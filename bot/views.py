@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.models import GpuSection, HostFailure, ProcessInfo, Snapshot
 from bot.parse.ps import process_tree
-from bot.redact import redact
+from bot.redact import redact, redact_lines
 
 COMMAND_WIDTH = 90
 
@@ -125,7 +125,7 @@ def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = No
             "lines": lg.lines,
             "size_bytes": lg.size_bytes,
             "since_write_s": lg.seconds_since_write(snap.clock),
-            "tail": [redact(line) for line in lg.tail],
+            "tail": redact_lines(list(lg.tail)),
         }
     health = None
     if snap.health is not None:

@@ -158,3 +158,48 @@ def test_fuzz_parse_log_stat(text: str) -> None:
     assert size is None or size >= 0
     assert lines is None or lines >= 0
     assert mtime is None or mtime >= 0
+
+
+def _mask_sk(lines: list[str]) -> list[str]:
+    """A stand-in redactor (bot.redact.redact_lines in production): masks `sk-` words."""
+    return [re.sub(r"sk-\S*", "[REDACTED]", line) for line in lines]
+
+
+def test_clean_redactor_runs_on_full_width_lines_before_the_cut() -> None:
+    raw = "x" * 385 + " sk-ABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+    assert clean_log_lines(raw, max_width=400) == ["x" * 385 + " sk-ABCDEFGHIJ…"]  # cut first: a prefix leaks
+    assert clean_log_lines(raw, max_width=400, redactor=_mask_sk) == ["x" * 385 + " [REDACTED]"]
+    assert clean_log_lines(raw, max_width=390, redactor=_mask_sk) == ["x" * 385 + " [RE…"]
+
+
+def test_clean_redactor_sees_cleaned_lines_and_context_above_the_window() -> None:
+    seen: list[list[str]] = []
+
+    def spy(lines: list[str]) -> list[str]:
+        seen.append(list(lines))
+        return [line.upper() for line in lines]
+
+    raw = b"one\n\x1b[31mtwo\x1b[0m  \nbar 10%\rbar 100%\nfour\n"
+    assert clean_log_lines(raw, max_lines=2, redactor=spy) == ["BAR 100%", "FOUR"]
+    assert seen == [["one", "two", "bar 100%", "four"]]
+
+
+def test_clean_redactor_with_wrong_length_masks_everything() -> None:
+    assert clean_log_lines("a\nb\n", redactor=lambda lines: lines[:1]) == ["[REDACTED]", "[REDACTED]"]
+    assert clean_log_lines("a\nb\n", max_lines=0, redactor=_mask_sk) == []
+    assert clean_log_lines("", redactor=_mask_sk) == []
+
+
+@FUZZ
+@given(st.one_of(fuzz_text, st.binary(max_size=2000), st.lists(st.sampled_from(["sk-", "x" * 50, "\n", " ", "ab"]),
+                                                               max_size=30).map("".join)),
+       st.integers(-2, 30), st.integers(-2, 500))
+def test_fuzz_clean_log_lines_with_redactor(raw: str | bytes, max_lines: int, max_width: int) -> None:
+    plain = clean_log_lines(raw, max_lines=max_lines, max_width=max_width)
+    assert clean_log_lines(raw, max_lines=max_lines, max_width=max_width, redactor=lambda ls: ls) == plain
+    lines = clean_log_lines(raw, max_lines=max_lines, max_width=max_width, redactor=_mask_sk)
+    assert len(lines) == len(plain) <= max(0, max_lines)
+    for line in lines:
+        assert len(line) <= max(1, max_width)
+        assert not _FORBIDDEN.search(line)
+        assert "sk-" not in line
