@@ -83,7 +83,7 @@ def console(config_path: str) -> None:
 
 @main.command()
 def demo() -> None:
-    """Run /gpu status and /probe against this machine with a demo server. No token, GPU or config needed."""
+    """Launch a demo server on this machine, then /gpu status, /probe and /kill it. No token, GPU or config."""
     from bot.demo.run import main as demo_main
 
     sys.exit(demo_main())

@@ -22,6 +22,7 @@ from bot.lifecycle import (
     RenderedLaunch,
     attribute_holders,
     gpu_memory,
+    group_confirmed,
     launch_processes,
     launch_script,
     parse_launch_output,
@@ -51,6 +52,7 @@ class LaunchOutcome:
     checks: CheckResult = field(default_factory=CheckResult)
     error: str | None = None
     exited_early: list[str] = field(default_factory=list)
+    host: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,6 +76,7 @@ class KillOutcome:
     error: str | None = None
     nothing_to_kill: bool = False
     seconds: float = 0.0
+    gpu_error: str | None = None
 
     @property
     def needs_reboot(self) -> bool:
@@ -118,11 +121,15 @@ class LaunchService:
         return [la for la in self.store.recent_launches(200) if la.host == host]
 
     def holders(self, snap: Snapshot) -> list[Holder]:
-        """GPU holders of a snapshot, attributed to this host's launches (or orphan / foreign)."""
-        return attribute_holders(snap.gpu, snap.table, self._host_launches(snap.host))
+        """GPU holders of a snapshot, attributed to this host's launches by tag (or orphan / foreign)."""
+        return attribute_holders(snap.gpu, snap.table, self._host_launches(snap.host), snap.launch_tags)
 
-    def _alive(self, la: Launch, table: list[ProcessInfo], tagged: list[int] = ()) -> list[ProcessInfo]:
-        return launch_processes(table, pgid=la.pgid, sid=la.sid, tagged=tagged)
+    @staticmethod
+    def _tagged(la: Launch, snap: Snapshot) -> list[int]:
+        return [pid for pid, tag in snap.launch_tags.items() if la.tag and tag == la.tag]
+
+    def _alive(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
+        return launch_processes(snap.table, tagged=self._tagged(la, snap), pgid=la.pgid, sid=la.sid)
 
     # -- launch -------------------------------------------------------------------------------------
     async def launch(self, variant: str, params: dict[str, str], *, user: str, channel: str | None = None,
@@ -138,10 +145,10 @@ class LaunchService:
         except RemoteError as e:
             self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=str(e),
                                  host=host, channel=channel)
-            return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}")
+            return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}", host=host)
         live = []
         for la in self.store.live_launches(host, variant):
-            if self._alive(la, snap.table):
+            if self._alive(la, snap):
                 live.append(la)
             else:
                 self.store.update_launch(la.id, state="exited", state_detail="no process left (seen at a later launch)")
@@ -151,11 +158,11 @@ class LaunchService:
         if not checks.ok:
             self.store.add_event(user_id=user, action="launch", args=args, result="refused",
                                  detail="; ".join(checks.problems), host=host, channel=channel)
-            return LaunchOutcome(None, checks=checks)
+            return LaunchOutcome(None, checks=checks, host=host)
         la = self.store.create_launch(host=host, variant=variant, params=preview.params, command="",
                                       log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
                                       channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
-        r = render_launch(self.config, variant, params, launch_id=la.id, host=host)
+        r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
         la = self.store.update_launch(la.id, command=r.command, log_path=r.log_path)
         if on_created is not None and thread_ts is None:
             try:
@@ -193,7 +200,7 @@ class LaunchService:
             snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))
         except RemoteError:
             return outcome
-        if not self._alive(la, snap.table, snap.tagged_pids):
+        if not self._alive(la, snap):
             tail = snap.log.tail if snap.log else []
             outcome.exited_early = tail or ["(the log is empty)"]
             outcome.launch = self.store.update_launch(la.id, state="exited",
@@ -206,7 +213,7 @@ class LaunchService:
         The launch's own log path (rendered from the config, not typed by a user) is allowed as is.
         """
         log_dirs = [la.log_path.rsplit("/", 1)[0] or "/"] if la.log_path else None
-        return ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id, log_path=la.log_path, log_dirs=log_dirs,
+        return ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, log_dirs=log_dirs,
                             port=la.port, health_path=self._health(la), tail_lines=tail_lines, gpu=gpu)
 
     def _health(self, la: Launch) -> str | None:
@@ -243,9 +250,10 @@ class LaunchService:
         return out
 
     async def _kill(self, la: Launch, out: KillOutcome) -> KillOutcome:
-        req = ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id, health_path=None)
+        req = ProbeRequest(select_tag=la.tag or None, health_path=None)
         snap = await self._snapshot(la.host, req)
-        procs = self._alive(la, snap.table, snap.tagged_pids)
+        procs = self._alive(la, snap)
+        group_ok = group_confirmed(snap.table, self._tagged(la, snap), la.pgid)
         out.mem_before_mib = gpu_memory(snap.gpu, la.gpus)
         if not procs:
             out.nothing_to_kill = True
@@ -254,11 +262,12 @@ class LaunchService:
             return out
         out.signalled = procs
         ex = self.hosts.executor(la.host)
-        await ex.run("sh -s", input=signal_script([p.pid for p in procs], la.pgid, "TERM").encode(), timeout_s=15)
+        pgid = la.pgid if group_ok else None  # only a group that is confirmed ours is signalled as a whole
+        await ex.run("sh -s", input=signal_script([p.pid for p in procs], pgid, "TERM").encode(), timeout_s=15)
         procs = await self._wait_gone(la, self.kill_grace_s, [p.pid for p in procs])
         if procs:
             out.used_sigkill = True
-            await ex.run("sh -s", input=signal_script([p.pid for p in procs], la.pgid, "KILL").encode(), timeout_s=15)
+            await ex.run("sh -s", input=signal_script([p.pid for p in procs], pgid, "KILL").encode(), timeout_s=15)
             procs = await self._wait_gone(la, 5.0, [p.pid for p in procs])
         out.remaining = procs
         return await self._wait_released(la, out, {p.pid for p in out.signalled})
@@ -266,9 +275,8 @@ class LaunchService:
     async def _wait_gone(self, la: Launch, budget_s: float, pids: list[int]) -> list[ProcessInfo]:
         deadline = time.monotonic() + budget_s
         while True:
-            snap = await self._snapshot(la.host, ProbeRequest(pgid=la.pgid, sid=la.sid, launch_tag=la.id,
-                                                              health_path=None, gpu=False))
-            procs = self._alive(la, snap.table, snap.tagged_pids) + [p for p in snap.table if p.pid in pids]
+            snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None, gpu=False))
+            procs = self._alive(la, snap) + [p for p in snap.table if p.pid in pids]
             procs = [p for p in {p.pid: p for p in procs}.values() if p.state != "Z"]
             if not procs or time.monotonic() >= deadline:
                 return procs
@@ -279,6 +287,7 @@ class LaunchService:
         while True:
             snap = await self._snapshot(la.host, ProbeRequest(health_path=None))
             out.mem_after_mib = gpu_memory(snap.gpu, la.gpus)
+            out.gpu_error = None if snap.gpu.ok else snap.gpu.error
             holders = [h for h in self.holders(snap) if h.pid in pids or h.launch_id == la.id]
             out.still_holding = holders
             gpus_free = True
@@ -305,8 +314,14 @@ class LaunchService:
             row = next((p for p in snap.table if p.pid == pid), None)
             held = sum(gp.used_memory_mib or 0 for gp in snap.gpu.processes if gp.pid == pid)
             out.mem_before_mib = float(held) if snap.gpu.ok else None
+            holds_gpu = any(gp.pid == pid for gp in snap.gpu.processes)
             if row is None:
                 out.nothing_to_kill = out.released = True
+            elif not snap.gpu.ok:
+                out.error = f"cannot tell whether pid {pid} holds a GPU ({snap.gpu.error}); not killed"
+            elif not holds_gpu:
+                out.error = (f"pid {pid} ({row.args[:60]}) holds no GPU memory; `/kill pid=` only stops "
+                             "processes that hold a GPU")
             else:
                 out.signalled = [row]
                 ex = self.hosts.executor(host)

@@ -2,10 +2,11 @@
 
 A launch runs `setsid nohup sh -c 'exec COMMAND' > LOG 2>&1 < /dev/null &` on the host, so the server is
 the leader of its own session and process group: PID = PGID = SID. Its environment carries
-`GPUBOT_LAUNCH_ID=<id>`, which every child inherits, so even a child that started its own session is
-found again by reading /proc/PID/environ. Nothing a user typed reaches a shell unquoted: every value is
-validated against the variant's declared params, then `shlex.quote`d before the (sandboxed) template
-renders it.
+`GPUBOT_LAUNCH=<tag>` (the launch id plus random hex, unique across bots and databases), which every child
+inherits, so even a child that started its own session is found again by reading /proc/PID/environ, and a
+process of another bot's launch is never mistaken for ours. Nothing a user typed reaches a shell
+unquoted: every value is validated against the variant's declared params, then `shlex.quote`d before the
+(sandboxed) template renders it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bot.config import Config, ParamSpec, VariantConfig
 from bot.models import GpuSection, ProcessInfo, Snapshot
 
 #: Environment variable that tags every process of a launch (inherited by all children).
-LAUNCH_ENV = "GPUBOT_LAUNCH_ID"
+LAUNCH_ENV = "GPUBOT_LAUNCH"
 #: A GPU counts as free below this much used memory (MiB) unless the config says otherwise.
 DEFAULT_GPU_FREE_MIB = 1024.0
 _CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -145,7 +146,7 @@ _ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndef
 
 
 def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
-                  host: str | None = None) -> RenderedLaunch:
+                  host: str | None = None, tag: str = "") -> RenderedLaunch:
     """Render a variant into a RenderedLaunch (pure).
 
     Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
@@ -184,7 +185,7 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
     env["PYTHONUNBUFFERED"] = "1"
     if gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-    env[LAUNCH_ENV] = str(launch_id)
+    env[LAUNCH_ENV] = tag or f"{launch_id}-untagged"
     return RenderedLaunch(variant=variant_name, host=host, command=command, log_path=log_path, port=v.port,
                           gpus=gpus, env=env, workdir=v.workdir, params=params, health_path=v.health)
 
@@ -218,12 +219,6 @@ def parse_launch_output(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def tagged_pids_script(launch_id: int) -> str:
-    """Shell lines printing the PIDs whose environment has GPUBOT_LAUNCH_ID=<id> (one per line)."""
-    return (f"for f in /proc/[0-9]*/environ; do grep -qzx -- {shlex.quote(f'{LAUNCH_ENV}={launch_id}')} \"$f\" "
-            "2>/dev/null && { p=${f#/proc/}; echo \"${p%/environ}\"; }; done")
-
-
 def signal_script(pids: list[int], pgid: int | None, sig: str) -> str:
     """Send `sig` (TERM or KILL) to the process group `pgid` and to every PID in `pids`. Prints nothing."""
     if sig not in ("TERM", "KILL", "INT", "QUIT"):
@@ -255,11 +250,17 @@ class Holder:
     launch_id: int | None = None
 
 
-def launch_processes(procs: list[ProcessInfo], *, pgid: int | None, sid: int | None,
-                     tagged: list[int] | tuple[int, ...] = ()) -> list[ProcessInfo]:
-    """Live processes of one launch: same session or process group as its leader, tagged with its launch id,
-    or descended from any of those (pure). Zombies are left out: they hold nothing and cannot be killed."""
-    chosen = {p.pid for p in procs if (sid and p.sid == sid) or (pgid and p.pgid == pgid) or p.pid in tagged}
+def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int, ...] | set[int],
+                     pgid: int | None = None, sid: int | None = None) -> list[ProcessInfo]:
+    """Live processes of one launch (pure): those carrying its tag, plus the members of its session or
+    process group when that session/group is confirmed ours (some member carries the tag: a process may
+    clear its environment, but PIDs of a dead launch may be reused by strangers), plus descendants of all
+    of those. Zombies are left out: they hold nothing and cannot be killed."""
+    tagged = set(tagged)
+    sid_ok = bool(sid) and any(p.pid in tagged and p.sid == sid for p in procs)
+    pgid_ok = bool(pgid) and any(p.pid in tagged and p.pgid == pgid for p in procs)
+    chosen = {p.pid for p in procs
+              if p.pid in tagged or (sid_ok and p.sid == sid) or (pgid_ok and p.pgid == pgid)}
     grew = True
     while grew:
         grew = False
@@ -270,22 +271,30 @@ def launch_processes(procs: list[ProcessInfo], *, pgid: int | None, sid: int | N
     return [p for p in procs if p.pid in chosen and p.state != "Z"]
 
 
-def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any]) -> list[Holder]:
-    """Label every GPU-holding process with its launch (or orphan / foreign). `launches` are store Launch
-    objects of this host (any state). Pure."""
+def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid: int | None) -> bool:
+    """True when the process group `pgid` holds a process carrying the launch's tag (so signalling the whole
+    group cannot hit a stranger that reused the number)."""
+    tagged = set(tagged)
+    return bool(pgid) and any(p.pid in tagged and p.pgid == pgid for p in procs)
+
+
+def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any],
+                      tags: dict[int, str]) -> list[Holder]:
+    """Label every GPU-holding process (pure): by the launch tag in its environment (`tags`: PID -> tag),
+    `base#12` while the launch is live and its launcher runs, `orphan of base#12` when the launcher is gone
+    or the launch was ended, `foreign` without a tag of ours. `launches` are store Launch objects."""
     by_pid = {p.pid: p for p in procs}
+    by_tag = {la.tag: la for la in launches if getattr(la, "tag", None)}
     out = []
     for gp in gpu.processes:
         row = by_pid.get(gp.pid)
         owner, lid = "foreign", None
-        if row is not None:
-            for la in launches:
-                if (la.sid and row.sid == la.sid) or (la.pgid and row.pgid == la.pgid):
-                    leader = by_pid.get(la.pid)
-                    leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
-                    lid = la.id
-                    owner = la.name if (la.live and leader_alive) else f"orphan of {la.name}"
-                    break
+        la = by_tag.get(tags.get(gp.pid, ""))
+        if la is not None:
+            leader = by_pid.get(la.pid)
+            leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
+            lid = la.id
+            owner = la.name if (la.live and leader_alive) else f"orphan of {la.name}"
         out.append(Holder(pid=gp.pid, gpu_index=gp.gpu_index, mib=gp.used_memory_mib,
                           command=(row.args if row else gp.process_name or "?"), state=row.stat if row else "?",
                           owner=owner, launch_id=lid))

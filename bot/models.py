@@ -171,7 +171,8 @@ class Snapshot:
     `clock` is the remote epoch time in seconds; `processes` the selected process rows (GPU holders
     plus whatever the probe asked for); `port_listening` is None when no port was asked for.
     `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
-    `tagged_pids` are PIDs carrying a launch's GPUBOT_LAUNCH_ID (when asked); `shm_free_mib` is free MiB in
+    `launch_tags` maps PID -> the GPUBOT_LAUNCH tag in its environment; `tagged_pids` are the PIDs carrying
+    the tag a probe selected; `shm_free_mib` is free MiB in
     /dev/shm (when asked). `table` is the host's whole process table minus the probe's own processes
     (used to attribute GPU holders to launches and to find every process of a launch).
     """
@@ -190,6 +191,7 @@ class Snapshot:
     errors: list[str] = field(default_factory=list)
     duration_s: float | None = None
     tagged_pids: list[int] = field(default_factory=list)
+    launch_tags: dict[int, str] = field(default_factory=dict)
     shm_free_mib: float | None = None
     table: list[ProcessInfo] = field(default_factory=list, repr=False)
 

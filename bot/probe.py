@@ -51,8 +51,10 @@ class ProbeRequest:
     Selectors (`pid`, `pgid`, `sid`, `match`) pick processes in addition to every GPU-holding PID;
     `log_path` is an absolute path on the host; `port` a TCP port 1..65535 whose listening state and
     health endpoint (`health_path`) are checked; `tail_lines` lines of log tail (1..500).
-    `launch_tag` lists the PIDs whose environment carries GPUBOT_LAUNCH_ID=<tag> (a launch's processes,
-    even those that left its session); `shm` measures free space in /dev/shm (`df -Pk`).
+    `tags` reads the GPUBOT_LAUNCH=<tag> entry of every process's environment (one `grep -z` over
+    /proc/*/environ) so processes are attributed to launches by a tag no other launch shares;
+    `select_tag` adds every process carrying that tag to the selection (a launch's processes, even those
+    that left its session); `shm` measures free space in /dev/shm (`df -Pk`).
     `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `log_dirs` are the host's
     allowed log directories (None until the host's policy is applied; a log is only read when its path,
     and its resolved path on the host, are inside one of them).
@@ -72,7 +74,8 @@ class ProbeRequest:
     nvidia_smi_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
     log_dirs: list[str] | None = None
-    launch_tag: int | None = None
+    tags: bool = True
+    select_tag: str | None = None
     shm: bool = False
 
     def validate(self) -> None:
@@ -176,10 +179,8 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
         ]
-    if req.launch_tag is not None:
-        from bot.lifecycle import tagged_pids_script
-
-        lines.append(f"b tagged; {tagged_pids_script(int(req.launch_tag))}; e tagged 0")
+    if req.tags or req.select_tag:
+        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; e tags 0")
     if req.shm:
         lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
     if req.port is not None:
@@ -257,6 +258,20 @@ def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
     return own
 
 
+_TAG_LINE_RE = re.compile(r"^/proc/(\d+)/environ:GPUBOT_LAUNCH=([A-Za-z0-9_.-]{1,64})$")
+
+
+def parse_launch_tags(text: str) -> dict[int, str]:
+    """PID -> launch tag from `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\0' '\\n'`
+    (GNU grep): lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`. Malformed lines are skipped."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _TAG_LINE_RE.match(line.strip())
+        if m:
+            out[int(m.group(1))] = m.group(2)
+    return out
+
+
 def parse_df_available_mib(text: str) -> float | None:
     """Available MiB from `df -Pk PATH` (POSIX format: header, then `fs 1024-blocks used avail cap% mount`).
     None when the output is not in that format."""
@@ -327,9 +342,11 @@ def assemble_snapshot(
     own = _own_processes(procs, sections.get("self"))
     snap.table = [p for p in procs if p.pid not in own]
     snap.all_process_count = len(snap.table)
-    tagged = sections.get("tagged")
-    if tagged is not None:
-        snap.tagged_pids = sorted({int(t) for t in _text(tagged).split() if t.isdigit()} - own)
+    tags_sec = sections.get("tags")
+    if tags_sec is not None:
+        snap.launch_tags = {pid: tag for pid, tag in parse_launch_tags(_text(tags_sec)).items() if pid not in own}
+    if req.select_tag:
+        snap.tagged_pids = sorted(pid for pid, tag in snap.launch_tags.items() if tag == req.select_tag)
     gpu_pids = [gp.pid for gp in snap.gpu.processes] + snap.tagged_pids
     snap.processes = [
         p

@@ -37,6 +37,8 @@ class Message:
     text: str
     blocks: list[dict[str, Any]] | None = None
     files: list[tuple[str, bytes]] = field(default_factory=list)
+    #: False for refusals and errors (bad input, unknown host, denied): the audit trail records them so.
+    ok: bool = True
 
 
 def mrkdwn_escape(value: Any) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, event, inspect, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -55,6 +56,7 @@ class LaunchRow(Base):
     channel: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     relaunch_of: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True)
+    tag: Mapped[str] = mapped_column(String(64), default="", index=True)
 
 
 class EventRow(Base):
@@ -97,6 +99,7 @@ class Launch:
     channel: str | None
     thread_ts: str | None
     relaunch_of: int | None = None
+    tag: str = ""
 
     @property
     def live(self) -> bool:
@@ -131,7 +134,7 @@ def _launch(row: LaunchRow) -> Launch:
         command=row.command, log_path=row.log_path, port=row.port, gpus=json.loads(row.gpus_json or "[]"),
         pid=row.pid, pgid=row.pgid, sid=row.sid, state=row.state, state_detail=row.state_detail,
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
-        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of,
+        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "",
     )
 
 
@@ -158,7 +161,23 @@ class Store:
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _add_missing_columns(self) -> None:
+        """Bring a database made by an older gpubot up to date: add columns that newer versions declare
+        (additive changes only; every new column is nullable or has a default)."""
+        insp = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                have = {c["name"] for c in insp.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name in have:
+                        continue
+                    ddl_type = col.type.compile(dialect=self.engine.dialect)
+                    default = col.default.arg if col.default is not None and not callable(col.default.arg) else None
+                    clause = f" DEFAULT {default!r}" if isinstance(default, (str, int, float)) else ""
+                    conn.exec_driver_sql(f'ALTER TABLE "{table.name}" ADD COLUMN "{col.name}" {ddl_type}{clause}')
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -177,6 +196,9 @@ class Store:
                             created_by=created_by, created_at=time.time(), channel=channel,
                             thread_ts=thread_ts, relaunch_of=relaunch_of, state="starting")
             s.add(row)
+            s.flush()
+            # unique across bots and databases: the id alone would repeat in a fresh state_dir
+            row.tag = f"{row.id}-{secrets.token_hex(6)}"
             s.flush()
             return _launch(row)
 

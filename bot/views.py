@@ -187,7 +187,7 @@ def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[st
     la = outcome.launch
     return {
         "variant": variant,
-        "host": host or (la.host if la else "?"),
+        "host": host or getattr(outcome, "host", None) or (la.host if la else "?"),
         "launch": launch_view(la) if la else None,
         "refused": list(outcome.checks.problems),
         "passed": list(outcome.checks.passed),
@@ -216,4 +216,6 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
         "reboot": out.needs_reboot or any(h.state[:1] in ("D",) for h in out.still_holding),
         "seconds": out.seconds,
         "gpus": ",".join(map(str, gpus)) if gpus else "all",
+        "gpu_error": getattr(out, "gpu_error", None),
+        "pid_target": out.target.startswith("pid "),
     }

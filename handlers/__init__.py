@@ -75,7 +75,10 @@ async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
         call = CommandCall(name="status", args=[call.word, *call.args], kwargs=call.kwargs, raw=call.raw)
         spec = find("status")
     if spec is None:
-        return help_message(ctx, COMMANDS, intro=f"Unknown command {call.name[:40]!r}. Here is what I can do:")
+        what = "command or host" if call.raw.strip().split(" ", 1)[0] == call.word and ctx.source == "slash" \
+            else "command"
+        return help_message(ctx, COMMANDS, intro=f"Unknown {what} {call.word[:40] or call.name[:40]!r}. "
+                                                 "Here is what I can do:")
     chans = ctx.config.permissions.channels
     if chans and ctx.source != "console" and ctx.channel_id not in chans and spec.role > Role.NONE:
         _audit(ctx, call, "denied", "channel not allowed")
@@ -88,7 +91,7 @@ async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
                              "Ask an admin to add your Slack user ID to the config's permissions.")
     try:
         msg = await spec.handler(call, ctx)
-        _audit(ctx, call, "ok")
+        _audit(ctx, call, "ok" if msg.ok else "refused", None if msg.ok else msg.text.splitlines()[0][:300])
         return msg
     except Exception as e:
         log.exception("command %s failed", call.name)

@@ -83,5 +83,7 @@ class CommandSpec:
 
 
 def error_message(title: str, detail: str, hint: str | None = None) -> Message:
-    """A rendered error answer (templates/error.*)."""
-    return render("error", title=title, detail=detail, hint=hint)
+    """A rendered error answer (templates/error.*), marked not ok for the audit trail."""
+    msg = render("error", title=title, detail=detail, hint=hint)
+    msg.ok = False
+    return msg

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 LAUNCH_USAGE = "/launch VARIANT [host=HOST] [param=value ...]"
 KILL_USAGE = "/kill [LAUNCH|VARIANT] | /kill pid=N [host=HOST]"
 RELAUNCH_USAGE = "/relaunch [LAUNCH|VARIANT] [param=value ...]"
-LOGS_USAGE = "!logs [N] (in a launch thread)"
+LOGS_USAGE = "!logs [N] in a launch thread, or /gpu logs LAUNCH [N]"
 #: `!logs` with more lines than this goes as a file into the thread.
 LOGS_INLINE_MAX = 40
 LOGS_MAX = 5000
@@ -38,6 +38,10 @@ async def update_root(ctx: CommandContext, la: Launch) -> None:
     """Edit the launch's root message (its thread parent) to show the current state; failures are logged."""
     if ctx.surface is None or not la.channel or not la.thread_ts:
         return
+    assert ctx.launches is not None
+    newest = ctx.launches.store.launch_for_thread(la.channel, la.thread_ts)
+    if newest is not None and newest.id != la.id:
+        return  # the thread's root now shows its relaunch; an old launch must not overwrite it
     ok = await ctx.surface.update(la.channel, la.thread_ts, render("launch_root", **launch_view(la)))
     if not ok:
         log.warning("could not update the root message of %s", la.name)
@@ -71,7 +75,9 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
     if outcome.launch is not None:
         ctx.reply_thread_ts = outcome.launch.thread_ts
         await update_root(ctx, outcome.launch)
-    return render("launch_result", **launch_outcome_view(outcome, variant, host))
+    msg = render("launch_result", **launch_outcome_view(outcome, variant, host))
+    msg.ok = outcome.ok
+    return msg
 
 
 def _target(call: CommandCall, ctx: CommandContext) -> Launch:
@@ -96,7 +102,9 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
             return error_message("Unknown host", repr(call.kwargs.get("host")),
                                  f"Known hosts: {', '.join(ctx.config.hosts)}")
         out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id)
-        return render("kill_result", **kill_view(out))
+        msg = render("kill_result", **kill_view(out))
+        msg.ok = not out.error and not out.remaining
+        return msg
     try:
         la = _target(call, ctx)
     except LaunchError as e:
@@ -106,7 +114,9 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
     out = await ctx.launches.kill(la, user=ctx.user_id, channel=ctx.channel_id)
     la = ctx.launches.store.get_launch(la.id) or la
     await update_root(ctx, la)
-    return render("kill_result", **kill_view(out, la.gpus))
+    msg = render("kill_result", **kill_view(out, la.gpus))
+    msg.ok = not out.error and not out.remaining
+    return msg
 
 
 async def handle_relaunch(call: CommandCall, ctx: CommandContext) -> Message:
@@ -141,10 +151,17 @@ async def handle_logs(call: CommandCall, ctx: CommandContext) -> Message:
     if (err := _no_launch_service(ctx)) is not None:
         return err
     assert ctx.launches is not None
-    n_text = next((a for a in call.args if a.isascii() and a.isdigit()), call.kwargs.get("lines", "50"))
+    # `!logs N` in a thread; `/logs LAUNCH N` anywhere (LAUNCH: 12, base#12 or a variant)
+    words = list(call.args)
+    nums = [a for a in words if a.isascii() and a.isdigit()]
+    refs = [a for a in words if not (a.isascii() and a.isdigit())]
+    if len(nums) == 2 and not refs:
+        refs, nums = [nums[0]], [nums[1]]
+    if len(nums) > 1 or len(refs) > 1:
+        return error_message("Bad arguments", "expected at most a launch and a line count", f"Usage: {LOGS_USAGE}")
+    n_text = nums[0] if nums else call.kwargs.get("lines", "50")
     if not (n_text.isascii() and n_text.isdigit()) or not 1 <= int(n_text) <= LOGS_MAX:
         return error_message("Bad arguments", f"N must be 1..{LOGS_MAX}", f"Usage: {LOGS_USAGE}")
-    refs = [a for a in call.args if not (a.isascii() and a.isdigit())]
     try:
         la = ctx.launches.find(refs[0] if refs else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts)
     except LaunchError as e:

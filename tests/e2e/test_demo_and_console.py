@@ -58,6 +58,7 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
             "address": ssh_server.host, "port": ssh_server.port, "user": ssh_server.username,
             "key_file": str(ssh_server.client_key_path), "known_hosts": str(ssh_server.known_hosts_path),
             "connect_timeout_s": 5, "log_dirs": [str(tmp_path)]}},
+        "state_dir": str(tmp_path / "state"),
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))

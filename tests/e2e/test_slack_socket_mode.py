@@ -99,7 +99,7 @@ async def test_app_mention_at_channel_level_replies_in_a_thread_of_it(slack):
 async def test_unknown_command_and_unknown_host_get_help_and_host_list(slack):
     await slack.fake.push_slash_command("/gpu", "frobnicate now")
     first = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
-    assert "Unknown command 'frobnicate'" in first["params"]["text"]
+    assert "Unknown command or host 'frobnicate'" in first["params"]["text"]
     assert "/probe" in first["params"]["text"]
     await slack.fake.push_slash_command("/probe", "no-such-host pgid=1")
     second = await slack.fake.wait_for_call(

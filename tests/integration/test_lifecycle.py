@@ -104,7 +104,7 @@ def stack(ssh_server, fake_gpu, tmp_path):
 
 
 def pids_of_launch(la) -> list[int]:
-    """Every live process on this machine carrying the launch's GPUBOT_LAUNCH_ID, or in its session."""
+    """Every live process on this machine carrying the launch's unique GPUBOT_LAUNCH tag."""
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -118,7 +118,7 @@ def pids_of_launch(la) -> list[int]:
             continue
         if stat[0] == "Z":
             continue
-        if f"GPUBOT_LAUNCH_ID={la.id}".encode() in env or int(stat[3]) == la.sid:
+        if la.tag and f"GPUBOT_LAUNCH={la.tag}".encode() in env:
             out.append(int(d))
     return out
 
@@ -281,3 +281,27 @@ async def test_every_command_and_every_denial_is_audited(stack):
     assert ("U0VIEWER", "command:status", "ok") in got
     assert stack.store.recent_launches() == []
     assert all(e.at > 0 and e.args.get("text") is not None for e in events)
+
+
+def test_store_upgrades_a_database_made_by_an_older_version(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE launches (id INTEGER PRIMARY KEY, host VARCHAR(64), variant VARCHAR(64), "
+                "params_json TEXT, command TEXT, log_path TEXT, port INTEGER, gpus_json TEXT, pid INTEGER, "
+                "pgid INTEGER, sid INTEGER, state VARCHAR(32), state_detail TEXT, created_by VARCHAR(64), "
+                "created_at FLOAT, ended_at FLOAT, channel VARCHAR(64), thread_ts VARCHAR(32), relaunch_of INTEGER)")
+    con.execute("INSERT INTO launches (id, host, variant, params_json, command, gpus_json, state, created_by, "
+                "created_at) VALUES (1, 'h', 'base', '{}', 'x', '[]', 'running', 'U1', 1.0)")
+    con.commit()
+    con.close()
+    store = Store(f"sqlite:///{db}")
+    try:
+        old = store.get_launch(1)
+        assert old is not None and old.state == "running" and old.tag == ""
+        new = store.create_launch(host="h", variant="base", params={}, command="", log_path=None, port=None,
+                                  gpus=[], created_by="U1")
+        assert new.tag.startswith(f"{new.id}-") and len(new.tag) > 4
+    finally:
+        store.close()
