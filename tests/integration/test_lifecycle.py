@@ -305,3 +305,36 @@ def test_store_upgrades_a_database_made_by_an_older_version(tmp_path):
         assert new.tag.startswith(f"{new.id}-") and len(new.tag) > 4
     finally:
         store.close()
+
+
+async def test_kill_never_touches_another_bots_launch_with_the_same_id(stack, tmp_path):
+    """Two bots (two databases) each have a launch #1: killing one must leave the other alone."""
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    mine = stack.store.get_launch(1)
+    await wait_log(mine.log_path, "Load weight end")
+    other_store = Store(f"sqlite:///{tmp_path / 'other.db'}")
+    try:
+        ghost = other_store.create_launch(host="gpu-host-1", variant="base", params={}, command="", log_path=None,
+                                          port=None, gpus=[0, 1], created_by="U0OTHER")
+        ghost = other_store.update_launch(ghost.id, pid=999999, pgid=999999, sid=999999, state="running")
+        assert ghost.id == mine.id and ghost.tag != mine.tag
+        other = LaunchService(stack.cfg, stack.hosts, other_store, kill_grace_s=2, release_timeout_s=3, poll_s=0.2)
+        out = await other.kill(ghost, user="U0OTHER")
+        assert out.nothing_to_kill and not out.signalled
+    finally:
+        other_store.close()
+    assert pids_of_launch(mine), "the first bot's server must still run"
+
+
+async def test_kill_pid_only_stops_gpu_holders(stack, tmp_path):
+    import subprocess
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        msg = await dispatch(parse_slash("/kill", f"pid={bystander.pid}"), stack.ctx())
+        assert "holds no GPU memory" in msg.text and bystander.poll() is None
+        refused = stack.store.events(action="command:kill")
+        assert refused[-1].result == "refused"
+    finally:
+        bystander.kill()
+        bystander.wait()
