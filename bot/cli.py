@@ -112,5 +112,33 @@ def check_config(path: str) -> None:
     for line in warnings:
         click.echo(f"  warning: {line}", err=True)
 
+
+@main.command()
+@click.argument("directory", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
+def diagnose(directory: str, as_json: bool) -> None:
+    """Diagnose one case bundle DIRECTORY (server.log, ps.txt, nvidia-smi.*, observed.json, ...).
+
+    Prints the verdict, phase, summary, evidence and next steps; with --json an object with the keys
+    verdict, phase, summary, evidence, next_steps. Exit 0; exit 2 when the directory is missing or unreadable.
+    """
+    import json
+
+    from bot.bundle import BundleError, read_bundle
+    from bot.diagnose import diagnose as run_diagnosis
+    from bot.diagnose import format_verdict
+
+    try:
+        observation = read_bundle(directory)
+    except BundleError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    verdict = run_diagnosis(observation)
+    if as_json:
+        click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        click.echo(format_verdict(verdict), nl=False)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,124 @@
+"""Acceptance: every case bundle in tests/fixtures/cases through `gpubot diagnose DIR --json`.
+
+For each bundle the verdict and phase (null included) must equal expected.json, and every
+`evidence_must_mention` string must appear in the joined evidence. The tool reads neither case.md nor
+expected.json, and the code holds no bundle names (checked below).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bot.bundle import BUNDLE_FILES, read_bundle
+from bot.cli import main
+from tests.data import CASES
+
+BUNDLES = sorted(p for p in CASES.iterdir() if p.is_dir())
+BOT = Path(__file__).resolve().parents[2] / "bot"
+
+
+def _run(directory: Path, *extra: str):
+    return CliRunner().invoke(main, ["diagnose", str(directory), *extra])
+
+
+def _json(directory: Path) -> dict:
+    result = _run(directory, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_there_are_21_bundles():
+    assert len(BUNDLES) == 21
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=[p.name for p in BUNDLES])
+def test_bundle_verdict_phase_and_evidence(bundle: Path):
+    expected = json.loads((bundle / "expected.json").read_text(encoding="utf-8"))
+    got = _json(bundle)
+    assert set(got) >= {"verdict", "phase", "evidence", "next_steps", "summary"}
+    assert (got["verdict"], got["phase"]) == (expected["verdict"], expected["phase"]), got["summary"]
+    joined = "\n".join(got["evidence"])
+    missing = [m for m in expected["evidence_must_mention"] if m not in joined]
+    assert not missing, f"evidence does not quote {missing}:\n{joined}"
+    assert got["next_steps"], "every verdict comes with next steps"
+    assert got["summary"]
+
+
+@pytest.mark.parametrize("bundle", BUNDLES, ids=[p.name for p in BUNDLES])
+def test_answer_files_are_not_read(bundle: Path, tmp_path: Path):
+    """Same verdict with case.md removed and a lying expected.json in place."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    (copy / "case.md").unlink()
+    (copy / "expected.json").write_text('{"verdict": "ready", "phase": "serving"}', encoding="utf-8")
+    assert _json(copy) == _json(bundle)
+
+
+def test_reader_never_lists_answer_files():
+    assert "case.md" not in BUNDLE_FILES
+    assert "expected.json" not in BUNDLE_FILES
+
+
+def test_no_bundle_names_or_ids_in_code():
+    """General rules only: no lookup by directory name, case id or answer text."""
+    sources = [p.read_text(encoding="utf-8") for p in (BOT / "diagnose.py", BOT / "bundle.py", BOT / "signatures.yaml")]
+    for bundle in BUNDLES:
+        slug = bundle.name.split("-", 1)[1]
+        for text in sources:
+            assert bundle.name not in text
+            assert slug not in text
+
+
+def test_human_output(tmp_path: Path):
+    result = _run(BUNDLES[0])
+    assert result.exit_code == 0
+    out = result.output
+    assert out.startswith("verdict: ")
+    assert "phase:" in out and "evidence:" in out and "next steps:" in out
+    assert "\n  - " in out
+
+
+def test_missing_directory_exits_2(tmp_path: Path):
+    result = _run(tmp_path / "nope", "--json")
+    assert result.exit_code == 2
+    assert "no such directory" in result.output
+
+
+def test_file_instead_of_directory_exits_2(tmp_path: Path):
+    f = tmp_path / "file.txt"
+    f.write_text("x", encoding="utf-8")
+    result = _run(f)
+    assert result.exit_code == 2
+    assert "not a directory" in result.output
+
+
+def test_empty_bundle_is_unknown_not_empty(tmp_path: Path):
+    """No evidence files at all: nothing is known, so the verdict is `unknown`."""
+    (tmp_path / "observed.json").write_text("{}", encoding="utf-8")
+    got = _json(tmp_path)
+    assert got["verdict"] == "unknown"
+    assert got["phase"] is None
+    obs = read_bundle(tmp_path)
+    assert obs.log_lines is None and obs.processes is None and obs.gpus is None and obs.listening is None
+
+
+def test_bad_observed_json_is_a_note_not_a_crash(tmp_path: Path):
+    (tmp_path / "observed.json").write_text("{not json", encoding="utf-8")
+    (tmp_path / "server.log").write_text("torch.OutOfMemoryError: CUDA out of memory.\n", encoding="utf-8")
+    got = _json(tmp_path)
+    assert got["verdict"] == "oom"
+    assert any("observed.json is not valid JSON" in e for e in got["evidence"])
+
+
+def test_whole_suite_is_fast():
+    import time
+
+    start = time.perf_counter()
+    for bundle in BUNDLES:
+        _json(bundle)
+    assert time.perf_counter() - start < 5.0

@@ -1,0 +1,616 @@
+"""Rule tests for bot.diagnose (pure) and the bundle parsers in bot.bundle, plus fuzzing.
+
+Log lines are in the real formats of SGLang, vLLM, NCCL and torch (see bot/signatures.yaml for sources).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bot.bundle import (
+    detect_ps_layout,
+    observation_from_texts,
+    parse_docker_ps,
+    parse_gpu_csv,
+    parse_gpu_table,
+    parse_ipcs_m,
+    parse_listening,
+    parse_ps_text,
+)
+from bot.diagnose import (
+    PHASES,
+    SIGNATURES,
+    VERDICTS,
+    Observation,
+    diagnose,
+    format_verdict,
+    load_signatures,
+    scan_log,
+)
+from bot.models import GpuProcess, GpuReading, ProcessInfo
+
+
+def _joined(v) -> str:
+    return "\n".join(v.evidence)
+
+
+def _sglang_loaded(ranks: int = 8) -> list[str]:
+    lines = ["[2026-02-22 22:53:04] server_args=ServerArgs(model_path='/m', tp_size=8, port=8000)"]
+    lines += [f"[2026-02-22 22:53:12 TP{r}] Load weight begin. avail mem=94.11 GB" for r in range(ranks)]
+    lines += [
+        f"[2026-02-22 22:53:26 TP{r}] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+        "avail mem=21.34 GB, mem usage=72.77 GB."
+        for r in range(ranks)
+    ]
+    return lines
+
+
+IMPORT_WARNINGS = [
+    f"[2026-02-22 22:53:28 TP{r}] Ignore import error when loading sglang.srt.models.glm_ocr: "
+    "No module named 'transformers.models.glm_ocr'"
+    for r in range(8)
+]
+
+HEARTBEAT = (
+    "(APIServer pid=1) DEBUG 08-09 20:{m:02d}:{s:02d} [v1/engine/utils.py:1262] "
+    "Waiting for 1 local, 0 remote core engine proc(s) to start."
+)
+
+
+def _heartbeats(n: int, start_min: int = 55) -> list[str]:
+    out = []
+    for k in range(n):
+        t = k * 10
+        out.append(HEARTBEAT.format(m=start_min + t // 60, s=t % 60))
+    return out
+
+
+VLLM_NCCL = [
+    "(VllmWorker rank=1 pid=242) DEBUG 08-09 20:54:50 [parallel_state.py:820] world_size=2 rank=1 local_rank=1 "
+    "distributed_init_method=tcp://127.0.0.1:53913 backend=nccl",
+    "(VllmWorker rank=1 pid=242) INFO 08-09 20:54:55 [utils.py:990] Found nccl from library libnccl.so.2",
+]
+
+WATCHDOG = (
+    "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, "
+    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600059 milliseconds before timing out."
+)
+
+
+# --- the rules DESIGN §6 names --------------------------------------------------------------------------
+
+
+def test_benign_import_errors_are_not_crashes():
+    obs = Observation(log_lines=_sglang_loaded() + IMPORT_WARNINGS, process_alive=True, log_silent_s=60)
+    v = diagnose(obs)
+    assert v.verdict == "loading"
+    assert "known-benign" in _joined(v)
+    v = diagnose(Observation(log_lines=_sglang_loaded() + IMPORT_WARNINGS, process_alive=True, log_silent_s=900))
+    assert v.verdict == "silent_hang"
+    assert v.phase is None  # weight loading finished on every rank; the next step is not known
+    assert "Load weight end" in _joined(v)
+
+
+def test_heartbeat_only_is_silent_hang_from_timestamps():
+    """The log still grows, but only with the vLLM heartbeat: 40 lines over 390 s, no silence figure given."""
+    obs = Observation(log_lines=VLLM_NCCL + _heartbeats(40), process_alive=True, log_growing=True)
+    v = diagnose(obs)
+    assert (v.verdict, v.phase) == ("silent_hang", "comm_init")
+    assert "Waiting for 1 local, 0 remote core engine proc(s) to start" in _joined(v)
+    assert "not progress" in _joined(v)
+
+
+def test_heartbeat_only_is_silent_hang_with_observed_silence():
+    obs = Observation(log_lines=VLLM_NCCL + _heartbeats(5), process_alive=True, log_growing=True, log_silent_s=600)
+    assert diagnose(obs).verdict == "silent_hang"
+
+
+def test_a_short_heartbeat_run_is_still_loading():
+    obs = Observation(log_lines=VLLM_NCCL + _heartbeats(3), process_alive=True, log_growing=True)
+    v = diagnose(obs)
+    assert v.verdict != "silent_hang"
+
+
+def test_advancing_progress_bar_with_long_silence_elsewhere_is_loading():
+    """0 % GPU, 0 % CPU, 66 min since launch, no new phase line: but the shard bar moves."""
+    bar = "Loading safetensors checkpoint shards:  {p}% Completed | {k}/163 [{m:02d}:00<50:00, 26.68s/it]"
+    lines = [*_sglang_loaded(0)[:1], "[2025-02-01 06:00:00 TP0] Load weight begin. avail mem=94.11 GB"]
+    lines += [bar.format(p=k * 100 // 163, k=k, m=k // 2) for k in range(140, 150)]
+    gpus = [
+        GpuReading(
+            index=i,
+            memory_used_mib=30000,
+            memory_total_mib=143771,
+            utilization_gpu_pct=0,
+            power_draw_w=120,
+            power_limit_w=700,
+        )
+        for i in range(8)
+    ]
+    procs = [ProcessInfo(pid=100 + i, stat="Sl", pcpu=0.0, args=f"sglang::scheduler_TP{i}") for i in range(8)]
+    obs = Observation(
+        log_lines=lines,
+        process_alive=True,
+        log_silent_s=25,
+        elapsed_s=4000,
+        gpus=gpus,
+        processes=procs,
+        port_open=False,
+        gpu_mem_rising=False,
+    )
+    v = diagnose(obs)
+    assert (v.verdict, v.phase) == ("loading", "weight_loading")
+    assert "149/163" in _joined(v)
+
+
+def test_progress_counter_advancing_beats_silence():
+    lines = ["Loading safetensors checkpoint shards:  40% Completed | 65/163 [30:00<45:00, 26.68s/it]"]
+    obs = Observation(log_lines=lines, process_alive=True, log_silent_s=2400, progress_advancing=True)
+    v = diagnose(obs)
+    assert (v.verdict, v.phase) == ("loading", "weight_loading")
+
+
+def test_history_derives_progress_between_observations():
+    bar = "Loading safetensors checkpoint shards:  {p}% Completed | {k}/163 [10:00<45:00, 26.68s/it]"
+    before = Observation(log_lines=[bar.format(p=6, k=10)], process_alive=True)
+    now = Observation(log_lines=[bar.format(p=7, k=12)], process_alive=True)
+    v = diagnose(now, history=[before])
+    assert v.verdict == "loading"
+    assert "progress counter advanced" in _joined(v)
+    # the same counter twice is no progress; with a known long silence that is a hang
+    same = Observation(log_lines=[bar.format(p=6, k=10)], process_alive=True, log_silent_s=4000)
+    assert diagnose(same, history=[before]).verdict == "silent_hang"
+
+
+def test_history_derives_rising_gpu_memory_and_cpu_time():
+    g0 = [GpuReading(index=0, memory_used_mib=1000, memory_total_mib=80000, utilization_gpu_pct=0)]
+    g1 = [GpuReading(index=0, memory_used_mib=9000, memory_total_mib=80000, utilization_gpu_pct=0)]
+    v = diagnose(Observation(process_alive=True, log_silent_s=4000, gpus=g1), history=[Observation(gpus=g0)])
+    assert v.verdict == "loading"
+    p0 = [ProcessInfo(pid=7, cpu_time_s=10)]
+    p1 = [ProcessInfo(pid=7, cpu_time_s=90)]
+    v = diagnose(Observation(process_alive=True, log_silent_s=4000, processes=p1), history=[Observation(processes=p0)])
+    assert v.verdict == "loading"
+
+
+def test_nccl_spin_is_not_work():
+    gpus = [
+        GpuReading(
+            index=i,
+            memory_used_mib=2627,
+            memory_total_mib=46068,
+            utilization_gpu_pct=100,
+            power_draw_w=97,
+            power_limit_w=350,
+        )
+        for i in range(8)
+    ]
+    v = diagnose(Observation(process_alive=True, log_silent_s=600, gpus=gpus))
+    assert (v.verdict, v.phase) == ("silent_hang", "comm_init")
+    assert "NCCL spin" in _joined(v)
+
+
+def test_full_utilization_at_high_power_is_work():
+    gpus = [
+        GpuReading(
+            index=0,
+            memory_used_mib=70000,
+            memory_total_mib=143771,
+            utilization_gpu_pct=100,
+            power_draw_w=650,
+            power_limit_w=700,
+        )
+    ]
+    v = diagnose(Observation(process_alive=True, log_silent_s=600, gpus=gpus))
+    assert v.verdict == "loading"
+    assert "computing" in _joined(v)
+
+
+def test_first_failure_is_quoted_over_the_watchdog_echo():
+    lines = [
+        "(Worker_TP1 pid=77) ERROR 07-01 13:44:40 [gpu_model_runner.py:88] RuntimeError: CUDA error: an illegal "
+        "memory access was encountered",
+        "INFO 07-01 13:44:41 multiproc_worker_utils.py:123] Killing local vLLM worker processes",
+        WATCHDOG,
+        WATCHDOG,
+    ]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert v.verdict == "cuda_error"
+    assert "illegal memory access" in v.evidence[0]
+    assert "illegal memory access" in v.summary
+    assert "echo" in _joined(v)
+
+
+def test_watchdog_alone_is_nccl_error_and_points_to_the_earlier_death():
+    lines = [
+        "ERROR 07-01 13:54:43 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 died, exit code: -6",
+        WATCHDOG,
+    ]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert v.verdict == "nccl_error"
+    assert v.evidence[0].startswith("first failure") and "exit code: -6" in v.evidence[0]
+
+
+def test_nccl_ras_bind_warning_is_not_port_in_use():
+    for ras in (
+        "[2025-08-22 17:44:36] A800:6801:6839 [1] ras/client_support.cc:159 NCCL WARN Call to bind failed: "
+        "Address already in use",
+        "A800:6801:6839 [1] NCCL WARN Call to bind failed : Address already in use",
+    ):
+        lines = [
+            *VLLM_NCCL,
+            ras,
+            "A800:6801:6839 [1] NCCL INFO RAS failed to establish a client listening socket at localhost:28028",
+            "A800:6801:6839 [1] NCCL INFO Connected all rings",
+        ]
+        v = diagnose(Observation(log_lines=lines, process_alive=True, log_silent_s=10))
+        assert v.verdict == "loading", v.summary
+        assert v.phase == "comm_init"
+        assert "known-benign" in _joined(v)
+
+
+def test_a_real_bind_failure_is_port_in_use():
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/x/vllm/utils.py", line 572, in get_open_port',
+        '    s.bind(("", 0))',
+        "OSError: [Errno 98] Address already in use",
+    ]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert v.verdict == "port_in_use"
+    assert "Address already in use" in _joined(v)
+
+
+# --- more rules ---------------------------------------------------------------------------------------
+
+
+def test_grace_is_per_phase_and_overridable():
+    obs = Observation(log_lines=VLLM_NCCL, process_alive=True, log_silent_s=400)
+    assert diagnose(obs).verdict == "silent_hang"  # comm_init grace 300 s
+    assert diagnose(obs, grace_s={"comm_init": 600}).verdict == "loading"
+    loading = Observation(
+        log_lines=["(Worker_TP0 pid=9) INFO 08-09 21:00:00 [gpu_model_runner.py:1] Starting to load model /m..."],
+        process_alive=True,
+        log_silent_s=400,
+    )
+    assert (diagnose(loading).verdict, diagnose(loading).phase) == ("loading", "weight_loading")
+
+
+def test_phase_is_unfinished_until_every_rank_ends_it():
+    done = [f"[2025-02-01 07:03:55 TP{r}] Memory pool end. avail mem=15.10 GB" for r in range(8)]
+    some = _sglang_loaded() + done[:3]
+    assert scan_log(some).phase == "kv_cache_alloc"
+    scan = scan_log(_sglang_loaded() + done)
+    assert (scan.phase, scan.finished_phase) == (None, "kv_cache_alloc")
+
+
+def test_phase_never_moves_back():
+    lines = [
+        "[TP0] Capture cuda graph begin. This can take up to several minutes.",
+        "host:1:1 [0] NCCL INFO Connected all trees",
+    ]
+    assert scan_log(lines).phase == "cuda_graph_capture"
+
+
+def test_only_the_last_run_counts():
+    old = [
+        "[2026-01-01 10:00:00] server_args=ServerArgs(model_path='/m')",
+        "[2026-01-01 10:00:05 TP0] Scheduler hit an exception: boom",
+    ]
+    new = [
+        "[2026-01-01 10:05:00] server_args=ServerArgs(model_path='/m')",
+        "[2026-01-01 10:05:10 TP0] Load weight begin. avail mem=94 GB",
+    ]
+    v = diagnose(Observation(log_lines=old + new, process_alive=True, log_silent_s=30))
+    assert (v.verdict, v.phase) == ("loading", "weight_loading")
+
+
+def test_ctrl_c_is_a_stop_not_a_crash():
+    lines = [
+        "[TP0] Load weight begin. avail mem=94 GB",
+        "Traceback (most recent call last):",
+        '  File "/x/launch_server.py", line 12, in <module>',
+        "    main()",
+        "KeyboardInterrupt",
+    ]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("exited", "shutdown")
+
+
+def test_oom_inside_a_traceback():
+    lines = [
+        "[TP3] Capture cuda graph begin. This can take up to several minutes.",
+        "Traceback (most recent call last):",
+        '  File "/x/cuda_graph_runner.py", line 147, in __init__',
+        "    self.capture()",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    ]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("oom", "cuda_graph_capture")
+    assert "self.capture()" in _joined(v)
+
+
+def test_sigkill_without_dmesg_is_probably_host_oom_and_dmesg_can_overrule():
+    lines = ["Loading checkpoint shards:  75%|███ | 3/4 [00:08<00:02,  2.83s/it]Killed"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("host_oom", "weight_loading")
+    assert "no dmesg to confirm" in v.summary
+    v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=["[1.0] usb 1-1: new device"]))
+    assert v.verdict == "crashed"
+
+
+def test_dmesg_oom_kill_of_a_dead_launch_is_host_oom():
+    dmesg = ["[26002.109061] Out of memory: Killed process 576419 (python) total-vm:78521468kB"]
+    v = diagnose(Observation(process_alive=False, dmesg_lines=dmesg))
+    assert v.verdict == "host_oom"
+    assert "Out of memory: Killed process 576419" in _joined(v)
+    # an old OOM kill does not make a healthy, serving launch fail
+    assert diagnose(Observation(process_alive=True, port_open=True, dmesg_lines=dmesg)).verdict == "ready"
+
+
+def test_gpu_lost_wins():
+    lost = "Unable to determine the device handle for GPU0000:17:00.0: GPU is lost"
+    v = diagnose(Observation(gpu_error_lines=[lost]))
+    assert (v.verdict, v.phase) == ("gpu_lost", None)
+    xid = "NVRM: Xid (PCI:0000:17:00): 79, GPU has fallen off the bus."
+    v = diagnose(Observation(process_alive=True, dmesg_lines=[xid]))
+    assert v.verdict == "gpu_lost"
+
+
+def test_readiness():
+    uvicorn = "[2026-02-22 22:54:00] INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)"
+    sglang = [*_sglang_loaded(), uvicorn]
+    v = diagnose(Observation(log_lines=sglang, process_alive=True, log_silent_s=30))
+    assert (v.verdict, v.phase) == ("loading", "warmup")  # SGLang: port up, warm-up not done yet
+    fired = [*sglang, "[2026-02-22 22:54:09] The server is fired up and ready to roll!"]
+    assert (diagnose(Observation(log_lines=fired, process_alive=True)).verdict) == "ready"
+    vllm = ["(APIServer pid=1) INFO:     Application startup complete."]
+    assert diagnose(Observation(log_lines=vllm, process_alive=True)).phase == "serving"
+    assert diagnose(Observation(health="ok")).verdict == "ready"
+
+
+def test_port_open_but_api_not_answering_is_a_hang():
+    v = diagnose(Observation(process_alive=True, port_open=True, health="timeout", port=8000))
+    assert (v.verdict, v.phase) == ("silent_hang", "serving")
+
+
+def test_connect_timeout_from_a_client_on_a_listening_port_is_ready():
+    probe = [
+        "curl http://0.0.0.0:8000/v1/models",
+        "curl: (28) Failed to connect to 0.0.0.0 port 8000 after 133149 ms: Connection timed out",
+    ]
+    v = diagnose(Observation(process_alive=True, port_open=True, probe_lines=probe))
+    assert v.verdict == "ready"
+    assert "client path" in v.summary
+
+
+def test_orphans_by_launch_pids():
+    holders = [
+        GpuProcess(pid=4242, used_memory_mib=70000, gpu_index=0, process_name="python3"),
+        GpuProcess(pid=100, used_memory_mib=1000, gpu_index=1, process_name="python3"),
+    ]
+    v = diagnose(Observation(process_alive=True, launch_pids={100}, gpu_processes=holders, log_silent_s=10))
+    assert v.verdict == "orphans_hold_gpu"
+    assert "PID 4242" in _joined(v) and "PID 100 " not in _joined(v)
+
+
+def test_memory_held_after_the_launch_ended_is_orphans_in_shutdown():
+    gpus = [
+        GpuReading(
+            index=0,
+            memory_used_mib=46867,
+            memory_total_mib=49140,
+            utilization_gpu_pct=100,
+            power_draw_w=90,
+            power_limit_w=300,
+        )
+    ]
+    v = diagnose(Observation(process_alive=False, gpus=gpus))
+    assert (v.verdict, v.phase) == ("orphans_hold_gpu", "shutdown")
+    free = [GpuReading(index=0, memory_used_mib=0, memory_total_mib=49140, utilization_gpu_pct=0)]
+    assert diagnose(Observation(process_alive=False, gpus=free)).verdict == "unknown"
+
+
+def test_unknown_without_evidence_and_vocabulary():
+    v = diagnose(Observation())
+    assert (v.verdict, v.phase) == ("unknown", None)
+    assert v.next_steps
+    assert v.verdict in VERDICTS
+    assert "verdict: unknown" in format_verdict(v)
+
+
+def test_non_finite_numbers_are_unknown():
+    v = diagnose(Observation(process_alive=True, log_silent_s=math.nan, elapsed_s=math.inf))
+    assert v.verdict == "unknown"
+
+
+def test_signature_errors_name_the_entry():
+    with pytest.raises(ValueError, match=r"engines\.x\.phases\.comm_init\.begin\[0\]"):
+        load_signatures("engines: {x: {phases: {comm_init: {begin: ['(']}}}}")
+    with pytest.raises(ValueError, match="unknown phase"):
+        load_signatures("engines: {x: {phases: {booting: {begin: ['a']}}}}")
+    with pytest.raises(ValueError, match="unknown verdict"):
+        load_signatures("engines: {x: {failures: {sad: ['a']}}}")
+
+
+def test_every_engine_names_its_versions():
+    assert {"sglang", "vllm", "tgi", "trtllm", "generic"} <= set(SIGNATURES.engines)
+    assert all(SIGNATURES.engines.values())
+    assert set(SIGNATURES.default_grace_s) <= set(PHASES)
+
+
+# --- bundle parsers ---------------------------------------------------------------------------------------
+
+
+def test_headerless_ps_with_lstart_is_detected_by_shape():
+    text = (
+        "  824867  824670 root     Sl   Sat Jun  7 14:06:35 2025 4074589  0.0  0.1   71 "
+        "/usr/bin/python3 /venv/bin/vllm serve /m --port 40047\n"
+    )
+    rows, raw = parse_ps_text(text)
+    assert [(r.pid, r.ppid, r.stat, r.pcpu, r.elapsed_s) for r in rows] == [(824867, 824670, "Sl", 0.0, 4074589)]
+    assert rows[0].args.startswith("/usr/bin/python3") and raw[824867].startswith("824867")
+
+
+def test_headerless_ps_layouts():
+    probe = "  569     1   566   566 Sl   10.7 26060292   37 00:00:04 hrtimer_nanosleep  /opt/venv/bin/python3 -B -c x"
+    assert detect_ps_layout([probe])[:5] == ("pid", "ppid", "pgid", "sid", "stat")
+    aux = "root 50299 0.0 0.2 55478556 1035232 ? Sl 22:53 0:16 /opt/venv/bin/python3 -m sglang.launch_server"
+    rows, _ = parse_ps_text(aux)
+    assert (rows[0].pid, rows[0].cpu_time_s, rows[0].stat) == (50299, 16, "Sl")
+
+
+def test_headerless_gpu_csv_by_column_count_and_units():
+    gpus, raw, errors = parse_gpu_csv("0, 76015 MiB, 97887 MiB, 0 %\n1, 76017 MiB, 97887 MiB, 0 %\n")
+    assert [(g.index, g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct) for g in gpus] == [
+        (0, 76015, 97887, 0),
+        (1, 76017, 97887, 0),
+    ]
+    assert raw[0] == "0, 76015 MiB, 97887 MiB, 0 %" and errors == []
+    gpus, _, _ = parse_gpu_csv("0, 76015, 97887, 0\n")  # nounits: by column count
+    assert gpus[0].memory_total_mib == 97887
+    gpus, _, _ = parse_gpu_csv("index, memory.used [MiB], memory.total [MiB]\n0, 5 MiB, 10 MiB\n")
+    assert gpus[0].memory_used_mib == 5
+
+
+def test_gpu_table_keeps_raw_rows_and_errors():
+    table = (
+        "|   0  NVIDIA L40S                    Off |   00000000:1C:00.0 Off |                    0 |\n"
+        "| N/A   40C    P0             97W /  350W |    2627MiB /  46068MiB |    100%      Default |\n"
+    )
+    gpus, _, raw, errors = parse_gpu_table(table)
+    assert gpus[0].utilization_gpu_pct == 100 and "2627MiB" in raw[0] and errors == []
+    _, _, _, errors = parse_gpu_table("Unable to determine the device handle for GPU0000:17:00.0: Unknown Error\n")
+    assert errors == ["Unable to determine the device handle for GPU0000:17:00.0: Unknown Error"]
+
+
+def test_listening_ipcs_docker():
+    socks = parse_listening(
+        "tcp   0  0 0.0.0.0:8000   0.0.0.0:*   LISTEN   11671/python   off (0.00/0/0)\n"
+        "tcp6  0  0 :::34315       :::*        LISTEN   1/python3\n"
+        'LISTEN 0 4096 127.0.0.1:30000 0.0.0.0:* users:(("python3",pid=55,fd=7))\n'
+        "tcp   0  0 10.0.0.2:5555  10.0.0.3:41000 ESTABLISHED 1/python3\n"
+    )
+    assert [(s.port, s.owner) for s in socks] == [(8000, "11671/python"), (34315, "1/python3"), (30000, "55/python3")]
+    segs = parse_ipcs_m("key shmid owner perms bytes nattch status\n0x00000000 7 user 600 524288 2 dest\n")
+    assert (segs[0].nattch, segs[0].status) == (2, "dest")
+    rows = parse_docker_ps(
+        "CONTAINER ID   IMAGE   COMMAND   CREATED   STATUS          PORTS                    NAMES\n"
+        '5d6972460ce0   img     "x"       2h ago    Up 26 minutes   0.0.0.0:8000->8000/tcp   vllm\n'
+    )
+    assert (rows[0].name, rows[0].status) == ("vllm", "Up 26 minutes")
+
+
+def test_missing_files_stay_unknown():
+    obs = observation_from_texts({"server.log": ""})
+    assert obs.log_lines == [] and obs.processes is None and obs.gpus is None and obs.dmesg_lines is None
+    obs = observation_from_texts({}, {"port_open": "yes", "log_silent_s": -5, "health": "great"})
+    assert obs.port_open is None and obs.log_silent_s is None and obs.health is None
+    assert len(obs.notes) == 3
+
+
+# --- fuzz -----------------------------------------------------------------------------------------------
+
+_LOG_ALPHABET = st.characters(blacklist_categories=("Cs",))
+_PIECES = st.sampled_from(
+    [
+        "Load weight end. avail mem=1 GB",
+        "[TP1] Memory pool end. avail mem=1 GB",
+        "Traceback (most recent call last):",
+        "KeyboardInterrupt",
+        "CUDA out of memory",
+        WATCHDOG,
+        "NCCL WARN Call to bind failed: Address already in use",
+        "Waiting for 1 local, 0 remote core engine proc(s) to start.",
+        "Loading safetensors checkpoint shards:  3% Completed | 1/37 [00:02<01:39,  2.77s/it]",
+        "  0%|          | 0/23 [00:00<?, ?it/s]\r 50%|#####     | 12/23",
+        "Killed",
+        "\x1b[31mERROR\x1b[0m 01-01 00:00:00 Worker x pid 1 died, exit code: -9",
+        "",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.text(_LOG_ALPHABET, max_size=200), _PIECES), max_size=40))
+def test_fuzz_random_log_text_never_raises(lines):
+    v = diagnose(Observation(log_lines=lines))
+    assert v.verdict in VERDICTS and (v.phase is None or v.phase in PHASES)
+    v = diagnose(Observation(log_lines=lines, process_alive=True, log_growing=True, port_open=False))
+    assert v.verdict in VERDICTS
+
+
+_MAYBE_FLOAT = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
+_MAYBE_BOOL = st.one_of(st.none(), st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    silent=_MAYBE_FLOAT,
+    elapsed=_MAYBE_FLOAT,
+    alive=_MAYBE_BOOL,
+    growing=_MAYBE_BOOL,
+    port_open=_MAYBE_BOOL,
+    rising=_MAYBE_BOOL,
+    health=st.one_of(st.none(), st.sampled_from(["ok", "http_503", "refused", "timeout", "empty", "weird"])),
+    exit_code=st.one_of(st.none(), st.integers(-300, 300)),
+    mem=_MAYBE_FLOAT,
+    util=_MAYBE_FLOAT,
+    power=_MAYBE_FLOAT,
+)
+def test_fuzz_observation_fields_never_raise(
+    silent, elapsed, alive, growing, port_open, rising, health, exit_code, mem, util, power
+):
+    gpus = [
+        GpuReading(
+            index=0,
+            memory_used_mib=mem,
+            memory_total_mib=mem,
+            utilization_gpu_pct=util,
+            power_draw_w=power,
+            power_limit_w=power,
+        )
+    ]
+    obs = Observation(
+        log_silent_s=silent,
+        elapsed_s=elapsed,
+        process_alive=alive,
+        log_growing=growing,
+        port_open=port_open,
+        gpu_mem_rising=rising,
+        health=health,
+        exit_code=exit_code,
+        gpus=gpus,
+    )
+    v = diagnose(obs, history=[obs])
+    assert v.verdict in VERDICTS
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "server.log",
+                "ps.txt",
+                "nvidia-smi.txt",
+                "nvidia-smi.csv",
+                "netstat.txt",
+                "ss.txt",
+                "curl.txt",
+                "dmesg.txt",
+                "ipcs-m.txt",
+                "docker-ps.txt",
+                "proc-stack.txt",
+            ]
+        ),
+        st.text(_LOG_ALPHABET, max_size=300),
+    )
+)
+def test_fuzz_bundle_texts_never_raise(texts):
+    obs = observation_from_texts(texts, {"process_alive": True})
+    assert diagnose(obs).verdict in VERDICTS
