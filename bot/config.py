@@ -567,6 +567,48 @@ def _format_pydantic(e: ValidationError, skip_unknown: Collection[str] = ()) -> 
     return list(dict.fromkeys(out))
 
 
+_EXPR_RE = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+def command_template_problems(template: str) -> list[str]:
+    """Shapes of a command template that would undo the shell-quoting of values (pure).
+
+    Values are `shlex.quote`d BEFORE the template renders them, so an expression must stand alone: not
+    inside '...' or "..." (quotes around a quoted value reopen the shell), and without filters, indexing,
+    calls or attribute access (`{{ x|replace("'", "") }}`, `{{ x[1:-1] }}` strip the quoting). Returns
+    messages; empty when the template is safe."""
+    problems: list[str] = []
+    for m in _EXPR_RE.finditer(template):
+        expr = m.group(1).strip()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", expr):
+            problems.append(f"`{{{{ {expr[:40]} }}}}`: only plain names are allowed in command templates "
+                            "(no filters, indexing, calls or attributes: they would undo the shell quoting)")
+    for m in re.finditer(r"\{%-?\s*(\w+)", template):
+        if m.group(1) not in ("if", "elif", "else", "endif"):
+            problems.append(f"`{{% {m.group(1)} %}}`: only if/elif/else/endif blocks are allowed in command "
+                            "templates")
+    quote: str | None = None
+    i = 0
+    while i < len(template):
+        if template.startswith("{{", i):
+            end = template.find("}}", i)
+            if quote is not None:
+                problems.append(f"`{template[i:end + 2][:40]}` stands inside {quote}...{quote}: remove the quotes "
+                                "(values are shell-quoted already)")
+            i = end + 2 if end >= 0 else len(template)
+            continue
+        c = template[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in ("'", '"'):
+            quote = c
+        elif quote == c:
+            quote = None
+        i += 1
+    return problems
+
+
 def _cross_checks(cfg: Config) -> list[str]:
     errors: list[str] = []
     env = jinja2.sandbox.SandboxedEnvironment()
@@ -603,9 +645,14 @@ def _cross_checks(cfg: Config) -> list[str]:
                     f"variants.{name}.{field_name}: uses undeclared parameter(s) {', '.join(unknown)}; "
                     "declare them under params"
                 )
+        if rv.command:
+            errors.extend(f"variants.{name}.command: {p}" for p in command_template_problems(rv.command))
         for pname, spec in rv.params.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", pname):
                 errors.append(f"variants.{name}.params.{pname}: parameter names must be identifiers")
+            if pname in BUILTIN_TEMPLATE_VARS:
+                errors.append(f"variants.{name}.params.{pname}: {pname!r} is a built-in template variable "
+                              f"(set by gpubot: {', '.join(sorted(BUILTIN_TEMPLATE_VARS))}); rename the param")
             if isinstance(spec, ParamSpec) and spec.choices is not None and spec.default is not None:
                 if spec.default not in spec.choices:
                     errors.append(f"variants.{name}.params.{pname}.default: not one of the choices")

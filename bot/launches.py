@@ -32,11 +32,20 @@ from bot.lifecycle import (
 )
 from bot.models import HostFailure, ProcessInfo, Snapshot
 from bot.probe import ProbeRequest
+from bot.redact import redact
 from bot.remote import RemoteError
 from bot.service import HostService
 from bot.store import Launch, Store
 
 log = logging.getLogger(__name__)
+
+#: A launch in state `starting` younger than this counts as live without looking for its processes.
+STARTING_GRACE_S = 120.0
+
+
+def redact_params(params: dict[str, str]) -> dict[str, str]:
+    """Params as recorded in the audit trail: values redacted (bot.redact)."""
+    return {k: redact(str(v)) for k, v in params.items()}
 
 #: Called with the new launch (state `starting`) before its process starts; returns the incident thread's
 #: ts (the root message it posted) or None.
@@ -109,6 +118,7 @@ class LaunchService:
         self.poll_s = poll_s
         self.start_check_s = start_check_s
         self.min_shm_free_mib = min_shm_free_mib
+        self._locks: dict[str, asyncio.Lock] = {}
 
     # -- helpers ------------------------------------------------------------------------------------
     async def _snapshot(self, host: str, req: ProbeRequest) -> Snapshot:
@@ -139,22 +149,45 @@ class LaunchService:
         never raises for remote failures (they are in the outcome and the events table)."""
         preview = render_launch(self.config, variant, params, launch_id=0, host=host)
         host = preview.host
-        args = {"variant": variant, "host": host, "params": params}
+        # One launch decision at a time per host: two /launch racing must not both pass the checks.
+        async with self._host_lock(host):
+            return await self._launch_locked(preview, variant, params, user=user, channel=channel,
+                                             thread_ts=thread_ts, relaunch_of=relaunch_of, on_created=on_created)
+
+    def _host_lock(self, host: str) -> asyncio.Lock:
+        lock = self._locks.get(host)
+        if lock is None:
+            lock = self._locks[host] = asyncio.Lock()
+        return lock
+
+    async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
+                             channel: str | None, thread_ts: str | None, relaunch_of: int | None,
+                             on_created: OnCreated | None) -> LaunchOutcome:
+        host = preview.host
+        args = {"variant": variant, "host": host, "params": redact_params(params)}
         try:
             snap = await self._snapshot(host, ProbeRequest(port=preview.port, health_path=None, shm=True))
         except RemoteError as e:
             self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=str(e),
                                  host=host, channel=channel)
             return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}", host=host)
-        live = []
-        for la in self.store.live_launches(host, variant):
-            if self._alive(la, snap):
-                live.append(la)
+        live, others = [], []
+        for la in self.store.live_launches(host):
+            recent = la.state == "starting" and time.time() - la.created_at < STARTING_GRACE_S
+            if recent or self._alive(la, snap):
+                (live if la.variant == variant else others).append(la)
             else:
                 self.store.update_launch(la.id, state="exited", state_detail="no process left (seen at a later launch)")
         checks = prelaunch_checks(snap, preview, self.holders(snap), live_same_variant=live,
                                   gpu_free_mib=self.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
                                   min_shm_free_mib=self.min_shm_free_mib)
+        for la in others:  # GPUs and ports of our other live launches are taken even before memory shows it
+            shared = sorted(set(la.gpus) & set(preview.gpus)) if la.gpus and preview.gpus else []
+            if shared:
+                checks.problems.append(f"GPU(s) {','.join(map(str, shared))} belong to {la.name} ({la.state}); "
+                                       f"`/kill {la.id}` first")
+            if la.port and la.port == preview.port:
+                checks.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `/kill {la.id}` first")
         if not checks.ok:
             self.store.add_event(user_id=user, action="launch", args=args, result="refused",
                                  detail="; ".join(checks.problems), host=host, channel=channel)
@@ -163,7 +196,7 @@ class LaunchService:
                                       log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
                                       channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
         r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
-        la = self.store.update_launch(la.id, command=r.command, log_path=r.log_path)
+        la = self.store.update_launch(la.id, command=redact(r.command), log_path=r.log_path)
         if on_created is not None and thread_ts is None:
             try:
                 ts = await on_created(la)
@@ -191,7 +224,11 @@ class LaunchService:
             self.store.add_event(user_id=user, action="launch", args=args, result="error", detail=why,
                                  launch_id=la.id, host=la.host, channel=la.channel)
             return LaunchOutcome(la, checks=checks, error=f"could not start: {why}")
-        la = self.store.update_launch(la.id, pid=pid, pgid=pid, sid=pid, state="running")
+        la = self.store.set_started(la.id, pid)
+        if la.state != "running":  # killed while it was starting: stop what just started
+            await self.hosts.executor(la.host).run("sh -s", input=signal_script([pid], pid, "TERM").encode(),
+                                                   timeout_s=15)
+            return LaunchOutcome(la, checks=checks, error=f"{la.name} was cancelled while it was starting")
         self.store.add_event(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
                              detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
         outcome = LaunchOutcome(la, checks=checks)
@@ -232,6 +269,13 @@ class LaunchService:
         (at most `release_timeout_s`). Never raises; the outcome and the events table say what happened."""
         t0 = time.monotonic()
         out = KillOutcome(target=la.name)
+        if la.state == "starting" and la.pid is None:
+            self.store.update_launch(la.id, state="killed", state_detail="cancelled while starting")
+            out.nothing_to_kill = out.released = True
+            self.store.add_event(user_id=user, action="kill", args={"launch": la.name}, result="cancelled",
+                                 detail="cancelled before its process was recorded", launch_id=la.id, host=la.host,
+                                 channel=channel)
+            return out
         try:
             out = await self._kill(la, out)
         except RemoteError as e:
@@ -241,6 +285,8 @@ class LaunchService:
             state, result = la.state, "error"
         elif out.remaining or out.still_holding:
             state, result = "kill_failed", "incomplete"
+        elif out.gpu_error:
+            state, result = "killed", "unverified"
         else:
             state, result = "killed", "released" if out.released else "killed"
         detail = self.describe_kill(out)
@@ -374,7 +420,7 @@ class LaunchService:
             k = await self.kill(la, user=user, channel=channel)
         else:
             k = KillOutcome(target=la.name, nothing_to_kill=True, released=True)
-        if k.error or k.remaining or k.still_holding:
+        if k.error or k.remaining or k.still_holding or not (k.released or k.gpu_error):
             self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": params},
                                  result="refused", detail="the old launch did not stop cleanly", launch_id=la.id,
                                  host=la.host, channel=channel)
@@ -388,16 +434,25 @@ class LaunchService:
         return k, new
 
     # -- lookup -------------------------------------------------------------------------------------
-    def find(self, ref: str | None, *, channel: str | None = None, thread_ts: str | None = None) -> Launch:
-        """Resolve a launch reference: `12`, `base#12`, a variant name (its newest live launch), or nothing
-        (the launch of this thread, else the only live launch). Raises LaunchError with the live launches."""
+    def find(self, ref: str | None, *, channel: str | None = None, thread_ts: str | None = None,
+             allow_only_live: bool = True) -> Launch:
+        """Resolve a launch reference: `12`, `base#12`, a variant name (its newest live launch), or nothing:
+        the launch of this thread; outside any thread, the only live launch when `allow_only_live`.
+        Raises LaunchError naming the live launches."""
+        la = self._find(ref, channel=channel, thread_ts=thread_ts, allow_only_live=allow_only_live)
+        if la.host not in self.config.hosts:
+            raise LaunchError(f"{la.name} ran on host {la.host!r}, which is no longer in the config")
+        return la
+
+    def _find(self, ref: str | None, *, channel: str | None, thread_ts: str | None,
+              allow_only_live: bool) -> Launch:
         if ref:
             text = ref.strip()
-            num = text.split("#", 1)[1] if "#" in text else text
+            prefix, _, num = text.rpartition("#") if "#" in text else ("", "", text)
             if num.isascii() and num.isdigit():
                 la = self.store.get_launch(int(num))
-                if la is None:
-                    raise LaunchError(f"no launch #{num}")
+                if la is None or (prefix and prefix != la.variant):
+                    raise LaunchError(f"no launch {text[:40]!r}")
                 return la
             live = self.store.live_launches(variant=text)
             if live:
@@ -407,6 +462,9 @@ class LaunchService:
             la = self.store.launch_for_thread(channel, thread_ts)
             if la is not None:
                 return la
+            raise LaunchError(f"this thread belongs to no launch: name one; {self._live_list()}")
+        if not allow_only_live:
+            raise LaunchError(f"name the launch (id or variant); {self._live_list()}")
         live = self.store.live_launches()
         if len(live) == 1:
             return live[0]

@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
-from bot.config import Config, ParamSpec, VariantConfig
+from bot.config import Config, ParamSpec, VariantConfig, command_template_problems
 from bot.models import GpuSection, ProcessInfo, Snapshot
 
 #: Environment variable that tags every process of a launch (inherited by all children).
@@ -81,7 +81,7 @@ def coerce_param(name: str, spec: ParamSpec, raw: Any) -> Any:
     value: Any
     try:
         if spec.type == "int":
-            if isinstance(raw, bool) or not re.fullmatch(r"-?\d{1,12}", text.strip()):
+            if isinstance(raw, bool) or not re.fullmatch(r"-?[0-9]{1,12}", text.strip()):
                 raise ValueError
             value = int(text)
         elif spec.type == "float":
@@ -165,13 +165,21 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
     builtins = {"variant": variant_name, "launch_id": launch_id, "host": host,
                 "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
                 "cuda_visible_devices": ",".join(map(str, gpus))}
+    log_dirs = config.hosts[host].log_dirs
+    # default: a name nobody can predict (the random tag), so no one can plant a symlink there first
+    default_dir = log_dirs[0] if log_dirs else "/tmp"
     try:
         log_path = _ENV.from_string(v.log).render(**builtins, **params) if v.log else \
-            f"/tmp/gpubot-{variant_name}-{launch_id}.log"
+            f"{default_dir}/gpubot-{variant_name}-{tag or launch_id}.log"
     except jinja2.TemplateError as e:
         raise LaunchError(f"log template of {variant_name} failed: {e}") from None
     if not log_path.startswith("/") or _CTRL_RE.search(log_path) or "/../" in log_path + "/":
         raise LaunchError(f"log path {log_path[:100]!r} must be an absolute path without '..'")
+    if log_dirs and not any(log_path.startswith(d.rstrip("/") + "/") for d in log_dirs):
+        raise LaunchError(f"log path {log_path[:100]!r} is outside {host}'s log_dirs ({', '.join(log_dirs)})")
+    problems = command_template_problems(v.command or "")
+    if problems:  # check-config reports these too; never render a template that would undo the quoting
+        raise LaunchError(f"the command template of {variant_name} is unsafe: {problems[0]}")
     quoted = {k: _quote_value(val) for k, val in params.items()}
     qbuiltins = {k: _quote_value(val) for k, val in builtins.items()}
     qbuiltins["log"] = shlex.quote(log_path)
@@ -348,8 +356,10 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
                 res.problems.append(f"GPU {g.index} already uses {g.memory_used_mib / 1024:.1f} GiB: {who}{fix}")
         if not any(p.startswith("GPU") for p in res.problems):
             res.passed.append(f"GPUs {','.join(map(str, wanted))} free (< {gpu_free_mib / 1024:.1f} GiB used)")
+    elif r.gpus:
+        res.problems.append(f"cannot verify that GPUs {','.join(map(str, r.gpus))} are free: {snap.gpu.error}")
     else:
-        res.passed.append(f"GPU check skipped: {snap.gpu.error}")
+        res.passed.append(f"GPU check skipped (the variant names no GPUs): {snap.gpu.error}")
     if shm_free_mib is not None:
         if shm_free_mib < min_shm_free_mib:
             res.problems.append(f"/dev/shm has only {shm_free_mib:.0f} MiB free (needs {min_shm_free_mib:.0f}); "

@@ -22,6 +22,8 @@ from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, 
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from bot.redact import redact
+
 #: Launch states. `starting` until the process is confirmed, `running` while it lives, then one of the
 #: terminal states. `kill_failed` means processes still hold GPU memory after a kill.
 LIVE_STATES = ("starting", "running", "kill_failed")
@@ -162,6 +164,11 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
+        if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+            try:  # launches hold params and commands: readable by the bot's user only
+                os.chmod(url[len("sqlite:///"):], 0o600)
+            except OSError:
+                pass
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def _add_missing_columns(self) -> None:
@@ -222,6 +229,18 @@ class Store:
                 row.ended_at = time.time()
             return _launch(row)
 
+    def set_started(self, launch_id: int, pid: int) -> Launch:
+        """Record the started process (PID = PGID = SID). The state becomes `running` only if it is still
+        `starting` (compare-and-set): a launch cancelled meanwhile keeps its state. Returns the launch."""
+        with self._tx() as s:
+            row = s.get(LaunchRow, launch_id)
+            if row is None:
+                raise KeyError(launch_id)
+            row.pid = row.pgid = row.sid = pid
+            if row.state == "starting":
+                row.state = "running"
+            return _launch(row)
+
     def get_launch(self, launch_id: int) -> Launch | None:
         """The launch with this id, or None."""
         with self._tx() as s:
@@ -257,8 +276,9 @@ class Store:
         """Append an audit entry and return it."""
         with self._tx() as s:
             row = EventRow(at=time.time(), user_id=user_id, action=action,
-                           args_json=json.dumps(args or {}, sort_keys=True, default=str), result=result,
-                           detail=detail, launch_id=launch_id, host=host, channel=channel)
+                           args_json=json.dumps(_redacted(args or {}), sort_keys=True, default=str), result=result,
+                           detail=redact(detail) if detail else detail, launch_id=launch_id, host=host,
+                           channel=channel)
             s.add(row)
             s.flush()
             return _event(row)
@@ -278,10 +298,21 @@ class Store:
         self.engine.dispose()
 
 
+def _redacted(obj: Any) -> Any:
+    """`obj` with every string redacted (bot.redact): the audit trail never stores a secret."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: _redacted(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_redacted(v) for v in obj]
+    return obj
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute("PRAGMA busy_timeout=2000")
     cur.close()

@@ -58,7 +58,6 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
     variant = call.args[0]
     params = dict(call.kwargs)
     host = params.pop("host", None)
-    in_thread = ctx.thread_ts if ctx.source != "slash" else None
 
     async def on_created(la: Launch) -> str | None:
         if ctx.surface is None:
@@ -66,8 +65,9 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
         return await ctx.surface.post(ctx.channel_id, render("launch_root", **launch_view(la)))
 
     try:
+        # every launch opens its own incident thread (typed in another launch's thread or not)
         outcome = await ctx.launches.launch(variant, params, user=ctx.user_id, channel=ctx.channel_id, host=host,
-                                            thread_ts=in_thread, on_created=on_created)
+                                            on_created=on_created)
     except LaunchError as e:
         ctx.launches.store.add_event(user_id=ctx.user_id, action="launch", args={"variant": variant, **call.kwargs},
                                      result="invalid", detail=str(e), channel=ctx.channel_id)
@@ -81,10 +81,13 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
 
 
 def _target(call: CommandCall, ctx: CommandContext) -> Launch:
+    """The launch a kill/relaunch acts on: named, or the launch of this thread. Never a guess: outside a
+    launch thread the launch must be named."""
     assert ctx.launches is not None
     if len(call.args) > 1:
         raise LaunchError("name at most one launch")
-    return ctx.launches.find(call.args[0] if call.args else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts)
+    return ctx.launches.find(call.args[0] if call.args else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts,
+                             allow_only_live=False)
 
 
 async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:

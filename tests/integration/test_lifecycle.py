@@ -338,3 +338,107 @@ async def test_kill_pid_only_stops_gpu_holders(stack, tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+async def test_two_racing_launches_of_one_variant_start_only_one(stack):
+    a, b = await asyncio.gather(dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx()),
+                                dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx()))
+    texts = sorted([a.text, b.text])
+    assert sum(t.startswith("Launched") for t in texts) == 1, texts
+    assert any("still live" in t for t in texts), texts
+    assert len([la for la in stack.store.recent_launches() if la.state == "running"]) == 1
+
+
+async def test_other_variant_cannot_take_gpus_of_a_loading_launch(stack):
+    first = await dispatch(parse_slash("/launch", "base mode=hang workers=1 load_s=5"), stack.ctx())
+    assert first.text.startswith("Launched base#1")
+    # helper is another variant on the same GPUs; base#1 holds no memory yet (still "loading")
+    second = await dispatch(parse_slash("/launch", "helper mode=hang workers=1"), stack.ctx())
+    assert "GPU(s) 0,1 belong to base#1" in second.text and f"port {stack.cfg.variants['base'].port}" in second.text
+
+
+async def test_kill_while_starting_cancels_instead_of_losing_the_server(stack):
+    slow = asyncio.Event()
+
+    class SlowSurface(RecordingSurface):
+        async def post(self, channel, message, *, thread_ts=None):
+            if thread_ts is None:
+                await slow.wait()  # the root message is slow to post: the launch stays `starting`
+            return await super().post(channel, message, thread_ts=thread_ts)
+
+    ctx = stack.ctx()
+    ctx.surface = SlowSurface()
+    task = asyncio.create_task(dispatch(parse_slash("/launch", "base mode=hang workers=1"), ctx))
+    for _ in range(100):
+        if stack.store.recent_launches():
+            break
+        await asyncio.sleep(0.05)
+    la = stack.store.recent_launches()[0]
+    assert la.state == "starting"
+    killed = await dispatch(parse_slash("/kill", str(la.id)), stack.ctx())
+    slow.set()
+    launched = await task
+    await asyncio.sleep(1.0)
+    assert "no process was left" in killed.text
+    assert "cancelled while it was starting" in launched.text, launched.text
+    assert stack.store.get_launch(la.id).state == "killed"
+    assert pids_of_launch(stack.store.get_launch(la.id)) == []
+
+
+async def test_commands_in_a_thread_that_is_not_a_launch_thread_never_guess(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    la = stack.store.get_launch(1)
+    k = await dispatch(parse_message("!kill", bot_user_id=None),
+                       stack.ctx(channel="C_OTHER", thread_ts="1600000000.000001", source="prefix"))
+    assert "this thread belongs to no launch" in k.text
+    k2 = await dispatch(parse_slash("/kill", ""), stack.ctx())
+    assert "name the launch" in k2.text
+    assert stack.store.get_launch(1).state == "running" and pids_of_launch(la)
+
+
+async def test_bang_launch_inside_another_launch_thread_opens_its_own_thread(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    a = stack.store.get_launch(1)
+    msg = await dispatch(parse_message("!launch helper mode=hang workers=1 load_s=0.1", bot_user_id=None),
+                         stack.ctx(thread_ts=a.thread_ts, source="prefix"))
+    assert "refused" in msg.text  # helper shares GPUs with base: but it must not hijack base's thread either
+    await dispatch(parse_slash("/kill", "1"), stack.ctx())
+    msg = await dispatch(parse_message("!launch helper mode=hang workers=1", bot_user_id=None),
+                         stack.ctx(thread_ts=a.thread_ts, source="prefix"))
+    b = stack.store.get_launch(2)
+    assert msg.text.startswith("Launched helper#2") and b.thread_ts and b.thread_ts != a.thread_ts
+    assert stack.store.launch_for_thread("C1", a.thread_ts).id == 1
+
+
+async def test_launch_refused_when_gpus_cannot_be_checked(stack, fake_gpu):
+    fake_gpu.set_mode("exit:9")
+    msg = await dispatch(parse_slash("/launch", "base"), stack.ctx())
+    assert "cannot verify that GPUs 0,1 are free" in msg.text and "driver is not loaded" in msg.text
+
+
+def test_unsafe_command_templates_are_config_errors():
+    from bot.config import ConfigError, parse_config
+
+    base = {"hosts": {"h": {"local": True}}}
+    for cmd, expect in [('sleep 30 "{{ note }}"', "inside"), ("run {{ note|replace('x','') }}", "plain names"),
+                        ("run {{ note[1:-1] }}", "plain names"), ("{% set y = note %}run {{ y }}", "only if")]:
+        data = {**base, "variants": {"v": {"host": "h", "command": cmd, "params": {"note": "x"}}}}
+        with pytest.raises(ConfigError) as e:
+            parse_config(data)
+        assert any(expect in err for err in e.value.errors), e.value.errors
+    data = {**base, "variants": {"v": {"host": "h", "command": "run {{ port }}", "params": {"port": 1}}}}
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert any("built-in template variable" in err for err in e.value.errors)
+
+
+async def test_variant_prefix_must_match_and_secrets_never_reach_the_store(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1 model=sk-abcdefghijklmnopqrstuvwx"),
+                   stack.ctx())
+    wrong = await dispatch(parse_slash("/kill", "helper#1"), stack.ctx())
+    assert "no launch 'helper#1'" in wrong.text and stack.store.get_launch(1).state == "running"
+    la = stack.store.get_launch(1)
+    assert "sk-abcdefghijklmnopqrstuvwx" not in la.command
+    for e in stack.store.events():
+        assert "sk-abcdefghijklmnopqrstuvwx" not in f"{e.args} {e.detail}"
+    assert oct(os.stat(stack.store.url[len("sqlite:///"):]).st_mode & 0o777) == "0o600"
