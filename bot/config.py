@@ -567,46 +567,57 @@ def _format_pydantic(e: ValidationError, skip_unknown: Collection[str] = ()) -> 
     return list(dict.fromkeys(out))
 
 
-_EXPR_RE = re.compile(r"\{\{(.*?)\}\}", re.S)
+#: Characters a command template may not contain outside its {{ }} expressions: each can undo the
+#: shell-quoting of a value (quotes and backslashes re-open or escape it; backticks and $( run it).
+_FORBIDDEN_IN_COMMAND = (("'", "quotes"), ('"', "quotes"), ("\\", "backslashes"), ("`", "backticks"),
+                         ("$(", "$( )"), ("${", "${ }"))
+_ALLOWED_BLOCKS = frozenset({"if", "elif", "else", "endif"})
 
 
 def command_template_problems(template: str) -> list[str]:
     """Shapes of a command template that would undo the shell-quoting of values (pure).
 
-    Values are `shlex.quote`d BEFORE the template renders them, so an expression must stand alone: not
-    inside '...' or "..." (quotes around a quoted value reopen the shell), and without filters, indexing,
-    calls or attribute access (`{{ x|replace("'", "") }}`, `{{ x[1:-1] }}` strip the quoting). Returns
-    messages; empty when the template is safe."""
+    Values are `shlex.quote`d BEFORE the template renders them, so the template must not be able to
+    re-open or strip that quoting. Checked on Jinja2's own token stream: every `{{ }}` holds one plain
+    name (no filters, indexing, calls or attributes); blocks are only if/elif/else/endif; no comments;
+    and the literal text has no quotes, backslashes, backticks, `$(` or `${` (pass such values as params
+    or extra_args, which gpubot quotes). Returns messages; empty when the template is safe.
+    """
     problems: list[str] = []
-    for m in _EXPR_RE.finditer(template):
-        expr = m.group(1).strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", expr):
-            problems.append(f"`{{{{ {expr[:40]} }}}}`: only plain names are allowed in command templates "
-                            "(no filters, indexing, calls or attributes: they would undo the shell quoting)")
-    for m in re.finditer(r"\{%-?\s*(\w+)", template):
-        if m.group(1) not in ("if", "elif", "else", "endif"):
-            problems.append(f"`{{% {m.group(1)} %}}`: only if/elif/else/endif blocks are allowed in command "
-                            "templates")
-    quote: str | None = None
+    env = jinja2.sandbox.SandboxedEnvironment()
+    try:
+        tokens = list(env.lex(template))
+    except jinja2.TemplateSyntaxError as e:
+        return [f"template syntax error: {e.message}"]
     i = 0
-    while i < len(template):
-        if template.startswith("{{", i):
-            end = template.find("}}", i)
-            if quote is not None:
-                problems.append(f"`{template[i:end + 2][:40]}` stands inside {quote}...{quote}: remove the quotes "
-                                "(values are shell-quoted already)")
-            i = end + 2 if end >= 0 else len(template)
-            continue
-        c = template[i]
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if quote is None and c in ("'", '"'):
-            quote = c
-        elif quote == c:
-            quote = None
+    while i < len(tokens):
+        _line, kind, value = tokens[i]
+        if kind == "data":
+            for bad, what in _FORBIDDEN_IN_COMMAND:
+                if bad in value:
+                    problems.append(f"{what} are not allowed in command templates (values are shell-quoted by "
+                                    "gpubot; pass such text as a param or in extra_args)")
+                    break
+        elif kind in ("comment_begin", "linecomment_begin"):
+            problems.append("comments are not allowed in command templates")
+        elif kind in ("variable_begin", "block_begin"):
+            end = "variable_end" if kind == "variable_begin" else "block_end"
+            j = i + 1
+            inner = []
+            while j < len(tokens) and tokens[j][1] != end:
+                if tokens[j][1] != "whitespace":
+                    inner.append(tokens[j])
+                j += 1
+            if kind == "variable_begin" and not (len(inner) == 1 and inner[0][1] == "name"):
+                text = " ".join(str(t[2]) for t in inner)[:40]
+                problems.append(f"`{{{{ {text} }}}}`: only plain names are allowed in command templates (no "
+                                "filters, indexing, calls or attributes: they would undo the shell quoting)")
+            if kind == "block_begin" and (not inner or inner[0][2] not in _ALLOWED_BLOCKS):
+                name = inner[0][2] if inner else "?"
+                problems.append(f"`{{% {name} %}}`: only if/elif/else/endif blocks are allowed in command templates")
+            i = j
         i += 1
-    return problems
+    return list(dict.fromkeys(problems))
 
 
 def _cross_checks(cfg: Config) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from bot.lifecycle import (
 )
 from bot.models import HostFailure, ProcessInfo, Snapshot
 from bot.probe import ProbeRequest
-from bot.redact import redact
+from bot.redact import MASK, SECRET_NAME_RE, redact, redact_mapping
 from bot.remote import RemoteError
 from bot.service import HostService
 from bot.store import Launch, Store
@@ -43,9 +44,10 @@ log = logging.getLogger(__name__)
 STARTING_GRACE_S = 120.0
 
 
-def redact_params(params: dict[str, str]) -> dict[str, str]:
-    """Params as recorded in the audit trail: values redacted (bot.redact)."""
-    return {k: redact(str(v)) for k, v in params.items()}
+def redact_params(params: dict) -> dict:
+    """Params as recorded anywhere (audit trail, launches table): secret-named params masked, the rest
+    redacted (bot.redact.redact_mapping)."""
+    return redact_mapping({k: v if isinstance(v, (int, float, bool)) else str(v) for k, v in params.items()})
 
 #: Called with the new launch (state `starting`) before its process starts; returns the incident thread's
 #: ts (the root message it posted) or None.
@@ -182,21 +184,28 @@ class LaunchService:
                                   gpu_free_mib=self.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
                                   min_shm_free_mib=self.min_shm_free_mib)
         for la in others:  # GPUs and ports of our other live launches are taken even before memory shows it
-            shared = sorted(set(la.gpus) & set(preview.gpus)) if la.gpus and preview.gpus else []
+            # a launch that names no GPUs may use all of them
+            if la.gpus and preview.gpus:
+                shared = ",".join(map(str, sorted(set(la.gpus) & set(preview.gpus))))
+            else:
+                shared = "all"
             if shared:
-                checks.problems.append(f"GPU(s) {','.join(map(str, shared))} belong to {la.name} ({la.state}); "
-                                       f"`/kill {la.id}` first")
+                checks.problems.append(f"GPU(s) {shared} belong to {la.name} ({la.state}); `/kill {la.id}` first")
             if la.port and la.port == preview.port:
                 checks.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `/kill {la.id}` first")
         if not checks.ok:
             self.store.add_event(user_id=user, action="launch", args=args, result="refused",
                                  detail="; ".join(checks.problems), host=host, channel=channel)
             return LaunchOutcome(None, checks=checks, host=host)
-        la = self.store.create_launch(host=host, variant=variant, params=preview.params, command="",
+        la = self.store.create_launch(host=host, variant=variant, params=redact_params(preview.params), command="",
                                       log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
                                       channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
         r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
-        la = self.store.update_launch(la.id, command=redact(r.command), log_path=r.log_path)
+        command = r.command
+        for k, v in r.params.items():  # values of secret-named params never reach the database
+            if SECRET_NAME_RE.search(k) and str(v):
+                command = command.replace(shlex.quote(str(v)), MASK)
+        la = self.store.update_launch(la.id, command=redact(command), log_path=r.log_path)
         if on_created is not None and thread_ts is None:
             try:
                 ts = await on_created(la)
@@ -225,10 +234,15 @@ class LaunchService:
                                  launch_id=la.id, host=la.host, channel=la.channel)
             return LaunchOutcome(la, checks=checks, error=f"could not start: {why}")
         la = self.store.set_started(la.id, pid)
-        if la.state != "running":  # killed while it was starting: stop what just started
-            await self.hosts.executor(la.host).run("sh -s", input=signal_script([pid], pid, "TERM").encode(),
-                                                   timeout_s=15)
-            return LaunchOutcome(la, checks=checks, error=f"{la.name} was cancelled while it was starting")
+        if la.state != "running":  # killed while it was starting: stop what just started, verified
+            await asyncio.sleep(0.2)
+            try:
+                k = await self._kill(la, KillOutcome(target=la.name))
+                detail = self.describe_kill(k)
+            except RemoteError as e:
+                detail = f"could not stop it: {e}"
+            self.store.update_launch(la.id, state_detail=f"cancelled while starting; {detail}")
+            return LaunchOutcome(la, checks=checks, error=f"{la.name} was cancelled while it was starting ({detail})")
         self.store.add_event(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
                              detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
         outcome = LaunchOutcome(la, checks=checks)
@@ -249,7 +263,9 @@ class LaunchService:
 
         The launch's own log path (rendered from the config, not typed by a user) is allowed as is.
         """
-        log_dirs = [la.log_path.rsplit("/", 1)[0] or "/"] if la.log_path else None
+        host_dirs = self.config.hosts[la.host].log_dirs if la.host in self.config.hosts else []
+        # the host's log_dirs; without them only the launch's own default log (random name) is readable
+        log_dirs = list(host_dirs) or ([la.log_path.rsplit("/", 1)[0] or "/"] if la.log_path else None)
         return ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, log_dirs=log_dirs,
                             port=la.port, health_path=self._health(la), tail_lines=tail_lines, gpu=gpu)
 
@@ -322,7 +338,9 @@ class LaunchService:
         deadline = time.monotonic() + budget_s
         while True:
             snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None, gpu=False))
-            procs = self._alive(la, snap) + [p for p in snap.table if p.pid in pids]
+            procs = self._alive(la, snap)
+            if not la.tag:  # a foreign pid (/kill pid=N): follow the number itself
+                procs += [p for p in snap.table if p.pid in pids]
             procs = [p for p in {p.pid: p for p in procs}.values() if p.state != "Z"]
             if not procs or time.monotonic() >= deadline:
                 return procs
@@ -413,7 +431,8 @@ class LaunchService:
         """Kill `la` (verified: processes gone and GPU memory released), then launch the same variant on the
         same host with its params updated by `params`, in the same thread. Returns both outcomes; the
         launch outcome is None when the kill did not complete."""
-        merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()}
+        merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
+                  if v != MASK}  # a secret param was never stored: it falls back to its default, or must be given
         merged.update(params)
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         if la.live:
@@ -421,13 +440,14 @@ class LaunchService:
         else:
             k = KillOutcome(target=la.name, nothing_to_kill=True, released=True)
         if k.error or k.remaining or k.still_holding or not (k.released or k.gpu_error):
-            self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": params},
-                                 result="refused", detail="the old launch did not stop cleanly", launch_id=la.id,
-                                 host=la.host, channel=channel)
+            self.store.add_event(user_id=user, action="relaunch",
+                                 args={"launch": la.name, "params": redact_params(params)}, result="refused",
+                                 detail="the old launch did not stop cleanly", launch_id=la.id, host=la.host,
+                                 channel=channel)
             return k, None
         new = await self.launch(la.variant, merged, user=user, channel=la.channel or channel, host=la.host,
                                 thread_ts=la.thread_ts, relaunch_of=la.id)
-        self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": params},
+        self.store.add_event(user_id=user, action="relaunch", args={"launch": la.name, "params": redact_params(params)},
                              result="started" if new.ok else "failed",
                              detail=new.launch.name if new.launch else "; ".join(new.checks.problems) or new.error,
                              launch_id=la.id, host=la.host, channel=channel)
@@ -455,8 +475,11 @@ class LaunchService:
                     raise LaunchError(f"no launch {text[:40]!r}")
                 return la
             live = self.store.live_launches(variant=text)
-            if live:
+            if len(live) == 1:
                 return live[0]
+            if len(live) > 1:
+                raise LaunchError(f"{text[:40]!r} has {len(live)} live launches: "
+                                  + ", ".join(f"{la.name} on {la.host}" for la in live) + "; name one")
             raise LaunchError(f"no live launch of {text[:40]!r}; {self._live_list()}")
         if channel and thread_ts:
             la = self.store.launch_for_thread(channel, thread_ts)

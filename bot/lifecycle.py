@@ -166,6 +166,9 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
                 "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
                 "cuda_visible_devices": ",".join(map(str, gpus))}
     log_dirs = config.hosts[host].log_dirs
+    if v.log and not log_dirs:
+        raise LaunchError(f"{variant_name} sets a log path, but host {host} has no log_dirs: list the log "
+                          "directory under hosts.{host}.log_dirs (or drop `log:` to use a private default)")
     # default: a name nobody can predict (the random tag), so no one can plant a symlink there first
     default_dir = log_dirs[0] if log_dirs else "/tmp"
     try:
@@ -212,6 +215,7 @@ def launch_script(r: RenderedLaunch) -> str:
     log = shlex.quote(r.log_path)
     lines += [
         f"mkdir -p -- \"$(dirname -- {log})\" || {{ echo 'cannot create the log directory'; exit 3; }}",
+        f"if [ -L {log} ]; then echo 'the log path is a symbolic link: refusing to write through it'; exit 3; fi",
         f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
         # $! is the server's PID = PGID = SID.
@@ -265,8 +269,13 @@ def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int,
     clear its environment, but PIDs of a dead launch may be reused by strangers), plus descendants of all
     of those. Zombies are left out: they hold nothing and cannot be killed."""
     tagged = set(tagged)
-    sid_ok = bool(sid) and any(p.pid in tagged and p.sid == sid for p in procs)
-    pgid_ok = bool(pgid) and any(p.pid in tagged and p.pgid == pgid for p in procs)
+    live_pids = {p.pid for p in procs if p.state != "Z"}
+    # Linux never hands out a PID that is still some live process's session or group id, so members of
+    # `sid` while no live process has PID `sid` are what is left of the launch's own session.
+    sid_ok = bool(sid) and (any(p.pid in tagged and p.sid == sid for p in procs)
+                            or (sid not in live_pids and any(p.sid == sid for p in procs)))
+    pgid_ok = bool(pgid) and (any(p.pid in tagged and p.pgid == pgid for p in procs)
+                              or (pgid not in live_pids and any(p.pgid == pgid for p in procs)))
     chosen = {p.pid for p in procs
               if p.pid in tagged or (sid_ok and p.sid == sid) or (pgid_ok and p.pgid == pgid)}
     grew = True
@@ -283,7 +292,9 @@ def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid
     """True when the process group `pgid` holds a process carrying the launch's tag (so signalling the whole
     group cannot hit a stranger that reused the number)."""
     tagged = set(tagged)
-    return bool(pgid) and any(p.pid in tagged and p.pgid == pgid for p in procs)
+    live_pids = {p.pid for p in procs if p.state != "Z"}
+    return bool(pgid) and (any(p.pid in tagged and p.pgid == pgid for p in procs)
+                           or (pgid not in live_pids and any(p.pgid == pgid for p in procs)))
 
 
 def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any],

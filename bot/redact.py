@@ -45,7 +45,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-__all__ = ["MASK", "redact", "redact_lines", "redact_then_cut"]
+__all__ = ["MASK", "SECRET_NAME_RE", "redact", "redact_lines", "redact_mapping", "redact_then_cut"]
 
 MASK = "[REDACTED]"
 _ELLIPSIS = "…"
@@ -290,6 +290,28 @@ def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
     bodies = [p.splitlines()[0] for p in parts]
     redacted = redact_lines(bodies, extra)
     return "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
+
+
+#: A key that names a secret: ends in token/secret/password/api_key/... (HF_TOKEN, api_key, signing_secret).
+SECRET_NAME_RE = re.compile(
+    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key"
+    r"|secret[_-]?key|credentials?)$",
+    re.IGNORECASE,
+)
+
+
+def redact_mapping(values: dict) -> dict:
+    """Copy of `values` with every value whose KEY names a secret replaced by `[REDACTED]`, and every
+    other string value passed through `redact` (so opaque secrets in secret-named params never leak)."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(k, str) and SECRET_NAME_RE.search(k):
+            out[k] = MASK
+        elif isinstance(v, str):
+            out[k] = redact(v)
+        else:
+            out[k] = v
+    return out
 
 
 def redact_then_cut(text: str, width: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from bot.commands import CommandCall
+from bot.launches import redact_params
 from bot.lifecycle import LaunchError
 from bot.models import HostFailure
 from bot.render import Message, render
@@ -69,7 +70,8 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
         outcome = await ctx.launches.launch(variant, params, user=ctx.user_id, channel=ctx.channel_id, host=host,
                                             on_created=on_created)
     except LaunchError as e:
-        ctx.launches.store.add_event(user_id=ctx.user_id, action="launch", args={"variant": variant, **call.kwargs},
+        ctx.launches.store.add_event(user_id=ctx.user_id, action="launch",
+                                     args={"variant": variant, **redact_params(dict(call.kwargs))},
                                      result="invalid", detail=str(e), channel=ctx.channel_id)
         return error_message("Cannot launch", str(e), f"Usage: {LAUNCH_USAGE}")
     if outcome.launch is not None:

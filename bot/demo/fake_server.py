@@ -154,6 +154,7 @@ def main():
     p.add_argument("--load-steps", type=int, default=1)
     p.add_argument("--gpu-state", default=None)
     p.add_argument("--own-pgid-child", action="store_true")
+    p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
     p.add_argument("--worker-rank", type=int, default=None)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -420,8 +420,12 @@ def test_unsafe_command_templates_are_config_errors():
     from bot.config import ConfigError, parse_config
 
     base = {"hosts": {"h": {"local": True}}}
-    for cmd, expect in [('sleep 30 "{{ note }}"', "inside"), ("run {{ note|replace('x','') }}", "plain names"),
-                        ("run {{ note[1:-1] }}", "plain names"), ("{% set y = note %}run {{ y }}", "only if")]:
+    for cmd, expect in [('sleep 30 "{{ note }}"', "quotes"), ("run {{ note|replace('x','') }}", "plain names"),
+                        ("run {{ note[1:-1] }}", "plain names"), ("{% set y = note %}run {{ y }}", "only if"),
+                        ("echo \\{{ note }}", "backslashes"), ("echo `{{ note }}`", "backticks"),
+                        ("echo $( {{ note }} )", "$( )"), ("{# c #}echo {{ note }}", "comments"),
+                        ("{%+ set note = note[1:-1] %}echo {{ note }}", "only if"),
+                        ("echo '{% if false %}'{% endif %} {{ note }} '", "quotes")]:
         data = {**base, "variants": {"v": {"host": "h", "command": cmd, "params": {"note": "x"}}}}
         with pytest.raises(ConfigError) as e:
             parse_config(data)
@@ -442,3 +446,89 @@ async def test_variant_prefix_must_match_and_secrets_never_reach_the_store(stack
     for e in stack.store.events():
         assert "sk-abcdefghijklmnopqrstuvwx" not in f"{e.args} {e.detail}"
     assert oct(os.stat(stack.store.url[len("sqlite:///"):]).st_mode & 0o777) == "0o600"
+
+
+def _with_variant(stack, name, **fields):
+    data = stack.cfg.model_dump()
+    base = data["variants"]["base"]
+    data["variants"][name] = {**{k: v for k, v in base.items() if v is not None}, **fields}
+    cfg = Config.model_validate(data)
+    stack.cfg = cfg
+    stack.launches.config = cfg
+    stack.hosts.config = cfg
+    return cfg
+
+
+async def test_secret_named_params_never_reach_the_database(stack):
+    params = dict(stack.cfg.variants["base"].params)
+    params["api_key"] = {"type": "str", "default": "none"}
+    cmd = stack.cfg.variants["base"].command + " --served-model-name {{ api_key }}"
+    _with_variant(stack, "keyed", params=params, command=cmd, log=None, port=free_port(), gpus=[0, 1])
+    secret = "opaque-looking-secret-1234"
+    msg = await dispatch(parse_slash("/launch", f"keyed mode=hang workers=1 api_key={secret}"), stack.ctx())
+    assert msg.text.startswith("Launched keyed#1"), msg.text
+    la = stack.store.get_launch(1)
+    assert secret not in la.command and secret not in str(la.params)
+    for e in stack.store.events():
+        assert secret not in f"{e.args} {e.detail}"
+    assert all(secret not in t for _c, _t, t in stack.surface.posts)
+
+
+async def test_a_variant_without_gpus_conflicts_with_every_gpu_launch(stack):
+    _with_variant(stack, "allgpu", gpus=None, port=free_port())
+    first = await dispatch(parse_slash("/launch", "base mode=hang workers=1 load_s=5"), stack.ctx())
+    assert first.text.startswith("Launched base#1")
+    second = await dispatch(parse_slash("/launch", "allgpu mode=hang workers=1"), stack.ctx())
+    assert "GPU(s) all belong to base#1" in second.text
+
+
+async def test_worker_that_cleared_its_environment_is_still_killed(stack):
+    # the launcher exits after starting a worker with `env -i` (no tag) that stays in the session
+    server = stack.cfg.variants["base"].params["server"].default
+    cmd = ("{{ python }} -c " + "{{ code }}")
+    code = ("import os,subprocess,sys,time;subprocess.Popen(['env','-i',sys.executable,'-c',"
+            "'import time\\nwhile True: time.sleep(1)']);time.sleep(1)")
+    _with_variant(stack, "escapee", command=cmd, params={"python": {"type": "path", "default": sys.executable},
+                                                          "code": {"type": "str", "default": code}},
+                  port=free_port(), gpus=[0, 1])
+    assert server
+    msg = await dispatch(parse_slash("/launch", "escapee"), stack.ctx())
+    la = stack.store.get_launch(1)
+    assert "Launched escapee#1" in msg.text or "exited" in msg.text, msg.text
+    await asyncio.sleep(1.5)  # the tagged launcher is gone; only the untagged worker is left in its session
+    snap = await stack.hosts.probe("gpu-host-1", ProbeRequest(sid=la.sid))
+    left = [p for p in snap.table if p.sid == la.sid]
+    assert left, "the untagged worker should be alive before the kill"
+    out = await stack.launches.kill(stack.store.get_launch(1), user="U0OPERATOR")
+    assert not out.nothing_to_kill and not out.remaining
+    snap2 = await stack.hosts.probe("gpu-host-1", ProbeRequest(sid=la.sid))
+    assert [p for p in snap2.table if p.sid == la.sid and p.state != "Z"] == []
+
+
+def test_log_templates_need_host_log_dirs_and_symlinked_logs_are_refused(stack, tmp_path):
+    from bot.lifecycle import LaunchError, launch_script, render_launch
+
+    data = stack.cfg.model_dump()
+    data["hosts"]["gpu-host-1"]["log_dirs"] = []
+    cfg = Config.model_validate(data)
+    with pytest.raises(LaunchError, match="has no log_dirs"):
+        render_launch(cfg, "base", {}, launch_id=7, tag="7-abc")
+    r = render_launch(stack.cfg, "base", {}, launch_id=7, tag="7-abc")
+    target = tmp_path / "victim"
+    target.write_text("keep me")
+    os.makedirs(os.path.dirname(r.log_path), exist_ok=True)
+    os.symlink(target, r.log_path)
+    import subprocess
+
+    res = subprocess.run(["sh", "-s"], input=launch_script(r), capture_output=True, text=True, timeout=20)
+    assert res.returncode == 3 and "symbolic link" in res.stdout
+    assert target.read_text() == "keep me"
+
+
+async def test_variant_name_with_several_live_launches_is_ambiguous(stack):
+    await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+    second = stack.store.create_launch(host="gpu-host-1", variant="base", params={}, command="", log_path=None,
+                                       port=None, gpus=[], created_by="U0OPERATOR")
+    stack.store.update_launch(second.id, state="running")
+    msg = await dispatch(parse_slash("/kill", "base"), stack.ctx())
+    assert "has 2 live launches" in msg.text
