@@ -89,6 +89,22 @@ def demo() -> None:
     sys.exit(demo_main())
 
 
+@main.command("try-config")
+@click.argument("directory", type=click.Path(file_okay=False))
+def try_config(directory: str) -> None:
+    """Write DIRECTORY/config.yaml to try /launch, /kill and /relaunch on this machine in the console
+    (replayed H200 GPUs when there is no nvidia-smi; the demo server as variant `demo`)."""
+    from bot.demo.run import write_try_config
+
+    try:
+        path = write_try_config(directory)
+    except OSError as e:
+        click.echo(f"error: cannot write {directory}: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\n/gpu status\\n/kill demo\\n' | "
+               f"gpubot console --config {path}\n(or interactively: gpubot console --config {path})")
+
+
 @main.command("check-config")
 @click.argument("path", type=click.Path())
 def check_config(path: str) -> None:

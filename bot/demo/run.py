@@ -114,6 +114,23 @@ def demo_config(tmpdir: Path) -> Config:
                                   "lifecycle": lifecycle})
 
 
+def write_try_config(directory: str | os.PathLike[str]) -> Path:
+    """Write `DIR/config.yaml`: this machine as host `local` (replayed H200 GPUs when it has no
+    nvidia-smi, logs and state under DIR) with the demo server as variant `demo`, for trying /launch,
+    /kill and /relaunch in `gpubot console`. Returns the config path. Raises OSError if DIR is unwritable.
+    """
+    import yaml
+
+    root = Path(directory).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    config = demo_config(root)
+    path = root / "config.yaml"
+    data = config.model_dump(exclude_defaults=True)
+    path.write_text("# Written by `gpubot try-config`: this machine as a GPU host for trying gpubot.\n"
+                    + yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 async def run_demo(out: TextIO | None = None) -> int:
     """Run the demo, printing to `out` (default stdout). Returns the exit code (0 on success).
 

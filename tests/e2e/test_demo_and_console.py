@@ -88,3 +88,21 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
     assert "could not parse the command" in out
     assert not marker.exists()
     assert "log= must be under this host's log directories" in out and "root:" not in out
+
+
+async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path):
+    _env_without_nvidia_smi()
+    d = tmp_path / "try"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot.cli", "try-config", str(d),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and (d / "config.yaml").is_file(), out
+    script = "/launch demo\n/gpu status\n/kill demo\n"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "console", "--config", str(d / "config.yaml"),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out_b, err_b = await asyncio.wait_for(proc.communicate(script.encode()), 60)
+    text = out_b.decode()
+    assert proc.returncode == 0, err_b.decode()
+    assert "Launched demo#1" in text and text.count("[demo#1]") == 2
+    assert "Killed demo#1" in text and "released" in text
