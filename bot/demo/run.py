@@ -80,13 +80,6 @@ def stop_group(pgid: int, grace_s: float = 3.0, proc: subprocess.Popen | None = 
         return True
 
 
-def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    """Start `cmd` in its own session (PID = PGID = SID) with stdout+stderr to `log_path`."""
-    with open(log_path, "wb") as logf:
-        return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 def demo_config(tmpdir: Path) -> Config:
     """The demo's config: this machine as host `local` (fake nvidia-smi replaying H200 captures when it has
     no nvidia-smi), and a variant `demo` that runs the fake 2-rank server on GPUs 0 and 1."""

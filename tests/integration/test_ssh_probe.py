@@ -148,6 +148,7 @@ async def test_unknown_host_key_is_refused(ssh_server, tmp_path):
         ("exit:15", "fallen off the bus"),
         ("exit:6", "No devices were found"),
         ("exit:255", "exit 255"),
+        ("exit:12", "NVML shared library not found"),
     ],
 )
 async def test_nvidia_smi_failures_are_findings_not_crashes(ssh_server, ssh_config, fake_gpu, mode, expected):
