@@ -446,6 +446,12 @@ class LoopbackSSHServer:
                     await asyncio.wait_for(proc.wait(), _REAP_TIMEOUT_S)
                 if proc.returncode is not None:
                     self._live.pop(proc.pid, None)
+                # close the pipes now, on this loop: a transport left for the garbage collector would try
+                # to close itself on a loop that is gone (an "Event loop is closed" warning in a later test)
+                transport = getattr(proc, "_transport", None)
+                if transport is not None:
+                    with contextlib.suppress(Exception):
+                        transport.close()
             for fut in helpers:
                 if not fut.done():
                     fut.cancel()
