@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.bundle import (
+    BUNDLE_FILES,
     detect_ps_layout,
     observation_from_texts,
     parse_docker_ps,
@@ -593,21 +594,7 @@ def test_fuzz_observation_fields_never_raise(
 @settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(
-            [
-                "server.log",
-                "ps.txt",
-                "nvidia-smi.txt",
-                "nvidia-smi.csv",
-                "netstat.txt",
-                "ss.txt",
-                "curl.txt",
-                "dmesg.txt",
-                "ipcs-m.txt",
-                "docker-ps.txt",
-                "proc-stack.txt",
-            ]
-        ),
+        st.sampled_from(list(BUNDLE_FILES)),
         st.text(_LOG_ALPHABET, max_size=300),
     )
 )
