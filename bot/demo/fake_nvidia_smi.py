@@ -31,6 +31,7 @@ HEADER = {"clocks.sm": "clocks.current.sm", "used_memory": "used_gpu_memory"}
 
 
 def live(pid):
+    """True when /proc/PID exists and the process is not a zombie (Linux /proc/PID/stat state field)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             data = f.read()
@@ -40,6 +41,7 @@ def live(pid):
 
 
 def holders(state):
+    """Live fake GPU holders registered under STATE/holders: list of (pid, gpu index, MiB)."""
     out = []
     d = os.path.join(state, "holders")
     try:
@@ -61,6 +63,7 @@ def holders(state):
 
 
 def cmdline(pid):
+    """argv[0] of PID from /proc/PID/cmdline, or `[Not Found]` like nvidia-smi prints for a vanished PID."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().split(b"\0")[0].decode(errors="replace") or "?"
@@ -69,6 +72,7 @@ def cmdline(pid):
 
 
 def fmt(field, value, units):
+    """One CSV cell as nvidia-smi prints it: `[N/A]` for None, W with 2 decimals, units when asked."""
     if value is None:
         return "[N/A]"
     if isinstance(value, float):
@@ -79,6 +83,7 @@ def fmt(field, value, units):
 
 
 def main(argv):
+    """Answer an nvidia-smi command line (`--state DIR` first). Returns the exit code nvidia-smi would."""
     if len(argv) < 2 or argv[0] != "--state":
         print("usage: fake_nvidia_smi --state DIR [nvidia-smi args]", file=sys.stderr)
         return 2

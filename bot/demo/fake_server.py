@@ -29,12 +29,14 @@ import time
 
 
 def log(msg, rank=None):
+    """Print an SGLang-style line `[YYYY-MM-DD HH:MM:SS TPn] msg` and flush."""
     ts = time.strftime("%Y-%m-%d %H:%M:%S")
     tag = f"{ts} TP{rank}" if rank is not None else ts
     print(f"[{tag}] {msg}", flush=True)
 
 
 def register(state, pid, gpu, mib):
+    """Register PID as holding MIB of fake memory on GPU index `gpu` (read by fake_nvidia_smi)."""
     if not state:
         return
     d = os.path.join(state, "holders")
@@ -44,6 +46,7 @@ def register(state, pid, gpu, mib):
 
 
 def worker(args):
+    """A TP rank: load weights (fake GPU memory), then hang, crash, OOM or finish start-up by --mode."""
     rank = args.worker_rank
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else [0]
     gpu = gpus[rank % len(gpus)]
