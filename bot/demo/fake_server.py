@@ -83,7 +83,10 @@ def worker(args):
 
 
 class Health(http.server.BaseHTTPRequestHandler):
+    """GET /health and /health_generate: 200 empty; /v1/models: a one-model list; anything else 404."""
+
     def do_GET(self):
+        """Answer one GET request."""
         if self.path in ("/health", "/health_generate", "/v1/models"):
             body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
             self.send_response(200)
@@ -95,10 +98,12 @@ class Health(http.server.BaseHTTPRequestHandler):
             self.end_headers()
 
     def log_message(self, *a):
+        """Keep the server log free of access lines."""
         pass
 
 
 def launcher(args):
+    """The launcher process: start the TP ranks, then serve /health (ready) or wait. Returns the exit code."""
     ready_dir = tempfile.mkdtemp(prefix="fake-server-ready-")
     try:
         return _launcher(args, ready_dir)
@@ -147,6 +152,7 @@ def _launcher(args, ready_dir):
 
 
 def main():
+    """Parse arguments and run a launcher or, with --worker-rank, one TP rank."""
     p = argparse.ArgumentParser(description="fake multi-process inference server")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--gpus", default="0")
