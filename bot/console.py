@@ -18,6 +18,7 @@ from bot.config import Config
 from bot.launches import LaunchService, build_launch_service
 from bot.render import Message
 from bot.service import HostService
+from bot.watch import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ def run_interactive(config: Config) -> int:
     hosts = HostService(config)
     launches = build_launch_service(config, hosts)
     surface = ConsoleSurface(sys.stdout)
+    watcher = Watcher(launches, surface, db_url=launches.store.url)
+    loop.run_until_complete(watcher.start())
     print("gpubot console: type `help`, `quit` or Ctrl-D to leave.")
     try:
         while True:
@@ -121,6 +124,7 @@ def run_interactive(config: Config) -> int:
             except KeyboardInterrupt:
                 print("\n(interrupted)")
     finally:
+        loop.run_until_complete(watcher.stop())
         loop.run_until_complete(hosts.close())
         launches.store.close()
         loop.close()
@@ -137,6 +141,8 @@ async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextI
     hosts = hosts or HostService(config)
     launches = build_launch_service(config, hosts)
     surface = ConsoleSurface(out)
+    watcher = Watcher(launches, surface, db_url=launches.store.url)  # alerts print as they happen
+    await watcher.start()
     try:
         while True:
             line = await asyncio.to_thread(stdin.readline)
@@ -148,6 +154,7 @@ async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextI
                 break
             print("", file=out)
     finally:
+        await watcher.stop()
         launches.store.close()
         if own:
             await hosts.close()

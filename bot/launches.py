@@ -13,6 +13,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.config import Config
 from bot.lifecycle import (
@@ -121,6 +122,8 @@ class LaunchService:
         self.start_check_s = start_check_s
         self.min_shm_free_mib = min_shm_free_mib
         self._locks: dict[str, asyncio.Lock] = {}
+        #: Called with each launch whose process started (the watcher subscribes here).
+        self.started_listeners: list[Callable[[Launch], Any]] = []
 
     # -- helpers ------------------------------------------------------------------------------------
     async def _snapshot(self, host: str, req: ProbeRequest) -> Snapshot:
@@ -246,6 +249,11 @@ class LaunchService:
         self.store.add_event(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
                              detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
         outcome = LaunchOutcome(la, checks=checks)
+        for listener in self.started_listeners:
+            try:
+                listener(la)
+            except Exception:
+                log.exception("a started-listener failed for %s", la.name)
         await asyncio.sleep(self.start_check_s)
         try:
             snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))

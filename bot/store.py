@@ -59,6 +59,18 @@ class LaunchRow(Base):
     thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     relaunch_of: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True)
     tag: Mapped[str] = mapped_column(String(64), default="", index=True)
+    alert_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class ObservationRow(Base):
+    """Table `observations`: one compact record per readiness check of a launch (JSON; times epoch s)."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    launch_id: Mapped[int] = mapped_column(Integer, ForeignKey("launches.id"), index=True)
+    at: Mapped[float] = mapped_column(Float, default=time.time)
+    data_json: Mapped[str] = mapped_column(Text, default="{}")
 
 
 class EventRow(Base):
@@ -102,6 +114,7 @@ class Launch:
     thread_ts: str | None
     relaunch_of: int | None = None
     tag: str = ""
+    alert_state: str | None = None
 
     @property
     def live(self) -> bool:
@@ -136,7 +149,7 @@ def _launch(row: LaunchRow) -> Launch:
         command=row.command, log_path=row.log_path, port=row.port, gpus=json.loads(row.gpus_json or "[]"),
         pid=row.pid, pgid=row.pgid, sid=row.sid, state=row.state, state_detail=row.state_detail,
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
-        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "",
+        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
     )
 
 
@@ -268,6 +281,26 @@ class Store:
         """The newest launches, newest first."""
         with self._tx() as s:
             return [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]
+
+    # observations -------------------------------------------------------------------------------
+    def add_observation(self, launch_id: int, data: dict[str, Any]) -> None:
+        """Append one check's compact record (JSON-serialisable dict) for a launch."""
+        with self._tx() as s:
+            s.add(ObservationRow(launch_id=launch_id, at=time.time(), data_json=json.dumps(data, default=str)))
+
+    def observations(self, launch_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The launch's observation records, oldest first (at most the newest `limit`)."""
+        with self._tx() as s:
+            rows = list(s.scalars(select(ObservationRow).where(ObservationRow.launch_id == launch_id)
+                                  .order_by(ObservationRow.id.desc()).limit(limit)))
+        return [json.loads(r.data_json) for r in reversed(rows)]
+
+    def last_observation(self, launch_id: int) -> dict[str, Any] | None:
+        """The newest observation record of the launch that is not an error, or None."""
+        for rec in reversed(self.observations(launch_id, limit=20)):
+            if "error" not in rec:
+                return rec
+        return None
 
     # events -------------------------------------------------------------------------------------
     def add_event(self, *, user_id: str, action: str, args: dict[str, Any] | None = None, result: str = "ok",

@@ -21,6 +21,7 @@ from bot.launches import build_launch_service
 from bot.service import HostService
 from bot.slack.app import build_app
 from bot.slack.surface import make_client
+from bot.watch import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,12 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
     launches = build_launch_service(config, hosts)
     client = make_client(bot_token, _api_url(config), session=session)
     app, bot = build_app(config, hosts, client, signing_secret=signing_secret, launches=launches)
+    watcher = Watcher(launches, bot.surface, db_url=launches.store.url)
+    await watcher.start()
     try:
         yield app
     finally:
+        await watcher.stop()
         await bot.drain()
         await hosts.close()
         launches.store.close()

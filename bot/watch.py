@@ -1,0 +1,244 @@
+"""Follow every launch until it is ready: persisted APScheduler checks, observations, verdicts, alerts.
+
+One APScheduler job per live launch lives in the same database as the launches (SQLAlchemyJobStore, table
+`apscheduler_jobs`): a module-level job function `check_launch(launch_id)` that takes only the launch id,
+deterministic job ids `watch:<id>` with `replace_existing`, a large `misfire_grace_time`, `coalesce`,
+`max_instances=1`, UTC. After a restart the jobs come back from the database.
+
+Each check probes the launch (processes, log, GPUs, port, health) in one round trip, turns the snapshot
+into a `bot.diagnose.Observation`, stores a compact observation row, and runs the pure `diagnose()` over
+the history. Only a change of verdict is posted to the launch's thread, once: the verdict is written to
+the launch row before the alert is sent, so a restart never repeats it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from bot.config import WatchPolicy
+from bot.diagnose import Observation, Verdict, diagnose, scan_log
+from bot.launches import LaunchService
+from bot.models import HostFailure, Snapshot
+from bot.render import Message, render
+from bot.store import Launch
+from bot.surface import Surface
+
+log = logging.getLogger(__name__)
+
+#: Verdicts that end the watch (the launch is no longer starting).
+FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error", "cuda_error", "port_in_use",
+                            "gpu_lost", "exited"})
+#: Verdicts that are news for the thread (a change into `loading` is only posted when leaving a problem).
+QUIET_VERDICTS = frozenset({"loading", "unknown"})
+
+_WATCHER: Watcher | None = None
+
+
+async def check_launch(launch_id: int) -> None:
+    """The persisted APScheduler job: one readiness check of launch `launch_id` (only the id is pickled)."""
+    watcher = _WATCHER
+    if watcher is None:
+        log.warning("check of launch %s skipped: no watcher is running", launch_id)
+        return
+    await watcher.check(launch_id)
+
+
+@dataclass
+class CheckResult:
+    """What one check saw: the verdict, whether it was news (posted), and the launch afterwards."""
+
+    verdict: Verdict | None
+    alerted: bool
+    launch: Launch | None
+    error: str | None = None
+
+
+class Watcher:
+    """Schedules and runs readiness checks. `surface` posts alerts (Slack or console); `now` is injectable
+    for tests (epoch seconds)."""
+
+    def __init__(self, launches: LaunchService, surface: Surface | None, *, db_url: str,
+                 policy: WatchPolicy | None = None):
+        self.launches = launches
+        self.store = launches.store
+        self.surface = surface
+        self.policy = policy or launches.config.watch
+        self.scheduler = AsyncIOScheduler(
+            jobstores={"default": SQLAlchemyJobStore(url=db_url, tablename="apscheduler_jobs")},
+            job_defaults={"misfire_grace_time": 3600, "coalesce": True, "max_instances": 1},
+            timezone=dt.UTC,
+        )
+
+    async def start(self) -> None:
+        """Start the scheduler (inside the running loop) and make sure every live launch is watched."""
+        global _WATCHER
+        _WATCHER = self
+        self.scheduler.start()
+        if self.watch not in self.launches.started_listeners:
+            self.launches.started_listeners.append(self.watch)
+        for la in self.store.live_launches():
+            if self.scheduler.get_job(f"watch:{la.id}") is None:
+                self.watch(la)
+
+    async def stop(self) -> None:
+        """Stop the scheduler without running pending jobs; the jobs stay in the database."""
+        global _WATCHER
+        self.scheduler.shutdown(wait=False)
+        if _WATCHER is self:
+            _WATCHER = None
+
+    def _policy(self, la: Launch) -> WatchPolicy:
+        if la.variant in self.launches.config.variants:
+            v = self.launches.config.resolved_variant(la.variant)
+            if v.watch is not None:
+                return v.watch
+        return self.policy
+
+    def watch(self, la: Launch) -> None:
+        """Add (or replace) the launch's job: every `interval_s`, first run one interval from now."""
+        interval = self._policy(la).interval_s
+        self.scheduler.add_job(check_launch, "interval", seconds=interval, args=[la.id], id=f"watch:{la.id}",
+                               replace_existing=True,
+                               next_run_time=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=interval))
+
+    def unwatch(self, launch_id: int) -> None:
+        """Remove the launch's job (no error when there is none)."""
+        job = self.scheduler.get_job(f"watch:{launch_id}")
+        if job is not None:
+            job.remove()
+
+    async def check(self, launch_id: int) -> CheckResult:
+        """Probe, record, diagnose; post the verdict when it changed. Never raises."""
+        try:
+            return await self._check(launch_id)
+        except Exception as e:  # a bug in one check must not kill the job or the loop
+            log.exception("check of launch %s failed", launch_id)
+            return CheckResult(None, False, self.store.get_launch(launch_id), error=type(e).__name__)
+
+    async def _check(self, launch_id: int) -> CheckResult:
+        la = self.store.get_launch(launch_id)
+        if la is None or not la.live:
+            self.unwatch(launch_id)
+            return CheckResult(None, False, la)
+        snap = await self.launches.probe_launch(la, tail_lines=200)
+        if isinstance(snap, HostFailure):
+            self.store.add_observation(la.id, {"t": time.time(), "error": snap.reason})
+            return CheckResult(None, False, la, error=snap.reason)
+        prev = self.store.last_observation(la.id)
+        obs, record = observation_from_snapshot(snap, la, prev)
+        self.store.add_observation(la.id, record)
+        policy = self._policy(la)
+        verdict = diagnose(obs, grace_s=policy.phase_grace_s or None, silence_after_s=policy.silence_after_s)
+        alerted = False
+        if verdict.verdict != la.alert_state and not (verdict.verdict in QUIET_VERDICTS and la.alert_state in
+                                                      (None, "", *QUIET_VERDICTS)):
+            # record first: a crash or restart after this line never posts the same alert twice
+            la = self.store.update_launch(la.id, alert_state=verdict.verdict, state_detail=verdict.summary[:300])
+            alerted = await self._post_alert(la, verdict, record)
+        elif verdict.verdict != la.alert_state:
+            la = self.store.update_launch(la.id, alert_state=verdict.verdict)
+        if verdict.verdict in FINAL_VERDICTS:
+            self.unwatch(la.id)
+            if verdict.verdict != "ready" and not snap.tagged_pids:
+                la = self.store.update_launch(la.id, state="exited" if verdict.verdict == "exited" else "failed")
+        return CheckResult(verdict, alerted, la)
+
+    async def _post_alert(self, la: Launch, verdict: Verdict, record: dict[str, Any]) -> bool:
+        if self.surface is None or not la.channel:
+            return False
+        elapsed = record.get("t", time.time()) - la.created_at
+        msg: Message = render("alert", name=la.name, host=la.host, verdict=verdict.verdict, phase=verdict.phase,
+                              summary=verdict.summary, evidence=verdict.evidence[:12],
+                              next_steps=verdict.next_steps[:6], who_mention=_mention(la.created_by),
+                              elapsed_s=elapsed)
+        ts = await self.surface.post(la.channel, msg, thread_ts=la.thread_ts)
+        if la.thread_ts:
+            await self.surface.update(la.channel, la.thread_ts,
+                                      render("launch_root", **_root_view(la, verdict)))
+        return ts is not None
+
+
+def _mention(user_id: str) -> str:
+    import re
+
+    return f"<@{user_id}>" if re.fullmatch(r"[UW][A-Z0-9]{2,}", user_id or "") else ""
+
+
+def _root_view(la: Launch, verdict: Verdict) -> dict[str, Any]:
+    from bot.views import launch_view
+
+    view = launch_view(la)
+    view["state_detail"] = f"{verdict.verdict}" + (f" in {verdict.phase}" if verdict.phase else "")
+    return view
+
+
+def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] | None
+                              ) -> tuple[Observation, dict[str, Any]]:
+    """Turn one probe of a launch into a diagnose() Observation plus the compact record stored for history
+    and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
+    the newest meaningful line changes. Times are the remote clock, in seconds."""
+    now = snap.clock if snap.clock is not None else time.time()
+    lines = list(snap.log.tail) if snap.log and snap.log.tail else []
+    scan = scan_log(lines)
+    marker = lines[scan.meaningful[-1]] if scan.meaningful else None
+    prev = prev or {}
+    last_progress = prev.get("last_progress_t")
+    if marker is not None and marker != prev.get("marker"):
+        last_progress = now
+    if last_progress is None:
+        last_progress = snap.log.mtime if snap.log and snap.log.mtime is not None else now
+    size = snap.log.size_bytes if snap.log else None
+    procs = [p for p in snap.table if p.pid in set(snap.tagged_pids)] or snap.processes
+    obs = Observation(
+        log_lines=lines,
+        log_silent_s=max(0.0, now - last_progress),
+        log_growing=(size is not None and prev.get("log_bytes") is not None and size > prev["log_bytes"]),
+        elapsed_s=max(0.0, now - la.created_at),
+        process_alive=bool(snap.tagged_pids),
+        processes=procs,
+        launch_pids=set(snap.tagged_pids),
+        gpus=list(snap.gpu.gpus) if snap.gpu.ok else None,
+        gpu_processes=list(snap.gpu.processes) if snap.gpu.ok else None,
+        gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
+        gpu_mem_rising=_rising(snap, prev),
+        cpu_time_growing=_cpu_growing(procs, prev),
+        port=la.port,
+        port_open=snap.port_listening,
+        health=snap.health.status if snap.health else None,
+    )
+    record = {
+        "t": now,
+        "marker": marker,
+        "last_progress_t": last_progress,
+        "log_bytes": size,
+        "log_lines": snap.log.lines if snap.log else None,
+        "gpu_mem_mib": {str(g.index): g.memory_used_mib for g in snap.gpu.gpus} if snap.gpu.ok else {},
+        "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in snap.gpu.gpus} if snap.gpu.ok else {},
+        "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
+        "alive": bool(snap.tagged_pids),
+        "port_open": snap.port_listening,
+        "health": snap.health.status if snap.health else None,
+    }
+    return obs, record
+
+
+def _cpu_growing(procs: list, prev: dict[str, Any]) -> bool | None:
+    before = prev.get("cpu_s") or {}
+    grew = [p.cpu_time_s > before[str(p.pid)] for p in procs
+            if p.cpu_time_s is not None and before.get(str(p.pid)) is not None]
+    return any(grew) if grew else None
+
+
+def _rising(snap: Snapshot, prev: dict[str, Any]) -> bool | None:
+    before = prev.get("gpu_mem_mib")
+    if not snap.gpu.ok or not before:
+        return None
+    now = sum(g.memory_used_mib or 0.0 for g in snap.gpu.gpus)
+    return now > sum(v or 0.0 for v in before.values()) + 64.0
