@@ -133,9 +133,10 @@ class Watcher:
             return CheckResult(None, False, la, error=snap.reason)
         prev = self.store.last_observation(la.id)
         obs, record = observation_from_snapshot(snap, la, prev)
-        self.store.add_observation(la.id, record)
         policy = self._policy(la)
         verdict = diagnose(obs, grace_s=policy.phase_grace_s or None, silence_after_s=policy.silence_after_s)
+        record["verdict"], record["phase"] = verdict.verdict, verdict.phase
+        self.store.add_observation(la.id, record)
         alerted = False
         if verdict.verdict != la.alert_state and not (verdict.verdict in QUIET_VERDICTS and la.alert_state in
                                                       (None, "", *QUIET_VERDICTS)):
@@ -154,15 +155,31 @@ class Watcher:
         if self.surface is None or not la.channel:
             return False
         elapsed = record.get("t", time.time()) - la.created_at
+        phases = phase_times(self.store.observations(la.id), la.created_at, record.get("t", time.time()))
         msg: Message = render("alert", name=la.name, host=la.host, verdict=verdict.verdict, phase=verdict.phase,
-                              summary=verdict.summary, evidence=verdict.evidence[:12],
+                              summary=verdict.summary, evidence=verdict.evidence[:30],
                               next_steps=verdict.next_steps[:6], who_mention=_mention(la.created_by),
-                              elapsed_s=elapsed)
+                              elapsed_s=elapsed, phases=phases if verdict.verdict == "ready" else [])
         ts = await self.surface.post(la.channel, msg, thread_ts=la.thread_ts)
         if la.thread_ts:
             await self.surface.update(la.channel, la.thread_ts,
                                       render("launch_root", **_root_view(la, verdict)))
         return ts is not None
+
+
+def phase_times(records: list[dict[str, Any]], started_at: float, now: float) -> list[tuple[str, float]]:
+    """(phase, seconds spent in it) in the order the checks first saw each phase (pure). A phase lasts from
+    the first check that saw it to the first check that saw the next one (the last one until `now`)."""
+    firsts: list[tuple[str, float]] = []
+    for rec in records:
+        ph, t = rec.get("phase"), rec.get("t")
+        if ph and isinstance(t, (int, float)) and all(ph != p for p, _ in firsts):
+            firsts.append((ph, float(t)))
+    out = []
+    for i, (ph, t) in enumerate(firsts):
+        end = firsts[i + 1][1] if i + 1 < len(firsts) else now
+        out.append((ph, max(0.0, end - max(t, started_at))))
+    return out
 
 
 def _mention(user_id: str) -> str:

@@ -11,6 +11,8 @@ SGLang-style phase lines (sglang 0.4/0.5 formats). Then, by `--mode`:
 - crash: a Python traceback from rank 0, then every process exits 1.
 - oom:   `torch.OutOfMemoryError: CUDA out of memory` from rank 0, exit 1.
 - exit:  prints a shutdown line and exits 0.
+- heartbeat: like hang, but the launcher keeps printing vLLM's `Waiting for 1 local, 0 remote core engine
+  proc(s) to start.` heartbeat (not progress).
 `--own-pgid-child` makes one extra child that calls setsid() (escapes the process group, stays in no
 session of ours) to test that kills reach every process of a launch.
 """
@@ -60,7 +62,7 @@ def worker(args):
     register(args.gpu_state, os.getpid(), gpu, args.mem_mib)
     log(f"Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16, avail mem={139 - args.mem_mib / 1024:.2f} GB, "
         f"mem usage={args.mem_mib / 1024:.2f} GB.", rank)
-    if args.mode == "hang":
+    if args.mode in ("hang", "heartbeat"):
         while True:
             time.sleep(3600)
     if args.mode == "oom" and rank == 0:
@@ -140,6 +142,9 @@ def _launcher(args, ready_dir):
         log("The server is fired up and ready to roll!")
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     while True:
+        if args.mode == "heartbeat":
+            print(f"(APIServer pid={os.getpid()}) DEBUG {time.strftime('%m-%d %H:%M:%S')} "
+                  "[v1/engine/utils.py:1262] Waiting for 1 local, 0 remote core engine proc(s) to start.", flush=True)
         for c in children:
             rc = c.poll()
             if rc not in (None, 0) and args.mode in ("crash", "oom"):
@@ -158,7 +163,7 @@ def main():
     p.add_argument("--gpus", default="0")
     p.add_argument("--mem-mib", type=float, default=8610)
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--mode", choices=["ready", "hang", "crash", "oom", "exit"], default="ready")
+    p.add_argument("--mode", choices=["ready", "hang", "crash", "oom", "exit", "heartbeat"], default="ready")
     p.add_argument("--load-s", type=float, default=0.5)
     p.add_argument("--load-steps", type=int, default=1)
     p.add_argument("--gpu-state", default=None)

@@ -12,6 +12,8 @@ from bot.commands import parse_slash
 from bot.config import WatchPolicy
 from bot.watch import Watcher
 from handlers import dispatch
+from tests.conftest import free_port
+from tests.integration.test_lifecycle import _with_variant
 from tests.integration.test_lifecycle import stack as _lifecycle_stack
 
 stack = _lifecycle_stack  # the lifecycle tests' `stack` fixture: SSH host, store, LaunchService, surface
@@ -84,3 +86,69 @@ async def test_watch_job_is_persisted_and_resumed_after_restart(stack):
         assert len([a for a in alerts(stack) if ": silent_hang" in a.splitlines()[0]]) == 1
     finally:
         await w2.stop()
+
+
+async def test_heartbeat_only_is_a_silent_hang(stack):
+    w = await start_watcher(stack)
+    try:
+        await dispatch(parse_slash("/launch", "base mode=heartbeat workers=1"), stack.ctx())
+        la = await wait_alert(stack, 1, {"silent_hang"}, timeout=25)
+        assert "Waiting for 1 local, 0 remote core engine" in open(la.log_path).read()
+        (posted,) = [a for a in alerts(stack) if ": silent_hang" in a.splitlines()[0]]
+        assert "heartbeat" in posted.lower()
+    finally:
+        await w.stop()
+
+
+async def test_slow_loading_with_an_advancing_progress_bar_never_alerts_hang(stack):
+    w = await start_watcher(stack)
+    try:
+        # 6 s of weight loading (a progress line every 0.5 s): three times the 2 s silence threshold
+        cmd = stack.cfg.variants["base"].command + " --load-steps 12"
+        _with_variant(stack, "slow", command=cmd, port=free_port())
+        await dispatch(parse_slash("/launch", "slow mode=ready workers=1 load_s=6"), stack.ctx())
+        la = await wait_alert(stack, 1, {"ready"}, timeout=30)
+        assert not [a for a in alerts(stack) if "silent_hang" in a.splitlines()[0]]
+        (ready,) = [a for a in alerts(stack) if ": ready" in a.splitlines()[0]]
+        assert "Phases:" in ready and "weight_loading" in ready
+        assert la.alert_state == "ready"
+    finally:
+        await w.stop()
+
+
+async def test_port_already_bound_is_port_in_use(stack):
+    import socket
+
+    w = await start_watcher(stack)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", stack.cfg.variants["base"].port))  # bound, not listening: passes the pre-check
+    try:
+        await dispatch(parse_slash("/launch", "base mode=ready workers=1"), stack.ctx())
+        await wait_alert(stack, 1, {"port_in_use"}, timeout=25)
+        (posted,) = [a for a in alerts(stack) if ": port_in_use" in a.splitlines()[0]]
+        assert "Address already in use" in posted
+    finally:
+        squatter.close()
+        await w.stop()
+
+
+async def test_case_00_replayed_live_gets_silent_hang_naming_all_four_signals(stack, fake_gpu):
+    """8 TP workers load 76015 MiB each, log `Load weight end`, then go silent (the motivating report)."""
+    from bot.demo.fakegpu import install_fake_gpu
+
+    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=8)
+    cmd = stack.cfg.variants["base"].command.replace("--gpus 0,1", "--gpus 0,1,2,3,4,5,6,7") + " --mem-mib 76015"
+    _with_variant(stack, "tp8", command=cmd, gpus=list(range(8)), port=free_port())
+    w = await start_watcher(stack)
+    try:
+        await dispatch(parse_slash("/launch", "tp8 mode=hang workers=8"), stack.ctx())
+        await wait_alert(stack, 1, {"silent_hang"}, timeout=40)
+        (posted,) = [a for a in alerts(stack) if ": silent_hang" in a.splitlines()[0]]
+        assert "Load weight end" in posted                       # log silence after the last progress line
+        assert "no log progress" in posted
+        assert "76015 MiB" in posted and "0 % util" in posted   # GPU memory held, 0 % utilization
+        assert "state `S" in posted and "% CPU" in posted        # process state and CPU
+        assert "not listening" in posted and "refused" in posted  # port closed, health refused
+        assert posted.count("GPU ") >= 8
+    finally:
+        await w.stop()
