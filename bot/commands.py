@@ -26,7 +26,7 @@ _HOSTLIKE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 SLASH_DEFAULTS = {"/gpu": "status", "/gpubot": "help", "/probe": "probe", "/launch": "launch", "/kill": "kill",
                   "/relaunch": "relaunch"}
 #: `/gpu SUBCOMMAND` forms: `/gpu status`, `/gpu probe`, `/gpu help`.
-GPU_SUBCOMMANDS = {"status", "probe", "help", "launch", "kill", "relaunch", "logs"}
+GPU_SUBCOMMANDS = {"status", "probe", "help", "launch", "kill", "relaunch", "logs", "stack", "chart"}
 
 
 class CommandParseError(ValueError):

@@ -133,6 +133,8 @@ class HostConfig(_Model):
     nvidia_smi_timeout_s: Number = 10.0
     use_nvml: bool = True
     gpu_note: str | None = None
+    py_spy: str = "py-spy"
+    py_spy_sudo: bool = False
     env: dict[str, str] = Field(default_factory=dict)
     log_dirs: list[str] = Field(default_factory=list)
 
@@ -170,7 +172,7 @@ class HostConfig(_Model):
     def _keepalive(cls, v: float) -> float:
         return _seconds(v, zero_ok=True)  # 0 turns keepalives off
 
-    @field_validator("nvidia_smi")
+    @field_validator("nvidia_smi", "py_spy")
     @classmethod
     def _tool_path(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_./+-]+", v):

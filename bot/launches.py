@@ -143,6 +143,10 @@ class LaunchService:
     def _tagged(la: Launch, snap: Snapshot) -> list[int]:
         return [pid for pid, tag in snap.launch_tags.items() if la.tag and tag == la.tag]
 
+    def launch_processes_of(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
+        """The live processes of `la` in a snapshot taken with `select_tag=la.tag` (see launch_processes)."""
+        return self._alive(la, snap)
+
     def _alive(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
         return launch_processes(snap.table, tagged=self._tagged(la, snap), pgid=la.pgid, sid=la.sid)
 

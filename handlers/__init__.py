@@ -17,10 +17,12 @@ from handlers.launch import (
     LAUNCH_USAGE,
     LOGS_USAGE,
     RELAUNCH_USAGE,
+    STACK_USAGE,
     handle_kill,
     handle_launch,
     handle_logs,
     handle_relaunch,
+    handle_stack,
 )
 from handlers.probe import USAGE as PROBE_USAGE
 from handlers.probe import handle_probe
@@ -40,6 +42,8 @@ COMMANDS: list[CommandSpec] = [
                 Role.OPERATOR, handle_kill),
     CommandSpec("relaunch", RELAUNCH_USAGE, "kill (verified), then launch again in the same thread",
                 Role.OPERATOR, handle_relaunch),
+    CommandSpec("stack", STACK_USAGE, "py-spy stack dump of every process of a launch, as a file",
+                Role.OPERATOR, handle_stack, aliases=("stackdump",)),
 ]
 COMMANDS.append(CommandSpec("help", "/gpu help", "this list", Role.NONE, make_help_handler(COMMANDS)))
 

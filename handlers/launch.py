@@ -13,7 +13,9 @@ from bot.commands import CommandCall
 from bot.launches import redact_params
 from bot.lifecycle import LaunchError
 from bot.models import HostFailure
+from bot.remote import RemoteError
 from bot.render import Message, render
+from bot.stackdump import render_stack_dump, take_stack_dump
 from bot.store import Launch
 from bot.views import kill_view, launch_outcome_view, launch_view, probe_view
 from handlers.base import CommandContext, error_message
@@ -189,6 +191,39 @@ async def handle_logs(call: CommandCall, ctx: CommandContext) -> Message:
     if attach and not msg.files:
         msg.files.append((f"{la.variant}-{la.id}.log.txt", "\n".join(lines).encode()))
     return msg
+
+
+STACK_USAGE = "!stack [LAUNCH] [--native] (py-spy dump of every process of the launch)"
+
+
+async def handle_stack(call: CommandCall, ctx: CommandContext) -> Message:
+    """`!stack [LAUNCH] [--native]`: `py-spy dump` of every process of the launch, summarized in the thread
+    with the full dump attached as a file; clear messages when py-spy is missing or not permitted."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    try:
+        la = _target(call, ctx)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {STACK_USAGE}")
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    snap = await ctx.launches.probe_launch(la, tail_lines=1)
+    if isinstance(snap, HostFailure):
+        return error_message(f"Stack dump of {la.name} failed", snap.reason)
+    pids = sorted({p.pid for p in ctx.launches.launch_processes_of(la, snap)})
+    if not pids:
+        return error_message(f"Stack dump of {la.name}", "no process of this launch is alive")
+    host_cfg = ctx.config.hosts[la.host]
+    try:
+        dumps = await take_stack_dump(ctx.hosts.executor(la.host), pids[:64], sudo=host_cfg.py_spy_sudo,
+                                      native="native" in call.flags, py_spy=host_cfg.py_spy)
+    except RemoteError as e:
+        return error_message(f"Stack dump of {la.name} failed", str(e))
+    ctx.launches.store.add_event(user_id=ctx.user_id, action="stack_dump", args={"launch": la.name, "pids": pids},
+                                 result="ok" if any(d.ok for d in dumps) else "error", launch_id=la.id,
+                                 host=la.host, channel=ctx.channel_id)
+    return render_stack_dump(la.host, dumps, native="native" in call.flags)
 
 
 async def handle_thread_probe(call: CommandCall, ctx: CommandContext) -> Message | None:

@@ -152,3 +152,34 @@ async def test_case_00_replayed_live_gets_silent_hang_naming_all_four_signals(st
         assert posted.count("GPU ") >= 8
     finally:
         await w.stop()
+
+
+async def test_stack_dump_of_a_hung_launch_in_its_thread(stack):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    if shutil.which("py-spy", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("py-spy is not installed in this environment (pip install py-spy)")
+    data = stack.cfg.model_dump()
+    data["hosts"]["gpu-host-1"]["py_spy"] = str(Path(sys.executable).parent / "py-spy")
+    from bot.config import Config
+
+    cfg = Config.model_validate(data)
+    stack.cfg = stack.launches.config = stack.hosts.config = cfg
+    await dispatch(parse_slash("/launch", "base mode=hang workers=2"), stack.ctx())
+    la = stack.store.get_launch(1)
+    await asyncio.sleep(1.5)
+    from bot.commands import parse_message
+
+    ctx = stack.ctx(thread_ts=la.thread_ts, source="prefix")
+    ctx.config = cfg
+    msg = await dispatch(parse_message("!stack", bot_user_id=None), ctx)
+    if "Permission" in msg.text or "ptrace" in msg.text:
+        pytest.skip("py-spy cannot attach here (ptrace restricted)")
+    assert msg.ok, msg.text
+    assert "3 of 3 processes dumped" in msg.text
+    assert "worker (bot/demo/fake_server.py" in msg.text  # the TP ranks, stuck in their hang loop
+    (name, data_bytes), = msg.files
+    assert name.startswith("stackdump-") and b"fake_server.py" in data_bytes
+    assert stack.store.events(action="stack_dump")[-1].result == "ok"
