@@ -60,6 +60,7 @@ class LaunchRow(Base):
     relaunch_of: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True)
     tag: Mapped[str] = mapped_column(String(64), default="", index=True)
     alert_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    snoozed_until: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ObservationRow(Base):
@@ -115,6 +116,7 @@ class Launch:
     relaunch_of: int | None = None
     tag: str = ""
     alert_state: str | None = None
+    snoozed_until: float | None = None
 
     @property
     def live(self) -> bool:
@@ -150,6 +152,7 @@ def _launch(row: LaunchRow) -> Launch:
         pid=row.pid, pgid=row.pgid, sid=row.sid, state=row.state, state_detail=row.state_detail,
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
         thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
+        snoozed_until=row.snoozed_until,
     )
 
 

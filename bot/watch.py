@@ -154,12 +154,16 @@ class Watcher:
     async def _post_alert(self, la: Launch, verdict: Verdict, record: dict[str, Any]) -> bool:
         if self.surface is None or not la.channel:
             return False
+        if la.snoozed_until and time.time() < la.snoozed_until:
+            log.info("alert %s of %s not posted: snoozed", verdict.verdict, la.name)
+            return False
         elapsed = record.get("t", time.time()) - la.created_at
         phases = phase_times(self.store.observations(la.id), la.created_at, record.get("t", time.time()))
         msg: Message = render("alert", name=la.name, host=la.host, verdict=verdict.verdict, phase=verdict.phase,
                               summary=verdict.summary, evidence=verdict.evidence[:30],
                               next_steps=verdict.next_steps[:6], who_mention=_mention(la.created_by),
-                              elapsed_s=elapsed, phases=phases if verdict.verdict == "ready" else [])
+                              elapsed_s=elapsed, phases=phases if verdict.verdict == "ready" else [],
+                              launch_id=la.id, buttons=verdict.verdict != "ready")
         ts = await self.surface.post(la.channel, msg, thread_ts=la.thread_ts)
         if la.thread_ts:
             await self.surface.update(la.channel, la.thread_ts,

@@ -17,11 +17,13 @@ from handlers.launch import (
     LAUNCH_USAGE,
     LOGS_USAGE,
     RELAUNCH_USAGE,
+    SNOOZE_USAGE,
     STACK_USAGE,
     handle_kill,
     handle_launch,
     handle_logs,
     handle_relaunch,
+    handle_snooze,
     handle_stack,
 )
 from handlers.probe import USAGE as PROBE_USAGE
@@ -44,6 +46,8 @@ COMMANDS: list[CommandSpec] = [
                 Role.OPERATOR, handle_relaunch),
     CommandSpec("stack", STACK_USAGE, "py-spy stack dump of every process of a launch, as a file",
                 Role.OPERATOR, handle_stack, aliases=("stackdump",)),
+    CommandSpec("snooze", SNOOZE_USAGE, "no alerts for a launch for a while (checks go on)", Role.OPERATOR,
+                handle_snooze),
 ]
 COMMANDS.append(CommandSpec("help", "/gpu help", "this list", Role.NONE, make_help_handler(COMMANDS)))
 

@@ -8,6 +8,7 @@ where commands apply to that launch without naming it.
 from __future__ import annotations
 
 import logging
+import time
 
 from bot.commands import CommandCall
 from bot.launches import redact_params
@@ -191,6 +192,34 @@ async def handle_logs(call: CommandCall, ctx: CommandContext) -> Message:
     if attach and not msg.files:
         msg.files.append((f"{la.variant}-{la.id}.log.txt", "\n".join(lines).encode()))
     return msg
+
+
+SNOOZE_USAGE = "!snooze [MINUTES] (in a launch thread; default 15)"
+
+
+async def handle_snooze(call: CommandCall, ctx: CommandContext) -> Message:
+    """`!snooze [MINUTES]`: no alerts for this launch for MINUTES (1..1440, default 15); checks go on."""
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    nums = [a for a in call.args if a.isascii() and a.isdigit()]
+    refs = [a for a in call.args if not (a.isascii() and a.isdigit())]
+    minutes = int(nums[0]) if nums else 15
+    if not 1 <= minutes <= 1440 or len(refs) > 1:
+        return error_message("Bad arguments", "minutes must be 1..1440", f"Usage: {SNOOZE_USAGE}")
+    try:
+        la = ctx.launches.find(refs[0] if refs else None, channel=ctx.channel_id, thread_ts=ctx.thread_ts,
+                               allow_only_live=False)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {SNOOZE_USAGE}")
+    until = time.time() + minutes * 60
+    ctx.launches.store.update_launch(la.id, snoozed_until=until)
+    ctx.launches.store.add_event(user_id=ctx.user_id, action="snooze", args={"launch": la.name, "minutes": minutes},
+                                 launch_id=la.id, host=la.host, channel=ctx.channel_id)
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    return render("error", title=f"Alerts of {la.name} snoozed", detail=f"for {minutes} min; checks go on",
+                  hint=None)
 
 
 STACK_USAGE = "!stack [LAUNCH] [--native] (py-spy dump of every process of the launch)"

@@ -156,6 +156,7 @@ def build_app(config: Config, hosts: HostService, client: AsyncWebClient, *,
     bot = GpuBot(config, hosts, client, launches)
     register_commands(app, bot)
     register_messages(app, bot)
+    register_actions(app, bot)
     return app, bot
 
 
@@ -179,6 +180,43 @@ def register_commands(app: AsyncApp, bot: GpuBot) -> None:
 
     for name in SLASH_COMMANDS:
         app.command(name)(on_slash)
+
+
+#: Alert buttons -> the command they run in the launch's thread (the button's value is the launch id).
+BUTTON_COMMANDS = {"gpubot_probe": "probe", "gpubot_stack": "stack", "gpubot_kill": "kill",
+                   "gpubot_relaunch": "relaunch", "gpubot_snooze": "snooze"}
+
+
+def register_actions(app: AsyncApp, bot: GpuBot) -> None:
+    """Alert buttons [Probe] [Stack dump] [Kill] [Relaunch] [Snooze 15 min]: the same commands, checked
+    against the clicking user's role on the server (the confirm dialog is only client-side), answered in
+    the launch's thread; a double click or a redelivery acts once."""
+
+    clicks = SeenIds(ttl_s=10.0)  # a double click (two action_ts within seconds) acts once
+
+    async def on_button(ack, body, action):
+        await ack()
+        msg_ts = (body.get("container") or {}).get("message_ts")
+        if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
+            return  # the same click delivered twice
+        user_id = (body.get("user") or {}).get("id", "")
+        if not clicks.first(f"click:{msg_ts}:{action.get('action_id')}:{action.get('value')}:{user_id}"):
+            return
+        name = BUTTON_COMMANDS.get(action.get("action_id", ""))
+        value = str(action.get("value", ""))
+        user = (body.get("user") or {}).get("id", "")
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
+        if name is None or not value.isdigit() or bot.launches is None:
+            return
+        la = bot.launches.store.get_launch(int(value))
+        thread_ts = la.thread_ts if la is not None else None
+        call = CommandCall(name=name, args=["15"] if name == "snooze" else [], raw=f"[button {name} {value}]",
+                           word=name)
+        await bot.spawn(bot.run_call(call, user_id=user, channel_id=la.channel if la and la.channel else channel,
+                                     thread_ts=thread_ts, source="button"))
+
+    for action_id in BUTTON_COMMANDS:
+        app.action(action_id)(on_button)
 
 
 def _addresses_bot(text: str, prefix: str, bot: GpuBot) -> bool:

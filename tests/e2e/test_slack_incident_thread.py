@@ -63,3 +63,49 @@ async def test_launch_opens_a_thread_and_everything_goes_there(ssh_server, fake_
     finally:
         await stop()
         await asyncio.sleep(0)
+
+
+async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(ssh_server, fake_gpu, tmp_path):
+    from bot.config import WatchPolicy
+    from bot.watch import Watcher
+
+    cfg = make_config(ssh_server, fake_gpu, tmp_path)
+    stack, stop = await start_stack(cfg)
+    fake = stack.fake
+    launches = stack.bot.launches
+    w = Watcher(launches, stack.bot.surface, db_url=launches.store.url,
+                policy=WatchPolicy(interval_s=0.5, silence_after_s=2.0,
+                                   phase_grace_s={"weight_loading": 2.0, "comm_init": 2.0}))
+    await w.start()
+    try:
+        await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
+        alert = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: "silent_hang" in c["params"].get("text", ""), timeout=30)
+        root_ts = launches.store.get_launch(1).thread_ts
+        assert alert["params"]["thread_ts"] == root_ts
+        actions = next(b for b in alert["params"]["blocks"] if b["type"] == "actions")["elements"]
+        assert [a["action_id"] for a in actions] == ["gpubot_probe", "gpubot_stack", "gpubot_kill",
+                                                     "gpubot_relaunch", "gpubot_snooze"]
+        assert "confirm" in actions[2] and "<@U0OPERATOR>" in str(alert["params"]["blocks"])
+        alert_ts = alert["response"]["ts"]
+        # a viewer clicks Kill: refused on the server, audited, nothing killed
+        await fake.push_block_action("gpubot_kill", value="1", user_id="U0VIEWER", channel_id="C1",
+                                     message_ts=alert_ts)
+        await fake.wait_for_call("chat.postMessage",
+                                 predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+        assert launches.store.get_launch(1).state == "running"
+        # the operator double-clicks Kill: one kill, answered in the thread
+        for _ in range(2):
+            await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
+                                         message_ts=alert_ts)
+        killed = await fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+        assert killed["params"]["thread_ts"] == root_ts
+        await asyncio.sleep(1.0)
+        kills = [e for e in launches.store.events(action="kill")]
+        assert len(kills) == 1 and kills[0].user_id == "U0OPERATOR"
+        denied = [e for e in launches.store.events(action="command:kill") if e.result == "denied"]
+        assert denied and denied[0].user_id == "U0VIEWER"
+    finally:
+        await w.stop()
+        await stop()
