@@ -164,11 +164,44 @@ class Watcher:
                               next_steps=verdict.next_steps[:6], who_mention=_mention(la.created_by),
                               elapsed_s=elapsed, phases=phases if verdict.verdict == "ready" else [],
                               launch_id=la.id, buttons=verdict.verdict != "ready")
+        try:
+            msg.files.append((f"{la.variant}-{la.id}-timeline.png", chart_png(la, self.store.observations(la.id))))
+        except Exception:  # a chart must never cost the alert
+            log.exception("timeline chart of %s failed", la.name)
         ts = await self.surface.post(la.channel, msg, thread_ts=la.thread_ts)
         if la.thread_ts:
             await self.surface.update(la.channel, la.thread_ts,
                                       render("launch_root", **_root_view(la, verdict)))
         return ts is not None
+
+
+def chart_png(la: Launch, records: list[dict[str, Any]]) -> bytes:
+    """The launch's timeline (bot.chart): per-GPU memory and utilization and log lines over its life, with
+    phase starts and verdict changes marked. Returns PNG bytes."""
+    from bot.chart import ChartPoint, timeline_png
+
+    points, phases, verdicts = [], [], []
+    seen_phases: set[str] = set()
+    last_verdict = None
+    for rec in records:
+        t = rec.get("t")
+        if not isinstance(t, (int, float)) or "error" in rec:
+            continue
+        rel = max(0.0, t - la.created_at)
+        points.append(ChartPoint(
+            t_s=rel,
+            gpu_mem_mib={int(k): v for k, v in (rec.get("gpu_mem_mib") or {}).items()},
+            gpu_util_pct={int(k): v for k, v in (rec.get("gpu_util_pct") or {}).items()},
+            log_lines=rec.get("log_lines"),
+        ))
+        ph = rec.get("phase")
+        if ph and ph not in seen_phases:
+            seen_phases.add(ph)
+            phases.append((rel, ph))
+        if rec.get("verdict") and rec.get("verdict") != last_verdict:
+            last_verdict = rec["verdict"]
+            verdicts.append((rel, last_verdict))
+    return timeline_png(points, title=f"{la.name} on {la.host}", phases=phases, verdicts=verdicts)
 
 
 def phase_times(records: list[dict[str, Any]], started_at: float, now: float) -> list[tuple[str, float]]:

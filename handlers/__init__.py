@@ -13,12 +13,14 @@ from bot.render import Message
 from handlers.base import CommandContext, CommandSpec, Role, error_message
 from handlers.help import help_message, make_help_handler
 from handlers.launch import (
+    CHART_USAGE,
     KILL_USAGE,
     LAUNCH_USAGE,
     LOGS_USAGE,
     RELAUNCH_USAGE,
     SNOOZE_USAGE,
     STACK_USAGE,
+    handle_chart,
     handle_kill,
     handle_launch,
     handle_logs,
@@ -46,6 +48,7 @@ COMMANDS: list[CommandSpec] = [
                 Role.OPERATOR, handle_relaunch),
     CommandSpec("stack", STACK_USAGE, "py-spy stack dump of every process of a launch, as a file",
                 Role.OPERATOR, handle_stack, aliases=("stackdump",)),
+    CommandSpec("chart", CHART_USAGE, "timeline chart of a launch (PNG)", Role.VIEWER, handle_chart),
     CommandSpec("snooze", SNOOZE_USAGE, "no alerts for a launch for a while (checks go on)", Role.OPERATOR,
                 handle_snooze),
 ]

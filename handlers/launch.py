@@ -222,6 +222,30 @@ async def handle_snooze(call: CommandCall, ctx: CommandContext) -> Message:
                   hint=None)
 
 
+CHART_USAGE = "!chart [LAUNCH] (GPU memory, utilization and log lines over the launch's life, as a PNG)"
+
+
+async def handle_chart(call: CommandCall, ctx: CommandContext) -> Message:
+    """`!chart [LAUNCH]`: the launch's timeline chart from its readiness checks, attached as a PNG."""
+    from bot.watch import chart_png
+
+    if (err := _no_launch_service(ctx)) is not None:
+        return err
+    assert ctx.launches is not None
+    try:
+        la = ctx.launches.find(call.args[0] if call.args else None, channel=ctx.channel_id,
+                               thread_ts=ctx.thread_ts)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {CHART_USAGE}")
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    records = ctx.launches.store.observations(la.id)
+    png = chart_png(la, records)
+    msg = render("error", title=f"Timeline of {la.name}", detail=f"{len(records)} checks", hint=None)
+    msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
+    return msg
+
+
 STACK_USAGE = "!stack [LAUNCH] [--native] (py-spy dump of every process of the launch)"
 
 

@@ -183,3 +183,19 @@ async def test_stack_dump_of_a_hung_launch_in_its_thread(stack):
     (name, data_bytes), = msg.files
     assert name.startswith("stackdump-") and b"fake_server.py" in data_bytes
     assert stack.store.events(action="stack_dump")[-1].result == "ok"
+
+
+async def test_alert_carries_a_timeline_chart_and_chart_command_works(stack):
+    from bot.commands import parse_message
+
+    w = await start_watcher(stack)
+    try:
+        await dispatch(parse_slash("/launch", "base mode=hang workers=2"), stack.ctx())
+        la = await wait_alert(stack, 1, {"silent_hang"}, timeout=25)
+        msg = await dispatch(parse_message("!chart", bot_user_id=None),
+                             stack.ctx(thread_ts=la.thread_ts, source="prefix"))
+        (name, png), = msg.files
+        assert name == "base-1-timeline.png" and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+        assert "checks" in msg.text
+    finally:
+        await w.stop()
