@@ -240,6 +240,18 @@ class WatchPolicy(_Model):
     def _pos(cls, v: float) -> float:
         return _seconds(v, limit=MAX_WATCH_SECONDS)
 
+    @field_validator("digest_cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(v)
+            except ValueError as e:
+                raise ValueError(f"not a crontab expression (minute hour day month weekday): {e}") from None
+        return v
+
     @field_validator("phase_grace_s")
     @classmethod
     def _phases(cls, v: dict[str, float]) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 Interactive when stdin is a terminal (prompt `gpubot> `); otherwise one command per line, each answer
 printed as plain text, so sessions can be scripted. Lines look like `/gpu status`, `/probe host pgid=1`,
-`probe host pgid=1` or `!probe ...`; `#` starts a comment line; `quit` / `exit` end the session.
+`probe host pgid=1` or `!probe ...`; `#` starts a comment line; `wait SECONDS` lets time pass (readiness
+checks run and their alerts print as they happen); `quit` / `exit` end the session.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ async def run_command_line(line: str, config: Config, hosts: HostService, surfac
 
     if line.strip().lower() in ("quit", "exit"):
         return False
+    words = line.split()
+    if len(words) == 2 and words[0].lower() == "wait" and words[1].replace(".", "", 1).isdigit():
+        # scripted sessions: let time pass so readiness checks run and their alerts print
+        await asyncio.sleep(min(float(words[1]), 3600.0))
+        return True
     try:
         call = parse_console_line(line)
     except CommandParseError as e:

@@ -21,6 +21,7 @@ from typing import Any
 
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
 
 from bot.config import WatchPolicy
 from bot.diagnose import Observation, Verdict, diagnose, scan_log
@@ -39,6 +40,13 @@ FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error",
 QUIET_VERDICTS = frozenset({"loading", "unknown"})
 
 _WATCHER: Watcher | None = None
+
+
+async def post_digest() -> None:
+    """The persisted digest job: `/gpu status` of every host, posted to `watch.digest_channel`."""
+    watcher = _WATCHER
+    if watcher is not None:
+        await watcher.digest()
 
 
 async def check_launch(launch_id: int) -> None:
@@ -77,10 +85,17 @@ class Watcher:
         )
 
     async def start(self) -> None:
-        """Start the scheduler (inside the running loop) and make sure every live launch is watched."""
+        """Start the scheduler (inside the running loop), make sure every live launch is watched, and
+        schedule the `/gpu status` digest when `watch.digest_cron` and `watch.digest_channel` are set."""
         global _WATCHER
         _WATCHER = self
         self.scheduler.start()
+        policy = self.launches.config.watch
+        if policy.digest_cron and policy.digest_channel:
+            self.scheduler.add_job(post_digest, CronTrigger.from_crontab(policy.digest_cron, timezone=dt.UTC),
+                                   id="digest", replace_existing=True)
+        elif self.scheduler.get_job("digest") is not None:
+            self.scheduler.remove_job("digest")
         if self.watch not in self.launches.started_listeners:
             self.launches.started_listeners.append(self.watch)
         for la in self.store.live_launches():
@@ -107,6 +122,20 @@ class Watcher:
         self.scheduler.add_job(check_launch, "interval", seconds=interval, args=[la.id], id=f"watch:{la.id}",
                                replace_existing=True,
                                next_run_time=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=interval))
+
+    async def digest(self) -> bool:
+        """Post `/gpu status` of every configured host (holders labelled by launch) to the digest channel.
+        Returns True when it was posted."""
+        from bot.views import status_view
+
+        channel = self.launches.config.watch.digest_channel
+        if self.surface is None or not channel:
+            return False
+        hosts = self.launches.config.host_names()
+        results = await self.launches.hosts.status(hosts)
+        owners = {r.host: {h.pid: h.owner for h in self.launches.holders(r)} for r in results
+                  if not isinstance(r, HostFailure)}
+        return await self.surface.post(channel, render("status", **status_view(results, owners))) is not None
 
     def unwatch(self, launch_id: int) -> None:
         """Remove the launch's job (no error when there is none)."""
@@ -250,6 +279,10 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         last_progress = snap.log.mtime if snap.log and snap.log.mtime is not None else now
     size = snap.log.size_bytes if snap.log else None
     procs = [p for p in snap.table if p.pid in set(snap.tagged_pids)] or snap.processes
+    # only the launch's own GPUs count: other launches on other GPUs of the host are not orphans
+    mine = set(la.gpus)
+    gpus = [g for g in snap.gpu.gpus if not mine or g.index in mine] if snap.gpu.ok else None
+    gpu_procs = [p for p in snap.gpu.processes if not mine or p.gpu_index in mine] if snap.gpu.ok else None
     obs = Observation(
         log_lines=lines,
         log_silent_s=max(0.0, now - last_progress),
@@ -258,8 +291,8 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         process_alive=bool(snap.tagged_pids),
         processes=procs,
         launch_pids=set(snap.tagged_pids),
-        gpus=list(snap.gpu.gpus) if snap.gpu.ok else None,
-        gpu_processes=list(snap.gpu.processes) if snap.gpu.ok else None,
+        gpus=gpus,
+        gpu_processes=gpu_procs,
         gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
         gpu_mem_rising=_rising(snap, prev),
         cpu_time_growing=_cpu_growing(procs, prev),
@@ -275,6 +308,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         "log_lines": snap.log.lines if snap.log else None,
         "gpu_mem_mib": {str(g.index): g.memory_used_mib for g in snap.gpu.gpus} if snap.gpu.ok else {},
         "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in snap.gpu.gpus} if snap.gpu.ok else {},
+        "gpu_power_w": {str(g.index): g.power_draw_w for g in snap.gpu.gpus} if snap.gpu.ok else {},
         "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
         "alive": bool(snap.tagged_pids),
         "port_open": snap.port_listening,

@@ -199,3 +199,32 @@ async def test_alert_carries_a_timeline_chart_and_chart_command_works(stack):
         assert "checks" in msg.text
     finally:
         await w.stop()
+
+
+async def test_scheduled_digest_posts_gpu_status_to_its_channel(stack):
+    data = stack.cfg.model_dump()
+    data["watch"] = {"digest_cron": "*/5 * * * *", "digest_channel": "C0DIGEST"}
+    from bot.config import Config
+
+    cfg = Config.model_validate(data)
+    stack.cfg = stack.launches.config = stack.hosts.config = cfg
+    w = Watcher(stack.launches, stack.surface, db_url=stack.store.url, policy=FAST)
+    await w.start()
+    try:
+        job = w.scheduler.get_job("digest")
+        assert job is not None and "cron" in str(job.trigger)
+        await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
+        assert await w.digest()
+        channel, thread, text = stack.surface.posts[-1]
+        assert channel == "C0DIGEST" and thread is None and text.startswith("GPU status: 1 host")
+        assert "[base#1]" in text
+    finally:
+        await w.stop()
+
+
+def test_bad_digest_cron_is_a_config_error():
+    from bot.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as e:
+        parse_config({"watch": {"digest_cron": "every morning"}})
+    assert any(err.startswith("watch.digest_cron: not a crontab expression") for err in e.value.errors)
