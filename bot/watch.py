@@ -166,6 +166,10 @@ class Watcher:
         verdict = diagnose(obs, grace_s=policy.phase_grace_s or None, silence_after_s=policy.silence_after_s)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self.store.add_observation(la.id, record)
+        current = self.store.get_launch(la.id)
+        if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
+            self.unwatch(la.id)
+            return CheckResult(verdict, False, current)
         alerted = False
         if verdict.verdict != la.alert_state and not (verdict.verdict in QUIET_VERDICTS and la.alert_state in
                                                       (None, "", *QUIET_VERDICTS)):
