@@ -304,6 +304,8 @@ class LaunchService:
                                  detail="cancelled before its process was recorded", launch_id=la.id, host=la.host,
                                  channel=channel)
             return out
+        # not live while it is being stopped: the readiness checks stay quiet about a deliberate stop
+        self.store.update_launch(la.id, state="stopping")
         try:
             out = await self._kill(la, out)
         except RemoteError as e:

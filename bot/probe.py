@@ -147,7 +147,8 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
         f"M={nonce}",
         "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }",
         "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
-        "b clock; date +%s; e clock $?",
+        # sub-second clock (GNU date %N; busybox prints a literal N, then whole seconds are used)
+        "b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock 0",
         "b hostname; uname -n; e hostname $?",
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
@@ -174,7 +175,8 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
             'elif [ ! -r "$L" ]; then echo "permission denied"; r=13; '
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
             'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
-            'else printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$(stat -c %Y -- "$L")" '
+            'else m=$(date -r "$L" +%s.%N 2>/dev/null); case "$m" in ""|*N*) m=$(stat -c %Y -- "$L");; esac; '
+            'printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$m" '
             '"$(timeout -k 1 5 cat -- "$L" | wc -l)"; r=0; fi; e log_stat $r',
             f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",

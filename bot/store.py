@@ -27,6 +27,7 @@ from bot.redact import redact
 #: Launch states. `starting` until the process is confirmed, `running` while it lives, then one of the
 #: terminal states. `kill_failed` means processes still hold GPU memory after a kill.
 LIVE_STATES = ("starting", "running", "kill_failed")
+#: A kill in progress: not watched, not live for new commands; it ends as killed / kill_failed / its old state.
 TERMINAL_STATES = ("killed", "exited", "failed")
 
 

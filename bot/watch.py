@@ -164,6 +164,16 @@ class Watcher:
         obs, record = observation_from_snapshot(snap, la, prev)
         policy = self._policy(la)
         verdict = diagnose(obs, grace_s=policy.phase_grace_s or None, silence_after_s=policy.silence_after_s)
+        if verdict.verdict == "unknown" and obs.process_alive is False and (prev or {}).get("alive"):
+            # it ran, now nothing of it is left and the log says nothing: it exited (killed from outside,
+            # host OOM killer, ...): that is news and ends the watch
+            verdict = Verdict("exited", verdict.phase,
+                              ["no process of the launch is alive any more, and the log gives no reason",
+                               *verdict.evidence],
+                              ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)",
+                               "Look at who stopped it: the thread's history and the events table",
+                               *verdict.next_steps],
+                              "The launch's processes are gone without an error in the log.")
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self.store.add_observation(la.id, record)
         current = self.store.get_launch(la.id)
@@ -171,6 +181,8 @@ class Watcher:
             self.unwatch(la.id)
             return CheckResult(verdict, False, current)
         alerted = False
+        if current.snoozed_until and time.time() < current.snoozed_until:
+            return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         if verdict.verdict != la.alert_state and not (verdict.verdict in QUIET_VERDICTS and la.alert_state in
                                                       (None, "", *QUIET_VERDICTS)):
             # record first: a crash or restart after this line never posts the same alert twice
@@ -180,15 +192,13 @@ class Watcher:
             la = self.store.update_launch(la.id, alert_state=verdict.verdict)
         if verdict.verdict in FINAL_VERDICTS:
             self.unwatch(la.id)
-            if verdict.verdict != "ready" and not snap.tagged_pids:
+            now_la = self.store.get_launch(la.id)
+            if verdict.verdict != "ready" and not snap.tagged_pids and now_la is not None and now_la.live:
                 la = self.store.update_launch(la.id, state="exited" if verdict.verdict == "exited" else "failed")
         return CheckResult(verdict, alerted, la)
 
     async def _post_alert(self, la: Launch, verdict: Verdict, record: dict[str, Any]) -> bool:
         if self.surface is None or not la.channel:
-            return False
-        if la.snoozed_until and time.time() < la.snoozed_until:
-            log.info("alert %s of %s not posted: snoozed", verdict.verdict, la.name)
             return False
         elapsed = record.get("t", time.time()) - la.created_at
         phases = phase_times(self.store.observations(la.id), la.created_at, record.get("t", time.time()))
@@ -278,7 +288,10 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     prev = prev or {}
     last_progress = prev.get("last_progress_t")
     if marker is not None and marker != prev.get("marker"):
-        last_progress = now
+        # new progress: when the newest line IS that progress line, the log's mtime is when it was written
+        newest_is_marker = bool(scan.meaningful) and scan.meaningful[-1] == len(scan.lines) - 1
+        mtime = snap.log.mtime if snap.log else None
+        last_progress = mtime if newest_is_marker and mtime is not None and mtime <= now else now
     if last_progress is None:
         last_progress = snap.log.mtime if snap.log and snap.log.mtime is not None else now
     size = snap.log.size_bytes if snap.log else None
@@ -287,9 +300,11 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     mine = set(la.gpus)
     gpus = [g for g in snap.gpu.gpus if not mine or g.index in mine] if snap.gpu.ok else None
     gpu_procs = [p for p in snap.gpu.processes if not mine or p.gpu_index in mine] if snap.gpu.ok else None
+    log_error = snap.log.error if snap.log else None
     obs = Observation(
         log_lines=lines,
-        log_silent_s=max(0.0, now - last_progress),
+        log_silent_s=None if log_error else max(0.0, now - last_progress),
+        notes=[f"the log could not be read: {log_error}"] if log_error else [],
         log_growing=(size is not None and prev.get("log_bytes") is not None and size > prev["log_bytes"]),
         elapsed_s=max(0.0, now - la.created_at),
         process_alive=bool(snap.tagged_pids),
@@ -298,7 +313,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         gpus=gpus,
         gpu_processes=gpu_procs,
         gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
-        gpu_mem_rising=_rising(snap, prev),
+        gpu_mem_rising=_rising(gpus, prev),
         cpu_time_growing=_cpu_growing(procs, prev),
         port=la.port,
         port_open=snap.port_listening,
@@ -310,9 +325,9 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         "last_progress_t": last_progress,
         "log_bytes": size,
         "log_lines": snap.log.lines if snap.log else None,
-        "gpu_mem_mib": {str(g.index): g.memory_used_mib for g in snap.gpu.gpus} if snap.gpu.ok else {},
-        "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in snap.gpu.gpus} if snap.gpu.ok else {},
-        "gpu_power_w": {str(g.index): g.power_draw_w for g in snap.gpu.gpus} if snap.gpu.ok else {},
+        "gpu_mem_mib": {str(g.index): g.memory_used_mib for g in gpus or []},
+        "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in gpus or []},
+        "gpu_power_w": {str(g.index): g.power_draw_w for g in gpus or []},
         "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
         "alive": bool(snap.tagged_pids),
         "port_open": snap.port_listening,
@@ -328,9 +343,9 @@ def _cpu_growing(procs: list, prev: dict[str, Any]) -> bool | None:
     return any(grew) if grew else None
 
 
-def _rising(snap: Snapshot, prev: dict[str, Any]) -> bool | None:
+def _rising(gpus: list | None, prev: dict[str, Any]) -> bool | None:
     before = prev.get("gpu_mem_mib")
-    if not snap.gpu.ok or not before:
+    if not gpus or not before:
         return None
-    now = sum(g.memory_used_mib or 0.0 for g in snap.gpu.gpus)
+    now = sum(g.memory_used_mib or 0.0 for g in gpus)
     return now > sum(v or 0.0 for v in before.values()) + 64.0

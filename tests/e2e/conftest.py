@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import tempfile
 from dataclasses import dataclass
 
@@ -45,6 +48,12 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
         await fake.wait_connected(5)
 
     async def stop():
+        from tests.integration.test_lifecycle import pids_of_launch
+
+        for la in store.recent_launches(200):  # whatever a failed test left running, by its launch tag
+            for pid in pids_of_launch(la):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if stack.handler is not None:
             await stack.handler.close_async()
         await bot.drain(5)
