@@ -148,7 +148,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
         "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }",
         "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
         # sub-second clock (GNU date %N; busybox prints a literal N, then whole seconds are used)
-        "b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock 0",
+        "b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock $?",
         "b hostname; uname -n; e hostname $?",
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
