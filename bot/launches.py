@@ -145,9 +145,6 @@ class LaunchService:
 
     def launch_processes_of(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
         """The live processes of `la` in a snapshot taken with `select_tag=la.tag` (see launch_processes)."""
-        return self._alive(la, snap)
-
-    def _alive(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
         return launch_processes(snap.table, tagged=self._tagged(la, snap), pgid=la.pgid, sid=la.sid)
 
     # -- launch -------------------------------------------------------------------------------------
@@ -183,7 +180,7 @@ class LaunchService:
         live, others = [], []
         for la in self.store.live_launches(host):
             recent = la.state == "starting" and time.time() - la.created_at < STARTING_GRACE_S
-            if recent or self._alive(la, snap):
+            if recent or self.launch_processes_of(la, snap):
                 (live if la.variant == variant else others).append(la)
             else:
                 self.store.update_launch(la.id, state="exited", state_detail="no process left (seen at a later launch)")
@@ -263,7 +260,7 @@ class LaunchService:
             snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))
         except RemoteError:
             return outcome
-        if not self._alive(la, snap):
+        if not self.launch_processes_of(la, snap):
             tail = snap.log.tail if snap.log else []
             outcome.exited_early = tail or ["(the log is empty)"]
             outcome.launch = self.store.update_launch(la.id, state="exited",
@@ -328,7 +325,7 @@ class LaunchService:
     async def _kill(self, la: Launch, out: KillOutcome) -> KillOutcome:
         req = ProbeRequest(select_tag=la.tag or None, health_path=None)
         snap = await self._snapshot(la.host, req)
-        procs = self._alive(la, snap)
+        procs = self.launch_processes_of(la, snap)
         group_ok = group_confirmed(snap.table, self._tagged(la, snap), la.pgid)
         out.mem_before_mib = gpu_memory(snap.gpu, la.gpus)
         if not procs:
@@ -352,7 +349,7 @@ class LaunchService:
         deadline = time.monotonic() + budget_s
         while True:
             snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None, gpu=False))
-            procs = self._alive(la, snap)
+            procs = self.launch_processes_of(la, snap)
             if not la.tag:  # a foreign pid (/kill pid=N): follow the number itself
                 procs += [p for p in snap.table if p.pid in pids]
             procs = [p for p in {p.pid: p for p in procs}.values() if p.state != "Z"]

@@ -269,13 +269,8 @@ def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int,
     clear its environment, but PIDs of a dead launch may be reused by strangers), plus descendants of all
     of those. Zombies are left out: they hold nothing and cannot be killed."""
     tagged = set(tagged)
-    live_pids = {p.pid for p in procs if p.state != "Z"}
-    # Linux never hands out a PID that is still some live process's session or group id, so members of
-    # `sid` while no live process has PID `sid` are what is left of the launch's own session.
-    sid_ok = bool(sid) and (any(p.pid in tagged and p.sid == sid for p in procs)
-                            or (sid not in live_pids and any(p.sid == sid for p in procs)))
-    pgid_ok = bool(pgid) and (any(p.pid in tagged and p.pgid == pgid for p in procs)
-                              or (pgid not in live_pids and any(p.pgid == pgid for p in procs)))
+    sid_ok = _confirmed(procs, tagged, "sid", sid)
+    pgid_ok = _confirmed(procs, tagged, "pgid", pgid)
     chosen = {p.pid for p in procs
               if p.pid in tagged or (sid_ok and p.sid == sid) or (pgid_ok and p.pgid == pgid)}
     grew = True
@@ -288,13 +283,21 @@ def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int,
     return [p for p in procs if p.pid in chosen and p.state != "Z"]
 
 
+def _confirmed(procs: list[ProcessInfo], tagged: set[int], attr: str, value: int | None) -> bool:
+    """Whether the session (`attr="sid"`) or process group (`"pgid"`) `value` is the launch's own: a member
+    carries the launch's tag, or its leader is gone. Linux never hands out a PID that is still some live
+    process's session or group id, so members of a leaderless session/group are what is left of ours."""
+    if not value:
+        return False
+    members = [p for p in procs if getattr(p, attr) == value]
+    leader_alive = any(p.pid == value and p.state != "Z" for p in procs)
+    return any(p.pid in tagged for p in members) or (bool(members) and not leader_alive)
+
+
 def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid: int | None) -> bool:
-    """True when the process group `pgid` holds a process carrying the launch's tag (so signalling the whole
-    group cannot hit a stranger that reused the number)."""
-    tagged = set(tagged)
-    live_pids = {p.pid for p in procs if p.state != "Z"}
-    return bool(pgid) and (any(p.pid in tagged and p.pgid == pgid for p in procs)
-                           or (pgid not in live_pids and any(p.pgid == pgid for p in procs)))
+    """True when the process group `pgid` is confirmed the launch's own (see `_confirmed`), so signalling
+    the whole group cannot hit a stranger that reused the number."""
+    return _confirmed(procs, set(tagged), "pgid", pgid)
 
 
 def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any],

@@ -85,6 +85,18 @@ async def handle_launch(call: CommandCall, ctx: CommandContext) -> Message:
     return msg
 
 
+def _resolve(call: CommandCall, ctx: CommandContext, usage: str) -> Launch | Message:
+    """The launch `call` acts on (see `_target`), with the answer routed to that launch's thread; or an
+    error Message naming the live launches."""
+    try:
+        la = _target(call, ctx)
+    except LaunchError as e:
+        return error_message("Which launch?", str(e), f"Usage: {usage}")
+    if la.thread_ts and la.channel == ctx.channel_id:
+        ctx.reply_thread_ts = la.thread_ts
+    return la
+
+
 def _target(call: CommandCall, ctx: CommandContext) -> Launch:
     """The launch a kill/relaunch acts on: named, or the launch of this thread. Never a guess: outside a
     launch thread the launch must be named."""
@@ -113,12 +125,9 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
         msg = render("kill_result", **kill_view(out))
         msg.ok = not out.error and not out.remaining
         return msg
-    try:
-        la = _target(call, ctx)
-    except LaunchError as e:
-        return error_message("Which launch?", str(e), f"Usage: {KILL_USAGE}")
-    if la.thread_ts and la.channel == ctx.channel_id:
-        ctx.reply_thread_ts = la.thread_ts
+    la = _resolve(call, ctx, KILL_USAGE)
+    if isinstance(la, Message):
+        return la
     out = await ctx.launches.kill(la, user=ctx.user_id, channel=ctx.channel_id)
     la = ctx.launches.store.get_launch(la.id) or la
     await update_root(ctx, la)
@@ -255,12 +264,9 @@ async def handle_stack(call: CommandCall, ctx: CommandContext) -> Message:
     if (err := _no_launch_service(ctx)) is not None:
         return err
     assert ctx.launches is not None
-    try:
-        la = _target(call, ctx)
-    except LaunchError as e:
-        return error_message("Which launch?", str(e), f"Usage: {STACK_USAGE}")
-    if la.thread_ts and la.channel == ctx.channel_id:
-        ctx.reply_thread_ts = la.thread_ts
+    la = _resolve(call, ctx, STACK_USAGE)
+    if isinstance(la, Message):
+        return la
     snap = await ctx.launches.probe_launch(la, tail_lines=1)
     if isinstance(snap, HostFailure):
         return error_message(f"Stack dump of {la.name} failed", snap.reason)
