@@ -374,11 +374,16 @@ class Permissions(_Model):
 
 
 class SlackSettings(_Model):
-    """Non-secret Slack settings. Tokens are read from the environment only."""
+    """Non-secret Slack settings. Tokens are read from the environment only. `post_interval_s`: seconds
+    between two messages (posts, edits, files) in one channel (Slack allows about one per second);
+    `progress_after_s`: a command whose answer takes longer than this many seconds gets a placeholder
+    message at once, edited into the answer."""
 
     command_prefix: str = "!"
     bot_name: str = "gpubot"
     api_url: str | None = None
+    post_interval_s: float = Field(default=1.0, ge=0.0, le=60.0)
+    progress_after_s: float = Field(default=0.5, ge=0.0, le=10.0)
 
 
 class LifecyclePolicy(_Model):

@@ -18,7 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text, create_engine, event, inspect, select
+from sqlalchemy import (
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -90,6 +102,36 @@ class EventRow(Base):
     launch_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True, index=True)
     host: Mapped[str | None] = mapped_column(String(64), nullable=True)
     channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class OutboxRow(Base):
+    """Table `outbox`: every message to Slack, written before it is sent (bot/outbox.py sends it).
+
+    `kind` is post / update / upload. `thread_ts` and `target_ts` hold a Slack ts, or `q:<id>`: the ts of
+    outbox row <id> once that row is sent. `state`: pending -> sending -> sent, or failed (a permanent
+    Slack error, `error` says which) or superseded (an update replaced by a newer one of the same message).
+    Times are epoch seconds.
+    """
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    target_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    text: Mapped[str] = mapped_column(Text, default="")
+    blocks_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    key: Mapped[str] = mapped_column(String(40), default="")
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 @dataclass
@@ -263,6 +305,13 @@ class Store:
         with self._tx() as s:
             row = s.get(LaunchRow, launch_id)
             return _launch(row) if row else None
+
+    def replace_thread_ts(self, old: str, new: str) -> int:
+        """Point launches whose incident thread is `old` (an outbox reference `q:<id>`) at the real Slack
+        ts `new`, once the root message is posted. Returns the number of launches changed."""
+        with self._tx() as s:
+            res = s.execute(update(LaunchRow).where(LaunchRow.thread_ts == old).values(thread_ts=new))
+            return int(res.rowcount or 0)
 
     def launch_for_thread(self, channel: str, thread_ts: str) -> Launch | None:
         """The launch whose incident thread is (channel, thread_ts), or None."""

@@ -21,9 +21,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
 from bot.launches import LaunchService
-from bot.render import Message, mrkdwn_escape
+from bot.outbox import Outbox
+from bot.render import Message, mrkdwn_escape, render
 from bot.service import HostService
-from bot.slack.surface import SlackSurface
+from bot.slack.surface import OutboxSurface, SlackSurface, sender_client
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,13 @@ class GpuBot:
         self.hosts = hosts
         self.launches = launches
         self.client = client
-        self.surface = SlackSurface(client)
+        self.outbox: Outbox | None = None
+        if launches is not None:  # every message goes through the outbox in the launches' database
+            self.outbox = Outbox(launches.store, sender_client(client), min_interval_s=config.slack.post_interval_s,
+                                 on_posted=lambda old, new: launches.store.replace_thread_ts(old, new))
+            self.surface: OutboxSurface | SlackSurface = OutboxSurface(self.outbox)
+        else:
+            self.surface = SlackSurface(client)
         self.seen = SeenIds()
         self.tasks: set[asyncio.Task] = set()
         self._groups: dict[str, tuple[float, set[str]]] = {}
@@ -108,10 +115,14 @@ class GpuBot:
 
     async def run_call(self, call: CommandCall | None, *, user_id: str, channel_id: str, thread_ts: str | None,
                        source: str, parse_error: str | None = None, respond: Any = None) -> str | None:
-        """Dispatch `call` and post the answer. Returns the posted message ts (None if posting failed)."""
+        """Dispatch `call` and post the answer. A command slower than `slack.progress_after_s` gets a
+        placeholder message at once, edited into the answer when it is ready. Returns the ts of the
+        answer (a `q:` reference while it is queued; None if Slack refused it)."""
         from handlers import dispatch
         from handlers.base import CommandContext, error_message
 
+        placeholder: str | None = None
+        reply_thread = thread_ts
         if call is None:
             msg: Message = error_message("Bad command", parse_error or "could not parse the command",
                                          "Try `/gpu help`.")
@@ -120,17 +131,49 @@ class GpuBot:
             ctx = CommandContext(user_id=user_id, channel_id=channel_id, config=self.config, hosts=self.hosts,
                                  thread_ts=thread_ts, source=source, user_groups=groups, surface=self.surface,
                                  launches=self.launches)
-            msg = await dispatch(call, ctx)
-            thread_ts = ctx.reply_thread_ts or thread_ts
-        ts = await self.surface.post(channel_id, msg, thread_ts=thread_ts)
+            task = asyncio.ensure_future(dispatch(call, ctx))
+            done, _ = await asyncio.wait({task}, timeout=self.config.slack.progress_after_s)
+            if not done and isinstance(self.surface, OutboxSurface):
+                placeholder = await self._placeholder(call, channel_id, thread_ts, user_id)
+            msg = await task
+            reply_thread = ctx.reply_thread_ts or thread_ts
+        if placeholder is not None:
+            if reply_thread == thread_ts:
+                await self.surface.update(channel_id, placeholder, msg)
+                return placeholder
+            note = render("progress", command=call.word or call.name if call else "", done=True,
+                          user_id=user_id, elsewhere=True)
+            await self.surface.update(channel_id, placeholder, note)
+        ts = await self.surface.post(channel_id, msg, thread_ts=reply_thread)
         if ts is None and respond is not None:
             # e.g. not_in_channel: answer the user privately through the response_url instead.
             try:
-                note = f"\n(could not post in the channel: {self.surface.last_error})"
-                await respond(text=mrkdwn_escape(msg.text[:2900]) + note, response_type="ephemeral")
+                note_text = f"\n(could not post in the channel: {self.surface.last_error})"
+                await respond(text=mrkdwn_escape(msg.text[:2900]) + note_text, response_type="ephemeral")
             except Exception as e:  # the response_url may be expired as well
                 log.warning("respond() fallback failed: %s", e)
         return ts
+
+    async def _placeholder(self, call: CommandCall, channel_id: str, thread_ts: str | None,
+                           user_id: str) -> str | None:
+        """Queue the "working on it" message; returns its ts or `q:` reference, None if Slack refused it."""
+        assert isinstance(self.surface, OutboxSurface)
+        msg = render("progress", command=call.word or call.name, done=False, user_id=user_id, elsewhere=False)
+        pts = await self.surface.post(channel_id, msg, thread_ts=thread_ts, wait_s=0)
+        return pts
+
+    async def start(self) -> None:
+        """Start the outbox sender (messages left queued by an earlier run go out first)."""
+        if self.outbox is not None:
+            self.outbox.start()
+
+    async def close(self, flush_s: float = 5.0) -> None:
+        """Stop taking work: wait (bounded) for running commands, give the outbox `flush_s` seconds to
+        send what is queued, then stop it (what is left stays queued in the database)."""
+        await self.drain()
+        if self.outbox is not None:
+            await self.outbox.flush(flush_s)
+            await self.outbox.stop()
 
     def spawn(self, coro) -> asyncio.Task:
         """Run `coro` as a tracked task (Bolt does not track work started after the ack)."""

@@ -62,12 +62,13 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
     client = make_client(bot_token, _api_url(config), session=session)
     app, bot = build_app(config, hosts, client, signing_secret=signing_secret, launches=launches)
     watcher = Watcher(launches, bot.surface, db_url=launches.store.url)
+    await bot.start()  # the outbox sender: what an earlier run left queued goes out first
     await watcher.start()
     try:
         yield app
     finally:
         await watcher.stop()
-        await bot.drain()
+        await bot.close()
         await hosts.close()
         launches.store.close()
         await session.close()

@@ -1,7 +1,9 @@
-"""Slack implementation of the Surface: chat.postMessage / chat.update / files_upload_v2 via AsyncWebClient.
+"""Slack implementations of the Surface.
 
-Failures (429 after the SDK's retries, 5xx, not_in_channel, ...) are logged and reported as None/False,
-never raised into handlers.
+`OutboxSurface` (what the bot uses) queues every message in the outbox (bot/outbox.py), which sends it.
+`SlackSurface` calls chat.postMessage / chat.update / files_upload_v2 directly (for tools without a
+database); its failures (429 after the SDK's retries, 5xx, not_in_channel, ...) are logged and reported
+as None/False, never raised into handlers.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.outbox import Outbox, ref
 from bot.render import Message, mrkdwn_escape
 
 log = logging.getLogger(__name__)
@@ -44,11 +47,57 @@ def retry_handlers() -> list:
     ]
 
 
-def make_client(token: str, base_url: str | None = None, **kwargs) -> AsyncWebClient:
-    """An AsyncWebClient with gpubot's retry handlers; `base_url` overrides https://slack.com/api/."""
+def make_client(token: str, base_url: str | None = None, *, retries: bool = True, **kwargs) -> AsyncWebClient:
+    """An AsyncWebClient with gpubot's retry handlers (none with `retries=False`: the outbox's client,
+    which retries itself); `base_url` overrides https://slack.com/api/."""
     if base_url:
         kwargs["base_url"] = base_url
-    return AsyncWebClient(token=token, retry_handlers=retry_handlers(), **kwargs)
+    return AsyncWebClient(token=token, retry_handlers=retry_handlers() if retries else [], **kwargs)
+
+
+def sender_client(client: AsyncWebClient) -> AsyncWebClient:
+    """A copy of `client` (same token, URL and HTTP session) without retry handlers, for the outbox."""
+    return AsyncWebClient(token=client.token, base_url=client.base_url, session=client.session,
+                          timeout=client.timeout, retry_handlers=[])
+
+
+class OutboxSurface:
+    """The Surface the bot uses in Slack: every post, edit and file goes through the Outbox (database
+    first, one sender; see bot/outbox.py).
+
+    `post` waits up to `wait_s` seconds for the message to be sent: it returns the Slack ts when it was,
+    None when Slack refused it for good (`last_error` says why, e.g. `not_in_channel`), and otherwise a
+    `q:<id>` reference that stands for the ts (usable as thread_ts and for `update`) until it is sent.
+    `update` and `upload` queue and return True.
+    """
+
+    def __init__(self, outbox: Outbox, *, wait_s: float = 5.0):
+        self.outbox = outbox
+        self.wait_s = wait_s
+        self.last_error: str | None = None
+
+    async def post(self, channel: str, message: Message, *, thread_ts: str | None = None,
+                   wait_s: float | None = None) -> str | None:
+        """Queue chat.postMessage (files follow as uploads). Returns ts, None (refused) or a `q:` ref."""
+        row_id = self.outbox.post(channel, message, thread_ts=thread_ts)
+        d = await self.outbox.wait(row_id, self.wait_s if wait_s is None else wait_s)
+        if d.state == "sent":
+            return d.ts
+        if d.state == "failed":
+            self.last_error = d.error
+            return None
+        return ref(row_id)
+
+    async def update(self, channel: str, ts: str, message: Message) -> bool:
+        """Queue chat.update of `ts` (a ts or `q:` ref); a queued older edit of it is dropped. True."""
+        self.outbox.update(channel, ts, message)
+        return True
+
+    async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
+                     title: str | None = None) -> bool:
+        """Queue a file upload into `thread_ts`. Returns True."""
+        self.outbox.upload(channel, filename, content, thread_ts=thread_ts, title=title)
+        return True
 
 
 class SlackSurface:

@@ -56,7 +56,7 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
                     os.kill(pid, signal.SIGKILL)
         if stack.handler is not None:
             await stack.handler.close_async()
-        await bot.drain(5)
+        await bot.close(flush_s=2)
         await hosts.close()
         store.close()
         await session.close()

@@ -15,14 +15,16 @@ from tests.e2e.conftest import start_stack
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_post_failure_500_falls_back_to_the_user_privately(slack):
-    slack.fake.fail("chat.postMessage", status=500, times=10)
+async def test_post_failure_500_is_retried_and_delivered_once(slack):
+    slack.fake.fail("chat.postMessage", status=500, times=3)
     env_id = await slack.fake.push_slash_command("/gpu", "help")
     await slack.fake.wait_for_ack(env_id, 5)
-    body = await slack.fake.wait_for_response(timeout=20)
-    assert "could not post in the channel: HTTP 500" in body["text"]
-    assert "/gpu status" in body["text"]
-    assert body.get("response_type") == "ephemeral"
+    call = await slack.fake.wait_for_call("chat.postMessage", timeout=30)  # the first one answered 200
+    assert "/gpu status" in call["params"]["text"]
+    await asyncio.sleep(1.5)
+    assert len(slack.fake.calls_for("chat.postMessage")) == 1  # delivered exactly once
+    assert len(slack.fake.failed_calls) == 3
+    assert not slack.fake.responses  # no private fallback: the answer was only late, not refused
 
 
 async def test_not_in_channel_falls_back_to_response_url(slack):
@@ -86,14 +88,15 @@ async def test_oversized_answer_is_cut_and_full_output_attached(ssh_server):
     stack, stop = await start_stack(Config(hosts=hosts))
     try:
         await stack.fake.push_slash_command("/gpu", "status all")
-        post = await stack.fake.wait_for_call("chat.postMessage", timeout=40)
+        answer = await stack.fake.wait_for_answer(lambda c: c["params"]["text"].startswith("GPU status"), timeout=40)
         done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=20)
     finally:
         await stop()
-    blocks = post["params"]["blocks"]
+    blocks = answer["params"]["blocks"]
     assert len(blocks) <= 50
     assert "truncated, full output attached" in str(blocks)
-    assert done["params"]["thread_ts"] == post["response"]["ts"]
+    answer_ts = answer["params"]["ts"] if answer["method"] == "chat.update" else answer["response"]["ts"]
+    assert done["params"]["thread_ts"] == answer_ts  # the full output goes into the answer's thread
     (data,) = stack.fake.uploads.values()
     text = data.decode()
     assert all(f"== h{i:02d}" in text for i in range(40))

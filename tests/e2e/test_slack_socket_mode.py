@@ -61,13 +61,19 @@ async def test_ack_is_immediate_while_the_host_is_slow(tmp_path, fake_gpu):
             t0 = time.monotonic()
             env_id = await stack.fake.push_slash_command("/gpu", "status slow-host")
             _, ack_s = await stack.fake.wait_for_ack(env_id, 5)
-            call = await stack.fake.wait_for_call("chat.postMessage", timeout=30)
-            answered = call["time"] - t0
+            placeholder = await stack.fake.wait_for_call("chat.postMessage", timeout=5)
+            call = await stack.fake.wait_for_call("chat.update", timeout=30)
         finally:
             await stop()
     assert ack_s < 1.0, f"ack took {ack_s:.2f} s"
+    # progress is visible within a second: a placeholder message, later edited into the answer
+    assert placeholder["time"] - t0 < 1.0, f"placeholder after {placeholder['time'] - t0:.2f} s"
+    assert "Working on `status`" in str(placeholder["params"]["blocks"])
+    answered = call["time"] - t0
     assert answered >= 5.0, f"answer came after {answered:.2f} s, before the slow host could answer"
+    assert call["params"]["ts"] == placeholder["response"]["ts"]
     assert "slow-host" in call["params"]["text"]
+    assert len(stack.fake.calls_for("chat.postMessage")) == 1  # the answer replaced the placeholder
 
 
 async def test_bang_probe_in_thread_answers_in_that_thread(slack, start_fake_server):

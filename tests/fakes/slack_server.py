@@ -143,6 +143,7 @@ class FakeSlack:
         self._failures: list[_Failure] = []
         self._errors: list[_ApiError] = []
         self._ts_counter = itertools.count(1)
+        self._last_ts_us = 0
         self._file_counter = itertools.count(1)
         self._link_counter = itertools.count(1)
         self._env_counter = itertools.count(1)
@@ -366,6 +367,22 @@ class FakeSlack:
             return None
 
         return await self._wait(find, timeout, f"a {method} call")
+
+    async def wait_for_answer(
+        self, predicate: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 5.0
+    ) -> dict[str, Any]:
+        """The first ``chat.postMessage`` or ``chat.update`` call (HTTP 200) for which ``predicate(call)``
+        is true: an answer arrives either way (a slow command's placeholder is edited into its answer).
+        The call's ``"method"`` says which; for an update, ``params["ts"]`` is the message edited."""
+
+        def find() -> dict[str, Any] | None:
+            for call in self.calls:
+                if call["method"] in ("chat.postMessage", "chat.update") and call["status"] == 200 and (
+                        predicate is None or predicate(call)):
+                    return call
+            return None
+
+        return await self._wait(find, timeout, "a chat.postMessage / chat.update call")
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> tuple[Any, float]:
         """Wait for the client's ack of ``envelope_id``.
@@ -592,6 +609,27 @@ class FakeSlack:
         }
         return await self.push_interactive(payload)
 
+    async def redeliver(self, envelope_id: str, *, retry_reason: str = "timeout") -> None:
+        """Queue an already pushed envelope again, unchanged but for the retry fields, as Slack does
+        with an envelope whose ack it did not get (e.g. the socket dropped): same ``envelope_id``,
+        same payload (same ``trigger_id``/``event_id``), ``retry_attempt`` one higher. It is sent on
+        the open connection, or on the next one."""
+        envelope = dict(self.envelopes[envelope_id]["envelope"])
+        envelope["retry_attempt"] = int(envelope.get("retry_attempt") or 0) + 1
+        envelope["retry_reason"] = retry_reason
+        self.envelopes[envelope_id]["envelope"] = envelope
+        async with self._cond:
+            self._outbox.append(json.dumps(envelope))
+            self._cond.notify_all()
+
+    def ack_count(self, envelope_id: str) -> int:
+        """How many acks of ``envelope_id`` the client sent (over every connection)."""
+        return sum(1 for m in self.client_messages if m.get("envelope_id") == envelope_id)
+
+    async def wait_for_ack_count(self, envelope_id: str, count: int, timeout: float = 5.0) -> None:
+        """Wait until the client has acked ``envelope_id`` at least ``count`` times."""
+        await self._wait(lambda: self.ack_count(envelope_id) >= count, timeout, f"{count} acks of {envelope_id}")
+
     async def send_disconnect(self, reason: str = "refresh_requested") -> None:
         """Send Slack's ``{"type": "disconnect", "reason": ...}`` on every open connection."""
         msg = json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "fake-slack"}})
@@ -616,8 +654,11 @@ class FakeSlack:
     # ------------------------------------------------------------------ helpers
 
     def _next_ts(self) -> str:
+        """A fresh message ts: the current time in microseconds, strictly increasing (as Slack's are)."""
         n = next(self._ts_counter)
-        return f"{_TS_BASE + n // 10_000}.{(n % 10_000) * 100:06d}"
+        micros = max(int(time.time() * 1_000_000), self._last_ts_us + 1, _TS_BASE * 1_000_000 + n)
+        self._last_ts_us = micros
+        return f"{micros // 1_000_000}.{micros % 1_000_000:06d}"
 
     def _trigger_id(self) -> str:
         return f"{next(self._trigger_counter)}.{int(time.time())}.{uuid.uuid4().hex[:16]}"
@@ -859,6 +900,40 @@ class FakeSlack:
 
     def _api_reactions_remove(self, params: dict[str, Any], token: str) -> dict[str, Any]:
         return self._reaction("remove", params)
+
+    def _history_item(self, msg: dict[str, Any], with_metadata: bool) -> dict[str, Any]:
+        state = self.message_state(msg["ts"]) or msg
+        item = {"type": "message", "user": BOT_USER_ID, "bot_id": BOT_ID, "ts": msg["ts"],
+                "text": state.get("text") or ""}
+        if msg["thread_ts"]:
+            item["thread_ts"] = msg["thread_ts"]
+        meta = msg["params"].get("metadata")
+        if with_metadata and isinstance(meta, dict):
+            item["metadata"] = meta
+        return item
+
+    @staticmethod
+    def _truthy(value: Any) -> bool:
+        return str(value).lower() in ("1", "true")
+
+    def _api_conversations_history(self, params: dict[str, Any], token: str) -> dict[str, Any]:
+        """Top-level messages of a channel newer than ``oldest``, newest first (metadata only with
+        ``include_all_metadata``), as Slack's conversations.history answers."""
+        channel, oldest = params.get("channel"), float(params.get("oldest") or 0)
+        found = [m for m in self.messages if m["channel"] == channel and float(m["ts"]) > oldest
+                 and (not m["thread_ts"] or m["thread_ts"] == m["ts"])]
+        meta = self._truthy(params.get("include_all_metadata"))
+        return {"ok": True, "messages": [self._history_item(m, meta) for m in reversed(found)], "has_more": False}
+
+    def _api_conversations_replies(self, params: dict[str, Any], token: str) -> dict[str, Any]:
+        """The parent and replies of thread ``ts`` (replies newer than ``oldest``), oldest first."""
+        channel, ts, oldest = params.get("channel"), params.get("ts"), float(params.get("oldest") or 0)
+        found = [m for m in self.messages if m["channel"] == channel
+                 and (m["ts"] == ts or (m["thread_ts"] == ts and float(m["ts"]) > oldest))]
+        if not found:
+            return {"ok": False, "error": "thread_not_found"}
+        meta = self._truthy(params.get("include_all_metadata"))
+        return {"ok": True, "messages": [self._history_item(m, meta) for m in found], "has_more": False}
 
     def _api_conversations_info(self, params: dict[str, Any], token: str) -> dict[str, Any]:
         channel = params.get("channel")
