@@ -96,6 +96,25 @@ class KillOutcome:
         return any(p.state in ("D", "R") for p in self.remaining)
 
 
+@dataclass
+class KillPreview:
+    """What a kill would stop, shown before a typed `/kill` is confirmed: the `host`, the launch's
+    process group `pgid` (None for a single pid), the processes (pid, state, command), the GPU indexes
+    `gpus` and `gpu_mib` MiB of GPU memory they hold (None when unknown). `error` says why the host
+    could not be read (the kill may still be tried); `refusal` why there is nothing to confirm."""
+
+    target: str
+    host: str
+    launch_id: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)
+    gpu_mib: float | None = None
+    error: str | None = None
+    refusal: str | None = None
+
+
 def build_launch_service(config: Config, hosts: HostService, store: Store | None = None) -> LaunchService:
     """A LaunchService with the config's lifecycle policy and its store (default: the config's database)."""
     from bot.store import default_url
@@ -288,6 +307,54 @@ class LaunchService:
         return await self.hosts.probe(la.host, self.launch_probe_request(la, tail_lines=tail_lines))
 
     # -- kill ---------------------------------------------------------------------------------------
+    async def kill_preview(self, la: Launch) -> KillPreview:
+        """What `kill(la)` would stop now (one probe of the host). Never raises: an unreadable host is
+        reported in `error`."""
+        out = KillPreview(target=la.name, host=la.host, launch_id=la.id, pgid=la.pgid, gpus=list(la.gpus))
+        try:
+            snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None))
+        except RemoteError as e:
+            out.error = str(e)
+            return out
+        out.processes = self.launch_processes_of(la, snap)
+        pids = {p.pid for p in out.processes}
+        if snap.gpu.ok:
+            held = [gp for gp in snap.gpu.processes if gp.pid in pids]
+            if held:
+                out.gpu_mib = float(sum(gp.used_memory_mib or 0 for gp in held))
+                out.gpus = sorted({gp.gpu_index for gp in held if gp.gpu_index is not None} | set(la.gpus))
+            elif pids:  # per-process readings missing (some VMs): the memory used on the launch's GPUs
+                out.gpu_mib = gpu_memory(snap.gpu, la.gpus)
+            else:
+                out.gpu_mib = 0.0
+        if not pids and la.pid is not None:
+            out.refusal = f"{la.name} has no process left on {la.host}"
+        return out
+
+    async def kill_pid_preview(self, host: str, pid: int) -> KillPreview:
+        """What `kill_pid(host, pid)` would stop now. Never raises; `refusal` is set when the pid does not
+        exist or holds no GPU memory (kill_pid would refuse it too)."""
+        out = KillPreview(target=f"pid {pid}", host=host, pid=pid)
+        try:
+            snap = await self._snapshot(host, ProbeRequest(pid=pid, health_path=None))
+        except RemoteError as e:
+            out.error = str(e)
+            return out
+        row = next((p for p in snap.table if p.pid == pid), None)
+        held = [gp for gp in snap.gpu.processes if gp.pid == pid]
+        if row is None:
+            out.refusal = f"no process {pid} on {host}"
+        elif not snap.gpu.ok:
+            out.refusal = f"cannot tell whether pid {pid} holds a GPU ({snap.gpu.error})"
+        elif not held:
+            out.refusal = f"pid {pid} holds no GPU memory; `/kill pid=` only stops processes that hold a GPU"
+        else:
+            out.processes = [row]
+            out.pgid = None
+            out.gpus = sorted({gp.gpu_index for gp in held if gp.gpu_index is not None})
+            out.gpu_mib = float(sum(gp.used_memory_mib or 0 for gp in held))
+        return out
+
     async def kill(self, la: Launch, *, user: str, channel: str | None = None) -> KillOutcome:
         """SIGTERM the launch's process group and every process of its session (and tagged ones), wait
         `kill_grace_s`, SIGKILL what is left, then poll GPU memory until the launch's GPUs are released

@@ -39,6 +39,8 @@ class Message:
     files: list[tuple[str, bytes]] = field(default_factory=list)
     #: False for refusals and errors (bad input, unknown host, denied): the audit trail records them so.
     ok: bool = True
+    #: What the audit trail records instead of ok/refused (e.g. "confirmation asked"); None: from `ok`.
+    audit_result: str | None = None
 
 
 def mrkdwn_escape(value: Any) -> str:

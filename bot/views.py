@@ -197,6 +197,25 @@ def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[st
     }
 
 
+def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: str) -> dict[str, Any]:
+    """Context for templates/kill_confirm.*: what a kill would stop (a bot.launches.KillPreview), the
+    typed command that confirms it, and the [Kill] button's `action_id` and `value`. GPU memory in GiB."""
+    return {
+        "target": pv.target,
+        "host": pv.host,
+        "pgid": pv.pgid,
+        "count": len(pv.processes),
+        "processes": [{"pid": p.pid, "stat": p.stat, "command": short_command(p.args, 60)} for p in pv.processes[:8]],
+        "more": max(0, len(pv.processes) - 8),
+        "gpus": ",".join(map(str, pv.gpus)) if pv.gpus else "-",
+        "gib": None if pv.gpu_mib is None else pv.gpu_mib / 1024,
+        "error": redact(pv.error) if pv.error else None,
+        "confirm_command": confirm_command,
+        "value": value,
+        "action_id": action_id,
+    }
+
+
 def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
     """Context for templates/kill_result.*: what was signalled, what is left (with states), GPU memory
     before/after in MiB, released or not, and whether the host needs a reboot."""

@@ -102,7 +102,8 @@ async def dispatch(call: CommandCall, ctx: CommandContext) -> Message:
                              "Ask an admin to add your Slack user ID to the config's permissions.")
     try:
         msg = await spec.handler(call, ctx)
-        _audit(ctx, call, "ok" if msg.ok else "refused", None if msg.ok else msg.text.splitlines()[0][:300])
+        result = msg.audit_result or ("ok" if msg.ok else "refused")
+        _audit(ctx, call, result, None if msg.ok else msg.text.splitlines()[0][:300])
         return msg
     except Exception as e:
         log.exception("command %s failed", call.name)

@@ -11,20 +11,20 @@ import logging
 import time
 
 from bot.commands import CommandCall
-from bot.launches import redact_params
+from bot.launches import KillPreview, redact_params
 from bot.lifecycle import LaunchError
 from bot.models import HostFailure
 from bot.remote import RemoteError
 from bot.render import Message, render
 from bot.stackdump import render_stack_dump, take_stack_dump
 from bot.store import Launch
-from bot.views import kill_view, launch_outcome_view, launch_view, probe_view
+from bot.views import kill_confirm_view, kill_view, launch_outcome_view, launch_view, probe_view
 from handlers.base import CommandContext, error_message
 
 log = logging.getLogger(__name__)
 
 LAUNCH_USAGE = "/launch VARIANT [host=HOST] [param=value ...]"
-KILL_USAGE = "/kill [LAUNCH|VARIANT] | /kill pid=N [host=HOST]"
+KILL_USAGE = "/kill [LAUNCH|VARIANT] [--yes] | /kill pid=N [host=HOST] [--yes]"
 RELAUNCH_USAGE = "/relaunch [LAUNCH|VARIANT] [param=value ...]"
 LOGS_USAGE = "!logs [N] in a launch thread, or /gpu logs LAUNCH [N]"
 #: `!logs` with more lines than this goes as a file into the thread.
@@ -121,6 +121,12 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
         except KeyError:
             return error_message("Unknown host", repr(call.kwargs.get("host")),
                                  f"Known hosts: {', '.join(ctx.config.hosts)}")
+        if "yes" not in call.flags:
+            pv = await ctx.launches.kill_pid_preview(host, int(pid_text))
+            if pv.refusal:
+                return error_message("Nothing to kill", pv.refusal)
+            return _kill_confirmation(pv, f"/kill pid={pid_text} host={host} --yes", f"{host}|{pid_text}",
+                                      "gpubot_killpid_confirm")
         out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id)
         msg = render("kill_result", **kill_view(out))
         msg.ok = not out.error and not out.remaining
@@ -128,11 +134,23 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
     la = _resolve(call, ctx, KILL_USAGE)
     if isinstance(la, Message):
         return la
+    if "yes" not in call.flags and la.live:
+        pv = await ctx.launches.kill_preview(la)
+        if pv.processes or pv.error:  # with no process left there is nothing to confirm: the kill only records it
+            return _kill_confirmation(pv, f"/kill {la.id} --yes", str(la.id), "gpubot_kill_confirm")
     out = await ctx.launches.kill(la, user=ctx.user_id, channel=ctx.channel_id)
     la = ctx.launches.store.get_launch(la.id) or la
     await update_root(ctx, la)
     msg = render("kill_result", **kill_view(out, la.gpus))
     msg.ok = not out.error and not out.remaining
+    return msg
+
+
+def _kill_confirmation(pv: KillPreview, confirm_command: str, value: str, action_id: str) -> Message:
+    """The answer to a typed kill without `--yes`: what would be killed, with [Kill] [Cancel] buttons."""
+    msg = render("kill_confirm", **kill_confirm_view(pv, confirm_command=confirm_command, value=value,
+                                                     action_id=action_id), decided=None)
+    msg.audit_result = "confirmation asked"
     return msg
 
 

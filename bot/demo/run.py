@@ -128,7 +128,8 @@ async def run_demo(out: TextIO | None = None) -> int:
     """Run the demo, printing to `out` (default stdout). Returns the exit code (0 on success).
 
     `/launch demo` (incident thread, pre-launch checks), `/gpu status` (holders labelled with the launch),
-    `/probe` of the launch's process group, log and port, then `/kill 1` (GPU memory released).
+    `/probe` of the launch's process group, log and port, then `/kill 1` (which shows what it would stop
+    and asks for confirmation) and `/kill 1 --yes` (GPU memory released).
     """
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="gpubot-demo-") as tmp:
@@ -153,7 +154,8 @@ async def run_demo(out: TextIO | None = None) -> int:
             if not await asyncio.to_thread(wait_healthy, port, 30.0, _Pid(la.pid)):
                 print("the demo server did not become ready", file=out)
                 rc = 1
-            for line in ("/gpu status", f"/probe local pgid={la.pgid} log={la.log_path} port={port}", "/kill 1"):
+            for line in ("/gpu status", f"/probe local pgid={la.pgid} log={la.log_path} port={port}", "/kill 1",
+                         "/kill 1 --yes"):
                 print(f"\n$ {line}", file=out)
                 await run_command_line(line, config, hosts, surface, launches=launches)
             after = launches.store.get_launch(1)

@@ -227,39 +227,95 @@ def register_commands(app: AsyncApp, bot: GpuBot) -> None:
 
 #: Alert buttons -> the command they run in the launch's thread (the button's value is the launch id).
 BUTTON_COMMANDS = {"gpubot_probe": "probe", "gpubot_stack": "stack", "gpubot_kill": "kill",
-                   "gpubot_relaunch": "relaunch", "gpubot_snooze": "snooze"}
+                   "gpubot_relaunch": "relaunch", "gpubot_snooze": "snooze", "gpubot_kill_confirm": "kill"}
+#: Buttons whose click is itself the confirmation (a confirm dialog, or the [Kill] of a typed /kill).
+CONFIRMED_BUTTONS = {"gpubot_kill", "gpubot_relaunch", "gpubot_kill_confirm", "gpubot_killpid_confirm"}
 
 
 def register_actions(app: AsyncApp, bot: GpuBot) -> None:
-    """Alert buttons [Probe] [Stack dump] [Kill] [Relaunch] [Snooze 15 min]: the same commands, checked
-    against the clicking user's role on the server (the confirm dialog is only client-side), answered in
-    the launch's thread; a double click or a redelivery acts once."""
+    """Alert buttons [Probe] [Stack dump] [Kill] [Relaunch] [Snooze 15 min], and [Kill] [Cancel] under a
+    typed `/kill`: the same commands, checked against the clicking user's role on the server (a confirm
+    dialog is only client-side), answered in the launch's thread; a double click or a redelivery acts once.
+    Confirming or cancelling replaces the [Kill] [Cancel] message with who decided."""
+    from handlers import find
+    from handlers.base import role_of
 
     clicks = SeenIds(ttl_s=10.0)  # a double click (two action_ts within seconds) acts once
+
+    async def may_kill(user_id: str) -> bool:
+        groups = await bot.user_groups_of(user_id) if bot._configured_groups() else set()
+        spec = find("kill")
+        return spec is not None and role_of(user_id, bot.config.permissions, groups) >= spec.role
+
+    async def decide(body: dict, channel: str, text: str, user: str) -> None:
+        """Replace the [Kill] [Cancel] message with "`text` by @user." (no buttons left to click)."""
+        msg_ts = (body.get("container") or {}).get("message_ts")
+        if msg_ts and channel:
+            await bot.surface.update(channel, msg_ts, render("kill_confirm", decided=text, by=user))
 
     async def on_button(ack, body, action):
         await ack()
         msg_ts = (body.get("container") or {}).get("message_ts")
         if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
             return  # the same click delivered twice
-        user_id = (body.get("user") or {}).get("id", "")
-        if not clicks.first(f"click:{msg_ts}:{action.get('action_id')}:{action.get('value')}:{user_id}"):
-            return
-        name = BUTTON_COMMANDS.get(action.get("action_id", ""))
-        value = str(action.get("value", ""))
         user = (body.get("user") or {}).get("id", "")
+        action_id = str(action.get("action_id", ""))
+        value = str(action.get("value", ""))
+        if not clicks.first(f"click:{msg_ts}:{action_id}:{value}:{user}"):
+            return
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
+        flags = {"yes"} if action_id in CONFIRMED_BUTTONS else set()
+        if action_id == "gpubot_killpid_confirm":
+            host, _, pid = value.partition("|")
+            if host not in bot.config.hosts or not (pid.isascii() and pid.isdigit()):
+                return
+            if await may_kill(user):
+                await decide(body, channel, f":white_check_mark: Kill of pid {pid} on {host} confirmed", user)
+            call = CommandCall(name="kill", kwargs={"pid": pid, "host": host}, flags=flags,
+                               raw=f"[button kill pid={pid} host={host}]", word="kill")
+            thread_ts = (body.get("message") or {}).get("thread_ts") or msg_ts
+            await bot.spawn(bot.run_call(call, user_id=user, channel_id=channel, thread_ts=thread_ts,
+                                         source="button"))
+            return
+        name = BUTTON_COMMANDS.get(action_id)
         if name is None or not value.isdigit() or bot.launches is None:
             return
         la = bot.launches.store.get_launch(int(value))
         thread_ts = la.thread_ts if la is not None else None
-        call = CommandCall(name=name, args=["15"] if name == "snooze" else [], raw=f"[button {name} {value}]",
-                           word=name)
+        if action_id == "gpubot_kill_confirm" and await may_kill(user):
+            what = la.name if la else value
+            await decide(body, channel, f":white_check_mark: Kill of {what} confirmed", user)
+        call = CommandCall(name=name, args=["15"] if name == "snooze" else [value] if name == "kill" else [],
+                           flags=flags, raw=f"[button {name} {value}]", word=name)
         await bot.spawn(bot.run_call(call, user_id=user, channel_id=la.channel if la and la.channel else channel,
                                      thread_ts=thread_ts, source="button"))
 
-    for action_id in BUTTON_COMMANDS:
+    async def on_cancel(ack, body, action):
+        await ack()
+        msg_ts = (body.get("container") or {}).get("message_ts")
+        if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
+            return
+        user = (body.get("user") or {}).get("id", "")
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
+        value = str(action.get("value", ""))[:80]
+        allowed = await may_kill(user)
+        if bot.launches is not None:
+            la = bot.launches.store.get_launch(int(value)) if value.isdigit() else None
+            bot.launches.store.add_event(user_id=user, action="command:kill", args={"text": f"[cancel {value}]",
+                                         "source": "button"}, result="cancelled" if allowed else "denied",
+                                         launch_id=la.id if la else None, channel=channel)
+        if allowed:
+            await decide(body, channel, ":no_entry_sign: Nothing was stopped: kill cancelled", user)
+        else:
+            from handlers.base import error_message
+
+            thread_ts = (body.get("message") or {}).get("thread_ts") or msg_ts
+            await bot.surface.post(channel, error_message("Permission denied", "cancelling a kill needs the "
+                                                          "operator role"), thread_ts=thread_ts)
+
+    for action_id in (*BUTTON_COMMANDS, "gpubot_killpid_confirm"):
         app.action(action_id)(on_button)
+    app.action("gpubot_kill_cancel")(on_cancel)
 
 
 def _addresses_bot(text: str, prefix: str, bot: GpuBot) -> bool:

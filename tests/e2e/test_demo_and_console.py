@@ -42,7 +42,10 @@ async def test_demo_launches_probes_and_kills_a_real_local_server():
     assert re.search(rf"^\s+{pid}\s+\d+\s+S", out, re.M), out
     assert "The server is fired up and ready to roll!" in out
     assert "listening" in out and "ok (HTTP 200)" in out
-    # /kill 1: every process gone, memory released
+    # /kill 1 asks first, naming what it would stop; /kill 1 --yes: every process gone, memory released
+    assert f"Kill demo#1 on local? process group {pid}, 3 processes, GPUs 0,1, 16.8 GiB." in out
+    assert "Confirm with [Kill], or type: /kill 1 --yes" in out
+    assert out.index("Confirm with [Kill]") < out.index("Killed demo#1")
     assert "Killed demo#1" in out and "16.8 GiB before, 0.0 GiB after: released" in out
     assert "demo finished" in out
     with pytest.raises(ProcessLookupError):
@@ -97,7 +100,7 @@ async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     assert proc.returncode == 0 and (d / "config.yaml").is_file(), out
-    script = "/launch demo\n/gpu status\n/kill demo\n"
+    script = "/launch demo\n/gpu status\n/kill demo --yes\n"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bot.cli", "console", "--config", str(d / "config.yaml"),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

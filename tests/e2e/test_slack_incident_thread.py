@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -50,11 +51,33 @@ async def test_launch_opens_a_thread_and_everything_goes_there(ssh_server, fake_
             "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=10)
         assert logs_msg["params"]["thread_ts"] == root_ts and "full text attached" in str(logs_msg["params"]["blocks"])
 
+        # a typed !kill asks first: host, process group, process count, GPUs, GiB, and [Kill] [Cancel]
         await fake.push_event({"type": "message", "channel": "C1", "user": "U0OPERATOR", "ts": "1700000500.000300",
                                "thread_ts": root_ts, "text": "!kill"})
-        killed = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
-        assert killed["params"]["thread_ts"] == root_ts and "released" in killed["params"]["text"]
+        ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
+                                         timeout=20)
+        ask_ts = ask["params"]["ts"] if ask["method"] == "chat.update" else ask["response"]["ts"]
+        assert f"process group {la.pgid}, 3 processes, GPUs 0,1," in ask["params"]["text"]
+        assert re.search(r"GPUs 0,1, \d+\.\d GiB\.", ask["params"]["text"])
+        buttons = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"]
+        assert [(b["action_id"], b["value"]) for b in buttons] == [("gpubot_kill_confirm", "1"),
+                                                                    ("gpubot_kill_cancel", "1")]
+        await asyncio.sleep(1.0)
+        assert pids_of_launch(la) and stack.bot.launches.store.get_launch(1).state == "running"  # nothing yet
+        # a viewer's click on [Kill] is refused on the server; the operator's click kills
+        await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0VIEWER", channel_id="C1",
+                                     message_ts=ask_ts)
+        await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+        assert stack.bot.launches.store.get_launch(1).state == "running"
+        await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0OPERATOR", channel_id="C1",
+                                     message_ts=ask_ts)
+        decided = await fake.wait_for_call("chat.update", predicate=lambda c: c["params"]["ts"] == ask_ts
+                                           and "confirmed by" in c["params"]["text"], timeout=10)
+        assert "<@U0OPERATOR>" in str(decided["params"]["blocks"]) and "actions" not in str(decided["params"]["blocks"])
+        killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+        if killed["method"] == "chat.postMessage":
+            assert killed["params"]["thread_ts"] == root_ts
+        assert "released" in killed["params"]["text"]
         await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=10)
         assert pids_of_launch(la) == []
         events = stack.bot.launches.store.events()
@@ -98,9 +121,12 @@ async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(ssh_
         for _ in range(2):
             await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
                                          message_ts=alert_ts)
-        killed = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
-        assert killed["params"]["thread_ts"] == root_ts
+        killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+        if killed["method"] == "chat.postMessage":
+            assert killed["params"]["thread_ts"] == root_ts
+        else:  # the placeholder posted in the thread became the answer
+            placeholder = next(m for m in fake.messages if m["ts"] == killed["params"]["ts"])
+            assert placeholder["thread_ts"] == root_ts
         await asyncio.sleep(1.0)
         kills = [e for e in launches.store.events(action="kill")]
         assert len(kills) == 1 and kills[0].user_id == "U0OPERATOR"

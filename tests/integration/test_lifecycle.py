@@ -148,7 +148,7 @@ async def test_launch_kill_relaunch_leaves_nothing_and_releases_gpu(stack):
     assert isinstance(snap, Snapshot) and sum(g.memory_used_mib for g in snap.gpu.gpus) == 2 * 8610
 
     # kill, typed in the launch's thread without naming it
-    kmsg = await dispatch(parse_message("!kill", bot_user_id=None),
+    kmsg = await dispatch(parse_message("!kill --yes", bot_user_id=None),
                           stack.ctx(thread_ts=la.thread_ts, source="prefix"))
     assert "Killed helper#1" in kmsg.text and "released" in kmsg.text, kmsg.text
     assert "16.8 GiB before, 0.0 GiB after" in kmsg.text
@@ -204,7 +204,13 @@ async def test_second_launch_refused_when_gpus_or_port_are_held(stack, start_fak
     assert refused and refused[-1].result == "refused"
     # free the GPUs with /kill pid=N, then the port is the problem
     for pid in {int(x) for x in __import__("re").findall(r"/kill pid=(\d+)", msg.text)}:
-        k = await dispatch(parse_slash("/kill", f"pid={pid}"), stack.ctx())
+        ask = await dispatch(parse_slash("/kill", f"pid={pid}"), stack.ctx())  # without --yes: asks first
+        assert f"Kill pid {pid} on gpu-host-1? single process, 1 process, GPUs" in ask.text, ask.text
+        assert "8.4 GiB" in ask.text and f"/kill pid={pid} host=gpu-host-1 --yes" in ask.text
+        button = next(b for b in ask.blocks if b["type"] == "actions")["elements"][0]
+        assert (button["action_id"], button["value"]) == ("gpubot_killpid_confirm", f"gpu-host-1|{pid}")
+        os.kill(pid, 0)  # still alive: asking killed nothing
+        k = await dispatch(parse_slash("/kill", f"pid={pid} --yes"), stack.ctx())
         assert "Killed pid" in k.text
     import socket
 
@@ -261,7 +267,7 @@ async def test_launch_survives_a_bot_restart(stack):
         assert "Load weight end" in probe.text and str(la.pid) in probe.text
         logs = await dispatch(parse_message("!logs 3", bot_user_id=None), ctx2)
         assert "Last 3 lines" in logs.text
-        killed = await dispatch(parse_slash("/kill", "1"), CommandContext(
+        killed = await dispatch(parse_slash("/kill", "1 --yes"), CommandContext(
             user_id="U0OPERATOR", channel_id="C1", config=stack.cfg, hosts=hosts2, source="slash",
             surface=stack.surface, launches=launches2))
         assert "Killed base#1" in killed.text and "released" in killed.text
@@ -332,7 +338,7 @@ async def test_kill_pid_only_stops_gpu_holders(stack, tmp_path):
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        msg = await dispatch(parse_slash("/kill", f"pid={bystander.pid}"), stack.ctx())
+        msg = await dispatch(parse_slash("/kill", f"pid={bystander.pid} --yes"), stack.ctx())
         assert "holds no GPU memory" in msg.text and bystander.poll() is None
         refused = stack.store.events(action="command:kill")
         assert refused[-1].result == "refused"
@@ -389,10 +395,10 @@ async def test_kill_while_starting_cancels_instead_of_losing_the_server(stack):
 async def test_commands_in_a_thread_that_is_not_a_launch_thread_never_guess(stack):
     await dispatch(parse_slash("/launch", "base mode=hang workers=1"), stack.ctx())
     la = stack.store.get_launch(1)
-    k = await dispatch(parse_message("!kill", bot_user_id=None),
+    k = await dispatch(parse_message("!kill --yes", bot_user_id=None),
                        stack.ctx(channel="C_OTHER", thread_ts="1600000000.000001", source="prefix"))
     assert "this thread belongs to no launch" in k.text
-    k2 = await dispatch(parse_slash("/kill", ""), stack.ctx())
+    k2 = await dispatch(parse_slash("/kill", "--yes"), stack.ctx())
     assert "name the launch" in k2.text
     assert stack.store.get_launch(1).state == "running" and pids_of_launch(la)
 
@@ -403,7 +409,7 @@ async def test_bang_launch_inside_another_launch_thread_opens_its_own_thread(sta
     msg = await dispatch(parse_message("!launch helper mode=hang workers=1 load_s=0.1", bot_user_id=None),
                          stack.ctx(thread_ts=a.thread_ts, source="prefix"))
     assert "refused" in msg.text  # helper shares GPUs with base: but it must not hijack base's thread either
-    await dispatch(parse_slash("/kill", "1"), stack.ctx())
+    await dispatch(parse_slash("/kill", "1 --yes"), stack.ctx())
     msg = await dispatch(parse_message("!launch helper mode=hang workers=1", bot_user_id=None),
                          stack.ctx(thread_ts=a.thread_ts, source="prefix"))
     b = stack.store.get_launch(2)
@@ -440,7 +446,7 @@ def test_unsafe_command_templates_are_config_errors():
 async def test_variant_prefix_must_match_and_secrets_never_reach_the_store(stack):
     await dispatch(parse_slash("/launch", "base mode=hang workers=1 model=sk-abcdefghijklmnopqrstuvwx"),
                    stack.ctx())
-    wrong = await dispatch(parse_slash("/kill", "helper#1"), stack.ctx())
+    wrong = await dispatch(parse_slash("/kill", "helper#1 --yes"), stack.ctx())
     assert "no launch 'helper#1'" in wrong.text and stack.store.get_launch(1).state == "running"
     la = stack.store.get_launch(1)
     assert "sk-abcdefghijklmnopqrstuvwx" not in la.command
@@ -531,5 +537,5 @@ async def test_variant_name_with_several_live_launches_is_ambiguous(stack):
     second = stack.store.create_launch(host="gpu-host-1", variant="base", params={}, command="", log_path=None,
                                        port=None, gpus=[], created_by="U0OPERATOR")
     stack.store.update_launch(second.id, state="running")
-    msg = await dispatch(parse_slash("/kill", "base"), stack.ctx())
+    msg = await dispatch(parse_slash("/kill", "base --yes"), stack.ctx())
     assert "has 2 live launches" in msg.text

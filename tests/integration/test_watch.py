@@ -268,7 +268,7 @@ async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets
         await dispatch(parse_slash("/launch", "base mode=hang workers=1 load_s=30"), stack.ctx())
         await asyncio.sleep(1.5)
         before = len(alerts(stack))
-        await dispatch(parse_slash("/kill", "2"), stack.ctx())
+        await dispatch(parse_slash("/kill", "2 --yes"), stack.ctx())
         await asyncio.sleep(2.0)
         assert len(alerts(stack)) == before, alerts(stack)[before:]
         assert stack.store.get_launch(2).state == "killed"
