@@ -10,6 +10,7 @@ Public API:
 - `redact_lines(lines, extra=())`: a list of lines (a log tail), with PEM private-key blocks tracked
   across lines.
 - `redact_then_cut(text, width)`: redact first, then cut to `width` characters (command lines).
+- `configure_patterns(patterns)`: the config's `redact_patterns`, applied by every call from then on.
 
 What counts as a secret (names match case-insensitively and must END in a secret word, so
 `max_new_tokens`, `pad_token_id`, `tokenizer_path`, `--max-tokens`, `--tokenizer-mode` are not secrets):
@@ -259,6 +260,18 @@ def _after_block(out: list[str], i: int) -> int:
     return i
 
 
+#: Patterns from the config's `redact_patterns` (see `configure_patterns`), applied on every call.
+_CONFIGURED: tuple[re.Pattern[str], ...] = ()
+
+
+def configure_patterns(patterns: Iterable[str]) -> None:
+    """Set the configured extra secret patterns (regex strings from the config's `redact_patterns`):
+    from now on every `redact`/`redact_lines` call masks their whole matches too. Raises re.error for an
+    invalid pattern (the config validates them first)."""
+    global _CONFIGURED
+    _CONFIGURED = tuple(re.compile(p) for p in patterns)
+
+
 def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
     """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`.
 
@@ -271,7 +284,7 @@ def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> lis
     are not all hex (key material with neither marker in view). `extra` are configured patterns whose
     whole match is masked. Returns a new list of the same length. Never raises for a list of str.
     """
-    patterns = tuple(extra)
+    patterns = tuple(extra) + _CONFIGURED
     return [_redact_line(line, patterns) if line else line for line in _pem_plan(list(lines))]
 
 

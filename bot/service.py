@@ -15,6 +15,7 @@ from bot.config import Config
 from bot.gpu import read_nvml_async
 from bot.models import GpuSection, HostFailure, Snapshot
 from bot.probe import ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
+from bot.redact import configure_patterns
 from bot.remote import Executor, RemoteError, build_executor
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class HostService:
         extra_path: list[str] | None = None,
     ):
         self.config = config
+        configure_patterns(config.redact_patterns)  # every entry point builds a HostService from its config
         self._executors: dict[str, Executor] = dict(executors or {})
         self._nvml_reader = nvml_reader or read_nvml_async
         self._extra_path = extra_path

@@ -394,3 +394,29 @@ def test_long_pathological_lines_stay_fast(line):
     redact(line)
     redact_lines([line, line])
     assert time.perf_counter() - start < 1.0
+
+
+def test_configured_patterns_are_masked_in_everything_rendered():
+    from bot.config import Config
+    from bot.redact import configure_patterns
+    from bot.render import render
+
+    token = "ACME-" + "0123456789ABCDEF" * 2
+    try:
+        configure_patterns(Config(redact_patterns=["ACME-[0-9A-F]{32}"]).redact_patterns)
+        assert redact(f"curl -H 'X-Acme: {token}' http://x") == "curl -H 'X-Acme: [REDACTED]' http://x"
+        msg = render("error", title="Failed", detail=f"server said {token}", hint=None)
+        assert token not in msg.text and token not in str(msg.blocks) and "[REDACTED]" in msg.text
+    finally:
+        configure_patterns([])
+    assert redact(token) == token  # only while configured
+
+
+@pytest.mark.parametrize("bad", ["(", "a*", "", "x" * 501])
+def test_bad_redact_patterns_are_config_errors(bad):
+    from pydantic import ValidationError
+
+    from bot.config import Config
+
+    with pytest.raises(ValidationError, match="redact_patterns"):
+        Config(redact_patterns=[bad])
