@@ -422,6 +422,22 @@ class Config(_Model):
     database_url: str | None = None
     lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)
     default_host: str | None = None
+    #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
+    #: of the built-in rules (bot/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
+    redact_patterns: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for pat in v:
+            if not pat or len(pat) > 500:
+                raise ValueError("each pattern must be 1..500 characters")
+            try:
+                if re.compile(pat).search(""):
+                    raise ValueError(f"pattern {pat!r} matches the empty string")
+            except re.error as e:
+                raise ValueError(f"pattern {pat!r} is not a valid regex: {e}") from None
+        return v
 
 
     def host_names(self) -> list[str]:
@@ -864,7 +880,13 @@ class _ConfigLoader(yaml.SafeLoader):
 def _read_yaml(p: Path, text: str) -> tuple[Any, list[str]]:
     """Parse `text` with `_ConfigLoader`: (data, duplicate-key errors). Raises ConfigError for syntax
     errors and the loader's limits."""
-    loader = _ConfigLoader(text)
+    try:
+        loader = _ConfigLoader(text)  # PyYAML checks every character here
+    except yaml.reader.ReaderError as e:  # a control character (NUL, ESC, ...) YAML does not allow
+        pos = e.position
+        where = f"line {text.count(chr(10), 0, pos) + 1}, column {pos - text.rfind(chr(10), 0, pos)}"
+        char = f"#x{e.character:04x}" if isinstance(e.character, int) else repr(e.character)
+        raise ConfigError([f"{p}:{where}: YAML syntax error: unacceptable character {char} ({e.reason})"]) from None
     try:
         data = loader.get_single_data()
     except _YAMLLimitError as e:
