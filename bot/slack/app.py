@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
@@ -33,11 +34,14 @@ class _DropClientTokenWarning(logging.Filter):
     """Bolt warns that `token` is unused whenever SLACK_BOT_TOKEN is set and a client is passed: expected."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "`token` will be unused" not in record.getMessage()
+        text = record.getMessage()  # also: the token is ignored because gpubot passes its own `authorize`
+        return "`token` will be unused" not in text and "will be ignored" not in text
 
 
 logging.getLogger("slack_bolt.AsyncApp").addFilter(_DropClientTokenWarning())
 
+#: Seconds between auth.test attempts while Slack's Web API fails (requests are handled meanwhile).
+AUTH_RETRY_S = 30.0
 #: Seconds a Slack user-group membership lookup is cached.
 GROUP_CACHE_S = 300.0
 
@@ -194,7 +198,28 @@ def build_app(config: Config, hosts: HostService, client: AsyncWebClient, *,
 
     `signing_secret` is required for HTTP mode (request signing); Socket Mode does not use it.
     """
-    app = AsyncApp(client=client, signing_secret=signing_secret,
+    identity: dict[str, Any] = {}
+    quick = sender_client(client)
+
+    async def authorize(enterprise_id, team_id, user_id) -> AuthorizeResult:
+        """The bot's identity from auth.test, cached after the first success. While Slack's Web API is
+        down, requests are still handled with the token alone (answers wait in the outbox) instead of
+        Bolt's default, which refuses every request whose auth.test call fails."""
+        if "auth" not in identity:
+            # runs before the ack: one quick try (no SDK retries), then not again for AUTH_RETRY_S
+            if time.monotonic() - identity.get("failed_at", -AUTH_RETRY_S) >= AUTH_RETRY_S:
+                try:
+                    identity["auth"] = await asyncio.wait_for(quick.auth_test(), 1.0)
+                except Exception as e:
+                    identity["failed_at"] = time.monotonic()
+                    log.warning("auth.test failed (%s); handling requests without the bot's identity for now",
+                                type(e).__name__)
+            if "auth" not in identity:
+                return AuthorizeResult(enterprise_id=enterprise_id, team_id=team_id, user_id=user_id,
+                                       bot_token=client.token)
+        return AuthorizeResult.from_auth_test_response(auth_test_response=identity["auth"], bot_token=client.token)
+
+    app = AsyncApp(client=client, signing_secret=signing_secret, authorize=authorize,
                    request_verification_enabled=signing_secret is not None)
     bot = GpuBot(config, hosts, client, launches)
     register_commands(app, bot)

@@ -163,3 +163,41 @@ def test_cli_refuses_to_start_without_tokens(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "SLACK_BOT_TOKEN is not set" in res.output
     res = CliRunner().invoke(main, ["serve-http", "--config", str(cfg), "--port", "3999"])
     assert res.exit_code == 2 and "SLACK_BOT_TOKEN is not set" in res.output
+
+
+async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is_back(slack):
+    """The Web API answers 503 to everything for 8 s (the websocket stays up): commands are acked at once,
+    and every answer is delivered exactly once after recovery, in the order queued within each thread."""
+    from sqlalchemy import select
+
+    from bot.store import OutboxRow
+
+    fake = slack.fake
+    fake.fail(None, status=503, for_seconds=8.0)
+    env_ids = [await fake.push_slash_command("/gpu", "help", channel_id="C1"),
+               await fake.push_slash_command("/gpu", "status", channel_id="C1")]
+    for i, text in enumerate(["!help", "!status", "!help"]):
+        await fake.push_event({"type": "message", "channel": "C1", "user": "U1", "ts": f"1700000700.{i:06d}",
+                               "thread_ts": "1700000700.000000", "text": text})
+    for env_id in env_ids:
+        _, ack_s = await fake.wait_for_ack(env_id, 5)
+        assert ack_s < 1.0
+    await asyncio.sleep(6.0)
+    assert not fake.calls_for("chat.postMessage")  # nothing got through yet
+    outbox = slack.bot.outbox
+    assert outbox.pending() >= 5  # answers (and placeholders) wait in the database
+    for _ in range(300):
+        if not outbox.pending() and len(fake.calls_for("chat.postMessage")) >= 5:
+            break
+        await asyncio.sleep(0.1)
+    assert await outbox.flush(30)
+    with outbox.store._tx() as s:
+        rows = s.scalars(select(OutboxRow).order_by(OutboxRow.id)).all()
+        sent = [(r.id, r.kind, r.thread_ts, r.result_ts, r.state) for r in rows]
+    assert all(state in ("sent", "superseded") for *_, state in sent), sent
+    posts = fake.calls_for("chat.postMessage")
+    assert len(posts) == len([r for r in sent if r[1] == "post"])  # each post exactly once
+    in_thread = [c for c in posts if c["params"].get("thread_ts") == "1700000700.000000"]
+    assert len(in_thread) >= 3  # the three thread commands were answered there (an answer may be an edit)
+    thread_rows = [r for r in sent if r[1] == "post" and r[2] == "1700000700.000000"]
+    assert [c["response"]["ts"] for c in in_thread] == [r[3] for r in thread_rows]  # sent in queue order
