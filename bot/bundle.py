@@ -166,7 +166,7 @@ def parse_ps_text(text: str) -> tuple[list[ProcessInfo], dict[int, str]]:
         for ln in lines:
             toks = ln.split()
             for tok in toks[:2]:
-                if tok.isdigit() and any(r.pid == int(tok) for r in rows):
+                if tok.isascii() and tok.isdigit() and any(r.pid == int(tok) for r in rows):
                     raw_by_pid.setdefault(int(tok), ln.strip())
                     break
         return rows, raw_by_pid
@@ -254,7 +254,8 @@ def parse_gpu_csv(text: str) -> tuple[list[GpuReading], dict[int, str], list[str
     if not isinstance(text, str):
         return [], {}, []
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    data = [ln for ln in lines if _csv_cells(ln)[0].isdigit()]
+    data = [ln for ln in lines if _csv_cells(ln)[0].isascii() and _csv_cells(ln)[0].isdigit()
+            and len(_csv_cells(ln)[0]) <= 6]  # '²'.isdigit() is True too; int() refuses it
     errors = [ln for ln in lines if ln not in data and not ln.lower().startswith("index")]
     has_header = any(ln.lower().startswith("index") for ln in lines)
     if has_header:
@@ -351,7 +352,7 @@ def parse_ipcs_m(text: str) -> list[ShmSegment]:
             continue
 
         def num(tok: str) -> int | None:
-            return int(tok) if tok.isdigit() else None
+            return int(tok) if tok.isascii() and tok.isdigit() and len(tok) <= 12 else None
 
         out.append(
             ShmSegment(

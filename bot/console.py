@@ -81,7 +81,7 @@ async def run_command_line(line: str, config: Config, hosts: HostService, surfac
     if line.strip().lower() in ("quit", "exit"):
         return False
     words = line.split()
-    if len(words) == 2 and words[0].lower() == "wait" and words[1].replace(".", "", 1).isdigit():
+    if len(words) == 2 and words[0].lower() == "wait" and words[1].isascii() and words[1].replace(".", "", 1).isdigit():
         # scripted sessions: let time pass so readiness checks run and their alerts print
         await asyncio.sleep(min(float(words[1]), 3600.0))
         return True

@@ -66,7 +66,7 @@ def ref(row_id: int) -> str:
 
 def ref_id(ts: str | None) -> int | None:
     """The outbox row id of a `q:<id>` reference; None for a real Slack ts (or None)."""
-    if ts and ts.startswith(REF_PREFIX) and ts[len(REF_PREFIX):].isdigit():
+    if ts and ts.startswith(REF_PREFIX) and ts[len(REF_PREFIX):].isascii() and ts[len(REF_PREFIX):].isdigit():
         return int(ts[len(REF_PREFIX):])
     return None
 

@@ -266,7 +266,7 @@ def parse_dump_output(text: str) -> list[ProcessDump]:
             if m := _START.fullmatch(line):
                 if not expected:
                     timeout_s = int(m.group(1))
-                    expected = [int(p) for p in m.group(2).split(",") if p.isdigit() and len(p) <= 10]
+                    expected = [int(p) for p in m.group(2).split(",") if p.isascii() and p.isdigit() and len(p) <= 10]
                 continue
             if line == _MISSING:
                 missing = True

@@ -28,7 +28,7 @@ def build_request(call: CommandCall) -> ProbeRequest:
     for k in _INT_KEYS:
         if k in call.kwargs:
             v = call.kwargs[k].strip()
-            if not v.isdigit() or len(v) > 9:
+            if not (v.isascii() and v.isdigit()) or len(v) > 9:
                 raise ProbeRequestError(f"{k}= must be a positive integer, got {v[:40]!r}")
             ints[k] = int(v)
     req = ProbeRequest(

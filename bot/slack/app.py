@@ -303,7 +303,7 @@ def register_actions(app: AsyncApp, bot: GpuBot) -> None:
                                          source="button"))
             return
         name = BUTTON_COMMANDS.get(action_id)
-        if name is None or not value.isdigit() or bot.launches is None:
+        if name is None or not (value.isascii() and value.isdigit() and len(value) <= 12) or bot.launches is None:
             return
         la = bot.launches.store.get_launch(int(value))
         thread_ts = la.thread_ts if la is not None else None
@@ -325,7 +325,8 @@ def register_actions(app: AsyncApp, bot: GpuBot) -> None:
         value = str(action.get("value", ""))[:80]
         allowed = await may_kill(user)
         if bot.launches is not None:
-            la = bot.launches.store.get_launch(int(value)) if value.isdigit() else None
+            numeric = value.isascii() and value.isdigit() and len(value) <= 12
+            la = bot.launches.store.get_launch(int(value)) if numeric else None
             bot.launches.store.add_event(user_id=user, action="command:kill", args={"text": f"[cancel {value}]",
                                          "source": "button"}, result="cancelled" if allowed else "denied",
                                          launch_id=la.id if la else None, channel=channel)

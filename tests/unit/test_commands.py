@@ -390,3 +390,16 @@ def test_fuzz_parse_message_only_raises_parse_error(text, bot, prefix):
         assert str(e)
         return
     assert call is None or (isinstance(call, CommandCall) and call.name == call.name.lower())
+
+
+async def test_superscript_digits_are_not_numbers_anywhere():
+    """'²'.isdigit() is True but int('²') raises: every numeric argument must refuse it with a message."""
+    from bot.config import Config
+    from bot.service import HostService
+    from handlers import dispatch
+    from handlers.base import CommandContext
+
+    cfg = Config(hosts={"h": {"address": "127.0.0.1", "known_hosts": "/nonexistent"}})
+    ctx = CommandContext(user_id="console", channel_id="C1", config=cfg, hosts=HostService(cfg), source="console")
+    msg = await dispatch(parse_slash("/probe", "h pid=²"), ctx)
+    assert "pid= must be a positive integer" in msg.text and not msg.ok
