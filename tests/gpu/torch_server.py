@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""A small but real multi-process "inference server" for the GPU tests: its workers hold real GPU memory.
+
+The launcher (no torch import: it holds no GPU memory) starts `--workers` TP-rank worker processes, each a
+fresh Python process (`subprocess`, like SGLang's `sglang::scheduler_TPn`). Each worker imports torch,
+creates a CUDA context on `--device`, "loads weights" by allocating `--gib` GiB of tensors in `--shards`
+steps (a progress line per shard), and logs SGLang-style phase lines, the formats `bot/signatures.yaml`
+knows (sglang 0.4/0.5)::
+
+    [2026-11-29 10:00:00] server_args=ServerArgs(model_path='/data/torch-fake', tp_size=2, port=8000, ...)
+    [2026-11-29 10:00:00 TP0] Init torch distributed begin.
+    [2026-11-29 10:00:03 TP0] Init torch distributed ends. avail mem=139.19 GB
+    [2026-11-29 10:00:03 TP0] Load weight begin. avail mem=139.00 GB
+    Loading safetensors checkpoint shards: 50% Completed | 4/8 [00:00<00:00, 9.9it/s]
+    [2026-11-29 10:00:04 TP0] Load weight end. type=TorchFakeForCausalLM, dtype=torch.bfloat16, ...
+
+Then, by `--mode`:
+
+- hang:  nothing after `Load weight end` (the SGLang report of case 00): the processes stay alive and hold
+  the memory, sleeping, so the GPU shows 0 % utilization; the port never opens.
+- ready: `KV Cache is allocated` (another `--kv-gib` GiB), `Memory pool end`, `Capture cuda graph begin`
+  (a few real bf16 matrix products), `Capture cuda graph end`; once every rank is done the launcher logs
+  `Uvicorn running on http://127.0.0.1:PORT` and `The server is fired up and ready to roll!` and serves
+  GET /health (200) on `--port`.
+
+A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; the launcher then logs
+`Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
+action), and the driver frees the memory when the process is gone.
+
+Usage: python3 torch_server.py --workers 2 --gib 4 --port 8000 --mode hang|ready [--kv-gib 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GIB = 1 << 30
+
+
+def log(msg: str, rank: int | None = None) -> None:
+    """Print an SGLang-style line `[YYYY-MM-DD HH:MM:SS TPn] msg` and flush."""
+    ts = time.strftime("%Y-%m-%d %H:%M:%S")
+    tag = f"{ts} TP{rank}" if rank is not None else ts
+    print(f"[{tag}] {msg}", flush=True)
+
+
+def _allocate(torch, device, gib: float, pieces: int, on_piece=None) -> list:
+    """`gib` GiB of uint8 tensors on `device`, in `pieces` parts, each written once (so the pages are real)."""
+    total = int(gib * GIB)
+    pieces = max(1, pieces)
+    out = []
+    for i in range(pieces):
+        n = total // pieces + (total % pieces if i == pieces - 1 else 0)
+        if n > 0:
+            t = torch.empty(n, dtype=torch.uint8, device=device)
+            t.fill_(1)
+            out.append(t)
+        torch.cuda.synchronize(device)
+        if on_piece is not None:
+            on_piece(i + 1, pieces)
+    return out
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One TP rank: CUDA context, weights, then hang or finish start-up."""
+    rank = args.worker_rank
+    t0 = time.monotonic()
+    log("Init torch distributed begin.", rank)
+    import torch  # slow (seconds): the CPU time grows meanwhile, which the watcher counts as progress
+
+    device = torch.device(args.device)
+    torch.cuda.set_device(device)
+    torch.zeros(1, device=device)  # the CUDA context
+    free, _total = torch.cuda.mem_get_info(device)  # device-wide, like SGLang's `avail mem`
+    log(f"Init torch distributed ends. avail mem={free / GIB:.2f} GB", rank)
+    log(f"Load weight begin. avail mem={free / GIB:.2f} GB", rank)
+
+    def shard(done: int, of: int) -> None:
+        el = time.monotonic() - t0
+        print(f"Loading safetensors checkpoint shards: {100 * done // of}% Completed | {done}/{of} "
+              f"[00:{int(el):02d}<00:00, {done / max(el, 1e-3):.2f}it/s]", flush=True)
+
+    weights = _allocate(torch, device, args.gib, args.shards, shard)
+    free, _ = torch.cuda.mem_get_info(device)
+    log(f"Load weight end. type=TorchFakeForCausalLM, dtype=torch.bfloat16, avail mem={free / GIB:.2f} GB, "
+        f"mem usage={args.gib:.2f} GB.", rank)
+    if args.mode == "hang":
+        while True:  # `weights` stays referenced: memory held, nothing running on the GPU, nothing logged
+            time.sleep(3600)
+    kv = _allocate(torch, device, args.kv_gib, 1)
+    tokens = int(args.kv_gib * GIB) // (2 * 2 * 8 * 128 * 64)  # K and V, bf16, 8 heads x 128 dims x 64 layers
+    log(f"KV Cache is allocated. #tokens: {tokens}, K size: {args.kv_gib / 2:.2f} GB, "
+        f"V size: {args.kv_gib / 2:.2f} GB", rank)
+    free, _ = torch.cuda.mem_get_info(device)
+    log(f"Memory pool end. avail mem={free / GIB:.2f} GB", rank)
+    log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={free / GIB:.2f} GB", rank)
+    t1 = time.monotonic()
+    a = torch.randn(2048, 2048, dtype=torch.bfloat16, device=device)
+    for _ in range(8):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize(device)
+    del a
+    free, _ = torch.cuda.mem_get_info(device)
+    log(f"Capture cuda graph end. Time elapsed: {time.monotonic() - t1:.2f} s. mem usage=0.00 GB. "
+        f"avail mem={free / GIB:.2f} GB.", rank)
+    if args.ready_dir:
+        open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
+    held = (weights, kv)
+    while held:  # stay alive, holding the memory, until signalled
+        time.sleep(3600)
+    return 0
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    """GET /health and /health_generate: 200 with an empty body; anything else 404."""
+
+    def do_GET(self) -> None:
+        """Answer one GET request."""
+        self.send_response(200 if self.path in ("/health", "/health_generate") else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *a) -> None:
+        """No access lines in the server log."""
+
+
+def launcher(args: argparse.Namespace) -> int:
+    """Start the TP ranks, wait for them, serve /health (ready) or wait (hang). Returns the exit code."""
+    log(f"server_args=ServerArgs(model_path='/data/torch-fake', tp_size={args.workers}, port={args.port}, "
+        f"mode={args.mode}, mem_per_rank_gib={args.gib})")
+    ready_dir = tempfile.mkdtemp(prefix="torch-server-ready-")
+    ranks = []
+    for rank in range(args.workers):
+        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker-rank", str(rank),
+               "--ready-dir", ready_dir]
+        ranks.append(subprocess.Popen(cmd))
+    serving = False
+    while True:
+        for p in ranks:
+            rc = p.poll()
+            if rc not in (None, 0):
+                log(f"Received sigquit from a child process. It usually means the child failed. rc={rc}")
+                for o in ranks:
+                    if o.poll() is None:
+                        o.terminate()
+                return 1
+        if args.mode == "ready" and not serving and len(os.listdir(ready_dir)) >= args.workers:
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+            log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
+            log("The server is fired up and ready to roll!")
+            serving = True
+        time.sleep(0.2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description="multi-process torch server holding real GPU memory (gpubot GPU tests)")
+    p.add_argument("--workers", type=int, default=2, help="TP ranks (worker processes)")
+    p.add_argument("--gib", type=float, default=4.0, help="GiB of 'weights' each rank puts on the GPU")
+    p.add_argument("--kv-gib", type=float, default=1.0, help="GiB of 'KV cache' each rank adds (ready mode)")
+    p.add_argument("--shards", type=int, default=8, help="weight shards (one progress line each)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--mode", choices=["ready", "hang"], default="ready")
+    p.add_argument("--device", default="cuda:0", help="every rank's device (the test machine has one GPU)")
+    p.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not 1 <= args.workers <= 64 or args.gib < 0 or args.kv_gib < 0 or not 1 <= args.port <= 65535:
+        p.error("need 1..64 workers, GiB >= 0 and a port in 1..65535")
+    return args
+
+
+def main() -> int:
+    """Run the launcher or, with --worker-rank, one TP rank."""
+    args = parse_args()
+    if args.worker_rank is not None:
+        return worker(args)
+    return launcher(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
