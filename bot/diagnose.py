@@ -876,6 +876,11 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
     cpu_text = ""
     if cpu:
         cpu_text = f"; all at {cpu[0]:.1f} % CPU" if len(set(cpu)) == 1 else f"; CPU {min(cpu):.1f}-{max(cpu):.1f} %"
+        cpu_text += " (ps: averaged over each process's life)"
+    if obs.cpu_time_growing is False:
+        cpu_text += "; CPU time not growing since the previous check"
+    elif obs.cpu_time_growing is True:
+        cpu_text += "; CPU time growing since the previous check"
     ev.add(f"{len(procs)} process(es) listed, states {state_text}{cpu_text}")
     shown = sorted(procs, key=lambda p: (not _is_engine_process(p, sig), procs.index(p)))[:4]
     for p in shown:
