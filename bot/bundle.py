@@ -166,7 +166,7 @@ def parse_ps_text(text: str) -> tuple[list[ProcessInfo], dict[int, str]]:
         for ln in lines:
             toks = ln.split()
             for tok in toks[:2]:
-                if tok.isascii() and tok.isdigit() and any(r.pid == int(tok) for r in rows):
+                if tok.isascii() and tok.isdigit() and len(tok) <= 12 and any(r.pid == int(tok) for r in rows):
                     raw_by_pid.setdefault(int(tok), ln.strip())
                     break
         return rows, raw_by_pid

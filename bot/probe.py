@@ -260,7 +260,7 @@ def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
     return own
 
 
-_TAG_LINE_RE = re.compile(r"^/proc/(\d+)/environ:GPUBOT_LAUNCH=([A-Za-z0-9_.-]{1,64})$")
+_TAG_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/environ:GPUBOT_LAUNCH=([A-Za-z0-9_.-]{1,64})$")
 
 
 def parse_launch_tags(text: str) -> dict[int, str]:
@@ -279,7 +279,7 @@ def parse_df_available_mib(text: str) -> float | None:
     None when the output is not in that format."""
     for line in text.splitlines()[1:]:
         cols = line.split()
-        if len(cols) >= 6 and cols[3].isdigit():
+        if len(cols) >= 6 and cols[3].isascii() and cols[3].isdigit() and len(cols[3]) <= 20:
             return int(cols[3]) / 1024.0
     return None
 

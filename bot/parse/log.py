@@ -110,8 +110,9 @@ def clean_log_lines(
 
 
 def _int_or_none(token: str) -> int | None:
-    """Return `token` as a non-negative int, or None."""
-    if token.isascii() and token.isdigit():
+    """Return `token` as a non-negative int, or None (also for more than 20 digits: no size or line count is
+    that big, and `int()` refuses strings of over 4300 digits)."""
+    if token.isascii() and token.isdigit() and len(token) <= 20:
         return int(token)
     return None
 

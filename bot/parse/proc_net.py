@@ -71,7 +71,7 @@ def parse_proc_net_tcp(text: str, ipv6: bool = False) -> list[ListenSocket]:
             continue
         address, is_v6 = decoded
         inode: int | None = None
-        if len(fields) > 9 and fields[9].isascii() and fields[9].isdigit():
+        if len(fields) > 9 and fields[9].isascii() and fields[9].isdigit() and len(fields[9]) <= 20:
             inode = int(fields[9])
         out.append(ListenSocket(address=address, port=int(port_hex, 16), inode=inode, ipv6=ipv6 or is_v6))
     return out
