@@ -74,6 +74,32 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
         await session.close()
 
 
+#: Socket Mode ping interval (seconds): a dead connection is noticed within about two of these.
+PING_INTERVAL_S = 5.0
+
+
+async def socket_watchdog(handler: AsyncSocketModeHandler, every_s: float = 10.0, misses: int = 2) -> None:
+    """Keep Socket Mode connected: after `misses` checks `every_s` seconds apart that found no open
+    websocket, clear the client's websocket URL so that its next reconnect asks Slack for a fresh one.
+
+    slack_sdk's aiohttp client (3.x) retries the URL it already has forever when opening the websocket
+    fails; those URLs are temporary, so after an outage at the wrong moment it would never reconnect.
+    Runs until cancelled; never raises otherwise."""
+    down = 0
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            connected = await handler.client.is_connected()
+        except Exception:
+            connected = False
+        down = 0 if connected else down + 1
+        if down >= misses:
+            log.warning("Socket Mode has been disconnected for %.0f s; asking Slack for a new websocket URL",
+                        down * every_s)
+            handler.client.wss_uri = None
+            down = 0
+
+
 async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set).
 
@@ -82,12 +108,14 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
     bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
     stop = stop or asyncio.Event()
     async with _bolt_app(config, bot_token) as app:
-        handler = AsyncSocketModeHandler(app, app_token=app_token)
+        handler = AsyncSocketModeHandler(app, app_token=app_token, ping_interval=PING_INTERVAL_S)
+        watchdog = asyncio.get_running_loop().create_task(socket_watchdog(handler))
         try:
             await handler.connect_async()
             log.info("connected to Slack over Socket Mode")
             await _wait_for_stop(stop)
         finally:
+            watchdog.cancel()
             await handler.close_async()
 
 

@@ -173,3 +173,20 @@ async def test_envelope_redelivered_after_reconnect_is_acked_again_and_answered_
     await fake.wait_for_answer(lambda c: c["params"].get("channel") == "C9", timeout=10)
     await asyncio.sleep(0.5)
     assert len(_messages(fake, "C8")) == 1
+
+
+async def test_watchdog_fetches_a_fresh_url_when_the_old_one_has_expired(slack):
+    """The socket drops during an outage of the websocket edge, and the URL the client got meanwhile
+    expires: slack_sdk alone retries that dead URL forever; the runner's watchdog makes it ask
+    apps.connections.open for a new one, and commands work again."""
+    from bot.slack.runner import socket_watchdog
+
+    fake = slack.fake
+    watchdog = asyncio.get_running_loop().create_task(socket_watchdog(slack.handler, every_s=1.0, misses=2))
+    try:
+        fake.refuse_websockets(for_seconds=4.0, link_ttl_s=2.0)
+        assert await fake.drop_websocket(abrupt=True) == 1
+        await fake.wait_connected(RECONNECT_WITHIN_S + 6, count=2)
+        await _status_round_trip(fake, "C1")
+    finally:
+        watchdog.cancel()

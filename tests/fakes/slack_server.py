@@ -146,6 +146,7 @@ class FakeSlack:
         self._last_ts_us = 0
         self._file_counter = itertools.count(1)
         self._link_counter = itertools.count(1)
+        self._link_issued: dict[str, float] = {}
         self._env_counter = itertools.count(1)
         self._trigger_counter = itertools.count(1)
         self._closing = False
@@ -808,7 +809,9 @@ class FakeSlack:
     def _api_apps_connections_open(self, params: dict[str, Any], token: str) -> dict[str, Any]:
         if not token.startswith("xapp-"):
             return {"ok": False, "error": "not_allowed_token_type"}
-        return {"ok": True, "url": f"ws://{self.host}:{self.port}/link/?n={next(self._link_counter)}"}
+        n = next(self._link_counter)
+        self._link_issued[str(n)] = time.monotonic()
+        return {"ok": True, "url": f"ws://{self.host}:{self.port}/link/?n={n}"}
 
     def _api_chat_postMessage(self, params: dict[str, Any], token: str) -> dict[str, Any]:
         channel = params.get("channel")
@@ -1011,8 +1014,22 @@ class FakeSlack:
 
     # ------------------------------------------------------------------ websocket
 
+    def refuse_websockets(self, for_seconds: float, *, link_ttl_s: float | None = None) -> None:
+        """Answer websocket connections with HTTP 503 for ``for_seconds`` (an outage of Slack's Socket Mode
+        edge). With ``link_ttl_s``, a websocket URL also expires that many seconds after it was issued
+        (HTTP 410 from then on), as Slack's temporary Socket Mode URLs do."""
+        self._ws_refused_until = time.monotonic() + for_seconds
+        self._link_ttl_s = link_ttl_s
+
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         if self._closing:
+            raise web.HTTPServiceUnavailable()
+        n = request.query.get("n", "")
+        ttl = getattr(self, "_link_ttl_s", None)
+        issued = self._link_issued.get(n)
+        if ttl is not None and issued is not None and time.monotonic() - issued > ttl:
+            raise web.HTTPGone()
+        if time.monotonic() < getattr(self, "_ws_refused_until", 0.0):
             raise web.HTTPServiceUnavailable()
         ws = web.WebSocketResponse(timeout=2.0, autoping=True)
         transport = request.transport
