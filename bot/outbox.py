@@ -54,6 +54,16 @@ METADATA_EVENT = "gpubot_outbox"
 #: Slack API error codes that are worth retrying (the rest are permanent for that message).
 RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
                               "request_timeout"})
+#: Seconds between retries while the database is unavailable.
+DB_RETRY_S = 1.0
+#: Tries (over about RECORD_TRIES**2 / 10 seconds) to record a row's result before giving up.
+RECORD_TRIES = 8
+#: Longest Retry-After honoured (seconds); Slack's are far shorter, a larger one is a bug or an attack.
+MAX_RETRY_AFTER_S = 300.0
+#: Seconds between purges of rows done longer than `retention_s` ago.
+PURGE_EVERY_S = 3600.0
+#: The metadata lookup starts this many seconds before the row was written (clock differences).
+LOOKUP_SKEW_S = 300.0
 #: Errors of the metadata lookup that mean "cannot look": the post goes out without the check.
 _LOOKUP_UNAVAILABLE = frozenset({"missing_scope", "not_allowed_token_type", "not_in_channel", "channel_not_found",
                                  "thread_not_found", "no_permission", "method_not_supported_for_channel_type"})
@@ -148,6 +158,7 @@ class Outbox:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._stopped = False
         self._busy: set[str] = set()
         self._last_sent: dict[str, float] = {}
         self._inflight: set[asyncio.Task] = set()
@@ -177,9 +188,12 @@ class Outbox:
         """Queue chat.update of message `ts` (a ts or `q:` reference); an older queued update of the same
         message is superseded. Files of `message` go as uploads into the message's thread. Returns the id."""
         with self.store._tx() as s:
-            s.execute(update(OutboxRow).where(OutboxRow.channel == channel, OutboxRow.kind == "update",
-                                              OutboxRow.target_ts == ts, OutboxRow.state == "pending")
-                      .values(state="superseded"))
+            old = s.scalars(select(OutboxRow.id).where(OutboxRow.channel == channel, OutboxRow.kind == "update",
+                                                       OutboxRow.target_ts == ts, OutboxRow.state == "pending")).all()
+            if old:
+                s.execute(update(OutboxRow).where(OutboxRow.id.in_(old)).values(state="superseded"))
+        for old_id in old:
+            self._wake_waiters(old_id)
         row_id = self._add(channel=channel, kind="update", target_ts=ts, text=message.text,
                            blocks_json=json.dumps(message.blocks) if message.blocks is not None else None)
         for name, data in message.files:
@@ -249,6 +263,8 @@ class Outbox:
     # -- the sender ---------------------------------------------------------------------------------
     def _kick(self) -> None:
         self._wake.set()
+        if self._stopped:  # shutting down: the row waits in the database for the next start
+            return
         with contextlib.suppress(RuntimeError):  # no running loop: start() will pick the rows up
             self.start()
 
@@ -257,13 +273,13 @@ class Outbox:
         checked first. Raises RuntimeError outside an event loop."""
         if self._task is not None and not self._task.done():
             return
-        self._stopping = False
+        self._stopping = self._stopped = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name="gpubot-outbox")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the sender: the call in flight may finish within `timeout_s`; unsent rows stay queued in
         the database for the next start."""
-        self._stopping = True
+        self._stopping = self._stopped = True
         self._wake.set()
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=timeout_s)
@@ -276,25 +292,30 @@ class Outbox:
         self._task = None
 
     async def _run(self) -> None:
-        try:
-            self._recover()
-            while not self._stopping:
-                self._wake.clear()
+        next_purge = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                if time.monotonic() >= next_purge:
+                    self._recover(first=next_purge == 0.0)
+                    next_purge = time.monotonic() + PURGE_EVERY_S
                 delay = self._dispatch_due()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(delay, 5.0))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a broken database: log loudly, the rows stay for the next start
-            log.exception("outbox sender stopped")
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the database is unavailable for now: keep the rows, try again soon
+                log.exception("outbox: cannot read the queue; retrying in %.0f s", DB_RETRY_S)
+                delay = DB_RETRY_S
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=min(delay, 5.0))
 
-    def _recover(self) -> None:
-        """Rows found `sending` at start were interrupted by a crash: send them again after a lookup
-        (posts), and drop rows sent longer than `retention_s` ago."""
+    def _recover(self, *, first: bool) -> None:
+        """At start, rows found `sending` were interrupted by a crash: they are sent again, after a lookup
+        for posts. Every PURGE_EVERY_S: rows done longer than `retention_s` ago are deleted."""
         now = time.time()
         with self.store._tx() as s:
-            s.execute(update(OutboxRow).where(OutboxRow.state == "sending")
-                      .values(state="pending", error="interrupted", next_at=0.0))
+            if first:
+                s.execute(update(OutboxRow).where(OutboxRow.state == "sending")
+                          .values(state="pending", error="interrupted", next_at=0.0, needs_lookup=1))
             s.execute(delete(OutboxRow).where(OutboxRow.state.in_(("sent", "superseded", "failed")),
                                               OutboxRow.created_at < now - self.retention_s))
 
@@ -302,8 +323,9 @@ class Outbox:
         """Start a send for each channel whose head row is due. Returns seconds until the next due row."""
         now = time.time()
         with self.store._tx() as s:
-            rows = s.scalars(select(OutboxRow).where(OutboxRow.state == "pending").order_by(OutboxRow.id)).all()
-            heads: dict[str, OutboxRow] = {}
+            rows = s.execute(select(OutboxRow.id, OutboxRow.channel, OutboxRow.next_at)
+                             .where(OutboxRow.state == "pending").order_by(OutboxRow.id)).all()
+            heads: dict[str, Any] = {}
             for row in rows:
                 heads.setdefault(row.channel, row)
             next_delay = 60.0
@@ -324,52 +346,88 @@ class Outbox:
         return max(0.01, next_delay)
 
     def _finish(self, row_id: int, **values: Any) -> None:
+        """Write `values` to row `row_id` and wake whoever waits for it once it is done. Raises the
+        database's error (callers use `_record`, which retries)."""
         with self.store._tx() as s:
             s.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(**values))
-        for fut in self._done_waiters.pop(row_id, []) if values.get("state") in ("sent", "failed") else []:
+        if values.get("state") in ("sent", "failed", "superseded"):
+            self._wake_waiters(row_id)
+
+    def _wake_waiters(self, row_id: int) -> None:
+        for fut in self._done_waiters.pop(row_id, []):
             if not fut.done():
                 fut.set_result(None)
 
+    async def _record(self, row_id: int, **values: Any) -> bool:
+        """`_finish` with retries over a few seconds (a locked database). Returns False if it never
+        succeeded: the row then stays `sending` and is looked up and resent (posts) after a restart."""
+        for attempt in range(RECORD_TRIES):
+            try:
+                self._finish(row_id, **values)
+                return True
+            except Exception as e:
+                if attempt == RECORD_TRIES - 1:
+                    log.error("outbox: cannot record row %s as %s: %s", row_id, values.get("state"), e)
+                    return False
+                await asyncio.sleep(0.2 * (attempt + 1))
+        return False
+
     async def _send(self, row_id: int, channel: str) -> None:
         try:
-            with self.store._tx() as s:
-                row = s.get(OutboxRow, row_id)
-                if row is None or row.state != "pending":
-                    return
-                row.state = "sending"
-                row.attempts = (row.attempts or 0) + 1
-                snapshot = {c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns}
-            await self._deliver(snapshot)
-        except _Retry as r:
-            self._retry(snapshot, r)
-        except _Permanent as p:
-            log.warning("outbox: %s to %s failed for good: %s", snapshot["kind"], channel, p)
-            self._finish(row_id, state="failed", error=str(p)[:500])
-        except asyncio.CancelledError:
-            self._finish(row_id, state="pending", error="interrupted")
-            raise
-        except Exception as e:  # never lose the row to a bug in one send
-            log.exception("outbox: unexpected error sending row %s", row_id)
-            self._finish(row_id, state="failed", error=f"{type(e).__name__}: {e}"[:500])
+            try:
+                with self.store._tx() as s:
+                    row = s.get(OutboxRow, row_id)
+                    if row is None or row.state != "pending":
+                        return
+                    row.state = "sending"
+                    row.attempts = (row.attempts or 0) + 1
+                    snapshot = {c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns}
+            except Exception:  # database unavailable: the row stays pending, the channel waits a little
+                log.exception("outbox: cannot claim row %s; retrying in %.0f s", row_id, DB_RETRY_S)
+                self._last_sent[channel] = time.time() + DB_RETRY_S
+                return
+            try:
+                values = await self._deliver(snapshot)
+            except _Retry as r:
+                await self._record(row_id, **self._retry_values(snapshot, r))
+            except _Permanent as p:
+                log.warning("outbox: %s to %s failed for good: %s", snapshot["kind"], channel, p)
+                await self._record(row_id, state="failed", error=str(p)[:500])
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    self._finish(row_id, state="pending", error="interrupted", needs_lookup=1)
+                raise
+            except Exception as e:  # the database failed mid-send: send again later, looking first
+                log.exception("outbox: row %s: %s; retrying in %.0f s", row_id, type(e).__name__, DB_RETRY_S)
+                await self._record(row_id, state="pending", error=f"{type(e).__name__}"[:500], needs_lookup=1,
+                                   next_at=time.time() + DB_RETRY_S)
+            else:
+                await self._record(row_id, state="sent", sent_at=time.time(), error=None, needs_lookup=0, **values)
+                if snapshot["kind"] == "post" and self.on_posted is not None:
+                    try:
+                        self.on_posted(ref(row_id), values["result_ts"])
+                    except Exception:
+                        log.exception("outbox: on_posted hook failed for row %s", row_id)
         finally:
             self._busy.discard(channel)
-            self._last_sent[channel] = time.time()
+            self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), time.time())
             self._wake.set()
 
-    def _retry(self, row: dict[str, Any], r: _Retry) -> None:
+    def _retry_values(self, row: dict[str, Any], r: _Retry) -> dict[str, Any]:
+        """The row's new values after a retryable failure: pending again after the delay (Retry-After,
+        capped at MAX_RETRY_AFTER_S, or backoff), or failed once `give_up_after_s` has passed."""
         now = time.time()
-        if now - (row["created_at"] or now) > self.give_up_after_s:
-            log.error("outbox: giving up on %s to %s after %d attempts: %s", row["kind"], row["channel"],
-                      row["attempts"], r.error)
-            self._finish(row["id"], state="failed", error=f"gave up: {r.error}")
-            return
+        needs_lookup = 1 if (r.ambiguous or row.get("needs_lookup")) else 0
         if r.delay_s is not None:
-            delay = r.delay_s
+            delay = min(r.delay_s, MAX_RETRY_AFTER_S)
         else:
             delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, row["attempts"] - 1))
-        err = ("ambiguous: " if r.ambiguous else "") + r.error
+        if now + delay - (row["created_at"] or now) > self.give_up_after_s:
+            log.error("outbox: giving up on %s to %s after %d attempts: %s", row["kind"], row["channel"],
+                      row["attempts"], r.error)
+            return {"state": "failed", "error": f"gave up: {r.error}"[:500]}
         log.info("outbox: %s to %s: %s; retry in %.1f s", row["kind"], row["channel"], r.error, delay)
-        self._finish(row["id"], state="pending", error=err[:500], next_at=now + delay)
+        return {"state": "pending", "error": r.error[:500], "next_at": now + delay, "needs_lookup": needs_lookup}
 
     # -- one Slack call per row ---------------------------------------------------------------------
     def _target(self, ts: str | None) -> tuple[str | None, bool]:
@@ -384,59 +442,54 @@ class Outbox:
             return None, False
         raise _Retry(f"waiting for message {rid}", 0.2, ambiguous=False)
 
-    async def _deliver(self, row: dict[str, Any]) -> None:
+    async def _deliver(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Make the Slack call(s) for `row`. Returns the values to record (`result_ts`, ...). Raises _Retry
+        or _Permanent for Slack's failures; a database error propagates as it is."""
         kind = row["kind"]
         blocks = json.loads(row["blocks_json"]) if row["blocks_json"] else None
         text = mrkdwn_escape(row["text"] or "")[:40_000] or " "
+        if kind == "post":
+            thread_ts, ok = self._target(row["thread_ts"])
+            if not ok:
+                log.warning("outbox: the thread of row %s was never posted; posting at channel level", row["id"])
+            if row.get("needs_lookup"):
+                found = await self._find_posted(row, thread_ts)
+                if found:
+                    return {"result_ts": found}
+            resp = await self._slack(self.client.chat_postMessage(
+                channel=row["channel"], text=text, blocks=blocks, thread_ts=thread_ts, unfurl_links=False,
+                unfurl_media=False, metadata={"event_type": METADATA_EVENT, "event_payload": {"key": row["key"]}}))
+            return {"result_ts": str(resp.get("ts"))}
+        if kind == "update":
+            target, ok = self._target(row["target_ts"])
+            if not ok or target is None:
+                raise _Permanent("the message to edit was never posted")
+            await self._slack(self.client.chat_update(channel=row["channel"], ts=target, text=text, blocks=blocks))
+            return {"result_ts": target}
+        if kind == "upload":
+            thread_ts, _ok = self._target(row["thread_ts"])
+            await self._slack(self.client.files_upload_v2(
+                channel=row["channel"], thread_ts=thread_ts, filename=row["filename"] or "file",
+                content=row["content"] or b"", title=row["text"] or row["filename"]))
+            return {"content": None}
+        raise _Permanent(f"unknown outbox row kind {kind!r}")
+
+    @staticmethod
+    async def _slack(call: Any) -> Any:
+        """Await one Slack Web API call; its failures become _Retry or _Permanent (see `classify`)."""
         try:
-            if kind == "post":
-                thread_ts, ok = self._target(row["thread_ts"])
-                if not ok:
-                    log.warning("outbox: the thread of row %s was never posted; posting at channel level", row["id"])
-                if (row["error"] or "").startswith(("ambiguous", "interrupted")):
-                    found = await self._find_posted(row, thread_ts)
-                    if found:
-                        self._posted(row, found)
-                        return
-                resp = await self.client.chat_postMessage(
-                    channel=row["channel"], text=text, blocks=blocks, thread_ts=thread_ts, unfurl_links=False,
-                    unfurl_media=False,
-                    metadata={"event_type": METADATA_EVENT, "event_payload": {"key": row["key"]}})
-                self._posted(row, str(resp.get("ts")))
-            elif kind == "update":
-                target, ok = self._target(row["target_ts"])
-                if not ok or target is None:
-                    raise _Permanent("the message to edit was never posted")
-                await self.client.chat_update(channel=row["channel"], ts=target, text=text, blocks=blocks)
-                self._finish(row["id"], state="sent", sent_at=time.time(), result_ts=target, error=None)
-            elif kind == "upload":
-                thread_ts, _ok = self._target(row["thread_ts"])
-                await self.client.files_upload_v2(channel=row["channel"], thread_ts=thread_ts,
-                                                  filename=row["filename"] or "file", content=row["content"] or b"",
-                                                  title=row["text"] or row["filename"])
-                self._finish(row["id"], state="sent", sent_at=time.time(), error=None, content=None)
-            else:
-                raise _Permanent(f"unknown outbox row kind {kind!r}")
-        except (_Retry, _Permanent):
-            raise
+            return await call
         except asyncio.CancelledError:
             raise
         except Exception as e:
             raise classify(e) from e
 
-    def _posted(self, row: dict[str, Any], ts: str) -> None:
-        self._finish(row["id"], state="sent", sent_at=time.time(), result_ts=ts, error=None)
-        if self.on_posted is not None:
-            try:
-                self.on_posted(ref(row["id"]), ts)
-            except Exception:
-                log.exception("outbox: on_posted hook failed for row %s", row["id"])
-
     async def _find_posted(self, row: dict[str, Any], thread_ts: str | None) -> str | None:
         """The ts of a message already posted for `row` (found by its metadata key), or None. A lookup
         Slack refuses for good (missing scope, ...) returns None; a transient failure raises _Retry."""
-        args = {"channel": row["channel"], "oldest": f"{max(0.0, (row['created_at'] or 0) - 5):.6f}",
-                "include_all_metadata": True, "limit": 200}
+        # from a while before the row was written (the bot's and Slack's clocks may differ), newest 1000
+        args = {"channel": row["channel"], "oldest": f"{max(0.0, (row['created_at'] or 0) - LOOKUP_SKEW_S):.6f}",
+                "include_all_metadata": True, "limit": 1000}
         try:
             if thread_ts:
                 resp = await self.client.conversations_replies(ts=thread_ts, **args)

@@ -132,6 +132,8 @@ class OutboxRow(Base):
     sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     result_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: 1 while an earlier attempt may have reached Slack (5xx, timeout, crash): look before posting again.
+    needs_lookup: Mapped[int] = mapped_column(Integer, default=0)
 
 
 @dataclass

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
+import time
 
 import aiohttp
 import pytest
+from aiohttp import web
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
+from sqlalchemy.exc import OperationalError
 
 from bot.outbox import Outbox, _Permanent, _Retry, classify, ref, ref_id
 from bot.render import Message
@@ -213,3 +217,142 @@ def test_classify_sorts_slack_failures():
     assert isinstance(classify(aiohttp.ClientConnectionError("reset")), _Retry)
     assert isinstance(classify(ValueError("bug")), _Permanent)
     assert ref_id(ref(12)) == 12 and ref_id("1700000000.000100") is None and ref_id(None) is None
+
+
+# -- found by an adversarial review: Slack storing a post and answering 503, a locked database ---------
+def store_then_503(fake, times=1):
+    """chat.postMessage is stored by Slack, but the answer is an HTTP 503 (the ambiguous case)."""
+    orig = fake._answer
+    left = [times]
+
+    def answer(method, params, token):
+        res = orig(method, params, token)
+        if method == "chat.postMessage" and left[0] > 0:
+            left[0] -= 1
+            raise web.HTTPServiceUnavailable(text="stored, then 503")
+        return res
+    fake._answer = answer
+
+
+async def test_a_lookup_answered_429_still_looks_before_posting_again(fake, store):
+    """503 after Slack stored the post -> retry does a lookup -> lookup answered 429 -> the 'ambiguous'
+    marker is overwritten by 'ratelimited' -> next attempt posts without a lookup: duplicate."""
+    store_then_503(fake)
+    fake.fail("conversations.history", status=429, retry_after=0, times=1)
+    async with outbox_on(store, fake, min_interval_s=0.0, backoff_base_s=0.1) as ob:
+        rid = ob.post("C1", msg("hello"))
+        d = await ob.wait(rid, 10)
+        assert d.state == "sent"
+        await asyncio.sleep(0.5)
+    texts = [m["text"] for m in fake.messages if m["channel"] == "C1"]
+    assert texts.count("hello") == 1, f"posted {texts.count('hello')} times: {texts}"
+
+
+async def test_a_locked_database_when_claiming_a_row_loses_nothing(fake, store):
+    """One 'database is locked' at the start of _send (before anything is sent) marks the row failed."""
+    orig = store._tx
+    armed = [True]
+
+    def tx():
+        caller = inspect.stack()[1].function
+        if armed[0] and caller == "_send":
+            armed[0] = False
+            raise OperationalError("BEGIN", {}, Exception("database is locked"))
+        return orig()
+    store._tx = tx
+    async with outbox_on(store, fake, min_interval_s=0.0) as ob:
+        rid = ob.post("C1", msg("important"))
+        d = await ob.wait(rid, 3)
+    assert not armed[0], "injection did not fire"
+    assert d.state == "sent", f"row {d}; posts={[m['text'] for m in fake.messages]}"
+
+
+async def test_a_database_error_in_the_loop_does_not_stop_the_sender(fake, store):
+    """One DB error in _dispatch_due ends the sender task; queued rows wait for the next enqueue."""
+    fake.fail("chat.postMessage", status=429, retry_after=1, times=1)
+    orig = store._tx
+    armed = [False]
+
+    def tx():
+        caller = inspect.stack()[1].function
+        if armed[0] and caller == "_dispatch_due":
+            armed[0] = False
+            raise OperationalError("SELECT", {}, Exception("database is locked"))
+        return orig()
+    store._tx = tx
+    async with outbox_on(store, fake, min_interval_s=0.0) as ob:
+        rid = ob.post("C1", msg("one"))
+        await fake.wait_for_call("chat.postMessage", timeout=5, include_failed=True)
+        armed[0] = True
+        d = await ob.wait(rid, 6)
+        alive = ob._task is not None and not ob._task.done()
+    assert d.state == "sent", f"row still {d.state} after 6 s (Retry-After was 1 s); sender alive={alive}"
+
+
+async def test_done_rows_are_purged_while_running(fake, store, monkeypatch):
+    monkeypatch.setattr("bot.outbox.PURGE_EVERY_S", 0.2)
+    async with outbox_on(store, fake, min_interval_s=0.0, retention_s=0.5) as ob:
+        for i in range(3):
+            ob.post("C1", msg(f"m{i}"))
+        assert await ob.flush(10)
+        await asyncio.sleep(1.5)
+        ob.post("C1", msg("later"))
+        assert await ob.flush(10)
+        with store._tx() as s:
+            n = s.query(OutboxRow).count()
+    assert n <= 1, f"{n} rows kept although retention is 0.5 s (purged only at start)"
+
+
+async def test_retry_after_is_capped(fake, store):
+    """A Retry-After of 1e9 s (proxy, bug) parks the channel's head row ~forever: no cap."""
+    fake.fail("chat.postMessage", status=429, retry_after=10**9, times=1)
+    async with outbox_on(store, fake, min_interval_s=0.0) as ob:
+        rid = ob.post("C1", msg("one"))
+        await asyncio.sleep(0.5)
+        ob.post("C1", msg("two"))
+        await asyncio.sleep(1.0)
+        with store._tx() as s:
+            r = s.get(OutboxRow, rid)
+            nxt = r.next_at - time.time()
+    assert nxt < 3600, f"head row parked for {nxt:.0f} s; channel blocked"
+
+
+async def test_wait_on_a_superseded_update_returns_at_once(fake, store):
+    async with outbox_on(store, fake, min_interval_s=5.0) as ob:
+        rid = ob.post("C1", msg("root"))
+        d = await ob.wait(rid, 5)
+        ob.post("C1", msg("blocker"))  # makes the channel busy for 5 s
+        u1 = ob.update("C1", d.ts, msg("v1"))
+        t0 = time.monotonic()
+        w = asyncio.ensure_future(ob.wait(u1, 3))
+        await asyncio.sleep(0.1)
+        ob.update("C1", d.ts, msg("v2"))
+        d1 = await w
+        took = time.monotonic() - t0
+    assert took < 1.0, f"wait() on a superseded update returned after {took:.1f} s (state {d1.state})"
+
+
+async def test_a_database_error_after_a_post_keeps_it_sent_and_its_thread(fake, store):
+    """chat.postMessage succeeds, the 'sent' write hits a transient DB error: the row becomes 'failed',
+    on_posted never runs, and the replies queued for its thread are posted at channel level."""
+    orig = store._tx
+    armed = [True]
+    hooked = []
+
+    def tx():
+        caller = inspect.stack()[1].function
+        if armed[0] and caller == "_finish":
+            armed[0] = False
+            raise OperationalError("UPDATE", {}, Exception("database is locked"))
+        return orig()
+    store._tx = tx
+    async with outbox_on(store, fake, min_interval_s=0.0, on_posted=lambda a, b: hooked.append((a, b))) as ob:
+        root = ob.post("C1", msg("root"))
+        reply = ob.post("C1", msg("reply"), thread_ts=f"q:{root}")
+        await ob.wait(reply, 5)
+        d = ob.delivery(root)
+    roots = [m for m in fake.messages if m["text"] == "root"]
+    replies = [m for m in fake.messages if m["text"] == "reply"]
+    assert not armed[0], "injection did not fire"
+    assert d.state == "sent" and replies and replies[0]["thread_ts"] == roots[0]["ts"]
+    assert hooked[0] == (f"q:{root}", roots[0]["ts"])  # the launch thread hook ran for the root
