@@ -361,6 +361,10 @@ class LaunchService:
         (at most `release_timeout_s`). Never raises; the outcome and the events table say what happened."""
         t0 = time.monotonic()
         out = KillOutcome(target=la.name)
+        current = self.store.get_launch(la.id)
+        if current is not None and current.state == "stopping":
+            out.error = f"{la.name} is already being stopped by another kill"
+            return out
         if la.state == "starting" and la.pid is None:
             self.store.update_launch(la.id, state="killed", state_detail="cancelled while starting")
             out.nothing_to_kill = out.released = True
@@ -447,8 +451,11 @@ class LaunchService:
                 return out
             await asyncio.sleep(self.poll_s)
 
-    async def kill_pid(self, host: str, pid: int, *, user: str, channel: str | None = None) -> KillOutcome:
-        """Kill one (foreign) process: SIGTERM, grace, SIGKILL; report its GPU memory released or not."""
+    async def kill_pid(self, host: str, pid: int, *, user: str, channel: str | None = None,
+                       expect_command: str | None = None) -> KillOutcome:
+        """Kill one (foreign) process: SIGTERM, grace, SIGKILL; report its GPU memory released or not.
+        With `expect_command` (the command line shown when the kill was confirmed), a pid that now runs
+        another command (reused) is not killed."""
         out = KillOutcome(target=f"pid {pid} on {host}")
         t0 = time.monotonic()
         try:
@@ -459,6 +466,9 @@ class LaunchService:
             holds_gpu = any(gp.pid == pid for gp in snap.gpu.processes)
             if row is None:
                 out.nothing_to_kill = out.released = True
+            elif expect_command is not None and row.args != expect_command:
+                out.error = (f"pid {pid} now runs another command ({row.args[:60]}); the process that was "
+                             "confirmed is gone, nothing was killed")
             elif not snap.gpu.ok:
                 out.error = f"cannot tell whether pid {pid} holds a GPU ({snap.gpu.error}); not killed"
             elif not holds_gpu:

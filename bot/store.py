@@ -104,6 +104,40 @@ class EventRow(Base):
     channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+class ConfirmationRow(Base):
+    """Table `confirmations`: a typed kill waiting for its [Kill] / [Cancel] click. `state` pending ->
+    confirmed | cancelled, claimed once (so two clicks never act twice). For a pid kill, `command` is the
+    process's command line when asked: a reused pid is refused. Times are epoch seconds."""
+
+    __tablename__ = "confirmations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    launch_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host: Mapped[str] = mapped_column(String(64), default="")
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    command: Mapped[str | None] = mapped_column(Text, nullable=True)
+    asked_by: Mapped[str] = mapped_column(String(64), default="")
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    decided_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+@dataclass
+class Confirmation:
+    """A detached copy of a ConfirmationRow."""
+
+    id: int
+    launch_id: int | None
+    host: str
+    pid: int | None
+    command: str | None
+    asked_by: str
+    state: str
+    decided_by: str | None
+    created_at: float
+
+
 class OutboxRow(Base):
     """Table `outbox`: every message to Slack, written before it is sent (bot/outbox.py sends it).
 
@@ -356,6 +390,33 @@ class Store:
             if "error" not in rec:
                 return rec
         return None
+
+    # confirmations ------------------------------------------------------------------------------
+    def add_confirmation(self, *, asked_by: str, host: str, launch_id: int | None = None, pid: int | None = None,
+                         command: str | None = None) -> int:
+        """Record a kill that waits for confirmation. Returns its id (the [Kill] / [Cancel] button value)."""
+        with self._tx() as s:
+            row = ConfirmationRow(asked_by=asked_by, host=host, launch_id=launch_id, pid=pid, command=command,
+                                  created_at=time.time())
+            s.add(row)
+            s.flush()
+            return int(row.id)
+
+    def claim_confirmation(self, conf_id: int, *, state: str, user_id: str,
+                           max_age_s: float) -> tuple[Confirmation | None, bool]:
+        """Decide confirmation `conf_id` (`state` confirmed or cancelled) if it is still pending and younger
+        than `max_age_s` seconds, atomically. Returns (the confirmation or None if unknown, whether this
+        call decided it)."""
+        with self._tx() as s:
+            res = s.execute(update(ConfirmationRow).where(
+                ConfirmationRow.id == conf_id, ConfirmationRow.state == "pending",
+                ConfirmationRow.created_at >= time.time() - max_age_s,
+            ).values(state=state, decided_by=user_id, decided_at=time.time()))
+            row = s.get(ConfirmationRow, conf_id)
+            conf = None if row is None else Confirmation(
+                id=row.id, launch_id=row.launch_id, host=row.host, pid=row.pid, command=row.command,
+                asked_by=row.asked_by, state=row.state, decided_by=row.decided_by, created_at=row.created_at)
+            return conf, bool(res.rowcount)
 
     # events -------------------------------------------------------------------------------------
     def add_event(self, *, user_id: str, action: str, args: dict[str, Any] | None = None, result: str = "ok",

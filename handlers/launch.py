@@ -125,19 +125,24 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
             pv = await ctx.launches.kill_pid_preview(host, int(pid_text))
             if pv.refusal:
                 return error_message("Nothing to kill", pv.refusal)
-            return _kill_confirmation(pv, f"/kill pid={pid_text} host={host} --yes", f"{host}|{pid_text}",
-                                      "gpubot_killpid_confirm")
-        out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id)
+            return _kill_confirmation(ctx, pv, f"/kill pid={pid_text} host={host} --yes", "gpubot_killpid_confirm")
+        out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id,
+                                          expect_command=call.kwargs.get("expect_command"))
         msg = render("kill_result", **kill_view(out))
         msg.ok = not out.error and not out.remaining
         return msg
     la = _resolve(call, ctx, KILL_USAGE)
     if isinstance(la, Message):
         return la
-    if "yes" not in call.flags and la.live:
+    if la.state == "stopping":
+        return error_message("Already stopping", f"{la.name} is being stopped by another kill; its answer follows")
+    if "yes" not in call.flags:
         pv = await ctx.launches.kill_preview(la)
-        if pv.processes or pv.error:  # with no process left there is nothing to confirm: the kill only records it
-            return _kill_confirmation(pv, f"/kill {la.id} --yes", str(la.id), "gpubot_kill_confirm")
+        if pv.processes or pv.error:
+            return _kill_confirmation(ctx, pv, f"/kill {la.id} --yes", "gpubot_kill_confirm")
+        if not la.live:
+            return error_message("Nothing to kill", f"{la.name} is {la.state} and has no process left on {la.host}")
+        # live but without a process: nothing to confirm, the kill only records the end
     out = await ctx.launches.kill(la, user=ctx.user_id, channel=ctx.channel_id)
     la = ctx.launches.store.get_launch(la.id) or la
     await update_root(ctx, la)
@@ -146,9 +151,14 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
     return msg
 
 
-def _kill_confirmation(pv: KillPreview, confirm_command: str, value: str, action_id: str) -> Message:
-    """The answer to a typed kill without `--yes`: what would be killed, with [Kill] [Cancel] buttons."""
-    msg = render("kill_confirm", **kill_confirm_view(pv, confirm_command=confirm_command, value=value,
+def _kill_confirmation(ctx: CommandContext, pv: KillPreview, confirm_command: str, action_id: str) -> Message:
+    """The answer to a typed kill without `--yes`: what would be killed, with [Kill] [Cancel] buttons
+    whose value is a one-shot confirmation recorded in the store (the first click decides it)."""
+    assert ctx.launches is not None
+    conf_id = ctx.launches.store.add_confirmation(
+        asked_by=ctx.user_id, host=pv.host, launch_id=pv.launch_id, pid=pv.pid,
+        command=pv.processes[0].args if pv.pid is not None and pv.processes else None)
+    msg = render("kill_confirm", **kill_confirm_view(pv, confirm_command=confirm_command, value=str(conf_id),
                                                      action_id=action_id), decided=None)
     msg.audit_result = "confirmation asked"
     return msg

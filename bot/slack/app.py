@@ -22,7 +22,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
 from bot.launches import LaunchService
-from bot.outbox import Outbox
+from bot.outbox import Outbox, ref_id
 from bot.render import Message, mrkdwn_escape, render
 from bot.service import HostService
 from bot.slack.surface import OutboxSurface, SlackSurface, sender_client
@@ -44,6 +44,8 @@ logging.getLogger("slack_bolt.AsyncApp").addFilter(_DropClientTokenWarning())
 AUTH_RETRY_S = 30.0
 #: Seconds a Slack user-group membership lookup is cached.
 GROUP_CACHE_S = 300.0
+#: While lookups fail, the last known members count this many seconds after they were read, then none.
+GROUP_STALE_MAX_S = 3600.0
 
 SLASH_COMMANDS = ("/gpu", "/probe", "/gpubot", "/launch", "/kill", "/relaunch")
 
@@ -107,13 +109,13 @@ class GpuBot:
             if cached is None or now - cached[0] > GROUP_CACHE_S:
                 try:
                     resp = await self.client.usergroups_users_list(usergroup=gid)
-                    members = set(resp.get("users") or [])
+                    self._groups[gid] = cached = (now, set(resp.get("users") or []))
                 except Exception as e:
+                    # keep the last members for a while, then fail closed (a removed operator loses the role)
                     log.warning("cannot read members of user group %s: %s", gid, e)
-                    members = cached[1] if cached else set()
-                self._groups[gid] = (now, members)
-                cached = self._groups[gid]
-            if user_id in cached[1]:
+                    if cached is not None and now - cached[0] > GROUP_STALE_MAX_S:
+                        cached = None
+            if cached is not None and user_id in cached[1]:
                 out.add(gid)
         return out
 
@@ -141,9 +143,16 @@ class GpuBot:
                 placeholder = await self._placeholder(call, channel_id, thread_ts, user_id)
             msg = await task
             reply_thread = ctx.reply_thread_ts or thread_ts
+        if placeholder is not None and self.outbox is not None and (rid := ref_id(placeholder)) is not None:
+            d = await self.outbox.wait(rid, 5.0)
+            if d.state == "failed":  # e.g. not_in_channel: answer as if there were none (response_url below)
+                placeholder = None
         if placeholder is not None:
             if reply_thread == thread_ts:
+                files, msg.files = msg.files, []
                 await self.surface.update(channel_id, placeholder, msg)
+                for name, data in files:  # into the thread the placeholder is in (its own when top-level)
+                    await self.surface.upload(channel_id, name, data, thread_ts=thread_ts or placeholder)
                 return placeholder
             note = render("progress", command=call.word or call.name if call else "", done=True,
                           user_id=user_id, elsewhere=True)
@@ -252,18 +261,27 @@ def register_commands(app: AsyncApp, bot: GpuBot) -> None:
 
 #: Alert buttons -> the command they run in the launch's thread (the button's value is the launch id).
 BUTTON_COMMANDS = {"gpubot_probe": "probe", "gpubot_stack": "stack", "gpubot_kill": "kill",
-                   "gpubot_relaunch": "relaunch", "gpubot_snooze": "snooze", "gpubot_kill_confirm": "kill"}
-#: Buttons whose click is itself the confirmation (a confirm dialog, or the [Kill] of a typed /kill).
-CONFIRMED_BUTTONS = {"gpubot_kill", "gpubot_relaunch", "gpubot_kill_confirm", "gpubot_killpid_confirm"}
+                   "gpubot_relaunch": "relaunch", "gpubot_snooze": "snooze"}
+#: Alert buttons whose click is itself the confirmation (they carry a Block Kit confirm dialog).
+CONFIRMED_BUTTONS = {"gpubot_kill", "gpubot_relaunch"}
+#: [Kill] / [Cancel] under a typed kill: their value is a one-shot confirmation id (store table).
+CONFIRMATION_BUTTONS = ("gpubot_kill_confirm", "gpubot_killpid_confirm", "gpubot_kill_cancel")
+#: Seconds a typed kill's [Kill] button stays valid.
+CONFIRM_TTL_S = 3600.0
+
+
+def _small_int(value: str) -> int | None:
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 12 else None
 
 
 def register_actions(app: AsyncApp, bot: GpuBot) -> None:
     """Alert buttons [Probe] [Stack dump] [Kill] [Relaunch] [Snooze 15 min], and [Kill] [Cancel] under a
     typed `/kill`: the same commands, checked against the clicking user's role on the server (a confirm
     dialog is only client-side), answered in the launch's thread; a double click or a redelivery acts once.
-    Confirming or cancelling replaces the [Kill] [Cancel] message with who decided."""
+    A typed kill's confirmation is decided once, atomically in the store, by the first operator's click
+    ([Kill] or [Cancel]); the message is then replaced with who decided, and later clicks are told so."""
     from handlers import find
-    from handlers.base import role_of
+    from handlers.base import error_message, role_of
 
     clicks = SeenIds(ttl_s=10.0)  # a double click (two action_ts within seconds) acts once
 
@@ -272,76 +290,102 @@ def register_actions(app: AsyncApp, bot: GpuBot) -> None:
         spec = find("kill")
         return spec is not None and role_of(user_id, bot.config.permissions, groups) >= spec.role
 
-    async def decide(body: dict, channel: str, text: str, user: str) -> None:
-        """Replace the [Kill] [Cancel] message with "`text` by @user." (no buttons left to click)."""
+    def audit(user: str, text: str, result: str, channel: str, detail: str | None = None,
+              launch_id: int | None = None) -> None:
+        if bot.launches is not None:
+            bot.launches.store.add_event(user_id=user, action="command:kill", args={"text": text[:200],
+                                         "source": "button"}, result=result, detail=detail, launch_id=launch_id,
+                                         channel=channel)
+
+    def where(body: dict) -> tuple[str, str | None, str | None]:
+        """(channel, the clicked message's ts, its thread)."""
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
         msg_ts = (body.get("container") or {}).get("message_ts")
-        if msg_ts and channel:
-            await bot.surface.update(channel, msg_ts, render("kill_confirm", decided=text, by=user))
+        return channel, msg_ts, (body.get("message") or {}).get("thread_ts") or msg_ts
+
+    async def first_click(ack, body, action) -> str | None:
+        """Ack; the clicking user's ID, or None for a redelivered or double click."""
+        await ack()
+        _channel, msg_ts, _thread = where(body)
+        if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
+            return None  # the same click delivered twice
+        user = (body.get("user") or {}).get("id", "")
+        if not clicks.first(f"click:{msg_ts}:{action.get('action_id')}:{action.get('value')}:{user}"):
+            return None
+        return user
 
     async def on_button(ack, body, action):
-        await ack()
-        msg_ts = (body.get("container") or {}).get("message_ts")
-        if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
-            return  # the same click delivered twice
-        user = (body.get("user") or {}).get("id", "")
-        action_id = str(action.get("action_id", ""))
-        value = str(action.get("value", ""))
-        if not clicks.first(f"click:{msg_ts}:{action_id}:{value}:{user}"):
+        user = await first_click(ack, body, action)
+        if user is None:
             return
-        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
-        flags = {"yes"} if action_id in CONFIRMED_BUTTONS else set()
-        if action_id == "gpubot_killpid_confirm":
-            host, _, pid = value.partition("|")
-            if host not in bot.config.hosts or not (pid.isascii() and pid.isdigit()):
-                return
-            if await may_kill(user):
-                await decide(body, channel, f":white_check_mark: Kill of pid {pid} on {host} confirmed", user)
-            call = CommandCall(name="kill", kwargs={"pid": pid, "host": host}, flags=flags,
-                               raw=f"[button kill pid={pid} host={host}]", word="kill")
-            thread_ts = (body.get("message") or {}).get("thread_ts") or msg_ts
-            await bot.spawn(bot.run_call(call, user_id=user, channel_id=channel, thread_ts=thread_ts,
-                                         source="button"))
+        action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
+        channel, _msg_ts, _thread = where(body)
+        name, launch_id = BUTTON_COMMANDS.get(action_id), _small_int(value)
+        if name is None or launch_id is None or bot.launches is None:
+            audit(user, f"[button {action_id} {value[:40]}]", "invalid", channel, "unknown button or value")
             return
-        name = BUTTON_COMMANDS.get(action_id)
-        if name is None or not (value.isascii() and value.isdigit() and len(value) <= 12) or bot.launches is None:
-            return
-        la = bot.launches.store.get_launch(int(value))
-        thread_ts = la.thread_ts if la is not None else None
-        if action_id == "gpubot_kill_confirm" and await may_kill(user):
-            what = la.name if la else value
-            await decide(body, channel, f":white_check_mark: Kill of {what} confirmed", user)
+        la = bot.launches.store.get_launch(launch_id)
         call = CommandCall(name=name, args=["15"] if name == "snooze" else [value] if name == "kill" else [],
-                           flags=flags, raw=f"[button {name} {value}]", word=name)
+                           flags={"yes"} if action_id in CONFIRMED_BUTTONS else set(),
+                           raw=f"[button {name} {value}]", word=name)
         await bot.spawn(bot.run_call(call, user_id=user, channel_id=la.channel if la and la.channel else channel,
-                                     thread_ts=thread_ts, source="button"))
+                                     thread_ts=la.thread_ts if la else None, source="button"))
 
-    async def on_cancel(ack, body, action):
-        await ack()
-        msg_ts = (body.get("container") or {}).get("message_ts")
-        if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
+    async def on_confirmation(ack, body, action):
+        user = await first_click(ack, body, action)
+        if user is None:
             return
-        user = (body.get("user") or {}).get("id", "")
-        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
-        value = str(action.get("value", ""))[:80]
-        allowed = await may_kill(user)
-        if bot.launches is not None:
-            numeric = value.isascii() and value.isdigit() and len(value) <= 12
-            la = bot.launches.store.get_launch(int(value)) if numeric else None
-            bot.launches.store.add_event(user_id=user, action="command:kill", args={"text": f"[cancel {value}]",
-                                         "source": "button"}, result="cancelled" if allowed else "denied",
-                                         launch_id=la.id if la else None, channel=channel)
-        if allowed:
-            await decide(body, channel, ":no_entry_sign: Nothing was stopped: kill cancelled", user)
-        else:
-            from handlers.base import error_message
+        action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
+        channel, msg_ts, thread = where(body)
+        cancel = action_id == "gpubot_kill_cancel"
+        conf_id = _small_int(value)
+        if conf_id is None or bot.launches is None:
+            audit(user, f"[button {action_id} {value[:40]}]", "invalid", channel, "not a confirmation id")
+            return
+        if not await may_kill(user):  # the dispatcher refuses it, answers and audits
+            call = CommandCall(name="kill", args=[], raw=f"[button {action_id} {value}]", word="kill")
+            await bot.spawn(bot.run_call(call, user_id=user, channel_id=channel, thread_ts=thread, source="button"))
+            return
+        conf, won = bot.launches.store.claim_confirmation(conf_id, state="cancelled" if cancel else "confirmed",
+                                                          user_id=user, max_age_s=CONFIRM_TTL_S)
+        if conf is None:
+            audit(user, f"[button {action_id} {value}]", "invalid", channel, "unknown confirmation")
+            return
+        la = bot.launches.store.get_launch(conf.launch_id) if conf.launch_id is not None else None
+        if la is not None and la.thread_ts and la.channel == channel:
+            thread = la.thread_ts  # the launch's incident thread, where the [Kill] [Cancel] message is
+        if not won:
+            why = (f"already {conf.state} by <@{conf.decided_by}>" if conf.state != "pending"
+                   else f"expired (older than {CONFIRM_TTL_S / 60:.0f} min); type the kill again")
+            audit(user, f"[button {action_id} {value}]", "stale", channel, why, conf.launch_id)
+            await bot.surface.post(channel, error_message("Nothing done", f"this kill was {why}"), thread_ts=thread)
+            return
+        what = f"pid {conf.pid} on {conf.host}" if conf.pid is not None else f"launch {conf.launch_id}"
+        if cancel:
+            audit(user, f"[cancel {what}]", "cancelled", channel, launch_id=conf.launch_id)
+            if msg_ts:
+                await bot.surface.update(channel, msg_ts, render(
+                    "kill_confirm", decided=f":no_entry_sign: Nothing was stopped: kill of {what} cancelled", by=user))
+            return
+        if msg_ts:
+            await bot.surface.update(channel, msg_ts, render(
+                "kill_confirm", decided=f":white_check_mark: Kill of {what} confirmed", by=user))
+        if conf.pid is not None:
+            kwargs = {"pid": str(conf.pid), "host": conf.host, **({"expect_command": conf.command}
+                                                                   if conf.command else {})}
+            call = CommandCall(name="kill", kwargs=kwargs, flags={"yes"}, word="kill",
+                               raw=f"[button kill pid={conf.pid} host={conf.host}]")
+            await bot.spawn(bot.run_call(call, user_id=user, channel_id=channel, thread_ts=thread, source="button"))
+            return
+        call = CommandCall(name="kill", args=[str(conf.launch_id)], flags={"yes"}, word="kill",
+                           raw=f"[button kill {conf.launch_id}]")
+        await bot.spawn(bot.run_call(call, user_id=user, channel_id=la.channel if la and la.channel else channel,
+                                     thread_ts=la.thread_ts if la and la.thread_ts else thread, source="button"))
 
-            thread_ts = (body.get("message") or {}).get("thread_ts") or msg_ts
-            await bot.surface.post(channel, error_message("Permission denied", "cancelling a kill needs the "
-                                                          "operator role"), thread_ts=thread_ts)
-
-    for action_id in (*BUTTON_COMMANDS, "gpubot_killpid_confirm"):
+    for action_id in BUTTON_COMMANDS:
         app.action(action_id)(on_button)
-    app.action("gpubot_kill_cancel")(on_cancel)
+    for action_id in CONFIRMATION_BUTTONS:
+        app.action(action_id)(on_confirmation)
 
 
 def _addresses_bot(text: str, prefix: str, bot: GpuBot) -> bool:

@@ -201,3 +201,22 @@ async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is
     assert len(in_thread) >= 3  # the three thread commands were answered there (an answer may be an edit)
     thread_rows = [r for r in sent if r[1] == "post" and r[2] == "1700000700.000000"]
     assert [c["response"]["ts"] for c in in_thread] == [r[3] for r in thread_rows]  # sent in queue order
+
+
+async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_privately(tmp_path, fake_gpu):
+    """The placeholder of a slow command fails with not_in_channel: the answer is not lost as an edit of a
+    message that never existed; it goes through the response_url instead."""
+    from tests.fakes.ssh_server import LoopbackSSHServer
+
+    env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
+    async with LoopbackSSHServer(tmp_path / "slow", env=env, exec_delay_s=2.0) as srv:
+        stack, stop = await start_stack(Config(hosts={"slow-host": ssh_host(srv)}))
+        try:
+            stack.fake.set_error("chat.postMessage", "not_in_channel")  # the bot was removed from C1
+            await stack.fake.push_slash_command("/gpu", "status slow-host")
+            body = await stack.fake.wait_for_response(timeout=20)
+        finally:
+            await stop()
+    assert "GPU status" in body["text"] and "not_in_channel" in body["text"]
+    assert body.get("response_type") == "ephemeral"
+    assert not stack.fake.calls_for("chat.update")

@@ -39,12 +39,19 @@ async def test_a_viewer_cannot_launch_kill_relaunch_or_stack_dump_by_any_route(s
         mentions = ["<@UBOT> kill --yes", "<@UBOT> relaunch", "<@UBOT> stack"]
         for text in mentions:
             await fake.push_app_mention(text, user_id="U0VIEWER", channel_id="C1", thread_ts=root_ts)
+        # the operator's typed kill waits for a click: the viewer clicks its [Kill] and [Cancel]
+        await fake.push_slash_command("/kill", "1", user_id="U0OPERATOR", channel_id="C1")
+        ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
+                                         timeout=20)
+        conf = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"]
         buttons = [("gpubot_kill", "1"), ("gpubot_relaunch", "1"), ("gpubot_stack", "1"),
-                   ("gpubot_kill_confirm", "1"), ("gpubot_killpid_confirm", f"gpu-host-1|{la.pid}"),
-                   ("gpubot_kill_cancel", "1")]
+                   ("gpubot_kill_confirm", conf), ("gpubot_killpid_confirm", conf), ("gpubot_kill_cancel", conf)]
         for action_id, value in buttons:
             await fake.push_block_action(action_id, value=value, user_id="U0VIEWER", channel_id="C1",
                                          message_ts=root_ts)
+        # a forged value (not a confirmation id) does nothing and is audited as invalid
+        await fake.push_block_action("gpubot_killpid_confirm", value=f"gpu-host-1|{la.pid}", user_id="U0VIEWER",
+                                     channel_id="C1", message_ts=root_ts)
         attempts = len(slash) + len(thread) + len(mentions) + len(buttons)
 
         def denials() -> list:
@@ -62,6 +69,9 @@ async def test_a_viewer_cannot_launch_kill_relaunch_or_stack_dump_by_any_route(s
         assert [x.id for x in store.recent_launches()] == [1] and store.get_launch(1).state == "running"
         assert pids_of_launch(la)
         assert not [e for e in store.events() if e.action in ("kill", "kill_pid", "relaunch", "stack")]
+        invalid = [e for e in store.events() if e.result == "invalid"]
+        assert [(e.user_id, e.args["text"]) for e in invalid] == [
+            ("U0VIEWER", f"[button gpubot_killpid_confirm gpu-host-1|{la.pid}]")]
         assert await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""))
     finally:
         await stop()
@@ -93,5 +103,35 @@ async def test_a_typed_kill_waits_for_confirmation_and_cancel_stops_it(ssh_serve
         await fake.push_slash_command("/kill", "base --yes", user_id="U0OPERATOR", channel_id="C1")
         await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
         assert pids_of_launch(la) == [] and store.get_launch(1).state == "killed"
+    finally:
+        await stop()
+
+
+async def test_a_confirmation_is_decided_once_kill_then_cancel_and_two_kills(ssh_server, fake_gpu, tmp_path):
+    """Two operators click [Kill] and another clicks [Cancel] right after: one kill, the others are told
+    the kill was already confirmed; a second typed kill while the first runs is refused."""
+    stack, stop = await start_stack(make_config(ssh_server, fake_gpu, tmp_path))
+    fake = stack.fake
+    store = stack.bot.launches.store
+    try:
+        la, root_ts = await _launched(fake, stack)
+        await fake.push_slash_command("/kill", "1", user_id="U0OPERATOR", channel_id="C1")
+        ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
+                                         timeout=20)
+        ask_ts = ask["response"]["ts"]
+        conf = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"]
+        for user, action in (("U0OPERATOR", "gpubot_kill_confirm"), ("U0OTHER", "gpubot_kill_confirm"),
+                             ("U0OTHER", "gpubot_kill_cancel")):
+            await fake.push_block_action(action, value=conf, user_id=user, channel_id="C1", message_ts=ask_ts)
+        await fake.push_slash_command("/kill", "1 --yes", user_id="U0OTHER", channel_id="C1")
+        await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+        await asyncio.sleep(1.5)
+        kills = [(e.user_id, e.result) for e in store.events(action="kill")]
+        assert kills == [("U0OPERATOR", "released")], kills
+        stale = [(e.user_id, e.result) for e in store.events(action="command:kill") if e.result == "stale"]
+        assert stale == [("U0OTHER", "stale"), ("U0OTHER", "stale")]
+        told = [c for c in fake.calls_for("chat.postMessage") if "already confirmed by" in c["params"]["text"]]
+        assert len(told) == 2 and all(c["params"]["thread_ts"] == root_ts for c in told)
+        assert store.get_launch(1).state == "killed" and pids_of_launch(la) == []
     finally:
         await stop()

@@ -208,8 +208,16 @@ async def test_second_launch_refused_when_gpus_or_port_are_held(stack, start_fak
         assert f"Kill pid {pid} on gpu-host-1? single process, 1 process, GPUs" in ask.text, ask.text
         assert "8.4 GiB" in ask.text and f"/kill pid={pid} host=gpu-host-1 --yes" in ask.text
         button = next(b for b in ask.blocks if b["type"] == "actions")["elements"][0]
-        assert (button["action_id"], button["value"]) == ("gpubot_killpid_confirm", f"gpu-host-1|{pid}")
+        assert button["action_id"] == "gpubot_killpid_confirm"
+        conf, won = stack.store.claim_confirmation(int(button["value"]), state="confirmed", user_id="U0OPERATOR",
+                                                   max_age_s=60)
+        assert won and (conf.host, conf.pid) == ("gpu-host-1", pid) and "fake_server.py" in conf.command
+        assert not stack.store.claim_confirmation(conf.id, state="cancelled", user_id="U0OTHER", max_age_s=60)[1]
         os.kill(pid, 0)  # still alive: asking killed nothing
+        # a pid that now runs another command than the one confirmed is not killed (pid reuse)
+        other = await dispatch(parse_slash("/kill", f"pid={pid} --yes expect_command=something-else"), stack.ctx())
+        assert "now runs another command" in other.text
+        os.kill(pid, 0)
         k = await dispatch(parse_slash("/kill", f"pid={pid} --yes"), stack.ctx())
         assert "Killed pid" in k.text
     import socket
