@@ -101,7 +101,7 @@ def try_config(directory: str) -> None:
     except OSError as e:
         click.echo(f"error: cannot write {directory}: {e}", err=True)
         sys.exit(2)
-    click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\n/gpu status\\n/kill demo\\n' | "
+    click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\n/gpu status\\n/kill demo --yes\\n' | "
                f"gpubot console --config {path}\n(or interactively: gpubot console --config {path})")
 
 

@@ -409,6 +409,11 @@ class LifecyclePolicy(_Model):
         return v
 
 
+#: A group containing a quantifier, itself quantified: `(a+)+`, `(\\w*x)*`, `(a|b+){2,}` (catastrophic
+#: backtracking in Python's re, which has no timeout).
+_NESTED_QUANTIFIER_RE = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]")
+
+
 class Config(_Model):
     """The whole configuration. `state_dir` holds the SQLite database and other state; `database_url`
     (any SQLAlchemy URL) replaces the default `sqlite:///STATE_DIR/gpubot.db`."""
@@ -429,14 +434,23 @@ class Config(_Model):
     @field_validator("redact_patterns")
     @classmethod
     def _patterns(cls, v: list[str]) -> list[str]:
-        for pat in v:
+        problems = []
+        for i, pat in enumerate(v):
+            where = f"[{i}] {pat[:60]!r}"
             if not pat or len(pat) > 500:
-                raise ValueError("each pattern must be 1..500 characters")
+                problems.append(f"{where}: must be 1..500 characters")
+                continue
             try:
                 if re.compile(pat).search(""):
-                    raise ValueError(f"pattern {pat!r} matches the empty string")
+                    problems.append(f"{where}: matches the empty string")
             except re.error as e:
-                raise ValueError(f"pattern {pat!r} is not a valid regex: {e}") from None
+                problems.append(f"{where}: not a valid regex: {e}")
+                continue
+            if _NESTED_QUANTIFIER_RE.search(pat):
+                problems.append(f"{where}: a repeated group that itself repeats (like `(a+)+`) can take exponential "
+                                "time on a crafted log line; write it without the nesting")
+        if problems:
+            raise ValueError("; ".join(problems))
         return v
 
 

@@ -168,7 +168,7 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
     log_dirs = config.hosts[host].log_dirs
     if v.log and not log_dirs:
         raise LaunchError(f"{variant_name} sets a log path, but host {host} has no log_dirs: list the log "
-                          "directory under hosts.{host}.log_dirs (or drop `log:` to use a private default)")
+                          f"directory under hosts.{host}.log_dirs (or drop `log:` to use a private default)")
     # default: a name nobody can predict (the random tag), so no one can plant a symlink there first
     default_dir = log_dirs[0] if log_dirs else "/tmp"
     try:
