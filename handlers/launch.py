@@ -259,7 +259,7 @@ async def handle_snooze(call: CommandCall, ctx: CommandContext) -> Message:
                   hint=None)
 
 
-CHART_USAGE = "!chart [LAUNCH] (GPU memory, utilization and log lines over the launch's life, as a PNG)"
+CHART_USAGE = "!chart [LAUNCH]"
 
 
 async def handle_chart(call: CommandCall, ctx: CommandContext) -> Message:
@@ -283,7 +283,7 @@ async def handle_chart(call: CommandCall, ctx: CommandContext) -> Message:
     return msg
 
 
-STACK_USAGE = "!stack [LAUNCH] [--native] (py-spy dump of every process of the launch)"
+STACK_USAGE = "!stack [LAUNCH] [--native]"
 
 
 async def handle_stack(call: CommandCall, ctx: CommandContext) -> Message:
