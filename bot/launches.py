@@ -37,7 +37,7 @@ from bot.probe import ProbeRequest
 from bot.redact import MASK, SECRET_NAME_RE, redact, redact_mapping
 from bot.remote import RemoteError
 from bot.service import HostService
-from bot.store import Launch, Store
+from bot.store import TERMINAL_STATES, Launch, Store
 
 log = logging.getLogger(__name__)
 
@@ -388,6 +388,10 @@ class LaunchService:
         else:
             state, result = "killed", "released" if out.released else "killed"
         detail = self.describe_kill(out)
+        before = current.state if current is not None else la.state
+        if out.nothing_to_kill and before in TERMINAL_STATES:
+            # an ended launch with nothing left (a stale button, a second kill): keep how it ended
+            state, detail, result = before, (current.state_detail if current else None) or detail, "nothing"
         self.store.update_launch(la.id, state=state, state_detail=detail)
         self.store.add_event(user_id=user, action="kill", args={"launch": la.name}, result=result, detail=detail,
                              launch_id=la.id, host=la.host, channel=channel)

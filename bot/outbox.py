@@ -54,6 +54,8 @@ METADATA_EVENT = "gpubot_outbox"
 #: Slack API error codes that are worth retrying (the rest are permanent for that message).
 RETRYABLE_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
                               "request_timeout"})
+#: Slack errors about the blocks themselves: the message goes again as text alone.
+BLOCK_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long"})
 #: Seconds between retries while the database is unavailable.
 DB_RETRY_S = 1.0
 #: Tries (over about RECORD_TRIES**2 / 10 seconds) to record a row's result before giving up.
@@ -456,15 +458,16 @@ class Outbox:
                 found = await self._find_posted(row, thread_ts)
                 if found:
                     return {"result_ts": found}
-            resp = await self._slack(self.client.chat_postMessage(
-                channel=row["channel"], text=text, blocks=blocks, thread_ts=thread_ts, unfurl_links=False,
+            resp = await self._text_if_blocks_refused(blocks, lambda b: self.client.chat_postMessage(
+                channel=row["channel"], text=text, blocks=b, thread_ts=thread_ts, unfurl_links=False,
                 unfurl_media=False, metadata={"event_type": METADATA_EVENT, "event_payload": {"key": row["key"]}}))
             return {"result_ts": str(resp.get("ts"))}
         if kind == "update":
             target, ok = self._target(row["target_ts"])
             if not ok or target is None:
                 raise _Permanent("the message to edit was never posted")
-            await self._slack(self.client.chat_update(channel=row["channel"], ts=target, text=text, blocks=blocks))
+            await self._text_if_blocks_refused(blocks, lambda b: self.client.chat_update(
+                channel=row["channel"], ts=target, text=text, blocks=b))
             return {"result_ts": target}
         if kind == "upload":
             thread_ts, _ok = self._target(row["thread_ts"])
@@ -473,6 +476,17 @@ class Outbox:
                 content=row["content"] or b"", title=row["text"] or row["filename"]))
             return {"content": None}
         raise _Permanent(f"unknown outbox row kind {kind!r}")
+
+    async def _text_if_blocks_refused(self, blocks: list | None, make_call: Callable[[list | None], Any]) -> Any:
+        """Send with `blocks`; if Slack refuses the blocks themselves (`invalid_blocks`, ...), send the
+        text alone rather than lose the message."""
+        try:
+            return await self._slack(make_call(blocks))
+        except _Permanent as p:
+            if blocks is None or str(p) not in BLOCK_ERRORS:
+                raise
+            log.warning("outbox: Slack refused the blocks (%s); sending the text alone", p)
+            return await self._slack(make_call(None))
 
     @staticmethod
     async def _slack(call: Any) -> Any:

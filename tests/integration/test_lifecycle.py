@@ -547,3 +547,20 @@ async def test_variant_name_with_several_live_launches_is_ambiguous(stack):
     stack.store.update_launch(second.id, state="running")
     msg = await dispatch(parse_slash("/kill", "base --yes"), stack.ctx())
     assert "has 2 live launches" in msg.text
+
+
+async def test_killing_an_ended_launch_again_asks_nothing_and_keeps_how_it_ended(stack):
+    msg = await dispatch(parse_slash("/launch", "base mode=hang"), stack.ctx())
+    assert msg.text.startswith("Launched base#1"), msg.text
+    la = stack.store.get_launch(1)
+    await wait_log(la.log_path, "Load weight end", 15)
+    killed = await dispatch(parse_slash("/kill", "1 --yes"), stack.ctx())
+    assert "released" in killed.text
+    ended = stack.store.get_launch(1)
+    again = await dispatch(parse_slash("/kill", "1"), stack.ctx())  # a typed kill of an ended launch
+    assert again.text.startswith("Nothing to kill") and "killed" in again.text
+    forced = await dispatch(parse_slash("/kill", "1 --yes"), stack.ctx())  # e.g. a stale [Kill] click
+    assert "no process was left" in forced.text
+    now = stack.store.get_launch(1)
+    assert (now.state, now.state_detail) == (ended.state, ended.state_detail)
+    assert [e.result for e in stack.store.events(action="kill")] == ["released", "nothing"]

@@ -356,3 +356,13 @@ async def test_a_database_error_after_a_post_keeps_it_sent_and_its_thread(fake, 
     assert not armed[0], "injection did not fire"
     assert d.state == "sent" and replies and replies[0]["thread_ts"] == roots[0]["ts"]
     assert hooked[0] == (f"q:{root}", roots[0]["ts"])  # the launch thread hook ran for the root
+
+
+async def test_blocks_slack_refuses_are_replaced_by_the_text(fake, store):
+    fake.set_error("chat.postMessage", "invalid_blocks", times=1)
+    async with outbox_on(store, fake, min_interval_s=0.0) as ob:
+        d = await ob.wait(ob.post("C1", msg("still readable")), 10)
+    assert d.state == "sent"
+    first, second = posts(fake)
+    assert first["params"].get("blocks") and not second["params"].get("blocks")
+    assert second["params"]["text"] == "still readable"
