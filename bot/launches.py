@@ -116,13 +116,17 @@ class KillPreview:
 
 
 def build_launch_service(config: Config, hosts: HostService, store: Store | None = None) -> LaunchService:
-    """A LaunchService with the config's lifecycle policy and its store (default: the config's database)."""
+    """A LaunchService with the config's lifecycle policy and its store (default: the config's database).
+    Launches a previous bot process left `stopping` (it stopped mid-kill) become `kill_failed`."""
     from bot.store import default_url
 
     store = store or Store(config.database_url or default_url(config.state_dir))
     lc = config.lifecycle
-    return LaunchService(config, hosts, store, gpu_free_mib=lc.gpu_free_mib, kill_grace_s=lc.kill_grace_s,
-                         release_timeout_s=lc.release_timeout_s, min_shm_free_mib=lc.min_shm_free_mib)
+    service = LaunchService(config, hosts, store, gpu_free_mib=lc.gpu_free_mib, kill_grace_s=lc.kill_grace_s,
+                            release_timeout_s=lc.release_timeout_s, min_shm_free_mib=lc.min_shm_free_mib)
+    for la in service.recover_interrupted_kills():  # every entry point builds it once, at start
+        log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
+    return service
 
 
 class LaunchService:
@@ -145,6 +149,16 @@ class LaunchService:
         self.started_listeners: list[Callable[[Launch], Any]] = []
 
     # -- helpers ------------------------------------------------------------------------------------
+    def recover_interrupted_kills(self) -> list[Launch]:
+        """Launches left `stopping` by a bot that stopped mid-kill become `kill_failed` (live again, so they
+        are watched and can be killed). Call once at start, before taking commands. Returns them."""
+        out = []
+        for la in self.store.recent_launches(1000):
+            if la.state == "stopping":
+                out.append(self.store.update_launch(la.id, state="kill_failed",
+                                                    state_detail="the bot stopped during a kill; kill it again"))
+        return out
+
     async def _snapshot(self, host: str, req: ProbeRequest) -> Snapshot:
         res = await self.hosts.probe(host, req)
         if isinstance(res, HostFailure):
@@ -378,6 +392,9 @@ class LaunchService:
             out = await self._kill(la, out)
         except RemoteError as e:
             out.error = str(e)
+        except BaseException:  # cancelled (shutdown) mid-kill: never leave it `stopping`, which nothing may kill
+            self.store.update_launch(la.id, state="kill_failed", state_detail="the kill was interrupted; kill it again")
+            raise
         out.seconds = time.monotonic() - t0
         if out.error:
             state, result = la.state, "error"
@@ -527,6 +544,9 @@ class LaunchService:
                   if v != MASK}  # a secret param was never stored: it falls back to its default, or must be given
         merged.update(params)
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
+        current = self.store.get_launch(la.id)
+        if current is not None and current.state == "stopping":
+            raise LaunchError(f"{la.name} is being stopped by another kill; relaunch it when that has answered")
         if la.live:
             k = await self.kill(la, user=user, channel=channel)
         else:

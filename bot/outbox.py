@@ -467,7 +467,7 @@ class Outbox:
             if not ok or target is None:
                 raise _Permanent("the message to edit was never posted")
             await self._text_if_blocks_refused(blocks, lambda b: self.client.chat_update(
-                channel=row["channel"], ts=target, text=text, blocks=b))
+                channel=row["channel"], ts=target, text=text, blocks=b if b is not None else []))  # [] clears old
             return {"result_ts": target}
         if kind == "upload":
             thread_ts, _ok = self._target(row["thread_ts"])

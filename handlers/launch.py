@@ -125,6 +125,8 @@ async def handle_kill(call: CommandCall, ctx: CommandContext) -> Message:
             pv = await ctx.launches.kill_pid_preview(host, int(pid_text))
             if pv.refusal:
                 return error_message("Nothing to kill", pv.refusal)
+            if pv.error:  # nothing seen to confirm (and no command line to check a reused pid against)
+                return error_message(f"Cannot read {host}", pv.error, "Try again, or kill with --yes.")
             return _kill_confirmation(ctx, pv, f"/kill pid={pid_text} host={host} --yes", "gpubot_killpid_confirm")
         out = await ctx.launches.kill_pid(host, int(pid_text), user=ctx.user_id, channel=ctx.channel_id,
                                           expect_command=call.kwargs.get("expect_command"))

@@ -564,3 +564,21 @@ async def test_killing_an_ended_launch_again_asks_nothing_and_keeps_how_it_ended
     now = stack.store.get_launch(1)
     assert (now.state, now.state_detail) == (ended.state, ended.state_detail)
     assert [e.result for e in stack.store.events(action="kill")] == ["released", "nothing"]
+
+
+async def test_a_launch_left_stopping_by_a_crash_can_be_killed_after_a_restart(stack):
+    from bot.launches import build_launch_service
+
+    msg = await dispatch(parse_slash("/launch", "base mode=hang"), stack.ctx())
+    assert msg.text.startswith("Launched base#1"), msg.text
+    la = stack.store.get_launch(1)
+    await wait_log(la.log_path, "Load weight end", 15)
+    stack.store.update_launch(1, state="stopping")  # the bot died between "stopping" and the result
+    busy = await dispatch(parse_slash("/kill", "1 --yes"), stack.ctx())
+    assert busy.text.startswith("Already stopping")
+    relaunch = await dispatch(parse_slash("/relaunch", "1"), stack.ctx())
+    assert "being stopped by another kill" in relaunch.text and len(stack.store.recent_launches()) == 1
+    build_launch_service(stack.cfg, stack.hosts, stack.store)  # the next bot process starts
+    assert stack.store.get_launch(1).state == "kill_failed"
+    killed = await dispatch(parse_slash("/kill", "1 --yes"), stack.ctx())
+    assert "released" in killed.text and pids_of_launch(la) == []

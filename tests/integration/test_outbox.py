@@ -366,3 +366,13 @@ async def test_blocks_slack_refuses_are_replaced_by_the_text(fake, store):
     first, second = posts(fake)
     assert first["params"].get("blocks") and not second["params"].get("blocks")
     assert second["params"]["text"] == "still readable"
+
+
+async def test_an_edit_whose_blocks_are_refused_clears_the_old_blocks(fake, store):
+    async with outbox_on(store, fake, min_interval_s=0.0) as ob:
+        d = await ob.wait(ob.post("C1", msg("with buttons")), 10)
+        fake.set_error("chat.update", "invalid_blocks", times=1)
+        await ob.wait(ob.update("C1", d.ts, msg("decided")), 10)
+    first, second = fake.calls_for("chat.update")
+    assert first["params"]["blocks"] and second["params"]["blocks"] == []  # no stale [Kill] [Cancel] left
+    assert second["params"]["text"] == "decided"
