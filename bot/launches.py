@@ -101,7 +101,7 @@ class KillPreview:
     """What a kill would stop, shown before a typed `/kill` is confirmed: the `host`, the launch's
     process group `pgid` (None for a single pid), the processes (pid, state, command), the GPU indexes
     `gpus` and `gpu_mib` MiB of GPU memory they hold (None when unknown). `error` says why the host
-    could not be read (the kill may still be tried); `refusal` why there is nothing to confirm."""
+    could not be read (the kill may still be tried); `refusal` (pid kills) why there is nothing to confirm."""
 
     target: str
     host: str
@@ -341,8 +341,6 @@ class LaunchService:
                 out.gpu_mib = gpu_memory(snap.gpu, la.gpus)
             else:
                 out.gpu_mib = 0.0
-        if not pids and la.pid is not None:
-            out.refusal = f"{la.name} has no process left on {la.host}"
         return out
 
     async def kill_pid_preview(self, host: str, pid: int) -> KillPreview:

@@ -40,7 +40,7 @@ from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from bot.render import Message, mrkdwn_escape
 from bot.store import OutboxRow, Store
@@ -229,10 +229,10 @@ class Outbox:
     def pending(self, channel: str | None = None) -> int:
         """How many rows are still to send (pending or sending), in `channel` or everywhere."""
         with self.store._tx() as s:
-            q = select(OutboxRow.id).where(OutboxRow.state.in_(("pending", "sending")))
+            q = select(func.count()).select_from(OutboxRow).where(OutboxRow.state.in_(("pending", "sending")))
             if channel is not None:
                 q = q.where(OutboxRow.channel == channel)
-            return len(s.scalars(q).all())
+            return int(s.scalar(q) or 0)
 
     async def wait(self, row_id: int, timeout_s: float) -> Delivery:
         """Wait up to `timeout_s` seconds for row `row_id` to be sent (or to fail). Returns its Delivery

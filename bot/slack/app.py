@@ -25,7 +25,7 @@ from bot.launches import LaunchService
 from bot.outbox import Outbox, ref_id
 from bot.render import Message, mrkdwn_escape, render
 from bot.service import HostService
-from bot.slack.surface import OutboxSurface, SlackSurface, sender_client
+from bot.slack.surface import OutboxSurface, sender_client
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +78,15 @@ class SeenIds:
 class GpuBot:
     """Glue between Bolt and the handlers. `tasks` tracks running command tasks for a clean shutdown."""
 
-    def __init__(self, config: Config, hosts: HostService, client: AsyncWebClient,
-                 launches: LaunchService | None = None):
+    def __init__(self, config: Config, hosts: HostService, client: AsyncWebClient, launches: LaunchService):
         self.config = config
         self.hosts = hosts
         self.launches = launches
         self.client = client
-        self.outbox: Outbox | None = None
-        if launches is not None:  # every message goes through the outbox in the launches' database
-            self.outbox = Outbox(launches.store, sender_client(client), min_interval_s=config.slack.post_interval_s,
-                                 on_posted=lambda old, new: launches.store.replace_thread_ts(old, new))
-            self.surface: OutboxSurface | SlackSurface = OutboxSurface(self.outbox)
-        else:
-            self.surface = SlackSurface(client)
+        # every message goes through the outbox in the launches' database
+        self.outbox = Outbox(launches.store, sender_client(client), min_interval_s=config.slack.post_interval_s,
+                             on_posted=launches.store.replace_thread_ts)
+        self.surface = OutboxSurface(self.outbox)
         self.seen = SeenIds()
         self.tasks: set[asyncio.Task] = set()
         self._groups: dict[str, tuple[float, set[str]]] = {}
@@ -139,11 +135,12 @@ class GpuBot:
                                  launches=self.launches)
             task = asyncio.ensure_future(dispatch(call, ctx))
             done, _ = await asyncio.wait({task}, timeout=self.config.slack.progress_after_s)
-            if not done and isinstance(self.surface, OutboxSurface):
-                placeholder = await self._placeholder(call, channel_id, thread_ts, user_id)
+            if not done:  # slow: say so at once; the placeholder becomes the answer
+                progress = render("progress", command=call.word or call.name, user_id=user_id, elsewhere=False)
+                placeholder = await self.surface.post(channel_id, progress, thread_ts=thread_ts, wait_s=0)
             msg = await task
             reply_thread = ctx.reply_thread_ts or thread_ts
-        if placeholder is not None and self.outbox is not None and (rid := ref_id(placeholder)) is not None:
+        if placeholder is not None and (rid := ref_id(placeholder)) is not None:
             d = await self.outbox.wait(rid, 5.0)
             if d.state == "failed":  # e.g. not_in_channel: answer as if there were none (response_url below)
                 placeholder = None
@@ -154,8 +151,8 @@ class GpuBot:
                 for name, data in files:  # into the thread the placeholder is in (its own when top-level)
                     await self.surface.upload(channel_id, name, data, thread_ts=thread_ts or placeholder)
                 return placeholder
-            note = render("progress", command=call.word or call.name if call else "", done=True,
-                          user_id=user_id, elsewhere=True)
+            note = render("progress", command=call.word or call.name if call else "", user_id=user_id,
+                          elsewhere=True)
             await self.surface.update(channel_id, placeholder, note)
         ts = await self.surface.post(channel_id, msg, thread_ts=reply_thread)
         if ts is None and respond is not None:
@@ -167,26 +164,16 @@ class GpuBot:
                 log.warning("respond() fallback failed: %s", e)
         return ts
 
-    async def _placeholder(self, call: CommandCall, channel_id: str, thread_ts: str | None,
-                           user_id: str) -> str | None:
-        """Queue the "working on it" message; returns its ts or `q:` reference, None if Slack refused it."""
-        assert isinstance(self.surface, OutboxSurface)
-        msg = render("progress", command=call.word or call.name, done=False, user_id=user_id, elsewhere=False)
-        pts = await self.surface.post(channel_id, msg, thread_ts=thread_ts, wait_s=0)
-        return pts
-
     async def start(self) -> None:
         """Start the outbox sender (messages left queued by an earlier run go out first)."""
-        if self.outbox is not None:
-            self.outbox.start()
+        self.outbox.start()
 
     async def close(self, flush_s: float = 5.0) -> None:
         """Stop taking work: wait (bounded) for running commands, give the outbox `flush_s` seconds to
         send what is queued, then stop it (what is left stays queued in the database)."""
         await self.drain()
-        if self.outbox is not None:
-            await self.outbox.flush(flush_s)
-            await self.outbox.stop()
+        await self.outbox.flush(flush_s)
+        await self.outbox.stop()
 
     def spawn(self, coro) -> asyncio.Task:
         """Run `coro` as a tracked task (Bolt does not track work started after the ack)."""
@@ -202,7 +189,7 @@ class GpuBot:
 
 
 def build_app(config: Config, hosts: HostService, client: AsyncWebClient, *,
-              signing_secret: str | None = None, launches: LaunchService | None = None) -> tuple[AsyncApp, GpuBot]:
+              launches: LaunchService, signing_secret: str | None = None) -> tuple[AsyncApp, GpuBot]:
     """Build the Bolt AsyncApp with every listener registered. Returns (app, GpuBot).
 
     `signing_secret` is required for HTTP mode (request signing); Socket Mode does not use it.
@@ -292,36 +279,32 @@ def register_actions(app: AsyncApp, bot: GpuBot) -> None:
 
     def audit(user: str, text: str, result: str, channel: str, detail: str | None = None,
               launch_id: int | None = None) -> None:
-        if bot.launches is not None:
-            bot.launches.store.add_event(user_id=user, action="command:kill", args={"text": text[:200],
-                                         "source": "button"}, result=result, detail=detail, launch_id=launch_id,
-                                         channel=channel)
+        bot.launches.store.add_event(user_id=user, action="command:kill",
+                                     args={"text": text[:200], "source": "button"}, result=result, detail=detail,
+                                     launch_id=launch_id, channel=channel)
 
-    def where(body: dict) -> tuple[str, str | None, str | None]:
-        """(channel, the clicked message's ts, its thread)."""
+    async def first_click(ack, body, action) -> tuple[str, str, str, str, str | None, str | None] | None:
+        """Ack, then (user ID, action_id, value, channel, the clicked message's ts, its thread); None for a
+        redelivered click or a double click."""
+        await ack()
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id", "")
         msg_ts = (body.get("container") or {}).get("message_ts")
-        return channel, msg_ts, (body.get("message") or {}).get("thread_ts") or msg_ts
-
-    async def first_click(ack, body, action) -> str | None:
-        """Ack; the clicking user's ID, or None for a redelivered or double click."""
-        await ack()
-        _channel, msg_ts, _thread = where(body)
+        thread = (body.get("message") or {}).get("thread_ts") or msg_ts
         if not bot.seen.first(f"act:{msg_ts}:{action.get('action_ts')}"):
             return None  # the same click delivered twice
         user = (body.get("user") or {}).get("id", "")
-        if not clicks.first(f"click:{msg_ts}:{action.get('action_id')}:{action.get('value')}:{user}"):
+        action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
+        if not clicks.first(f"click:{msg_ts}:{action_id}:{value}:{user}"):
             return None
-        return user
+        return user, action_id, value, channel, msg_ts, thread
 
     async def on_button(ack, body, action):
-        user = await first_click(ack, body, action)
-        if user is None:
+        click = await first_click(ack, body, action)
+        if click is None:
             return
-        action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
-        channel, _msg_ts, _thread = where(body)
+        user, action_id, value, channel, _msg_ts, _thread = click
         name, launch_id = BUTTON_COMMANDS.get(action_id), _small_int(value)
-        if name is None or launch_id is None or bot.launches is None:
+        if name is None or launch_id is None:
             audit(user, f"[button {action_id} {value[:40]}]", "invalid", channel, "unknown button or value")
             return
         la = bot.launches.store.get_launch(launch_id)
@@ -332,14 +315,13 @@ def register_actions(app: AsyncApp, bot: GpuBot) -> None:
                                      thread_ts=la.thread_ts if la else None, source="button"))
 
     async def on_confirmation(ack, body, action):
-        user = await first_click(ack, body, action)
-        if user is None:
+        click = await first_click(ack, body, action)
+        if click is None:
             return
-        action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
-        channel, msg_ts, thread = where(body)
+        user, action_id, value, channel, msg_ts, thread = click
         cancel = action_id == "gpubot_kill_cancel"
         conf_id = _small_int(value)
-        if conf_id is None or bot.launches is None:
+        if conf_id is None:
             audit(user, f"[button {action_id} {value[:40]}]", "invalid", channel, "not a confirmation id")
             return
         if not await may_kill(user):  # the dispatcher refuses it, answers and audits
