@@ -21,9 +21,9 @@ from pathlib import Path
 import asyncssh
 
 from bot.config import Config
+from bot.core.probe import ProbeRequest
 from bot.demo.fakegpu import install_fake_gpu
-from bot.probe import ProbeRequest
-from bot.service import HostService
+from bot.services.hosts import HostService
 from tests.conftest import ssh_host
 from tests.fakes.ssh_server import LoopbackSSHServer
 from tests.fakes.sshd import OpenSSHServer, sshd_available

@@ -140,9 +140,9 @@ def diagnose(directory: str, as_json: bool) -> None:
     """
     import json
 
-    from bot.bundle import BundleError, read_bundle
-    from bot.diagnose import diagnose as run_diagnosis
-    from bot.diagnose import format_verdict
+    from bot.core.bundle import BundleError, read_bundle
+    from bot.core.diagnose import diagnose as run_diagnosis
+    from bot.core.diagnose import format_verdict
 
     try:
         observation = read_bundle(directory)

@@ -14,12 +14,12 @@ import logging
 import sys
 from typing import TextIO
 
-from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
-from bot.launches import LaunchService, build_launch_service
-from bot.render import Message
-from bot.service import HostService
-from bot.watch import Watcher
+from bot.core.grammar import CommandCall, CommandParseError, parse_message, parse_slash
+from bot.present.render import Message
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService, build_launch_service
+from bot.services.watch import Watcher
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from bot.commands import CommandCall
-from bot.render import Message
+from bot.core.grammar import CommandCall
+from bot.present.render import Message
 from handlers.base import CommandContext, CommandSpec, Role, error_message
 from handlers.help import help_message, make_help_handler
 from handlers.launch import (

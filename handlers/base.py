@@ -7,12 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from bot.commands import CommandCall
 from bot.config import Config, Permissions
-from bot.launches import LaunchService
-from bot.render import Message, render
-from bot.service import HostService
-from bot.surface import Surface
+from bot.core.grammar import CommandCall
+from bot.present.render import Message, render
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
+from bot.services.surface import Surface
 
 log = logging.getLogger(__name__)
 

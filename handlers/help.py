@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.commands import CommandCall
-from bot.render import Message, render
+from bot.core.grammar import CommandCall
+from bot.present.render import Message, render
 from handlers.base import CommandContext, CommandSpec
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import logging
 import time
 
-from bot.commands import CommandCall
-from bot.launches import KillPreview, redact_params
-from bot.lifecycle import LaunchError
-from bot.models import HostFailure
-from bot.remote import RemoteError
-from bot.render import Message, render
-from bot.stackdump import render_stack_dump, take_stack_dump
-from bot.store import Launch
-from bot.views import kill_confirm_view, kill_view, launch_outcome_view, launch_view, probe_view
+from bot.adapters.remote import RemoteError
+from bot.adapters.store import Launch
+from bot.core.grammar import CommandCall
+from bot.core.lifecycle import LaunchError
+from bot.core.models import HostFailure
+from bot.core.stackdump import render_stack_dump, take_stack_dump
+from bot.present.render import Message, render
+from bot.present.views import kill_confirm_view, kill_view, launch_outcome_view, launch_view, probe_view
+from bot.services.launches import KillPreview, redact_params
 from handlers.base import CommandContext, error_message
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ CHART_USAGE = "!chart [LAUNCH]"
 
 async def handle_chart(call: CommandCall, ctx: CommandContext) -> Message:
     """`!chart [LAUNCH]`: the launch's timeline chart from its readiness checks, attached as a PNG."""
-    from bot.watch import chart_png
+    from bot.services.watch import chart_png
 
     if (err := _no_launch_service(ctx)) is not None:
         return err

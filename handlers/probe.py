@@ -6,12 +6,12 @@ the port is listening and the health endpoint's answer: one probe, one SSH round
 
 from __future__ import annotations
 
-from bot.commands import CommandCall
-from bot.models import HostFailure
-from bot.probe import ProbeRequest, ProbeRequestError
-from bot.render import Message, render
-from bot.service import UnknownHost
-from bot.views import probe_view
+from bot.core.grammar import CommandCall
+from bot.core.models import HostFailure
+from bot.core.probe import ProbeRequest, ProbeRequestError
+from bot.present.render import Message, render
+from bot.present.views import probe_view
+from bot.services.hosts import UnknownHost
 from handlers.base import CommandContext, error_message
 
 USAGE = "/probe [HOST] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bot.commands import CommandCall
-from bot.models import HostFailure
-from bot.render import Message, render
-from bot.service import UnknownHost
-from bot.views import status_view
+from bot.core.grammar import CommandCall
+from bot.core.models import HostFailure
+from bot.present.render import Message, render
+from bot.present.views import status_view
+from bot.services.hosts import UnknownHost
 from handlers.base import CommandContext, error_message
 
 USAGE = "/gpu status [HOST|all]"

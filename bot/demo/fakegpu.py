@@ -2,7 +2,7 @@
 
 Used by `gpubot demo` on machines without nvidia-smi, and by the tests. The GPU rows are the real H200
 capture `bot/demo/h200-idle.query-gpu.csv` (nvidia-smi 580.159.04, `--query-gpu` with the fields of
-`bot.parse.nvidia_smi.GPU_QUERY_FIELDS`), repeated `gpu_count` times with distinct indexes and UUIDs.
+`bot.core.parse.nvidia_smi.GPU_QUERY_FIELDS`), repeated `gpu_count` times with distinct indexes and UUIDs.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from typing import TextIO
 from bot.config import Config, HostConfig
 from bot.console import ConsoleSurface, run_command_line
 from bot.demo.fakegpu import REPLAY_NOTE, install_fake_gpu
-from bot.launches import build_launch_service
-from bot.service import HostService
+from bot.services.hosts import HostService
+from bot.services.launches import build_launch_service
 
 
 def free_port() -> int:

@@ -19,12 +19,12 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.commands import CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config
-from bot.launches import LaunchService
-from bot.outbox import Outbox, ref_id
-from bot.render import Message, mrkdwn_escape, render
-from bot.service import HostService
+from bot.core.grammar import CommandCall, CommandParseError, parse_message, parse_slash
+from bot.present.render import Message, mrkdwn_escape, render
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
+from bot.services.outbox import Outbox, ref_id
 from bot.slack.surface import OutboxSurface, sender_client
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,11 @@ from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.config import Config
-from bot.launches import build_launch_service
-from bot.service import HostService
+from bot.services.hosts import HostService
+from bot.services.launches import build_launch_service
+from bot.services.watch import Watcher
 from bot.slack.app import build_app
 from bot.slack.surface import make_client
-from bot.watch import Watcher
 
 log = logging.getLogger(__name__)
 

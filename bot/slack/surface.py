@@ -13,8 +13,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.outbox import Outbox, ref
-from bot.render import Message
+from bot.present.render import Message
+from bot.services.outbox import Outbox, ref
 
 
 def retry_handlers() -> list:

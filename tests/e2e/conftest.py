@@ -13,12 +13,12 @@ import pytest
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 
+from bot.adapters.store import Store
 from bot.config import Config
-from bot.launches import LaunchService
-from bot.service import HostService
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
 from bot.slack.app import GpuBot, build_app
 from bot.slack.surface import make_client
-from bot.store import Store
 from tests.fakes.slack_server import FakeSlack
 
 

@@ -90,7 +90,7 @@ async def test_launch_opens_a_thread_and_everything_goes_there(ssh_server, fake_
 
 async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(ssh_server, fake_gpu, tmp_path):
     from bot.config import WatchPolicy
-    from bot.watch import Watcher
+    from bot.services.watch import Watcher
 
     cfg = make_config(ssh_server, fake_gpu, tmp_path)
     stack, stop = await start_stack(cfg)

@@ -170,7 +170,7 @@ async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is
     and every answer is delivered exactly once after recovery, in the order queued within each thread."""
     from sqlalchemy import select
 
-    from bot.store import OutboxRow
+    from bot.adapters.store import OutboxRow
 
     fake = slack.fake
     fake.fail(None, status=503, for_seconds=8.0)

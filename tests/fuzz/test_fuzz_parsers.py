@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.commands import SLASH_DEFAULTS, CommandCall, CommandParseError, parse_message, parse_slash
 from bot.config import Config, ConfigError, load_config
-from bot.models import GpuProcess, GpuReading, GpuSection, HealthResult, ListenSocket, ProcessInfo, Snapshot
-from bot.parse.health import parse_curl
-from bot.parse.log import clean_log_lines, parse_log_stat, strip_control
-from bot.parse.nvidia_smi import (
+from bot.core.grammar import SLASH_DEFAULTS, CommandCall, CommandParseError, parse_message, parse_slash
+from bot.core.models import GpuProcess, GpuReading, GpuSection, HealthResult, ListenSocket, ProcessInfo, Snapshot
+from bot.core.parse.health import parse_curl
+from bot.core.parse.log import clean_log_lines, parse_log_stat, strip_control
+from bot.core.parse.nvidia_smi import (
     describe_exit,
     gpu_section_from_outputs,
     parse_number,
@@ -28,9 +28,9 @@ from bot.parse.nvidia_smi import (
     parse_query_apps,
     parse_query_gpu,
 )
-from bot.parse.proc_net import is_listening, parse_proc_net_tcp
-from bot.parse.ps import parse_cputime, parse_etime, parse_ps, process_tree, select_processes
-from bot.probe import ProbeRequest, Section, assemble_snapshot, split_sections
+from bot.core.parse.proc_net import is_listening, parse_proc_net_tcp
+from bot.core.parse.ps import parse_cputime, parse_etime, parse_ps, process_tree, select_processes
+from bot.core.probe import ProbeRequest, Section, assemble_snapshot, split_sections
 from tests.fuzz import strategies as S
 from tests.fuzz.typecheck import assert_type
 

@@ -45,8 +45,8 @@ from pathlib import Path
 import pytest
 
 from bot.config import Config, WatchPolicy
-from bot.models import Snapshot
-from bot.watch import Watcher
+from bot.core.models import Snapshot
+from bot.services.watch import Watcher
 from tests.conftest import free_port, ssh_host
 from tests.e2e.conftest import start_stack
 from tests.fakes.ssh_server import LoopbackSSHServer

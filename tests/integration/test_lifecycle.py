@@ -12,13 +12,13 @@ from importlib import resources
 
 import pytest
 
-from bot.commands import parse_message, parse_slash
+from bot.adapters.store import Store
 from bot.config import Config
-from bot.launches import LaunchService
-from bot.models import Snapshot
-from bot.probe import ProbeRequest
-from bot.service import HostService
-from bot.store import Store
+from bot.core.grammar import parse_message, parse_slash
+from bot.core.models import Snapshot
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
 from handlers import dispatch
 from handlers.base import CommandContext
 from tests.conftest import free_port, ssh_host
@@ -521,7 +521,7 @@ async def test_worker_that_cleared_its_environment_is_still_killed(stack):
 
 
 def test_log_templates_need_host_log_dirs_and_symlinked_logs_are_refused(stack, tmp_path):
-    from bot.lifecycle import LaunchError, launch_script, render_launch
+    from bot.core.lifecycle import LaunchError, launch_script, render_launch
 
     data = stack.cfg.model_dump()
     data["hosts"]["gpu-host-1"]["log_dirs"] = []
@@ -567,7 +567,7 @@ async def test_killing_an_ended_launch_again_asks_nothing_and_keeps_how_it_ended
 
 
 async def test_a_launch_left_stopping_by_a_crash_can_be_killed_after_a_restart(stack):
-    from bot.launches import build_launch_service
+    from bot.services.launches import build_launch_service
 
     msg = await dispatch(parse_slash("/launch", "base mode=hang"), stack.ctx())
     assert msg.text.startswith("Launched base#1"), msg.text

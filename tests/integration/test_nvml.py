@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from bot.adapters.nvml import read_nvml, read_nvml_async
 from bot.config import Config, HostConfig
-from bot.gpu import read_nvml, read_nvml_async
-from bot.models import GpuSource, Snapshot
-from bot.parse.nvidia_smi import parse_query_apps, parse_query_gpu
-from bot.probe import ProbeRequest
-from bot.service import HostService
+from bot.core.models import GpuSource, Snapshot
+from bot.core.parse.nvidia_smi import parse_query_apps, parse_query_gpu
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 from tests.conftest import H200
 
 MIB = 1024 * 1024

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from bot.config import Config
-from bot.models import HostFailure, Snapshot
-from bot.probe import ProbeRequest
-from bot.service import HostService
+from bot.core.models import HostFailure, Snapshot
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 from tests.conftest import ssh_host
 from tests.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, sshd_available
 

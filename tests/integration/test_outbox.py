@@ -16,10 +16,10 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from sqlalchemy.exc import OperationalError
 
-from bot.outbox import Outbox, _Permanent, _Retry, classify, ref, ref_id
-from bot.render import Message
+from bot.adapters.store import OutboxRow, Store
+from bot.present.render import Message
+from bot.services.outbox import Outbox, _Permanent, _Retry, classify, ref, ref_id
 from bot.slack.surface import OutboxSurface, make_client
-from bot.store import OutboxRow, Store
 from tests.fakes.slack_server import FakeSlack
 
 pytestmark = pytest.mark.timeout(60)
@@ -290,7 +290,7 @@ async def test_a_database_error_in_the_loop_does_not_stop_the_sender(fake, store
 
 
 async def test_done_rows_are_purged_while_running(fake, store, monkeypatch):
-    monkeypatch.setattr("bot.outbox.PURGE_EVERY_S", 0.2)
+    monkeypatch.setattr("bot.services.outbox.PURGE_EVERY_S", 0.2)
     async with outbox_on(store, fake, min_interval_s=0.0, retention_s=0.5) as ob:
         for i in range(3):
             ob.post("C1", msg(f"m{i}"))

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from bot.config import Config, HostConfig
-from bot.models import Snapshot
-from bot.probe import ProbeRequest
-from bot.service import HostService
+from bot.core.models import Snapshot
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 
 pytestmark = pytest.mark.timeout(60)
 

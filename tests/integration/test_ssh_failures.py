@@ -8,11 +8,11 @@ import socket
 
 import pytest
 
+from bot.adapters.remote import LocalExecutor
 from bot.config import Config, HostConfig
-from bot.models import HostFailure, Snapshot
-from bot.probe import ProbeRequest
-from bot.remote import LocalExecutor
-from bot.service import HostService
+from bot.core.models import HostFailure, Snapshot
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 from tests.conftest import ssh_host
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bot.commands import parse_message, parse_slash
 from bot.config import Config
-from bot.models import HostFailure, Snapshot
-from bot.probe import ProbeRequest
-from bot.service import HostService
+from bot.core.grammar import parse_message, parse_slash
+from bot.core.models import HostFailure, Snapshot
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 from handlers import dispatch
 from handlers.base import CommandContext
 from tests.conftest import H200, free_port, ssh_host

@@ -19,9 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.remote import LocalExecutor
-from bot.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT, render
-from bot.stackdump import (
+from bot.adapters.remote import LocalExecutor
+from bot.core.stackdump import (
     MISSING_MSG,
     PTRACE_MSG,
     SUDO_REFUSED_MSG,
@@ -36,6 +35,7 @@ from bot.stackdump import (
     summarize,
     take_stack_dump,
 )
+from bot.present.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT, render
 
 pytestmark = pytest.mark.timeout(60)
 

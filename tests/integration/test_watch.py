@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from bot.commands import parse_slash
 from bot.config import WatchPolicy
-from bot.watch import Watcher
+from bot.core.grammar import parse_slash
+from bot.services.watch import Watcher
 from handlers import dispatch
 from tests.conftest import free_port
 from tests.integration.test_lifecycle import _with_variant
@@ -185,7 +185,7 @@ async def test_stack_dump_of_a_hung_launch_in_its_thread(stack):
     await dispatch(parse_slash("/launch", "base mode=hang workers=2"), stack.ctx())
     la = stack.store.get_launch(1)
     await asyncio.sleep(1.5)
-    from bot.commands import parse_message
+    from bot.core.grammar import parse_message
 
     ctx = stack.ctx(thread_ts=la.thread_ts, source="prefix")
     ctx.config = cfg
@@ -201,7 +201,7 @@ async def test_stack_dump_of_a_hung_launch_in_its_thread(stack):
 
 
 async def test_alert_carries_a_timeline_chart_and_chart_command_works(stack):
-    from bot.commands import parse_message
+    from bot.core.grammar import parse_message
 
     w = await start_watcher(stack)
     try:
@@ -277,7 +277,7 @@ async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets
 
 
 async def test_snoozed_change_is_posted_after_the_snooze(stack):
-    from bot.commands import parse_message
+    from bot.core.grammar import parse_message
 
     w = await start_watcher(stack)
     try:

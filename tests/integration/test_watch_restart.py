@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from bot.store import Store
+from bot.adapters.store import Store
 from tests.conftest import free_port
 from tests.integration.test_lifecycle import make_config, pids_of_launch
 

@@ -1,4 +1,4 @@
-"""bot.chart: the launch timeline PNG (GPU memory, GPU utilization, log lines against time)."""
+"""bot.present.chart: the launch timeline PNG (GPU memory, GPU utilization, log lines against time)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from matplotlib.image import imread
 
-from bot.chart import MAX_PLOTTED_POINTS, ChartPoint, timeline_png
+from bot.present.chart import MAX_PLOTTED_POINTS, ChartPoint, timeline_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -126,7 +126,7 @@ def test_ten_thousand_points_eight_gpus_is_fast():
 
 
 def test_downsampling_keeps_peaks_and_whole_gaps():
-    from bot.chart import _bucket_starts, _downsample
+    from bot.present.chart import _bucket_starts, _downsample
 
     n = MAX_PLOTTED_POINTS * 10
     values = np.zeros(n)

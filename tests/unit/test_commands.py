@@ -1,4 +1,4 @@
-"""Tests for bot.commands: slash commands, mentions, prefix messages, quoting, Slack escapes, fuzzing."""
+"""Tests for bot.core.grammar: slash commands, mentions, prefix messages, quoting, Slack escapes, fuzzing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.commands import (
+from bot.config import NAME_RE
+from bot.core.grammar import (
     GPU_SUBCOMMANDS,
     MAX_COMMAND_CHARS,
     SLASH_DEFAULTS,
@@ -16,7 +17,6 @@ from bot.commands import (
     parse_slash,
     strip_mention,
 )
-from bot.config import NAME_RE
 
 BOT = "UBOT123"
 
@@ -395,7 +395,7 @@ def test_fuzz_parse_message_only_raises_parse_error(text, bot, prefix):
 async def test_superscript_digits_are_not_numbers_anywhere():
     """'²'.isdigit() is True but int('²') raises: every numeric argument must refuse it with a message."""
     from bot.config import Config
-    from bot.service import HostService
+    from bot.services.hosts import HostService
     from handlers import dispatch
     from handlers.base import CommandContext
 

@@ -1,4 +1,4 @@
-"""Rule tests for bot.diagnose (pure) and the bundle parsers in bot.bundle, plus fuzzing.
+"""Rule tests for bot.core.diagnose (pure) and the bundle parsers in bot.core.bundle, plus fuzzing.
 
 Log lines are in the real formats of SGLang, vLLM, NCCL and torch (see bot/signatures.yaml for sources).
 """
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.bundle import (
+from bot.core.bundle import (
     BUNDLE_FILES,
     detect_ps_layout,
     observation_from_texts,
@@ -22,7 +22,7 @@ from bot.bundle import (
     parse_listening,
     parse_ps_text,
 )
-from bot.diagnose import (
+from bot.core.diagnose import (
     PHASES,
     SIGNATURES,
     VERDICTS,
@@ -32,7 +32,7 @@ from bot.diagnose import (
     load_signatures,
     scan_log,
 )
-from bot.models import GpuProcess, GpuReading, ProcessInfo
+from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 
 
 def _joined(v) -> str:

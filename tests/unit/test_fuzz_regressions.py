@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from bot.config import ConfigError, load_config
-from bot.parse.log import parse_log_stat
-from bot.parse.proc_net import parse_proc_net_tcp
-from bot.probe import ProbeRequest, assemble_snapshot, parse_df_available_mib, parse_launch_tags, split_sections
+from bot.core.parse.log import parse_log_stat
+from bot.core.parse.proc_net import parse_proc_net_tcp
+from bot.core.probe import ProbeRequest, assemble_snapshot, parse_df_available_mib, parse_launch_tags, split_sections
 from tests.fuzz.strategies import NONCE, frame
 
 HUGE = "1" * 5000

@@ -1,4 +1,4 @@
-"""Tests for bot.parse.health.parse_curl (curl 7.x/8.x `-sS -w '%{http_code} %{time_total}'` output)."""
+"""Tests for bot.core.parse.health.parse_curl (curl 7.x/8.x `-sS -w '%{http_code} %{time_total}'` output)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.models import HealthResult
-from bot.parse.health import parse_curl
+from bot.core.models import HealthResult
+from bot.core.parse.health import parse_curl
 
 URL = "http://127.0.0.1:8000/health"
 

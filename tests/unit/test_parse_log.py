@@ -1,4 +1,4 @@
-"""Tests for bot.parse.log: control stripping, tail cleaning, the log-stat line, and fuzz."""
+"""Tests for bot.core.parse.log: control stripping, tail cleaning, the log-stat line, and fuzz."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.parse.log import clean_log_lines, parse_log_stat, strip_control
+from bot.core.parse.log import clean_log_lines, parse_log_stat, strip_control
 
 H200 = Path(__file__).parent.parent / "fixtures" / "h200"
 _FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -161,7 +161,7 @@ def test_fuzz_parse_log_stat(text: str) -> None:
 
 
 def _mask_sk(lines: list[str]) -> list[str]:
-    """A stand-in redactor (bot.redact.redact_lines in production): masks `sk-` words."""
+    """A stand-in redactor (bot.core.redact.redact_lines in production): masks `sk-` words."""
     return [re.sub(r"sk-\S*", "[REDACTED]", line) for line in lines]
 
 

@@ -1,4 +1,4 @@
-"""Tests for bot.parse.nvidia_smi against real captures (tests/fixtures) plus synthetic and fuzz input."""
+"""Tests for bot.core.parse.nvidia_smi against real captures (tests/fixtures) plus synthetic and fuzz input."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.models import GpuProcess, GpuReading, GpuSource
-from bot.parse.nvidia_smi import (
+from bot.core.models import GpuProcess, GpuReading, GpuSource
+from bot.core.parse.nvidia_smi import (
     APPS_QUERY_FIELDS,
     GPU_QUERY_FIELDS,
     assign_gpu_indexes,

@@ -1,4 +1,4 @@
-"""Tests for bot.parse.proc_net: fixed /proc/net/tcp{,6} text, this machine's live files, and fuzz."""
+"""Tests for bot.core.parse.proc_net: fixed /proc/net/tcp{,6} text, this machine's live files, and fuzz."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.models import ListenSocket
-from bot.parse.proc_net import is_listening, parse_proc_net_tcp
+from bot.core.models import ListenSocket
+from bot.core.parse.proc_net import is_listening, parse_proc_net_tcp
 
 # Layout copied from this (Linux, x86-64) machine's /proc/net/tcp; values chosen for the test.
 TCP = """\

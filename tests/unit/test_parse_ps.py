@@ -1,4 +1,4 @@
-"""Tests for bot.parse.ps against real `ps` captures, synthetic rows and fuzz input."""
+"""Tests for bot.core.parse.ps against real `ps` captures, synthetic rows and fuzz input."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.models import ProcessInfo
-from bot.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
+from bot.core.models import ProcessInfo
+from bot.core.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
 from tests.data import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
 FIXTURE_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,pmem,rss,vsz,etimes,time,wchan:32,args"  # h200/README.md

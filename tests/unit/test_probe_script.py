@@ -1,4 +1,4 @@
-"""Tests for bot.probe: request validation, the generated POSIX sh script (syntax, quoting, markers),
+"""Tests for bot.core.probe: request validation, the generated POSIX sh script (syntax, quoting, markers),
 split_sections, and the whole script run for real with `sh -s` against a replaying fake nvidia-smi."""
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bot.probe
-from bot.demo.fakegpu import install_fake_gpu
-from bot.models import Snapshot
-from bot.parse.log import clean_log_lines
-from bot.parse.nvidia_smi import parse_query_gpu
-from bot.probe import (
+import bot.core.probe
+from bot.core.models import Snapshot
+from bot.core.parse.log import clean_log_lines
+from bot.core.parse.nvidia_smi import parse_query_gpu
+from bot.core.probe import (
     MAX_LINE_WIDTH,
     ProbeRequestError,
     Section,
@@ -32,6 +31,7 @@ from bot.probe import (
     new_nonce,
     split_sections,
 )
+from bot.demo.fakegpu import install_fake_gpu
 
 pytestmark = pytest.mark.skipif(shutil.which("sh") is None, reason="needs a POSIX sh")
 
@@ -41,11 +41,11 @@ ALL_SECTIONS = ("clock", "hostname", "ps", "gpu", "gpu_apps", "log_stat", "log_t
 
 
 def ProbeRequest(**fields):
-    """bot.probe.ProbeRequest with the host's log directory policy applied: the log's own directory."""
+    """bot.core.probe.ProbeRequest with the host's log directory policy applied: the log's own directory."""
     if fields.get("log_path") and "log_dirs" not in fields:
         parent = fields["log_path"].rsplit("/", 1)[0] or "/"
         fields["log_dirs"] = [parent]
-    return bot.probe.ProbeRequest(**fields)
+    return bot.core.probe.ProbeRequest(**fields)
 
 
 def sh_syntax_ok(script: str) -> subprocess.CompletedProcess:

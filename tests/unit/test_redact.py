@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bot.models import GpuProcess, GpuReading, GpuSection, LogInfo, ProcessInfo, Snapshot
-from bot.parse.log import clean_log_lines
-from bot.redact import MASK, redact, redact_lines, redact_then_cut
-from bot.render import render
-from bot.views import probe_view, status_view
+from bot.core.models import GpuProcess, GpuReading, GpuSection, LogInfo, ProcessInfo, Snapshot
+from bot.core.parse.log import clean_log_lines
+from bot.core.redact import MASK, redact, redact_lines, redact_then_cut
+from bot.present.render import render
+from bot.present.views import probe_view, status_view
 
 CASES = [
     ("python -m vllm.entrypoints.openai.api_server --api-key sk-abcdefghijklmnopqrstu --port 8000",
@@ -398,8 +398,8 @@ def test_long_pathological_lines_stay_fast(line):
 
 def test_configured_patterns_are_masked_in_everything_rendered():
     from bot.config import Config
-    from bot.redact import configure_patterns
-    from bot.render import render
+    from bot.core.redact import configure_patterns
+    from bot.present.render import render
 
     token = "ACME-" + "0123456789ABCDEF" * 2
     try:

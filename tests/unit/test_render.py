@@ -1,4 +1,4 @@
-"""Tests for bot.render and templates/*.j2: exact values from real fixtures, mrkdwn escaping, Block Kit
+"""Tests for bot.present.render and templates/*.j2: exact values from real fixtures, mrkdwn escaping, Block Kit
 limits (checked with slack_sdk's own validators), fit_blocks, and a property test over random Snapshots."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from slack_sdk.models.blocks import Block
 
-from bot.models import (
+from bot.core.models import (
     GpuProcess,
     GpuReading,
     GpuSection,
@@ -22,10 +22,10 @@ from bot.models import (
     ProcessInfo,
     Snapshot,
 )
-from bot.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
-from bot.parse.ps import parse_ps
-from bot.probe import ProbeRequest, Section, assemble_snapshot
-from bot.render import (
+from bot.core.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
+from bot.core.parse.ps import parse_ps
+from bot.core.probe import ProbeRequest, Section, assemble_snapshot
+from bot.present.render import (
     MAX_BLOCKS,
     MAX_HEADER_TEXT,
     MAX_MESSAGE_TEXT,
@@ -43,7 +43,7 @@ from bot.render import (
     render,
     render_text,
 )
-from bot.views import probe_view, status_view
+from bot.present.views import probe_view, status_view
 from tests.data import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")

@@ -1,10 +1,10 @@
-"""Tests for bot.views: Snapshot / HostFailure -> template contexts, built from parsed real fixtures."""
+"""Tests for bot.present.views: Snapshot / HostFailure -> template contexts, built from parsed real fixtures."""
 
 from __future__ import annotations
 
 import pytest
 
-from bot.models import (
+from bot.core.models import (
     GpuProcess,
     GpuReading,
     GpuSection,
@@ -15,9 +15,9 @@ from bot.models import (
     ProcessInfo,
     Snapshot,
 )
-from bot.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
-from bot.parse.ps import parse_ps
-from bot.views import COMMAND_WIDTH, gpu_view, probe_view, short_command, status_view
+from bot.core.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
+from bot.core.parse.ps import parse_ps
+from bot.present.views import COMMAND_WIDTH, gpu_view, probe_view, short_command, status_view
 from tests.data import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")

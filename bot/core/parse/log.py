@@ -81,7 +81,7 @@ def clean_log_lines(
     bars, CRLF endings) keep only the last non-empty `\\r` segment. Each line is then passed through
     `strip_control` and right-stripped of whitespace.
 
-    `redactor` (e.g. `bot.redact.redact_lines`, passed in by the caller so this module stays
+    `redactor` (e.g. `bot.core.redact.redact_lines`, passed in by the caller so this module stays
     dependency-free) is then applied to the cleaned, still full-width lines: to ALL lines of `raw`, not
     only the kept ones, so context above the window (the BEGIN line of a PEM key) is seen. It must return
     one line per input line (a result of another length is not trusted: every line becomes "[REDACTED]");

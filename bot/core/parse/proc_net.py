@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-from bot.models import ListenSocket
+from bot.core.models import ListenSocket
 
 __all__ = ["is_listening", "parse_proc_net_tcp"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bot.models import GpuSection, HostFailure, ProcessInfo, Snapshot
-from bot.parse.ps import process_tree
-from bot.redact import redact, redact_lines
+from bot.core.models import GpuSection, HostFailure, ProcessInfo, Snapshot
+from bot.core.parse.ps import process_tree
+from bot.core.redact import redact, redact_lines
 
 COMMAND_WIDTH = 90
 
@@ -198,7 +198,7 @@ def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[st
 
 
 def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: str) -> dict[str, Any]:
-    """Context for templates/kill_confirm.*: what a kill would stop (a bot.launches.KillPreview), the
+    """Context for templates/kill_confirm.*: what a kill would stop (a bot.services.launches.KillPreview), the
     typed command that confirms it, and the [Kill] button's `action_id` and `value`. GPU memory in GiB."""
     return {
         "target": pv.target,

@@ -22,7 +22,7 @@ import jinja2
 import jinja2.sandbox
 
 from bot.config import Config, ParamSpec, VariantConfig, command_template_problems
-from bot.models import GpuSection, ProcessInfo, Snapshot
+from bot.core.models import GpuSection, ProcessInfo, Snapshot
 
 #: Environment variable that tags every process of a launch (inherited by all children).
 LAUNCH_ENV = "GPUBOT_LAUNCH"

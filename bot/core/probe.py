@@ -13,7 +13,7 @@ own `timeout -k`), log_stat and log_tail (GNU coreutils `stat`, `wc -l`, `tail`)
 (listening rows of /proc/net/tcp and /proc/net/tcp6: many GPU hosts have no `ss`), and health
 (`curl -sS -o /dev/null -m T -w '%{http_code} %{time_total}'`).
 
-Everything here is pure; `bot.service` runs the script through an executor.
+Everything here is pure; `bot.services.hosts` runs the script through an executor.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from bot.models import GpuSection, LogInfo, Snapshot
-from bot.parse import health as health_parse
-from bot.parse import log as log_parse
-from bot.parse import nvidia_smi, proc_net
-from bot.parse import ps as ps_parse
-from bot.redact import redact_lines, redact_then_cut
-from bot.remote import quote
+from bot.adapters.remote import quote
+from bot.core.models import GpuSection, LogInfo, Snapshot
+from bot.core.parse import health as health_parse
+from bot.core.parse import log as log_parse
+from bot.core.parse import nvidia_smi, proc_net
+from bot.core.parse import ps as ps_parse
+from bot.core.redact import redact_lines, redact_then_cut
 
 #: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
 LOG_TAIL_BYTES = 262_144

@@ -3,7 +3,7 @@
 Pure parts: `dump_script` builds the POSIX sh script the host runs (`sh -s`, script on stdin),
 `parse_dump_output` turns its output into `ProcessDump`s (never raises), `summarize` and `full_text` turn
 those into lines for Slack and into the full text to attach. `take_stack_dump` runs the script through a
-`bot.remote.Executor`. `stackdump_context` / `render_stack_dump` feed `templates/stackdump.*.j2`.
+`bot.adapters.remote.Executor`. `stackdump_context` / `render_stack_dump` feed `templates/stackdump.*.j2`.
 
 The script prints, per pid:
 
@@ -25,9 +25,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.redact import redact
-from bot.remote import KILL_AFTER_S, Executor, quote
-from bot.render import Message, render
+from bot.adapters.remote import KILL_AFTER_S, Executor, quote
+from bot.core.redact import redact
+from bot.present.render import Message, render
 
 #: Largest pid Linux can hand out (pid_max upper bound, 2**22).
 MAX_PID = 4_194_304

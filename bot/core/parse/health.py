@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 import re
 
-from bot.models import HealthResult
-from bot.parse.log import strip_control
+from bot.core.models import HealthResult
+from bot.core.parse.log import strip_control
 
 __all__ = ["parse_curl"]
 

@@ -1,7 +1,7 @@
 """Host service: turns a host name and a ProbeRequest into a Snapshot (or a HostFailure).
 
 This is the I/O edge for probes: it picks the executor, reads NVML for local GPU hosts, sends the probe
-script in ONE command over ONE channel, and hands the output to the pure assembler in `bot.probe`.
+script in ONE command over ONE channel, and hands the output to the pure assembler in `bot.core.probe`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from bot.adapters.nvml import read_nvml_async
+from bot.adapters.remote import Executor, RemoteError, build_executor
 from bot.config import Config
-from bot.gpu import read_nvml_async
-from bot.models import GpuSection, HostFailure, Snapshot
-from bot.probe import ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
-from bot.redact import configure_patterns
-from bot.remote import Executor, RemoteError, build_executor
+from bot.core.models import GpuSection, HostFailure, Snapshot
+from bot.core.probe import ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
+from bot.core.redact import configure_patterns
 
 log = logging.getLogger(__name__)
 

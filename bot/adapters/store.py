@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from bot.redact import redact
+from bot.core.redact import redact
 
 #: Launch states. `starting` until the process is confirmed, `running` while it lives, then one of the
 #: terminal states. `kill_failed` means processes still hold GPU memory after a kill.
@@ -448,7 +448,7 @@ class Store:
 
 
 def _redacted(obj: Any) -> Any:
-    """`obj` with every string redacted (bot.redact): the audit trail never stores a secret."""
+    """`obj` with every string redacted (bot.core.redact): the audit trail never stores a secret."""
     if isinstance(obj, str):
         return redact(obj)
     if isinstance(obj, dict):

@@ -7,7 +7,7 @@ watching over time could give). `case.md` and `expected.json` hold the answer an
 A missing file means UNKNOWN, never "empty output": its Observation field stays None.
 
 `read_bundle` does the I/O; everything else here is pure parsing on top of the existing parsers
-(`bot.parse.ps.parse_ps`, `bot.parse.nvidia_smi.parse_query_gpu` / `parse_nvidia_smi_table`). Where a
+(`bot.core.parse.ps.parse_ps`, `bot.core.parse.nvidia_smi.parse_query_gpu` / `parse_nvidia_smi_table`). Where a
 reporter's `grep` removed a header (ps) or the capture used `noheader` (nvidia-smi CSV), the layout is
 detected from the shape of the rows (column count and what each cell looks like).
 """
@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bot.diagnose import ContainerObs, ListenObs, Observation, ShmSegment
-from bot.models import GpuProcess, GpuReading, ProcessInfo
-from bot.parse.log import strip_control
-from bot.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
-from bot.parse.ps import parse_ps
+from bot.core.diagnose import ContainerObs, ListenObs, Observation, ShmSegment
+from bot.core.models import GpuProcess, GpuReading, ProcessInfo
+from bot.core.parse.log import strip_control
+from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
+from bot.core.parse.ps import parse_ps
 
 __all__ = [
     "BUNDLE_FILES",

@@ -6,7 +6,7 @@ deterministic job ids `watch:<id>` with `replace_existing`, a large `misfire_gra
 `max_instances=1`, UTC. After a restart the jobs come back from the database.
 
 Each check probes the launch (processes, log, GPUs, port, health) in one round trip, turns the snapshot
-into a `bot.diagnose.Observation`, stores a compact observation row, and runs the pure `diagnose()` over
+into a `bot.core.diagnose.Observation`, stores a compact observation row, and runs the pure `diagnose()` over
 the history. Only a change of verdict is posted to the launch's thread, once: the verdict is written to
 the launch row before the alert is sent, so a restart never repeats it.
 """
@@ -23,13 +23,13 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from bot.adapters.store import Launch
 from bot.config import WatchPolicy
-from bot.diagnose import Observation, Verdict, diagnose, scan_log
-from bot.launches import LaunchService
-from bot.models import HostFailure, Snapshot
-from bot.render import Message, render
-from bot.store import Launch
-from bot.surface import Surface
+from bot.core.diagnose import Observation, Verdict, diagnose, scan_log
+from bot.core.models import HostFailure, Snapshot
+from bot.present.render import Message, render
+from bot.services.launches import LaunchService
+from bot.services.surface import Surface
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Watcher:
     async def digest(self) -> bool:
         """Post `/gpu status` of every configured host (holders labelled by launch) to the digest channel.
         Returns True when it was posted."""
-        from bot.views import status_view
+        from bot.present.views import status_view
 
         channel = self.launches.config.watch.digest_channel
         if self.surface is None or not channel:
@@ -219,9 +219,9 @@ class Watcher:
 
 
 def chart_png(la: Launch, records: list[dict[str, Any]]) -> bytes:
-    """The launch's timeline (bot.chart): per-GPU memory and utilization and log lines over its life, with
+    """The launch's timeline (bot.present.chart): per-GPU memory and utilization and log lines over its life, with
     phase starts and verdict changes marked. Returns PNG bytes."""
-    from bot.chart import ChartPoint, timeline_png
+    from bot.present.chart import ChartPoint, timeline_png
 
     points, phases, verdicts = [], [], []
     seen_phases: set[str] = set()
@@ -269,7 +269,7 @@ def _mention(user_id: str) -> str:
 
 
 def _root_view(la: Launch, verdict: Verdict) -> dict[str, Any]:
-    from bot.views import launch_view
+    from bot.present.views import launch_view
 
     view = launch_view(la)
     view["state_detail"] = f"{verdict.verdict}" + (f" in {verdict.phase}" if verdict.phase else "")

@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from bot.models import GpuProcess, GpuReading, ProcessInfo
-from bot.parse.log import strip_control
+from bot.core.models import GpuProcess, GpuReading, ProcessInfo
+from bot.core.parse.log import strip_control
 
 __all__ = [
     "HEALTH_STATES",
@@ -312,7 +312,7 @@ def load_signatures(text: str | None = None) -> Signatures:
     phase or verdict, or a malformed section.
     """
     if text is None:
-        text = resources.files("bot").joinpath("signatures.yaml").read_text(encoding="utf-8")
+        text = resources.files("bot.core").joinpath("signatures.yaml").read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     if not isinstance(data, Mapping):
         raise ValueError("signatures: top level must be a mapping")

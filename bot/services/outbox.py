@@ -3,7 +3,7 @@
 Why: Slack rate-limits posting (about one message per second per channel), answers 429/5xx at times
 and is sometimes down for minutes; the bot restarts. The outbox makes delivery survive all of that:
 
-* `post` / `update` / `upload` only write a row (table `outbox`, see `bot.store.OutboxRow`) and wake
+* `post` / `update` / `upload` only write a row (table `outbox`, see `bot.adapters.store.OutboxRow`) and wake
   the sender; they never wait on Slack.
 * One sender task sends rows strictly in id order within each channel (so in order within each
   thread), at least `min_interval_s` apart per channel, one call in flight per channel.
@@ -42,8 +42,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import delete, func, select, update
 
-from bot.render import Message, mrkdwn_escape
-from bot.store import OutboxRow, Store
+from bot.adapters.store import OutboxRow, Store
+from bot.present.render import Message, mrkdwn_escape
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import jinja2
 
-from bot.redact import redact
+from bot.core.redact import redact
 
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
@@ -222,7 +222,7 @@ def render(name: str, /, **context: Any) -> Message:
 
     Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
     anything had to be cut, the full plain text is attached as `gpubot-NAME.txt` (Message.files) and the
-    cut places say "(truncated, full output attached)". Everything is redacted (bot.redact).
+    cut places say "(truncated, full output attached)". Everything is redacted (bot.core.redact).
     Raises jinja2.TemplateError on a template bug (callers turn it into an error message).
     """
     env = environment()

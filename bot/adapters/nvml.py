@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from bot.models import GpuProcess, GpuReading, GpuSection, GpuSource
+from bot.core.models import GpuProcess, GpuReading, GpuSection, GpuSource
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bot.render import Message
+from bot.present.render import Message
 
 
 class Surface(Protocol):

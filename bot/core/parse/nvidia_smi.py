@@ -23,8 +23,8 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from bot.models import GpuProcess, GpuReading, GpuSection, GpuSource
-from bot.parse.log import strip_control
+from bot.core.models import GpuProcess, GpuReading, GpuSection, GpuSource
+from bot.core.parse.log import strip_control
 
 __all__ = [
     "APPS_QUERY_FIELDS",

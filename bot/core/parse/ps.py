@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from bot.models import ProcessInfo
+from bot.core.models import ProcessInfo
 
 __all__ = [
     "PS_COLUMNS",

@@ -1,5 +1,5 @@
 """LaunchService: launch, kill and relaunch server variants on hosts, with pre-launch checks, verified GPU
-release and an audit trail. The I/O edge around the pure rules in `bot.lifecycle`.
+release and an audit trail. The I/O edge around the pure rules in `bot.core.lifecycle`.
 
 Every action is recorded in the store's events table with the Slack user ID, time, args and result. A
 launch is recorded (state `starting`) before its process is started, and its PID (= PGID = SID) right after.
@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.adapters.remote import RemoteError
+from bot.adapters.store import TERMINAL_STATES, Launch, Store
 from bot.config import Config
-from bot.lifecycle import (
+from bot.core.lifecycle import (
     DEFAULT_GPU_FREE_MIB,
     CheckResult,
     Holder,
@@ -32,12 +34,10 @@ from bot.lifecycle import (
     render_launch,
     signal_script,
 )
-from bot.models import HostFailure, ProcessInfo, Snapshot
-from bot.probe import ProbeRequest
-from bot.redact import MASK, SECRET_NAME_RE, redact, redact_mapping
-from bot.remote import RemoteError
-from bot.service import HostService
-from bot.store import TERMINAL_STATES, Launch, Store
+from bot.core.models import HostFailure, ProcessInfo, Snapshot
+from bot.core.probe import ProbeRequest
+from bot.core.redact import MASK, SECRET_NAME_RE, redact, redact_mapping
+from bot.services.hosts import HostService
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ STARTING_GRACE_S = 120.0
 
 def redact_params(params: dict) -> dict:
     """Params as recorded anywhere (audit trail, launches table): secret-named params masked, the rest
-    redacted (bot.redact.redact_mapping)."""
+    redacted (bot.core.redact.redact_mapping)."""
     return redact_mapping({k: v if isinstance(v, (int, float, bool)) else str(v) for k, v in params.items()})
 
 #: Called with the new launch (state `starting`) before its process starts; returns the incident thread's
@@ -118,7 +118,7 @@ class KillPreview:
 def build_launch_service(config: Config, hosts: HostService, store: Store | None = None) -> LaunchService:
     """A LaunchService with the config's lifecycle policy and its store (default: the config's database).
     Launches a previous bot process left `stopping` (it stopped mid-kill) become `kill_failed`."""
-    from bot.store import default_url
+    from bot.adapters.store import default_url
 
     store = store or Store(config.database_url or default_url(config.state_dir))
     lc = config.lifecycle
