@@ -1,0 +1,275 @@
+"""Evidence building: quote what an Observation and a LogScan show, verbatim in backticks, into an `_Ev` list.
+
+Also the shared text helpers (`_q` quotes, `_secs` durations, `_fmt_num`) and the interpretations the rules
+rely on: a GPU reading's state (NCCL spin, memory held while idle, computing), whether a process is an
+engine's, and the status a raw curl probe shows. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _traceback_end
+from bot.core.diagnose.observation import Observation
+from bot.core.diagnose.signatures import Signatures
+from bot.core.models import GpuReading, ProcessInfo
+
+_QUOTE_MAX = 400  # longest quote in an evidence string, in characters
+
+
+def _q(text: str, limit: int = _QUOTE_MAX) -> str:
+    """Text for a quote: stripped; an over-long line keeps its head and tail around " … "."""
+    s = text.strip()
+    if len(s) <= limit:
+        return s
+    head = (limit * 2) // 3
+    return s[:head] + " … " + s[-(limit - head - 3) :]
+
+
+def _secs(s: float | None) -> str:
+    """Human seconds: `900 s (15 min)`."""
+    if s is None or not math.isfinite(s):
+        return "unknown"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s:.0f} s ({s / 60:.0f} min)"
+    if s < 172800:
+        return f"{s:.0f} s ({s / 3600:.1f} h)"
+    return f"{s:.0f} s ({s / 86400:.1f} days)"
+
+
+def _fmt_num(x: float | None, unit: str) -> str:
+    return "?" if x is None else f"{x:.0f} {unit}"
+
+
+class _Ev:
+    """Ordered, de-duplicated evidence strings."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, text: str | None) -> None:
+        if text and text not in self.items:
+            self.items.append(text)
+
+    def quotes(self, raw: str) -> bool:
+        """Whether some evidence string already quotes `raw`."""
+        needle = f"`{_q(raw, 300)}`"
+        return any(needle in item or f"`{_q(raw)}`" in item for item in self.items)
+
+
+def _is_engine_process(p: ProcessInfo, sig: Signatures) -> bool:
+    return bool(p.args) and sig.processes.first(p.args) is not None
+
+
+def _gpu_state(g: GpuReading) -> str | None:
+    """Interpretation of one GPU reading: spin, idle with memory held, context only, working."""
+    used, total, util = g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct
+    mem_frac = used / total if used is not None and total else None
+    power_frac = g.power_draw_w / g.power_limit_w if g.power_draw_w is not None and g.power_limit_w else None
+    if util is not None and util >= 50 and power_frac is not None and power_frac > 0.45:
+        return f"computing: {util:.0f} % util at {g.power_draw_w:.0f} W of {g.power_limit_w:.0f} W"
+    if util is not None and util >= 95:
+        low = "low power" if power_frac is not None else "power unknown"
+        if mem_frac is not None and mem_frac <= 0.2:
+            return f"NCCL spin: {util:.0f} % util at {low} with little memory is a spinning kernel, not work"
+        return f"spinning: {util:.0f} % util at {low} is a busy-wait, not compute"
+    if util is not None and util <= 5:
+        if mem_frac is not None and mem_frac >= 0.5:
+            return "memory held while idle (weights on the GPU, nothing running)"
+        if used is not None and used <= 2048:
+            return "only a CUDA context, nothing loaded and nothing running"
+        return "idle"
+    return None
+
+
+def _is_spin(g: GpuReading) -> bool:
+    state = _gpu_state(g)
+    return state is not None and state.startswith("NCCL spin")
+
+
+def _probe_status(lines: Sequence[str] | None) -> tuple[str | None, str | None]:
+    """(status, quoted line) judged from the raw text of a curl probe; (None, None) when it says nothing."""
+    for raw in lines or []:
+        line = raw.strip()
+        if not line or line.startswith("curl ") or line.startswith("$ curl"):
+            continue
+        low = line.lower()
+        if "connection refused" in low or "couldn't connect" in low or "curl: (7)" in low:
+            return "refused", line
+        if "failed to connect" in low and "timed out" in low:
+            return "connect_timeout", line
+        if "empty reply" in low or "curl: (52)" in low:
+            return "empty", line
+        if "timed out" in low or "curl: (28)" in low:
+            return "timeout", line
+        if m := re.match(r"HTTP/[\d.]+ (\d{3})", line):
+            return ("ok" if m.group(1).startswith("2") else f"http_{m.group(1)}"), line
+        if line.startswith("{") or line.startswith("["):
+            return "ok", line
+    return None, None
+
+
+def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
+    """`last frame → code line` of the traceback that starts at or right after line `i`, quoted."""
+    start = None
+    for j in range(i, min(len(scan.lines), i + 4)):
+        if "Traceback (most recent call last)" in scan.lines[j]:
+            start = j
+            break
+    if start is None:
+        return None
+    end = _traceback_end(scan, start, sig)
+    stop = end if end is not None else min(len(scan.lines), start + 60)
+    frame = None
+    for j in range(start + 1, stop):
+        if _FRAME_RE.search(scan.lines[j]):
+            frame = j
+    if frame is None:
+        return None
+    parts = [f"`{_q(scan.lines[frame])}`"]
+    code = frame + 1
+    if code < len(scan.lines) and code != end and scan.lines[code].strip() and not _FRAME_RE.search(scan.lines[code]):
+        parts.append(f"`{_q(scan.lines[code])}`")
+    if end is not None:
+        parts.append(f"`{_q(scan.lines[end])}`")
+    return "traceback, last frame: " + " → ".join(parts)
+
+
+def _phase_evidence(ev: _Ev, scan: LogScan) -> None:
+    """Quote the newest phase marker and the newest progress lines."""
+    if scan.phase_index is not None:
+        label = scan.phase or f"{scan.finished_phase} finished"
+        if scan.finished_phase and scan.ranks:
+            label += f" on all {len(scan.ranks)} ranks"
+        ev.add(f"last start-up line ({label}): `{_q(scan.lines[scan.phase_index])}`")
+    seen: list[str] = []
+    for p in reversed(scan.progress):
+        text = p.line.strip()
+        if text in seen or p.index == scan.phase_index:
+            continue
+        seen.append(text)
+        if len(seen) > 2:
+            break
+    for text in reversed(seen[:2]):
+        ev.add(f"progress line: `{_q(text)}`")
+
+
+def _log_tail_evidence(ev: _Ev, scan: LogScan) -> None:
+    """Heartbeats, benign warnings and the last meaningful lines."""
+    if scan.heartbeats:
+        last = scan.lines[scan.heartbeats[-1]]
+        ev.add(f"heartbeat line repeated {len(scan.heartbeats)}× (a heartbeat is not progress): `{_q(last)}`")
+    if scan.benign:
+        ev.add(
+            f"{len(scan.benign)} known-benign warning line(s) ignored (not a failure, not progress), e.g. "
+            f"`{_q(scan.lines[scan.benign[-1]])}`"
+        )
+    tail = scan.meaningful[-3:]
+    if tail:
+        ev.add("log ends with: " + " / ".join(f"`{_q(scan.lines[i])}`" for i in tail))
+
+
+def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
+    if obs.process_alive is not None:
+        ev.add(f"launch process alive: {'yes' if obs.process_alive else 'no'}")
+    if obs.exit_code is not None:
+        ev.add(f"exit status: {obs.exit_code}")
+    procs = obs.processes
+    if not procs:
+        return
+    states = Counter(p.stat or "?" for p in procs)
+    cpu = [p.pcpu for p in procs if p.pcpu is not None]
+    state_text = ", ".join(f"{s}×{c}" for s, c in states.most_common())
+    cpu_text = ""
+    if cpu:
+        cpu_text = f"; all at {cpu[0]:.1f} % CPU" if len(set(cpu)) == 1 else f"; CPU {min(cpu):.1f}-{max(cpu):.1f} %"
+        cpu_text += " (ps: averaged over each process's life)"
+    if obs.cpu_time_growing is False:
+        cpu_text += "; CPU time not growing since the previous check"
+    elif obs.cpu_time_growing is True:
+        cpu_text += "; CPU time growing since the previous check"
+    ev.add(f"{len(procs)} process(es) listed, states {state_text}{cpu_text}")
+    shown = sorted(procs, key=lambda p: (not _is_engine_process(p, sig), procs.index(p)))[:4]
+    for p in shown:
+        raw = obs.process_lines.get(p.pid)
+        if raw:
+            ev.add(f"process: `{_q(raw, 300)}`")
+        else:
+            ev.add(
+                f"process {p.pid}: state `{p.stat or '?'}`, {p.pcpu if p.pcpu is not None else '?'} % CPU, "
+                f"CPU time {_secs(p.cpu_time_s)}: `{_q(p.args, 200)}`"
+            )
+    stuck = [p for p in procs if p.state == "D"]
+    if stuck:
+        ev.add(f"{len(stuck)} process(es) in state D (uninterruptible, often stuck in the driver)")
+
+
+def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
+    for line in obs.gpu_error_lines or []:
+        ev.add(f"nvidia-smi: `{_q(line)}`")
+    gpus = obs.gpus or []
+    for g in gpus[:8]:
+        raw = obs.gpu_lines.get(g.index)
+        if raw and ev.quotes(raw):
+            continue
+        text = (
+            f"`{_q(raw, 300)}`"
+            if raw
+            else f"{_fmt_num(g.memory_used_mib, 'MiB')} / {_fmt_num(g.memory_total_mib, 'MiB')}, "
+            f"{_fmt_num(g.utilization_gpu_pct, '%')} util, {_fmt_num(g.power_draw_w, 'W')}"
+        )
+        state = _gpu_state(g)
+        ev.add(f"GPU {g.index}: {text}" + (f" → {state}" if state else ""))
+    if len(gpus) > 8:
+        ev.add(f"... and {len(gpus) - 8} more GPU(s)")
+
+
+def _port_evidence(ev: _Ev, obs: Observation) -> None:
+    port = f"port {obs.port}" if obs.port is not None else "the server port"
+    if obs.port_open is True:
+        ev.add(f"{port} is listening")
+    elif obs.port_open is False:
+        ev.add(f"{port} is not listening")
+    shown = 0
+    for s in obs.listening or []:
+        if shown >= 6:
+            break
+        if obs.port is None or s.port == obs.port or obs.port_open is False:
+            text = s.line or f"{s.address}:{s.port} {s.owner or ''}"
+            ev.add(f"listening socket: `{_q(text)}`")
+            shown += 1
+    if obs.health is not None:
+        ev.add(f"health probe: {obs.health}")
+    status, line = _probe_status(obs.probe_lines)
+    if line:
+        ev.add(f"probe output: `{_q(line)}`" + (f" ({status})" if status else ""))
+    for c in obs.containers or []:
+        ev.add(f"container {c.name}: `{_q(c.status)}`" + (f" (`{_q(c.line, 300)}`)" if c.line else ""))
+
+
+def _host_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
+    for line in obs.dmesg_lines or []:
+        if sig.failures["host_oom"].first(line) or sig.failures["gpu_lost"].first(line) or "Xid" in line:
+            ev.add(f"dmesg: `{_q(line)}`")
+    for line in (obs.stack_lines or [])[:6]:
+        if line.strip():
+            ev.add(f"kernel stack: `{_q(line)}`")
+    for seg in obs.shm_segments or []:
+        if "dest" in seg.status and (seg.nattch or 0) > 0 and not ev.quotes(seg.line):
+            ev.add(f"shared memory segment marked for deletion but still attached: `{_q(seg.line)}`")
+    for note in obs.notes:
+        ev.add(f"note: {note}")
+
+
+def _context_evidence(ev: _Ev, obs: Observation, scan: LogScan, sig: Signatures) -> None:
+    _phase_evidence(ev, scan)
+    _log_tail_evidence(ev, scan)
+    _process_evidence(ev, obs, sig)
+    _gpu_evidence(ev, obs)
+    _port_evidence(ev, obs)
+    _host_evidence(ev, obs, sig)

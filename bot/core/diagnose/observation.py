@@ -1,0 +1,166 @@
+"""The diagnosis engine's data models: what one look at a launch saw (`Observation`) and the answer (`Verdict`).
+
+Also the vocabularies: VERDICTS, PHASES and HEALTH_STATES. Plain dataclasses; no logic beyond `to_dict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.core.models import GpuProcess, GpuReading, ProcessInfo
+
+__all__ = [
+    "HEALTH_STATES",
+    "PHASES",
+    "VERDICTS",
+    "ContainerObs",
+    "ListenObs",
+    "Observation",
+    "ShmSegment",
+    "Verdict",
+]
+
+VERDICTS: tuple[str, ...] = (
+    "loading",
+    "ready",
+    "silent_hang",
+    "crashed",
+    "oom",
+    "host_oom",
+    "nccl_error",
+    "port_in_use",
+    "cuda_error",
+    "gpu_lost",
+    "orphans_hold_gpu",
+    "exited",
+    "unknown",
+)
+"""Every verdict `diagnose` can return (tests/fixtures/cases/README.md)."""
+
+PHASES: tuple[str, ...] = (
+    "comm_init",
+    "weight_loading",
+    "kv_cache_alloc",
+    "cuda_graph_capture",
+    "warmup",
+    "serving",
+    "shutdown",
+)
+"""Every phase `diagnose` can return besides None (start-up order, then `shutdown`)."""
+
+HEALTH_STATES: tuple[str, ...] = ("ok", "http_503", "refused", "timeout", "empty", "connect_timeout")
+"""Values of `Observation.health`: `http_NNN` for any other HTTP status; `connect_timeout` means the TCP
+connect itself timed out (a client-side path problem when the port is known to listen)."""
+
+
+@dataclass
+class ListenObs:
+    """One listening socket from `netstat -tlnp` / `ss -ltnp`: address, port, owner (`1/python3`), raw line."""
+
+    address: str
+    port: int
+    owner: str | None = None
+    line: str = ""
+
+
+@dataclass
+class ShmSegment:
+    """One `ipcs -m` row. `status` holds flags such as `dest` (marked for deletion); `nattch` attached processes."""
+
+    key: str
+    shmid: int | None = None
+    owner: str | None = None
+    size_bytes: int | None = None
+    nattch: int | None = None
+    status: str = ""
+    line: str = ""
+
+
+@dataclass
+class ContainerObs:
+    """One `docker ps` row: name, status (`Up 26 minutes`, `Exited (137) 2 minutes ago`), ports, raw line."""
+
+    name: str
+    status: str
+    ports: str = ""
+    line: str = ""
+
+
+@dataclass
+class Observation:
+    """What one look at a launch saw. Every field is optional: None means UNKNOWN, never "empty".
+
+    Units: seconds for `*_s`, MiB for GPU memory (in `GpuReading`). Lists of raw text lines are kept so the
+    verdict can quote them verbatim.
+
+    - `log_lines`: the server log (or its tail), oldest first.
+    - `log_silent_s`: seconds since the log last grew with a line that is not a heartbeat.
+    - `log_growing`: whether the log file still grows (heartbeat lines included).
+    - `elapsed_s`: seconds since the launch started.
+    - `process_alive`: whether the launch's main process runs; `exit_code` its exit status when it ended
+      (shell convention: 137 = killed by SIGKILL; negative = killed by that signal, as Python reports it).
+    - `processes`: `ps` rows (GPU holders and the launch's tree); `process_lines` the raw row text per PID.
+    - `launch_pids`: PIDs that belong to the launch (a watcher knows them; bundles do not).
+    - `cpu_time_growing`: whether the launch's CPU time grew since the previous look.
+    - `gpus`: per-GPU readings; `gpu_lines` the raw `nvidia-smi` text per GPU index; `gpu_processes` the
+      compute processes; `gpu_error_lines` error text nvidia-smi printed instead of (or besides) readings.
+    - `gpu_mem_rising`: whether GPU memory in use went up between samples.
+    - `progress_advancing`: whether a progress counter (`74/163`) advanced since the previous look.
+    - `port`: the server's HTTP port; `port_open` whether it listens; `listening` all listening sockets.
+    - `health`: the result of a local probe of `/health` or `/v1/models` (see HEALTH_STATES);
+      `probe_lines` the raw text of a probe (commands and what they printed), judged when `health` is None.
+    - `dmesg_lines`, `stack_lines` (`/proc/PID/stack`), `shm_segments` (`ipcs -m`), `containers`
+      (`docker ps`): host evidence.
+    - `notes`: problems met while collecting (an unreadable file, bad JSON), shown with the evidence.
+    """
+
+    log_lines: list[str] | None = None
+    log_silent_s: float | None = None
+    log_growing: bool | None = None
+    elapsed_s: float | None = None
+    process_alive: bool | None = None
+    exit_code: int | None = None
+    processes: list[ProcessInfo] | None = None
+    process_lines: dict[int, str] = field(default_factory=dict)
+    launch_pids: set[int] | None = None
+    cpu_time_growing: bool | None = None
+    gpus: list[GpuReading] | None = None
+    gpu_lines: dict[int, str] = field(default_factory=dict)
+    gpu_processes: list[GpuProcess] | None = None
+    gpu_error_lines: list[str] | None = None
+    gpu_mem_rising: bool | None = None
+    progress_advancing: bool | None = None
+    port: int | None = None
+    port_open: bool | None = None
+    listening: list[ListenObs] | None = None
+    health: str | None = None
+    probe_lines: list[str] | None = None
+    dmesg_lines: list[str] | None = None
+    stack_lines: list[str] | None = None
+    shm_segments: list[ShmSegment] | None = None
+    containers: list[ContainerObs] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    """The diagnosis: `verdict` (one of VERDICTS), `phase` (one of PHASES, or None when the evidence cannot
+    pin it down), `evidence` (strings that quote log lines, GPU rows, process rows, port and probe results
+    verbatim in backticks), `next_steps` (what to do) and a one-paragraph `summary`."""
+
+    verdict: str
+    phase: str | None
+    evidence: list[str]
+    next_steps: list[str]
+    summary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with keys verdict, phase, summary, evidence, next_steps."""
+        return {
+            "verdict": self.verdict,
+            "phase": self.phase,
+            "summary": self.summary,
+            "evidence": list(self.evidence),
+            "next_steps": list(self.next_steps),
+        }

@@ -1,0 +1,460 @@
+"""The decision rules: one `Observation` (and earlier ones) in, one `Verdict` out (`diagnose`), and its text.
+
+The rules, in order: a lost GPU; the first specific failure signature (a watchdog timeout is an echo, deciding
+only when nothing specific came first); GPUs held by processes no live launch owns; a launch that ended; a
+serving server; else progress or silence judged against the phase's grace period. Trends the caller left
+unset are derived from `history`; unusable numbers (NaN, inf, negative) are treated as unknown. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from bot.core.diagnose.evidence import (
+    _context_evidence,
+    _Ev,
+    _fmt_num,
+    _gpu_state,
+    _is_engine_process,
+    _is_spin,
+    _probe_status,
+    _q,
+    _secs,
+    _traceback_summary,
+)
+from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
+from bot.core.diagnose.observation import Observation, Verdict
+from bot.core.diagnose.signatures import SIGNATURES, Signatures
+
+__all__ = ["diagnose", "format_verdict"]
+
+
+def _finite(x: Any) -> float | None:
+    """A finite, non-negative float, else None (NaN, inf, negative and non-numbers mean unknown)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) and x >= 0 else None
+
+
+def _sanitized(obs: Observation) -> Observation:
+    """The observation with unusable numbers (NaN, inf, negative durations) turned into None."""
+    changes = {k: _finite(getattr(obs, k)) for k in ("log_silent_s", "elapsed_s") if getattr(obs, k) is not None}
+    changes = {k: v for k, v in changes.items() if v != getattr(obs, k)}
+    return replace(obs, **changes) if changes else obs
+
+
+def _with_trends(obs: Observation, history: Sequence[Observation], sig: Signatures) -> Observation:
+    """Fill the trend fields the caller left None from the previous observation."""
+    if not history:
+        return obs
+    prev = history[-1]
+    changes: dict[str, Any] = {}
+    if obs.gpu_mem_rising is None and obs.gpus and prev.gpus:
+        now = sum(g.memory_used_mib or 0.0 for g in obs.gpus)
+        before = sum(g.memory_used_mib or 0.0 for g in prev.gpus)
+        changes["gpu_mem_rising"] = now > before + 64.0
+    if obs.cpu_time_growing is None and obs.processes and prev.processes:
+        before_cpu = {p.pid: p.cpu_time_s for p in prev.processes if p.cpu_time_s is not None}
+        grew = [
+            p.cpu_time_s > before_cpu[p.pid] for p in obs.processes if p.cpu_time_s is not None and p.pid in before_cpu
+        ]
+        if grew:
+            changes["cpu_time_growing"] = any(grew)
+    if obs.progress_advancing is None and obs.log_lines and prev.log_lines:
+        now_p = [p for p in scan_log(obs.log_lines, sig).progress if p.done is not None]
+        before_p = [p for p in scan_log(prev.log_lines, sig).progress if p.done is not None]
+        if now_p and before_p:
+            a, b = now_p[-1], before_p[-1]
+            changes["progress_advancing"] = a.label != b.label or (a.done or 0) > (b.done or 0)
+    return replace(obs, **changes) if changes else obs
+
+
+def _steps(sig: Signatures, verdict: str, phase: str | None) -> list[str]:
+    steps = list(sig.next_steps.get(verdict, []))
+    if phase:
+        steps += [s for s in sig.next_steps.get(f"{verdict}.{phase}", []) if s not in steps]
+    return steps
+
+
+def _verdict(
+    sig: Signatures, verdict: str, phase: str | None, ev: _Ev, summary: str, obs: Observation, scan: LogScan
+) -> Verdict:
+    _context_evidence(ev, obs, scan, sig)
+    steps = _steps(sig, verdict, phase)
+    return Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary)
+
+
+_KIND_LABEL = {
+    "gpu_lost": "GPU lost",
+    "host_oom": "host out of memory",
+    "oom": "CUDA out of memory",
+    "nccl_error": "NCCL error",
+    "port_in_use": "address in use",
+    "cuda_error": "CUDA error",
+    "crashed": "error",
+    "killed": "killed",
+}
+
+
+def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
+    """The verdict from failure signatures in the log (and OOM kills in dmesg), or None."""
+    hits = list(scan.failures)
+    alive = obs.process_alive
+    dmesg_oom = (
+        [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
+    )
+    specific = [h for h in hits if h.kind != "crashed" and not h.echo and h.kind != "gpu_lost"]
+    echoes = [h for h in hits if h.echo]
+    generic = [h for h in hits if h.kind == "crashed"]
+    if alive is True and not specific and not echoes and generic:
+        # a survived error: the run went on (new phase, progress or readiness line after it)
+        later = [i for i in [*scan.ready, *(p.index for p in scan.progress)] if i > generic[-1].index]
+        if scan.phase_index is not None and scan.phase_index > generic[-1].index:
+            later.append(scan.phase_index)
+        if later:
+            generic = []
+    root: _Hit | None = None
+    kind: str | None = None
+    if specific:
+        root = specific[0]
+        kind = root.kind
+    elif dmesg_oom:
+        kind = "host_oom"
+    elif echoes:
+        root = echoes[0]
+        kind = root.kind
+    elif generic:
+        root = generic[0]
+        kind = "crashed"
+    elif obs.exit_code is not None and obs.exit_code not in (0,) and alive is not True:
+        kind = "killed" if obs.exit_code in (137, -9) else "crashed"
+    if kind is None:
+        return None
+    ev = _Ev()
+    how = ""
+    if kind == "killed":
+        if dmesg_oom or obs.dmesg_lines is None:
+            kind = "host_oom"
+            how = (
+                " (confirmed by dmesg)"
+                if dmesg_oom
+                else " (killed by SIGKILL, the kernel OOM killer's signal; no dmesg to confirm)"
+            )
+        else:
+            kind = "crashed"
+            how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
+    first = hits[0] if hits else None
+    if first is not None and root is not None and first.index < root.index:
+        ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
+    if root is not None:
+        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{_q(root.line)}`")
+    same = [
+        h
+        for h in hits
+        if h.kind == (root.kind if root else kind)
+        and h is not root
+        and h is not first
+        and (root is None or h.echo == root.echo)
+        and "Traceback (most recent call last)" not in h.line
+    ]
+    shown: set[str] = {root.line.strip()} if root else set()
+    for h in same:
+        if len(shown) >= 3:
+            break
+        if h.line.strip() not in shown:
+            shown.add(h.line.strip())
+            ev.add(f"also (log line {h.index + 1}): `{_q(h.line)}`")
+    for anchor in [h for h in (first, root) if h is not None]:
+        ev.add(_traceback_summary(scan, anchor.index, sig))
+    if root is not None and not root.echo:
+        later_echo = [h for h in echoes if h.index > root.index]
+        if later_echo:
+            ev.add(f"later echo of it (not the cause): `{_q(later_echo[0].line)}`")
+    elif root is not None and root.echo and first is not None and first is not root:
+        ev.add("the watchdog timeout is an echo: the first failure above is the likely cause")
+    for i in [i for i in scan.context.get(kind, []) if not ev.quotes(scan.lines[i])][:2]:
+        ev.add(f"context: `{_q(scan.lines[i])}`")
+    for line in dmesg_oom[:2]:
+        ev.add(f"dmesg: `{_q(line)}`")
+    killed_hits = [h for h in hits if h.kind == "killed"]
+    if killed_hits and kind in ("host_oom", "crashed"):
+        ev.add(f"killed (log line {killed_hits[0].index + 1}): `{_q(killed_hits[0].line)}`")
+    phase = scan.phase
+    if phase is None and scan.phase_index is None:
+        implied = [h.phase for h in hits if h.phase and (h.kind == kind or root is None)]
+        phase = implied[0] if implied else None
+    where = f" during {phase}" if phase else ""
+    label = {
+        "host_oom": "Killed by the kernel OOM killer (host RAM)",
+        "oom": "GPU memory exhausted (CUDA out of memory)",
+        "nccl_error": "NCCL / collective failure",
+        "port_in_use": "A bind failed: the address is already in use",
+        "cuda_error": "CUDA runtime error",
+        "crashed": "Crashed with an error",
+    }[kind]
+    quote = root.line.strip() if root else (dmesg_oom[0].strip() if dmesg_oom else "")
+    summary = f"{label}{where}{how}."
+    if quote:
+        summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
+    if root is not None and root.echo and first is not None and first is not root:
+        summary += f" It follows an earlier failure: `{_q(first.line, 200)}`."
+    return _verdict(sig, kind, phase, ev, summary, obs, scan)
+
+
+def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: float, gpu_free_mib: float) -> _Ev:
+    """Evidence that GPUs are held by processes no live launch owns (empty when there is none)."""
+    ev = _Ev()
+    dead = obs.process_alive is False
+    if obs.launch_pids is not None and obs.gpu_processes:
+        mine = set(obs.launch_pids)
+        if obs.processes:
+            children: dict[int, list[int]] = {}
+            for p in obs.processes:
+                if p.ppid is not None:
+                    children.setdefault(p.ppid, []).append(p.pid)
+            stack = list(mine)
+            while stack:
+                for c in children.get(stack.pop(), []):
+                    if c not in mine:
+                        mine.add(c)
+                        stack.append(c)
+        for gp in obs.gpu_processes:
+            if gp.pid not in mine:
+                ev.add(
+                    f"GPU {gp.gpu_index if gp.gpu_index is not None else '?'} held by PID {gp.pid} "
+                    f"({gp.process_name or '?'}, {_fmt_num(gp.used_memory_mib, 'MiB')}), not part of this launch"
+                )
+    if dead:
+        for g in obs.gpus or []:
+            if g.memory_used_mib is not None and g.memory_used_mib > gpu_free_mib:
+                raw = obs.gpu_lines.get(g.index)
+                state = _gpu_state(g)
+                ev.add(
+                    f"GPU {g.index} still holds {g.memory_used_mib:.0f} MiB although the launch's process is gone: "
+                    + (f"`{_q(raw, 300)}`" if raw else f"{_fmt_num(g.utilization_gpu_pct, '%')} util")
+                    + (f" → {state}" if state else "")
+                )
+        for seg in obs.shm_segments or []:
+            if "dest" in seg.status and (seg.nattch or 0) > 0:
+                ev.add(
+                    f"shared memory segment deleted by its owner but still attached by {seg.nattch} process(es) "
+                    f"(leftover workers still alive): `{_q(seg.line)}`"
+                )
+    procs = obs.processes or []
+    host_only = obs.log_lines is None and obs.process_alive is None
+    for p in procs:
+        if not _is_engine_process(p, sig) or p.state in ("Z", "X"):
+            continue
+        age = p.elapsed_s
+        stale = False
+        why = ""
+        if dead:
+            stale, why = True, "still running although the launch ended"
+        elif age is not None and obs.elapsed_s is not None and age > obs.elapsed_s + 120:
+            stale, why = True, f"running for {_secs(age)}, longer than the launch ({_secs(obs.elapsed_s)})"
+        elif age is not None and host_only and age > orphan_age_s:
+            stale, why = True, f"running for {_secs(age)}, far longer than any launch"
+        if stale:
+            raw = obs.process_lines.get(p.pid)
+            parent = f", parent {p.ppid}" if p.ppid is not None else ""
+            ev.add(
+                f"engine process {p.pid}{parent}, state `{p.stat or '?'}`, "
+                f"{p.pcpu if p.pcpu is not None else '?'} % CPU, {why}: `{_q(raw or p.args, 300)}`"
+            )
+    return ev
+
+
+def diagnose(
+    obs: Observation,
+    *,
+    history: Sequence[Observation] = (),
+    grace_s: Mapping[str, float] | None = None,
+    silence_after_s: float | None = None,
+    orphan_age_s: float = 86400.0,
+    gpu_free_mib: float = 1024.0,
+    signatures: Signatures | None = None,
+) -> Verdict:
+    """Diagnose one observation of a launch. Pure: no I/O, never raises for any Observation content.
+
+    - `history`: earlier observations of the same launch, oldest first; trends the caller left None
+      (`gpu_mem_rising`, `cpu_time_growing`, `progress_advancing`) are derived from the newest of them.
+    - `grace_s`: per-phase seconds of log silence tolerated before `silent_hang` (merged over the defaults in
+      signatures.yaml: comm_init 300, weight_loading 1800, kv_cache_alloc 600, cuda_graph_capture 300,
+      warmup 600); `silence_after_s` the same when the phase is unknown (default 300).
+    - `orphan_age_s`: with no launch to compare against, an engine process older than this (seconds) belongs
+      to no current launch. `gpu_free_mib`: a GPU using at most this many MiB counts as free.
+    - `signatures`: a compiled signature set (default: the bundled `SIGNATURES`).
+
+    Returns a Verdict whose evidence quotes what it relied on.
+    """
+    sig = signatures or SIGNATURES
+    obs = _sanitized(obs)
+    obs = _with_trends(obs, history, sig)
+    grace = dict(sig.default_grace_s)
+    grace.update({k: float(v) for k, v in (grace_s or {}).items()})
+    silence_default = float(silence_after_s if silence_after_s is not None else sig.silence_after_s)
+    scan = scan_log(obs.log_lines, sig)
+
+    # 1. a lost GPU explains everything that follows
+    lost = [f"nvidia-smi: `{_q(line)}`" for line in obs.gpu_error_lines or [] if sig.failures["gpu_lost"].first(line)]
+    lost += [f"dmesg: `{_q(line)}`" for line in obs.dmesg_lines or [] if sig.failures["gpu_lost"].first(line)]
+    lost += [f"log line {h.index + 1}: `{_q(h.line)}`" for h in scan.failures if h.kind == "gpu_lost"]
+    if lost:
+        ev = _Ev()
+        for item in lost[:4]:
+            ev.add(item)
+        summary = (
+            f"A GPU or NVML is unreachable: {lost[0]}. The engine cannot recover from this; "
+            "the host needs a GPU reset or reboot."
+        )
+        return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan)
+
+    # 2. failure signatures: the first specific one decides
+    failed = _failure_verdict(obs, scan, sig)
+    if failed is not None:
+        return failed
+
+    # 3. GPUs held by processes no live launch owns
+    orphan_ev = _orphans(obs, scan, sig, orphan_age_s, gpu_free_mib)
+    if orphan_ev.items:
+        phase = "shutdown" if obs.process_alive is False else None
+        n = len(orphan_ev.items)
+        summary = (
+            f"GPU resources are held by processes that no live launch owns ({n} finding(s))"
+            + (", left over from stopping the launch" if phase == "shutdown" else "")
+            + f": {orphan_ev.items[0]}"
+        )
+        return _verdict(sig, "orphans_hold_gpu", phase, orphan_ev, summary, obs, scan)
+
+    # 4. the launch has ended without a failure signature
+    if obs.process_alive is False:
+        ev = _Ev()
+        if obs.exit_code == 0 or scan.shutdown:
+            if scan.shutdown:
+                ev.add(f"shutdown line: `{_q(scan.lines[scan.shutdown[-1]])}`")
+            summary = "The launch ended without an error: " + (
+                "it exited with status 0." if obs.exit_code == 0 else "the log shows it shutting down."
+            )
+            return _verdict(sig, "exited", "shutdown", ev, summary, obs, scan)
+        summary = (
+            "The launch's process is gone, but neither the log nor the host evidence says why "
+            "(no error, no shutdown line, no exit status)."
+        )
+        return _verdict(sig, "unknown", scan.phase, ev, summary, obs, scan)
+
+    # 5. serving?
+    health = obs.health
+    health_line = None
+    if health is None:
+        health, health_line = _probe_status(obs.probe_lines)
+    ready_line = scan.lines[scan.ready[-1]] if scan.ready else None
+    if health == "ok" or (
+        health in (None, "connect_timeout")
+        and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
+    ):
+        ev = _Ev()
+        if ready_line:
+            ev.add(f"readiness line: `{_q(ready_line)}`")
+        summary = "Serving: " + (
+            "the health probe answered."
+            if health == "ok"
+            else ("the port is listening" if obs.port_open else "the log says it is ready")
+            + (" and no failure followed." if ready_line else ", the process is alive and no failure was logged.")
+        )
+        if health == "connect_timeout" and health_line:
+            summary += (
+                f" A client probe failed with `{_q(health_line, 200)}`: a connect TIMEOUT to a listening port points"
+                " at the client path (proxy, firewall, WSL/Docker networking), not at the server."
+            )
+        return _verdict(sig, "ready", "serving", ev, summary, obs, scan)
+    if obs.port_open is True and health in ("timeout", "empty"):
+        ev = _Ev()
+        summary = f"The port listens but the API does not answer (health probe: {health}): the API process is wedged."
+        return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+
+    # 6. still starting: progress or silence, judged against the phase's grace period
+    ev = _Ev()
+    phase = scan.phase
+    spin = [g for g in obs.gpus or [] if _is_spin(g)]
+    if phase is None and scan.finished_phase is None and scan.phase_index is None and spin:
+        phase = "comm_init"
+        ev.add(f"{len(spin)} GPU(s) spin at 100 % with little memory: a collective that never completes (NCCL init)")
+    if obs.port_open is True and health is not None and health.startswith("http_5"):
+        phase = phase or "warmup"
+    threshold = grace.get(phase, silence_default) if phase else silence_default
+    if scan.phase_grace_s is not None and scan.phase == phase:
+        threshold = max(threshold, scan.phase_grace_s)
+    silence = obs.log_silent_s
+    if silence is None and obs.log_growing is not False and scan.heartbeat_run and scan.heartbeat_span_s is not None:
+        silence = scan.heartbeat_span_s
+        ev.add(f"the log ends with {scan.heartbeat_run} heartbeat line(s) spanning {_secs(silence)} with no other line")
+    progress: list[str] = []
+    if obs.gpu_mem_rising:
+        progress.append("GPU memory in use is rising between samples")
+    if obs.progress_advancing:
+        progress.append("a progress counter advanced since the previous look")
+    if obs.cpu_time_growing:
+        progress.append("the launch's CPU time is growing")
+    computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
+    if computing:
+        progress.append(f"{len(computing)} GPU(s) are computing (high utilization at high power draw)")
+    if silence is None and obs.log_growing and scan.heartbeat_run == 0:
+        progress.append("the log is still growing with lines that are not heartbeats")
+    if scan.progress_advancing and (silence is None or silence <= threshold) and obs.log_growing is not False:
+        progress.append("a progress bar advances in the log")
+    if phase:
+        where = f"in {phase}"
+    elif scan.finished_phase:
+        on = f" on all {len(scan.ranks)} ranks" if scan.ranks else ""
+        where = f"after {scan.finished_phase} finished{on}; the next step is not known"
+    else:
+        where = "in a phase the evidence does not show"
+    grace_text = f"{_secs(threshold)} grace for {phase}" if phase else f"{_secs(threshold)} grace (phase unknown)"
+    if progress:
+        for p in progress:
+            ev.add(p)
+        if silence is not None:
+            ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
+        summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+    if silence is not None and silence > threshold:
+        ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
+        if obs.log_growing and scan.heartbeats:
+            ev.add("the log still grows, but only with heartbeat lines")
+        parts = [f"Alive but no progress for {_secs(silence)} {where} (allowed: {grace_text})"]
+        if spin:
+            parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work")
+        held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]
+        if held:
+            parts.append(f"{len(held)} GPU(s) hold memory at ~0 % utilization")
+        if obs.port_open is False:
+            parts.append("the port never opened")
+        if obs.process_alive is None:
+            parts.append("whether the process is still alive is not known")
+        return _verdict(sig, "silent_hang", phase, ev, "; ".join(parts) + ".", obs, scan)
+    if silence is not None:
+        ev.add(f"last non-heartbeat log line {_secs(silence)} ago, within the {grace_text}")
+        summary = f"Still starting ({where}); the log moved within the grace period."
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+    summary = (
+        "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
+    )
+    if spin:
+        summary += " GPUs spin at 100 % at low power (NCCL spin); look again to see whether it lasts."
+    return _verdict(sig, "unknown", phase, ev, summary, obs, scan)
+
+
+def format_verdict(v: Verdict) -> str:
+    """Human text for a terminal: verdict and phase, summary, evidence bullets, next steps."""
+    lines = [f"verdict: {v.verdict}", f"phase:   {v.phase or '-'}", "", v.summary, ""]
+    if v.evidence:
+        lines.append("evidence:")
+        lines += [f"  - {e}" for e in v.evidence]
+        lines.append("")
+    if v.next_steps:
+        lines.append("next steps:")
+        lines += [f"  - {s}" for s in v.next_steps]
+    return "\n".join(lines).rstrip() + "\n"

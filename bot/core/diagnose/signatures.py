@@ -1,0 +1,207 @@
+"""The compiled signature model and its loader: `bot/core/diagnose/signatures.yaml` -> `Signatures`.
+
+Every engine-specific string the engine knows (phase markers, progress bars, heartbeats, failure signatures,
+known-benign warnings, readiness lines, next steps) is DATA in signatures.yaml; `load_signatures` compiles it
+(and names the entry of any bad regex, unknown phase or verdict). The bundled set, `SIGNATURES`, is read with
+importlib.resources and compiled once, when this module is imported: the only I/O in the package.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from bot.core.diagnose.observation import PHASES
+
+__all__ = ["SIGNATURES", "Signatures", "load_signatures"]
+
+_FAILURE_KINDS = ("gpu_lost", "host_oom", "oom", "nccl_error", "port_in_use", "cuda_error", "crashed")
+_MARKER_KINDS = ("begin", "progress", "end")
+
+
+@dataclass(frozen=True)
+class _Pat:
+    """One compiled signature with its attributes from signatures.yaml."""
+
+    regex: re.Pattern[str]
+    engine: str
+    phase: str | None = None
+    marker: str | None = None
+    echo: bool = False
+    grace_s: float | None = None
+    next_re: re.Pattern[str] | None = None
+
+
+class _Group:
+    """Several patterns searched as one: a joined alternation answers "any match?" fast; `first` finds which."""
+
+    def __init__(self, pats: Sequence[_Pat]):
+        self.pats = list(pats)
+        joinable = [p.regex.pattern for p in self.pats if not p.regex.groupindex]
+        self._any = re.compile("|".join(f"(?:{s})" for s in joinable)) if len(joinable) == len(self.pats) else None
+
+    def first(self, line: str) -> _Pat | None:
+        """The first pattern (in file order) found in `line`, or None."""
+        if not self.pats or (self._any is not None and not self._any.search(line)):
+            return None
+        for p in self.pats:
+            if p.regex.search(line):
+                return p
+        return None
+
+    def all(self, line: str) -> list[_Pat]:
+        """Every pattern found in `line`, in file order."""
+        if not self.pats or (self._any is not None and not self._any.search(line)):
+            return []
+        return [p for p in self.pats if p.regex.search(line)]
+
+
+@dataclass
+class Signatures:
+    """signatures.yaml, compiled. Build it with `load_signatures`; the default set is `SIGNATURES`."""
+
+    phase_order: tuple[str, ...]
+    default_grace_s: dict[str, float]
+    silence_after_s: float
+    engines: dict[str, str]  # name -> versions text
+    detect: dict[str, _Group]
+    processes: _Group
+    run_start: _Group
+    markers: dict[str, _Group]  # engine -> begin/progress/end markers of every phase
+    ready: dict[str, _Group]
+    heartbeat: _Group
+    benign: _Group
+    failures: dict[str, _Group]  # kind -> patterns of every engine
+    killed: _Group
+    context: dict[str, _Group]
+    ranks: list[re.Pattern[str]]
+    progress_counter: re.Pattern[str]
+    progress_generic: _Group
+    benign_exceptions: _Group
+    exception_line: re.Pattern[str]
+    shutdown: _Group
+    next_steps: dict[str, list[str]]
+
+
+def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
+    """Compile one entry: a regex string, or a mapping {re, phase, echo, grace_s, next}."""
+    extra: dict[str, Any] = {}
+    if isinstance(spec, Mapping):
+        text = spec.get("re")
+        if "phase" in spec:
+            extra["phase"] = spec["phase"]
+        if spec.get("echo"):
+            extra["echo"] = True
+        if spec.get("grace_s") is not None:
+            extra["grace_s"] = float(spec["grace_s"])
+        if spec.get("next"):
+            extra["next_re"] = re.compile(str(spec["next"]))
+    else:
+        text = spec
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"signatures: {where}: expected a regex string, got {spec!r}")
+    try:
+        regex = re.compile(text)
+    except re.error as e:
+        raise ValueError(f"signatures: {where}: bad regex {text!r}: {e}") from e
+    return _Pat(regex=regex, engine=engine, **{**attrs, **extra})
+
+
+def _pats(specs: Any, where: str, engine: str, **attrs: Any) -> list[_Pat]:
+    if specs is None:
+        return []
+    if not isinstance(specs, list):
+        raise ValueError(f"signatures: {where}: expected a list")
+    return [_compile(s, f"{where}[{i}]", engine, **attrs) for i, s in enumerate(specs)]
+
+
+def load_signatures(text: str | None = None) -> Signatures:
+    """Compile signatures from YAML `text`, or from the bundled `bot/core/diagnose/signatures.yaml` when None.
+
+    Raises ValueError naming the entry (`engines.vllm.phases.comm_init.begin[2]`) for a bad regex, an unknown
+    phase or verdict, or a malformed section.
+    """
+    if text is None:
+        text = resources.files("bot.core.diagnose").joinpath("signatures.yaml").read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, Mapping):
+        raise ValueError("signatures: top level must be a mapping")
+    order = tuple(data.get("phase_order") or PHASES[:-1])
+    for p in order:
+        if p not in PHASES:
+            raise ValueError(f"signatures: phase_order: unknown phase {p!r}")
+    engines_data = data.get("engines") or {}
+    if not isinstance(engines_data, Mapping) or not engines_data:
+        raise ValueError("signatures: engines: expected a non-empty mapping")
+    engines: dict[str, str] = {}
+    detect: dict[str, _Group] = {}
+    markers: dict[str, _Group] = {}
+    ready: dict[str, _Group] = {}
+    processes: list[_Pat] = []
+    run_start: list[_Pat] = []
+    heartbeat: list[_Pat] = []
+    benign: list[_Pat] = []
+    failures: dict[str, list[_Pat]] = {k: [] for k in _FAILURE_KINDS}
+    for name, eng in engines_data.items():
+        if not isinstance(eng, Mapping):
+            raise ValueError(f"signatures: engines.{name}: expected a mapping")
+        where = f"engines.{name}"
+        engines[name] = str(eng.get("versions") or "")
+        detect[name] = _Group(_pats(eng.get("detect"), f"{where}.detect", name))
+        processes += _pats(eng.get("processes"), f"{where}.processes", name)
+        run_start += _pats(eng.get("run_start"), f"{where}.run_start", name)
+        heartbeat += _pats(eng.get("heartbeat"), f"{where}.heartbeat", name)
+        benign += _pats(eng.get("benign"), f"{where}.benign", name)
+        ready[name] = _Group(_pats(eng.get("ready"), f"{where}.ready", name))
+        mk: list[_Pat] = []
+        for phase, kinds in (eng.get("phases") or {}).items():
+            if phase not in order:
+                raise ValueError(f"signatures: {where}.phases: unknown phase {phase!r}")
+            for kind, specs in (kinds or {}).items():
+                if kind not in _MARKER_KINDS:
+                    raise ValueError(f"signatures: {where}.phases.{phase}: unknown marker kind {kind!r}")
+                mk += _pats(specs, f"{where}.phases.{phase}.{kind}", name, phase=phase, marker=kind)
+        markers[name] = _Group(mk)
+        for kind, specs in (eng.get("failures") or {}).items():
+            if kind not in failures:
+                raise ValueError(f"signatures: {where}.failures: unknown verdict {kind!r}")
+            pats = _pats(specs, f"{where}.failures.{kind}", name)
+            for p in pats:
+                if p.phase is not None and p.phase not in order:
+                    raise ValueError(f"signatures: {where}.failures.{kind}: unknown phase {p.phase!r}")
+            failures[kind] += pats
+    grace = {str(k): float(v) for k, v in (data.get("default_grace_s") or {}).items()}
+    context = {str(k): _Group(_pats(v, f"context.{k}", "generic")) for k, v in (data.get("context") or {}).items()}
+    steps = {str(k): [str(s) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()}
+    return Signatures(
+        phase_order=order,
+        default_grace_s=grace,
+        silence_after_s=float(data.get("silence_after_s") or 300.0),
+        engines=engines,
+        detect=detect,
+        processes=_Group(processes),
+        run_start=_Group(run_start),
+        markers=markers,
+        ready=ready,
+        heartbeat=_Group(heartbeat),
+        benign=_Group(benign),
+        failures={k: _Group(v) for k, v in failures.items()},
+        killed=_Group(_pats(data.get("killed"), "killed", "generic")),
+        context=context,
+        ranks=[p.regex for p in _pats(data.get("ranks"), "ranks", "generic")],
+        progress_counter=re.compile(str(data.get("progress_counter") or r"(?P<done>\d+)/(?P<total>\d+) \[")),
+        progress_generic=_Group(_pats(data.get("progress_generic"), "progress_generic", "generic")),
+        benign_exceptions=_Group(_pats(data.get("benign_exceptions"), "benign_exceptions", "generic")),
+        exception_line=re.compile(str(data.get("exception_line") or r"^(\w+Error): ")),
+        shutdown=_Group(_pats(data.get("shutdown"), "shutdown", "generic")),
+        next_steps=steps,
+    )
+
+
+SIGNATURES: Signatures = load_signatures()
+"""The bundled signature set (bot/core/diagnose/signatures.yaml), compiled once at import."""
