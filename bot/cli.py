@@ -140,7 +140,7 @@ def diagnose(directory: str, as_json: bool) -> None:
     """
     import json
 
-    from bot.core.bundle import BundleError, read_bundle
+    from bot.adapters.bundle import BundleError, read_bundle
     from bot.core.diagnose import diagnose as run_diagnosis
     from bot.core.diagnose import format_verdict
 

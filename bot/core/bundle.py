@@ -1,4 +1,4 @@
-"""Read a case bundle directory (tests/fixtures/cases/README.md) into an `Observation` for `diagnose`.
+"""Parse the file texts of a case bundle (tests/fixtures/cases/README.md) into an `Observation` for `diagnose`.
 
 A bundle holds evidence files (`server.log`, `ps.txt`, `nvidia-smi.txt` / `.csv`, `netstat.txt` / `ss.txt`,
 `curl.txt`, `dmesg.txt`, `proc-stack.txt`, `ipcs-m.txt`, `docker-ps.txt`) plus `observed.json` (facts only
@@ -6,18 +6,16 @@ watching over time could give). `case.md` and `expected.json` hold the answer an
 
 A missing file means UNKNOWN, never "empty output": its Observation field stays None.
 
-`read_bundle` does the I/O; everything else here is pure parsing on top of the existing parsers
-(`bot.core.parse.ps.parse_ps`, `bot.core.parse.nvidia_smi.parse_query_gpu` / `parse_nvidia_smi_table`). Where a
-reporter's `grep` removed a header (ps) or the capture used `noheader` (nvidia-smi CSV), the layout is
+Pure: no I/O (reading the directory is `bot.adapters.bundle.read_bundle`), only parsing on top of the existing
+parsers (`bot.core.parse.ps.parse_ps`, `bot.core.parse.nvidia_smi.parse_query_gpu` / `parse_nvidia_smi_table`).
+Where a reporter's `grep` removed a header (ps) or the capture used `noheader` (nvidia-smi CSV), the layout is
 detected from the shape of the rows (column count and what each cell looks like).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from bot.core.diagnose import ContainerObs, ListenObs, Observation, ShmSegment
@@ -28,7 +26,6 @@ from bot.core.parse.ps import parse_ps
 
 __all__ = [
     "BUNDLE_FILES",
-    "BundleError",
     "detect_ps_layout",
     "guess_port",
     "observation_from_texts",
@@ -38,7 +35,6 @@ __all__ = [
     "parse_ipcs_m",
     "parse_listening",
     "parse_ps_text",
-    "read_bundle",
 ]
 
 BUNDLE_FILES: tuple[str, ...] = (
@@ -55,14 +51,9 @@ BUNDLE_FILES: tuple[str, ...] = (
     "docker-ps.txt",
     "observed.json",
 )
-"""The files `read_bundle` reads (case.md and expected.json are deliberately absent)."""
+"""The files `bot.adapters.bundle.read_bundle` reads (case.md and expected.json are deliberately absent)."""
 
-_MAX_FILE_BYTES = 2 * 1024 * 1024  # a bigger file is read from its end (logs) or its start (others)
 _HEALTH = {"ok", "http_503", "refused", "timeout", "empty", "connect_timeout"}
-
-
-class BundleError(Exception):
-    """The bundle directory is missing or unreadable; the message says which and why."""
 
 
 # --- ps -------------------------------------------------------------------------------------------------
@@ -502,56 +493,4 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None) -> Ob
         elif m := re.match(r"Exited \((-?\d+)\)", status):
             obs.process_alive = False
             obs.exit_code = int(m.group(1))
-    return obs
-
-
-def _read_text(path: Path, from_end: bool) -> str:
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        if size > _MAX_FILE_BYTES:
-            if from_end:
-                f.seek(size - _MAX_FILE_BYTES)
-            data = f.read(_MAX_FILE_BYTES)
-        else:
-            data = f.read()
-    return data.decode("utf-8", errors="replace")
-
-
-def read_bundle(directory: str | Path) -> Observation:
-    """Read the evidence files and observed.json of one bundle directory into an Observation.
-
-    Raises BundleError when the directory does not exist, is not a directory, or a file in it cannot be read.
-    Files over 2 MiB are cut (a log keeps its end). A malformed observed.json is not fatal: it is ignored and
-    a note says so.
-    """
-    root = Path(directory)
-    if not root.exists():
-        raise BundleError(f"{directory}: no such directory")
-    if not root.is_dir():
-        raise BundleError(f"{directory}: not a directory")
-    texts: dict[str, str] = {}
-    observed: Any = None
-    bad_json = False
-    try:
-        names = {p.name for p in root.iterdir()}
-    except OSError as e:
-        raise BundleError(f"{directory}: cannot list: {e.strerror or e}") from e
-    for name in BUNDLE_FILES:
-        if name not in names:
-            continue
-        path = root / name
-        try:
-            text = _read_text(path, from_end=name == "server.log")
-        except OSError as e:
-            raise BundleError(f"{path}: cannot read: {e.strerror or e}") from e
-        if name == "observed.json":
-            try:
-                observed = json.loads(text) if text.strip() else {}
-            except ValueError:
-                bad_json = True
-        else:
-            texts[name] = text
-    obs = observation_from_texts(texts, observed)
-    if bad_json:
-        obs.notes.append("observed.json is not valid JSON; ignored")
     return obs
