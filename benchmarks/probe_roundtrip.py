@@ -25,8 +25,8 @@ from bot.core.probe import ProbeRequest
 from bot.demo.fakegpu import install_fake_gpu
 from bot.services.hosts import HostService
 from tests.conftest import ssh_host
-from tests.fakes.ssh_server import LoopbackSSHServer
-from tests.fakes.sshd import OpenSSHServer, sshd_available
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.fakes.sshd import OpenSSHServer, sshd_available
 
 CHECKS = [
     "ps -eww -o pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args",

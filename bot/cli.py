@@ -1,4 +1,5 @@
-"""`gpubot` command line (click): run | serve-http | console | demo | check-config."""
+"""`gpubot` command line (click): run | serve-http | console | demo | try-config | check-config | diagnose |
+manifest."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ def _setup_logging(level: str) -> None:
 
 
 def _load(path: str):
+    """The config at `path`, checked by the schema and by the parts that only the wiring sees (digest cron,
+    slash command names); on errors print every one and exit 2."""
+    from bot.wiring import check_config
+
     try:
-        return load_config(path)
+        return check_config(load_config(path))
     except ConfigError as e:
         click.echo(f"config {path} is invalid:", err=True)
         for line in e.errors:
@@ -154,6 +159,24 @@ def diagnose(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
     else:
         click.echo(format_verdict(verdict), nl=False)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(), help="YAML config file (default: built-in defaults)")
+@click.option("--request-url", default=None, help="https://HOST/slack/events for HTTP mode (default: Socket Mode)")
+def manifest(config_path: str | None, request_url: str | None) -> None:
+    """Print the Slack app manifest (YAML) matching this install: its bot name and its slash commands under
+    their configured names (`slack.slash_commands`), the scopes and events gpubot uses."""
+    import yaml
+
+    from bot.config import Config
+    from handlers import manifest as build_manifest
+
+    if request_url is not None and not request_url.startswith("https://"):
+        click.echo("error: --request-url must be an https:// URL (Slack only calls HTTPS)", err=True)
+        sys.exit(2)
+    config = _load(config_path) if config_path else Config()
+    click.echo(yaml.safe_dump(build_manifest(config, request_url=request_url), sort_keys=False), nl=False)
 
 
 if __name__ == "__main__":

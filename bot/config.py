@@ -377,13 +377,17 @@ class SlackSettings(_Model):
     """Non-secret Slack settings. Tokens are read from the environment only. `post_interval_s`: seconds
     between two messages (posts, edits, files) in one channel (Slack allows about one per second);
     `progress_after_s`: a command whose answer takes longer than this many seconds gets a placeholder
-    message at once, edited into the answer."""
+    message at once, edited into the answer; `slash_commands`: slash command names by key (see
+    `gpubot manifest`)."""
 
     command_prefix: str = "!"
     bot_name: str = "gpubot"
     api_url: str | None = None
     post_interval_s: float = Field(default=1.0, ge=0.0, le=60.0)
     progress_after_s: float = Field(default=0.5, ge=0.0, le=10.0)
+    #: Slash command names by key (`gpu`, `gpubot`, `probe`, `launch`, `kill`, `relaunch`), for two installs
+    #: in one workspace: `{gpu: /gpu-staging, probe: /probe-staging}`. Unnamed keys keep `/<key>`.
+    slash_commands: dict[str, str] = Field(default_factory=dict)
 
 
 class LifecyclePolicy(_Model):

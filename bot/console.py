@@ -2,8 +2,9 @@
 
 Interactive when stdin is a terminal (prompt `gpubot> `); otherwise one command per line, each answer
 printed as plain text, so sessions can be scripted. Lines look like `/gpu status`, `/probe host pgid=1`,
-`probe host pgid=1` or `!probe ...`; `#` starts a comment line; `wait SECONDS` lets time pass (readiness
-checks run and their alerts print as they happen); `quit` / `exit` end the session.
+`probe host pgid=1`, `!probe ...` or `@gpubot probe ...`; `#` starts a comment line; `wait SECONDS` lets
+time pass (readiness checks run and their alerts print as they happen); `quit` / `exit` end the session.
+Everything a button can do can be typed: `confirm 12`, `cancel 12`, `relaunch 7`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import sys
 from typing import TextIO
 
 from bot.config import Config
-from bot.core.grammar import CommandCall, CommandParseError, parse_message, parse_slash
+from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.render import Message
-from bot.services.hosts import HostService
-from bot.services.launches import LaunchService, build_launch_service
-from bot.services.watch import Watcher
+from bot.wiring import Runtime, build_runtime
+from handlers import CONSOLE_USER, Request, Source, deliver
 
 log = logging.getLogger(__name__)
+
+#: The console's channel id (it has no Slack channel).
+CONSOLE_CHANNEL = "console"
+#: Longest `wait`, seconds.
+MAX_WAIT_S = 3600.0
 
 
 class ConsoleSurface:
@@ -51,8 +56,9 @@ class ConsoleSurface:
         return True
 
 
-def parse_console_line(line: str) -> CommandCall | None:
-    """Parse one console line into a CommandCall; None for blank and comment lines.
+def parse_console_line(grammar: Grammar, line: str) -> CommandCall | None:
+    """Parse one console line into a CommandCall; None for blank and comment lines. `/cmd ...` is a slash
+    command, `@gpubot ...` a mention, anything else a command with or without its `!`.
 
     Raises CommandParseError for unparseable input.
     """
@@ -62,57 +68,51 @@ def parse_console_line(line: str) -> CommandCall | None:
     if text.startswith("/"):
         cmd, _, rest = text.partition(" ")
         try:
-            return parse_slash(cmd, rest)
+            return grammar.parse_slash(cmd, rest)
         except CommandParseError:
             text = text[1:]
     if text.lower().startswith(("@gpubot ", "@gpubot\t")) or text.lower() == "@gpubot":
         text = text[len("@gpubot"):].strip()
-    if not text.startswith("!"):
-        text = "!" + text
-    return parse_message(text, bot_user_id=None, prefix="!")
+    return grammar.parse_command(text[1:] if text.startswith("!") else text, raw=line.strip())
 
 
-async def run_command_line(line: str, config: Config, hosts: HostService, surface: ConsoleSurface,
-                           user_id: str = "console", launches: LaunchService | None = None) -> bool:
-    """Run one console line and print its answer. Returns False when the line asks to quit."""
-    from handlers import dispatch
-    from handlers.base import CommandContext, error_message
-
+async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_USER) -> bool:
+    """Run one console line through the dispatcher and print its answer on the runtime's surface. Returns
+    False when the line asks to quit."""
     if line.strip().lower() in ("quit", "exit"):
         return False
     words = line.split()
     if len(words) == 2 and words[0].lower() == "wait" and words[1].isascii() and words[1].replace(".", "", 1).isdigit():
         # scripted sessions: let time pass so readiness checks run and their alerts print
-        await asyncio.sleep(min(float(words[1]), 3600.0))
+        await asyncio.sleep(min(float(words[1]), MAX_WAIT_S))
         return True
     try:
-        call = parse_console_line(line)
+        call: CommandCall | CommandParseError | None = parse_console_line(runtime.dispatcher.grammar, line)
     except CommandParseError as e:
-        await surface.post("console", error_message("Bad command", str(e)))
-        return True
+        call = e
     if call is None:
         return True
-    ctx = CommandContext(user_id=user_id, channel_id="console", config=config, hosts=hosts, source="console",
-                         surface=surface, launches=launches)
-    await surface.post("console", await dispatch(call, ctx), thread_ts=ctx.reply_thread_ts)
+    request = Request(user_id=user_id, channel_id=CONSOLE_CHANNEL, source=Source.CONSOLE)
+    await deliver(runtime.surface, await runtime.dispatcher.run(request, call))
     return True
+
+
+def console_runtime(config: Config, out: TextIO, **options: object) -> Runtime:
+    """A runtime whose answers print to `out` (see bot.wiring.build_runtime for `options`)."""
+    return build_runtime(config, surface=ConsoleSurface(out), **options)  # type: ignore[arg-type]
 
 
 def run_interactive(config: Config) -> int:
     """Prompt `gpubot> ` on the terminal until `quit` or Ctrl-D, with line editing (readline).
 
-    Ctrl-C abandons the current line or command and returns to the prompt. Returns exit code 0.
-    """
+    Ctrl-C abandons the current line or command and returns to the prompt. Returns exit code 0."""
     try:
         import readline  # noqa: F401 - gives input() line editing and history
     except ImportError:
         pass
     loop = asyncio.new_event_loop()
-    hosts = HostService(config)
-    launches = build_launch_service(config, hosts)
-    surface = ConsoleSurface(sys.stdout)
-    watcher = Watcher(launches, surface, db_url=launches.store.url)
-    loop.run_until_complete(watcher.start())
+    runtime = console_runtime(config, sys.stdout)
+    loop.run_until_complete(runtime.start())
     print("gpubot console: type `help`, `quit` or Ctrl-D to leave.")
     try:
         while True:
@@ -125,30 +125,26 @@ def run_interactive(config: Config) -> int:
                 print()
                 continue
             try:
-                if not loop.run_until_complete(run_command_line(line, config, hosts, surface, launches=launches)):
+                if not loop.run_until_complete(run_command_line(line, runtime)):
                     break
             except KeyboardInterrupt:
                 print("\n(interrupted)")
     finally:
-        loop.run_until_complete(watcher.stop())
-        loop.run_until_complete(hosts.close())
-        launches.store.close()
+        loop.run_until_complete(runtime.close())
         loop.close()
     return 0
 
 
 async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextIO | None = None,
-                      hosts: HostService | None = None) -> int:
+                      runtime: Runtime | None = None) -> int:
     """Read commands from `stdin` (one per line, as from a pipe) until EOF or `quit`; print each command
-    (`> CMD`) and its answer to `out`. Returns exit code 0."""
+    (`> CMD`) and its answer to `out`; readiness checks run meanwhile and print their alerts. Returns exit
+    code 0."""
     stdin = stdin or sys.stdin
     out = out or sys.stdout
-    own = hosts is None
-    hosts = hosts or HostService(config)
-    launches = build_launch_service(config, hosts)
-    surface = ConsoleSurface(out)
-    watcher = Watcher(launches, surface, db_url=launches.store.url)  # alerts print as they happen
-    await watcher.start()
+    own = runtime is None
+    runtime = runtime or console_runtime(config, out)
+    await runtime.start()
     try:
         while True:
             line = await asyncio.to_thread(stdin.readline)
@@ -156,12 +152,10 @@ async def run_console(config: Config, *, stdin: TextIO | None = None, out: TextI
                 break
             if line.strip() and not line.lstrip().startswith("#"):
                 print(f"> {line.strip()}", file=out)
-            if not await run_command_line(line, config, hosts, surface, launches=launches):
+            if not await run_command_line(line, runtime):
                 break
             print("", file=out)
     finally:
-        await watcher.stop()
-        launches.store.close()
         if own:
-            await hosts.close()
+            await runtime.close()
     return 0

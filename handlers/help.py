@@ -1,29 +1,28 @@
-"""`help`: the commands this user may run, and the configured hosts."""
+"""`help` (`/gpu help`, `/gpubot`): the commands this user may run, and the configured hosts."""
 
 from __future__ import annotations
 
 from bot.core.grammar import CommandCall
-from bot.present.render import Message, render
-from handlers.base import CommandContext, CommandSpec
+from bot.present.render import Message
+from handlers.context import Context, Role
+from handlers.reply import Reply
+from handlers.spec import CommandSpec
+
+USAGE = "/gpu help"
 
 
-def help_message(ctx: CommandContext, table: list[CommandSpec], intro: str | None = None) -> Message:
-    """Render the help text listing only the commands allowed for `ctx.role`, plus the host names."""
-    allowed = [c for c in table if c.role <= ctx.role]
-    return render(
-        "help",
-        intro=intro,
-        commands=[{"usage": c.usage, "summary": c.summary} for c in allowed],
-        hosts=ctx.config.host_names(),
-        bot_name=ctx.config.slack.bot_name,
-        prefix=ctx.config.slack.command_prefix,
-    )
+def help_message(ctx: Context, intro: str | None = None) -> Message:
+    """The help text listing only the commands allowed for the user's role, plus the host names."""
+    allowed = [c for c in ctx.commands if c.role <= ctx.role]
+    return ctx.render("help", intro=intro, commands=[{"usage": c.usage, "summary": c.summary} for c in allowed],
+                      hosts=ctx.config.host_names(), bot_name=ctx.config.slack.bot_name,
+                      prefix=ctx.config.slack.command_prefix)
 
 
-def make_help_handler(table: list[CommandSpec]):
-    """Return the `help` handler bound to the command table."""
+async def handle(call: CommandCall, ctx: Context) -> Reply:
+    """The help text."""
+    return ctx.reply(help_message(ctx))
 
-    async def handle_help(call: CommandCall, ctx: CommandContext) -> Message:
-        return help_message(ctx, table)
 
-    return handle_help
+COMMAND = CommandSpec("help", handle, Role.NONE, USAGE, "this list", default_of="gpubot",
+                      description="gpubot commands (try /gpubot help)", hint="help | status [HOST|all] | probe ...")

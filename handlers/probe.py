@@ -1,7 +1,8 @@
-"""`/probe [HOST] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]`.
+"""`/probe [HOST|LAUNCH] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]`.
 
-Shows the process tree, the log (lines, bytes, seconds since last write, last lines), the GPUs, whether
-the port is listening and the health endpoint's answer: one probe, one SSH round trip.
+Shows the process tree, the log (lines, bytes, seconds since last write, last lines), the GPUs, whether the
+port is listening and the health endpoint's answer: one probe, one SSH round trip. In a launch's thread (or
+naming a launch: `probe 12`, `probe base#12`) it probes that launch.
 """
 
 from __future__ import annotations
@@ -9,18 +10,19 @@ from __future__ import annotations
 from bot.core.grammar import CommandCall
 from bot.core.models import HostFailure
 from bot.core.probe import ProbeRequest, ProbeRequestError
-from bot.present.render import Message, render
 from bot.present.views import probe_view
-from bot.services.hosts import UnknownHost
-from handlers.base import CommandContext, error_message
+from handlers import args
+from handlers.context import Context, Role
+from handlers.reply import Reply, UserError
+from handlers.spec import CommandSpec
 
-USAGE = "/probe [HOST] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]"
+USAGE = "/probe [HOST|LAUNCH] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]"
 _INT_KEYS = ("pid", "pgid", "sid", "port", "lines")
-_ALLOWED = {"pid", "pgid", "sid", "match", "log", "port", "lines", "health", "host"}
+_ALLOWED = frozenset({"pid", "pgid", "sid", "match", "log", "port", "lines", "health", "host"})
 
 
 def build_request(call: CommandCall) -> ProbeRequest:
-    """ProbeRequest from `call.kwargs`. Raises ProbeRequestError with a user-facing message."""
+    """The ProbeRequest `call`'s key=value arguments ask for. Raises ProbeRequestError (user-facing)."""
     unknown = sorted(set(call.kwargs) - _ALLOWED)
     if unknown:
         raise ProbeRequestError(f"unknown argument(s): {', '.join(k + '=' for k in unknown)}")
@@ -28,20 +30,12 @@ def build_request(call: CommandCall) -> ProbeRequest:
     for k in _INT_KEYS:
         if k in call.kwargs:
             v = call.kwargs[k].strip()
-            if not (v.isascii() and v.isdigit()) or len(v) > 9:
+            if not args.is_number(v) or len(v) > 9:
                 raise ProbeRequestError(f"{k}= must be a positive integer, got {v[:40]!r}")
             ints[k] = int(v)
-    req = ProbeRequest(
-        pid=ints.get("pid"),
-        pgid=ints.get("pgid"),
-        sid=ints.get("sid"),
-        match=call.kwargs.get("match"),
-        log_path=call.kwargs.get("log"),
-        port=ints.get("port"),
-        tail_lines=ints.get("lines", 20),
-    )
-    if "health" in call.kwargs:
-        req.health_path = call.kwargs["health"]
+    req = ProbeRequest(pid=ints.get("pid"), pgid=ints.get("pgid"), sid=ints.get("sid"), match=call.kwargs.get("match"),
+                       log_path=call.kwargs.get("log"), port=ints.get("port"), tail_lines=ints.get("lines", 20),
+                       **({"health_path": call.kwargs["health"]} if "health" in call.kwargs else {}))
     req.validate()
     return req
 
@@ -58,32 +52,41 @@ def describe_selector(req: ProbeRequest) -> str:
     return ", ".join(parts) if parts else "GPU holders"
 
 
-async def handle_probe(call: CommandCall, ctx: CommandContext) -> Message:
-    """Answer `/probe`. Returns the rendered probe, or an error message for bad arguments, an unknown
-    host, or a host that could not be reached (with the reason)."""
-    from handlers.launch import handle_thread_probe
+async def _probe_launch(ctx: Context, ref: str | None) -> Reply:
+    la = args.launch(ctx, ref, USAGE, allow_only_live=False)
+    snap = await ctx.services.launches.probe_launch(la)
+    if isinstance(snap, HostFailure):
+        raise UserError(f"Probe of {la.name} failed", snap.reason, audit="error", launch_id=la.id)
+    view = probe_view(snap, f"{la.name} (pgid={la.pgid})", ctx.services.launches.owners(snap))
+    return ctx.reply(ctx.render("probe", **view), launch=la)
 
-    thread_answer = await handle_thread_probe(call, ctx)
-    if thread_answer is not None:
-        return thread_answer
+
+async def handle(call: CommandCall, ctx: Context) -> Reply:
+    """A probe of a host with the given selectors, or of a launch (named, or the thread's)."""
     if len(call.args) > 1:
-        return error_message("Bad arguments", f"expected at most one host name, got {len(call.args)} words",
-                             f"Usage: {USAGE}")
-    host_arg = call.args[0] if call.args else call.kwargs.get("host")
-    try:
-        host = ctx.hosts.resolve_host(host_arg)
-    except UnknownHost as e:
-        what = repr(host_arg[:60]) if host_arg else "no host given and no default host"
-        return error_message("Unknown host", what, f"Known hosts: {', '.join(e.known) or '(none configured)'}")
+        raise args.bad(f"expected at most one host or launch, got {len(call.args)} words", USAGE)
+    word = call.args[0] if call.args else None
+    if word is not None and word not in ctx.config.hosts and args.is_launch_ref(word) and not call.kwargs:
+        return await _probe_launch(ctx, word)
+    if word is None and not call.kwargs and ctx.services.launches.thread_launch(ctx.channel, ctx.request.thread_ts):
+        return await _probe_launch(ctx, None)
+    host = args.host(ctx, word or call.kwargs.get("host"))
     try:
         req = build_request(call)
     except ProbeRequestError as e:
-        return error_message("Bad arguments", str(e), f"Usage: {USAGE}")
+        raise args.bad(str(e), USAGE) from None
     try:
-        result = await ctx.hosts.probe(host, req)
+        result = await ctx.services.hosts.probe(host, req)
     except ProbeRequestError as e:  # the host's policy (e.g. allowed log directories) refused it
-        return error_message("Not allowed", str(e), f"Usage: {USAGE}")
+        raise UserError("Not allowed", str(e), f"Usage: {USAGE}") from None
     if isinstance(result, HostFailure):
-        return error_message(f"Probe of {host} failed", result.reason)
-    owners = {h.pid: h.owner for h in ctx.launches.holders(result)} if ctx.launches is not None else None
-    return render("probe", **probe_view(result, describe_selector(req), owners))
+        raise UserError(f"Probe of {host} failed", result.reason, audit="error")
+    view = probe_view(result, describe_selector(req), ctx.services.launches.owners(result))
+    return ctx.reply(ctx.render("probe", **view))
+
+
+COMMAND = CommandSpec(
+    "probe", handle, Role.VIEWER, USAGE, "process tree, log tail, GPUs, port and health, in one round trip",
+    slash="probe", description="Probe an inference server (process, GPUs, port, log) in one round trip",
+    hint="[HOST] [pgid=N|pid=N|match=TEXT] [log=PATH] [port=N]",
+)

@@ -3,42 +3,31 @@
 from __future__ import annotations
 
 from bot.core.grammar import CommandCall
-from bot.core.models import HostFailure
-from bot.present.render import Message, render
 from bot.present.views import status_view
-from bot.services.hosts import UnknownHost
-from handlers.base import CommandContext, error_message
+from handlers import args
+from handlers.context import Context, Role
+from handlers.reply import Reply, UserError
+from handlers.spec import CommandSpec
 
 USAGE = "/gpu status [HOST|all]"
 
 
-async def handle_status(call: CommandCall, ctx: CommandContext) -> Message:
-    """Answer `/gpu status`. No host (or `all`) means every configured host.
-
-    Returns the rendered status message; unknown hosts get an error listing the known ones.
-    """
-    if call.kwargs:
-        return error_message("Bad arguments", f"status takes no key=value arguments ({', '.join(call.kwargs)})",
-                             f"Usage: {USAGE}")
-    names = call.args
-    if not names or names == ["all"]:
+async def handle(call: CommandCall, ctx: Context) -> Reply:
+    """Every named host (none or `all`: every configured host): its GPUs and their holders, each holder
+    labelled with its launch (`base#12`, `orphan of base#12`, `foreign`). A host that fails is shown with
+    its reason; the others still show."""
+    args.no_kwargs(call, USAGE)
+    if not call.args or [a.lower() for a in call.args] == ["all"]:
         hosts = ctx.config.host_names()
         if not hosts:
-            return error_message("No hosts", "no hosts are configured", "Add hosts to the config file.")
+            raise UserError("No hosts", "no hosts are configured", "Add hosts to the config file.")
     else:
-        hosts = []
-        for n in names:
-            try:
-                hosts.append(ctx.hosts.resolve_host(n))
-            except UnknownHost as e:
-                return error_message(
-                    "Unknown host", repr(n[:60]), f"Known hosts: {', '.join(e.known) or '(none configured)'}"
-                )
-        hosts = list(dict.fromkeys(hosts))
-    results = await ctx.hosts.status(hosts)
-    owners: dict[str, dict[int, str]] = {}
-    if ctx.launches is not None:
-        for r in results:
-            if not isinstance(r, HostFailure):
-                owners[r.host] = {h.pid: h.owner for h in ctx.launches.holders(r)}
-    return render("status", **status_view(results, owners))
+        hosts = list(dict.fromkeys(args.host(ctx, name) for name in call.args))
+    results, owners = await ctx.services.launches.status(hosts)
+    return ctx.reply(ctx.render("status", **status_view(results, owners)))
+
+
+COMMAND = CommandSpec(
+    "status", handle, Role.VIEWER, USAGE, "GPU table per host and who holds each GPU", default_of="gpu",
+    description="GPU and server status, probes and help", hint="status [HOST|all] | probe ... | help",
+)

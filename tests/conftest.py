@@ -1,25 +1,19 @@
-"""Shared fixtures: fake GPU (replaying nvidia-smi), loopback SSH server, fake servers killed by PID."""
+"""Shared fixtures: the fake GPU (replaying nvidia-smi), the loopback SSH server, fake servers, and whole
+bots (runtime + chat) whose processes are stopped by a finalizer even when a test fails."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from bot.config import Config, HostConfig
+from bot.config import Config
 from bot.demo.fakegpu import FakeGpu, install_fake_gpu
-from tests.data import CASES, FIXTURES, H200  # noqa: F401  (re-exported for tests)
-from tests.fakes.ssh_server import LoopbackSSHServer
+from tests.support.bots import TestBot, start_bot
+from tests.support.builders import launch_config, ssh_host
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.procs import FakeServers
 
 
 @pytest.fixture(autouse=True)
@@ -43,91 +37,50 @@ async def ssh_server(tmp_path, fake_gpu):
         yield srv
 
 
-def ssh_host(srv, **overrides) -> HostConfig:
-    """HostConfig pointing at a LoopbackSSHServer / OpenSSHServer (host keys verified)."""
-    fields = {
-        "address": srv.host,
-        "port": srv.port,
-        "user": srv.username,
-        "key_file": str(srv.client_key_path),
-        "known_hosts": str(srv.known_hosts_path),
-        "connect_timeout_s": 5,
-        "command_timeout_s": 20,
-        "nvidia_smi_timeout_s": 3,
-        "keepalive_interval_s": 5,
-        "log_dirs": ["/tmp"],
-    }
-    fields.update(overrides)
-    return HostConfig(**fields)
-
-
 @pytest.fixture
 def ssh_config(ssh_server) -> Config:
     """Config with one SSH host `gpu-host-1` reached through the loopback server."""
     return Config(hosts={"gpu-host-1": ssh_host(ssh_server)}, default_host="gpu-host-1")
 
 
-def free_port() -> int:
-    """An unused loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class FakeServer:
-    """A running fake inference server (process group leader `pid`)."""
-
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_ready(self, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            time.sleep(0.1)
-        raise AssertionError(f"fake server not ready; log:\n{self.log_path.read_text()}")
-
-    def wait_log(self, text: str, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if text in self.log_path.read_text(errors="replace"):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} not in log:\n{self.log_path.read_text()}")
+@pytest.fixture
+def gpu_config(ssh_server, fake_gpu, tmp_path) -> Config:
+    """Config with `gpu-host-1` (loopback SSH, 2 replayed H200s) and the fake server as variants base and
+    helper (tests.support.builders.launch_config)."""
+    return launch_config(ssh_server, fake_gpu, tmp_path)
 
 
 @pytest.fixture
-def start_fake_server(tmp_path, fake_gpu):
-    """Factory: start the fake multi-process server in its own session; every group is killed at teardown."""
-    started: list[FakeServer] = []
+def fake_servers(tmp_path, fake_gpu):
+    """Factory of fake servers started directly (not through the bot); every group is killed at teardown."""
+    servers = FakeServers(tmp_path, fake_gpu.state_dir)
+    yield servers
+    servers.stop_all()
 
-    def start(mode: str = "ready", workers: int = 2, load_s: float = 0.3, **extra) -> FakeServer:
-        port = free_port()
-        log_path = tmp_path / f"server-{len(started)}.log"
-        script = str(resources.files("bot.demo") / "fake_server.py")
-        cmd = [sys.executable, script, "--workers", str(workers), "--port", str(port), "--mode", mode,
-               "--load-s", str(load_s), "--gpu-state", str(fake_gpu.state_dir)]
-        for k, v in extra.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
-        with open(log_path, "wb") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        srv = FakeServer(proc, port, log_path)
-        started.append(srv)
-        return srv
 
-    yield start
-    for s in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(s.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            s.proc.wait(timeout=5)
+@pytest.fixture
+def start_fake_server(fake_servers):
+    """`start_fake_server(mode=..., workers=..., **extra)` (see tests.support.procs.FakeServers.start)."""
+    return fake_servers.start
+
+
+@pytest.fixture
+async def make_bot() -> AsyncIterator[Callable[..., Awaitable[TestBot]]]:
+    """Factory: `await make_bot(config, watch=..., **build_runtime options)`; every bot it made is closed at
+    teardown, after its launches' processes are killed."""
+    bots: list[TestBot] = []
+
+    async def make(config: Config, **options) -> TestBot:
+        bot = await start_bot(config, **options)
+        bots.append(bot)
+        return bot
+
+    yield make
+    for bot in reversed(bots):
+        await bot.close()
+
+
+@pytest.fixture
+async def bot(make_bot, gpu_config) -> TestBot:
+    """A bot (no readiness checks) on `gpu_config`."""
+    return await make_bot(gpu_config)

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shlex
 import signal
 import time
 from dataclasses import dataclass
@@ -25,10 +24,10 @@ from typing import Protocol
 import asyncssh
 
 from bot.config import HostConfig
+from bot.core.shell import KILL_AFTER_S, wrap_timeout
 
 log = logging.getLogger(__name__)
 
-KILL_AFTER_S = 5
 #: A failed connect is reported to every command that arrives within this many seconds.
 FAILURE_CACHE_S = 5.0
 #: Extra seconds the client waits beyond the remote budget before giving up on a command.
@@ -74,15 +73,6 @@ class RemoteTimeout(RemoteError):
 
 class ConnectionDropped(RemoteError):
     """The connection broke while a command was running; the command's outcome is unknown."""
-
-
-def wrap_timeout(command: str, budget_s: float, kill_after_s: int = KILL_AFTER_S) -> str:
-    """Return `command` prefixed with `timeout -k KILL_AFTER BUDGET` (coreutils), budget in seconds.
-
-    The command must already be a safe shell string (values quoted with `shlex.quote`).
-    """
-    budget = max(1, round(budget_s))
-    return f"timeout -k {int(kill_after_s)} {budget} {command}"
 
 
 class Executor(Protocol):
@@ -347,7 +337,3 @@ def build_executor(name: str, cfg: HostConfig, *, extra_path: list[str] | None =
         return LocalExecutor(name, cfg, extra_path=extra_path)
     return SSHExecutor(name, cfg)
 
-
-def quote(value: str) -> str:
-    """Shell-quote one value (shlex.quote); the only way values from users reach a command line."""
-    return shlex.quote(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 MAX_COMMAND_CHARS = 4000
@@ -21,13 +22,6 @@ _MENTION_RE = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 #: Words that may name a host (same rule as config host names): `/gpu HOST` shorthand.
 _HOSTLIKE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-
-#: Slash commands and the command name their first word defaults to.
-SLASH_DEFAULTS = {"/gpu": "status", "/gpubot": "help", "/probe": "probe", "/launch": "launch", "/kill": "kill",
-                  "/relaunch": "relaunch"}
-#: `/gpu SUBCOMMAND` forms: `/gpu status`, `/gpu probe`, `/gpu help`.
-GPU_SUBCOMMANDS = {"status", "probe", "help", "launch", "kill", "relaunch", "logs", "stack", "chart"}
-
 
 class CommandParseError(ValueError):
     """The text could not be parsed; str() is a user-facing message."""
@@ -64,8 +58,8 @@ def _split(text: str) -> list[str]:
         raise CommandParseError(f"could not parse the command: {e} (check your quotes)") from None
 
 
-def _build(name: str, words: list[str], raw: str) -> CommandCall:
-    word = name
+def _build(name: str, words: list[str], raw: str, *, word: str | None = None) -> CommandCall:
+    word = name if word is None else word
     name = name.lower()
     if not _NAME_RE.match(name) and not _HOSTLIKE_RE.match(word):
         raise CommandParseError(f"{name[:40]!r} is not a command name")
@@ -84,18 +78,99 @@ def _build(name: str, words: list[str], raw: str) -> CommandCall:
     return call
 
 
-def parse_slash(command: str, text: str) -> CommandCall:
-    """Parse a slash command (`command` like "/gpu", `text` what followed it). Raises CommandParseError."""
-    words = _split(text or "")
-    cmd = (command or "").strip().lower()
-    default = SLASH_DEFAULTS.get(cmd)
-    if default is None:
-        raise CommandParseError(f"unknown slash command {cmd[:40]}")
-    if cmd in ("/gpu", "/gpubot") and words and "=" not in words[0] and not words[0].startswith("--"):
-        # "/gpu status", "/gpu probe ...", or "/gpu WORD": an unknown WORD that names a host is taken as
-        # "/gpu status WORD" by the dispatcher; anything else gets the help text.
-        return _build(words[0], words[1:], text)
-    return _build(default, words, text)
+@dataclass(frozen=True)
+class SlashCommand:
+    """One slash command: its `name` ("/gpu"), the command run when its text names none (`default`), and
+    whether its first word may name any other command (`router`: "/gpu probe ...")."""
+
+    name: str
+    default: str
+    router: bool = False
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The words the grammar knows, derived from the command table (handlers.COMMANDS): `words` maps every
+    command name and alias (lower case) to its command name; `slash` maps each slash command name (lower
+    case, with "/") to its SlashCommand; `routers` are the words that route in messages like a router slash
+    command does (`!gpu probe ...`, `@gpubot status`), each with its default command."""
+
+    words: dict[str, str]
+    slash: dict[str, SlashCommand]
+    routers: dict[str, str] = field(default_factory=dict)
+
+
+class Grammar:
+    """Command text -> CommandCall for one Vocabulary. The same meaning on every route: `/gpu snooze 5`,
+    `!gpu snooze 5`, `@gpubot snooze 5` and `!snooze 5` all give the command `snooze` with args ["5"]."""
+
+    def __init__(self, vocabulary: Vocabulary):
+        self.vocabulary = vocabulary
+
+    def command_name(self, word: str) -> str | None:
+        """The command a word (or alias) names, case-insensitively, or None."""
+        return self.vocabulary.words.get((word or "").lower())
+
+    def _routed(self, default: str, words: list[str], raw: str) -> CommandCall:
+        """After a router word: a first word that names a command runs it; a key=value or --flag first word
+        goes to `default`; any other first word is kept as the (unknown) name, which the dispatcher reads as
+        a host (`/gpu gpu-host-1` is `/gpu status gpu-host-1`) or answers with the help."""
+        if words and "=" not in words[0] and not words[0].startswith("--"):
+            name = self.command_name(words[0])
+            return _build(name or words[0], words[1:], raw, word=words[0])
+        return _build(default, words, raw)
+
+    def parse_slash(self, command: str, text: str) -> CommandCall:
+        """Parse a slash command (`command` like "/gpu", `text` what followed it). Raises CommandParseError
+        for an unknown slash command or unparseable text."""
+        words = _split(text or "")
+        cmd = (command or "").strip().lower()
+        slash = self.vocabulary.slash.get(cmd)
+        if slash is None:
+            raise CommandParseError(f"unknown slash command {cmd[:40]}")
+        if slash.router:
+            return self._routed(slash.default, words, text or "")
+        return _build(slash.default, words, text or "")
+
+    def parse_message(self, text: str, *, bot_user_id: str | None, prefix: str = "!") -> CommandCall | None:
+        """Parse a channel/thread message addressed to the bot: `<@BOT> cmd ...` or `{prefix}cmd ...`.
+
+        Returns None when the message is not addressed to the bot. Raises CommandParseError for a message
+        addressed to the bot that cannot be parsed.
+        """
+        raw = text or ""
+        mentioned, rest = strip_mention(raw)
+        if mentioned is not None:
+            if bot_user_id is not None and mentioned != bot_user_id:
+                return None
+            body = rest
+        elif prefix and raw.lstrip().startswith(prefix):
+            body = raw.lstrip()[len(prefix) :]
+            if not body or body[0].isspace():
+                return None
+        else:
+            return None
+        return self.parse_command(body, raw=raw)
+
+    def parse_command(self, body: str, *, raw: str | None = None) -> CommandCall:
+        """Parse command text without a prefix (`probe h1 pgid=1`, `gpu status`, a button's command). Empty
+        text is `help`. Raises CommandParseError."""
+        raw = body if raw is None else raw
+        words = _split(body)
+        if not words:
+            return CommandCall(name="help", raw=raw)
+        first = words[0].lower().lstrip("/")
+        if first in self.vocabulary.routers:
+            return self._routed(self.vocabulary.routers[first], words[1:], raw)
+        return _build(self.command_name(first) or first, words[1:], raw, word=words[0].lstrip("/"))
+
+    def addresses(self, text: str, prefix: str, hosts: Iterable[str] = ()) -> bool:
+        """True when a `{prefix}word ...` message names a command, a router word (`gpu`) or one of `hosts`:
+        "!important: prod is down" is chat, not a command."""
+        body = (text or "").lstrip()[len(prefix):]
+        first = (body.split(None, 1)[0] if body.split() else "").rstrip(":,.")
+        return bool(first) and (first.lower() in self.vocabulary.routers or self.command_name(first) is not None
+                                or first in set(hosts))
 
 
 def strip_mention(text: str) -> tuple[str | None, str]:
@@ -104,32 +179,3 @@ def strip_mention(text: str) -> tuple[str | None, str]:
     if not m:
         return None, text or ""
     return m.group(1), text[m.end() :]
-
-
-def parse_message(text: str, *, bot_user_id: str | None, prefix: str = "!") -> CommandCall | None:
-    """Parse a channel/thread message addressed to the bot: `<@BOT> cmd ...` or `{prefix}cmd ...`.
-
-    Returns None when the message is not addressed to the bot. Raises CommandParseError for a message
-    addressed to the bot that cannot be parsed.
-    """
-    raw = text or ""
-    mentioned, rest = strip_mention(raw)
-    if mentioned is not None:
-        if bot_user_id is not None and mentioned != bot_user_id:
-            return None
-        body = rest
-    elif prefix and raw.lstrip().startswith(prefix):
-        body = raw.lstrip()[len(prefix) :]
-        if not body or body[0].isspace():
-            return None
-    else:
-        return None
-    words = _split(body)
-    if not words:
-        return CommandCall(name="help", raw=raw)
-    first = words[0].lower().lstrip("/")
-    if first in ("gpu", "gpubot"):
-        if len(words) > 1 and words[1].lower() in GPU_SUBCOMMANDS:
-            return _build(words[1], words[2:], raw)
-        return _build("status" if first == "gpu" else "help", words[1:], raw)
-    return _build(first, words[1:], raw)

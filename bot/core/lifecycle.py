@@ -15,6 +15,7 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ import jinja2
 import jinja2.sandbox
 
 from bot.config import Config, ParamSpec, VariantConfig, command_template_problems
-from bot.core.models import GpuSection, ProcessInfo, Snapshot
+from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
 
 #: Environment variable that tags every process of a launch (inherited by all children).
 LAUNCH_ENV = "GPUBOT_LAUNCH"
@@ -337,20 +338,27 @@ class CheckResult:
         return not self.problems
 
 
-def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *, live_same_variant: list[Any],
-                     gpu_free_mib: float = DEFAULT_GPU_FREE_MIB, shm_free_mib: float | None = None,
-                     min_shm_free_mib: float = 1024.0) -> CheckResult:
+def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *, live_same_variant: list[Launch],
+                     other_live: Sequence[Launch] = (), gpu_free_mib: float = DEFAULT_GPU_FREE_MIB,
+                     shm_free_mib: float | None = None, min_shm_free_mib: float = 1024.0) -> CheckResult:
     """Decide whether `r` may start on the host seen in `snap` (pure).
 
-    Checks: no live launch of the same variant; the port is not listening; each of the variant's GPUs
-    (all GPUs when it names none) uses less than `gpu_free_mib` MiB; /dev/shm has at least
-    `min_shm_free_mib` MiB free (when measured). Refusals name the holders (pid, command, GiB, launch or
-    foreign) and the command that frees them.
+    Checks: no live launch of the same variant; no other live launch of ours on the same GPUs (a launch
+    that names no GPUs may use all of them) or port, even before its memory shows; the port is not
+    listening; each of the variant's GPUs (all GPUs when it names none) uses less than `gpu_free_mib` MiB;
+    /dev/shm has at least `min_shm_free_mib` MiB free (when measured). Refusals name the holders (pid,
+    command, GiB, launch or foreign) and the command that frees them.
     """
     res = CheckResult()
     for la in live_same_variant:
         res.problems.append(f"{la.name} of {r.variant} is still live on {r.host} (pid {la.pid}); "
                             f"`/kill {la.id}` or `/relaunch {la.id}` first")
+    for la in other_live:
+        shared = ",".join(map(str, sorted(set(la.gpus) & set(r.gpus)))) if la.gpus and r.gpus else "all"
+        if shared:
+            res.problems.append(f"GPU(s) {shared} belong to {la.name} ({la.state}); `/kill {la.id}` first")
+        if la.port and la.port == r.port:
+            res.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `/kill {la.id}` first")
     if r.port is not None:
         if snap.port_listening:
             res.problems.append(f"port {r.port} is already listening on {r.host}; find its owner with "
@@ -410,3 +418,106 @@ def gpu_memory(gpu: GpuSection, indexes: list[int] | None) -> float | None:
     if any(v is None for v in vals):
         return None
     return float(sum(v for v in vals if v is not None))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Outcomes of launches and kills, and how a kill ends a launch
+
+
+@dataclass
+class LaunchOutcome:
+    """Result of a launch: `launch` (None when refused before recording), the pre-launch `checks`, `error`
+    when starting failed, `exited_early` (its last log lines) when it was gone at the first check."""
+
+    launch: Launch | None
+    checks: CheckResult = field(default_factory=CheckResult)
+    error: str | None = None
+    exited_early: list[str] = field(default_factory=list)
+    host: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the server process was started and still ran at the first check."""
+        return self.launch is not None and self.error is None and self.checks.ok and not self.exited_early
+
+
+@dataclass
+class KillOutcome:
+    """Result of a kill: processes signalled, the ones left (with their state), GPU holders left, GPU memory
+    before/after (MiB over the launch's GPUs), whether the memory was released, whether SIGKILL was needed,
+    `seconds` it took, and `error` / `gpu_error` when the host or its GPUs could not be read."""
+
+    target: str
+    signalled: list[ProcessInfo] = field(default_factory=list)
+    remaining: list[ProcessInfo] = field(default_factory=list)
+    still_holding: list[Holder] = field(default_factory=list)
+    mem_before_mib: float | None = None
+    mem_after_mib: float | None = None
+    released: bool = False
+    used_sigkill: bool = False
+    error: str | None = None
+    nothing_to_kill: bool = False
+    seconds: float = 0.0
+    gpu_error: str | None = None
+
+    @property
+    def needs_reboot(self) -> bool:
+        """True when a remaining process is in uninterruptible sleep (D) or still running in the driver."""
+        return any(p.state in ("D", "R") for p in self.remaining)
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing is left: no error, no surviving process, no GPU memory still held."""
+        return not self.error and not self.remaining and not self.still_holding
+
+    def describe(self) -> str:
+        """One line for the audit trail and the root message."""
+        if self.error:
+            return f"kill failed: {self.error}"
+        if self.nothing_to_kill:
+            return "no process was left"
+        mem = ""
+        if self.mem_before_mib is not None and self.mem_after_mib is not None:
+            mem = f"; GPU memory {self.mem_before_mib / 1024:.1f} -> {self.mem_after_mib / 1024:.1f} GiB"
+        if self.remaining or self.still_holding:
+            return (f"{len(self.remaining)} process(es) survived, {len(self.still_holding)} still hold GPU "
+                    f"memory{mem}")
+        return f"{len(self.signalled)} process(es) stopped{' (SIGKILL needed)' if self.used_sigkill else ''}{mem}"
+
+
+@dataclass
+class KillPreview:
+    """What a kill would stop, shown before a typed `/kill` is confirmed: the `host`, the launch's
+    process group `pgid` (None for a single pid), the processes (pid, state, command), the GPU indexes
+    `gpus` and `gpu_mib` MiB of GPU memory they hold (None when unknown). `error` says why the host
+    could not be read (the kill may still be tried); `refusal` (pid kills) why there is nothing to confirm."""
+
+    target: str
+    host: str
+    launch_id: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)
+    gpu_mib: float | None = None
+    error: str | None = None
+    refusal: str | None = None
+
+
+def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -> tuple[LaunchState, str, str]:
+    """How a kill ends a launch that was in state `before` (pure): (new state, state detail, audit result).
+
+    An error keeps the old state (`error`); processes or GPU memory left -> `kill_failed` (`incomplete`);
+    GPUs unreadable -> `killed` (`unverified`); otherwise `killed` (`released` when the memory was seen
+    released). An ended launch with nothing left to kill (a stale button, a second kill) keeps how it ended
+    (`nothing`)."""
+    detail = out.describe()
+    if out.error:
+        return before, detail, "error"
+    if out.nothing_to_kill and before in TERMINAL_STATES:
+        return before, before_detail or detail, "nothing"
+    if out.remaining or out.still_holding:
+        return LaunchState.KILL_FAILED, detail, "incomplete"
+    if out.gpu_error:
+        return LaunchState.KILLED, detail, "unverified"
+    return LaunchState.KILLED, detail, "released" if out.released else "killed"

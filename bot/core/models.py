@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class GpuSource(StrEnum):
@@ -202,3 +203,119 @@ class HostFailure:
 
     host: str
     reason: str
+
+
+# --- launches, the audit trail and confirmations: what the store keeps, as the rest of the bot sees it ---
+
+
+class LaunchState(StrEnum):
+    """The life of a launch. `starting` until its process is confirmed, `running` while it lives,
+    `stopping` while a kill runs (not watched, not live for new commands), then one of the terminal states.
+    `kill_failed` means processes still hold GPU memory after a kill (live again: it can be killed again)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    KILL_FAILED = "kill_failed"
+    KILLED = "killed"
+    EXITED = "exited"
+    FAILED = "failed"
+
+    @property
+    def live(self) -> bool:
+        """True while the launch may still have processes and is followed (not stopping, not ended)."""
+        return self in LIVE_STATES
+
+    @property
+    def ended(self) -> bool:
+        """True for killed, exited and failed."""
+        return self in TERMINAL_STATES
+
+
+#: States in which a launch may still have processes and is watched.
+LIVE_STATES = frozenset({LaunchState.STARTING, LaunchState.RUNNING, LaunchState.KILL_FAILED})
+#: States a launch ends in.
+TERMINAL_STATES = frozenset({LaunchState.KILLED, LaunchState.EXITED, LaunchState.FAILED})
+
+
+@dataclass
+class Launch:
+    """One launch of a variant on a host (a detached copy of its database row). Times are epoch seconds;
+    `tag` is the GPUBOT_LAUNCH value in its processes' environment; `thread_ts` its incident thread (a Slack
+    ts, or an outbox `q:<id>` reference until the root message is sent); `alert_state` the last verdict
+    posted; `snoozed_until` epoch seconds until which alerts are held back."""
+
+    id: int
+    host: str
+    variant: str
+    params: dict[str, Any]
+    command: str
+    log_path: str | None
+    port: int | None
+    gpus: list[int]
+    pid: int | None
+    pgid: int | None
+    sid: int | None
+    state: LaunchState
+    state_detail: str | None
+    created_by: str
+    created_at: float
+    ended_at: float | None
+    channel: str | None
+    thread_ts: str | None
+    relaunch_of: int | None = None
+    tag: str = ""
+    alert_state: str | None = None
+    snoozed_until: float | None = None
+
+    @property
+    def live(self) -> bool:
+        """True while the launch may still have processes (starting, running or kill_failed)."""
+        return self.state in LIVE_STATES
+
+    @property
+    def name(self) -> str:
+        """Short display name, e.g. `base#12`."""
+        return f"{self.variant}#{self.id}"
+
+
+@dataclass
+class Event:
+    """One row of the audit trail: who (Slack user ID), when (epoch s), which `action` with which `args`,
+    the `result` and its `detail`, and where (launch, host, channel)."""
+
+    id: int
+    at: float
+    user_id: str
+    action: str
+    args: dict[str, Any] = field(default_factory=dict)
+    result: str = "ok"
+    detail: str | None = None
+    launch_id: int | None = None
+    host: str | None = None
+    channel: str | None = None
+
+
+class ConfirmationState(StrEnum):
+    """A typed kill's confirmation: pending until the first operator's click decides it."""
+
+    PENDING = "pending"
+    CONFIRMED = "confirmed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class Confirmation:
+    """A typed kill waiting for [Kill] / [Cancel]: the launch (or the host and pid of a foreign process,
+    with the `command` line it ran when asked, so a reused pid is refused), who asked and who decided.
+    Times are epoch seconds."""
+
+    id: int
+    launch_id: int | None
+    host: str
+    pid: int | None
+    command: str | None
+    asked_by: str
+    state: ConfirmationState
+    decided_by: str | None
+    created_at: float

@@ -21,15 +21,15 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from bot.adapters.remote import quote
 from bot.core.models import GpuSection, LogInfo, Snapshot
 from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
 from bot.core.parse import nvidia_smi, proc_net
 from bot.core.parse import ps as ps_parse
-from bot.core.redact import redact_lines, redact_then_cut
+from bot.core.redact import Redactor
+from bot.core.shell import MAX_PID, is_pid, quote
 
 #: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
 LOG_TAIL_BYTES = 262_144
@@ -44,9 +44,9 @@ class ProbeRequestError(ValueError):
     """A probe argument is invalid; str() is a user-facing message."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeRequest:
-    """What one probe should collect.
+    """What one probe should collect (what was asked; `HostPolicy` is what the host allows).
 
     Selectors (`pid`, `pgid`, `sid`, `match`) pick processes in addition to every GPU-holding PID;
     `log_path` is an absolute path on the host; `port` a TCP port 1..65535 whose listening state and
@@ -55,9 +55,9 @@ class ProbeRequest:
     /proc/*/environ) so processes are attributed to launches by a tag no other launch shares;
     `select_tag` adds every process carrying that tag to the selection (a launch's processes, even those
     that left its session); `shm` measures free space in /dev/shm (`df -Pk`).
-    `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `log_dirs` are the host's
-    allowed log directories (None until the host's policy is applied; a log is only read when its path,
-    and its resolved path on the host, are inside one of them).
+    `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `own_log` says `log_path` is a
+    launch's own log, rendered by the bot from the config (not typed by a user): on a host without
+    `log_dirs`, its own directory is allowed. Immutable: derive variants with `dataclasses.replace`.
     """
 
     pid: int | None = None
@@ -69,21 +69,17 @@ class ProbeRequest:
     health_path: str | None = "/health"
     tail_lines: int = 20
     gpu: bool = True
-    health_timeout_s: float = 3.0
-    nvidia_smi: str = "nvidia-smi"
-    nvidia_smi_timeout_s: float = 10.0
-    env: dict[str, str] = field(default_factory=dict)
-    log_dirs: list[str] | None = None
     tags: bool = True
     select_tag: str | None = None
     shm: bool = False
+    own_log: bool = False
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
         for name in ("pid", "pgid", "sid"):
             v = getattr(self, name)
-            if v is not None and not (1 <= v <= 4_194_304):
-                raise ProbeRequestError(f"{name} must be a process id between 1 and 4194304")
+            if v is not None and not is_pid(v):
+                raise ProbeRequestError(f"{name} must be a process id between 1 and {MAX_PID}")
         if self.port is not None and not (1 <= self.port <= 65535):
             raise ProbeRequestError("port must be 1..65535")
         if self.match is not None and (not self.match or len(self.match) > 200 or "\x00" in self.match):
@@ -101,17 +97,51 @@ class ProbeRequest:
                 raise ProbeRequestError("log must be an absolute path like /data/logs/server.log")
             if "/../" in self.log_path + "/" or "/./" in self.log_path + "/":
                 raise ProbeRequestError("log path must not contain . or .. components")
-            if self.log_dirs is not None and not self.log_dirs:
-                raise ProbeRequestError(
-                    "this host allows no log= reads: an admin must list the server log directories under "
-                    "hosts.<host>.log_dirs in the config"
-                )
-            if self.log_dirs and not any(self.log_path.startswith(d.rstrip("/") + "/") for d in self.log_dirs):
-                raise ProbeRequestError(f"log= must be under this host's log directories: {', '.join(self.log_dirs)}")
         if self.health_path is not None and not _HEALTH_PATH_RE.fullmatch(self.health_path):
             raise ProbeRequestError("health path must look like /health")
         if not 1 <= self.tail_lines <= 500:
             raise ProbeRequestError("tail lines must be 1..500")
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """What a host allows and how its tools are called, from its config entry (bot.services.hosts builds it).
+
+    `log_dirs` are the directories `log=` may read (a log is only read when its path, and its resolved path
+    on the host, are inside one of them); `nvidia_smi` the command or path, bounded by
+    `nvidia_smi_timeout_s` seconds; `health_timeout_s` seconds for the health endpoint (`curl -m`); `env`
+    exported before the probe runs (e.g. PATH).
+    """
+
+    log_dirs: tuple[str, ...] = ()
+    nvidia_smi: str = "nvidia-smi"
+    nvidia_smi_timeout_s: float = 10.0
+    health_timeout_s: float = 3.0
+    env: tuple[tuple[str, str], ...] = ()
+
+    def allowed_log_dirs(self, req: ProbeRequest) -> list[str]:
+        """The directories `req.log_path` must lie in: the host's `log_dirs`; on a host without them, the
+        launch's own log directory when `req.own_log`; otherwise none (log reads refused)."""
+        if self.log_dirs:
+            return list(self.log_dirs)
+        if req.own_log and req.log_path:
+            return [req.log_path.rsplit("/", 1)[0] or "/"]
+        return []
+
+    def check(self, req: ProbeRequest) -> None:
+        """Raise ProbeRequestError when `req` asks for something this host does not allow (a log outside its
+        log directories, or any log read on a host without them), or a value is invalid."""
+        req.validate()
+        if req.log_path is None:
+            return
+        dirs = self.allowed_log_dirs(req)
+        if not dirs:
+            raise ProbeRequestError(
+                "this host allows no log= reads: an admin must list the server log directories under "
+                "hosts.<host>.log_dirs in the config"
+            )
+        if not any(req.log_path.startswith(d.rstrip("/") + "/") for d in dirs):
+            raise ProbeRequestError(f"log= must be under this host's log directories: {', '.join(dirs)}")
 
 
 @dataclass
@@ -129,21 +159,22 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def build_script(req: ProbeRequest, nonce: str) -> str:
-    """Return the POSIX sh script for `req`. Every value from a request is validated and shell-quoted.
+def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:
+    """Return the POSIX sh script for `req` on a host with `policy` (default: `HostPolicy()`). Every value
+    from a request is validated and shell-quoted.
 
-    Raises ProbeRequestError for invalid requests.
+    Raises ProbeRequestError for invalid requests and for what the policy does not allow.
     """
-    req.validate()
-    if req.log_path is not None and not req.log_dirs:
-        raise ProbeRequestError("log= reads need the host's log_dirs (none given)")
+    policy = policy or HostPolicy()
+    policy.check(req)
+    log_dirs = policy.allowed_log_dirs(req)
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise ValueError("nonce must be hex")
-    nv = quote(req.nvidia_smi)
-    nvt = max(1, round(req.nvidia_smi_timeout_s))
+    nv = quote(policy.nvidia_smi)
+    nvt = max(1, round(policy.nvidia_smi_timeout_s))
     lines = [
         "export LC_ALL=C",
-        *(f"export {k}={quote(v)}" for k, v in req.env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)),
+        *(f"export {k}={quote(v)}" for k, v in policy.env if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)),
         f"M={nonce}",
         "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }",
         "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
@@ -166,7 +197,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
     if req.log_path is not None:
         lp = quote(req.log_path)
         # The resolved path (symlinks followed) must still be inside an allowed directory.
-        allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in req.log_dirs)
+        allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
         lines += [
             f"L={lp}",
             f'R=$(readlink -f -- "$L" 2>/dev/null || echo "$L"); case "$R" in {allowed}) OK=1;; *) OK=0;; esac',
@@ -192,7 +223,7 @@ def build_script(req: ProbeRequest, nonce: str) -> str:
         ]
         if req.health_path is not None:
             url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
-            ht = max(1, round(req.health_timeout_s))
+            ht = max(1, round(policy.health_timeout_s))
             lines.append(
                 "b health; if command -v curl >/dev/null 2>&1; then "
                 f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
@@ -293,14 +324,19 @@ def assemble_snapshot(
     req: ProbeRequest,
     sections: dict[str, Section],
     *,
+    policy: HostPolicy | None = None,
     gpu_override: GpuSection | None = None,
     gpu_note: str | None = None,
+    redactor: Redactor | None = None,
 ) -> Snapshot:
     """Build a Snapshot from split sections (pure).
 
-    `gpu_override` replaces the nvidia-smi sections (readings taken through NVML). Missing or failed
-    sections become entries in `Snapshot.errors`, never exceptions.
+    `gpu_override` replaces the nvidia-smi sections (readings taken through NVML). Command lines and log
+    lines are redacted with `redactor` (default: the built-in rules) BEFORE they are cut, so a cut never
+    leaves half a secret. Missing or failed sections become entries in `Snapshot.errors`, never exceptions.
     """
+    policy = policy or HostPolicy()
+    redactor = redactor or Redactor()
     snap = Snapshot(host=host)
     clock = _text(sections.get("clock")).strip()
     try:
@@ -324,7 +360,7 @@ def assemble_snapshot(
             grc = g.rc if g.complete else 124
             arc = (a.rc if a.complete else 124) if a is not None else None
             snap.gpu = nvidia_smi.gpu_section_from_outputs(
-                grc, _text(g), arc, _text(a), timeout_s=req.nvidia_smi_timeout_s
+                grc, _text(g), arc, _text(a), timeout_s=policy.nvidia_smi_timeout_s
             )
     else:
         snap.gpu = GpuSection(ok=False, error="GPU readings not requested")
@@ -337,7 +373,7 @@ def assemble_snapshot(
     if ps_sec is None or not procs:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
     for p in procs:  # redact before cutting, so a cut can never leave half a secret visible
-        p.args = redact_then_cut(p.args, 4 * MAX_LINE_WIDTH + 1)
+        p.args = redactor.then_cut(p.args, 4 * MAX_LINE_WIDTH + 1)
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
@@ -381,7 +417,7 @@ def assemble_snapshot(
             tail = sections.get("log_tail")
             if tail is not None:
                 info.tail = log_parse.clean_log_lines(tail.body, max_lines=req.tail_lines, max_width=MAX_LINE_WIDTH,
-                                                      redactor=redact_lines)
+                                                      redactor=redactor.lines)
         snap.log = info
 
     # Port and health

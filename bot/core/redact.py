@@ -10,7 +10,8 @@ Public API:
 - `redact_lines(lines, extra=())`: a list of lines (a log tail), with PEM private-key blocks tracked
   across lines.
 - `redact_then_cut(text, width)`: redact first, then cut to `width` characters (command lines).
-- `configure_patterns(patterns)`: the config's `redact_patterns`, applied by every call from then on.
+- `Redactor(patterns)`: the same, plus the config's `redact_patterns`; built once per bot (bot.wiring) and
+  handed to whatever posts, stores or logs text. The module functions apply the built-in rules only.
 
 What counts as a secret (names match case-insensitively and must END in a secret word, so
 `max_new_tokens`, `pad_token_id`, `tokenizer_path`, `--max-tokens`, `--tokenizer-mode` are not secrets):
@@ -45,8 +46,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
-__all__ = ["MASK", "SECRET_NAME_RE", "redact", "redact_lines", "redact_mapping", "redact_then_cut"]
+__all__ = ["MASK", "SECRET_NAME_RE", "Redactor", "redact", "redact_lines", "redact_mapping", "redact_then_cut"]
 
 MASK = "[REDACTED]"
 _ELLIPSIS = "…"
@@ -260,18 +262,6 @@ def _after_block(out: list[str], i: int) -> int:
     return i
 
 
-#: Patterns from the config's `redact_patterns` (see `configure_patterns`), applied on every call.
-_CONFIGURED: tuple[re.Pattern[str], ...] = ()
-
-
-def configure_patterns(patterns: Iterable[str]) -> None:
-    """Set the configured extra secret patterns (regex strings from the config's `redact_patterns`):
-    from now on every `redact`/`redact_lines` call masks their whole matches too. Raises re.error for an
-    invalid pattern (the config validates them first)."""
-    global _CONFIGURED
-    _CONFIGURED = tuple(re.compile(p) for p in patterns)
-
-
 def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
     """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`.
 
@@ -284,7 +274,7 @@ def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> lis
     are not all hex (key material with neither marker in view). `extra` are configured patterns whose
     whole match is masked. Returns a new list of the same length. Never raises for a list of str.
     """
-    patterns = tuple(extra) + _CONFIGURED
+    patterns = tuple(extra)
     return [_redact_line(line, patterns) if line else line for line in _pem_plan(list(lines))]
 
 
@@ -327,12 +317,47 @@ def redact_mapping(values: dict) -> dict:
     return out
 
 
-def redact_then_cut(text: str, width: int) -> str:
+def redact_then_cut(text: str, width: int, extra: Iterable[re.Pattern[str]] = ()) -> str:
     """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).
 
     Redacting first matters: cutting first can leave the start of a secret that no pattern recognises any
     more (`sk-ABCDEFGHIJ…`). `width` < 1 is treated as 1. Never raises for str input.
     """
     width = max(1, width)
-    out = redact(text or "")
+    out = redact(text or "", extra)
     return out if len(out) <= width else out[: width - 1] + _ELLIPSIS
+
+
+class Redactor:
+    """The built-in rules plus configured extra patterns (the config's `redact_patterns`: Python regexes
+    whose whole matches are masked), as one object built once and passed to whatever posts, stores or logs
+    text. Raises re.error for an invalid pattern (the config validates them first). Immutable."""
+
+    def __init__(self, patterns: Iterable[str] = ()):
+        self.patterns: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in patterns)
+
+    def __call__(self, text: str) -> str:
+        """`redact(text)` with the configured patterns too. Never raises for str input."""
+        return redact(text, self.patterns)
+
+    def lines(self, lines: list[str]) -> list[str]:
+        """`redact_lines(lines)` with the configured patterns too: a new list of the same length."""
+        return redact_lines(lines, self.patterns)
+
+    def then_cut(self, text: str, width: int) -> str:
+        """`redact_then_cut(text, width)` with the configured patterns too."""
+        return redact_then_cut(text, width, self.patterns)
+
+    def mapping(self, values: dict) -> dict:
+        """`redact_mapping(values)`, then the configured patterns over every string value."""
+        return {k: self(v) if isinstance(v, str) else v for k, v in redact_mapping(values).items()}
+
+    def deep(self, obj: Any) -> Any:
+        """`obj` (str, dict, list or tuple, nested) with every string redacted; other values as they are."""
+        if isinstance(obj, str):
+            return self(obj)
+        if isinstance(obj, dict):
+            return {k: self.deep(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.deep(v) for v in obj]
+        return obj

@@ -2,8 +2,9 @@
 
 Pure parts: `dump_script` builds the POSIX sh script the host runs (`sh -s`, script on stdin),
 `parse_dump_output` turns its output into `ProcessDump`s (never raises), `summarize` and `full_text` turn
-those into lines for Slack and into the full text to attach. `take_stack_dump` runs the script through a
-`bot.adapters.remote.Executor`. `stackdump_context` / `render_stack_dump` feed `templates/stackdump.*.j2`.
+those into lines for Slack and into the full text to attach; `finish_dumps` turns the whole command's result
+into one `ProcessDump` per pid. Running the script is `bot.services.stacks`; rendering is
+`bot.present.stackdump`.
 
 The script prints, per pid:
 
@@ -25,12 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.adapters.remote import KILL_AFTER_S, Executor, quote
 from bot.core.redact import redact
-from bot.present.render import Message, render
-
-#: Largest pid Linux can hand out (pid_max upper bound, 2**22).
-MAX_PID = 4_194_304
+from bot.core.shell import KILL_AFTER_S, MAX_PID, quote
 #: At most this many processes per dump request (each dump pauses its target briefly).
 MAX_PIDS = 64
 #: Frames shown per thread in the summary.
@@ -372,26 +369,26 @@ def full_text(dumps: list[ProcessDump]) -> str:
     return redact("\n\n".join(parts)) + "\n"
 
 
-# --------------------------------------------------------------------------------------------- running
+# --------------------------------------------------------------------------------------------- result
 
 
-async def take_stack_dump(executor: Executor, pids: list[int], *, sudo: bool = False, native: bool = False,
-                          timeout_s: int = 20, py_spy: str = "py-spy") -> list[ProcessDump]:
-    """Dump every pid on the executor's host in one command; one ProcessDump per distinct pid, in order.
+def check_pids(pids: Any) -> list[int]:
+    """The distinct pids of `pids` in order. Raises ValueError for a pid that is not an int in 1..MAX_PID,
+    an empty list, or more than MAX_PIDS pids."""
+    return _check_pids(pids)
 
-    Raises ValueError for bad pids (before anything runs) and the executor's RemoteError subclasses
-    (host unreachable, connection dropped, whole-script timeout). Per-process failures (py-spy missing,
-    no ptrace permission, sudo refused, no such process, py-spy timeout) are ProcessDump errors.
-    """
-    pid_list = _check_pids(pids)
-    script = dump_script(pid_list, sudo=sudo, native=native, timeout_s=timeout_s, py_spy=py_spy)
-    res = await executor.run("sh -s", input=script.encode(), timeout_s=script_budget_s(len(pid_list), timeout_s))
-    dumps = parse_dump_output(res.stdout.decode("utf-8", "replace"))
+
+def finish_dumps(pid_list: list[int], stdout: bytes, stderr: bytes, exit_status: int | None,
+                 exit_signal: str | None) -> list[ProcessDump]:
+    """One ProcessDump per pid of `pid_list`, in order, from the output of `dump_script` (stdout/stderr
+    bytes, the command's exit status or signal name). A pid without complete output says the dump was cut
+    short, with how the whole command ended when it did not exit 0."""
+    dumps = parse_dump_output(stdout.decode("utf-8", "replace"))
     by_pid = {d.pid: d for d in dumps}
-    if res.exit_status != 0 or res.exit_signal:
-        stderr = _error_line(res.stderr.decode("utf-8", "replace"))[:200]
-        how = f"signal {res.exit_signal}" if res.exit_signal else f"exit status {res.exit_status}"
-        detail = f" (the dump command ended with {how}" + (f": {stderr}" if stderr else "") + ")"
+    if exit_status != 0 or exit_signal:
+        err = _error_line(stderr.decode("utf-8", "replace"))[:200]
+        how = f"signal {exit_signal}" if exit_signal else f"exit status {exit_status}"
+        detail = f" (the dump command ended with {how}" + (f": {err}" if err else "") + ")"
     else:
         detail = ""
     out: list[ProcessDump] = []
@@ -401,32 +398,3 @@ async def take_stack_dump(executor: Executor, pids: list[int], *, sudo: bool = F
             d.error += detail
         out.append(d)
     return out
-
-
-# --------------------------------------------------------------------------------------------- rendering
-
-
-def stackdump_context(host: str, dumps: list[ProcessDump], *, native: bool = False) -> dict[str, Any]:
-    """The context of `templates/stackdump.*.j2`: host, native, counts, and per process its pid, ok, error,
-    headline (`pid N: detail`), detail and summary lines (without the headline)."""
-    return {
-        "host": host,
-        "native": native,
-        "ok_count": sum(d.ok for d in dumps),
-        "processes": [
-            {"pid": d.pid, "ok": d.ok, "error": d.error, "headline": process_headline(d),
-             "detail": process_detail(d), "lines": summarize_process(d)[1:]}
-            for d in dumps
-        ],
-    }
-
-
-def render_stack_dump(host: str, dumps: list[ProcessDump], *, native: bool = False) -> Message:
-    """Render the summary (`render("stackdump", ...)`) and attach the full dump as `stackdump-HOST.txt`
-    whenever at least one process was dumped (replacing render's own cut-text attachment)."""
-    msg = render("stackdump", **stackdump_context(host, dumps, native=native))
-    msg.ok = any(d.ok for d in dumps)
-    if msg.ok:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:60] or "host"
-        msg.files = [(f"stackdump-{safe}.txt", full_text(dumps).encode("utf-8", "replace"))]
-    return msg

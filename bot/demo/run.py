@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import TextIO
 
 from bot.config import Config, HostConfig
-from bot.console import ConsoleSurface, run_command_line
+from bot.console import console_runtime, run_command_line
+from bot.core.models import LaunchState
 from bot.demo.fakegpu import REPLAY_NOTE, install_fake_gpu
-from bot.services.hosts import HostService
-from bot.services.launches import build_launch_service
 
 
 def free_port() -> int:
@@ -140,17 +139,15 @@ async def run_demo(out: TextIO | None = None) -> int:
         print(f"gpubot demo: host 'local' is this machine ({socket.gethostname()}); no Slack token needed.", file=out)
         if config.hosts["local"].gpu_note:
             print(f"GPU data: {REPLAY_NOTE}.", file=out)
-        hosts = HostService(config)
-        launches = build_launch_service(config, hosts)
-        surface = ConsoleSurface(out)
+        runtime = console_runtime(config, out)
         port = config.variants["demo"].port
         rc = 0
         la = None
         try:
             print("\n$ /launch demo", file=out)
-            await run_command_line("/launch demo", config, hosts, surface, launches=launches)
-            la = launches.store.get_launch(1)
-            if la is None or la.state != "running" or la.pid is None:
+            await run_command_line("/launch demo", runtime)
+            la = runtime.launches.get(1)
+            if la is None or la.state != LaunchState.RUNNING or la.pid is None:
                 print("the demo server did not start", file=out)
                 return 1
             if not await asyncio.to_thread(wait_healthy, port, 30.0, _Pid(la.pid)):
@@ -159,16 +156,15 @@ async def run_demo(out: TextIO | None = None) -> int:
             for line in ("/gpu status", f"/probe local pgid={la.pgid} log={la.log_path} port={port}", "/kill 1",
                          "/kill 1 --yes"):
                 print(f"\n$ {line}", file=out)
-                await run_command_line(line, config, hosts, surface, launches=launches)
-            after = launches.store.get_launch(1)
-            if after is None or after.state != "killed":
+                await run_command_line(line, runtime)
+            after = runtime.launches.get(1)
+            if after is None or after.state != LaunchState.KILLED:
                 rc = 1
         finally:
             if la is not None and la.pgid and not await asyncio.to_thread(stop_group, la.pgid, 3.0):
                 print(f"demo server process group {la.pgid}: SOME PROCESSES REMAIN", file=out)
                 rc = 1
-            await hosts.close()
-            launches.store.close()
+            await runtime.close()
         print(f"\ndemo {'finished' if rc == 0 else 'FAILED'}: launch -> status -> probe -> kill", file=out)
         return rc
 

@@ -22,13 +22,16 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "timeline_png"]
+from bot.core.models import Launch
+
+__all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "launch_timeline_png", "timeline_png"]
 
 #: Width and height of the timeline PNG in inches; at `DPI` that is 1000 x 700 pixels.
 FIGSIZE_IN = (10.0, 7.0)
@@ -255,3 +258,30 @@ def _marks(marks: Sequence[tuple[float, str]]) -> list[tuple[float, str]]:
 def _cut(text: str, limit: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def launch_timeline_png(la: Launch, records: list[dict[str, Any]]) -> bytes:
+    """The launch's timeline: per-GPU memory and utilization and log lines over its life, with
+    phase starts and verdict changes marked. Returns PNG bytes."""
+    points, phases, verdicts = [], [], []
+    seen_phases: set[str] = set()
+    last_verdict = None
+    for rec in records:
+        t = rec.get("t")
+        if not isinstance(t, (int, float)) or "error" in rec:
+            continue
+        rel = max(0.0, t - la.created_at)
+        points.append(ChartPoint(
+            t_s=rel,
+            gpu_mem_mib={int(k): v for k, v in (rec.get("gpu_mem_mib") or {}).items()},
+            gpu_util_pct={int(k): v for k, v in (rec.get("gpu_util_pct") or {}).items()},
+            log_lines=rec.get("log_lines"),
+        ))
+        ph = rec.get("phase")
+        if ph and ph not in seen_phases:
+            seen_phases.add(ph)
+            phases.append((rel, ph))
+        if rec.get("verdict") and rec.get("verdict") != last_verdict:
+            last_verdict = rec["verdict"]
+            verdicts.append((rel, last_verdict))
+    return timeline_png(points, title=f"{la.name} on {la.host}", phases=phases, verdicts=verdicts)

@@ -20,7 +20,8 @@ from typing import Any
 
 import jinja2
 
-from bot.core.redact import redact
+from bot.core.redact import Redactor
+from bot.present.actions import ActionId
 
 MAX_BLOCKS = 50
 MAX_SECTION_TEXT = 3000
@@ -37,10 +38,12 @@ class Message:
     text: str
     blocks: list[dict[str, Any]] | None = None
     files: list[tuple[str, bytes]] = field(default_factory=list)
-    #: False for refusals and errors (bad input, unknown host, denied): the audit trail records them so.
-    ok: bool = True
-    #: What the audit trail records instead of ok/refused (e.g. "confirmation asked"); None: from `ok`.
-    audit_result: str | None = None
+
+    def then(self, other: Message) -> Message:
+        """This message followed by `other` in one answer: texts joined by a line break, blocks and files
+        concatenated (e.g. a relaunch's kill result, then its launch result)."""
+        blocks = None if self.blocks is None and other.blocks is None else [*(self.blocks or []), *(other.blocks or [])]
+        return Message(text=f"{self.text}\n{other.text}", blocks=blocks, files=[*self.files, *other.files])
 
 
 def mrkdwn_escape(value: Any) -> str:
@@ -150,18 +153,8 @@ def _template_env() -> jinja2.Environment:
         cut=cut,
         chunk_lines=chunk_lines,
     )
+    env.globals["actions"] = ActionId  # button action ids: `actions.KILL`, defined once in bot.present.actions
     return env
-
-
-_ENV: jinja2.Environment | None = None
-
-
-def environment() -> jinja2.Environment:
-    """The shared Jinja2 environment (StrictUndefined: a missing variable is an error, not a blank)."""
-    global _ENV
-    if _ENV is None:
-        _ENV = _template_env()
-    return _ENV
 
 
 def _cut_text_obj(obj: dict[str, Any], limit: int) -> None:
@@ -200,44 +193,54 @@ def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _redact_blocks(obj: Any) -> Any:
-    """Apply `redact` to every string inside a Block Kit structure (a safety net after the views)."""
-    if isinstance(obj, str):
-        return redact(obj)
-    if isinstance(obj, list):
-        return [_redact_blocks(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: (_redact_blocks(v) if k in ("text", "elements", "fields", "blocks") or isinstance(v, (list, dict))
-                    else v) for k, v in obj.items()}
-    return obj
-
-
 def _tidy(text: str) -> str:
     """Collapse runs of blank lines to one and strip surrounding newlines."""
     return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
 
 
-def render(name: str, /, **context: Any) -> Message:
-    """Render `templates/NAME.txt.j2` and `templates/NAME.blocks.j2` with `context`.
+class Renderer:
+    """Renders `templates/NAME.txt.j2` + `templates/NAME.blocks.j2` into a Message, redacting everything with
+    `redactor` (the built-in rules plus the config's `redact_patterns`). One Jinja2 environment per renderer
+    (StrictUndefined: a missing variable is an error, not a blank); build one per bot (bot.wiring)."""
 
-    Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
-    anything had to be cut, the full plain text is attached as `gpubot-NAME.txt` (Message.files) and the
-    cut places say "(truncated, full output attached)". Everything is redacted (bot.core.redact).
-    Raises jinja2.TemplateError on a template bug (callers turn it into an error message).
-    """
-    env = environment()
-    full_text = redact(_tidy(env.get_template(f"{name}.txt.j2").render(**context)))
-    raw = _redact_blocks(json.loads(env.get_template(f"{name}.blocks.j2").render(**context)))
-    blocks = fit_blocks(raw)
-    text = full_text
-    if len(text) > MAX_MESSAGE_TEXT:
-        text = text[: MAX_MESSAGE_TEXT - len(TRUNCATED) - 1] + "\n" + TRUNCATED
-    msg = Message(text=text, blocks=blocks)
-    if blocks != raw or text != full_text:
-        msg.files.append((f"gpubot-{name}.txt", full_text.encode("utf-8", "replace")))
-    return msg
+    def __init__(self, redactor: Redactor | None = None):
+        self.redactor = redactor or Redactor()
+        self.env = _template_env()
 
+    def render(self, name: str, /, **context: Any) -> Message:
+        """Render template pair NAME with `context`.
 
-def render_text(name: str, /, **context: Any) -> str:
-    """Render only the plain-text template `templates/NAME.txt.j2` (console output)."""
-    return redact(_tidy(environment().get_template(f"{name}.txt.j2").render(**context)))
+        Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
+        anything had to be cut, the full plain text is attached as `gpubot-NAME.txt` (Message.files) and the
+        cut places say "(truncated, full output attached)". Everything is redacted (`self.redactor`).
+        Raises jinja2.TemplateError on a template bug (the dispatcher turns it into an error answer).
+        """
+        full_text = self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
+        raw = self._redact_blocks(json.loads(self.env.get_template(f"{name}.blocks.j2").render(**context)))
+        blocks = fit_blocks(raw)
+        text = full_text
+        if len(text) > MAX_MESSAGE_TEXT:
+            text = text[: MAX_MESSAGE_TEXT - len(TRUNCATED) - 1] + "\n" + TRUNCATED
+        msg = Message(text=text, blocks=blocks)
+        if blocks != raw or text != full_text:
+            msg.files.append((f"gpubot-{name}.txt", full_text.encode("utf-8", "replace")))
+        return msg
+
+    def text(self, name: str, /, **context: Any) -> str:
+        """Render only the plain-text template `templates/NAME.txt.j2`, redacted."""
+        return self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
+
+    def error(self, title: str, detail: str, hint: str | None = None) -> Message:
+        """The error answer (templates/error.*): a title, what was wrong, and what to do."""
+        return self.render("error", title=title, detail=detail, hint=hint)
+
+    def _redact_blocks(self, obj: Any) -> Any:
+        """Apply the redactor to every string inside a Block Kit structure (a safety net after the views)."""
+        if isinstance(obj, str):
+            return self.redactor(obj)
+        if isinstance(obj, list):
+            return [self._redact_blocks(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: (self._redact_blocks(v) if k in ("text", "elements", "fields", "blocks")
+                        or isinstance(v, (list, dict)) else v) for k, v in obj.items()}
+        return obj

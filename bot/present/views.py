@@ -6,11 +6,14 @@ No formatting of units happens here beyond grouping and selection; templates for
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
-from bot.core.models import GpuSection, HostFailure, ProcessInfo, Snapshot
+from bot.core.diagnose import Verdict
+from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
 from bot.core.redact import redact, redact_lines
+from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId
 
 COMMAND_WIDTH = 90
 
@@ -148,30 +151,39 @@ def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = No
     }
 
 
-def _user_mention(user_id: str) -> str:
-    """`<@U123>` for a real Slack user ID, else the plain text (console, tests)."""
-    import re
-
-    return f"<@{user_id}>" if re.fullmatch(r"[UW][A-Z0-9]{2,}", user_id or "") else (user_id or "?")
+_SLACK_USER_RE = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
-STATE_EMOJI = {"starting": ":hourglass_flowing_sand:", "running": ":large_green_circle:",
-               "kill_failed": ":red_circle:", "killed": ":black_square_for_stop:", "exited": ":white_circle:",
-               "failed": ":x:"}
+def user_mention(user_id: str, fallback: str | None = None) -> str:
+    """`<@U123>` for a real Slack user ID; otherwise `fallback` (default: the text itself, or "?")."""
+    if _SLACK_USER_RE.fullmatch(user_id or ""):
+        return f"<@{user_id}>"
+    return (user_id or "?") if fallback is None else fallback
 
 
-def launch_view(la: Any) -> dict[str, Any]:
-    """Context for templates/launch_root.*: the launch's identity, who, params, processes, state."""
+#: The emoji in front of a launch's state on its root message.
+STATE_EMOJI: dict[LaunchState, str] = {
+    LaunchState.STARTING: ":hourglass_flowing_sand:", LaunchState.RUNNING: ":large_green_circle:",
+    LaunchState.STOPPING: ":hourglass_flowing_sand:", LaunchState.KILL_FAILED: ":red_circle:",
+    LaunchState.KILLED: ":black_square_for_stop:", LaunchState.EXITED: ":white_circle:", LaunchState.FAILED: ":x:"}
+
+
+def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
+    """Context for templates/launch_root.*: the launch's identity, who, params, processes, state; with a
+    `verdict`, the state detail says the verdict and phase (`silent_hang in weight_loading`)."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(la.params.items())) or "(defaults)"
+    detail = la.state_detail or ""
+    if verdict is not None:
+        detail = verdict.verdict + (f" in {verdict.phase}" if verdict.phase else "")
     return {
         "name": la.name,
         "id": la.id,
         "variant": la.variant,
         "host": la.host,
-        "state": la.state,
+        "state": str(la.state),
         "state_emoji": STATE_EMOJI.get(la.state, ""),
-        "state_detail": redact(la.state_detail or ""),
-        "who": _user_mention(la.created_by),
+        "state_detail": redact(detail),
+        "who": user_mention(la.created_by),
         "params": redact(params),
         "pid": la.pid,
         "port": la.port,
@@ -197,9 +209,10 @@ def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[st
     }
 
 
-def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: str) -> dict[str, Any]:
+def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: ActionId) -> dict[str, Any]:
     """Context for templates/kill_confirm.*: what a kill would stop (a bot.services.launches.KillPreview), the
-    typed command that confirms it, and the [Kill] button's `action_id` and `value`. GPU memory in GiB."""
+    typed command that confirms it, and the [Kill] button's `action_id` and `value` (the confirmation id).
+    GPU memory in GiB."""
     return {
         "target": pv.target,
         "host": pv.host,
@@ -212,7 +225,7 @@ def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: s
         "error": redact(pv.error) if pv.error else None,
         "confirm_command": confirm_command,
         "value": value,
-        "action_id": action_id,
+        "action_id": str(action_id),
     }
 
 
@@ -237,4 +250,18 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
         "gpus": ",".join(map(str, gpus)) if gpus else "all",
         "gpu_error": getattr(out, "gpu_error", None),
         "pid_target": out.target.startswith("pid "),
+    }
+
+
+def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[tuple[str, float]],
+               max_evidence: int = 30, max_steps: int = 6) -> dict[str, Any]:
+    """Context for templates/alert.*: the launch, the verdict with its phase, summary, evidence (at most
+    `max_evidence`) and next steps (at most `max_steps`), a mention of who launched it, seconds since the
+    launch (`elapsed_s`), the time per phase (ready only) and whether the buttons are shown."""
+    return {
+        "name": la.name, "host": la.host, "verdict": verdict.verdict, "phase": verdict.phase,
+        "summary": verdict.summary, "evidence": verdict.evidence[:max_evidence],
+        "next_steps": verdict.next_steps[:max_steps], "who_mention": user_mention(la.created_by, ""),
+        "elapsed_s": elapsed_s, "phases": phases if verdict.verdict == "ready" else [], "launch_id": la.id,
+        "buttons": verdict.verdict != "ready", "snooze_min": SNOOZE_BUTTON_MIN,
     }

@@ -7,16 +7,17 @@ script in ONE command over ONE channel, and hands the output to the pure assembl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from bot.adapters.nvml import read_nvml_async
 from bot.adapters.remote import Executor, RemoteError, build_executor
-from bot.config import Config
+from bot.config import Config, HostConfig
 from bot.core.models import GpuSection, HostFailure, Snapshot
-from bot.core.probe import ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
-from bot.core.redact import configure_patterns
+from bot.core.probe import HostPolicy, ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
+from bot.core.redact import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +33,27 @@ class UnknownHost(KeyError):
         super().__init__(name)
 
 
+def host_policy(cfg: HostConfig) -> HostPolicy:
+    """What a configured host allows and how its tools are called (see HostPolicy)."""
+    return HostPolicy(log_dirs=tuple(cfg.log_dirs), nvidia_smi=cfg.nvidia_smi,
+                      nvidia_smi_timeout_s=cfg.nvidia_smi_timeout_s, env=tuple(cfg.env.items()))
+
+
 class HostService:
-    """Probes configured hosts. Executors are created lazily, one per host, and reused (pooled SSH)."""
+    """Probes configured hosts. Executors are created lazily, one per host, and reused (pooled SSH).
+    `redactor` masks secrets in command lines and log lines before they are cut (bot.core.probe)."""
 
     def __init__(
         self,
         config: Config,
         executors: dict[str, Executor] | None = None,
         *,
+        redactor: Redactor | None = None,
         nvml_reader: NvmlReader | None = None,
         extra_path: list[str] | None = None,
     ):
         self.config = config
-        configure_patterns(config.redact_patterns)  # every entry point builds a HostService from its config
+        self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
         self._nvml_reader = nvml_reader or read_nvml_async
         self._extra_path = extra_path
@@ -76,23 +85,20 @@ class HostService:
     async def probe(self, host: str, req: ProbeRequest) -> Snapshot | HostFailure:
         """Take one snapshot of `host`: one command, one channel. Returns Snapshot or HostFailure.
 
-        Raises ProbeRequestError for an invalid request (before anything is sent).
+        Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
+        its log_dirs), before anything is sent. `req` is not modified.
         """
         cfg = self.config.hosts[host]
-        req.nvidia_smi = cfg.nvidia_smi
-        req.nvidia_smi_timeout_s = cfg.nvidia_smi_timeout_s
-        req.env = dict(cfg.env)
-        if req.log_dirs is None:  # a user's log= is held to the host's log_dirs; a launch's own log is not
-            req.log_dirs = list(cfg.log_dirs)
-        req.validate()
+        policy = host_policy(cfg)
+        policy.check(req)
         gpu_override = None
         if cfg.local and cfg.use_nvml and req.gpu:
             reading = await self._nvml_reader()
             if reading.ok:
                 gpu_override = reading
-                req.gpu = False
+                req = dataclasses.replace(req, gpu=False)
         nonce = new_nonce()
-        script = build_script(req, nonce)
+        script = build_script(req, nonce, policy)
         start = time.monotonic()
         try:
             res = await self.executor(host).run("sh -s", input=script.encode(), timeout_s=cfg.command_timeout_s)
@@ -107,7 +113,8 @@ class HostService:
             else:
                 reason = f"probe script failed (exit {res.exit_status}){': ' + err if err else ''}"
             return HostFailure(host=host, reason=reason)
-        snap = assemble_snapshot(host, req, sections, gpu_override=gpu_override, gpu_note=cfg.gpu_note)
+        snap = assemble_snapshot(host, req, sections, policy=policy, gpu_override=gpu_override,
+                                 gpu_note=cfg.gpu_note, redactor=self.redactor)
         if res.exit_status in (124, 137):
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         snap.duration_s = time.monotonic() - start

@@ -1,6 +1,8 @@
-"""The Surface interface: where answers go. Slack (bot/slack/surface.py) and the console implement it.
+"""Where answers go: the Surface interface, and the outbox-backed surface the Slack bot uses.
 
-Handlers never know which one they talk to.
+Handlers and services never know whether they talk to Slack or to a terminal: they post, edit and attach
+through a `Surface`. `OutboxSurface` (Slack) writes everything to the outbox first; the console prints
+(bot.console.ConsoleSurface); tests record (tests/support).
 """
 
 from __future__ import annotations
@@ -8,20 +10,61 @@ from __future__ import annotations
 from typing import Protocol
 
 from bot.present.render import Message
+from bot.services.outbox import Outbox, ref
 
 
 class Surface(Protocol):
-    """Posts, edits and attaches. `post` returns the message id (Slack `ts`; a counter on the console)."""
+    """Posts, edits and attaches. `post` returns the message id (Slack `ts`, or a `q:` reference while it is
+    queued; a counter on the console), or None when the message was refused."""
 
     async def post(self, channel: str, message: Message, *, thread_ts: str | None = None) -> str | None:
         """Post `message` to `channel` (in `thread_ts` when given). Returns its ts, or None on failure."""
         ...
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
-        """Replace the message `ts` with `message`. Returns True on success."""
+        """Replace the message `ts` with `message`. Returns True when it was queued or done."""
         ...
 
     async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
                      title: str | None = None) -> bool:
-        """Attach a file in the channel/thread. Returns True on success."""
+        """Attach a file in the channel/thread. Returns True when it was queued or done."""
         ...
+
+
+class OutboxSurface:
+    """The Surface of the Slack bot: every post, edit and file goes through the Outbox (database first, one
+    sender; see bot.services.outbox).
+
+    `post` waits up to `wait_s` seconds for the message to be sent: it returns the Slack ts when it was,
+    None when Slack refused it for good (`last_error` says why, e.g. `not_in_channel`), and otherwise a
+    `q:<id>` reference that stands for the ts (usable as thread_ts and for `update`) until it is sent.
+    `update` and `upload` queue and return True.
+    """
+
+    def __init__(self, outbox: Outbox, *, wait_s: float = 5.0):
+        self.outbox = outbox
+        self.wait_s = wait_s
+        self.last_error: str | None = None
+
+    async def post(self, channel: str, message: Message, *, thread_ts: str | None = None,
+                   wait_s: float | None = None) -> str | None:
+        """Queue a post (files follow as uploads). Returns ts, None (refused) or a `q:` reference."""
+        row_id = self.outbox.post(channel, message, thread_ts=thread_ts)
+        d = await self.outbox.wait(row_id, self.wait_s if wait_s is None else wait_s)
+        if d.state == "sent":
+            return d.ts
+        if d.state == "failed":
+            self.last_error = d.error
+            return None
+        return ref(row_id)
+
+    async def update(self, channel: str, ts: str, message: Message) -> bool:
+        """Queue an edit of `ts` (a ts or `q:` reference); a queued older edit of it is dropped. True."""
+        self.outbox.update(channel, ts, message)
+        return True
+
+    async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
+                     title: str | None = None) -> bool:
+        """Queue a file upload into `thread_ts`. Returns True."""
+        self.outbox.upload(channel, filename, content, thread_ts=thread_ts, title=title)
+        return True

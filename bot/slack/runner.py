@@ -17,11 +17,8 @@ from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.config import Config
-from bot.services.hosts import HostService
-from bot.services.launches import build_launch_service
-from bot.services.watch import Watcher
-from bot.slack.app import build_app
-from bot.slack.surface import make_client
+from bot.slack.app import build_app, slack_runtime
+from bot.slack.client import make_client
 
 log = logging.getLogger(__name__)
 
@@ -54,23 +51,20 @@ async def _wait_for_stop(stop: asyncio.Event) -> None:
 
 @contextlib.asynccontextmanager
 async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None = None):
-    """Yield the Bolt app wired to a shared aiohttp session, the host service and the Slack client; on
-    exit wait (bounded) for running commands, close SSH connections and the session."""
+    """Yield the Bolt app wired (bot.wiring) to a shared aiohttp session and the Slack client; on exit wait
+    (bounded) for running commands, stop the checks, flush the outbox, close SSH connections and the session."""
     session = aiohttp.ClientSession()
-    hosts = HostService(config)
-    launches = build_launch_service(config, hosts)
-    client = make_client(bot_token, _api_url(config), session=session)
-    app, bot = build_app(config, hosts, client, signing_secret=signing_secret, launches=launches)
-    watcher = Watcher(launches, bot.surface, db_url=launches.store.url)
-    await bot.start()  # the outbox sender: what an earlier run left queued goes out first
-    await watcher.start()
     try:
-        yield app
+        client = make_client(bot_token, _api_url(config), session=session)
+        runtime = slack_runtime(config, client)
+        app, bot = build_app(runtime, client, signing_secret=signing_secret)
+        await runtime.start()  # the outbox sender first: what an earlier run left queued goes out first
+        try:
+            yield app
+        finally:
+            await bot.drain()
+            await runtime.close()
     finally:
-        await watcher.stop()
-        await bot.close()
-        await hosts.close()
-        launches.store.close()
         await session.close()
 
 

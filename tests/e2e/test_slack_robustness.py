@@ -130,7 +130,7 @@ async def test_http_mode_health_endpoint(ssh_config, monkeypatch):
 async def test_gpubot_run_entrypoint_over_socket_mode(ssh_config, monkeypatch):
     """`gpubot run` as deployed: tokens and the API URL from the environment, Socket Mode to the fake."""
     from bot.slack import runner
-    from tests.fakes.slack_server import FakeSlack
+    from tests.support.fakes.slack_server import FakeSlack
 
     async with FakeSlack() as fake:
         monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-env")
@@ -206,7 +206,7 @@ async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is
 async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_privately(tmp_path, fake_gpu):
     """The placeholder of a slow command fails with not_in_channel: the answer is not lost as an edit of a
     message that never existed; it goes through the response_url instead."""
-    from tests.fakes.ssh_server import LoopbackSSHServer
+    from tests.support.fakes.ssh_server import LoopbackSSHServer
 
     env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
     async with LoopbackSSHServer(tmp_path / "slow", env=env, exec_delay_s=2.0) as srv:

@@ -10,8 +10,8 @@ import pytest
 from bot.config import Config
 from tests.conftest import H200, ssh_host
 from tests.e2e.conftest import start_stack
-from tests.fakes.slack_server import BOT_USER_ID
-from tests.fakes.ssh_server import LoopbackSSHServer
+from tests.support.fakes.slack_server import BOT_USER_ID
+from tests.support.fakes.ssh_server import LoopbackSSHServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,7 +22,7 @@ import pytest
 from bot.config import Config
 from tests.conftest import ssh_host
 from tests.e2e.conftest import start_stack
-from tests.fakes.ssh_server import LoopbackSSHServer
+from tests.support.fakes.ssh_server import LoopbackSSHServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from hypothesis import strategies as st
 
-from tests.data import CASES, H200
+from tests.support.paths import CASES, H200
 
 # The unit tests' own strategies, reused as one branch each (re-exported for tests/fuzz/test_fuzz_parsers.py).
 from tests.unit.test_commands import _texts as UNIT_COMMAND_TEXTS  # noqa: F401

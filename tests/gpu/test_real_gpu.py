@@ -2,7 +2,7 @@
 
 The whole product runs here, the way a user would run it, with only Slack faked:
 - the "GPU host" `gpu-host-1` is this machine reached over real SSH (the project's asyncssh server on
-  loopback, `tests/fakes/ssh_server.py`), with the REAL `nvidia-smi` on its PATH;
+  loopback, `tests/support/fakes/ssh_server.py`), with the REAL `nvidia-smi` on its PATH;
 - two more hosts are this machine as `local: true`: `local-nvml` reads the GPUs through NVML (pynvml),
   `local-smi` through nvidia-smi (`use_nvml: false`), so the two backends are compared on one GPU;
 - the bot is the real Bolt app talking to the local fake of Slack (`tests/e2e/conftest.py` `start_stack`),
@@ -49,7 +49,7 @@ from bot.core.models import Snapshot
 from bot.services.watch import Watcher
 from tests.conftest import free_port, ssh_host
 from tests.e2e.conftest import start_stack
-from tests.fakes.ssh_server import LoopbackSSHServer
+from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.integration.test_lifecycle import pids_of_launch
 
 SERVER = Path(__file__).with_name("torch_server.py")

@@ -12,7 +12,7 @@ from bot.core.models import HostFailure, Snapshot
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
 from tests.conftest import ssh_host
-from tests.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, sshd_available
+from tests.support.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, sshd_available
 
 pytestmark = [
     pytest.mark.sshd,

@@ -20,7 +20,7 @@ from bot.adapters.store import OutboxRow, Store
 from bot.present.render import Message
 from bot.services.outbox import Outbox, _Permanent, _Retry, classify, ref, ref_id
 from bot.slack.surface import OutboxSurface, make_client
-from tests.fakes.slack_server import FakeSlack
+from tests.support.fakes.slack_server import FakeSlack
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -83,7 +83,7 @@ async def test_connection_is_pooled_and_reconnects_after_drop(ssh_server, ssh_co
 
 
 async def test_channel_cap_keeps_under_max_sessions(tmp_path, fake_gpu):
-    from tests.fakes.ssh_server import LoopbackSSHServer
+    from tests.support.fakes.ssh_server import LoopbackSSHServer
 
     env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
     async with LoopbackSSHServer(tmp_path / "ssh10", env=env, max_sessions=10) as srv:

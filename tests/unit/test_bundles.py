@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from bot.adapters.bundle import read_bundle
 from bot.cli import main
 from bot.core.bundle import BUNDLE_FILES
-from tests.data import CASES
+from tests.support.paths import CASES
 
 BUNDLES = sorted(p for p in CASES.iterdir() if p.is_dir())
 BOT = Path(__file__).resolve().parents[2] / "bot"

@@ -18,7 +18,7 @@ from bot.core.parse.nvidia_smi import (
     parse_query_apps,
     parse_query_gpu,
 )
-from tests.data import CASES, FIXTURES, H200, case_file, read  # noqa: F401
+from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
 UUID = "GPU-5a1c0de2-7b3e-4f10-9c8d-0e1f2a3b4c5d"
 

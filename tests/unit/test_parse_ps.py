@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bot.core.models import ProcessInfo
 from bot.core.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
-from tests.data import CASES, FIXTURES, H200, case_file, read  # noqa: F401
+from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
 FIXTURE_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,pmem,rss,vsz,etimes,time,wchan:32,args"  # h200/README.md
 

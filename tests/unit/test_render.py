@@ -44,7 +44,7 @@ from bot.present.render import (
     render_text,
 )
 from bot.present.views import probe_view, status_view
-from tests.data import FIXTURES, H200, case_dir  # noqa: F401
+from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")
 EVIL = "<!channel> <@U123> & <http://evil|x>"

@@ -18,7 +18,7 @@ from bot.core.models import (
 from bot.core.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
 from bot.core.parse.ps import parse_ps
 from bot.present.views import COMMAND_WIDTH, gpu_view, probe_view, short_command, status_view
-from tests.data import FIXTURES, H200, case_dir  # noqa: F401
+from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")
 CASE00_FIELDS = ["index", "memory.used", "memory.total", "utilization.gpu"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 H200 = FIXTURES / "h200"
 CASES = FIXTURES / "cases"
 

@@ -1,4 +1,4 @@
-"""Self-tests of :class:`tests.fakes.slack_server.FakeSlack` against the real slack_sdk / slack_bolt.
+"""Self-tests of :class:`tests.support.fakes.slack_server.FakeSlack` against the real slack_sdk / slack_bolt.
 
 No mocks: the real AsyncWebClient, AsyncApp and AsyncSocketModeHandler talk to the fake over loopback.
 """
@@ -19,7 +19,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.fakes.slack_server import FakeSlack
+from tests.support.fakes.slack_server import FakeSlack
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -1,4 +1,5 @@
-"""Tests for bot.core.grammar: slash commands, mentions, prefix messages, quoting, Slack escapes, fuzzing."""
+"""Tests for bot.core.grammar with the vocabulary of the command table: slash commands, mentions, prefix
+messages, quoting, Slack escapes, every command on every route, fuzzing."""
 
 from __future__ import annotations
 
@@ -6,23 +7,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.config import NAME_RE
-from bot.core.grammar import (
-    GPU_SUBCOMMANDS,
-    MAX_COMMAND_CHARS,
-    SLASH_DEFAULTS,
-    CommandCall,
-    CommandParseError,
-    parse_message,
-    parse_slash,
-    strip_mention,
-)
+from bot.config import NAME_RE, Config
+from bot.core.grammar import MAX_COMMAND_CHARS, CommandCall, CommandParseError, strip_mention
+from handlers import COMMANDS, grammar
+from handlers.derive import slash_keys
 
 BOT = "UBOT123"
+G = grammar(Config())
+parse_slash = G.parse_slash
+#: Slash command -> the command it runs when its text names none.
+SLASH_DEFAULTS = {f"/{key}": default for key, (default, _router) in slash_keys().items()}
+#: Every command name and alias: each is a `/gpu` subcommand and a `!`/mention word.
+GPU_SUBCOMMANDS = sorted(G.vocabulary.words)
 
 
 def msg(text: str, bot: str | None = BOT, prefix: str = "!") -> CommandCall | None:
-    return parse_message(text, bot_user_id=bot, prefix=prefix)
+    return G.parse_message(text, bot_user_id=bot, prefix=prefix)
 
 
 # --- slash commands -------------------------------------------------------------------------------
@@ -266,8 +266,8 @@ def test_mention_alone_is_help():
 def test_mention_gpu_forms():
     c1 = msg(f"<@{BOT}> gpu status all")
     assert c1 is not None and (c1.name, c1.args) == ("status", ["all"])
-    c2 = msg(f"<@{BOT}> gpu h1")
-    assert c2 is not None and (c2.name, c2.args) == ("status", ["h1"])
+    c2 = msg(f"<@{BOT}> gpu h1")  # an unknown word after `gpu`: the dispatcher reads it as a host
+    assert c2 is not None and (c2.name, c2.word, c2.args) == ("h1", "h1", [])
     c3 = msg(f"<@{BOT}> /probe h1")
     assert c3 is not None and (c3.name, c3.args) == ("probe", ["h1"])
 
@@ -385,21 +385,82 @@ def test_fuzz_parse_slash_only_raises_parse_error(command, text):
        st.sampled_from([BOT, None]), st.sampled_from(["!", "", "?", "gpu:"]))
 def test_fuzz_parse_message_only_raises_parse_error(text, bot, prefix):
     try:
-        call = parse_message(text, bot_user_id=bot, prefix=prefix)
+        call = G.parse_message(text, bot_user_id=bot, prefix=prefix)
     except CommandParseError as e:
         assert str(e)
         return
     assert call is None or (isinstance(call, CommandCall) and call.name == call.name.lower())
 
 
-async def test_superscript_digits_are_not_numbers_anywhere():
+async def test_superscript_digits_are_not_numbers_anywhere(make_bot, tmp_path):
     """'²'.isdigit() is True but int('²') raises: every numeric argument must refuse it with a message."""
-    from bot.config import Config
-    from bot.services.hosts import HostService
-    from handlers import dispatch
-    from handlers.base import CommandContext
+    cfg = Config(hosts={"h": {"address": "127.0.0.1", "known_hosts": "/nonexistent"}}, state_dir=str(tmp_path),
+                 permissions={"operators": ["U0OPERATOR"]})
+    bot = await make_bot(cfg)
+    for text, expected in [("/probe h pid=²", "pid= must be a positive integer"), ("/kill pid=²", "pid= must be"),
+                           ("!logs 1 ²", "Which launch?"), ("!snooze ²", "Which launch?"), ("!confirm ²", "must be")]:
+        answer = await bot.chat.say(text)
+        assert answer is not None and expected in answer.text, (text, answer.text if answer else None)
+        assert answer.audit in ("invalid", "refused"), (text, answer.audit)
 
-    cfg = Config(hosts={"h": {"address": "127.0.0.1", "known_hosts": "/nonexistent"}})
-    ctx = CommandContext(user_id="console", channel_id="C1", config=cfg, hosts=HostService(cfg), source="console")
-    msg = await dispatch(parse_slash("/probe", "h pid=²"), ctx)
-    assert "pid= must be a positive integer" in msg.text and not msg.ok
+
+# --- every command of the table, on every route -----------------------------------------------------
+
+ROUTE_ARGS = "x1 k=v --f"
+
+
+def _routes(word: str, own_slash: str | None) -> list[tuple[str, CommandCall | None]]:
+    """Every way to type command `word` with ROUTE_ARGS, and what the grammar makes of it."""
+    out = [(f"/gpu {word}", G.parse_slash("/gpu", f"{word} {ROUTE_ARGS}")),
+           (f"/gpubot {word}", G.parse_slash("/gpubot", f"{word} {ROUTE_ARGS}")),
+           (f"!{word}", msg(f"!{word} {ROUTE_ARGS}")),
+           (f"!gpu {word}", msg(f"!gpu {word} {ROUTE_ARGS}")),
+           (f"!gpubot {word}", msg(f"!gpubot {word} {ROUTE_ARGS}")),
+           (f"@gpubot {word}", msg(f"<@{BOT}> {word} {ROUTE_ARGS}")),
+           (f"@gpubot gpu {word}", msg(f"<@{BOT}> gpu {word} {ROUTE_ARGS}")),
+           (f"{word} (console, buttons)", G.parse_command(f"{word} {ROUTE_ARGS}"))]
+    if own_slash:
+        out.append((f"/{own_slash}", G.parse_slash(f"/{own_slash}", ROUTE_ARGS)))
+    return out
+
+
+@pytest.mark.parametrize("spec", COMMANDS, ids=lambda s: s.name)
+def test_every_command_means_the_same_on_every_route(spec):
+    for word in (spec.name, *spec.aliases, spec.name.upper()):
+        for route, call in _routes(word, spec.slash if word == spec.name else None):
+            assert call is not None, route
+            assert (call.name, call.args, call.kwargs, call.flags) == (spec.name, ["x1"], {"k": "v"}, {"f"}), route
+
+
+def test_gpu_snooze_is_snooze_on_every_route():
+    """The drift that made `!gpu snooze 5` mean `/gpu status snooze`: one vocabulary now serves every route."""
+    calls = [G.parse_slash("/gpu", "snooze 5"), msg("!gpu snooze 5"), msg("!snooze 5"), msg(f"<@{BOT}> gpu snooze 5")]
+    assert {(c.name, tuple(c.args)) for c in calls if c is not None} == {("snooze", ("5",))}
+
+
+@pytest.mark.parametrize("spec", [c for c in COMMANDS if c.default_of or c.slash], ids=lambda s: s.name)
+def test_slash_commands_default_to_their_command(spec):
+    for key in filter(None, (spec.default_of, spec.slash)):
+        call = G.parse_slash(f"/{key}", "k=v")
+        assert (call.name, call.kwargs) == (spec.name, {"k": "v"})
+
+
+def test_renamed_slash_commands_for_a_second_install():
+    g = grammar(Config(slack={"slash_commands": {"gpu": "/gpu-staging", "kill": "/kill-staging"}}))
+    assert g.parse_slash("/gpu-staging", "snooze 5").name == "snooze"
+    assert g.parse_slash("/kill-staging", "12 --yes").args == ["12"]
+    assert g.parse_slash("/probe", "h1").name == "probe"  # not renamed: its default name
+    with pytest.raises(CommandParseError):
+        g.parse_slash("/gpu", "status")  # the other install's command
+    with pytest.raises(CommandParseError):
+        g.parse_slash("/kill", "12")
+    # in messages the router works under its key and under its new name
+    assert g.parse_message("!gpu-staging snooze 5", bot_user_id=None).name == "snooze"
+    assert g.parse_message("!gpu snooze 5", bot_user_id=None).name == "snooze"
+
+
+def test_chat_that_names_no_command_is_not_addressed():
+    for text in ["!important: prod is down", "!nice one", "!don't do that"]:
+        assert not G.addresses(text, "!", ["gpu-host-1"]), text
+    for text in ["!help", "!gpu", "!snooze 5", "!stackdump", "!gpu-host-1", "!KILL 3"]:
+        assert G.addresses(text, "!", ["gpu-host-1"]), text

@@ -10,8 +10,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from tests.fakes.ssh_server import LoopbackSSHServer
-from tests.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, require_sshd, sshd_available
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, require_sshd, sshd_available
 
 pytestmark = pytest.mark.timeout(30)
 

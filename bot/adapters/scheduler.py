@@ -1,0 +1,144 @@
+"""APScheduler wiring: persisted readiness checks and the digest, in the bot's own database.
+
+One job per watched launch lives in the same database as the launches (SQLAlchemyJobStore, table
+`apscheduler_jobs`): the module-level job function `check_launch(launch_id)` takes only the launch id,
+job ids are deterministic (`watch:<id>`, replaced when re-added), `misfire_grace_time` is large, with
+`coalesce` and `max_instances=1`, in UTC. After a restart the jobs come back from the database; a check
+that came due during the downtime runs once.
+
+Persisted jobs can only name a module-level function, so the running `Scheduler` registers the object that
+handles them (`JobTarget`, the watcher) in `_TARGET`: the one module-level variable of the bot, set by
+`Scheduler.start` and cleared by `Scheduler.shutdown`. One bot process per database (two schedulers on one
+job store would run each check twice).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Protocol
+
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from bot.config import Config
+
+log = logging.getLogger(__name__)
+
+#: Seconds a check may be late (the bot was down) and still run once.
+MISFIRE_GRACE_S = 3600
+DIGEST_JOB = "digest"
+
+
+class JobTarget(Protocol):
+    """What the persisted jobs call: one readiness check of a launch, and the digest."""
+
+    async def check(self, launch_id: int) -> Any:
+        """Run one check of launch `launch_id`; must not raise."""
+        ...
+
+    async def digest(self) -> Any:
+        """Post the scheduled `/gpu status` digest; must not raise."""
+        ...
+
+
+_TARGET: JobTarget | None = None
+
+
+async def check_launch(launch_id: int) -> None:
+    """The persisted job: one readiness check of launch `launch_id` (only the id is pickled)."""
+    target = _TARGET
+    if target is None:
+        log.warning("check of launch %s skipped: no scheduler is running", launch_id)
+        return
+    await target.check(launch_id)
+
+
+async def post_digest() -> None:
+    """The persisted digest job: `/gpu status` of every host, posted to `watch.digest_channel`."""
+    target = _TARGET
+    if target is not None:
+        await target.digest()
+
+
+def watch_job_id(launch_id: int) -> str:
+    """The job id of launch `launch_id`'s checks: `watch:<id>`."""
+    return f"watch:{launch_id}"
+
+
+def crontab_problem(expr: str) -> str | None:
+    """Why `expr` is not a crontab expression (minute hour day month weekday), or None when it is one
+    (APScheduler's `CronTrigger.from_crontab` decides)."""
+    try:
+        CronTrigger.from_crontab(expr)
+    except ValueError as e:
+        return f"not a crontab expression (minute hour day month weekday): {e}"
+    return None
+
+
+def config_problems(config: Config) -> list[str]:
+    """`location: message` for each scheduling setting of `config` that APScheduler refuses (watch and
+    variant `digest_cron`). Empty when all are fine."""
+    out = []
+    policies = [("watch", config.watch)] + [(f"variants.{n}.watch", v.watch) for n, v in config.variants.items()
+                                            if v.watch is not None]
+    for where, policy in policies:
+        if policy.digest_cron is not None and (problem := crontab_problem(policy.digest_cron)):
+            out.append(f"{where}.digest_cron: {problem}")
+    return out
+
+
+class Scheduler:
+    """An AsyncIOScheduler on the database at `db_url` (any SQLAlchemy URL), in UTC."""
+
+    def __init__(self, db_url: str, *, misfire_grace_s: float = MISFIRE_GRACE_S):
+        self._aps = AsyncIOScheduler(
+            jobstores={"default": SQLAlchemyJobStore(url=db_url, tablename="apscheduler_jobs")},
+            job_defaults={"misfire_grace_time": int(misfire_grace_s), "coalesce": True, "max_instances": 1},
+            timezone=dt.UTC,
+        )
+
+    def start(self, target: JobTarget) -> None:
+        """Start scheduling (inside the running event loop); persisted jobs call `target` from now on."""
+        global _TARGET
+        _TARGET = target
+        self._aps.start()
+
+    def shutdown(self, target: JobTarget | None = None) -> None:
+        """Stop without running pending jobs (they stay in the database); unregister `target`."""
+        global _TARGET
+        if self._aps.running:
+            self._aps.shutdown(wait=False)
+        if target is None or _TARGET is target:
+            _TARGET = None
+
+    def watch(self, launch_id: int, interval_s: float) -> None:
+        """Add (or replace) the checks of launch `launch_id`: every `interval_s` seconds, the first one
+        interval from now."""
+        self._aps.add_job(check_launch, "interval", seconds=interval_s, args=[launch_id],
+                          id=watch_job_id(launch_id), replace_existing=True,
+                          next_run_time=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=interval_s))
+
+    def unwatch(self, launch_id: int) -> None:
+        """Remove the checks of launch `launch_id` (nothing happens when there are none)."""
+        job = self._aps.get_job(watch_job_id(launch_id))
+        if job is not None:
+            job.remove()
+
+    def is_watched(self, launch_id: int) -> bool:
+        """True while launch `launch_id` has a check job."""
+        return self._aps.get_job(watch_job_id(launch_id)) is not None
+
+    def set_digest(self, cron: str | None) -> None:
+        """Schedule the digest on crontab `cron` (UTC), or remove it when None. Raises ValueError for a bad
+        expression (check it with `crontab_problem` first)."""
+        if cron:
+            self._aps.add_job(post_digest, CronTrigger.from_crontab(cron, timezone=dt.UTC), id=DIGEST_JOB,
+                              replace_existing=True)
+        elif self._aps.get_job(DIGEST_JOB) is not None:
+            self._aps.remove_job(DIGEST_JOB)
+
+    def job(self, job_id: str) -> Any:
+        """The APScheduler job with this id, or None (for status and tests)."""
+        return self._aps.get_job(job_id)

@@ -1,0 +1,151 @@
+"""Table `launches`: one row per launch of a variant on a host, and its repository."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Integer, String, Text, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from bot.adapters.store.db import Base, Database
+from bot.core.models import LIVE_STATES, TERMINAL_STATES, Launch, LaunchState
+
+
+class LaunchRow(Base):
+    """Table `launches` (times are epoch seconds; params and gpus as JSON)."""
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    variant: Mapped[str] = mapped_column(String(64), index=True)
+    params_json: Mapped[str] = mapped_column(Text, default="{}")
+    command: Mapped[str] = mapped_column(Text, default="")
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus_json: Mapped[str] = mapped_column(Text, default="[]")
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pgid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    state: Mapped[str] = mapped_column(String(32), default=LaunchState.STARTING.value, index=True)
+    state_detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    channel: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    relaunch_of: Mapped[int | None] = mapped_column(Integer, ForeignKey("launches.id"), nullable=True)
+    tag: Mapped[str] = mapped_column(String(64), default="", index=True)
+    alert_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    snoozed_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+def _launch(row: LaunchRow) -> Launch:
+    return Launch(
+        id=row.id, host=row.host, variant=row.variant, params=json.loads(row.params_json or "{}"),
+        command=row.command, log_path=row.log_path, port=row.port, gpus=json.loads(row.gpus_json or "[]"),
+        pid=row.pid, pgid=row.pgid, sid=row.sid, state=LaunchState(row.state), state_detail=row.state_detail,
+        created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
+        thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
+        snoozed_until=row.snoozed_until,
+    )
+
+
+class LaunchRepository:
+    """Launches and their incident threads. Every method is one transaction; returns detached `Launch`
+    copies. Raises sqlalchemy errors only for a broken database."""
+
+    def __init__(self, db: Database):
+        self._db = db
+
+    def create(self, *, host: str, variant: str, params: dict[str, Any], command: str, log_path: str | None,
+               port: int | None, gpus: list[int], created_by: str, channel: str | None = None,
+               thread_ts: str | None = None, relaunch_of: int | None = None) -> Launch:
+        """Insert a launch in state `starting` with a fresh tag `<id>-<12 hex>` (unique across bots and
+        databases: the id alone repeats in a fresh state_dir) and return it."""
+        with self._db.transaction() as s:
+            row = LaunchRow(host=host, variant=variant, params_json=json.dumps(params, sort_keys=True),
+                            command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
+                            created_by=created_by, created_at=time.time(), channel=channel,
+                            thread_ts=thread_ts, relaunch_of=relaunch_of, state=LaunchState.STARTING.value)
+            s.add(row)
+            s.flush()
+            row.tag = f"{row.id}-{secrets.token_hex(6)}"
+            s.flush()
+            return _launch(row)
+
+    def update(self, launch_id: int, **fields: Any) -> Launch:
+        """Set columns of a launch (`params`/`gpus` are JSON-encoded; entering a terminal state sets
+        `ended_at` once) and return the new version. Raises KeyError for an unknown id."""
+        with self._db.transaction() as s:
+            row = s.get(LaunchRow, launch_id)
+            if row is None:
+                raise KeyError(launch_id)
+            for k, v in fields.items():
+                if k == "params":
+                    row.params_json = json.dumps(v, sort_keys=True)
+                elif k == "gpus":
+                    row.gpus_json = json.dumps(v)
+                elif k == "state":
+                    row.state = LaunchState(v).value
+                else:
+                    setattr(row, k, v)
+            if "state" in fields and LaunchState(fields["state"]) in TERMINAL_STATES and row.ended_at is None:
+                row.ended_at = time.time()
+            return _launch(row)
+
+    def set_started(self, launch_id: int, pid: int) -> Launch:
+        """Record the started process (PID = PGID = SID). The state becomes `running` only if it is still
+        `starting` (compare-and-set): a launch cancelled meanwhile keeps its state. Raises KeyError."""
+        with self._db.transaction() as s:
+            row = s.get(LaunchRow, launch_id)
+            if row is None:
+                raise KeyError(launch_id)
+            row.pid = row.pgid = row.sid = pid
+            if row.state == LaunchState.STARTING:
+                row.state = LaunchState.RUNNING.value
+            return _launch(row)
+
+    def get(self, launch_id: int) -> Launch | None:
+        """The launch with this id, or None."""
+        with self._db.transaction() as s:
+            row = s.get(LaunchRow, launch_id)
+            return _launch(row) if row else None
+
+    def replace_thread_ts(self, old: str, new: str) -> int:
+        """Point launches whose incident thread is `old` (an outbox reference `q:<id>`) at the real Slack ts
+        `new`. Returns how many launches changed."""
+        with self._db.transaction() as s:
+            res = s.execute(update(LaunchRow).where(LaunchRow.thread_ts == old).values(thread_ts=new))
+            return int(res.rowcount or 0)
+
+    def for_thread(self, channel: str, thread_ts: str) -> Launch | None:
+        """The newest launch whose incident thread is (channel, thread_ts), or None."""
+        with self._db.transaction() as s:
+            row = s.scalars(select(LaunchRow).where(LaunchRow.channel == channel, LaunchRow.thread_ts == thread_ts)
+                            .order_by(LaunchRow.id.desc())).first()
+            return _launch(row) if row else None
+
+    def live(self, host: str | None = None, variant: str | None = None) -> list[Launch]:
+        """Launches in a live state, newest first, optionally on one host and/or of one variant."""
+        with self._db.transaction() as s:
+            q = select(LaunchRow).where(LaunchRow.state.in_([st.value for st in LIVE_STATES]))
+            if host is not None:
+                q = q.where(LaunchRow.host == host)
+            if variant is not None:
+                q = q.where(LaunchRow.variant == variant)
+            return [_launch(r) for r in s.scalars(q.order_by(LaunchRow.id.desc()))]
+
+    def in_state(self, state: LaunchState) -> list[Launch]:
+        """Every launch in `state`, oldest first."""
+        with self._db.transaction() as s:
+            q = select(LaunchRow).where(LaunchRow.state == LaunchState(state).value).order_by(LaunchRow.id)
+            return [_launch(r) for r in s.scalars(q)]
+
+    def recent(self, limit: int = 20) -> list[Launch]:
+        """The newest `limit` launches, newest first."""
+        with self._db.transaction() as s:
+            return [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]

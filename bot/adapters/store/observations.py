@@ -1,0 +1,50 @@
+"""Table `observations`: one compact record per readiness check of a launch, and its repository."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import Float, ForeignKey, Integer, Text, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from bot.adapters.store.db import Base, Database
+
+
+class ObservationRow(Base):
+    """Table `observations` (the record as JSON; `at` epoch seconds)."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    launch_id: Mapped[int] = mapped_column(Integer, ForeignKey("launches.id"), index=True)
+    at: Mapped[float] = mapped_column(Float, default=time.time)
+    data_json: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class ObservationRepository:
+    """Check records per launch (JSON-serialisable dicts, see bot.core.observe). Raises sqlalchemy errors
+    for a broken database."""
+
+    def __init__(self, db: Database):
+        self._db = db
+
+    def add(self, launch_id: int, data: dict[str, Any]) -> None:
+        """Append one check's record for a launch."""
+        with self._db.transaction() as s:
+            s.add(ObservationRow(launch_id=launch_id, at=time.time(), data_json=json.dumps(data, default=str)))
+
+    def list(self, launch_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The launch's records, oldest first (at most the newest `limit`)."""
+        with self._db.transaction() as s:
+            rows = list(s.scalars(select(ObservationRow).where(ObservationRow.launch_id == launch_id)
+                                  .order_by(ObservationRow.id.desc()).limit(limit)))
+        return [json.loads(r.data_json) for r in reversed(rows)]
+
+    def last(self, launch_id: int) -> dict[str, Any] | None:
+        """The newest record of the launch that is not an error (among its last 20), or None."""
+        for rec in reversed(self.list(launch_id, limit=20)):
+            if "error" not in rec:
+                return rec
+        return None

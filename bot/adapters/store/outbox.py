@@ -1,0 +1,130 @@
+"""Table `outbox`: every message to Slack, written before it is sent, and its repository.
+
+The sending rules (order, pacing, retries, exactly once) are the outbox service's (bot.services.outbox);
+this module only stores rows and moves them between states in single transactions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import Float, Integer, LargeBinary, String, Text, delete, func, select, update
+from sqlalchemy.orm import Mapped, mapped_column
+
+from bot.adapters.store.db import Base, Database
+
+#: Row states: pending -> sending -> sent, or failed (a permanent error) or superseded (an edit replaced
+#: by a newer edit of the same message).
+DONE_STATES = ("sent", "failed", "superseded")
+
+
+class OutboxRow(Base):
+    """Table `outbox`. `kind` is post / update / upload. `thread_ts` and `target_ts` hold a Slack ts, or
+    `q:<id>`: the ts of outbox row <id> once that row is sent. `key` is the unique metadata key a post
+    carries (looked up before a retry). Times are epoch seconds."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    thread_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    target_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    text: Mapped[str] = mapped_column(Text, default="")
+    blocks_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    filename: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    key: Mapped[str] = mapped_column(String(40), default="")
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[float] = mapped_column(Float, default=time.time)
+    sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result_ts: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: 1 while an earlier attempt may have reached Slack (5xx, timeout, crash): look before posting again.
+    needs_lookup: Mapped[int] = mapped_column(Integer, default=0)
+
+
+def _snapshot(row: OutboxRow) -> dict[str, Any]:
+    return {c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns}
+
+
+class OutboxRepository:
+    """Outbox rows. Every method is one transaction; rows come back as plain dicts of their columns.
+    Raises sqlalchemy errors for a broken or locked database (the outbox service retries)."""
+
+    def __init__(self, db: Database):
+        self._db = db
+
+    def add(self, **fields: Any) -> int:
+        """Insert a pending row with a fresh 24-hex `key`; returns its id."""
+        with self._db.transaction() as s:
+            row = OutboxRow(key=secrets.token_hex(12), created_at=time.time(), next_at=0.0, **fields)
+            s.add(row)
+            s.flush()
+            return int(row.id)
+
+    def supersede_updates(self, channel: str, target_ts: str) -> list[int]:
+        """Mark every pending edit of message `target_ts` in `channel` superseded; returns their ids."""
+        with self._db.transaction() as s:
+            old = list(s.scalars(select(OutboxRow.id).where(
+                OutboxRow.channel == channel, OutboxRow.kind == "update", OutboxRow.target_ts == target_ts,
+                OutboxRow.state == "pending")).all())
+            if old:
+                s.execute(update(OutboxRow).where(OutboxRow.id.in_(old)).values(state="superseded"))
+            return old
+
+    def get(self, row_id: int) -> dict[str, Any] | None:
+        """The row's columns, or None."""
+        with self._db.transaction() as s:
+            row = s.get(OutboxRow, row_id)
+            return None if row is None else _snapshot(row)
+
+    def pending_count(self, channel: str | None = None) -> int:
+        """How many rows are still to send (pending or sending), in `channel` or everywhere."""
+        with self._db.transaction() as s:
+            q = select(func.count()).select_from(OutboxRow).where(OutboxRow.state.in_(("pending", "sending")))
+            if channel is not None:
+                q = q.where(OutboxRow.channel == channel)
+            return int(s.scalar(q) or 0)
+
+    def pending(self) -> list[tuple[int, str, float]]:
+        """(id, channel, next_at epoch s) of every pending row, in id order."""
+        with self._db.transaction() as s:
+            rows = s.execute(select(OutboxRow.id, OutboxRow.channel, OutboxRow.next_at)
+                             .where(OutboxRow.state == "pending").order_by(OutboxRow.id)).all()
+            return [(int(r.id), str(r.channel), float(r.next_at or 0.0)) for r in rows]
+
+    def requeue_interrupted(self) -> int:
+        """Rows left `sending` by a crash become pending again, to be looked up before a resend. Returns
+        how many."""
+        with self._db.transaction() as s:
+            res = s.execute(update(OutboxRow).where(OutboxRow.state == "sending")
+                            .values(state="pending", error="interrupted", next_at=0.0, needs_lookup=1))
+            return int(res.rowcount or 0)
+
+    def purge(self, older_than: float) -> int:
+        """Delete rows that are done and were created before `older_than` (epoch s). Returns how many."""
+        with self._db.transaction() as s:
+            res = s.execute(delete(OutboxRow).where(OutboxRow.state.in_(DONE_STATES),
+                                                    OutboxRow.created_at < older_than))
+            return int(res.rowcount or 0)
+
+    def claim(self, row_id: int) -> dict[str, Any] | None:
+        """Move a pending row to `sending` (one more attempt) and return its columns; None when it is gone or
+        no longer pending."""
+        with self._db.transaction() as s:
+            row = s.get(OutboxRow, row_id)
+            if row is None or row.state != "pending":
+                return None
+            row.state = "sending"
+            row.attempts = (row.attempts or 0) + 1
+            return _snapshot(row)
+
+    def set(self, row_id: int, **values: Any) -> None:
+        """Write `values` (column -> value) to row `row_id`."""
+        with self._db.transaction() as s:
+            s.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(**values))

@@ -1,0 +1,49 @@
+"""Alerts in a launch's incident thread: the verdict with its evidence, the timeline chart attached, and
+the root message edited to show the verdict."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from bot.adapters.store.observations import ObservationRepository
+from bot.core.diagnose import Verdict
+from bot.core.models import Launch
+from bot.core.observe import phase_times
+from bot.present.chart import launch_timeline_png
+from bot.present.render import Renderer
+from bot.present.views import alert_view
+from bot.services.surface import Surface
+from bot.services.threads import IncidentThreads
+
+log = logging.getLogger(__name__)
+
+
+class AlertPoster:
+    """Posts one alert per verdict change (the watcher decides when)."""
+
+    def __init__(self, surface: Surface, renderer: Renderer, threads: IncidentThreads,
+                 observations: ObservationRepository):
+        self._surface = surface
+        self._render = renderer
+        self._threads = threads
+        self._observations = observations
+
+    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any]) -> bool:
+        """Post the alert for `verdict` in `la`'s thread (with the timeline PNG; a chart failure never costs
+        the alert) and show the verdict on the root message. Returns True when the alert was posted or queued;
+        False without a channel or when it was refused."""
+        if not la.channel:
+            return False
+        now = record.get("t", time.time())
+        records = self._observations.list(la.id)
+        msg = self._render.render("alert", **alert_view(la, verdict, elapsed_s=now - la.created_at,
+                                                         phases=phase_times(records, la.created_at, now)))
+        try:
+            msg.files.append((f"{la.variant}-{la.id}-timeline.png", launch_timeline_png(la, records)))
+        except Exception:
+            log.exception("timeline chart of %s failed", la.name)
+        ts = await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
+        await self._threads.show(la, verdict)
+        return ts is not None

@@ -1,0 +1,66 @@
+"""Stack dumps of a launch's processes with py-spy, over the host's pooled executor in one round trip."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bot.adapters.remote import RemoteError
+from bot.core.models import HostFailure, Launch
+from bot.core.stackdump import MAX_PIDS, ProcessDump, check_pids, dump_script, finish_dumps, script_budget_s
+from bot.services.audit import Audit
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
+
+
+class StackDumpError(Exception):
+    """The dump could not be taken at all (host unreachable, no process left); str() is user-facing."""
+
+
+@dataclass
+class StackDump:
+    """A taken dump: the host, the pids asked for (at most MAX_PIDS) and one ProcessDump per pid."""
+
+    host: str
+    pids: list[int]
+    dumps: list[ProcessDump] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when at least one process was dumped."""
+        return any(d.ok for d in self.dumps)
+
+
+class StackService:
+    """`py-spy dump --json` of every live process of a launch (`sudo -n` when the host's `py_spy_sudo`)."""
+
+    def __init__(self, hosts: HostService, launches: LaunchService, audit: Audit):
+        self._hosts = hosts
+        self._launches = launches
+        self._audit = audit
+
+    async def dump(self, la: Launch, *, native: bool, user: str, channel: str | None = None,
+                   timeout_s: int = 20) -> StackDump:
+        """Dump the launch's processes (with `--native` C frames when `native`). Per-process failures
+        (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
+        StackDumpError when the host cannot be read or no process of the launch is alive. Audited as
+        `stack_dump`."""
+        snap = await self._launches.probe_launch(la, tail_lines=1)
+        if isinstance(snap, HostFailure):
+            raise StackDumpError(snap.reason)
+        pids = sorted({p.pid for p in self._launches.launch_processes_of(la, snap)})[:MAX_PIDS]
+        if not pids:
+            raise StackDumpError("no process of this launch is alive")
+        host_cfg = self._hosts.config.hosts[la.host]
+        pid_list = check_pids(pids)
+        script = dump_script(pid_list, sudo=host_cfg.py_spy_sudo, native=native, timeout_s=timeout_s,
+                             py_spy=host_cfg.py_spy)
+        try:
+            res = await self._hosts.executor(la.host).run("sh -s", input=script.encode(),
+                                                          timeout_s=script_budget_s(len(pid_list), timeout_s))
+        except RemoteError as e:
+            raise StackDumpError(str(e)) from None
+        out = StackDump(la.host, pid_list, finish_dumps(pid_list, res.stdout, res.stderr, res.exit_status,
+                                                        res.exit_signal))
+        self._audit.record(user_id=user, action="stack_dump", args={"launch": la.name, "pids": pid_list},
+                           result="ok" if out.ok else "error", launch_id=la.id, host=la.host, channel=channel)
+        return out

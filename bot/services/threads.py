@@ -1,0 +1,56 @@
+"""Incident threads: the root message of each launch, posted once and edited in place.
+
+Every launch opens one thread: a root message in its channel (variant, host, params, who, state, PID,
+port, GPUs, log). Everything about the launch goes into the thread under it. When the state changes the
+root is edited (`chat.update`), unless a newer launch (a relaunch) now owns the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from bot.adapters.store.launches import LaunchRepository
+from bot.core.diagnose import Verdict
+from bot.core.models import Launch
+from bot.present.render import Renderer
+from bot.present.views import launch_view
+from bot.services.surface import Surface
+
+log = logging.getLogger(__name__)
+
+
+class IncidentThreads:
+    """Posts and edits launches' root messages through `surface`."""
+
+    def __init__(self, launches: LaunchRepository, surface: Surface, renderer: Renderer):
+        self._launches = launches
+        self._surface = surface
+        self._render = renderer
+
+    async def open(self, la: Launch) -> Launch:
+        """Post `la`'s root message in its channel and record the thread (a ts, or a `q:` reference while
+        queued). Returns the launch as stored; unchanged when it has no channel or the post failed (logged)."""
+        if not la.channel:
+            return la
+        try:
+            ts = await self._surface.post(la.channel, self._render.render("launch_root", **launch_view(la)))
+        except Exception:
+            log.exception("posting the root message of %s failed", la.name)
+            return la
+        return self._launches.update(la.id, thread_ts=ts) if ts else la
+
+    async def show(self, la: Launch, verdict: Verdict | None = None) -> bool:
+        """Edit the root message to show `la` as it is now (with `verdict` and its phase when given). Returns
+        False when there is nothing to edit, or the thread now belongs to a newer launch (whose state the root
+        shows). Failures are logged, never raised."""
+        if not la.channel or not la.thread_ts:
+            return False
+        newest = self._launches.for_thread(la.channel, la.thread_ts)
+        if newest is not None and newest.id != la.id:
+            return False
+        try:
+            return await self._surface.update(la.channel, la.thread_ts,
+                                              self._render.render("launch_root", **launch_view(la, verdict)))
+        except Exception:
+            log.exception("updating the root message of %s failed", la.name)
+            return False

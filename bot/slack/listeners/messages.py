@@ -1,0 +1,55 @@
+"""`@gpubot CMD` mentions and `!CMD` messages, answered in their thread (slash commands cannot be used in
+threads: this is how a launch's thread runs commands)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from slack_bolt.async_app import AsyncApp
+
+from bot.core.grammar import CommandCall, CommandParseError
+from handlers import Source
+
+if TYPE_CHECKING:
+    from bot.slack.app import SlackBot
+
+#: Message subtypes that are never commands (the bot's own posts, edits, deletions).
+IGNORED_SUBTYPES = ("bot_message", "message_changed", "message_deleted")
+
+
+def register(app: AsyncApp, bot: SlackBot) -> None:
+    """Mentions and `!` messages: drop bots, edits and redeliveries; a `!word` that names no command is chat."""
+    prefix = bot.config.slack.command_prefix
+    grammar = bot.dispatcher.grammar
+
+    async def handle(event: dict, context, source: Source) -> None:
+        if event.get("bot_id") or event.get("subtype") in IGNORED_SUBTYPES or not event.get("channel") \
+                or not event.get("user") or not bot.seen.first(f"msg:{event['channel']}:{event.get('ts')}"
+                                                               if event.get("ts") else None):
+            return
+        text = event.get("text") or ""
+        if source == Source.PREFIX and not grammar.addresses(text, prefix, bot.config.hosts):
+            return  # "!important: prod is down" is chat, not a command
+        try:
+            call: CommandCall | CommandParseError | None = grammar.parse_message(
+                text, bot_user_id=context.get("bot_user_id"), prefix=prefix)
+        except CommandParseError as e:
+            call = e
+        if call is None:
+            return
+        bot.spawn(bot.run(user_id=event["user"], channel_id=event["channel"], source=source,
+                          thread_ts=event.get("thread_ts") or event.get("ts"),
+                          word=getattr(call, "word", "") or "command", work=lambda r: bot.dispatcher.run(r, call)))
+
+    @app.event("app_mention")
+    async def on_mention(event, context):
+        await handle(event, context, Source.MENTION)
+
+    @app.message(re.compile(r"^\s*" + re.escape(prefix) + r"\S"))
+    async def on_prefix(message, context):
+        await handle(message, context, Source.PREFIX)
+
+    @app.event("message")
+    async def on_other_message(event):
+        return None  # every other channel message: nothing to do (keeps Bolt from logging "unhandled")

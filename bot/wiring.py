@@ -1,0 +1,143 @@
+"""The one composition root: `build_runtime(config, ...)` wires every part of the bot once, for Slack, the
+console, the demo and the tests alike.
+
+Who gets what: one Redactor (built-in rules plus the config's `redact_patterns`) for the renderer, the
+audit writer, the host service and the launch service; one Store (the database) whose repositories only
+services use; one Surface where answers go (the outbox over a transport for Slack, or the caller's own,
+e.g. the console's); one Scheduler for the watcher; one Dispatcher for every route.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from bot.adapters import scheduler as scheduler_adapter
+from bot.adapters.remote import Executor
+from bot.adapters.scheduler import Scheduler
+from bot.adapters.store import Store, default_url
+from bot.config import Config, ConfigError, WatchPolicy
+from bot.core.redact import Redactor
+from bot.present.render import Renderer
+from bot.services.alerts import AlertPoster
+from bot.services.audit import Audit
+from bot.services.confirmations import ConfirmationService
+from bot.services.hosts import HostService, NvmlReader
+from bot.services.launches import LaunchService
+from bot.services.outbox import Outbox, Transport
+from bot.services.stacks import StackService
+from bot.services.surface import OutboxSurface, Surface
+from bot.services.threads import IncidentThreads
+from bot.services.watch import Watcher
+from handlers import Dispatcher, Services
+from handlers import derive as handler_derive
+
+log = logging.getLogger(__name__)
+
+
+def config_problems(config: Config) -> list[str]:
+    """Problems of a schema-valid config that only the parts above the config layer can see: a digest cron
+    APScheduler refuses, slash command names the command table does not know or Slack would refuse.
+    `location: message` strings; empty when fine."""
+    return scheduler_adapter.config_problems(config) + handler_derive.config_problems(config)
+
+
+def check_config(config: Config) -> Config:
+    """`config` itself, or ConfigError listing `config_problems`."""
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+@dataclass
+class Runtime:
+    """Every part of one bot, wired. `start()` inside the event loop; `close()` at the end."""
+
+    config: Config
+    redactor: Redactor
+    renderer: Renderer
+    store: Store
+    audit: Audit
+    hosts: HostService
+    surface: Surface
+    outbox: Outbox | None
+    threads: IncidentThreads
+    launches: LaunchService
+    stacks: StackService
+    confirmations: ConfirmationService
+    watcher: Watcher
+    services: Services
+    dispatcher: Dispatcher
+
+    async def start(self, *, watch: bool = True) -> None:
+        """Start the outbox sender (what an earlier run left queued goes out first) and, with `watch`, the
+        scheduled readiness checks."""
+        if self.outbox is not None:
+            self.outbox.start()
+        if watch:
+            await self.watcher.start()
+
+    async def close(self, *, flush_s: float = 5.0) -> None:
+        """Stop the checks, give the outbox `flush_s` seconds to send what is queued (the rest stays queued
+        in the database), close SSH connections and the database. Never raises."""
+        for step in (self.watcher.stop, lambda: self._stop_outbox(flush_s), self.hosts.close):
+            try:
+                await step()
+            except Exception:
+                log.exception("shutdown step failed")
+        self.store.close()
+
+    async def _stop_outbox(self, flush_s: float) -> None:
+        if self.outbox is not None:
+            await self.outbox.flush(flush_s)
+            await self.outbox.stop()
+
+
+def build_runtime(config: Config, *, surface: Surface | None = None, transport: Transport | None = None,
+                  store: Store | None = None, executors: Mapping[str, Executor] | None = None,
+                  nvml_reader: NvmlReader | None = None, extra_path: list[str] | None = None,
+                  watch_policy: WatchPolicy | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
+                  outbox_options: Mapping[str, float] | None = None,
+                  surface_factory: Callable[[Outbox], Surface] | None = None) -> Runtime:
+    """Wire a bot for `config`.
+
+    Answers go to `surface`, or, with a `transport` (Slack), through an Outbox in the database
+    (`slack.post_interval_s` apart per channel; `outbox_options` are further Outbox settings) and an
+    OutboxSurface (or `surface_factory(outbox)`). `store` defaults to the config's database
+    (`database_url`, else `state_dir/gpubot.db`); `executors` replace hosts' executors (tests);
+    `watch_policy` overrides the config's `watch:`; `poll_s`/`start_check_s` time kills and the first look
+    at a launch. Launches a previous run left `stopping` become `kill_failed`. Raises ConfigError (see
+    `config_problems`), ValueError without a surface or transport, and sqlalchemy/OSError for an unusable
+    database or state directory.
+    """
+    check_config(config)
+    if surface is None and transport is None:
+        raise ValueError("build_runtime needs a surface or a transport")
+    redactor = Redactor(config.redact_patterns)
+    renderer = Renderer(redactor)
+    store = store or Store(config.database_url or default_url(config.state_dir))
+    audit = Audit(store.events, redactor)
+    hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
+                        extra_path=extra_path)
+    outbox = None
+    if transport is not None:
+        outbox = Outbox(store.outbox, transport, min_interval_s=config.slack.post_interval_s,
+                        on_posted=store.launches.replace_thread_ts, **dict(outbox_options or {}))
+        surface = surface_factory(outbox) if surface_factory is not None else OutboxSurface(outbox)
+    assert surface is not None
+    threads = IncidentThreads(store.launches, surface, renderer)
+    launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
+                             start_check_s=start_check_s)
+    launches.recover_interrupted_kills()
+    stacks = StackService(hosts, launches, audit)
+    confirmations = ConfirmationService(store.confirmations, launches)
+    alerts = AlertPoster(surface, renderer, threads, store.observations)
+    watcher = Watcher(config, launches, store, alerts, surface, renderer, Scheduler(store.url), policy=watch_policy)
+    services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,
+                        confirmations=confirmations, watcher=watcher)
+    return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
+                   surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
+                   confirmations=confirmations, watcher=watcher, services=services,
+                   dispatcher=Dispatcher(services, audit))

@@ -1,0 +1,85 @@
+"""Argument parsing shared by every command: counts, pids, hosts and launches, with ONE answer for each
+kind of mistake (an unknown host always gets the list of hosts)."""
+
+from __future__ import annotations
+
+from bot.core.grammar import CommandCall
+from bot.core.lifecycle import LaunchError
+from bot.core.models import Launch
+from bot.core.shell import MAX_PID, parse_pid
+from bot.services.hosts import UnknownHost
+from handlers.context import Context
+from handlers.reply import UserError
+
+
+def bad(detail: str, usage: str) -> UserError:
+    """The answer to a malformed argument: what was wrong, and the usage line (audited as invalid)."""
+    return UserError("Bad arguments", detail, f"Usage: {usage}", audit="invalid")
+
+
+def no_kwargs(call: CommandCall, usage: str, allowed: frozenset[str] = frozenset()) -> None:
+    """Raise UserError when `call` has key=value arguments other than `allowed`."""
+    unknown = sorted(set(call.kwargs) - allowed)
+    if unknown:
+        raise bad(f"{call.name} takes no {', '.join(k + '=' for k in unknown)} argument", usage)
+
+
+def is_number(word: str) -> bool:
+    """True for a word of ASCII digits (Unicode digits such as '²' are not numbers here)."""
+    return word.isascii() and word.isdigit()
+
+
+def count(text: str, lo: int, hi: int, what: str, usage: str) -> int:
+    """`text` as an integer in lo..hi, or UserError naming `what` and the range."""
+    t = (text or "").strip()
+    if not is_number(t) or len(t) > 12 or not lo <= int(t) <= hi:
+        raise bad(f"{what} must be {lo}..{hi}", usage)
+    return int(t)
+
+
+def pid(text: str, usage: str) -> int:
+    """A process id (2..MAX_PID: pid 1 is init, never ours to kill), or UserError."""
+    n = parse_pid(text, lowest=2)
+    if n is None:
+        raise bad(f"pid= must be a process id (2..{MAX_PID})", usage)
+    return n
+
+
+def host(ctx: Context, name: str | None) -> str:
+    """A configured host: `name`, else the default host, else the only host. UserError listing the known
+    hosts otherwise (the one "unknown host" answer)."""
+    try:
+        return ctx.services.hosts.resolve_host(name)
+    except UnknownHost as e:
+        what = repr(name[:60]) if name else "no host given and no default host"
+        raise UserError("Unknown host", what, f"Known hosts: {', '.join(e.known) or '(none configured)'}",
+                        audit="invalid") from None
+
+
+def is_launch_ref(word: str) -> bool:
+    """True for a word that can only name a launch: `12` or `base#12`."""
+    prefix, sep, num = word.rpartition("#")
+    return is_number(num) and (not sep or bool(prefix))
+
+
+def launch(ctx: Context, ref: str | None, usage: str, *, allow_only_live: bool = True) -> Launch:
+    """The launch `ref` names (`12`, `base#12`, a variant: its live launch), or without `ref` the launch of
+    this thread (and, when `allow_only_live`, the only live launch). UserError naming the live launches."""
+    r = ctx.request
+    try:
+        return ctx.services.launches.find(ref, channel=r.channel_id, thread_ts=r.thread_ts,
+                                          allow_only_live=allow_only_live)
+    except LaunchError as e:
+        raise UserError("Which launch?", str(e), f"Usage: {usage}", audit="invalid") from None
+
+
+def launch_and_number(call: CommandCall, usage: str) -> tuple[str | None, str | None]:
+    """Split positional args into (a launch reference, a number): `N`, `LAUNCH`, `LAUNCH N`, `N N` (the first
+    is the launch id). UserError for more than that."""
+    nums = [a for a in call.args if is_number(a)]
+    refs = [a for a in call.args if not is_number(a)]
+    if len(nums) == 2 and not refs:
+        refs, nums = [nums[0]], [nums[1]]
+    if len(nums) > 1 or len(refs) > 1:
+        raise bad("expected at most a launch and a number", usage)
+    return (refs[0] if refs else None), (nums[0] if nums else None)

@@ -1,0 +1,109 @@
+"""One pipeline for every route: slash commands, mentions, `!` messages, button clicks and the console.
+
+`Dispatcher.run(request, call)`: resolve the command in the table (a host name is `/gpu status HOST`;
+anything else unknown gets the help) -> filters (channel, then role; once) -> handler -> one audit row
+(`command:<name>`, with the route, the text, the result and where it came from) -> a placed Reply. Bad
+input, refusals and internal errors become answers, never exceptions. A click first becomes the command
+text its button stands for (bot.present.actions), then runs the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+
+from bot.core.grammar import CommandCall, CommandParseError, Grammar
+from bot.present.actions import click_command
+from bot.services.audit import Audit
+from handlers.context import Context, Request, Services, Source
+from handlers.filters import FILTERS, Filter
+from handlers.help import help_message
+from handlers.reply import Reply, UserError
+from handlers.spec import CommandSpec
+from handlers.table import COMMANDS
+from handlers.derive import grammar
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Runs commands for every front end. `filters` run in order before every handler; `audit` is the one
+    writer of the `command:*` rows."""
+
+    def __init__(self, services: Services, audit: Audit, *, commands: Sequence[CommandSpec] = COMMANDS,
+                 filters: Sequence[Filter] = FILTERS):
+        self.services = services
+        self.audit = audit
+        self.commands = tuple(commands)
+        self.filters = list(filters)
+        self.grammar: Grammar = grammar(services.config, self.commands)
+        self._by_name = {c.name: c for c in self.commands}
+
+    def find(self, name: str) -> CommandSpec | None:
+        """The command named `name` (a canonical name; the grammar maps aliases), or None."""
+        return self._by_name.get(name)
+
+    async def run(self, request: Request, call: CommandCall | CommandParseError) -> Reply:
+        """Run `call` (or answer its parse error) for `request`. Returns the Reply placed in a channel and
+        thread, audited once. Never raises for user input or a failing handler."""
+        ctx = Context(request, self.services, self.commands)
+        if isinstance(call, CommandParseError):
+            reply = self._error(ctx, UserError("Bad command", str(call), "Try `/gpu help`.", audit="invalid"))
+            return self._finish(ctx, "?", "", reply)
+        spec = self.find(call.name)
+        if spec is None and (call.word in self.services.config.hosts or call.word.lower() == "all"):
+            # "/gpu gpu-host-1" is "/gpu status gpu-host-1"; "/gpu all" is "/gpu status all"
+            call = replace(call, name="status", args=[call.word, *call.args])
+            spec = self.find("status")
+        if spec is None:
+            what = "command or host" if request.source == Source.SLASH else "command"
+            intro = f"Unknown {what} {call.word[:40] or call.name[:40]!r}. Here is what I can do:"
+            return self._finish(ctx, call.name[:40], call.raw, Reply(help_message(ctx, intro), audit="unknown"))
+        try:
+            for f in self.filters:
+                f(spec, call, ctx)
+            reply = await spec.handler(call, ctx)
+        except UserError as e:
+            reply = self._error(ctx, e)
+        except Exception as e:
+            log.exception("command %s failed", spec.name)
+            reply = Reply(self.services.renderer.error(
+                "Internal error", f"{spec.name} failed: {type(e).__name__}",
+                "The bot logged the details; the state is unchanged."), audit="error", detail=type(e).__name__)
+        return self._finish(ctx, spec.name, call.raw, reply)
+
+    async def run_text(self, request: Request, text: str) -> Reply:
+        """Parse command text without a prefix (`kill 7 --yes`), then `run` it."""
+        try:
+            call: CommandCall | CommandParseError = self.grammar.parse_command(text)
+        except CommandParseError as e:
+            call = e
+        return await self.run(request, call)
+
+    async def click(self, request: Request, action_id: str, value: str) -> Reply:
+        """A button click: the command its button stands for (`confirm 12`, `relaunch 7`), run like a typed
+        one with `request.source` BUTTON. A forged or garbled click is audited as invalid and not answered."""
+        request = replace(request, source=Source.BUTTON)
+        text = click_command(action_id, value)
+        if text is None:
+            ctx = Context(request, self.services, self.commands)
+            return self._finish(ctx, "button", f"[button {action_id[:40]} {value[:40]}]",
+                                Reply(None, audit="invalid", detail="unknown button or value"))
+        return await self.run_text(request, text)
+
+    def _error(self, ctx: Context, e: UserError) -> Reply:
+        return Reply(self.services.renderer.error(e.title, e.detail, e.hint), thread_ts=e.thread_ts, audit=e.audit,
+                     detail=e.detail[:300], launch_id=e.launch_id)
+
+    def _finish(self, ctx: Context, name: str, raw: str, reply: Reply) -> Reply:
+        r = ctx.request
+        reply = reply.placed(r.channel_id, r.thread_ts)
+        launch_id = reply.launch_id
+        if launch_id is None:
+            la = self.services.launches.thread_launch(r.channel_id, r.thread_ts)
+            launch_id = la.id if la is not None else None
+        self.audit.record(user_id=r.user_id, action=f"command:{name}", result=reply.audit, detail=reply.detail,
+                          args={"text": raw[:500], "source": str(r.source)}, launch_id=launch_id,
+                          channel=r.channel_id)
+        return reply

@@ -1,0 +1,26 @@
+"""`!snooze [LAUNCH] [MINUTES]`: no alerts for a launch for a while; its checks go on."""
+
+from __future__ import annotations
+
+from bot.core.grammar import CommandCall
+from bot.services.launches import MAX_SNOOZE_MIN
+from handlers import args
+from handlers.context import Context, Role
+from handlers.reply import Reply
+from handlers.spec import CommandSpec
+
+USAGE = "!snooze [LAUNCH] [MINUTES] (in a launch thread; default 15)"
+
+
+async def handle(call: CommandCall, ctx: Context) -> Reply:
+    """Hold back the launch's alerts for MINUTES (1..1440, default 15); changes are posted after."""
+    args.no_kwargs(call, USAGE)
+    ref, minutes_text = args.launch_and_number(call, USAGE)
+    minutes = args.count(minutes_text or "15", 1, MAX_SNOOZE_MIN, "minutes", USAGE)
+    la = args.launch(ctx, ref, USAGE, allow_only_live=False)
+    la = ctx.services.launches.snooze(la, minutes, user=ctx.user, channel=ctx.channel)
+    return ctx.reply(ctx.services.renderer.error(f"Alerts of {la.name} snoozed", f"for {minutes} min; checks go on"),
+                     launch=la)
+
+
+COMMAND = CommandSpec("snooze", handle, Role.OPERATOR, USAGE, "no alerts for a launch for a while (checks go on)")

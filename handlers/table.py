@@ -1,0 +1,23 @@
+"""THE command table: the only list of gpubot's commands. The grammar (slash commands, `/gpu` subcommands,
+`!` and mention words, aliases), the help text, the Bolt registration and the Slack manifest all derive from
+it (handlers.vocabulary)."""
+
+from __future__ import annotations
+
+from handlers import chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
+from handlers.spec import CommandSpec
+
+COMMANDS: tuple[CommandSpec, ...] = (
+    status.COMMAND,
+    probe.COMMAND,
+    logs.COMMAND,
+    launch.COMMAND,
+    kill.COMMAND,
+    relaunch.COMMAND,
+    stack.COMMAND,
+    chart.COMMAND,
+    snooze.COMMAND,
+    confirm.CONFIRM,
+    confirm.CANCEL,
+    help.COMMAND,
+)

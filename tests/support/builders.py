@@ -1,0 +1,83 @@
+"""Builders of test configs: SSH hosts pointing at the loopback servers, and a GPU host with the fake
+multi-process server as its variants (`base`, `helper`), fast watch settings."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from bot.config import Config, HostConfig, WatchPolicy
+from bot.demo.fakegpu import FakeGpu, install_fake_gpu
+from tests.support.procs import FAKE_SERVER, free_port
+
+OPERATOR, OTHER_OPERATOR, VIEWER = "U0OPERATOR", "U0OTHER", "U0VIEWER"
+
+#: Readiness checks every 0.5 s; silence after 2 s in every start-up phase.
+FAST_WATCH = WatchPolicy(interval_s=0.5, silence_after_s=2.0,
+                         phase_grace_s={p: 2.0 for p in ("comm_init", "weight_loading", "kv_cache_alloc",
+                                                         "cuda_graph_capture", "warmup")})
+
+
+def ssh_host(srv: Any, **overrides: Any) -> HostConfig:
+    """HostConfig pointing at a LoopbackSSHServer / OpenSSHServer (host keys verified)."""
+    fields: dict[str, Any] = {
+        "address": srv.host,
+        "port": srv.port,
+        "user": srv.username,
+        "key_file": str(srv.client_key_path),
+        "known_hosts": str(srv.known_hosts_path),
+        "connect_timeout_s": 5,
+        "command_timeout_s": 20,
+        "nvidia_smi_timeout_s": 3,
+        "keepalive_interval_s": 5,
+        "log_dirs": ["/tmp"],
+    }
+    fields.update(overrides)
+    return HostConfig(**fields)
+
+
+def fake_variant(fake_gpu: FakeGpu, log_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """The fake server as a variant on host `gpu-host-1`: params workers, mode (ready/hang/crash/oom/exit/
+    heartbeat), load_s, model; TP workers on GPUs 0 and 1 of the replayed GPUs; a free port; its log under
+    `log_dir`."""
+    base: dict[str, Any] = {
+        "host": "gpu-host-1",
+        "command": "{{ python }} {{ server }} --workers {{ workers }} --gpus 0,1 --port {{ port }} --mode {{ mode }}"
+                   " --load-s {{ load_s }} --gpu-state {{ state }}",
+        "params": {
+            "python": {"type": "path", "default": sys.executable},
+            "server": {"type": "path", "default": FAKE_SERVER},
+            "workers": {"type": "int", "default": 2, "min": 1, "max": 8},
+            "mode": {"type": "str", "default": "hang",
+                     "choices": ["ready", "hang", "crash", "oom", "exit", "heartbeat"]},
+            "load_s": {"type": "float", "default": 0.2},
+            "state": {"type": "path", "default": str(fake_gpu.state_dir)},
+            "model": {"type": "str", "default": "fake", "regex": "[A-Za-z0-9_./-]+"},
+        },
+        "port": free_port(),
+        "gpus": [0, 1],
+        "log": str(log_dir / "{{ variant }}-{{ launch_id }}.log"),
+    }
+    base.update(overrides)
+    return base
+
+
+def launch_config(ssh_server: Any, fake_gpu: FakeGpu, tmp_path: Path, *, variants: dict[str, Any] | None = None,
+                  permissions: dict[str, Any] | None = None, host: dict[str, Any] | None = None,
+                  lifecycle: dict[str, Any] | None = None, **base_overrides: Any) -> Config:
+    """A config with host `gpu-host-1` (the loopback SSH server, 2 replayed H200s), variants `base` (the
+    fake server, overridden by `base_overrides`) and `helper` (base with a child in its own process group),
+    plus `variants` (each a dict; `{"extends": "base", ...}` works). Operators U0OPERATOR and U0OTHER,
+    viewer U0VIEWER; fast kills (grace 3 s, release timeout 10 s)."""
+    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=2)
+    base = fake_variant(fake_gpu, tmp_path / "logs", **base_overrides)
+    all_variants = {"base": base, "helper": {"extends": "base", "command": base["command"] + " --own-pgid-child"}}
+    all_variants.update(variants or {})
+    return Config.model_validate({
+        "hosts": {"gpu-host-1": ssh_host(ssh_server, **(host or {})).model_dump()},
+        "variants": all_variants,
+        "state_dir": str(tmp_path / "state"),
+        "permissions": permissions or {"operators": [OPERATOR, OTHER_OPERATOR], "viewers": [VIEWER]},
+        "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10, **(lifecycle or {})},
+    })
