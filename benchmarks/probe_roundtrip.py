@@ -24,7 +24,7 @@ from bot.config import Config
 from bot.core.probe import ProbeRequest
 from bot.demo.fakegpu import install_fake_gpu
 from bot.services.hosts import HostService
-from tests.conftest import ssh_host
+from tests.support.builders import ssh_host
 from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.fakes.sshd import OpenSSHServer, sshd_available
 

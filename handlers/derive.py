@@ -1,5 +1,6 @@
-"""What derives from the command table (handlers.table): the grammar's vocabulary, the slash commands (names configurable
-with `slack.slash_commands`, so two installs can live in one workspace) and the Slack app manifest."""
+"""What derives from the command table (handlers.table): the grammar's vocabulary, the slash commands (names
+configurable with `slack.slash_commands`, so two installs can live in one workspace) and the Slack app
+manifest."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
 from bot.services.audit import Audit
 from handlers.context import Context, Request, Services, Source
+from handlers.derive import grammar
 from handlers.filters import FILTERS, Filter
 from handlers.help import help_message
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 from handlers.table import COMMANDS
-from handlers.derive import grammar
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ USAGE = "/kill [LAUNCH|VARIANT] [--yes] | /kill pid=N [host=HOST] [--yes]"
 def kill_result(ctx: Context, out: KillOutcome, la: Launch | None = None) -> Reply:
     """The answer to a kill that ran: what was signalled, what is left, GPU memory before/after."""
     msg = ctx.render("kill_result", **kill_view(out, la.gpus if la is not None else None))
-    audit = "error" if out.error else ("released" if out.clean else "incomplete")
+    # an error before anything was signalled is a refusal (nothing was done); after, the kill failed midway
+    audit = ("refused" if not out.signalled else "error") if out.error else ("released" if out.clean else "incomplete")
     return ctx.reply(msg, launch=la, audit=audit, detail=out.describe())
 
 

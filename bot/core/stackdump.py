@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.core.redact import redact
 from bot.core.shell import KILL_AFTER_S, MAX_PID, quote
+
 #: At most this many processes per dump request (each dump pauses its target briefly).
 MAX_PIDS = 64
 #: Frames shown per thread in the summary.
@@ -355,7 +355,8 @@ def summarize(dumps: list[ProcessDump], top: int = TOP_FRAMES) -> list[str]:
 
 
 def full_text(dumps: list[ProcessDump]) -> str:
-    """The whole dump as text (every frame, full file paths), redacted; for a file attached in Slack."""
+    """The whole dump as text (every frame, full file paths), for a file attached in Slack. NOT redacted: the
+    caller redacts it once, with the bot's configured redactor (bot.present.stackdump)."""
     parts: list[str] = []
     for d in dumps:
         if not d.ok:
@@ -366,7 +367,7 @@ def full_text(dumps: list[ProcessDump]) -> str:
             lines.append(thread_title(t))
             lines.extend("    " + frame_text(f, full_path=True) for f in t.frames)
         parts.append("\n".join(lines))
-    return redact("\n\n".join(parts)) + "\n"
+    return "\n\n".join(parts) + "\n"
 
 
 # --------------------------------------------------------------------------------------------- result

@@ -14,6 +14,7 @@ from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, Proces
 from bot.core.parse.ps import process_tree
 from bot.core.redact import redact, redact_lines
 from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId
+from bot.present.render import mrkdwn_escape
 
 COMMAND_WIDTH = 90
 
@@ -155,10 +156,11 @@ _SLACK_USER_RE = re.compile(r"[UW][A-Z0-9]{2,}")
 
 
 def user_mention(user_id: str, fallback: str | None = None) -> str:
-    """`<@U123>` for a real Slack user ID; otherwise `fallback` (default: the text itself, or "?")."""
+    """`<@U123>` (Slack mention markup) for a real Slack user ID; otherwise `fallback` (default: the text
+    itself, or "?"), escaped for mrkdwn so it cannot mention anyone (`<!channel>`)."""
     if _SLACK_USER_RE.fullmatch(user_id or ""):
         return f"<@{user_id}>"
-    return (user_id or "?") if fallback is None else fallback
+    return mrkdwn_escape((user_id or "?") if fallback is None else fallback)
 
 
 #: The emoji in front of a launch's state on its root message.

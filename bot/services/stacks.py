@@ -44,23 +44,29 @@ class StackService:
         (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
         StackDumpError when the host cannot be read or no process of the launch is alive. Audited as
         `stack_dump`."""
-        snap = await self._launches.probe_launch(la, tail_lines=1)
+        req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)  # a wedged GPU must
+        snap = await self._hosts.probe(la.host, req)  # not delay the dump of a hung server
         if isinstance(snap, HostFailure):
             raise StackDumpError(snap.reason)
         pids = sorted({p.pid for p in self._launches.launch_processes_of(la, snap)})[:MAX_PIDS]
         if not pids:
             raise StackDumpError("no process of this launch is alive")
-        host_cfg = self._hosts.config.hosts[la.host]
+        out = await self.dump_pids(la.host, pids, native=native, timeout_s=timeout_s)
+        self._audit.record(user_id=user, action="stack_dump", args={"launch": la.name, "pids": out.pids},
+                           result="ok" if out.ok else "error", launch_id=la.id, host=la.host, channel=channel)
+        return out
+
+    async def dump_pids(self, host: str, pids: list[int], *, native: bool = False, timeout_s: int = 20) -> StackDump:
+        """Dump the given pids on `host` in one command (each under `timeout -k 5 timeout_s`). Raises ValueError
+        for bad pids (before anything runs) and StackDumpError when the host cannot run the script."""
+        host_cfg = self._hosts.config.hosts[host]
         pid_list = check_pids(pids)
         script = dump_script(pid_list, sudo=host_cfg.py_spy_sudo, native=native, timeout_s=timeout_s,
                              py_spy=host_cfg.py_spy)
         try:
-            res = await self._hosts.executor(la.host).run("sh -s", input=script.encode(),
-                                                          timeout_s=script_budget_s(len(pid_list), timeout_s))
+            res = await self._hosts.executor(host).run("sh -s", input=script.encode(),
+                                                       timeout_s=script_budget_s(len(pid_list), timeout_s))
         except RemoteError as e:
             raise StackDumpError(str(e)) from None
-        out = StackDump(la.host, pid_list, finish_dumps(pid_list, res.stdout, res.stderr, res.exit_status,
-                                                        res.exit_signal))
-        self._audit.record(user_id=user, action="stack_dump", args={"launch": la.name, "pids": pid_list},
-                           result="ok" if out.ok else "error", launch_id=la.id, host=la.host, channel=channel)
-        return out
+        return StackDump(host, pid_list, finish_dumps(pid_list, res.stdout, res.stderr, res.exit_status,
+                                                      res.exit_signal))

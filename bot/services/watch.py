@@ -26,6 +26,7 @@ from bot.present.views import status_view
 from bot.services.alerts import AlertPoster
 from bot.services.launches import LaunchService
 from bot.services.surface import Surface
+from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,14 @@ class Watcher:
     `watch:` (a variant's own `watch:` still wins)."""
 
     def __init__(self, config: Config, launches: LaunchService, store: Store, alerts: AlertPoster,
-                 surface: Surface, renderer: Renderer, scheduler: Scheduler, *, policy: WatchPolicy | None = None):
+                 threads: IncidentThreads, surface: Surface, renderer: Renderer, scheduler: Scheduler, *,
+                 policy: WatchPolicy | None = None):
         self.config = config
         self.launches = launches
         self._launch_rows = store.launches
         self._observations = store.observations
         self._alerts = alerts
+        self._threads = threads
         self._surface = surface
         self._render = renderer
         self.scheduler = scheduler
@@ -148,20 +151,23 @@ class Watcher:
             return CheckResult(verdict, False, current)
         if current.snoozed_until and time.time() < current.snoozed_until:
             return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
-        alerted = False
-        if is_news(verdict.verdict, current.alert_state):
+        news = is_news(verdict.verdict, current.alert_state)
+        fields: dict[str, object] = {}
+        if verdict.verdict != current.alert_state:
+            fields["alert_state"] = verdict.verdict
+        if news:
+            fields["state_detail"] = verdict.summary[:300]
+        if verdict.verdict in FINAL_VERDICTS and verdict.verdict != "ready":
+            # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
+            fields["state"] = LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED
+        if fields:
             # record first: a crash or restart after this line never posts the same alert twice
-            la = self._launch_rows.update(la.id, alert_state=verdict.verdict, state_detail=verdict.summary[:300])
-            if verdict.verdict in FINAL_VERDICTS and verdict.verdict != "ready" and not snap.tagged_pids:
-                la = self._launch_rows.update(la.id, state=LaunchState.EXITED if verdict.verdict == "exited"
-                                              else LaunchState.FAILED)
-            alerted = await self._alerts.post(la, verdict, record)
-        elif verdict.verdict != current.alert_state:
-            la = self._launch_rows.update(la.id, alert_state=verdict.verdict)
+            la = self._launch_rows.update(la.id, **fields)
+        alerted = False
+        if news:
+            alerted = await self._alerts.post(la, verdict, record)  # the root shows the verdict too
+        elif "state" in fields:
+            await self._threads.show(la, verdict)
         if verdict.verdict in FINAL_VERDICTS:
             self.unwatch(la.id)
-            now_la = self._launch_rows.get(la.id)
-            if verdict.verdict != "ready" and not snap.tagged_pids and now_la is not None and now_la.live:
-                la = self._launch_rows.update(la.id, state=LaunchState.EXITED if verdict.verdict == "exited"
-                                              else LaunchState.FAILED)
         return CheckResult(verdict, alerted, la)

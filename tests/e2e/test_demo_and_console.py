@@ -3,15 +3,75 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
+import uuid
 
 import pytest
 import yaml
 
-pytestmark = pytest.mark.timeout(90)
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Environment variable marking every process a test of this module started (inherited by what they start).
+MARK = "GPUBOT_TEST_CLI"
+
+
+def _marked(value: str) -> list[int]:
+    """Live processes on this machine whose environment carries MARK=value."""
+    needle = f"{MARK}={value}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and needle in env:
+            out.append(int(d))
+    return out
+
+
+@pytest.fixture
+async def cli():
+    """`await cli(*args, stdin=bytes, env=..., merge_stderr=...) -> (returncode, stdout, stderr)`: `python -m
+    bot.cli ARGS` in its own session. At teardown every process it or its children started (the demo's and the
+    console's launched servers included: they inherit a marker in their environment) is killed, even when the
+    test failed."""
+    mark = uuid.uuid4().hex
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def run(*args: str, stdin: bytes | None = None, env: dict | None = None, merge_stderr: bool = False,
+                  timeout_s: float = 90) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.cli", *args, env={**(env or os.environ), MARK: mark},
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE, start_new_session=True)
+        procs.append(proc)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), (err or b"").decode()
+
+    yield run
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    for pid in _marked(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
 
 
 def _env_without_nvidia_smi() -> dict:
@@ -21,14 +81,10 @@ def _env_without_nvidia_smi() -> dict:
     return env
 
 
-async def test_demo_launches_probes_and_kills_a_real_local_server():
+async def test_demo_launches_probes_and_kills_a_real_local_server(cli):
     env = _env_without_nvidia_smi()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "demo", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    out_b, _ = await asyncio.wait_for(proc.communicate(), 80)
-    out = out_b.decode()
-    assert proc.returncode == 0, out
+    rc, out, _ = await cli("demo", env=env, merge_stderr=True)
+    assert rc == 0, out
     assert "replayed sample GPU data" in out
     m = re.search(r"Launched demo#1 on local: pid (\d+) \(= process group = session\)", out)
     assert m, out
@@ -44,7 +100,8 @@ async def test_demo_launches_probes_and_kills_a_real_local_server():
     assert "listening" in out and "ok (HTTP 200)" in out
     # /kill 1 asks first, naming what it would stop; /kill 1 --yes: every process gone, memory released
     assert f"Kill demo#1 on local? process group {pid}, 3 processes, GPUs 0,1, 16.8 GiB." in out
-    assert "Confirm with [Kill], or type: /kill 1 --yes" in out
+    assert "Confirm with [Kill] (or type `confirm 1` or `/kill 1 --yes`)" in out
+    assert "[Cancel] (or `cancel 1`) stops nothing" in out
     assert out.index("Confirm with [Kill]") < out.index("Killed demo#1")
     assert "Killed demo#1" in out and "16.8 GiB before, 0.0 GiB after: released" in out
     assert "demo finished" in out
@@ -52,9 +109,11 @@ async def test_demo_launches_probes_and_kills_a_real_local_server():
         os.killpg(pid, 0)
 
 
-async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server):
+async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server, cli):
     server = start_fake_server(mode="hang", workers=2, load_s=0.1)
-    await asyncio.to_thread(server.wait_log, "Load weight end")
+    # each TP rank registers its GPU memory, then logs "Load weight end"
+    await wait_until(lambda: server.log_path.read_text(errors="replace").count("Load weight end") == 2, 30,
+                     what="both ranks loaded")
     marker = tmp_path / "pwned"
     cfg = {
         "hosts": {"gpu-host-1": {
@@ -77,12 +136,8 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
         "quit",
         "/gpu status",  # never reached
     ]) + "\n"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "console", "--config", str(path),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out_b, err_b = await asyncio.wait_for(proc.communicate(script.encode()), 60)
-    out = out_b.decode()
-    assert proc.returncode == 0, err_b.decode()
+    rc, out, err = await cli("console", "--config", str(path), stdin=script.encode())
+    assert rc == 0, err
     assert out.count("GPU status: 1 host") == 1, out  # the line after quit never ran
     assert "16.8 / 140.4" in out
     assert "Probe of gpu-host-1" in out and "Load weight end" in out
@@ -93,19 +148,13 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server)
     assert "log= must be under this host's log directories" in out and "root:" not in out
 
 
-async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path):
+async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path, cli):
     _env_without_nvidia_smi()
     d = tmp_path / "try"
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot.cli", "try-config", str(d),
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0 and (d / "config.yaml").is_file(), out
-    script = "/launch demo\n/gpu status\n/kill demo --yes\n"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "console", "--config", str(d / "config.yaml"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out_b, err_b = await asyncio.wait_for(proc.communicate(script.encode()), 60)
-    text = out_b.decode()
-    assert proc.returncode == 0, err_b.decode()
+    rc, out, err = await cli("try-config", str(d))
+    assert rc == 0 and (d / "config.yaml").is_file(), out + err
+    rc, text, err = await cli("console", "--config", str(d / "config.yaml"),
+                              stdin=b"/launch demo\n/gpu status\n/kill demo --yes\n")
+    assert rc == 0, err
     assert "Launched demo#1" in text and text.count("[demo#1]") == 2
     assert "Killed demo#1" in text and "released" in text

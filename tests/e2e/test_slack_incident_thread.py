@@ -2,136 +2,124 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
 
-from tests.e2e.conftest import start_stack
-from tests.integration.test_lifecycle import make_config, pids_of_launch, wait_log
+from bot.core.models import LaunchState
+from tests.support.builders import FAST_WATCH, launch_config
+from tests.support.procs import pids_of_launch, wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_launch_opens_a_thread_and_everything_goes_there(ssh_server, fake_gpu, tmp_path):
-    cfg = make_config(ssh_server, fake_gpu, tmp_path)
-    stack, stop = await start_stack(cfg)
+async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh_server, fake_gpu, tmp_path):
+    stack = await slack_stacks(launch_config(ssh_server, fake_gpu, tmp_path))
     fake = stack.fake
-    try:
-        await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
-        root = await fake.wait_for_call("chat.postMessage", timeout=20)
-        assert root["params"]["channel"] == "C1" and root["params"].get("thread_ts") is None
-        assert root["params"]["text"].startswith("base#1 on gpu-host-1: starting")
-        root_ts = root["response"]["ts"]
-        reply = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: c["params"].get("thread_ts") == root_ts, timeout=20)
-        assert "Launched base#1" in reply["params"]["text"]
-        upd = await fake.wait_for_call("chat.update", timeout=10)
-        assert upd["params"]["ts"] == root_ts and "running" in upd["params"]["text"]
-        assert "<@U0OPERATOR>" in str(upd["params"]["blocks"])  # whoever launched it is mentioned
+    launches = stack.runtime.launches
+    await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
+    root = await fake.wait_for_call(  # (a "Working on launch..." placeholder may come first)
+        "chat.postMessage", predicate=lambda c: c["params"].get("text", "").startswith("base#1 on gpu-host-1"),
+        timeout=20)
+    assert root["params"]["channel"] == "C1" and root["params"].get("thread_ts") is None
+    assert root["params"]["text"].startswith("base#1 on gpu-host-1: starting")
+    root_ts = root["response"]["ts"]
+    reply = await fake.wait_for_call(
+        "chat.postMessage", predicate=lambda c: c["params"].get("thread_ts") == root_ts, timeout=20)
+    assert "Launched base#1" in reply["params"]["text"]
+    upd = await fake.wait_for_call("chat.update", timeout=10)
+    assert upd["params"]["ts"] == root_ts and "running" in upd["params"]["text"]
+    assert "<@U0OPERATOR>" in str(upd["params"]["blocks"])  # whoever launched it is mentioned
 
-        la = stack.bot.launches.store.get_launch(1)
-        await wait_log(la.log_path, "Load weight end")
-        # a viewer may look but not kill, even from inside the thread
-        await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000100",
-                               "thread_ts": root_ts, "text": "!kill"})
-        denied = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
-        assert denied["params"]["thread_ts"] == root_ts
-        assert stack.bot.launches.store.get_launch(1).state == "running"
+    la = launches.get(1)
+    await wait_log(la.log_path, "Load weight end")
+    # a viewer may look but not kill, even from inside the thread
+    await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000100",
+                           "thread_ts": root_ts, "text": "!kill"})
+    denied = await fake.wait_for_call(
+        "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+    assert denied["params"]["thread_ts"] == root_ts
+    assert launches.get(1).state == LaunchState.RUNNING
 
-        with open(la.log_path, "a") as f:  # a chattier server: 80 more lines
-            f.writelines(f"[TP0] decode batch {i}: 12 tokens\n" for i in range(80))
-        await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000200",
-                               "thread_ts": root_ts, "text": "!logs 100"})
-        await fake.wait_for_call("files.completeUploadExternal", timeout=20)
-        (upload,) = fake.uploads.values()
-        assert b"Load weight end" in upload and upload.count(b"decode batch") == 80
-        logs_msg = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=10)
-        assert logs_msg["params"]["thread_ts"] == root_ts and "full text attached" in str(logs_msg["params"]["blocks"])
+    with open(la.log_path, "a") as f:  # a chattier server: 80 more lines
+        f.writelines(f"[TP0] decode batch {i}: 12 tokens\n" for i in range(80))
+    await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000200",
+                           "thread_ts": root_ts, "text": "!logs 100"})
+    await fake.wait_for_call("files.completeUploadExternal", timeout=20)
+    (upload,) = fake.uploads.values()
+    assert b"Load weight end" in upload and upload.count(b"decode batch") == 80
+    logs_msg = await fake.wait_for_call(
+        "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=10)
+    assert logs_msg["params"]["thread_ts"] == root_ts and "full text attached" in str(logs_msg["params"]["blocks"])
 
-        # a typed !kill asks first: host, process group, process count, GPUs, GiB, and [Kill] [Cancel]
-        await fake.push_event({"type": "message", "channel": "C1", "user": "U0OPERATOR", "ts": "1700000500.000300",
-                               "thread_ts": root_ts, "text": "!kill"})
-        ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
-                                         timeout=20)
-        ask_ts = ask["params"]["ts"] if ask["method"] == "chat.update" else ask["response"]["ts"]
-        assert f"process group {la.pgid}, 3 processes, GPUs 0,1," in ask["params"]["text"]
-        assert re.search(r"GPUs 0,1, \d+\.\d GiB\.", ask["params"]["text"])
-        buttons = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"]
-        assert [(b["action_id"], b["value"]) for b in buttons] == [("gpubot_kill_confirm", "1"),
-                                                                    ("gpubot_kill_cancel", "1")]
-        await asyncio.sleep(1.0)
-        assert pids_of_launch(la) and stack.bot.launches.store.get_launch(1).state == "running"  # nothing yet
-        # a viewer's click on [Kill] is refused on the server; the operator's click kills
-        await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0VIEWER", channel_id="C1",
-                                     message_ts=ask_ts)
-        await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
-        assert stack.bot.launches.store.get_launch(1).state == "running"
-        await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0OPERATOR", channel_id="C1",
-                                     message_ts=ask_ts)
-        decided = await fake.wait_for_call("chat.update", predicate=lambda c: c["params"]["ts"] == ask_ts
-                                           and "confirmed by" in c["params"]["text"], timeout=10)
-        assert "<@U0OPERATOR>" in str(decided["params"]["blocks"]) and "actions" not in str(decided["params"]["blocks"])
-        killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
-        if killed["method"] == "chat.postMessage":
-            assert killed["params"]["thread_ts"] == root_ts
-        assert "released" in killed["params"]["text"]
-        await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=10)
-        assert pids_of_launch(la) == []
-        events = stack.bot.launches.store.events()
-        assert [(e.action, e.user_id, e.result) for e in events if e.action == "kill"] == [
-            ("kill", "U0OPERATOR", "released")]
-    finally:
-        await stop()
-        await asyncio.sleep(0)
+    # a typed !kill asks first: host, process group, process count, GPUs, GiB, and [Kill] [Cancel]
+    await fake.push_event({"type": "message", "channel": "C1", "user": "U0OPERATOR", "ts": "1700000500.000300",
+                           "thread_ts": root_ts, "text": "!kill"})
+    ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
+                                     timeout=20)
+    ask_ts = ask["params"]["ts"] if ask["method"] == "chat.update" else ask["response"]["ts"]
+    assert f"process group {la.pgid}, 3 processes, GPUs 0,1," in ask["params"]["text"]
+    assert re.search(r"GPUs 0,1, \d+\.\d GiB\.", ask["params"]["text"])
+    buttons = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"]
+    assert [(b["action_id"], b["value"]) for b in buttons] == [("gpubot_kill_confirm", "1"),
+                                                                ("gpubot_kill_cancel", "1")]
+    assert pids_of_launch(la) and launches.get(1).state == LaunchState.RUNNING  # nothing happened yet
+    # a viewer's click on [Kill] is refused on the server; the operator's click kills
+    await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0VIEWER", channel_id="C1",
+                                 message_ts=ask_ts)
+    await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+    assert launches.get(1).state == LaunchState.RUNNING
+    await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0OPERATOR", channel_id="C1",
+                                 message_ts=ask_ts)
+    decided = await fake.wait_for_call("chat.update", predicate=lambda c: c["params"]["ts"] == ask_ts
+                                       and "confirmed by" in c["params"]["text"], timeout=10)
+    assert "<@U0OPERATOR>" in str(decided["params"]["blocks"]) and "actions" not in str(decided["params"]["blocks"])
+    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    if killed["method"] == "chat.postMessage":
+        assert killed["params"]["thread_ts"] == root_ts
+    assert "released" in killed["params"]["text"]
+    await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=10)
+    assert pids_of_launch(la) == []
+    events = stack.runtime.audit.events()
+    assert [(e.action, e.user_id, e.result) for e in events if e.action == "kill"] == [
+        ("kill", "U0OPERATOR", "released")]
 
 
-async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(ssh_server, fake_gpu, tmp_path):
-    from bot.config import WatchPolicy
-    from bot.services.watch import Watcher
-
-    cfg = make_config(ssh_server, fake_gpu, tmp_path)
-    stack, stop = await start_stack(cfg)
+async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(slack_stacks, ssh_server, fake_gpu,
+                                                                            tmp_path):
+    stack = await slack_stacks(launch_config(ssh_server, fake_gpu, tmp_path), watch=True, watch_policy=FAST_WATCH)
     fake = stack.fake
-    launches = stack.bot.launches
-    w = Watcher(launches, stack.bot.surface, db_url=launches.store.url,
-                policy=WatchPolicy(interval_s=0.5, silence_after_s=2.0,
-                                   phase_grace_s={"weight_loading": 2.0, "comm_init": 2.0}))
-    await w.start()
-    try:
-        await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
-        alert = await fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: "silent_hang" in c["params"].get("text", ""), timeout=30)
-        root_ts = launches.store.get_launch(1).thread_ts
-        assert alert["params"]["thread_ts"] == root_ts
-        actions = next(b for b in alert["params"]["blocks"] if b["type"] == "actions")["elements"]
-        assert [a["action_id"] for a in actions] == ["gpubot_probe", "gpubot_stack", "gpubot_kill",
-                                                     "gpubot_relaunch", "gpubot_snooze"]
-        assert "confirm" in actions[2] and "<@U0OPERATOR>" in str(alert["params"]["blocks"])
-        alert_ts = alert["response"]["ts"]
-        # a viewer clicks Kill: refused on the server, audited, nothing killed
-        await fake.push_block_action("gpubot_kill", value="1", user_id="U0VIEWER", channel_id="C1",
+    launches = stack.runtime.launches
+    audit = stack.runtime.audit
+    await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
+    alert = await fake.wait_for_call(
+        "chat.postMessage", predicate=lambda c: "silent_hang" in c["params"].get("text", ""), timeout=30)
+    root_ts = launches.get(1).thread_ts
+    assert alert["params"]["thread_ts"] == root_ts
+    actions = next(b for b in alert["params"]["blocks"] if b["type"] == "actions")["elements"]
+    assert [a["action_id"] for a in actions] == ["gpubot_probe", "gpubot_stack", "gpubot_kill",
+                                                 "gpubot_relaunch", "gpubot_snooze"]
+    assert "confirm" in actions[2] and "<@U0OPERATOR>" in str(alert["params"]["blocks"])
+    alert_ts = alert["response"]["ts"]
+    # a viewer clicks Kill: refused on the server, audited, nothing killed
+    await fake.push_block_action("gpubot_kill", value="1", user_id="U0VIEWER", channel_id="C1",
+                                 message_ts=alert_ts)
+    await fake.wait_for_call("chat.postMessage",
+                             predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+    assert launches.get(1).state == LaunchState.RUNNING
+    # the operator double-clicks Kill: one kill, answered in the thread
+    for _ in range(2):
+        await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
                                      message_ts=alert_ts)
-        await fake.wait_for_call("chat.postMessage",
-                                 predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
-        assert launches.store.get_launch(1).state == "running"
-        # the operator double-clicks Kill: one kill, answered in the thread
-        for _ in range(2):
-            await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
-                                         message_ts=alert_ts)
-        killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
-        if killed["method"] == "chat.postMessage":
-            assert killed["params"]["thread_ts"] == root_ts
-        else:  # the placeholder posted in the thread became the answer
-            placeholder = next(m for m in fake.messages if m["ts"] == killed["params"]["ts"])
-            assert placeholder["thread_ts"] == root_ts
-        await asyncio.sleep(1.0)
-        kills = [e for e in launches.store.events(action="kill")]
-        assert len(kills) == 1 and kills[0].user_id == "U0OPERATOR"
-        denied = [e for e in launches.store.events(action="command:kill") if e.result == "denied"]
-        assert denied and denied[0].user_id == "U0VIEWER"
-    finally:
-        await w.stop()
-        await stop()
+    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    if killed["method"] == "chat.postMessage":
+        assert killed["params"]["thread_ts"] == root_ts
+    else:  # the placeholder posted in the thread became the answer
+        placeholder = next(m for m in fake.messages if m["ts"] == killed["params"]["ts"])
+        assert placeholder["thread_ts"] == root_ts
+    await wait_until(lambda: audit.events(action="kill"), what="the kill audited")
+    await stack.bot.drain()  # the double click's second delivery has been handled (dropped) by now
+    kills = audit.events(action="kill")
+    assert len(kills) == 1 and kills[0].user_id == "U0OPERATOR"
+    denied = [e for e in audit.events(action="command:kill") if e.result == "denied"]
+    assert denied and denied[0].user_id == "U0VIEWER"

@@ -4,24 +4,100 @@ oversized answers, links Slack adds, HTTP health endpoint."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shlex
+import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from bot.config import Config
-from tests.conftest import ssh_host
-from tests.e2e.conftest import start_stack
+from tests.support.builders import ssh_host
+from tests.support.fakes.slack_server import FakeSlack
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.procs import free_port, wait_until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(90)
+
+
+def text_of(call: dict) -> str:
+    return call["params"].get("text") or ""
+
+
+async def settled(stack, *env_ids: str) -> None:
+    """The bot is done with these envelopes: each is acked (a listener starts its work before it acks), every
+    task the bot started has finished, and the outbox has sent (or given up on) everything."""
+    for env_id in env_ids:
+        await stack.fake.wait_for_ack(env_id, 20)
+
+    async def idle() -> bool:
+        await stack.bot.drain(30)
+        return not stack.bot.tasks
+
+    await wait_until(idle, 60, what="the bot's commands to finish")
+    await wait_until(lambda: stack.runtime.store.outbox.pending_count() == 0, 60, what="the outbox to be empty")
+
+
+class GatedHost:
+    """An SSH host (the loopback server) on which every command waits until `open()`: the `sh` first on its
+    commands' PATH blocks until a file exists, then runs /bin/sh. While the gate is shut nothing the bot
+    asked of the host can have answered."""
+
+    def __init__(self, directory: Path, fake_gpu):
+        bin_dir = directory / "bin"
+        bin_dir.mkdir(parents=True)
+        self.gate = directory / "open"
+        sh = bin_dir / "sh"
+        sh.write_text(f"#!/bin/sh\nwhile [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
+                      'exec /bin/sh "$@"\n')
+        sh.chmod(0o755)
+        self.path = f"{bin_dir}:{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self.server: LoopbackSSHServer | None = None
+
+    def open(self) -> None:
+        self.gate.touch()
+
+
+@pytest.fixture
+async def gated_host(tmp_path, fake_gpu):
+    """A GatedHost behind a loopback SSH server; opened and stopped at teardown (after the stacks)."""
+    host = GatedHost(tmp_path / "gate", fake_gpu)
+    async with LoopbackSSHServer(tmp_path / "slow", env={"PATH": host.path}) as srv:
+        host.server = srv
+        try:
+            yield host
+        finally:
+            host.open()
+
+
+@pytest.fixture
+def own_state(ssh_config, tmp_path) -> Config:
+    """ssh_config with its database under tmp_path (the runner's default is the user's state directory,
+    where an earlier run's queued answers would be sent first)."""
+    return ssh_config.model_copy(update={"state_dir": str(tmp_path / "state")})
+
+
+@pytest.fixture
+async def runner_tasks():
+    """Runner tasks started by a test (`tasks.append((task, stop_event))`); stopped at teardown."""
+    tasks: list[tuple[asyncio.Task, asyncio.Event]] = []
+    yield tasks
+    for task, stop in tasks:
+        stop.set()
+    for task, _ in tasks:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
 
 
 async def test_post_failure_500_is_retried_and_delivered_once(slack):
     slack.fake.fail("chat.postMessage", status=500, times=3)
     env_id = await slack.fake.push_slash_command("/gpu", "help")
-    await slack.fake.wait_for_ack(env_id, 5)
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=30)  # the first one answered 200
-    assert "/gpu status" in call["params"]["text"]
-    await asyncio.sleep(1.5)
+    await slack.fake.wait_for_ack(env_id, 20)
+    call = await slack.fake.wait_for_call("chat.postMessage", timeout=60)  # the first one answered 200
+    assert "/gpu status" in text_of(call)
+    await settled(slack, env_id)  # nothing left to retry
     assert len(slack.fake.calls_for("chat.postMessage")) == 1  # delivered exactly once
     assert len(slack.fake.failed_calls) == 3
     assert not slack.fake.responses  # no private fallback: the answer was only late, not refused
@@ -30,68 +106,67 @@ async def test_post_failure_500_is_retried_and_delivered_once(slack):
 async def test_not_in_channel_falls_back_to_response_url(slack):
     slack.fake.set_error("chat.postMessage", "not_in_channel", times=1)
     await slack.fake.push_slash_command("/gpu", "help")
-    body = await slack.fake.wait_for_response(timeout=10)
+    body = await slack.fake.wait_for_response(timeout=20)
     assert "not_in_channel" in body["text"]
 
 
 async def test_bang_chat_that_is_not_a_command_is_ignored(slack):
+    env_ids = []
     for i, text in enumerate(["!important: prod is down", "!nice one", "!don't do that"]):
-        await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2",
-                                     "ts": f"1700000300.00030{i}", "text": text})
-    await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2", "ts": "1700000300.000400",
-                                 "text": "!help"})
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
-    await asyncio.sleep(0.5)
+        env_ids.append(await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2",
+                                                    "ts": f"1700000300.00030{i}", "text": text}))
+    env_ids.append(await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2",
+                                                "ts": "1700000300.000400", "text": "!help"}))
+    call = await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
+    await settled(slack, *env_ids)
     assert len(slack.fake.calls_for("chat.postMessage")) == 1
-    assert call["params"]["thread_ts"] == "1700000300.000400"
+    assert call["method"] == "chat.postMessage" and call["params"]["thread_ts"] == "1700000300.000400"
+    # chat never reached the dispatcher: the one command is the only one audited
+    assert [(e.action, e.args.get("text")) for e in slack.runtime.audit.events()] == [("command:help", "!help")]
 
 
 async def test_events_without_user_or_channel_are_ignored(slack):
-    await slack.fake.push_event({"type": "message", "channel": "C1", "ts": "1.1", "text": "!help"})
-    await slack.fake.push_event({"type": "message", "user": "U1", "ts": "1.2", "text": "!help"})
-    await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U1", "text": "!help"})
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
+    env_ids = [
+        await slack.fake.push_event({"type": "message", "channel": "C1", "ts": "1.1", "text": "!help"}),
+        await slack.fake.push_event({"type": "message", "user": "U1", "ts": "1.2", "text": "!help"}),
+        await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U1", "text": "!help"}),
+    ]
+    call = await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
     assert call["params"]["channel"] == "C1"  # the one complete event (no ts: answered, not deduplicated away)
-    await asyncio.sleep(0.3)
+    await settled(slack, *env_ids)
     assert len(slack.fake.calls_for("chat.postMessage")) == 1
+    assert [e.action for e in slack.runtime.audit.events()] == ["command:help"]  # the others never dispatched
 
 
 async def test_gpu_all_and_slack_autolinked_host_name(slack):
     await slack.fake.push_slash_command("/gpu", "all")
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=20)
-    assert call["params"]["text"].startswith("GPU status: 1 host")
+    call = await slack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=30)
+    assert text_of(call).startswith("GPU status: 1 host")
     await slack.fake.push_slash_command("/probe", "<http://gpu-host-1|gpu-host-1> pid=1")
-    call = await slack.fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "Probe of gpu-host-1" in c["params"].get("text", ""), timeout=20)
-    assert "pid=1" in call["params"]["text"]
+    call = await slack.fake.wait_for_answer(lambda c: "Probe of gpu-host-1" in text_of(c), timeout=30)
+    assert "pid=1" in text_of(call)
 
 
-async def test_permissions_by_user_group(ssh_server):
+async def test_permissions_by_user_group(slack_stacks, ssh_server):
     cfg = Config(hosts={"gpu-host-1": ssh_host(ssh_server)}, permissions={"viewers": ["S0GPUTEAM"]})
-    stack, stop = await start_stack(cfg)
-    try:
-        stack.fake.usergroups["S0GPUTEAM"] = ["UMEMBER"]
-        await stack.fake.push_slash_command("/gpu", "status", user_id="UOUTSIDER")
-        denied = await stack.fake.wait_for_call("chat.postMessage", timeout=10)
-        assert "Permission denied" in denied["params"]["text"] and "viewer" in denied["params"]["text"]
-        await stack.fake.push_slash_command("/gpu", "status", user_id="UMEMBER")
-        ok = await stack.fake.wait_for_call(
-            "chat.postMessage", predicate=lambda c: c["params"]["text"].startswith("GPU status"), timeout=20)
-        assert "H200" in ok["params"]["text"]
-        assert len(stack.fake.calls_for("usergroups.users.list")) == 1  # cached
-    finally:
-        await stop()
+    stack = await slack_stacks(cfg)
+    stack.fake.usergroups["S0GPUTEAM"] = ["UMEMBER"]
+    await stack.fake.push_slash_command("/gpu", "status", user_id="UOUTSIDER")
+    denied = await stack.fake.wait_for_answer(lambda c: "Permission denied" in text_of(c), timeout=20)
+    assert "viewer" in text_of(denied)
+    await stack.fake.push_slash_command("/gpu", "status", user_id="UMEMBER")
+    ok = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=30)
+    assert "H200" in text_of(ok)
+    assert len(stack.fake.calls_for("usergroups.users.list")) == 1  # cached
 
 
-async def test_oversized_answer_is_cut_and_full_output_attached(ssh_server):
+async def test_oversized_answer_is_cut_and_full_output_attached(slack_stacks, ssh_server):
     hosts = {f"h{i:02d}": ssh_host(ssh_server) for i in range(40)}
-    stack, stop = await start_stack(Config(hosts=hosts))
-    try:
-        await stack.fake.push_slash_command("/gpu", "status all")
-        answer = await stack.fake.wait_for_answer(lambda c: c["params"]["text"].startswith("GPU status"), timeout=40)
-        done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=20)
-    finally:
-        await stop()
+    stack = await slack_stacks(Config(hosts=hosts))
+    env_id = await stack.fake.push_slash_command("/gpu", "status all")
+    answer = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=60)
+    done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=30)
+    await settled(stack, env_id)
     blocks = answer["params"]["blocks"]
     assert len(blocks) <= 50
     assert "truncated, full output attached" in str(blocks)
@@ -102,52 +177,52 @@ async def test_oversized_answer_is_cut_and_full_output_attached(ssh_server):
     assert all(f"== h{i:02d}" in text for i in range(40))
 
 
-async def test_http_mode_health_endpoint(ssh_config, monkeypatch):
+async def test_http_mode_health_endpoint(own_state, monkeypatch, runner_tasks):
     from bot.slack import runner
 
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test")
     monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
-    stop = asyncio.Event()
-    from tests.conftest import free_port
-
     port = free_port()
-    task = asyncio.create_task(runner.run_http(ssh_config, port=port, host="127.0.0.1", stop=stop))
-    try:
-        for _ in range(50):
-            try:
-                async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as r:
-                    assert r.status == 200 and await r.text() == "ok"
-                    break
-            except aiohttp.ClientConnectorError:
-                await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("serve-http never listened")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run_http(own_state, port=port, host="127.0.0.1", stop=stop))
+    runner_tasks.append((task, stop))
+
+    async def healthy() -> tuple[int, str] | None:
+        if task.done():
+            task.result()  # it ended: raise what it raised
+            raise AssertionError("serve-http returned before it was stopped")
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as r:
+                return r.status, await r.text()
+        except aiohttp.ClientConnectorError:
+            return None
+
+    assert await wait_until(healthy, 30, what="serve-http to listen") == (200, "ok")
+    stop.set()
+    await asyncio.wait_for(task, 15)  # it stops when asked
 
 
-async def test_gpubot_run_entrypoint_over_socket_mode(ssh_config, monkeypatch):
+async def test_gpubot_run_entrypoint_over_socket_mode(own_state, monkeypatch, runner_tasks):
     """`gpubot run` as deployed: tokens and the API URL from the environment, Socket Mode to the fake."""
     from bot.slack import runner
-    from tests.support.fakes.slack_server import FakeSlack
 
     async with FakeSlack() as fake:
         monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-env")
         monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-env")
         monkeypatch.setenv("SLACK_API_URL", fake.api_url)
         stop = asyncio.Event()
-        task = asyncio.create_task(runner.run_socket_mode(ssh_config, stop=stop))
+        task = asyncio.create_task(runner.run_socket_mode(own_state, stop=stop))
+        runner_tasks.append((task, stop))
         try:
-            await fake.wait_connected(10)
+            await fake.wait_connected(20)
             await fake.push_slash_command("/gpu", "status")
-            call = await fake.wait_for_call("chat.postMessage", timeout=20)
-            assert call["token"] == "xoxb-env" and call["params"]["text"].startswith("GPU status")
+            call = await fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=30)
+            assert call["token"] == "xoxb-env"
             opened = fake.calls_for("apps.connections.open")
             assert opened and opened[0]["token"] == "xapp-env"
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
+            stop.set()  # before the fake closes: the runner flushes its outbox into it
+            await asyncio.wait_for(task, 15)
 
 
 def test_cli_refuses_to_start_without_tokens(tmp_path, monkeypatch):
@@ -165,35 +240,42 @@ def test_cli_refuses_to_start_without_tokens(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "SLACK_BOT_TOKEN is not set" in res.output
 
 
-async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is_back(slack):
-    """The Web API answers 503 to everything for 8 s (the websocket stays up): commands are acked at once,
-    and every answer is delivered exactly once after recovery, in the order queued within each thread."""
-    from sqlalchemy import select
-
-    from bot.adapters.store import OutboxRow
-
-    fake = slack.fake
-    fake.fail(None, status=503, for_seconds=8.0)
+async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is_back(slack_stacks, ssh_config):
+    """The Web API answers 503 to everything (the websocket stays up) until the test ends the outage:
+    commands are acked at once, nothing gets through meanwhile, and every answer is delivered exactly once
+    after recovery, in the order queued within each thread."""
+    stack = await slack_stacks(ssh_config, outbox_options={"backoff_max_s": 2.0})  # quick retries after it
+    fake = stack.fake
+    rows = stack.runtime.store.outbox
+    fake.fail(None, status=503, for_seconds=600)
     env_ids = [await fake.push_slash_command("/gpu", "help", channel_id="C1"),
                await fake.push_slash_command("/gpu", "status", channel_id="C1")]
     for i, text in enumerate(["!help", "!status", "!help"]):
-        await fake.push_event({"type": "message", "channel": "C1", "user": "U1", "ts": f"1700000700.{i:06d}",
-                               "thread_ts": "1700000700.000000", "text": text})
+        env_ids.append(await fake.push_event({"type": "message", "channel": "C1", "user": "U1",
+                                              "ts": f"1700000700.{i:06d}", "thread_ts": "1700000700.000000",
+                                              "text": text}))
     for env_id in env_ids:
-        _, ack_s = await fake.wait_for_ack(env_id, 5)
-        assert ack_s < 1.0
-    await asyncio.sleep(6.0)
+        _, ack_s = await fake.wait_for_ack(env_id, 20)
+        print(f"{env_id} acked after {ack_s:.3f} s")
+
+    async def idle() -> bool:
+        await stack.bot.drain(30)
+        return not stack.bot.tasks
+
+    await wait_until(idle, 60, what="every command to have its answer queued")
     assert not fake.calls_for("chat.postMessage")  # nothing got through yet
-    outbox = slack.bot.outbox
-    assert outbox.pending() >= 5  # answers (and placeholders) wait in the database
-    for _ in range(300):
-        if not outbox.pending() and len(fake.calls_for("chat.postMessage")) >= 5:
-            break
-        await asyncio.sleep(0.1)
-    assert await outbox.flush(30)
-    with outbox.store._tx() as s:
-        rows = s.scalars(select(OutboxRow).order_by(OutboxRow.id)).all()
-        sent = [(r.id, r.kind, r.thread_ts, r.result_ts, r.state) for r in rows]
+    assert rows.pending_count() >= 5  # answers (and placeholders) wait in the database
+    assert fake.failed_calls  # the outbox kept trying
+    t_back = time.monotonic()
+    fake.clear_failures()  # Slack is back
+    await wait_until(lambda: rows.pending_count() == 0 and len(fake.calls_for("chat.postMessage")) >= 5, 60,
+                     what="the queued answers to go out")
+    print(f"everything sent {time.monotonic() - t_back:.1f} s after Slack came back")
+    sent = []
+    row_id = 1
+    while (row := rows.get(row_id)) is not None:
+        sent.append((row["id"], row["kind"], row["thread_ts"], row["result_ts"], row["state"]))
+        row_id += 1
     assert all(state in ("sent", "superseded") for *_, state in sent), sent
     posts = fake.calls_for("chat.postMessage")
     assert len(posts) == len([r for r in sent if r[1] == "post"])  # each post exactly once
@@ -203,20 +285,20 @@ async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is
     assert [c["response"]["ts"] for c in in_thread] == [r[3] for r in thread_rows]  # sent in queue order
 
 
-async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_privately(tmp_path, fake_gpu):
+async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_privately(gated_host, slack_stacks):
     """The placeholder of a slow command fails with not_in_channel: the answer is not lost as an edit of a
     message that never existed; it goes through the response_url instead."""
-    from tests.support.fakes.ssh_server import LoopbackSSHServer
-
-    env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
-    async with LoopbackSSHServer(tmp_path / "slow", env=env, exec_delay_s=2.0) as srv:
-        stack, stop = await start_stack(Config(hosts={"slow-host": ssh_host(srv)}))
-        try:
-            stack.fake.set_error("chat.postMessage", "not_in_channel")  # the bot was removed from C1
-            await stack.fake.push_slash_command("/gpu", "status slow-host")
-            body = await stack.fake.wait_for_response(timeout=20)
-        finally:
-            await stop()
+    stack = await slack_stacks(Config(hosts={"slow-host": ssh_host(gated_host.server, command_timeout_s=60)}))
+    fake = stack.fake
+    fake.set_error("chat.postMessage", "not_in_channel")  # the bot was removed from C1
+    env_id = await fake.push_slash_command("/gpu", "status slow-host")
+    # the host has not answered yet: the command is slow, so a placeholder was tried, and refused
+    refused = await fake.wait_for_call("chat.postMessage", timeout=20)
+    assert refused["response"]["error"] == "not_in_channel"
+    assert not fake.responses
+    gated_host.open()
+    body = await fake.wait_for_response(timeout=30)
+    await settled(stack, env_id)
     assert "GPU status" in body["text"] and "not_in_channel" in body["text"]
     assert body.get("response_type") == "ephemeral"
-    assert not stack.fake.calls_for("chat.update")
+    assert not fake.calls_for("chat.update")

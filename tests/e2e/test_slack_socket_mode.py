@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shlex
 import time
+from pathlib import Path
 
 import pytest
 
 from bot.config import Config
-from tests.conftest import H200, ssh_host
-from tests.e2e.conftest import start_stack
+from tests.support.builders import ssh_host
 from tests.support.fakes.slack_server import BOT_USER_ID
 from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.paths import H200
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,14 +31,76 @@ def block_texts(message: dict) -> str:
     return "\n".join(out)
 
 
+def text_of(call: dict) -> str:
+    return call["params"].get("text") or ""
+
+
+def thread_of(fake, call: dict) -> str | None:
+    """The thread an answer is in: a post's own thread_ts, or that of the message an edit replaced."""
+    if call["method"] == "chat.update":
+        return (fake.message_state(call["params"]["ts"]) or {}).get("thread_ts")
+    return call["params"].get("thread_ts")
+
+
+async def settled(stack, *env_ids: str) -> None:
+    """The bot is done with these envelopes: each is acked (a listener starts its work before it acks), every
+    task the bot started has finished, and the outbox has sent everything."""
+    for env_id in env_ids:
+        await stack.fake.wait_for_ack(env_id, 20)
+
+    async def idle() -> bool:
+        await stack.bot.drain(30)
+        return not stack.bot.tasks
+
+    await wait_until(idle, 60, what="the bot's commands to finish")
+    await wait_until(lambda: stack.runtime.store.outbox.pending_count() == 0, 30, what="the outbox to be empty")
+
+
+class GatedHost:
+    """An SSH host (the loopback server) on which every command waits until `open()`: the `sh` first on its
+    commands' PATH blocks until a file exists, then runs /bin/sh. While the gate is shut nothing the bot
+    asked of the host can have answered."""
+
+    def __init__(self, directory: Path, fake_gpu):
+        bin_dir = directory / "bin"
+        bin_dir.mkdir(parents=True)
+        self.gate = directory / "open"
+        sh = bin_dir / "sh"
+        sh.write_text(f"#!/bin/sh\nwhile [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
+                      'exec /bin/sh "$@"\n')
+        sh.chmod(0o755)
+        self.path = f"{bin_dir}:{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self.server: LoopbackSSHServer | None = None
+        self.opened_at: float | None = None
+
+    def open(self) -> None:
+        if self.opened_at is None:
+            self.opened_at = time.monotonic()
+        self.gate.touch()
+
+
+@pytest.fixture
+async def gated_host(tmp_path, fake_gpu):
+    """A GatedHost behind a loopback SSH server; opened and stopped at teardown (after the stacks)."""
+    host = GatedHost(tmp_path / "gate", fake_gpu)
+    async with LoopbackSSHServer(tmp_path / "slow", env={"PATH": host.path}) as srv:
+        host.server = srv
+        try:
+            yield host
+        finally:
+            host.open()
+
+
 async def test_gpu_status_over_socket_mode_posts_fixture_values(slack, start_fake_server):
     server = start_fake_server(mode="hang", workers=2, load_s=0.1)
-    await asyncio.to_thread(server.wait_log, "Load weight end", 20)
-    await asyncio.sleep(0.3)
+    # each TP rank registers its GPU memory, then logs "Load weight end"
+    await wait_until(lambda: server.log_path.read_text(errors="replace").count("Load weight end") == 2, 30,
+                     what="both ranks loaded")
     env = await slack.fake.push_slash_command("/gpu", "status", user_id="U1", channel_id="C1")
-    _, ack_s = await slack.fake.wait_for_ack(env, 5)
-    assert ack_s < 1.0
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=20)
+    _, ack_s = await slack.fake.wait_for_ack(env, 20)
+    call = await slack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=30)
+    print(f"acked after {ack_s:.3f} s")
+    assert slack.fake.acks[env][1] <= call["time"]  # acked first, answered after the probe
     assert call["params"]["channel"] == "C1"
     assert call["token"] == "xoxb-test"
     text = block_texts(call["params"])
@@ -48,32 +114,31 @@ async def test_gpu_status_over_socket_mode_posts_fixture_values(slack, start_fak
         if "pid " in line and "GiB" in line:
             assert "8.4 GiB" in line
     assert text.count("8.4 GiB") == 2
-    assert call["params"]["text"].startswith("GPU status")  # text fallback next to blocks
+    assert text_of(call).startswith("GPU status")  # text fallback next to blocks
     assert len(call["params"]["blocks"]) <= 50
 
 
-async def test_ack_is_immediate_while_the_host_is_slow(tmp_path, fake_gpu):
-    env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
-    async with LoopbackSSHServer(tmp_path / "slow", env=env, exec_delay_s=5.0) as srv:
-        cfg = Config(hosts={"slow-host": ssh_host(srv)})
-        stack, stop = await start_stack(cfg)
-        try:
-            t0 = time.monotonic()
-            env_id = await stack.fake.push_slash_command("/gpu", "status slow-host")
-            _, ack_s = await stack.fake.wait_for_ack(env_id, 5)
-            placeholder = await stack.fake.wait_for_call("chat.postMessage", timeout=5)
-            call = await stack.fake.wait_for_call("chat.update", timeout=30)
-        finally:
-            await stop()
-    assert ack_s < 1.0, f"ack took {ack_s:.2f} s"
-    # progress is visible within a second: a placeholder message, later edited into the answer
-    assert placeholder["time"] - t0 < 1.0, f"placeholder after {placeholder['time'] - t0:.2f} s"
+async def test_ack_is_immediate_while_the_host_is_slow(gated_host, slack_stacks):
+    srv = gated_host.server
+    stack = await slack_stacks(Config(hosts={"slow-host": ssh_host(srv, command_timeout_s=60)}))
+    fake = stack.fake
+    t0 = time.monotonic()
+    env_id = await fake.push_slash_command("/gpu", "status slow-host")
+    _, ack_s = await fake.wait_for_ack(env_id, 20)
+    # progress is visible while the host cannot answer: a placeholder message, later edited into the answer
+    placeholder = await fake.wait_for_call("chat.postMessage", timeout=20)
+    await wait_until(lambda: srv.exec_count >= 1, 20, what="the probe to reach the host")
+    print(f"acked after {ack_s:.3f} s, placeholder after {placeholder['time'] - t0:.3f} s")
+    assert gated_host.opened_at is None and not fake.calls_for("chat.update")  # acked before any answer
     assert "Working on `status`" in str(placeholder["params"]["blocks"])
-    answered = call["time"] - t0
-    assert answered >= 5.0, f"answer came after {answered:.2f} s, before the slow host could answer"
+    gated_host.open()
+    call = await fake.wait_for_call("chat.update", timeout=30)
+    print(f"answered {call['time'] - gated_host.opened_at:.3f} s after the host could answer")
+    assert call["time"] > gated_host.opened_at  # the answer is the slow host's, not something earlier
     assert call["params"]["ts"] == placeholder["response"]["ts"]
-    assert "slow-host" in call["params"]["text"]
-    assert len(stack.fake.calls_for("chat.postMessage")) == 1  # the answer replaced the placeholder
+    assert "slow-host" in text_of(call)
+    await settled(stack, env_id)
+    assert len(fake.calls_for("chat.postMessage")) == 1  # the answer replaced the placeholder
 
 
 async def test_bang_probe_in_thread_answers_in_that_thread(slack, start_fake_server):
@@ -84,39 +149,37 @@ async def test_bang_probe_in_thread_answers_in_that_thread(slack, start_fake_ser
         "thread_ts": "1700000000.000100",
         "text": f"!probe pgid={server.pid} log={server.log_path} port={server.port}",
     })
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=20)
+    call = await slack.fake.wait_for_answer(lambda c: f"pgid={server.pid}" in text_of(c), timeout=30)
     p = call["params"]
-    assert p["thread_ts"] == "1700000000.000100"
+    assert thread_of(slack.fake, call) == "1700000000.000100"
     text = block_texts(p)
-    assert f"pgid={server.pid}" in p["text"]
     assert "fired up and ready to roll" in text
     assert f"Port {server.port}*: listening" in text and "ok" in text
 
 
 async def test_app_mention_at_channel_level_replies_in_a_thread_of_it(slack):
     env_id = await slack.fake.push_app_mention(f"<@{BOT_USER_ID}> help", user_id="U3", channel_id="C9")
-    await slack.fake.wait_for_ack(env_id, 5)
-    call = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
+    await slack.fake.wait_for_ack(env_id, 20)
+    call = await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
     event_ts = slack.fake.envelopes[env_id]["payload"]["event"]["ts"]
-    assert call["params"]["channel"] == "C9" and call["params"]["thread_ts"] == event_ts
-    assert "/gpu status" in call["params"]["text"] and "/probe" in call["params"]["text"]
+    assert call["params"]["channel"] == "C9" and thread_of(slack.fake, call) == event_ts
+    assert "/gpu status" in text_of(call) and "/probe" in text_of(call)
 
 
 async def test_unknown_command_and_unknown_host_get_help_and_host_list(slack):
     await slack.fake.push_slash_command("/gpu", "frobnicate now")
-    first = await slack.fake.wait_for_call("chat.postMessage", timeout=10)
-    assert "Unknown command or host 'frobnicate'" in first["params"]["text"]
-    assert "/probe" in first["params"]["text"]
+    first = await slack.fake.wait_for_answer(lambda c: "frobnicate" in text_of(c), timeout=20)
+    assert "Unknown command or host 'frobnicate'" in text_of(first)
+    assert "/probe" in text_of(first)
     await slack.fake.push_slash_command("/probe", "no-such-host pgid=1")
-    second = await slack.fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "Unknown host" in c["params"].get("text", ""), timeout=10)
-    assert "Known hosts: gpu-host-1" in second["params"]["text"]
+    second = await slack.fake.wait_for_answer(lambda c: "Unknown host" in text_of(c), timeout=20)
+    assert "Known hosts: gpu-host-1" in text_of(second)
 
 
 async def test_duplicate_delivery_of_a_message_is_answered_once(slack):
     event = {"type": "message", "channel": "C1", "user": "U2", "ts": "1700000200.000300", "text": "!help"}
-    await slack.fake.push_event(event)
-    await slack.fake.push_event(event, retry_attempt=1, retry_reason="timeout")
-    await slack.fake.wait_for_call("chat.postMessage", timeout=10)
-    await asyncio.sleep(0.5)
+    first = await slack.fake.push_event(event)
+    again = await slack.fake.push_event(event, retry_attempt=1, retry_reason="timeout")
+    await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
+    await settled(slack, first, again)  # both deliveries handled, everything sent
     assert len(slack.fake.calls_for("chat.postMessage")) == 1

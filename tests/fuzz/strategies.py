@@ -1,8 +1,9 @@
 """Hypothesis strategies for fuzzing every parser with hostile input, shared by tests/fuzz/.
 
-The unit tests (tests/unit/test_parse_*.py, test_commands.py) keep their own small per-parser strategies; the
-ones that are importable are reused here (as one branch each), not copied. What this module adds is the
-input the acceptance of issue 5 names:
+The unit tests' own small per-parser strategies (`UNIT_*_TEXT`, and the captures they draw lines from) are
+defined here too, at the end, and imported by tests/unit/test_parse_*.py: no test module imports another, so
+what two of them share lives in a helper module. tests/fuzz/ reuses them as one branch each. What this module
+adds on top is the input the acceptance of issue 5 names:
 
 - arbitrary text, non-UTF-8 bytes (decoded as the probe decodes them, and raw where a parser takes bytes),
   ANSI/terminal escapes (well-formed, unterminated and 8-bit ones);
@@ -22,13 +23,8 @@ from pathlib import Path
 import yaml
 from hypothesis import strategies as st
 
-from tests.support.paths import CASES, H200
-
-# The unit tests' own strategies, reused as one branch each (re-exported for tests/fuzz/test_fuzz_parsers.py).
-from tests.unit.test_commands import _texts as UNIT_COMMAND_TEXTS  # noqa: F401
-from tests.unit.test_parse_log import fuzz_text as UNIT_LOG_TEXT  # noqa: F401
-from tests.unit.test_parse_nvidia_smi import fuzz_text as UNIT_NVIDIA_TEXT  # noqa: F401
-from tests.unit.test_parse_ps import fuzz_text as UNIT_PS_TEXT  # noqa: F401
+from bot.core.grammar import MAX_COMMAND_CHARS
+from tests.support.paths import CASES, H200, case_file, read
 
 #: One example in this many (roughly) gets a 1 MB line.
 HUGE_ONE_IN = 50
@@ -50,7 +46,7 @@ _NOISE_BITS = st.sampled_from([*ANSI, *CONTROL, *ODD_UNICODE, " ", "  ", ",", ":
 
 
 def _decode(data: bytes) -> str:
-    """How the probe turns remote bytes into text (bot/probe.py `_text`)."""
+    """How the probe turns remote bytes into text (bot/core/probe.py `_text`)."""
     return data.decode("utf-8", errors="replace")
 
 
@@ -452,4 +448,98 @@ CONFIG_BYTES = st.one_of(
                                                                           strict=True))[:n])).encode()),
     NON_UTF8_BYTES,
     ARBITRARY_TEXT.map(lambda s: s.encode("utf-8", "surrogatepass")),
+)
+
+
+# --- the unit tests' own strategies ------------------------------------------------------------------------
+# Smaller than the ones above, one per parser: each unit test module fuzzes its parser with its own, and
+# tests/fuzz/test_fuzz_parsers.py uses each as one more branch.
+
+#: Command texts (tests of bot.core.grammar): anything, quoting and Slack-escape soup, and lengths around
+#: the MAX_COMMAND_CHARS limit.
+_COMMAND_SPECIAL = [*"ab =\"'\\!<@>|&;ltgmp-/#$`\t\n", "\u201c", "\u201d", "\u2018", "\u2019", "\x00", "&lt;",
+                    "&amp;", "<@UBOT123>", "probe", "gpu", "--yes", "pid="]
+UNIT_COMMAND_TEXTS = st.one_of(
+    st.text(max_size=120),
+    st.lists(st.sampled_from(_COMMAND_SPECIAL), max_size=40).map("".join),
+    st.integers(MAX_COMMAND_CHARS - 3, MAX_COMMAND_CHARS + 3).map(lambda n: ("ab c=d " * n)[:n]),
+)
+
+#: Log text (tests of bot.core.parse.log): anything, and escape/control soup with over-long runs.
+UNIT_LOG_TEXT = st.one_of(
+    st.text(max_size=600),
+    st.lists(
+        st.sampled_from(["\x1b[", "\x1b]", "\x07", "\x1b\\", "31m", "\r", "\n", "\t", "\x00", "é", "\ufffd",
+                         "x" * 700, ";", "?"]),
+        max_size=40,
+    ).map("".join),
+)
+
+#: A plain `nvidia-smi` table in the old (driver 390) layout, with a "Not Supported" process row.
+NVIDIA_SMI_OLD_LAYOUT = """\
++-----------------------------------------------------------------------------+
+| NVIDIA-SMI 390.116                Driver Version: 390.116                   |
+|-------------------------------+----------------------+----------------------+
+| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
+|===============================+======================+======================|
+|   0  GeForce GTX 108...  On   | 00000000:04:00.0 Off |                  N/A |
+| 37%   64C    P2   131W / 150W |   2213MiB / 11178MiB |    100%      Default |
++-------------------------------+----------------------+----------------------+
+|   1  GeForce GTX 108...  On   | 00000000:05:00.0 Off |                  N/A |
+| 44%   68C    P2   130W / 150W |   2213MiB / 11178MiB |    100%      Default |
++-------------------------------+----------------------+----------------------+
+|   2  GeForce GTX 560 Ti  Off  | 00000000:01:00.0 N/A |                  N/A |
+| 40%   46C    P8    N/A /  N/A |    790MiB /  1217MiB |     N/A      Default |
++-------------------------------+----------------------+----------------------+
+
++-----------------------------------------------------------------------------+
+| Processes:                                                       GPU Memory |
+|  GPU       PID   Type   Process name                             Usage      |
+|=============================================================================|
+|    0      4910      C   /usr/bin/xmr-stak                           2203MiB |
+|    1      4910      C   /usr/bin/xmr-stak                           2203MiB |
+|    2                    Not Supported                                       |
++-----------------------------------------------------------------------------+
+"""
+
+_NVIDIA_REAL_LINES = [
+    line
+    for name in ("hung.query-gpu.csv", "busy.query-gpu.header.csv", "busy.query-apps.csv", "busy.nvidia-smi.txt")
+    for line in read(H200 / name).splitlines()
+] + NVIDIA_SMI_OLD_LAYOUT.splitlines()
+_NVIDIA_FRAGMENTS = st.sampled_from([
+    *_NVIDIA_REAL_LINES, ", ", ",", "\n", "\r", "|", '"', "[N/A]", "[Not Supported]", "\x1b[31m", "\x00", "\ufffd",
+    "MiB", " / ", "0", "99999999999999999999", "x" * 5000, "|" + " " * 3000 + "|",
+])
+#: nvidia-smi output (tests of bot.core.parse.nvidia_smi): anything, decoded bytes, and real lines shuffled.
+UNIT_NVIDIA_TEXT = st.one_of(
+    st.text(max_size=500),
+    st.binary(max_size=500).map(lambda b: b.decode("utf-8", errors="replace")),
+    st.lists(_NVIDIA_FRAGMENTS, max_size=30).map("".join),
+    st.lists(st.one_of(_NVIDIA_FRAGMENTS, st.text(max_size=20)), max_size=20).map("\n".join),
+)
+
+#: `ps` output exactly as the probe's `ps -eww -o PS_COLUMNS` prints it (an etime under ELAPSED, a zombie,
+#: internal spaces and a trailing tab in commands).
+PS_PROBE_OUTPUT = """\
+    PID    PPID    PGID     SID STAT %CPU   RSS ELAPSED     TIME WCHAN                            COMMAND
+      1       0       1       1 Ss    0.0 12800  864000 00:00:09 do_epoll_wait                    /sbin/init
+    566     561     566     566 Ss    0.2 16856      20 00:00:00 do_wait                          python3 /srv/fake_server.py 2
+    569     566     566     566 Sl   20.2 628504     20 00:00:04 hrtimer_nanosleep                /opt/venv/bin/python3 -B -c x  y
+    700     566     566     566 Z     0.0     0      20 00:00:00 -                                [python3] <defunct>
+    701     566     566     566 R     9.5  1000 1-02:03:04 1-00:00:01 -                             busy   loop\t
+"""  # noqa: E501
+
+_PS_REAL_LINES = (read(H200 / "hung.ps.txt").splitlines() + PS_PROBE_OUTPUT.splitlines()
+                  + case_file("00", "ps.txt").splitlines())
+_PS_FRAGMENTS = st.sampled_from(
+    [*_PS_REAL_LINES, " ", "\n", "\t", "-", "\x1b[1m", "\x00", "\ufffd", "99999999999999999999999", "x" * 3000]
+)
+#: `ps` output (tests of bot.core.parse.ps): anything, decoded bytes, and real rows shuffled.
+UNIT_PS_TEXT = st.one_of(
+    st.text(max_size=500),
+    st.binary(max_size=500).map(lambda b: b.decode("utf-8", errors="replace")),
+    st.lists(_PS_FRAGMENTS, max_size=20).map("".join),
+    st.lists(st.one_of(_PS_FRAGMENTS, st.text(max_size=30)), max_size=20).map("\n".join),
 )

@@ -3,7 +3,7 @@ error, for arbitrary text, non-UTF-8 bytes, ANSI escapes, 1 MB lines, cut captur
 
 One test per parser. The number of examples comes from GPUBOT_FUZZ_EXAMPLES (default 200, so `./dev test`
 stays fast); `./dev fuzz` runs 10 000 per parser and prints hypothesis' statistics. The strategies are in
-tests/fuzz/strategies.py; the unit tests' own (smaller) fuzz strategies are reused there, not copied.
+tests/fuzz/strategies.py, with the unit tests' own (smaller) ones, which each reuses as one branch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.config import Config, ConfigError, load_config
-from bot.core.grammar import SLASH_DEFAULTS, CommandCall, CommandParseError, parse_message, parse_slash
+from bot.core.grammar import CommandCall, CommandParseError
 from bot.core.models import GpuProcess, GpuReading, GpuSection, HealthResult, ListenSocket, ProcessInfo, Snapshot
 from bot.core.parse.health import parse_curl
 from bot.core.parse.log import clean_log_lines, parse_log_stat, strip_control
@@ -30,7 +30,8 @@ from bot.core.parse.nvidia_smi import (
 )
 from bot.core.parse.proc_net import is_listening, parse_proc_net_tcp
 from bot.core.parse.ps import parse_cputime, parse_etime, parse_ps, process_tree, select_processes
-from bot.core.probe import ProbeRequest, Section, assemble_snapshot, split_sections
+from bot.core.probe import HostPolicy, ProbeRequest, Section, assemble_snapshot, split_sections
+from handlers import grammar
 from tests.fuzz import strategies as S
 from tests.fuzz.typecheck import assert_type
 
@@ -57,6 +58,10 @@ def _clear_message(e: BaseException) -> str:
 
 # --- the command grammar --------------------------------------------------------------------------------
 
+#: The real grammar: the vocabulary of the command table, with the default config's slash command names.
+GRAMMAR = grammar(Config())
+SLASH_COMMANDS = sorted(GRAMMAR.vocabulary.slash)
+
 _REAL_COMMANDS = [
     "status", "status gpu-host-1", "all", "help", "probe gpu-host-1 pgid=123 log=/data/logs/x.log port=8000",
     "gpu-host-1 pid=1 lines=50 health=/health", 'match="sglang serve" port=30000', "launch base model=/m --yes",
@@ -73,10 +78,10 @@ COMMAND_TEXT = S.with_huge_line(st.one_of(
 
 
 @FUZZ
-@given(st.one_of(st.sampled_from([*SLASH_DEFAULTS, "/GPU", " /probe ", "/nope", ""]), S.SLACK_TEXT), COMMAND_TEXT)
+@given(st.one_of(st.sampled_from([*SLASH_COMMANDS, "/GPU", " /probe ", "/nope", ""]), S.SLACK_TEXT), COMMAND_TEXT)
 def test_fuzz_parse_slash(command: str, text: str) -> None:
     try:
-        call = parse_slash(command, text)
+        call = GRAMMAR.parse_slash(command, text)
     except CommandParseError as e:
         _clear_message(e)
         return
@@ -93,7 +98,7 @@ def test_fuzz_parse_slash(command: str, text: str) -> None:
 )
 def test_fuzz_parse_message(text: str, bot_user_id: str | None, prefix: str) -> None:
     try:
-        call = parse_message(text, bot_user_id=bot_user_id, prefix=prefix)
+        call = GRAMMAR.parse_message(text, bot_user_id=bot_user_id, prefix=prefix)
     except CommandParseError as e:
         _clear_message(e)
         return
@@ -233,18 +238,25 @@ PROBE_REQUESTS = st.builds(
     health_path=st.one_of(st.none(), st.just("/health")),
     tail_lines=st.integers(1, 500),
     gpu=st.booleans(),
-    log_dirs=st.just(["/data/logs"]),
     tags=st.booleans(),
     select_tag=st.one_of(st.none(), st.sampled_from(["12-abcdef", "x"])),
     shm=st.booleans(),
+    own_log=st.booleans(),
+)
+#: What hosts allow: the log directory of PROBE_REQUESTS' log, odd tool timeouts.
+HOST_POLICIES = st.builds(
+    HostPolicy,
+    log_dirs=st.sampled_from([("/data/logs",), ("/data/logs/", "/srv"), ("/",)]),
+    nvidia_smi_timeout_s=st.one_of(st.sampled_from([10.0, 0.5, 3600.0]), st.floats(0.001, 1e6)),
+    health_timeout_s=st.sampled_from([3.0, 0.1]),
 )
 
 
 @FUZZ
-@given(S.probe_output(), PROBE_REQUESTS, st.one_of(st.none(), st.text(max_size=30)))
-def test_fuzz_assemble_snapshot(output: bytes, req: ProbeRequest, gpu_note: str | None) -> None:
-    req.validate()
-    snap = assemble_snapshot("gpu-host-1", req, split_sections(output, S.NONCE), gpu_note=gpu_note)
+@given(S.probe_output(), PROBE_REQUESTS, HOST_POLICIES, st.one_of(st.none(), st.text(max_size=30)))
+def test_fuzz_assemble_snapshot(output: bytes, req: ProbeRequest, policy: HostPolicy, gpu_note: str | None) -> None:
+    policy.check(req)
+    snap = assemble_snapshot("gpu-host-1", req, split_sections(output, S.NONCE), policy=policy, gpu_note=gpu_note)
     assert_type(snap, Snapshot)
     assert all(e.strip() for e in snap.errors)
     assert (snap.log is not None) == (req.log_path is not None)

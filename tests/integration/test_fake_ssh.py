@@ -12,8 +12,9 @@ import pytest
 
 from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, require_sshd, sshd_available
+from tests.support.procs import wait_until
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
 CONN_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, ConnectionError)
 
@@ -31,22 +32,20 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-async def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return not _pid_alive(pid)
+async def _wait_gone(pid: int, timeout: float = 20.0) -> None:
+    await wait_until(lambda: not _pid_alive(pid), timeout, what=f"pid {pid} to exit")
 
 
-async def _wait_file(path: Path, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return path.read_text().strip()
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{path} not written")
+async def _wait_file(path: Path, timeout: float = 20.0) -> str:
+    def written() -> str:
+        return path.read_text().strip() if path.exists() else ""
+
+    return await wait_until(written, timeout, what=f"{path} to be written")
+
+
+def _held(release: Path, then: str = "echo ok") -> str:
+    """A command that keeps its session open until `release` exists (no timing assumptions), then runs `then`."""
+    return f"while [ ! -e {release} ]; do sleep 0.05; done; {then}"
 
 
 # --------------------------------------------------------------------------- LoopbackSSHServer
@@ -107,12 +106,18 @@ async def test_exit_signal_and_interactive_shell_rejected(tmp_path):
 
 
 async def test_max_sessions_refuses_and_semaphore_avoids_it(tmp_path):
+    release = tmp_path / "release"
     async with LoopbackSSHServer(tmp_path, max_sessions=10) as srv, await _connect(srv) as conn:
-        results = await asyncio.gather(*(conn.run("sleep 0.3; echo ok") for _ in range(20)),
-                                       return_exceptions=True)
+        runs = [asyncio.ensure_future(conn.run(_held(release))) for _ in range(20)]
+        # 10 sessions stay open until released: the other 10 channel opens must be refused
+        await wait_until(lambda: srv.refused_channels == 10 and srv.open_sessions == 10,
+                         what="10 open sessions and 10 refusals")
+        release.touch()
+        results = await asyncio.gather(*runs, return_exceptions=True)
         refused = [r for r in results if isinstance(r, asyncssh.ChannelOpenError)]
         ok = [r for r in results if isinstance(r, asyncssh.SSHCompletedProcess)]
-        assert refused and ok and len(refused) + len(ok) == 20
+        assert len(refused) == 10 and len(ok) == 10, results
+        assert all(r.stdout == "ok\n" for r in ok)
         assert srv.refused_channels == len(refused)
         assert refused[0].code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED
         assert srv.peak_open_sessions == 10
@@ -132,10 +137,13 @@ async def test_max_sessions_refuses_and_semaphore_avoids_it(tmp_path):
 
 
 async def test_max_sessions_refusal_code_like_openssh(tmp_path):
+    release = tmp_path / "release"
     async with LoopbackSSHServer(tmp_path, max_sessions=1, refusal_code=asyncssh.OPEN_CONNECT_FAILED) as srv:
         async with await _connect(srv) as conn:
-            results = await asyncio.gather(conn.run("sleep 0.2"), conn.run("sleep 0.2"),
-                                           return_exceptions=True)
+            runs = [asyncio.ensure_future(conn.run(_held(release))) for _ in range(2)]
+            await wait_until(lambda: srv.refused_channels == 1, what="the second channel to be refused")
+            release.touch()
+            results = await asyncio.gather(*runs, return_exceptions=True)
             errors = [r for r in results if isinstance(r, asyncssh.ChannelOpenError)]
             assert len(errors) == 1 and errors[0].code == asyncssh.OPEN_CONNECT_FAILED
 
@@ -145,6 +153,7 @@ async def test_exec_delay(tmp_path):
         t0 = time.monotonic()
         res = await conn.run("echo slow")
         assert res.stdout == "slow\n"
+        # a lower bound only (the delay the fake promises): load can make it longer, never shorter
         assert time.monotonic() - t0 >= 0.3
 
 
@@ -207,7 +216,7 @@ async def test_client_timeout_then_close_kills_subprocess(tmp_path):
         finally:
             conn.close()
             await asyncio.wait_for(conn.wait_closed(), 5)
-        assert await _wait_gone(pid, 5.0), f"pid {pid} still running"
+        await _wait_gone(pid)
         assert srv.running_pids() == []
 
 
@@ -217,7 +226,7 @@ async def test_channel_close_kills_process_group(tmp_path):
         proc = await conn.create_process(f"sleep 30 & echo $! > {pidfile}; wait")
         bg = int(await _wait_file(pidfile))
         proc.close()
-        assert await _wait_gone(bg, 5.0)
+        await _wait_gone(bg)
         assert (await conn.run("echo alive")).stdout == "alive\n"
 
 
@@ -228,7 +237,7 @@ async def test_aexit_kills_running_commands(tmp_path):
         conn = await _connect(srv)
         proc = await conn.create_process(f"echo $$ > {pidfile}; exec sleep 30")
         pid = int(await _wait_file(pidfile))
-    assert await _wait_gone(pid, 5.0)
+    await _wait_gone(pid)
     proc.close()
     conn.close()
 
@@ -282,35 +291,47 @@ async def test_openssh_wrong_known_hosts_refused(openssh, tmp_path):
 
 
 @pytest.mark.sshd
-async def test_openssh_max_sessions_refuses(openssh):
+async def test_openssh_max_sessions_refuses(openssh, tmp_path):
+    release = tmp_path / "release"
     async with await _connect(openssh) as conn:
-        results = await asyncio.gather(*(conn.run("sleep 0.3") for _ in range(20)),
-                                       return_exceptions=True)
+        runs = [asyncio.ensure_future(conn.run(_held(release, "true"))) for _ in range(20)]
+        try:
+            # sshd's MaxSessions=10: with 10 sessions held open, the other 10 are refused
+            await wait_until(lambda: sum(r.done() for r in runs) >= 10, what="10 refused channel opens")
+        finally:
+            release.touch()
+        results = await asyncio.gather(*runs, return_exceptions=True)
         refused = [r for r in results if isinstance(r, asyncssh.ChannelOpenError)]
-        assert refused, results
+        assert len(refused) == 10, results
         assert refused[0].code == asyncssh.OPEN_CONNECT_FAILED  # OpenSSH: code 2, "open failed"
         assert all(isinstance(r, asyncssh.SSHCompletedProcess | asyncssh.ChannelOpenError)
                    for r in results)
 
 
-@pytest.mark.sshd
-async def test_openssh_env_setenv(tmp_path):
+@pytest.fixture
+def openssh_with_fake_tool(tmp_path):
+    """An sshd whose sessions find a fake `nvidia-smi` first on PATH: (server, tool). Stopped at teardown."""
     require_sshd()
     fakebin = tmp_path / "bin"
     fakebin.mkdir()
     tool = fakebin / "nvidia-smi"
     tool.write_text("#!/bin/sh\necho FAKE\n")
     tool.chmod(0o755)
+    server = OpenSSHServer(tmp_path, env={"PATH": f"{fakebin}:/usr/bin:/bin"})
     try:
-        server = OpenSSHServer(tmp_path, env={"PATH": f"{fakebin}:/usr/bin:/bin"})
         server.start()
     except OpenSSHUnavailable as exc:
         pytest.skip(str(exc))
-    try:
-        pid = server.pid
-        async with await _connect(server) as conn:
-            res = await conn.run("command -v nvidia-smi; nvidia-smi")
-        assert res.stdout.splitlines() == [str(tool), "FAKE"]
-    finally:
-        server.stop()
+    yield server, tool
+    server.stop()
+
+
+@pytest.mark.sshd
+async def test_openssh_env_setenv(openssh_with_fake_tool):
+    server, tool = openssh_with_fake_tool
+    pid = server.pid
+    async with await _connect(server) as conn:
+        res = await conn.run("command -v nvidia-smi; nvidia-smi")
+    assert res.stdout.splitlines() == [str(tool), "FAKE"]
+    server.stop()  # (again at teardown: stop is idempotent)
     assert not _pid_alive(pid)

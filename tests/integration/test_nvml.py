@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pynvml
@@ -13,7 +14,7 @@ from bot.core.models import GpuSource, Snapshot
 from bot.core.parse.nvidia_smi import parse_query_apps, parse_query_gpu
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
-from tests.conftest import H200
+from tests.support.paths import H200
 
 MIB = 1024 * 1024
 
@@ -92,16 +93,21 @@ def test_gpu_lost_is_reported(h200_nvml, monkeypatch):
 
 
 async def test_hung_nvml_times_out():
-    import time
-
-    sec = await read_nvml_async(0.3, reader=lambda: time.sleep(2) or None)
+    wedged = threading.Event()  # the reader hangs until the test is over (a wedged driver), however slow the box
+    try:
+        sec = await read_nvml_async(0.3, reader=lambda: wedged.wait(60) and None)
+    finally:
+        wedged.set()
     assert not sec.ok and "did not answer in 0.3 s" in (sec.error or "")
 
 
 async def test_local_host_uses_nvml_when_it_works(h200_nvml, fake_gpu):
     cfg = Config(hosts={"me": HostConfig(local=True, nvidia_smi=str(fake_gpu.nvidia_smi))})
     svc = HostService(cfg)
-    snap = await svc.probe("me", ProbeRequest())
+    try:
+        snap = await svc.probe("me", ProbeRequest())
+    finally:
+        await svc.close()
     assert isinstance(snap, Snapshot) and snap.gpu.source == GpuSource.NVML
     assert snap.gpu.gpus[0].memory_used_mib == 17235
 
@@ -116,6 +122,9 @@ async def test_local_host_falls_back_to_nvidia_smi_without_nvml(fake_gpu):
         pass
     cfg = Config(hosts={"me": HostConfig(local=True, nvidia_smi=str(fake_gpu.nvidia_smi))})
     svc = HostService(cfg)
-    snap = await svc.probe("me", ProbeRequest())
+    try:
+        snap = await svc.probe("me", ProbeRequest())
+    finally:
+        await svc.close()
     assert isinstance(snap, Snapshot) and snap.gpu.ok
     assert snap.gpu.source == GpuSource.NVIDIA_SMI and snap.gpu.gpus[0].name == "NVIDIA H200"

@@ -11,7 +11,7 @@ from bot.config import Config
 from bot.core.models import HostFailure, Snapshot
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
-from tests.conftest import ssh_host
+from tests.support.builders import ssh_host
 from tests.support.fakes.sshd import OpenSSHServer, OpenSSHUnavailable, sshd_available
 
 pytestmark = [

@@ -4,6 +4,7 @@ the probe shows of itself."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import pytest
@@ -13,9 +14,25 @@ from bot.config import Config, HostConfig
 from bot.core.models import HostFailure, Snapshot
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
-from tests.conftest import ssh_host
+from tests.support.builders import ssh_host
+from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def nvidia_smi_running(fake_gpu) -> bool:
+    """True while a fake nvidia-smi of `fake_gpu` runs on this machine (its command line names its state)."""
+    needle = str(fake_gpu.state_dir).encode()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"fake_nvidia_smi" in cmdline and needle in cmdline:
+                return True
+    return False
 
 
 async def test_connection_dropped_mid_probe_is_not_blamed_on_nvidia_smi(ssh_server, ssh_config, fake_gpu):
@@ -23,7 +40,9 @@ async def test_connection_dropped_mid_probe_is_not_blamed_on_nvidia_smi(ssh_serv
     svc = HostService(ssh_config)
     try:
         task = asyncio.create_task(svc.probe("gpu-host-1", ProbeRequest()))
-        await asyncio.sleep(1.0)
+        # drop the connection while the probe waits for the (slow) nvidia-smi
+        await wait_until(lambda: nvidia_smi_running(fake_gpu) or task.done(), what="nvidia-smi to start")
+        assert not task.done(), task.result()
         await ssh_server.drop_connections()
         res = await task
     finally:

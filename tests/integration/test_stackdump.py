@@ -1,25 +1,27 @@
-"""py-spy stack dumps: a REAL deliberately blocked Python process dumped through the LocalExecutor, the
-failure modes (py-spy missing, no such process, ptrace denied, sudo refused, timeout, non-JSON output) and
-the rendering within Block Kit limits."""
+"""py-spy stack dumps: a REAL deliberately blocked Python process, launched by the bot and dumped through the
+StackService and `!stack` (local host), the failure modes (py-spy missing, no such process, ptrace denied,
+sudo refused, timeout, non-JSON output) and the rendering within Block Kit limits."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.adapters.remote import LocalExecutor
+from bot.adapters.remote import Executor, LocalExecutor
+from bot.config import Config
+from bot.core.models import Launch, LaunchState
 from bot.core.stackdump import (
     MISSING_MSG,
     PTRACE_MSG,
@@ -27,30 +29,38 @@ from bot.core.stackdump import (
     Frame,
     ProcessDump,
     ThreadDump,
+    check_pids,
     dump_script,
+    finish_dumps,
     full_text,
     parse_dump_output,
-    render_stack_dump,
-    stackdump_context,
+    script_budget_s,
     summarize,
-    take_stack_dump,
 )
-from bot.present.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT, render
+from bot.present.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT, Renderer
+from bot.present.stackdump import stack_dump_message, stackdump_context
+from bot.services.stacks import StackDump
+from tests.support.bots import TestBot
+from tests.support.builders import OPERATOR
+from tests.support.procs import wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 VENV_BIN = Path(sys.executable).parent
 PY_SPY = VENV_BIN / "py-spy"
+RENDERER = Renderer()
 
 BLOCKED = textwrap.dedent("""\
     import threading
     import time
 
     lock = threading.Lock()
+    held = threading.Event()
 
 
     def hold_lock_forever():
         lock.acquire()
+        held.set()
         time.sleep(3600)
 
 
@@ -61,7 +71,7 @@ BLOCKED = textwrap.dedent("""\
 
     def main_sleep():
         threading.Thread(target=hold_lock_forever, name="holder", daemon=True).start()
-        time.sleep(0.2)
+        held.wait()
         threading.Thread(target=blocked_on_lock, name="blocked-worker", daemon=True).start()
         print("ready", flush=True)
         time.sleep(3600)
@@ -72,29 +82,9 @@ BLOCKED = textwrap.dedent("""\
 LOCK_LINE = next(i for i, line in enumerate(BLOCKED.splitlines(), 1) if "LOCK LINE" in line)
 
 
-@pytest.fixture
-def blocked_process(tmp_path):
-    """A Python process with a thread blocked on a threading.Lock and the main thread in time.sleep;
-    killed by PID at teardown."""
-    script = tmp_path / "blocked_target.py"
-    script.write_text(BLOCKED)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"ready"
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def local(*extra: Path) -> LocalExecutor:
-    return LocalExecutor("me", extra_path=[str(p) for p in extra])
+def needs_py_spy() -> None:
+    if not PY_SPY.is_file():
+        pytest.skip(f"py-spy is not installed in the venv ({PY_SPY})")
 
 
 def fake_tool(directory: Path, name: str, body: str) -> Path:
@@ -112,26 +102,133 @@ def gone_pid() -> int:
     return p.pid
 
 
+def alive(pid: int) -> bool:
+    """True while /proc/<pid> exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ----------------------------------------------------------------------------------------- a bot that dumps
+
+
+def stack_config(tmp_path: Path, fake_gpu, *, py_spy: str = "py-spy", sudo: bool = False) -> Config:
+    """Local host `me` (py-spy as `py_spy`, through `sudo -n` when `sudo`) and variants to dump: `blocked` (the
+    BLOCKED script), `sleeper` (one `sleep`: not a Python process) and `pair` (two `sleep`s in one session)."""
+    script = tmp_path / "blocked_target.py"
+    script.write_text(BLOCKED)
+    pair = tmp_path / "pair.sh"
+    pair.write_text("sleep 3600 &\nexec sleep 3600\n")
+    log = str(tmp_path / "logs" / "{{ variant }}-{{ launch_id }}.log")
+    commands = {
+        "blocked": f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}",
+        "sleeper": "sleep 3600",
+        "pair": f"sh {shlex.quote(str(pair))}",
+    }
+    return Config.model_validate({
+        "hosts": {"me": {"local": True, "use_nvml": False, "nvidia_smi": str(fake_gpu.nvidia_smi),
+                         "py_spy": py_spy, "py_spy_sudo": sudo, "log_dirs": [str(tmp_path)]}},
+        "variants": {name: {"host": "me", "command": cmd, "log": log, "gpus": []} for name, cmd in commands.items()},
+        "state_dir": str(tmp_path / "state"),
+        "permissions": {"operators": [OPERATOR]},
+    })
+
+
+StackBotFactory = Callable[..., Awaitable[TestBot]]
+
+
+@pytest.fixture
+def stack_bot(make_bot, tmp_path, fake_gpu) -> StackBotFactory:
+    """`await stack_bot(py_spy=..., sudo=..., extra_path=[...])`: a bot on `stack_config`; `extra_path` goes
+    first on the local host's PATH. make_bot's finalizer kills every process its launches left."""
+
+    async def start(*, py_spy: str = "py-spy", sudo: bool = False, extra_path: list[Path] | None = None) -> TestBot:
+        return await make_bot(stack_config(tmp_path, fake_gpu, py_spy=py_spy, sudo=sudo),
+                              extra_path=[str(p) for p in extra_path or []])
+
+    return start
+
+
+async def launch_pids(bot: TestBot, la: Launch) -> list[int]:
+    """The live processes of `la` as the stack service finds them (one probe)."""
+    snap = await bot.runtime.launches.probe_launch(la, tail_lines=1)
+    return sorted(p.pid for p in bot.runtime.launches.launch_processes_of(la, snap))
+
+
+async def launch(bot: TestBot, variant: str, *, processes: int = 1) -> Launch:
+    """`/launch VARIANT` in the chat; returns the launch once `processes` of its processes run."""
+    answer = await bot.chat.say(f"/launch {variant}")
+    assert answer is not None
+    (la,) = bot.runtime.launches.live() or [None]
+    assert la is not None, answer.text
+    assert la.variant == variant and la.state == LaunchState.RUNNING, answer.text
+
+    async def started() -> bool:
+        return len(await launch_pids(bot, la)) == processes
+
+    await wait_until(started, what=f"{processes} processes of {la.name}")
+    return la
+
+
+async def dump(bot: TestBot, la: Launch, *, native: bool = False, timeout_s: int = 20) -> StackDump:
+    """The stack service's dump of `la` (what `!stack` shows)."""
+    return await bot.runtime.stacks.dump(la, native=native, user=OPERATOR, channel="C1", timeout_s=timeout_s)
+
+
+async def run_dump_script(executor: Executor, pids: list[int], *, native: bool = False,
+                          timeout_s: int = 20) -> list[ProcessDump]:
+    """The dump script for pids the test picks (gone ones, duplicates), run as StackService.dump runs it."""
+    pid_list = check_pids(pids)
+    script = dump_script(pid_list, native=native, timeout_s=timeout_s)
+    res = await executor.run("sh -s", input=script.encode(), timeout_s=script_budget_s(len(pid_list), timeout_s))
+    return finish_dumps(pid_list, res.stdout, res.stderr, res.exit_status, res.exit_signal)
+
+
+@pytest.fixture
+def blocked_process(tmp_path):
+    """The BLOCKED script started directly (not by a bot), in its own session; killed at teardown."""
+    script = tmp_path / "blocked_direct.py"
+    script.write_text(BLOCKED)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 # ----------------------------------------------------------------------------------------- real dumps
 
 
-async def test_real_dump_of_a_blocked_process(blocked_process):
-    if not PY_SPY.is_file():
-        pytest.skip(f"py-spy is not installed in the venv ({PY_SPY})")
-    ex = local(VENV_BIN)
-    deadline = time.monotonic() + 15
-    while True:
-        [dump] = await take_stack_dump(ex, [blocked_process.pid], timeout_s=10)
-        if not dump.ok and dump.error == PTRACE_MSG:
-            pytest.skip("py-spy cannot attach here (ptrace not permitted: Yama ptrace_scope or no SYS_PTRACE)")
-        assert dump.ok, dump.error
-        by_name = {t.name: t for t in dump.threads}
-        worker = by_name.get("blocked-worker")
-        if (worker and worker.frames and worker.frames[0].name == "blocked_on_lock") or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)  # the worker has not reached the lock yet
+async def test_real_dump_of_a_blocked_launch(stack_bot):
+    needs_py_spy()
+    bot = await stack_bot(py_spy=str(PY_SPY))
+    la = await launch(bot, "blocked")
+    await wait_log(la.log_path, "ready")
 
-    assert dump.pid == blocked_process.pid
+    async def worker_on_the_lock() -> ProcessDump | None:
+        [d] = (await dump(bot, la, timeout_s=10)).dumps
+        if not d.ok and d.error == PTRACE_MSG:
+            return d
+        assert d.ok, d.error
+        worker = next((t for t in d.threads if t.name == "blocked-worker"), None)
+        return d if worker and worker.frames and worker.frames[0].name == "blocked_on_lock" else None
+
+    d = await wait_until(worker_on_the_lock, 30, what="the worker thread to block on the lock", every=0.2)
+    if not d.ok:
+        pytest.skip("py-spy cannot attach here (ptrace not permitted: Yama ptrace_scope or no SYS_PTRACE)")
+
+    assert d.pid == la.pid
+    by_name = {t.name: t for t in d.threads}
     assert set(by_name) == {"MainThread", "holder", "blocked-worker"}
     worker, holder, main = by_name["blocked-worker"], by_name["holder"], by_name["MainThread"]
     # innermost first: the blocked worker sits on the `with lock:` line
@@ -140,32 +237,53 @@ async def test_real_dump_of_a_blocked_process(blocked_process):
     assert worker.frames[0].path is not None and worker.frames[0].path.endswith("blocked_target.py")
     assert holder.frames[0].name == "hold_lock_forever"
     assert [f.name for f in main.frames[:2]] == ["main_sleep", "<module>"]
-    assert main.os_thread_id == blocked_process.pid
+    assert main.os_thread_id == la.pid
     assert not worker.active and not worker.owns_gil and worker.state == "idle"
-    assert [t.os_thread_id for t in dump.threads] == sorted(t.os_thread_id for t in dump.threads)
+    assert [t.os_thread_id for t in d.threads] == sorted(t.os_thread_id for t in d.threads)
 
-    lines = summarize([dump])
-    assert lines[0].startswith(f"pid {blocked_process.pid}: 3 threads")
+    lines = summarize([d])
+    assert lines[0].startswith(f"pid {la.pid}: 3 threads")
     assert f"    blocked_on_lock (blocked_target.py:{LOCK_LINE})" in lines
     assert any(line.startswith("  Thread ") and '"blocked-worker" (idle)' in line for line in lines)
     assert "    main_sleep (blocked_target.py:" in "\n".join(lines)
-    text = full_text([dump])
+    text = full_text([d])
     assert f"blocked_on_lock ({worker.frames[0].path}:{LOCK_LINE})" in text
     assert "Thread._bootstrap" in text  # every frame, not just the top 3
 
-    msg = render_stack_dump("me", [dump])
-    assert msg.ok and f"blocked_on_lock (blocked_target.py:{LOCK_LINE})" in json.dumps(msg.blocks)
+    # the same through the chat: `!stack` in the launch's thread, the full dump attached
+    answer = await bot.chat.say("!stack", thread=bot.chat.thread_of(la.id))
+    assert answer is not None and answer.post is not None
+    assert answer.audit == "ok" and answer.thread == la.thread_ts
+    msg = answer.post.current
+    assert f"blocked_on_lock (blocked_target.py:{LOCK_LINE})" in json.dumps(msg.blocks)
     assert msg.files and msg.files[0][0] == "stackdump-me.txt"
     assert f"blocked_on_lock ({worker.frames[0].path}:{LOCK_LINE})".encode() in msg.files[0][1]
     assert_block_kit_limits(msg)
+    events = bot.events("stack_dump")
+    assert events and all(e.result == "ok" and e.launch_id == la.id for e in events)
+    assert events[-1].args["pids"] == [la.pid]
 
 
-async def test_real_native_dump_and_mixed_pids(blocked_process):
-    if not PY_SPY.is_file():
-        pytest.skip(f"py-spy is not installed in the venv ({PY_SPY})")
+async def test_real_native_dump_of_a_launch(stack_bot):
+    needs_py_spy()
+    bot = await stack_bot(py_spy=str(PY_SPY))
+    la = await launch(bot, "blocked")
+    await wait_log(la.log_path, "ready")
+    [d] = (await dump(bot, la, native=True, timeout_s=10)).dumps
+    if d.error == PTRACE_MSG:
+        pytest.skip("py-spy cannot attach here (ptrace not permitted)")
+    if not d.ok and "native" in (d.error or "").lower():
+        pytest.skip(f"--native is not supported here: {d.error}")
+    assert d.ok, d.error
+    names = [f.name for t in d.threads for f in t.frames]
+    assert "blocked_on_lock" in names and "main_sleep" in names
+
+
+async def test_mixed_pids_are_dumped_once_each_in_order(blocked_process):
+    needs_py_spy()
     missing = gone_pid()
-    dumps = await take_stack_dump(local(VENV_BIN), [blocked_process.pid, missing, blocked_process.pid],
-                                  native=True, timeout_s=10)
+    dumps = await run_dump_script(LocalExecutor("me", extra_path=[str(VENV_BIN)]),
+                                  [blocked_process.pid, missing, blocked_process.pid], native=True, timeout_s=10)
     assert [d.pid for d in dumps] == [blocked_process.pid, missing]  # duplicates dropped, order kept
     if dumps[0].error == PTRACE_MSG:
         pytest.skip("py-spy cannot attach here (ptrace not permitted)")
@@ -178,92 +296,124 @@ async def test_real_native_dump_and_mixed_pids(blocked_process):
 
 
 async def test_pid_that_does_not_exist_gets_a_clear_error():
-    if not PY_SPY.is_file():
-        pytest.skip(f"py-spy is not installed in the venv ({PY_SPY})")
+    needs_py_spy()
     pid = gone_pid()
-    [dump] = await take_stack_dump(local(VENV_BIN), [pid], timeout_s=10)
-    assert not dump.ok and dump.pid == pid and dump.threads == []
-    assert dump.error == "no such process: it is not running on the host"
+    [d] = await run_dump_script(LocalExecutor("me", extra_path=[str(VENV_BIN)]), [pid], timeout_s=10)
+    assert not d.ok and d.pid == pid and d.threads == []
+    assert d.error == "no such process: it is not running on the host"
 
 
-async def test_not_a_python_process_gets_a_clear_error():
-    if not PY_SPY.is_file():
-        pytest.skip(f"py-spy is not installed in the venv ({PY_SPY})")
-    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        [dump] = await take_stack_dump(local(VENV_BIN), [proc.pid], timeout_s=10)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-    assert not dump.ok
-    assert dump.error in ("not a Python process (py-spy found no Python interpreter in it)", PTRACE_MSG)
+async def test_a_launch_without_live_processes_is_refused(stack_bot):
+    bot = await stack_bot()
+    la = await launch(bot, "sleeper")
+    os.kill(la.pid, signal.SIGKILL)
+    await wait_until(lambda: not alive(la.pid), what=f"pid {la.pid} to exit")
+    answer = await bot.chat.say(f"!stack {la.id}")
+    assert answer is not None and answer.audit == "error"
+    assert "no process of this launch is alive" in answer.text
+
+
+async def test_not_a_python_process_gets_a_clear_error(stack_bot):
+    needs_py_spy()
+    bot = await stack_bot(py_spy=str(PY_SPY))
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la, timeout_s=10)).dumps
+    assert not d.ok
+    assert d.error in ("not a Python process (py-spy found no Python interpreter in it)", PTRACE_MSG)
 
 
 # ----------------------------------------------------------------------------------------- failure modes
 
 
-async def test_missing_py_spy_by_path(tmp_path):
-    dumps = await take_stack_dump(local(tmp_path), [os.getpid(), 1], py_spy=str(tmp_path / "nope" / "py-spy"))
-    assert [(d.pid, d.ok, d.error) for d in dumps] == [(os.getpid(), False, MISSING_MSG), (1, False, MISSING_MSG)]
-    msg = render_stack_dump("me", dumps)
-    assert not msg.ok and not msg.files and "py-spy is not installed on the host" in msg.text
+async def test_missing_py_spy_by_path(stack_bot, tmp_path):
+    bot = await stack_bot(py_spy=str(tmp_path / "nope" / "py-spy"))
+    la = await launch(bot, "pair", processes=2)
+    pids = await launch_pids(bot, la)
+    sd = await dump(bot, la)
+    assert [(d.pid, d.ok, d.error) for d in sd.dumps] == [(pid, False, MISSING_MSG) for pid in pids]
+    assert not sd.ok
+    answer = await bot.chat.say("!stack", thread=bot.chat.thread_of(la.id))
+    assert answer is not None and answer.post is not None and answer.audit == "error"
+    assert not answer.post.files and "py-spy is not installed on the host" in answer.text
 
 
-async def test_missing_py_spy_on_path(tmp_path):
+async def test_missing_py_spy_on_path(stack_bot, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    [dump] = await take_stack_dump(local(empty), [os.getpid()], py_spy="gpubot-test-no-such-py-spy")
-    assert dump.error == MISSING_MSG
+    bot = await stack_bot(py_spy="gpubot-test-no-such-py-spy", extra_path=[empty])
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la)).dumps
+    assert d.error == MISSING_MSG
 
 
-async def test_permission_denied_maps_to_the_ptrace_fix(tmp_path):
+async def test_permission_denied_maps_to_the_ptrace_fix(stack_bot, tmp_path):
     bin_dir = tmp_path / "bin"
     fake_tool(bin_dir, "py-spy", "echo 'Permission Denied: Try running again with elevated permissions by going "
                                  "'\\''sudo env \"PATH=$PATH\" !!'\\''' >&2; exit 1")
-    [dump] = await take_stack_dump(local(bin_dir), [os.getpid()], py_spy=str(bin_dir / "py-spy"))
-    assert dump.error == PTRACE_MSG
+    bot = await stack_bot(py_spy=str(bin_dir / "py-spy"))
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la)).dumps
+    assert d.error == PTRACE_MSG
 
 
-async def test_sudo_asking_for_a_password_is_reported(tmp_path):
+async def test_sudo_asking_for_a_password_is_reported(stack_bot, tmp_path):
     bin_dir = tmp_path / "bin"
     fake_tool(bin_dir, "py-spy", "echo '[]'")
     fake_tool(bin_dir, "sudo", textwrap.dedent("""\
         [ "$1" = -n ] || { echo "sudo called without -n" >&2; exit 2; }
         echo "sudo: a password is required" >&2
         exit 1"""))
-    [dump] = await take_stack_dump(local(bin_dir), [os.getpid()], sudo=True, py_spy=str(bin_dir / "py-spy"))
-    assert dump.error == SUDO_REFUSED_MSG
+    bot = await stack_bot(py_spy=str(bin_dir / "py-spy"), sudo=True, extra_path=[bin_dir])
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la)).dumps
+    assert d.error == SUDO_REFUSED_MSG
 
 
-async def test_sudo_runs_the_resolved_py_spy_path(tmp_path):
+async def test_sudo_runs_the_resolved_py_spy_path(stack_bot, tmp_path):
     bin_dir = tmp_path / "bin"
     calls = tmp_path / "calls"
     fake_tool(bin_dir, "py-spy", f'echo "$*" >> {calls}; echo \'[{{"thread_name": "t", "os_thread_id": 7, '
                                  '"active": true, "owns_gil": true, "frames": [{"name": "f", "filename": "/a/b.py", '
                                  '"short_filename": "b.py", "line": 3}]}]\'')
     fake_tool(bin_dir, "sudo", f'echo "sudo $*" >> {calls}; [ "$1" = -n ] && shift; exec "$@"')
-    [dump] = await take_stack_dump(local(bin_dir), [1234], sudo=True, native=True)
-    assert dump.ok, dump.error
-    assert dump.threads == [ThreadDump("t", 7, True, True, [Frame("f", "b.py", 3, "/a/b.py")])]
-    assert dump.threads[0].state == "active+gil"
-    assert calls.read_text().splitlines() == [f"sudo -n {bin_dir / 'py-spy'} dump --pid 1234 --json --native",
-                                              "dump --pid 1234 --json --native"]
+    bot = await stack_bot(sudo=True, extra_path=[bin_dir])  # the host's py_spy is "py-spy": found on PATH
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la, native=True)).dumps
+    assert d.ok, d.error
+    assert d.threads == [ThreadDump("t", 7, True, True, [Frame("f", "b.py", 3, "/a/b.py")])]
+    assert d.threads[0].state == "active+gil"
+    assert calls.read_text().splitlines() == [f"sudo -n {bin_dir / 'py-spy'} dump --pid {la.pid} --json --native",
+                                              f"dump --pid {la.pid} --json --native"]
 
 
-async def test_hung_py_spy_is_killed_and_reported(tmp_path):
-    bin_dir = tmp_path / "bin"
-    fake_tool(bin_dir, "py-spy", "exec sleep 30")
-    start = time.monotonic()
-    [dump] = await take_stack_dump(local(bin_dir), [os.getpid()], timeout_s=1)
-    assert time.monotonic() - start < 10
-    assert not dump.ok and dump.error and dump.error.startswith("py-spy did not finish within 1 s")
+@pytest.fixture
+def hung_py_spy(tmp_path):
+    """A fake py-spy that hangs (`sleep 3600`), writing its pid to `started`; whatever it left is killed at
+    teardown (its environment carries no launch tag: the bot's finalizer would not find it)."""
+    bin_dir, started = tmp_path / "hung-bin", tmp_path / "py-spy.pid"
+    fake_tool(bin_dir, "py-spy", f"echo $$ > {started}; exec sleep 3600")
+    yield bin_dir / "py-spy", started
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(started.read_text()), signal.SIGKILL)
 
 
-async def test_non_json_output_is_reported(tmp_path):
+async def test_hung_py_spy_is_killed_and_reported(stack_bot, hung_py_spy):
+    py_spy, started = hung_py_spy
+    bot = await stack_bot(py_spy=str(py_spy))
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la, timeout_s=1)).dumps  # had it waited for the sleep: the test's timeout
+    assert not d.ok and d.error and d.error.startswith("py-spy did not finish within 1 s")
+    pid = int(started.read_text())
+    await wait_until(lambda: not alive(pid), what=f"the hung py-spy (pid {pid}) to be killed")
+
+
+async def test_non_json_output_is_reported(stack_bot, tmp_path):
     bin_dir = tmp_path / "bin"
     fake_tool(bin_dir, "py-spy", "echo 'Process 1: python'; echo 'Thread 1 (idle)'")
-    [dump] = await take_stack_dump(local(bin_dir), [os.getpid()])
-    assert not dump.ok and dump.error and "not its JSON thread list" in dump.error and "Process 1" in dump.error
+    bot = await stack_bot(py_spy=str(bin_dir / "py-spy"))
+    la = await launch(bot, "sleeper")
+    [d] = (await dump(bot, la)).dumps
+    assert not d.ok and d.error and "not its JSON thread list" in d.error and "Process 1" in d.error
 
 
 @pytest.mark.parametrize("bad", [[], [0], [-1], ["12"], [1.5], [True], [5_000_000], "123", list(range(1, 100))])
@@ -319,7 +469,7 @@ def test_parse_never_raises(text):
         assert d.ok or d.error
     summarize(dumps)
     full_text(dumps)
-    render_stack_dump("me", dumps)
+    stack_dump_message(RENDERER, "me", dumps)
 
 
 # ----------------------------------------------------------------------------------------- rendering
@@ -344,12 +494,15 @@ def big_dump(pid: int, threads: int = 120) -> ProcessDump:
                                    for i in range(threads)])
 
 
+# Redacting the ~1 MB attached text dominates (full_text redacts, then stack_dump_message again): 10-20 s
+# here, more on a loaded machine.
+@pytest.mark.timeout(240)
 def test_render_stays_within_block_kit_limits_and_attaches_the_full_dump():
     dumps = [big_dump(100 + i) for i in range(8)] + [ProcessDump(9, False, error=PTRACE_MSG)]
-    msg = render("stackdump", **stackdump_context("gpu-host-1" * 30, dumps, native=True))
+    msg = RENDERER.render("stackdump", **stackdump_context("gpu-host-1" * 30, dumps, native=True))
     assert_block_kit_limits(msg)
     assert msg.files  # cut, so render attached the full text
-    full = render_stack_dump("gpu-host-1", dumps)
+    full = stack_dump_message(RENDERER, "gpu-host-1", dumps)
     assert_block_kit_limits(full)
     assert [name for name, _ in full.files] == ["stackdump-gpu-host-1.txt"]
     body = full.files[0][1].decode()
@@ -364,7 +517,7 @@ def test_render_small_summary():
                                                [Frame("wait", "threading.py", 320), Frame("serve", "srv.py", 9),
                                                 Frame("main", "srv.py", 20), Frame("<module>", "srv.py", 30)])]),
              ProcessDump(43, False, error=SUDO_REFUSED_MSG)]
-    msg = render("stackdump", **stackdump_context("h1", dumps))
+    msg = RENDERER.render("stackdump", **stackdump_context("h1", dumps))
     assert_block_kit_limits(msg)
     assert not msg.files
     assert msg.blocks[0] == {"type": "header", "text": {"type": "plain_text", "text": "Stack dump: h1: 1/2 dumped"}}

@@ -4,9 +4,9 @@ during the downtime are posted once, and nothing is posted twice (also after a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
-import signal
 import sys
 import time
 
@@ -14,41 +14,57 @@ import pytest
 import yaml
 
 from bot.adapters.store import Store
-from tests.conftest import free_port
-from tests.integration.test_lifecycle import make_config, pids_of_launch
+from bot.demo.fakegpu import install_fake_gpu
+from tests.support.builders import launch_config
+from tests.support.procs import free_port, kill_launches, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-
-async def start_bot(config_path) -> asyncio.subprocess.Process:
-    """`gpubot console` as the bot process (its watcher prints alerts); stdin stays open to keep it alive."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot.cli", "console", "--config", str(config_path),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+SILENCE_S = 8.0
 
 
-async def read_for(proc, seconds: float) -> str:
-    out = b""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            chunk = await asyncio.wait_for(proc.stdout.read(65536), max(0.05, deadline - time.monotonic()))
-        except TimeoutError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    return out.decode(errors="replace")
+class ConsoleBot:
+    """`gpubot console` as the bot process (its watcher prints alerts); its output is read in the background,
+    stdin stays open to keep it alive."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+        self.out = ""
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls, config_path) -> ConsoleBot:
+        return cls(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.cli", "console", "--config", str(config_path),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := await self.proc.stdout.read(65536):
+            self.out += chunk.decode(errors="replace")
+
+    async def say(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode())
+        await self.proc.stdin.drain()
+
+    def alerts(self) -> list[str]:
+        return re.findall(r"^(v\d#\d+) on gpu-host-1: silent_hang", self.out, re.M)
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._reader, 5)
 
 
-def alert_lines(text: str) -> list[str]:
-    return re.findall(r"^(v\d#\d+) on gpu-host-1: silent_hang", text, re.M)
+def observations(store: Store) -> int:
+    return sum(len(store.observations.list(i)) for i in (1, 2, 3))
 
 
 async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, fake_gpu, tmp_path):
-    from bot.demo.fakegpu import install_fake_gpu
-
-    cfg = make_config(ssh_server, fake_gpu, tmp_path)
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
     install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=6)
     data = cfg.model_dump(mode="json", exclude_none=True)
     base = data["variants"].pop("base")
@@ -57,45 +73,45 @@ async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, f
         data["variants"][f"v{i}"] = {**base, "gpus": gpus, "port": free_port(),
                                      "command": base["command"].replace("--gpus 0,1", "--gpus " +
                                                                         ",".join(map(str, gpus)))}
-    data["watch"] = {"interval_s": 0.5, "silence_after_s": 8.0,
-                     "phase_grace_s": {p: 8.0 for p in ("comm_init", "weight_loading", "kv_cache_alloc",
-                                                        "cuda_graph_capture", "warmup")}}
+    data["watch"] = {"interval_s": 0.5, "silence_after_s": SILENCE_S,
+                     "phase_grace_s": {p: SILENCE_S for p in ("comm_init", "weight_loading", "kv_cache_alloc",
+                                                              "cuda_graph_capture", "warmup")}}
     data["permissions"] = {}
     path = tmp_path / "bot.yaml"
     path.write_text(yaml.safe_dump(data))
-    a = await start_bot(path)
+    store: Store | None = None
+    bots: list[ConsoleBot] = []
     try:
-        a.stdin.write(b"".join(f"/launch v{i} mode=hang workers=1\n".encode() for i in (1, 2, 3)))
-        await a.stdin.drain()
-        out_a = ""
-        deadline = time.monotonic() + 20
-        while out_a.count("Launched v") < 3 and time.monotonic() < deadline:
-            out_a += await read_for(a, 0.5)
-        assert out_a.count("Launched v") == 3, out_a
-        a.send_signal(signal.SIGKILL)  # no clean shutdown: the jobs are only in the database
-        await a.wait()
-        assert alert_lines(out_a) == [], out_a  # nothing was due yet
-        await asyncio.sleep(8.0)  # downtime: all three silent_hang alerts come due now
-
-        b = await start_bot(path)
-        out_b = await read_for(b, 8.0)
-        b.send_signal(signal.SIGKILL)
-        await b.wait()
-        assert sorted(alert_lines(out_b)) == ["v1#1", "v2#2", "v3#3"], out_b  # each exactly once
-
-        c = await start_bot(path)  # a second restart posts nothing again
-        out_c = await read_for(c, 3.0)
-        c.stdin.close()
-        await asyncio.wait_for(c.wait(), 20)
-        assert alert_lines(out_c) == [], out_c
-    finally:
-        for proc in (a,):
-            if proc.returncode is None:
-                proc.kill()
+        a = await ConsoleBot.start(path)
+        bots.append(a)
+        await a.say("".join(f"/launch v{i} mode=hang workers=1\n" for i in (1, 2, 3)))
+        await wait_until(lambda: a.out.count("Launched v") == 3, 30, what=f"three launches; output:\n{a.out}")
+        await a.kill()  # SIGKILL, no clean shutdown: the jobs are only in the database
+        assert a.alerts() == [], a.out  # nothing was due yet
         store = Store(f"sqlite:///{tmp_path / 'state' / 'gpubot.db'}")
+        logs = [la.log_path for la in store.launches.recent()]
+        assert len(logs) == 3
+        # downtime until all three hangs are past the silence threshold: their alerts come due meanwhile
+        await wait_until(lambda: time.time() - max(os.path.getmtime(p) for p in logs) > SILENCE_S + 0.5,
+                         SILENCE_S + 30, what="the silence threshold to pass during the downtime")
+
+        b = await ConsoleBot.start(path)
+        bots.append(b)
+        await wait_until(lambda: len(b.alerts()) >= 3, 60, what=f"the three due alerts; output:\n{b.out}")
+        await b.kill()
+        assert sorted(b.alerts()) == ["v1#1", "v2#2", "v3#3"], b.out  # each exactly once
+
+        c = await ConsoleBot.start(path)  # a second restart posts nothing again
+        bots.append(c)
+        before = observations(store)
+        await wait_until(lambda: observations(store) >= before + 6, 60, what="two more checks of each launch")
+        await c.kill()
+        assert c.alerts() == [], c.out
+    finally:
+        for bot in bots:
+            await bot.kill()
+        store = store or Store(f"sqlite:///{tmp_path / 'state' / 'gpubot.db'}")
         try:
-            for la in store.recent_launches():
-                for pid in pids_of_launch(la):
-                    os.kill(pid, signal.SIGKILL)
+            kill_launches(store.launches.recent())
         finally:
             store.close()

@@ -101,12 +101,15 @@ class Chat:
         return Answer(reply, self.surface.get(await deliver(self.surface, reply)))
 
     def button(self, label: str, on: Answer | Post | None = None) -> tuple[Post, dict]:
-        """The newest posted message with a button labelled `label` (or `on`'s), and that button."""
+        """The newest posted message with a button labelled `label` (or `on`'s), and that button. A message
+        edited since (a decided confirmation) still offers its old buttons, as a client that has not
+        refreshed does."""
         posts = [on.post if isinstance(on, Answer) else on] if on is not None else list(reversed(self.posts))
-        for post in posts:
-            for b in post.buttons() if post is not None else []:
-                if b["label"] == label or b.get("action_id") == label:
-                    return post, b
+        for original in (False, True):
+            for post in posts:
+                for b in post.buttons(original=original) if post is not None else []:
+                    if b["label"] == label or b.get("action_id") == label:
+                        return post, b
         raise AssertionError(f"no button {label!r} in {[p.text[:60] for p in posts if p]}")
 
     async def click(self, label: str, *, on: Answer | Post | None = None, user: str | None = None) -> Answer:

@@ -35,10 +35,11 @@ class Post:
         """The current blocks."""
         return self.current.blocks or []
 
-    def buttons(self) -> list[dict[str, Any]]:
-        """Every button of the current blocks (label in `label`)."""
+    def buttons(self, *, original: bool = False) -> list[dict[str, Any]]:
+        """Every button of the current blocks (of the message as first posted with `original`: what a
+        client that has not refreshed still shows); the label is in `label`."""
         out = []
-        for b in self.blocks:
+        for b in (self.message.blocks or []) if original else self.blocks:
             if b.get("type") == "actions":
                 for el in b.get("elements", []):
                     if el.get("type") == "button":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -13,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from matplotlib.image import imread
 
-from bot.present.chart import MAX_PLOTTED_POINTS, ChartPoint, timeline_png
+import bot.present.chart
+from bot.core.models import Launch, LaunchState
+from bot.present.chart import MAX_PLOTTED_POINTS, ChartPoint, launch_timeline_png, timeline_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -115,14 +116,27 @@ def test_phases_outside_the_points_widen_the_axis_without_error():
     assert _shape(png) == (700, 1000)
 
 
-def test_ten_thousand_points_eight_gpus_is_fast():
+def test_ten_thousand_points_eight_gpus_draw_at_most_max_plotted_points(monkeypatch):
+    # What keeps a long launch's chart cheap is that matplotlib never sees more than MAX_PLOTTED_POINTS
+    # points per line (and no per-point markers); checked on the figure itself, not with a clock.
+    figures = []
+    real_png = bot.present.chart._png
+    monkeypatch.setattr(bot.present.chart, "_png", lambda fig: figures.append(fig) or real_png(fig))
     pts = _launch(10_000, gpus=8, dt=0.1)
-    timeline_png(pts[:10], title="warm-up")  # first use loads fonts; that is not what is measured
-    t0 = time.perf_counter()
     png = timeline_png(pts, title="big", phases=[(0.0, "start"), (300.0, "ready")], verdicts=[(200.0, "slow")])
-    elapsed = time.perf_counter() - t0
     assert _shape(png) == (700, 1000)
-    assert elapsed < 2.0, f"10 000 points took {elapsed:.2f} s"
+    (fig,) = figures
+    ax_mem, ax_util, ax_log = fig.axes[:3]
+    data = {ax: [ln for ln in ax.get_lines() if len(ln.get_xdata()) > 2] for ax in (ax_mem, ax_util, ax_log)}
+    assert [len(data[ax]) for ax in (ax_mem, ax_util, ax_log)] == [8, 8, 1]  # a line per GPU, one for the log
+    for lines in data.values():
+        for line in lines:
+            assert len(line.get_xdata()) == MAX_PLOTTED_POINTS
+            assert line.get_marker() in (None, "None", "")
+    # the peaks survive the reduction: the last memory value and the last log count
+    assert max(np.nanmax(ln.get_ydata()) for ln in data[ax_mem]) == pytest.approx((500.0 + 5000 * 100.0 + 7) / 1024)
+    assert np.nanmax(data[ax_log][0].get_ydata()) == 10 + 3 * 9_999
+    assert data[ax_log][0].get_xdata()[-1] <= 999.9
 
 
 def test_downsampling_keeps_peaks_and_whole_gaps():
@@ -201,3 +215,45 @@ def test_random_points_never_raise(points, title, phases, verdicts):
 def test_extreme_values_do_not_raise(value):
     pts = [ChartPoint(value, {0: value}, {0: value}, 1), ChartPoint(0.0, {0: value}, {0: 0.0}, 2)]
     assert _shape(timeline_png(pts, title="extreme", phases=[(value, "p")])) in {(700, 1000)}
+
+
+# --- launch_timeline_png: a launch and its observation records -------------------------------------
+
+
+def _la(**overrides) -> Launch:
+    fields = dict(id=12, host="gpu-host-1", variant="base", params={}, command="serve", log_path=None, port=None,
+                  gpus=[0, 1], pid=None, pgid=None, sid=None, state=LaunchState.RUNNING, state_detail=None,
+                  created_by="U1", created_at=1_000.0, ended_at=None, channel=None, thread_ts=None)
+    fields.update(overrides)
+    return Launch(**fields)
+
+
+def test_launch_timeline_turns_records_into_points_phases_and_verdict_changes(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bot.present.chart, "timeline_png", lambda points, **kw: calls.append((points, kw)) or b"png")
+    records = [
+        {"t": 1_000.0, "gpu_mem_mib": {"0": 100.0, "1": 200.0}, "gpu_util_pct": {"0": 0.0}, "log_lines": 1,
+         "phase": "start", "verdict": "starting"},
+        {"t": 1_010.0, "error": "ssh: timed out"},  # a failed observation is not a point
+        {"t": "later", "gpu_mem_mib": {"0": 1.0}},  # nor is one without a time
+        {"t": 1_020.0, "gpu_mem_mib": {"0": 5_000.0}, "log_lines": 40, "phase": "start", "verdict": "starting"},
+        {"t": 1_030.0, "gpu_util_pct": {"1": 90.0}, "phase": "weight_loading", "verdict": "silent_hang"},
+        {"t": 995.0, "phase": "weight_loading", "verdict": "starting"},  # before the launch: clamped to 0
+    ]
+    assert launch_timeline_png(_la(), records) == b"png"
+    ((points, kw),) = calls
+    assert points == [
+        ChartPoint(0.0, {0: 100.0, 1: 200.0}, {0: 0.0}, 1),
+        ChartPoint(20.0, {0: 5_000.0}, {}, 40),
+        ChartPoint(30.0, {}, {1: 90.0}, None),
+        ChartPoint(0.0, {}, {}, None),
+    ]
+    assert kw == {"title": "base#12 on gpu-host-1", "phases": [(0.0, "start"), (30.0, "weight_loading")],
+                  "verdicts": [(0.0, "starting"), (30.0, "silent_hang"), (0.0, "starting")]}
+
+
+def test_launch_timeline_is_a_png():
+    records = [{"t": 1_000.0 + i, "gpu_mem_mib": {"0": 100.0 * i}, "gpu_util_pct": {"0": 50.0}, "log_lines": i}
+               for i in range(20)]
+    assert _shape(launch_timeline_png(_la(), records)) == (700, 1000)
+    assert _shape(launch_timeline_png(_la(), [])) == (100, 400)  # no observations yet

@@ -195,15 +195,57 @@ def test_manifest_metadata_and_bot_user(manifest):
     assert bot_user["always_online"] is True
 
 
-def test_manifest_declares_the_registered_slash_commands(manifest):
-    from bot.slack.app import SLASH_COMMANDS
+def test_manifest_declares_the_slash_commands_of_the_command_table(manifest):
+    """The checked-in manifest is what `gpubot manifest` derives from handlers.COMMANDS (so it cannot drift
+    from what the Bolt app registers), apart from its comments."""
+    from handlers import manifest as derived_manifest
+    from handlers import slash_names
 
     commands = manifest["features"]["slash_commands"]
-    assert sorted(c["command"] for c in commands) == sorted(SLASH_COMMANDS)
+    assert sorted(c["command"] for c in commands) == sorted(slash_names(Config()).values())
+    generated = derived_manifest(Config())
+    assert commands == generated["features"]["slash_commands"]
+    assert manifest["oauth_config"] == generated["oauth_config"]
+    assert manifest["settings"] == generated["settings"]
     for c in commands:
         assert c["description"]
         assert c["should_escape"] is False
         assert "url" not in c  # Socket Mode: no request URLs
+
+
+def test_gpubot_manifest_prints_the_renamed_slash_commands_of_a_config(tmp_path):
+    """Two installs in one workspace: the second renames its slash commands, and its manifest says so."""
+    from click.testing import CliRunner
+
+    from bot.cli import main
+
+    cfg = tmp_path / "staging.yaml"
+    cfg.write_text("slack:\n  bot_name: gpubot-staging\n  slash_commands: {gpu: /gpu-staging, kill: /kill-staging}\n")
+    result = CliRunner().invoke(main, ["manifest", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(result.output)
+    names = [c["command"] for c in data["features"]["slash_commands"]]
+    assert "/gpu-staging" in names and "/kill-staging" in names and "/gpu" not in names and "/kill" not in names
+    assert "/probe" in names  # not renamed
+    assert data["features"]["bot_user"]["display_name"] == "gpubot-staging"
+    http = CliRunner().invoke(main, ["manifest", "--request-url", "https://bot.example.com/slack/events"])
+    settings = yaml.safe_load(http.output)["settings"]
+    assert settings["socket_mode_enabled"] is False
+    assert settings["event_subscriptions"]["request_url"] == "https://bot.example.com/slack/events"
+
+
+def test_bad_slash_command_names_are_config_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from bot.cli import main
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("slack:\n  slash_commands: {gpu: 'gpu staging', nope: /x, kill: /probe}\n")
+    result = CliRunner().invoke(main, ["check-config", str(cfg)])
+    assert result.exit_code == 2
+    assert "slack.slash_commands.gpu: 'gpu staging' is not a slash command name" in result.output
+    assert "slack.slash_commands.nope: unknown slash command" in result.output
+    assert "slack.slash_commands: /probe is used by more than one command" in result.output
 
 
 def test_manifest_usage_hints(manifest):

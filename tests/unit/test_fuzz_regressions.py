@@ -12,7 +12,14 @@ import pytest
 from bot.config import ConfigError, load_config
 from bot.core.parse.log import parse_log_stat
 from bot.core.parse.proc_net import parse_proc_net_tcp
-from bot.core.probe import ProbeRequest, assemble_snapshot, parse_df_available_mib, parse_launch_tags, split_sections
+from bot.core.probe import (
+    HostPolicy,
+    ProbeRequest,
+    assemble_snapshot,
+    parse_df_available_mib,
+    parse_launch_tags,
+    split_sections,
+)
 from tests.fuzz.strategies import NONCE, frame
 
 HUGE = "1" * 5000
@@ -49,8 +56,10 @@ def test_snapshot_from_sections_with_absurd_numbers_does_not_raise():
            + frame("shm", f"h\ntmpfs 1 0 {HUGE} 0% /dev/shm".encode(), 0)
            + frame("log_stat", f"{HUGE} 1 {HUGE}".encode(), 0) + frame("log_tail", b"x\n", 0)
            + frame("tcp4", f"   0: 0100007F:1F90 00000000:0000 0A 0:0 0:0 0 0 0 {HUGE}".encode(), 0))
-    req = ProbeRequest(log_path="/data/logs/a.log", log_dirs=["/data/logs"], port=8080, shm=True)
-    snap = assemble_snapshot("h", req, split_sections(out, NONCE))
+    req = ProbeRequest(log_path="/data/logs/a.log", port=8080, shm=True)
+    policy = HostPolicy(log_dirs=("/data/logs",))
+    policy.check(req)
+    snap = assemble_snapshot("h", req, split_sections(out, NONCE), policy=policy)
     assert snap.launch_tags == {} and snap.shm_free_mib is None
     assert snap.log is not None and (snap.log.size_bytes, snap.log.lines) == (None, None)
     assert snap.port_listening is True and snap.listening[0].inode is None

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.core.parse.log import clean_log_lines, parse_log_stat, strip_control
+from tests.fuzz.strategies import UNIT_LOG_TEXT as fuzz_text
 
 H200 = Path(__file__).parent.parent / "fixtures" / "h200"
 _FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -101,30 +102,6 @@ def test_parse_log_stat(text: str, expected: tuple[int | None, float | None, int
     assert parse_log_stat(text) == expected
 
 
-fuzz_text = st.one_of(
-    st.text(max_size=600),
-    st.lists(
-        st.sampled_from(
-            [
-                "\x1b[",
-                "\x1b]",
-                "\x07",
-                "\x1b\\",
-                "31m",
-                "\r",
-                "\n",
-                "\t",
-                "\x00",
-                "é",
-                "\ufffd",
-                "x" * 700,
-                ";",
-                "?",
-            ]
-        ),
-        max_size=40,
-    ).map("".join),
-)
 FUZZ = settings(max_examples=300, deadline=None, database=None)
 
 

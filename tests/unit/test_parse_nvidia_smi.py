@@ -18,6 +18,8 @@ from bot.core.parse.nvidia_smi import (
     parse_query_apps,
     parse_query_gpu,
 )
+from tests.fuzz.strategies import NVIDIA_SMI_OLD_LAYOUT as OLD_LAYOUT
+from tests.fuzz.strategies import UNIT_NVIDIA_TEXT as fuzz_text
 from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
 UUID = "GPU-5a1c0de2-7b3e-4f10-9c8d-0e1f2a3b4c5d"
@@ -378,35 +380,8 @@ def test_table_case20_error_line_only() -> None:
 
 
 # Older narrow layout (drivers up to 470): copied from a public README that documents an
-# nvidia-docker/xmr-stak setup (3x GTX 1080 Ti), and a driver 390.116 capture with N/A power.
-OLD_LAYOUT = """\
-+-----------------------------------------------------------------------------+
-| NVIDIA-SMI 390.116                Driver Version: 390.116                   |
-|-------------------------------+----------------------+----------------------+
-| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
-| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
-|===============================+======================+======================|
-|   0  GeForce GTX 108...  On   | 00000000:04:00.0 Off |                  N/A |
-| 37%   64C    P2   131W / 150W |   2213MiB / 11178MiB |    100%      Default |
-+-------------------------------+----------------------+----------------------+
-|   1  GeForce GTX 108...  On   | 00000000:05:00.0 Off |                  N/A |
-| 44%   68C    P2   130W / 150W |   2213MiB / 11178MiB |    100%      Default |
-+-------------------------------+----------------------+----------------------+
-|   2  GeForce GTX 560 Ti  Off  | 00000000:01:00.0 N/A |                  N/A |
-| 40%   46C    P8    N/A /  N/A |    790MiB /  1217MiB |     N/A      Default |
-+-------------------------------+----------------------+----------------------+
-
-+-----------------------------------------------------------------------------+
-| Processes:                                                       GPU Memory |
-|  GPU       PID   Type   Process name                             Usage      |
-|=============================================================================|
-|    0      4910      C   /usr/bin/xmr-stak                           2203MiB |
-|    1      4910      C   /usr/bin/xmr-stak                           2203MiB |
-|    2                    Not Supported                                       |
-+-----------------------------------------------------------------------------+
-"""
-
-
+# nvidia-docker/xmr-stak setup (3x GTX 1080 Ti), and a driver 390.116 capture with N/A power
+# (tests/fuzz/strategies.py NVIDIA_SMI_OLD_LAYOUT, whose lines the fuzz strategy draws from too).
 def test_table_old_narrow_layout() -> None:
     gpus, procs = parse_nvidia_smi_table(OLD_LAYOUT)
     assert [(g.index, g.name) for g in gpus] == [
@@ -478,45 +453,6 @@ def test_table_truncated_box() -> None:
 
 # --- fuzz ------------------------------------------------------------------------------------------
 
-_REAL_LINES = [
-    line
-    for name in (
-        "hung.query-gpu.csv",
-        "busy.query-gpu.header.csv",
-        "busy.query-apps.csv",
-        "busy.nvidia-smi.txt",
-    )
-    for line in read(H200 / name).splitlines()
-] + OLD_LAYOUT.splitlines()
-
-_FRAGMENTS = st.sampled_from(
-    [
-        *_REAL_LINES,
-        ", ",
-        ",",
-        "\n",
-        "\r",
-        "|",
-        '"',
-        "[N/A]",
-        "[Not Supported]",
-        "\x1b[31m",
-        "\x00",
-        "\ufffd",
-        "MiB",
-        " / ",
-        "0",
-        "99999999999999999999",
-        "x" * 5000,
-        "|" + " " * 3000 + "|",
-    ]
-)
-fuzz_text = st.one_of(
-    st.text(max_size=500),
-    st.binary(max_size=500).map(lambda b: b.decode("utf-8", errors="replace")),
-    st.lists(_FRAGMENTS, max_size=30).map("".join),
-    st.lists(st.one_of(_FRAGMENTS, st.text(max_size=20)), max_size=20).map("\n".join),
-)
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from bot.core.models import ProcessInfo
 from bot.core.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
+from tests.fuzz.strategies import PS_PROBE_OUTPUT as PROBE_OUTPUT
+from tests.fuzz.strategies import UNIT_PS_TEXT as fuzz_text
 from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
 
 FIXTURE_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,pmem,rss,vsz,etimes,time,wchan:32,args"  # h200/README.md
@@ -123,17 +125,7 @@ def test_case00_ps_aux() -> None:
     assert [r.args for r in rows[2:]] == [f"sglang::scheduler_TP{i}" for i in range(8)]
 
 
-# --- parse_ps: the probe's own format -------------------------------------------------------------
-
-PROBE_OUTPUT = """\
-    PID    PPID    PGID     SID STAT %CPU   RSS ELAPSED     TIME WCHAN                            COMMAND
-      1       0       1       1 Ss    0.0 12800  864000 00:00:09 do_epoll_wait                    /sbin/init
-    566     561     566     566 Ss    0.2 16856      20 00:00:00 do_wait                          python3 /srv/fake_server.py 2
-    569     566     566     566 Sl   20.2 628504     20 00:00:04 hrtimer_nanosleep                /opt/venv/bin/python3 -B -c x  y
-    700     566     566     566 Z     0.0     0      20 00:00:00 -                                [python3] <defunct>
-    701     566     566     566 R     9.5  1000 1-02:03:04 1-00:00:01 -                             busy   loop\t
-"""  # noqa: E501
-
+# --- parse_ps: the probe's own format (PROBE_OUTPUT: tests/fuzz/strategies.py PS_PROBE_OUTPUT) ------------
 
 def test_probe_header_format() -> None:
     rows = parse_ps(PROBE_OUTPUT)
@@ -287,20 +279,6 @@ def test_process_tree_real_fixture() -> None:
 
 # --- fuzz ------------------------------------------------------------------------------------------
 
-_REAL = (
-    read(H200 / "hung.ps.txt").splitlines()
-    + PROBE_OUTPUT.splitlines()
-    + case_file("00", "ps.txt").splitlines()
-)
-_FRAGMENTS = st.sampled_from(
-    [*_REAL, " ", "\n", "\t", "-", "\x1b[1m", "\x00", "\ufffd", "99999999999999999999999", "x" * 3000]
-)
-fuzz_text = st.one_of(
-    st.text(max_size=500),
-    st.binary(max_size=500).map(lambda b: b.decode("utf-8", errors="replace")),
-    st.lists(_FRAGMENTS, max_size=20).map("".join),
-    st.lists(st.one_of(_FRAGMENTS, st.text(max_size=30)), max_size=20).map("\n".join),
-)
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 

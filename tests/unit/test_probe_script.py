@@ -1,5 +1,6 @@
-"""Tests for bot.core.probe: request validation, the generated POSIX sh script (syntax, quoting, markers),
-split_sections, and the whole script run for real with `sh -s` against a replaying fake nvidia-smi."""
+"""Tests for bot.core.probe: request validation, the host policy (log directories), the generated POSIX sh
+script (syntax, quoting, markers), split_sections, and the whole script run for real with `sh -s` against a
+replaying fake nvidia-smi."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -18,12 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bot.core.probe
 from bot.core.models import Snapshot
 from bot.core.parse.log import clean_log_lines
 from bot.core.parse.nvidia_smi import parse_query_gpu
 from bot.core.probe import (
     MAX_LINE_WIDTH,
+    HostPolicy,
+    ProbeRequest,
     ProbeRequestError,
     Section,
     assemble_snapshot,
@@ -40,12 +43,25 @@ HOSTILE = "/tmp/a'b$(id)`id`;x\"y\\z *?&|<>"
 ALL_SECTIONS = ("clock", "hostname", "ps", "gpu", "gpu_apps", "log_stat", "log_tail", "tcp4", "tcp6", "health")
 
 
-def ProbeRequest(**fields):
-    """bot.core.probe.ProbeRequest with the host's log directory policy applied: the log's own directory."""
-    if fields.get("log_path") and "log_dirs" not in fields:
-        parent = fields["log_path"].rsplit("/", 1)[0] or "/"
-        fields["log_dirs"] = [parent]
-    return bot.core.probe.ProbeRequest(**fields)
+_POLICY_FIELDS = {f.name for f in dataclasses.fields(HostPolicy)}
+
+
+def probe(**fields) -> tuple[ProbeRequest, HostPolicy]:
+    """A request and the policy of the host it runs on, from one set of fields: HostPolicy's fields (`env` may
+    be a dict) go to the policy, the others to the request. Unless `log_dirs` is given, the host allows the
+    log's own directory."""
+    policy = {k: fields.pop(k) for k in _POLICY_FIELDS & set(fields)}
+    if isinstance(policy.get("env"), dict):
+        policy["env"] = tuple(policy["env"].items())
+    if fields.get("log_path") and "log_dirs" not in policy:
+        policy["log_dirs"] = (fields["log_path"].rsplit("/", 1)[0] or "/",)
+    return ProbeRequest(**fields), HostPolicy(**policy)
+
+
+def script_for(**fields) -> str:
+    """The script of `probe(**fields)` with NONCE."""
+    req, policy = probe(**fields)
+    return build_script(req, NONCE, policy)
 
 
 def sh_syntax_ok(script: str) -> subprocess.CompletedProcess:
@@ -61,11 +77,11 @@ def run_sh(script: str, *, path_prefix: Path | None = None, cwd: Path | None = N
     return res.stdout
 
 
-def full_request(**overrides) -> ProbeRequest:
+def full_request(**overrides) -> tuple[ProbeRequest, HostPolicy]:
     fields = dict(pid=1, pgid=2, sid=3, match="python -m sglang", log_path="/data/logs/server.log", port=8000,
                   health_path="/v1/health", tail_lines=50, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     fields.update(overrides)
-    return ProbeRequest(**fields)
+    return probe(**fields)
 
 
 # --- ProbeRequest.validate ------------------------------------------------------------------------
@@ -97,11 +113,14 @@ def full_request(**overrides) -> ProbeRequest:
     ],
 )
 def test_validate_rejects(fields, message):
-    req = ProbeRequest(**fields)
-    with pytest.raises(ProbeRequestError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    req, policy = probe(**fields)
+    pattern = message.replace("(", r"\(").replace(".", r"\.")
+    with pytest.raises(ProbeRequestError, match=pattern):
         req.validate()
+    with pytest.raises(ProbeRequestError, match=pattern):
+        policy.check(req)
     with pytest.raises(ProbeRequestError):
-        build_script(req, NONCE)
+        build_script(req, NONCE, policy)
 
 
 @pytest.mark.parametrize(
@@ -120,19 +139,80 @@ def test_validate_rejects(fields, message):
     ],
 )
 def test_validate_accepts(fields):
-    ProbeRequest(**fields).validate()
+    req, policy = probe(**fields)
+    req.validate()
+    policy.check(req)
 
 
 @pytest.mark.parametrize("fields", [{"log_path": "/tmp/x.log\n"}, {"health_path": "/health\n"}])
 def test_validate_rejects_trailing_newline(fields):
     with pytest.raises(ProbeRequestError):
-        ProbeRequest(**fields).validate()
+        probe(**fields)[0].validate()
 
 
 def test_nonce_must_be_hex():
     for bad in ("", "xyz", "ABCDEF0123", "0123", "01234567;id", "0123456789abcdef\n", "g" * 16):
         with pytest.raises(ValueError, match="nonce must be hex"):
-            build_script(ProbeRequest(), bad)
+            build_script(ProbeRequest(), bad, HostPolicy())
+
+
+def test_probe_request_is_immutable_and_varied_with_replace():
+    req = ProbeRequest(pid=5, port=8000)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.pid = 6  # type: ignore[misc]
+    other = dataclasses.replace(req, pid=6, log_path="/data/logs/x.log")
+    assert (req.pid, req.log_path) == (5, None)
+    assert (other.pid, other.port, other.log_path) == (6, 8000, "/data/logs/x.log")
+
+
+# --- HostPolicy: what the host allows ---------------------------------------------------------------
+
+
+def test_host_without_log_dirs_refuses_every_log_read():
+    req = ProbeRequest(log_path="/data/logs/server.log")
+    for policy in (HostPolicy(), HostPolicy(log_dirs=())):
+        assert policy.allowed_log_dirs(req) == []
+        with pytest.raises(ProbeRequestError, match=r"this host allows no log= reads: .*hosts\.<host>\.log_dirs"):
+            policy.check(req)
+        with pytest.raises(ProbeRequestError, match="this host allows no log= reads"):
+            build_script(req, NONCE, policy)
+    # a probe that reads no log needs no log directory
+    HostPolicy().check(ProbeRequest(pid=1, port=8000))
+    assert "b log_stat;" not in build_script(ProbeRequest(pid=1), NONCE)
+
+
+@pytest.mark.parametrize("log_path", ["/etc/shadow", "/data/logsX/a.log", "/data/logs", "/data/other/logs/a.log"])
+def test_log_outside_the_host_log_dirs_is_refused(log_path):
+    policy = HostPolicy(log_dirs=("/data/logs", "/srv/log/"))
+    message = "log= must be under this host's log directories: /data/logs, /srv/log/"
+    with pytest.raises(ProbeRequestError, match=message):
+        policy.check(ProbeRequest(log_path=log_path))
+    with pytest.raises(ProbeRequestError):
+        build_script(ProbeRequest(log_path=log_path), NONCE, policy)
+
+
+@pytest.mark.parametrize("log_path", ["/data/logs/server.log", "/data/logs/deep/er.log", "/srv/log/x"])
+def test_log_inside_the_host_log_dirs_is_allowed(log_path):
+    policy = HostPolicy(log_dirs=("/data/logs", "/srv/log/"))
+    req = ProbeRequest(log_path=log_path)
+    policy.check(req)
+    script = build_script(req, NONCE, policy)
+    # the resolved path (symlinks followed) is checked on the host against the same directories
+    assert """case "$R" in /data/logs/* | /srv/log/*) OK=1;; *) OK=0;; esac""" in script
+
+
+def test_own_log_is_allowed_in_its_own_directory_only_on_a_host_without_log_dirs():
+    own = ProbeRequest(log_path="/tmp/gpubot/launch-7.log", own_log=True)
+    assert HostPolicy().allowed_log_dirs(own) == ["/tmp/gpubot"]
+    HostPolicy().check(own)
+    assert "case \"$R\" in /tmp/gpubot/*)" in build_script(own, NONCE)
+    # a host with log_dirs keeps them, own log or not
+    with pytest.raises(ProbeRequestError, match="log= must be under this host's log directories: /data/logs"):
+        HostPolicy(log_dirs=("/data/logs",)).check(own)
+    # a typed log= is not an own log
+    with pytest.raises(ProbeRequestError, match="this host allows no log= reads"):
+        HostPolicy().check(dataclasses.replace(own, own_log=False))
+    assert HostPolicy().allowed_log_dirs(ProbeRequest(log_path="/top.log", own_log=True)) == ["/"]
 
 
 def test_new_nonce_is_fresh_hex():
@@ -145,19 +225,20 @@ def test_new_nonce_is_fresh_hex():
 
 
 @pytest.mark.parametrize(
-    "req",
+    "req_policy",
     [
-        ProbeRequest(),
-        ProbeRequest(gpu=False),
+        probe(),
+        probe(gpu=False),
         full_request(),
         full_request(health_path=None),
         full_request(log_path=HOSTILE, match=HOSTILE[:200], env={"X": HOSTILE, "Y": "\n;'\""}),
-        ProbeRequest(nvidia_smi="/opt/nvidia/bin/nvidia smi;reboot", env={"BAD KEY": "x"}),
+        probe(nvidia_smi="/opt/nvidia/bin/nvidia smi;reboot", env={"BAD KEY": "x"}),
     ],
     ids=["default", "no-gpu", "full", "no-health", "hostile", "hostile-tool"],
 )
-def test_script_is_valid_posix_sh(req):
-    script = build_script(req, NONCE)
+def test_script_is_valid_posix_sh(req_policy):
+    req, policy = req_policy
+    script = build_script(req, NONCE, policy)
     res = sh_syntax_ok(script)
     assert res.returncode == 0, res.stderr.decode()
     assert res.stderr == b""
@@ -167,29 +248,31 @@ def test_script_is_valid_posix_sh(req):
 def test_syntax_check_can_fail():
     # the check above is meaningful: sh -n does reject broken scripts
     assert sh_syntax_ok("if then fi\n").returncode != 0
-    assert sh_syntax_ok(build_script(ProbeRequest(), NONCE) + "case x in\n").returncode != 0
+    assert sh_syntax_ok(script_for() + "case x in\n").returncode != 0
 
 
 def test_script_markers_use_nonce():
-    script = build_script(full_request(), NONCE)
+    req, policy = full_request()
+    script = build_script(req, NONCE, policy)
     assert f"M={NONCE}\n" in script
     assert "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }" in script
     assert "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }" in script
     for name in ALL_SECTIONS:
         assert f"b {name};" in script, name
         assert f"e {name} $" in script, name
-    other = build_script(full_request(), "fedcba9876543210")
+    other = build_script(req, "fedcba9876543210", policy)
     assert NONCE not in other and "M=fedcba9876543210" in other
 
 
 def test_script_sections_follow_request():
-    minimal = build_script(ProbeRequest(gpu=False), NONCE)
+    minimal = script_for(gpu=False)
     for name in ("gpu", "gpu_apps", "log_stat", "log_tail", "tcp4", "tcp6", "health"):
         assert f"b {name};" not in minimal
-    no_health = build_script(ProbeRequest(port=8000, health_path=None), NONCE)
+    no_health = script_for(port=8000, health_path=None)
     assert "b tcp4;" in no_health and "b health;" not in no_health
-    assert "tail -n 37" in build_script(ProbeRequest(log_path="/x", tail_lines=37), NONCE)
-    assert "timeout -k 2 3 " in build_script(ProbeRequest(nvidia_smi_timeout_s=3.2), NONCE)
+    assert "tail -n 37" in script_for(log_path="/x", tail_lines=37)
+    assert "timeout -k 2 3 " in script_for(nvidia_smi_timeout_s=3.2)
+    assert "curl -sS -o /dev/null -m 7 " in script_for(port=8000, health_timeout_s=7.4)
 
 
 def _outside_quotes(script: str, value: str) -> str:
@@ -199,9 +282,8 @@ def _outside_quotes(script: str, value: str) -> str:
 
 def test_hostile_values_appear_only_quoted():
     hostile_env = "$(touch /tmp/pwned)`id`'\"\n"
-    req = ProbeRequest(log_path=HOSTILE, env={"HOSTILE": hostile_env}, nvidia_smi="nvidia-smi;id",
-                       port=8000, health_path="/h")
-    script = build_script(req, NONCE)
+    script = script_for(log_path=HOSTILE, env={"HOSTILE": hostile_env}, nvidia_smi="nvidia-smi;id",
+                        port=8000, health_path="/h")
     assert f"L={shlex.quote(HOSTILE)}\n" in script
     assert f"export HOSTILE={shlex.quote(hostile_env)}\n" in script
     assert f"command -v {shlex.quote('nvidia-smi;id')} " in script
@@ -213,12 +295,12 @@ def test_hostile_values_appear_only_quoted():
 
 
 def test_match_is_never_sent_to_the_host():
-    script = build_script(ProbeRequest(match="SECRET-MATCH-$(id)"), NONCE)
+    script = script_for(match="SECRET-MATCH-$(id)")
     assert "SECRET-MATCH" not in script
 
 
 def test_invalid_env_names_are_dropped():
-    script = build_script(ProbeRequest(env={"OK_NAME": "1", "BAD;touch /tmp/x": "v", "1X": "v", "A B": "v"}), NONCE)
+    script = script_for(env={"OK_NAME": "1", "BAD;touch /tmp/x": "v", "1X": "v", "A B": "v"})
     assert "export OK_NAME=1\n" in script
     assert "BAD;" not in script and "1X" not in script and "A B" not in script
 
@@ -227,13 +309,13 @@ def test_hostile_log_path_runs_without_expansion(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     log = f"{work}/$(touch MARKER)`touch MARKER2`'$(touch MARKER3)'.log"
-    req = ProbeRequest(log_path=log, gpu=False, env={"E": "$(touch MARKER4)"})
-    out = run_sh(build_script(req, NONCE), cwd=work)
+    req, policy = probe(log_path=log, gpu=False, env={"E": "$(touch MARKER4)"})
+    out = run_sh(build_script(req, NONCE, policy), cwd=work)
     assert sorted(os.listdir(work)) == []  # no MARKER* created anywhere in the working directory
     secs = split_sections(out, NONCE)
     assert secs["log_stat"] == Section(b"no such file\n", 2, True)
     assert secs["log_tail"].rc == 2 and secs["log_tail"].body == b""
-    snap = assemble_snapshot("local", req, secs)
+    snap = assemble_snapshot("local", req, secs, policy=policy)
     assert snap.log is not None and snap.log.error == "no such file" and not snap.log.exists
 
 
@@ -242,20 +324,41 @@ def test_hostile_file_name_that_exists_is_read(tmp_path):
     work.mkdir()
     log = work / "$(touch MARKER) `touch M2` 'q' \"d\" \\b.log"
     log.write_bytes(b"line one\nline two\n")
-    req = ProbeRequest(log_path=str(log), gpu=False, tail_lines=5)
-    out = run_sh(build_script(req, NONCE), cwd=work)
+    req, policy = probe(log_path=str(log), gpu=False, tail_lines=5)
+    out = run_sh(build_script(req, NONCE, policy), cwd=work)
     assert sorted(os.listdir(work)) == [log.name]
-    snap = assemble_snapshot("local", req, split_sections(out, NONCE))
+    snap = assemble_snapshot("local", req, split_sections(out, NONCE), policy=policy)
     assert snap.log is not None and snap.log.exists and snap.log.error is None
     assert snap.log.lines == 2 and snap.log.size_bytes == 18
     assert snap.log.tail == ["line one", "line two"]
 
 
+def test_log_symlinked_out_of_the_log_dirs_is_not_read(tmp_path):
+    allowed, outside = tmp_path / "logs", tmp_path / "private"
+    allowed.mkdir()
+    outside.mkdir()
+    (outside / "secret.log").write_bytes(b"do not show\n")
+    (allowed / "server.log").symlink_to(outside / "secret.log")
+    (allowed / "real.log").write_bytes(b"shown\n")
+    policy = HostPolicy(log_dirs=(str(allowed),))
+    for name, stat, tail in (("server.log", Section(b"resolves outside the allowed log directories\n", 13, True),
+                              Section(b"", 2, True)),
+                             ("real.log", None, Section(b"shown\n", 0, True))):
+        req = ProbeRequest(log_path=str(allowed / name), gpu=False)
+        secs = split_sections(run_sh(build_script(req, NONCE, policy)), NONCE)
+        assert secs["log_tail"] == tail, name
+        if stat is not None:
+            assert secs["log_stat"] == stat
+            snap = assemble_snapshot("local", req, secs, policy=policy)
+            assert snap.log is not None and not snap.log.exists and snap.log.tail == []
+            assert snap.log.error == "resolves outside the allowed log directories"
+
+
 def test_hostile_nvidia_smi_path_not_executed(tmp_path):
-    req = ProbeRequest(nvidia_smi="nvidia-smi;touch MARKER", nvidia_smi_timeout_s=2)
-    out = run_sh(build_script(req, NONCE), cwd=tmp_path)
+    req, policy = probe(nvidia_smi="nvidia-smi;touch MARKER", nvidia_smi_timeout_s=2)
+    out = run_sh(build_script(req, NONCE, policy), cwd=tmp_path)
     assert not (tmp_path / "MARKER").exists()
-    snap = assemble_snapshot("local", req, split_sections(out, NONCE))
+    snap = assemble_snapshot("local", req, split_sections(out, NONCE), policy=policy)
     assert snap.gpu.ok is False and snap.gpu.error == "nvidia-smi not found on the host"
 
 
@@ -389,13 +492,15 @@ def e2e(tmp_path_factory):
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     port = listener.getsockname()[1]
-    req = ProbeRequest(pid=os.getpid(), log_path=str(log), port=port, health_path=None, tail_lines=4)
+    req, policy = probe(pid=os.getpid(), log_path=str(log), port=port, health_path=None, tail_lines=4)
     nonce = new_nonce()
-    out = run_sh(build_script(req, nonce), path_prefix=fake.bin_dir)
+    before = time.time()
+    out = run_sh(build_script(req, nonce, policy), path_prefix=fake.bin_dir)
+    after = time.time()
     secs = split_sections(out, nonce)
-    snap = assemble_snapshot("local", req, secs)
-    yield {"snap": snap, "secs": secs, "out": out, "nonce": nonce, "req": req, "log": log, "port": port,
-           "fake": fake}
+    snap = assemble_snapshot("local", req, secs, policy=policy)
+    yield {"snap": snap, "secs": secs, "out": out, "nonce": nonce, "req": req, "policy": policy, "log": log,
+           "port": port, "fake": fake, "ran": (before, after)}
     listener.close()
 
 
@@ -410,10 +515,8 @@ def test_e2e_all_sections_complete(e2e):
 
 
 def test_e2e_clock_and_hostname(e2e):
-    import time
-
-    snap = e2e["snap"]
-    assert snap.clock is not None and abs(snap.clock - time.time()) < 60
+    snap, (before, after) = e2e["snap"], e2e["ran"]
+    assert snap.clock is not None and before - 1 <= snap.clock <= after + 1  # read while the script ran
     assert snap.hostname == socket.gethostname()[:255] or snap.hostname == os.uname().nodename
 
 
@@ -480,12 +583,12 @@ def test_e2e_listening_port(e2e):
 
 
 def test_e2e_truncated_output(e2e):
-    out, nonce, req = e2e["out"], e2e["nonce"], e2e["req"]
+    out, nonce, req, policy = e2e["out"], e2e["nonce"], e2e["req"], e2e["policy"]
     cut = out.index(f"@@{nonce} END ps".encode()) - 200  # killed while ps was printing
     secs = split_sections(out[:cut], nonce)
     assert secs["ps"].complete is False and secs["ps"].rc is None
     assert "gpu" not in secs and "log_stat" not in secs
-    snap = assemble_snapshot("local", req, secs)
+    snap = assemble_snapshot("local", req, secs, policy=policy)
     assert snap.gpu.ok is False
     assert snap.gpu.error == "GPU readings missing from the probe output (probe cut short)"
     assert snap.log is not None and snap.log.error == "log stat missing from the probe output"
@@ -503,9 +606,10 @@ def test_e2e_closed_port_and_health(tmp_path):
     s.bind(("127.0.0.1", 0))
     closed = s.getsockname()[1]
     s.close()
-    req = ProbeRequest(port=closed, gpu=False, health_timeout_s=1)
+    req, policy = probe(port=closed, gpu=False, health_timeout_s=1)
     nonce = new_nonce()
-    snap = assemble_snapshot("local", req, split_sections(run_sh(build_script(req, nonce)), nonce))
+    snap = assemble_snapshot("local", req, split_sections(run_sh(build_script(req, nonce, policy)), nonce),
+                             policy=policy)
     assert snap.port_listening is False
     assert all(sock.port != closed for sock in snap.listening)
     assert snap.health is not None and snap.health.status == "refused"
@@ -521,9 +625,10 @@ def test_e2e_health_ok():
     try:
         port = srv.server_address[1]
         for path, status, code in (("/health", "ok", 200), ("/missing", "http_404", 404)):
-            req = ProbeRequest(port=port, health_path=path, gpu=False, health_timeout_s=2)
+            req, policy = probe(port=port, health_path=path, gpu=False, health_timeout_s=2)
             nonce = new_nonce()
-            snap = assemble_snapshot("local", req, split_sections(run_sh(build_script(req, nonce)), nonce))
+            snap = assemble_snapshot("local", req, split_sections(run_sh(build_script(req, nonce, policy)), nonce),
+                                     policy=policy)
             assert snap.port_listening is True
             assert snap.health is not None
             assert (snap.health.status, snap.health.http_code) == (status, code)
@@ -544,11 +649,11 @@ def test_e2e_health_ok():
 def test_e2e_nvidia_smi_failures(tmp_path, mode, timeout_s, error):
     fake = install_fake_gpu(tmp_path / "g")
     fake.set_mode(mode)
-    req = ProbeRequest(nvidia_smi_timeout_s=timeout_s)
+    req, policy = probe(nvidia_smi_timeout_s=timeout_s)
     nonce = new_nonce()
-    secs = split_sections(run_sh(build_script(req, nonce), path_prefix=fake.bin_dir), nonce)
+    secs = split_sections(run_sh(build_script(req, nonce, policy), path_prefix=fake.bin_dir), nonce)
     assert secs["gpu"].complete
-    snap = assemble_snapshot("local", req, secs)
+    snap = assemble_snapshot("local", req, secs, policy=policy)
     assert snap.gpu.ok is False
     assert snap.gpu.error is not None and snap.gpu.error.startswith(error)
     assert snap.all_process_count > 0  # the rest of the probe still answered
@@ -557,7 +662,7 @@ def test_e2e_nvidia_smi_failures(tmp_path, mode, timeout_s, error):
 def test_e2e_no_gpu_requested():
     req = ProbeRequest(gpu=False, pid=os.getpid())
     nonce = new_nonce()
-    secs = split_sections(run_sh(build_script(req, nonce)), nonce)
+    secs = split_sections(run_sh(build_script(req, nonce, HostPolicy())), nonce)
     assert "gpu" not in secs and "gpu_apps" not in secs
     snap = assemble_snapshot("local", req, secs)
     assert isinstance(snap, Snapshot)
@@ -566,8 +671,8 @@ def test_e2e_no_gpu_requested():
 
 
 def test_assemble_from_nothing_never_raises():
-    req = full_request()
-    snap = assemble_snapshot("h", req, {})
+    req, policy = full_request()
+    snap = assemble_snapshot("h", req, {}, policy=policy)
     assert snap.host == "h" and snap.clock is None and snap.hostname is None
     assert snap.gpu.ok is False
     assert "process table unavailable (ps failed or printed nothing)" in snap.errors

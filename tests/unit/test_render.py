@@ -32,6 +32,7 @@ from bot.present.render import (
     MAX_SECTION_TEXT,
     TRUNCATED,
     Message,
+    Renderer,
     chunk_lines,
     cut,
     fit_blocks,
@@ -40,8 +41,6 @@ from bot.present.render import (
     fmt_gib,
     fmt_num,
     mrkdwn_escape,
-    render,
-    render_text,
 )
 from bot.present.views import probe_view, status_view
 from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
@@ -49,6 +48,9 @@ from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 CASE00 = case_dir("00")
 EVIL = "<!channel> <@U123> & <http://evil|x>"
 EVIL_ESCAPED = "&lt;!channel&gt; &lt;@U123&gt; &amp; &lt;http://evil|x&gt;"
+#: A renderer with the built-in redaction rules only (no configured patterns).
+RENDERER = Renderer()
+render = RENDERER.render
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -384,7 +386,35 @@ def test_render_error_long_detail_is_cut():
 
 def test_render_text_matches_message_text():
     ctx = status_view([case00_snapshot()])
-    assert render_text("status", **ctx) == render("status", **ctx).text
+    assert RENDERER.text("status", **ctx) == render("status", **ctx).text
+
+
+def test_error_is_the_error_template():
+    assert RENDERER.error("Unknown host", "'gpu-9'", "Known hosts: a") == render(
+        "error", title="Unknown host", detail="'gpu-9'", hint="Known hosts: a")
+    assert RENDERER.error("Bad arguments", "x").text == "Bad arguments: x"
+
+
+def test_renderers_are_independent():
+    # each renderer has its own Jinja environment and redactor: nothing is shared through module state
+    other = Renderer()
+    assert other.env is not RENDERER.env and other.redactor is not RENDERER.redactor
+    assert other.env.globals["actions"].KILL == "gpubot_kill"
+    ctx = status_view([case00_snapshot()])
+    assert other.render("status", **ctx) == render("status", **ctx)
+
+
+def test_message_then_concatenates_text_blocks_and_files():
+    a = Message(text="killed 7", blocks=[section("a")], files=[("a.txt", b"A")])
+    b = Message(text="launched 8", blocks=[section("b"), section("c")], files=[("b.txt", b"B")])
+    both = a.then(b)
+    assert both.text == "killed 7\nlaunched 8"
+    assert both.blocks == [section("a"), section("b"), section("c")]
+    assert both.files == [("a.txt", b"A"), ("b.txt", b"B")]
+    assert (a.text, a.blocks, a.files) == ("killed 7", [section("a")], [("a.txt", b"A")])  # a and b untouched
+    assert Message(text="x").then(Message(text="y")) == Message(text="x\ny", blocks=None)
+    assert Message(text="x").then(b).blocks == b.blocks
+    assert Message(text="x", blocks=[section("a")]).then(Message(text="y")).blocks == [section("a")]
 
 
 def test_unknown_template_raises():

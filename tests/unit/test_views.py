@@ -1,9 +1,14 @@
-"""Tests for bot.present.views: Snapshot / HostFailure -> template contexts, built from parsed real fixtures."""
+"""Tests for bot.present.views: Snapshot / HostFailure -> template contexts, built from parsed real fixtures; a
+launch, its alert and a kill confirmation -> contexts and the buttons their templates carry."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from bot.core.diagnose import Verdict
+from bot.core.lifecycle import KillPreview
 from bot.core.models import (
     GpuProcess,
     GpuReading,
@@ -11,13 +16,28 @@ from bot.core.models import (
     GpuSource,
     HealthResult,
     HostFailure,
+    Launch,
+    LaunchState,
     LogInfo,
     ProcessInfo,
     Snapshot,
 )
 from bot.core.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
 from bot.core.parse.ps import parse_ps
-from bot.present.views import COMMAND_WIDTH, gpu_view, probe_view, short_command, status_view
+from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId, click_command
+from bot.present.render import Renderer
+from bot.present.views import (
+    COMMAND_WIDTH,
+    STATE_EMOJI,
+    alert_view,
+    gpu_view,
+    kill_confirm_view,
+    launch_view,
+    probe_view,
+    short_command,
+    status_view,
+    user_mention,
+)
 from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")
@@ -261,3 +281,111 @@ def test_probe_view_redacts_log_tail():
     tail = probe_view(snap, "")["log"]["tail"]
     assert tail[1] == "ok line"
     assert "hf_abcdefghijklmnop" not in tail[0] and tail[0].startswith("export HF_TOKEN=")
+
+
+# --- launches, alerts, kill confirmations ------------------------------------------------------------
+
+RENDERER = Renderer()
+
+
+def a_launch(**overrides) -> Launch:
+    fields = dict(id=12, host="gpu-host-1", variant="base", params={"tp": 8, "api_key": "sk-abcdefghijklmnopqrstuvwx"},
+                  command="/opt/venv/bin/python3 -m sglang.launch_server --api-key sk-abcdefghijklmnopqrstuvwx",
+                  log_path="/data/logs/base-12.log", port=30000, gpus=[0, 1], pid=4242, pgid=4242, sid=4242,
+                  state=LaunchState.RUNNING, state_detail="healthy", created_by="U0LAUNCHER", created_at=1_000.0,
+                  ended_at=None, channel="C1", thread_ts="1.2")
+    fields.update(overrides)
+    return Launch(**fields)
+
+
+def buttons(blocks: list[dict]) -> list[tuple[str, str]]:
+    """(action_id, value) of every button in the blocks."""
+    return [(el["action_id"], el["value"]) for b in blocks if b["type"] == "actions" for el in b["elements"]]
+
+
+@pytest.mark.parametrize(("user", "fallback", "expected"), [
+    ("U0LAUNCHER", None, "<@U0LAUNCHER>"), ("W123", None, "<@W123>"), ("U0LAUNCHER", "", "<@U0LAUNCHER>"),
+    ("console", None, "console"), ("", None, "?"), ("console", "", ""), ("u123", None, "u123"),
+    ("<@U1>", None, "<@U1>"), ("U1 x", "someone", "someone"),
+])
+def test_user_mention(user, fallback, expected):
+    assert user_mention(user, fallback) == expected
+
+
+def test_launch_view():
+    v = launch_view(a_launch())
+    assert (v["name"], v["id"], v["variant"], v["host"]) == ("base#12", 12, "base", "gpu-host-1")
+    assert v["state"] == "running" and type(v["state"]) is str and v["state_emoji"] == ":large_green_circle:"
+    assert v["state_detail"] == "healthy" and v["who"] == "<@U0LAUNCHER>"
+    assert v["params"] == "api_key=[REDACTED], tp=8"  # secrets in params and the command are masked
+    assert v["command"].startswith("python3 -m sglang.launch_server --api-key ") and "sk-abc" not in v["command"]
+    assert (v["pid"], v["port"], v["gpus"], v["log"], v["relaunch_of"]) == (4242, 30000, "0,1",
+                                                                             "/data/logs/base-12.log", None)
+    bare = launch_view(a_launch(params={}, gpus=[], command="", state_detail=None, created_by="console",
+                                state=LaunchState.STOPPING, relaunch_of=7))
+    assert (bare["params"], bare["gpus"], bare["command"], bare["state_detail"]) == ("(defaults)", "all", "", "")
+    assert (bare["who"], bare["state"], bare["relaunch_of"]) == ("console", "stopping", 7)
+    assert set(STATE_EMOJI) == set(LaunchState)  # every state has its emoji
+
+
+def test_launch_view_with_a_verdict_says_the_verdict_and_phase():
+    hang = Verdict("silent_hang", "weight_loading", ["`no log line for 300 s`"], ["stack dump"], "stuck")
+    assert launch_view(a_launch(), hang)["state_detail"] == "silent_hang in weight_loading"
+    crashed = dataclasses.replace(hang, verdict="crashed", phase=None)
+    assert launch_view(a_launch(), crashed)["state_detail"] == "crashed"
+    msg = RENDERER.render("launch_root", **launch_view(a_launch(), hang))
+    assert msg.text.startswith("base#12 on gpu-host-1: running (silent_hang in weight_loading)")
+    assert "sk-abc" not in msg.text and "sk-abc" not in str(msg.blocks)
+
+
+def test_alert_view_and_its_buttons():
+    hang = Verdict("silent_hang", "weight_loading", [f"`line {i}`" for i in range(40)],
+                   [f"step {i}" for i in range(9)], "No log line for 300 s while loading weights.")
+    v = alert_view(a_launch(), hang, elapsed_s=420.0, phases=[("start", 5.0)])
+    assert (v["name"], v["host"], v["verdict"], v["phase"], v["launch_id"]) == ("base#12", "gpu-host-1",
+                                                                                "silent_hang", "weight_loading", 12)
+    assert len(v["evidence"]) == 30 and len(v["next_steps"]) == 6  # capped
+    assert v["who_mention"] == "<@U0LAUNCHER>" and v["elapsed_s"] == 420.0
+    assert v["phases"] == [] and v["buttons"] is True and v["snooze_min"] == SNOOZE_BUTTON_MIN
+    assert alert_view(a_launch(created_by="console"), hang, elapsed_s=1, phases=[])["who_mention"] == ""
+    msg = RENDERER.render("alert", **v)
+    # the buttons' action ids come from ActionId, each carrying the launch id; a click is the command it names
+    assert buttons(msg.blocks) == [(ActionId.PROBE, "12"), (ActionId.STACK, "12"), (ActionId.KILL, "12"),
+                                   (ActionId.RELAUNCH, "12"), (ActionId.SNOOZE, "12")]
+    assert [a for a, _ in buttons(msg.blocks)] == ["gpubot_probe", "gpubot_stack", "gpubot_kill", "gpubot_relaunch",
+                                                   "gpubot_snooze"]
+    assert [click_command(a, val) for a, val in buttons(msg.blocks)] == [
+        "probe 12", "stack 12", "kill 12 --yes", "relaunch 12", f"snooze 12 {SNOOZE_BUTTON_MIN}"]
+    assert msg.text.startswith("base#12 on gpu-host-1: silent_hang in weight_loading (after 7m00s) <@U0LAUNCHER>")
+
+
+def test_ready_alert_has_phases_and_no_buttons():
+    ready = Verdict("ready", "ready", ["`GET /health 200`"], [], "Serving.")
+    v = alert_view(a_launch(), ready, elapsed_s=95.0, phases=[("weight_loading", 60.0), ("warmup", 30.0)])
+    assert v["buttons"] is False and v["phases"] == [("weight_loading", 60.0), ("warmup", 30.0)]
+    msg = RENDERER.render("alert", **v)
+    assert buttons(msg.blocks) == []
+    assert "Phases: weight_loading 1m00s, warmup 30s" in msg.text
+
+
+def test_kill_confirm_view_and_its_buttons():
+    pv = KillPreview(target="base#12", host="gpu-host-1", launch_id=12, pgid=4242,
+                     processes=[ProcessInfo(pid=4242 + i, stat="Sl", args=f"/opt/venv/bin/python3 -m sglang rank{i}")
+                                for i in range(10)],
+                     gpus=[0, 1], gpu_mib=2048.0, error="ps: HF_TOKEN=hf_abcdefghijklmnopqrstuvwx")
+    v = kill_confirm_view(pv, confirm_command="kill base#12 --yes", value="31", action_id=ActionId.KILL_CONFIRM)
+    assert v["action_id"] == "gpubot_kill_confirm" and type(v["action_id"]) is str
+    assert (v["target"], v["host"], v["pgid"], v["count"], v["more"], v["gpus"], v["gib"]) == (
+        "base#12", "gpu-host-1", 4242, 10, 2, "0,1", 2.0)
+    assert [p["pid"] for p in v["processes"]] == list(range(4242, 4250))
+    assert v["processes"][0] == {"pid": 4242, "stat": "Sl", "command": "python3 -m sglang rank0"}
+    assert "hf_abc" not in v["error"]
+    msg = RENDERER.render("kill_confirm", decided=None, **v)
+    assert buttons(msg.blocks) == [("gpubot_kill_confirm", "31"), ("gpubot_kill_cancel", "31")]
+    assert [click_command(a, val) for a, val in buttons(msg.blocks)] == ["confirm 31", "cancel 31"]
+    pid_kill = kill_confirm_view(dataclasses.replace(pv, pgid=None, gpus=[], gpu_mib=None, error=None),
+                                 confirm_command="kill pid=4242 --yes", value="32", action_id=ActionId.KILLPID_CONFIRM)
+    assert (pid_kill["action_id"], pid_kill["gpus"], pid_kill["gib"], pid_kill["error"]) == (
+        "gpubot_killpid_confirm", "-", None, None)
+    assert buttons(RENDERER.render("kill_confirm", decided=None, **pid_kill).blocks)[0] == (
+        "gpubot_killpid_confirm", "32")

@@ -1,0 +1,119 @@
+"""One pipeline for every route: a click is a command like any other (one role check, one audit row), the
+console can do what a button does, every route gives a command the same meaning, and a button acts on the
+launch it was made for."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from bot.console import ConsoleSurface, run_command_line
+from bot.core.models import LaunchState
+from bot.wiring import build_runtime
+from handlers import Request, filters
+from tests.support.builders import FAST_WATCH, OTHER_OPERATOR, VIEWER
+from tests.support.procs import kill_launches, pids_of_launch, wait_log
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def count_role_checks(bot) -> list[str]:
+    """Make the bot's dispatcher record each role check (the command name) in the returned list."""
+    seen: list[str] = []
+
+    def counted(spec, call, ctx):
+        seen.append(spec.name)
+        filters.role_filter(spec, call, ctx)
+
+    bot.runtime.dispatcher.filters = [counted if f is filters.role_filter else f
+                                      for f in bot.runtime.dispatcher.filters]
+    return seen
+
+
+async def test_a_click_passes_one_role_check_and_writes_one_audit_row(bot):
+    await bot.chat.say("/launch base mode=hang workers=1")
+    await wait_log(bot.launch(1).log_path, "Load weight end")
+    ask = await bot.chat.say("/kill 1")
+    assert [b["label"] for b in ask.buttons()] == ["Kill", "Cancel"]
+    checks = count_role_checks(bot)
+    rows_before = len(bot.commands())
+    denied = await bot.chat.click("Kill", on=ask, user=VIEWER)
+    assert "Permission denied" in denied.text and denied.audit == "denied"
+    assert checks == ["confirm"] and len(bot.commands()) == rows_before + 1
+    killed = await bot.chat.click("Kill", on=ask)
+    assert "Killed base#1" in killed.text and "released" in killed.text, killed.text
+    assert checks == ["confirm", "confirm"] and len(bot.commands()) == rows_before + 2
+    row = bot.commands()[-1]
+    assert (row.action, row.result, row.user_id, row.channel, row.args["source"]) == (
+        "command:confirm", "released", bot.chat.user, "C1", "button")
+    assert [e.result for e in bot.events(action="kill")] == ["released"]  # the kill itself, as an action
+    late = await bot.chat.click("Cancel", on=ask, user=OTHER_OPERATOR)
+    assert "already confirmed by <@U0OPERATOR>" in late.text and late.audit == "stale"
+    assert checks == ["confirm", "confirm", "cancel"] and len(bot.commands()) == rows_before + 3
+
+
+async def test_a_forged_click_is_audited_and_answered_by_nothing(bot):
+    rows_before = len(bot.commands())
+    answer = await bot.runtime.dispatcher.click(Request(user_id="U0OPERATOR", channel_id="C1"),
+                                                "gpubot_kill_confirm", "1|rm -rf")
+    assert answer.message is None and answer.audit == "invalid"
+    (row,) = bot.commands()[rows_before:]
+    assert (row.action, row.result, row.args["source"]) == ("command:button", "invalid", "button")
+
+
+async def test_the_console_can_confirm_and_cancel_a_typed_kill(gpu_config):
+    out = io.StringIO()
+    runtime = build_runtime(gpu_config, surface=ConsoleSurface(out), poll_s=0.2, start_check_s=0.5)
+    await runtime.start(watch=False)
+    try:
+        for line in ("/launch base mode=hang workers=1", "/kill 1"):
+            assert await run_command_line(line, runtime)
+        assert "[Kill]" in out.getvalue() and "confirm 1" in out.getvalue()
+        assert pids_of_launch(runtime.launches.get(1))  # asking killed nothing
+        assert await run_command_line("confirm 1", runtime)
+        assert "Killed base#1" in out.getvalue() and runtime.launches.get(1).state == LaunchState.KILLED
+        await run_command_line("/launch base mode=hang workers=1", runtime)
+        await run_command_line("/kill 2", runtime)
+        await run_command_line("cancel 2", runtime)
+        assert "kill of launch 2: nothing was stopped" in out.getvalue()
+        await run_command_line("confirm 2", runtime)
+        assert "this kill was already cancelled by <@console>" in out.getvalue()
+        assert runtime.launches.get(2).state == LaunchState.RUNNING and pids_of_launch(runtime.launches.get(2))
+    finally:
+        kill_launches(runtime.store.launches.recent())
+        await runtime.close()
+
+
+async def test_snooze_means_the_same_on_every_route(bot):
+    await bot.chat.say("/launch base mode=hang workers=1")
+    thread = bot.launch(1).thread_ts
+    # (what is typed, in which thread: None at channel level, minutes)
+    for text, where, minutes in [("/gpu snooze 1 5", None, 5), ("!gpu snooze 1 7", None, 7),
+                                 ("!snooze 9", thread, 9), ("@gpubot gpu snooze 11", thread, 11),
+                                 ("@gpubot snooze 1 13", None, 13), ("!gpubot snooze 15", thread, 15)]:
+        before = bot.launch(1).snoozed_until or 0
+        answer = await bot.chat.say(text, thread=where)
+        assert f"Alerts of base#1 snoozed: for {minutes} min" in answer.text, (text, answer.text)
+        after = bot.launch(1).snoozed_until
+        assert after is not None and after > before, text
+        assert answer.thread == thread, text  # answered in the launch's thread
+
+
+async def test_buttons_of_an_old_alert_act_on_their_own_launch(make_bot, gpu_config):
+    bot = await make_bot(gpu_config, watch=True, watch_policy=FAST_WATCH)
+    await bot.chat.say("/launch base mode=hang workers=1")
+    old_alert = await bot.chat.wait_post(lambda p: "base#1 on gpu-host-1: silent_hang" in p.text, 40,
+                                         what="the silent_hang alert of base#1")
+    assert {b["label"]: b["value"] for b in old_alert.buttons()} == {
+        "Probe": "1", "Stack dump": "1", "Kill": "1", "Relaunch": "1", "Snooze 15 min": "1"}
+    relaunched = await bot.chat.say("!relaunch", thread=bot.launch(1).thread_ts)
+    assert "Launched base#2" in relaunched.text, relaunched.text
+    probe = await bot.chat.click("Probe", on=old_alert)
+    assert "base#1" in probe.text and "base#2" not in probe.text.splitlines()[0]
+    snoozed = await bot.chat.click("Snooze 15 min", on=old_alert)
+    assert "Alerts of base#1 snoozed: for 15 min" in snoozed.text
+    assert bot.launch(1).snoozed_until and not bot.launch(2).snoozed_until
+    killed = await bot.chat.click("Kill", on=old_alert)  # base#1 has ended: nothing of base#2 is touched
+    assert "no process was left" in killed.text, killed.text
+    assert bot.launch(2).state == LaunchState.RUNNING and pids_of_launch(bot.launch(2))
