@@ -199,12 +199,12 @@ class WatchPolicy(_Model):
     @classmethod
     def _cron(cls, v: str | None) -> str | None:
         if v is not None:
-            from apscheduler.triggers.cron import CronTrigger
+            # Imported here, not at the top: checks imports this module. Goes with crontab_problem's move.
+            from bot.config.checks import crontab_problem
 
-            try:
-                CronTrigger.from_crontab(v)
-            except ValueError as e:
-                raise ValueError(f"not a crontab expression (minute hour day month weekday): {e}") from None
+            problem = crontab_problem(v)
+            if problem is not None:
+                raise ValueError(problem)
         return v
 
     @field_validator("phase_grace_s")
