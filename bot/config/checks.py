@@ -1,0 +1,182 @@
+"""Checks run on a `Config` after schema validation: cross-references between sections
+(`_cross_checks`), the shell-safety of command templates (`command_template_problems`) and the
+problems that do not stop the bot (`config_warnings`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import jinja2
+import jinja2.meta
+import jinja2.sandbox
+
+from bot.config.schema import ENV_REF_RE, Config, ParamSpec
+
+#: Names a variant's command template may use besides its declared params.
+BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})
+
+#: Characters a command template may not contain outside its {{ }} expressions: each can undo the
+#: shell-quoting of a value (quotes and backslashes re-open or escape it; backticks and $( run it).
+_FORBIDDEN_IN_COMMAND = (("'", "quotes"), ('"', "quotes"), ("\\", "backslashes"), ("`", "backticks"),
+                         ("$(", "$( )"), ("${", "${ }"))
+_ALLOWED_BLOCKS = frozenset({"if", "elif", "else", "endif"})
+
+
+def command_template_problems(template: str) -> list[str]:
+    """Shapes of a command template that would undo the shell-quoting of values (pure).
+
+    Values are `shlex.quote`d BEFORE the template renders them, so the template must not be able to
+    re-open or strip that quoting. Checked on Jinja2's own token stream: every `{{ }}` holds one plain
+    name (no filters, indexing, calls or attributes); blocks are only if/elif/else/endif; no comments;
+    and the literal text has no quotes, backslashes, backticks, `$(` or `${` (pass such values as params
+    or extra_args, which gpubot quotes). Returns messages; empty when the template is safe.
+    """
+    problems: list[str] = []
+    env = jinja2.sandbox.SandboxedEnvironment()
+    try:
+        tokens = list(env.lex(template))
+    except jinja2.TemplateSyntaxError as e:
+        return [f"template syntax error: {e.message}"]
+    i = 0
+    while i < len(tokens):
+        _line, kind, value = tokens[i]
+        if kind == "data":
+            for bad, what in _FORBIDDEN_IN_COMMAND:
+                if bad in value:
+                    problems.append(f"{what} are not allowed in command templates (values are shell-quoted by "
+                                    "gpubot; pass such text as a param or in extra_args)")
+                    break
+        elif kind in ("comment_begin", "linecomment_begin"):
+            problems.append("comments are not allowed in command templates")
+        elif kind in ("variable_begin", "block_begin"):
+            end = "variable_end" if kind == "variable_begin" else "block_end"
+            j = i + 1
+            inner = []
+            while j < len(tokens) and tokens[j][1] != end:
+                if tokens[j][1] != "whitespace":
+                    inner.append(tokens[j])
+                j += 1
+            if kind == "variable_begin" and not (len(inner) == 1 and inner[0][1] == "name"):
+                text = " ".join(str(t[2]) for t in inner)[:40]
+                problems.append(f"`{{{{ {text} }}}}`: only plain names are allowed in command templates (no "
+                                "filters, indexing, calls or attributes: they would undo the shell quoting)")
+            if kind == "block_begin" and (not inner or inner[0][2] not in _ALLOWED_BLOCKS):
+                name = inner[0][2] if inner else "?"
+                problems.append(f"`{{% {name} %}}`: only if/elif/else/endif blocks are allowed in command templates")
+            i = j
+        i += 1
+    return list(dict.fromkeys(problems))
+
+
+def _cross_checks(cfg: Config) -> list[str]:
+    """Problems a valid schema can still have, as `location: message` strings: unknown hosts and variants
+    referred to, `extends` cycles, missing host or command, unsafe or undeclared template names, bad params."""
+    errors: list[str] = []
+    env = jinja2.sandbox.SandboxedEnvironment()
+    if cfg.default_host is not None and cfg.default_host not in cfg.hosts:
+        errors.append(f"default_host: unknown host {cfg.default_host!r}")
+    for name, v in cfg.variants.items():
+        if v.extends is not None and v.extends not in cfg.variants:
+            errors.append(f"variants.{name}.extends: unknown variant {v.extends!r}")
+            continue
+        try:
+            rv = cfg.resolved_variant(name)
+        except KeyError as e:
+            errors.append(f"variants.{name}.extends: {e.args[0]}")
+            continue
+        if rv.host is None:
+            errors.append(f"variants.{name}.host: required (directly or through extends)")
+        elif rv.host not in cfg.hosts:
+            errors.append(f"variants.{name}.host: unknown host {rv.host!r}; known: {', '.join(cfg.hosts)}")
+        if not rv.command:
+            errors.append(f"variants.{name}.command: required (directly or through extends)")
+            continue
+        for field_name, tmpl in (("command", rv.command), ("log", rv.log)):
+            if tmpl is None:
+                continue
+            try:
+                ast = env.parse(tmpl)
+            except jinja2.TemplateSyntaxError as e:
+                errors.append(f"variants.{name}.{field_name}: template syntax error: {e.message}")
+                continue
+            used = jinja2.meta.find_undeclared_variables(ast)
+            unknown = sorted(used - set(rv.params) - BUILTIN_TEMPLATE_VARS)
+            if unknown:
+                errors.append(
+                    f"variants.{name}.{field_name}: uses undeclared parameter(s) {', '.join(unknown)}; "
+                    "declare them under params"
+                )
+        if rv.command:
+            errors.extend(f"variants.{name}.command: {p}" for p in command_template_problems(rv.command))
+        for pname, spec in rv.params.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", pname):
+                errors.append(f"variants.{name}.params.{pname}: parameter names must be identifiers")
+            if pname in BUILTIN_TEMPLATE_VARS:
+                errors.append(f"variants.{name}.params.{pname}: {pname!r} is a built-in template variable "
+                              f"(set by gpubot: {', '.join(sorted(BUILTIN_TEMPLATE_VARS))}); rename the param")
+            if isinstance(spec, ParamSpec) and spec.choices is not None and spec.default is not None:
+                if spec.default not in spec.choices:
+                    errors.append(f"variants.{name}.params.{pname}.default: not one of the choices")
+    return errors
+
+
+# moved to the scheduler adapter in the next step
+def crontab_problem(expr: str) -> str | None:
+    """Why `expr` (`watch.digest_cron`) is not a crontab expression the scheduler accepts, as an error
+    message; None when it is one. The only apscheduler import of the config layer."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    try:
+        CronTrigger.from_crontab(expr)
+    except ValueError as e:
+        return f"not a crontab expression (minute hour day month weekday): {e}"
+    return None
+
+
+def _path_problem(value: str) -> str | None:
+    """Why the local file `value` (`~` expanded) is unusable, or None when it is a readable file."""
+    try:
+        st = os.stat(Path(value).expanduser())
+    except (FileNotFoundError, NotADirectoryError):
+        return "does not exist on this machine"
+    except OSError as e:
+        return f"cannot be checked ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    return None
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Problems that do not make `cfg` invalid but will make something fail or be disabled (pure apart
+    from checking that files exist on this machine).
+
+    Returns `location: message` strings, empty when there is nothing to say: no hosts configured; an SSH
+    host whose `known_hosts` or `key_file` does not exist here; a host with no `log_dirs` (`/probe log=`
+    reads are then refused); an env value with `${...}` that is not the whole value (passed literally).
+    Never raises for a valid `Config`.
+    """
+    out: list[str] = []
+    if not cfg.hosts:
+        out.append("hosts: no hosts configured; /gpu status and /probe have nothing to look at")
+    for name, host in cfg.hosts.items():
+        if not host.local:
+            for field_name, consequence in (("known_hosts", "host keys cannot be verified, so SSH connections "
+                                             "will be refused"), ("key_file", "SSH logins with it will fail")):
+                value = getattr(host, field_name)
+                problem = _path_problem(value) if value else None
+                if problem:
+                    out.append(f"hosts.{name}.{field_name}: {value} {problem}; {consequence}")
+        if not host.log_dirs:
+            out.append(f"hosts.{name}.log_dirs: not set, so /probe log= reads are disabled on this host")
+    env_maps = [(f"hosts.{n}.env", h.env) for n, h in cfg.hosts.items()]
+    env_maps += [(f"variants.{n}.env", v.env) for n, v in cfg.variants.items()]
+    for where, env in env_maps:
+        for key, value in env.items():
+            if "${" in value and not ENV_REF_RE.fullmatch(value):
+                out.append(f"{where}.{key}: only a value that is exactly ${{NAME}} is expanded; "
+                           "this one is passed literally")
+    return out

@@ -1,0 +1,445 @@
+"""The config schema: pydantic models with their field validators, and the constants they use.
+
+Every model forbids unknown keys. Units, ranges and formats of each setting are in the model docstrings;
+the documented example with every key is `deploy/config.example.yaml`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+SLACK_USER_RE = re.compile(r"^[UW][A-Z0-9]{2,}$")
+SLACK_GROUP_RE = re.compile(r"^S[A-Z0-9]{2,}$")
+SLACK_CHANNEL_RE = re.compile(r"^[CGD][A-Z0-9]{2,}$")
+
+#: An environment reference: a value that is exactly `${NAME}` (the format of `env:` values that the loader
+#: expands; checks warns about `${` elsewhere in a value).
+ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+#: Upper bound of every duration setting, in seconds.
+MAX_SECONDS = 3600
+#: Watch durations may be long: a cold 600 GB checkpoint can take over an hour to load (one day at most).
+MAX_WATCH_SECONDS = 86400
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, not {str(v).lower()}")
+    return v
+
+
+#: An integer as YAML writes it: `true` is not 1, and "22" or 22.0 are not 22.
+Int = Annotated[int, Strict()]
+#: A number: ints are accepted, `true` / `false` are not.
+Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
+def _seconds(v: float, *, zero_ok: bool = False, limit: float = MAX_SECONDS) -> float:
+    """`v` if it is a finite number of seconds, > 0 (>= 0 with `zero_ok`) and <= `limit`; else raises
+    ValueError with the allowed range."""
+    if zero_ok:
+        if not 0 <= v <= limit:  # also false for NaN
+            raise ValueError(f"must be 0..{limit:g} seconds")
+    elif not 0 < v <= limit:
+        raise ValueError(f"must be > 0 and <= {limit:g} seconds")
+    return v
+
+
+class HostConfig(_Model):
+    """One GPU host reached over SSH, or the machine the bot runs on (`local: true`).
+
+    `port` 1..65535; `connect_timeout_s` / `command_timeout_s` / `nvidia_smi_timeout_s` seconds in
+    (0, 3600]; `keepalive_interval_s` seconds in [0, 3600] (0: no keepalives); `max_channels` concurrent SSH
+    session channels per connection (keep below the server's MaxSessions, OpenSSH default 10).
+    Integers must be YAML integers (`port: true` is an error); every duration must be finite.
+    `known_hosts` is required for SSH hosts: host keys are always verified.
+    """
+
+    address: str | None = None
+    port: Int = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: str | None = None
+    local: bool = False
+    connect_timeout_s: Number = 10.0
+    command_timeout_s: Number = 30.0
+    keepalive_interval_s: Number = 15.0
+    max_channels: Int = 8
+    nvidia_smi: str = "nvidia-smi"
+    nvidia_smi_timeout_s: Number = 10.0
+    use_nvml: bool = True
+    gpu_note: str | None = None
+    py_spy: str = "py-spy"
+    py_spy_sudo: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    log_dirs: list[str] = Field(default_factory=list)
+
+    @field_validator("log_dirs")
+    @classmethod
+    def _log_dirs(cls, v: list[str]) -> list[str]:
+        out = []
+        for d in v:
+            if not d.startswith("/") or any(c in d for c in "\x00\n\r") or "/../" in d + "/" or d.rstrip("/") == "":
+                raise ValueError(f"{d!r}: log directories must be absolute paths other than / (no ..)")
+            out.append(d.rstrip("/"))
+        return out
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError("must be 1..65535")
+        return v
+
+    @field_validator("max_channels")
+    @classmethod
+    def _channels(cls, v: int) -> int:
+        if not 1 <= v <= 64:
+            raise ValueError("must be 1..64")
+        return v
+
+    @field_validator("connect_timeout_s", "command_timeout_s", "nvidia_smi_timeout_s")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        return _seconds(v)
+
+    @field_validator("keepalive_interval_s")
+    @classmethod
+    def _keepalive(cls, v: float) -> float:
+        return _seconds(v, zero_ok=True)  # 0 turns keepalives off
+
+    @field_validator("nvidia_smi", "py_spy")
+    @classmethod
+    def _tool_path(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_./+-]+", v):
+            raise ValueError("must be a command name or path without spaces or shell characters")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"invalid environment variable name {k!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _address_or_local(self) -> HostConfig:
+        if not self.local:
+            if not self.address:
+                raise ValueError("address is required unless local: true")
+            if not self.known_hosts:
+                raise ValueError("known_hosts is required for SSH hosts (host keys are always verified)")
+        return self
+
+
+class ParamSpec(_Model):
+    """A declared launch parameter: type, default and validation (choices or regex)."""
+
+    type: Literal["str", "int", "float", "bool", "path"] = "str"
+    default: Any = None
+    choices: list[Any] | None = None
+    regex: str | None = None
+    min: Number | None = None
+    max: Number | None = None
+    description: str | None = None
+
+    @field_validator("min", "max")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"invalid regex: {e}") from e
+        return v
+
+
+class WatchPolicy(_Model):
+    """How launches are followed: check interval and silence threshold in seconds, per-phase grace."""
+
+    interval_s: Number = 30.0
+    silence_after_s: Number = 300.0
+    phase_grace_s: dict[str, Number] = Field(default_factory=dict)
+    digest_cron: str | None = None
+    digest_channel: str | None = None
+
+    @field_validator("interval_s", "silence_after_s")
+    @classmethod
+    def _pos(cls, v: float) -> float:
+        return _seconds(v, limit=MAX_WATCH_SECONDS)
+
+    @field_validator("digest_cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None:
+            # Imported here, not at the top: checks imports this module. Goes with crontab_problem's move.
+            from bot.config.checks import crontab_problem
+
+            problem = crontab_problem(v)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("phase_grace_s")
+    @classmethod
+    def _phases(cls, v: dict[str, float]) -> dict[str, float]:
+        known = {"comm_init", "weight_loading", "kv_cache_alloc", "cuda_graph_capture", "warmup", "serving"}
+        for k, s in v.items():
+            if k not in known:
+                raise ValueError(f"unknown phase {k!r}; known: {', '.join(sorted(known))}")
+            if not 0 < s <= MAX_WATCH_SECONDS:
+                raise ValueError(f"grace for {k} must be > 0 and <= {MAX_WATCH_SECONDS} seconds")
+        return v
+
+
+class VariantConfig(_Model):
+    """A server variant: how to launch it, where its log goes, which port and GPUs it uses.
+
+    `command` is a Jinja2 template rendered in a sandbox; user-supplied values are validated against
+    `params` and shell-quoted before rendering. `extends` names another variant to inherit from.
+    """
+
+    host: str | None = None
+    extends: str | None = None
+    command: str | None = None
+    params: dict[str, ParamSpec | str | int | float | bool] = Field(default_factory=dict)
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    log: str | None = None
+    port: Int | None = None
+    health: str | None = None
+    gpus: list[Int] | None = None
+    engine: Literal["sglang", "vllm", "tgi", "trtllm", "generic"] | None = None
+    watch: WatchPolicy | None = None
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params(cls, v: Any) -> Any:
+        # Decide per value which form it is, so one mistake gives one message (a plain union would report
+        # the failure of every member: ParamSpec, str, int, float and bool).
+        if not isinstance(v, dict):
+            return v
+        out: dict[Any, Any] = {}
+        problems: list[InitErrorDetails] = []
+        for name, spec in v.items():
+            if isinstance(spec, (ParamSpec, str, int, float, bool)):
+                out[name] = spec
+            elif isinstance(spec, dict):
+                try:
+                    out[name] = ParamSpec.model_validate(spec)
+                except ValidationError as e:
+                    for err in e.errors(include_url=False):
+                        detail = InitErrorDetails(type=err["type"], loc=(name, *err["loc"]), input=err["input"])
+                        if "ctx" in err:
+                            detail["ctx"] = err["ctx"]
+                        problems.append(detail)
+            else:
+                problems.append(InitErrorDetails(
+                    type=PydanticCustomError(
+                        "param_value",
+                        "must be a default value (string, number or true/false) or a mapping of "
+                        "type/default/choices/regex/min/max/description",
+                    ),
+                    loc=(name,),
+                    input=spec,
+                ))
+        if problems:
+            raise ValidationError.from_exception_data("params", problems)
+        return out
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 65535:
+            raise ValueError("must be 1..65535")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None:
+            if any(g < 0 or g > 255 for g in v):
+                raise ValueError("GPU indexes must be 0..255")
+            if len(set(v)) != len(v):
+                raise ValueError("GPU indexes must be unique")
+        return v
+
+    @field_validator("health")
+    @classmethod
+    def _health(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"/[A-Za-z0-9_./-]*", v):
+            raise ValueError("must be a path like /health")
+        return v
+
+
+class Permissions(_Model):
+    """Who may do what, by immutable Slack IDs (user IDs U..., user groups S..., channels C...).
+
+    Empty `viewers` means everyone may run read-only commands; `channels` empty means any channel.
+    """
+
+    admins: list[str] = Field(default_factory=list)
+    operators: list[str] = Field(default_factory=list)
+    viewers: list[str] = Field(default_factory=list)
+    channels: list[str] = Field(default_factory=list)
+
+    @field_validator("admins", "operators", "viewers")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if not (SLACK_USER_RE.match(x) or SLACK_GROUP_RE.match(x) or x == "*"):
+                raise ValueError(f"{x!r} is not a Slack user ID (U...) or user group ID (S...)")
+        return v
+
+    @field_validator("channels")
+    @classmethod
+    def _chans(cls, v: list[str]) -> list[str]:
+        for x in v:
+            if not SLACK_CHANNEL_RE.match(x):
+                raise ValueError(f"{x!r} is not a Slack channel ID (C..., G... or D...)")
+        return v
+
+
+class SlackSettings(_Model):
+    """Non-secret Slack settings. Tokens are read from the environment only. `post_interval_s`: seconds
+    between two messages (posts, edits, files) in one channel (Slack allows about one per second);
+    `progress_after_s`: a command whose answer takes longer than this many seconds gets a placeholder
+    message at once, edited into the answer; `slash_commands`: slash command names by key (see
+    `gpubot manifest`)."""
+
+    command_prefix: str = "!"
+    bot_name: str = "gpubot"
+    api_url: str | None = None
+    post_interval_s: float = Field(default=1.0, ge=0.0, le=60.0)
+    progress_after_s: float = Field(default=0.5, ge=0.0, le=10.0)
+    #: Slash command names by key (`gpu`, `gpubot`, `probe`, `launch`, `kill`, `relaunch`), for two installs
+    #: in one workspace: `{gpu: /gpu-staging, probe: /probe-staging}`. Unnamed keys keep `/<key>`.
+    slash_commands: dict[str, str] = Field(default_factory=dict)
+
+
+class LifecyclePolicy(_Model):
+    """Launch/kill settings: a GPU counts as free below `gpu_free_mib` MiB used; `kill_grace_s` seconds between
+    SIGTERM and SIGKILL; `release_timeout_s` seconds to wait for GPU memory to be released after a kill;
+    `min_shm_free_mib` MiB of /dev/shm a launch needs."""
+
+    gpu_free_mib: Number = 1024.0
+    kill_grace_s: Number = 10.0
+    release_timeout_s: Number = 60.0
+    min_shm_free_mib: Number = 1024.0
+
+    @field_validator("kill_grace_s", "release_timeout_s")
+    @classmethod
+    def _secs(cls, v: float) -> float:
+        return _seconds(v)
+
+    @field_validator("gpu_free_mib", "min_shm_free_mib")
+    @classmethod
+    def _mib(cls, v: float) -> float:
+        if not 0 <= v <= 10_000_000:
+            raise ValueError("must be 0..10000000 MiB")
+        return v
+
+
+#: A group containing a quantifier, itself quantified: `(a+)+`, `(\\w*x)*`, `(a|b+){2,}` (catastrophic
+#: backtracking in Python's re, which has no timeout).
+_NESTED_QUANTIFIER_RE = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]")
+
+
+class Config(_Model):
+    """The whole configuration. `state_dir` holds the SQLite database and other state; `database_url`
+    (any SQLAlchemy URL) replaces the default `sqlite:///STATE_DIR/gpubot.db`."""
+
+    hosts: dict[str, HostConfig] = Field(default_factory=dict)
+    variants: dict[str, VariantConfig] = Field(default_factory=dict)
+    permissions: Permissions = Field(default_factory=Permissions)
+    watch: WatchPolicy = Field(default_factory=WatchPolicy)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    state_dir: str = "~/.local/state/gpubot"
+    database_url: str | None = None
+    lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)
+    default_host: str | None = None
+    #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
+    #: of the built-in rules (bot/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
+    redact_patterns: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        problems = []
+        for i, pat in enumerate(v):
+            where = f"[{i}] {pat[:60]!r}"
+            if not pat or len(pat) > 500:
+                problems.append(f"{where}: must be 1..500 characters")
+                continue
+            try:
+                if re.compile(pat).search(""):
+                    problems.append(f"{where}: matches the empty string")
+            except re.error as e:
+                problems.append(f"{where}: not a valid regex: {e}")
+                continue
+            if _NESTED_QUANTIFIER_RE.search(pat):
+                problems.append(f"{where}: a repeated group that itself repeats (like `(a+)+`) can take exponential "
+                                "time on a crafted log line; write it without the nesting")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+
+    def host_names(self) -> list[str]:
+        """Configured host names, in file order."""
+        return list(self.hosts)
+
+    def resolved_variant(self, name: str) -> VariantConfig:
+        """The variant with `extends` applied (child keys win; params and env are merged).
+
+        Raises KeyError for an unknown variant.
+        """
+        chain: list[VariantConfig] = []
+        cur: str | None = name
+        seen: set[str] = set()
+        while cur is not None:
+            if cur in seen:
+                raise KeyError(f"extends cycle at {cur}")
+            seen.add(cur)
+            chain.append(self.variants[cur])
+            cur = self.variants[cur].extends
+        merged: dict[str, Any] = {}
+        for v in reversed(chain):
+            data = v.model_dump(exclude_unset=True)
+            for key, value in data.items():
+                if key in ("params", "env") and key in merged:
+                    merged[key] = {**merged[key], **value}
+                elif key == "extra_args" and key in merged:
+                    merged[key] = [*merged[key], *value]
+                else:
+                    merged[key] = value
+        merged.pop("extends", None)
+        return VariantConfig.model_validate(merged)
