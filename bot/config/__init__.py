@@ -16,7 +16,9 @@ The package, bottom to top (a module imports only those above it in this list):
   schema.py   the pydantic models, their field validators and the constants they use
   checks.py   checks after schema validation: cross references, command templates, warnings
   loader.py   YAML reading, secret scan, `${NAME}` expansion: `load_config`, `parse_config`
-Import from `bot.config`; every public name is re-exported here.
+  variants.py what a variant means for one launch: params validated, command and log path rendered
+Import from `bot.config`; every public name is re-exported here. (The digest cron and the slash command
+names are checked by the layers that know them: bot.wiring.check_config.)
 """
 
 from bot.config.checks import BUILTIN_TEMPLATE_VARS, command_template_problems, config_warnings
@@ -50,6 +52,7 @@ from bot.config.schema import (
     VariantConfig,
     WatchPolicy,
 )
+from bot.config.variants import coerce_param, param_specs, render_launch, resolve_params
 
 __all__ = [
     "BUILTIN_TEMPLATE_VARS",
@@ -77,8 +80,12 @@ __all__ = [
     "SlackSettings",
     "VariantConfig",
     "WatchPolicy",
+    "coerce_param",
     "command_template_problems",
     "config_warnings",
     "load_config",
+    "param_specs",
     "parse_config",
+    "render_launch",
+    "resolve_params",
 ]

@@ -125,18 +125,6 @@ def _cross_checks(cfg: Config) -> list[str]:
 
 
 # moved to the scheduler adapter in the next step
-def crontab_problem(expr: str) -> str | None:
-    """Why `expr` (`watch.digest_cron`) is not a crontab expression the scheduler accepts, as an error
-    message; None when it is one. The only apscheduler import of the config layer."""
-    from apscheduler.triggers.cron import CronTrigger
-
-    try:
-        CronTrigger.from_crontab(expr)
-    except ValueError as e:
-        return f"not a crontab expression (minute hour day month weekday): {e}"
-    return None
-
-
 def _path_problem(value: str) -> str | None:
     """Why the local file `value` (`~` expanded) is unusable, or None when it is a readable file."""
     try:

@@ -195,18 +195,6 @@ class WatchPolicy(_Model):
     def _pos(cls, v: float) -> float:
         return _seconds(v, limit=MAX_WATCH_SECONDS)
 
-    @field_validator("digest_cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        if v is not None:
-            # Imported here, not at the top: checks imports this module. Goes with crontab_problem's move.
-            from bot.config.checks import crontab_problem
-
-            problem = crontab_problem(v)
-            if problem is not None:
-                raise ValueError(problem)
-        return v
-
     @field_validator("phase_grace_s")
     @classmethod
     def _phases(cls, v: dict[str, float]) -> dict[str, float]:

@@ -11,7 +11,6 @@ unquoted: every value is validated against the variant's declared params, then `
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
@@ -19,10 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
-
-from bot.config import Config, ParamSpec, VariantConfig, command_template_problems
 from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
 
 #: Environment variable that tags every process of a launch (inherited by all children).
@@ -51,155 +46,6 @@ class RenderedLaunch:
     workdir: str | None
     params: dict[str, Any]
     health_path: str | None = None
-
-
-def param_specs(variant: VariantConfig) -> dict[str, ParamSpec]:
-    """The variant's params as ParamSpec; a bare scalar is a param of that type with that default."""
-    out: dict[str, ParamSpec] = {}
-    for name, spec in variant.params.items():
-        if isinstance(spec, ParamSpec):
-            out[name] = spec
-        else:
-            kind = "bool" if isinstance(spec, bool) else "int" if isinstance(spec, int) else \
-                "float" if isinstance(spec, float) else "path" if str(spec).startswith("/") else "str"
-            out[name] = ParamSpec(type=kind, default=spec)
-    return out
-
-
-def coerce_param(name: str, spec: ParamSpec, raw: Any) -> Any:
-    """Validate one value against its spec and return it typed (str, int, float or bool).
-
-    Raises LaunchError with a message naming the param. Strings may not start with '-' (no smuggled
-    flags), contain control characters or newlines, or exceed 1024 characters; paths must be absolute
-    without `..`.
-    """
-    if isinstance(raw, str):
-        text = raw
-        if len(text) > 1024 or _CTRL_RE.search(text):
-            raise LaunchError(f"{name}: value must be at most 1024 characters, without newlines or control characters")
-    else:
-        text = str(raw)
-    value: Any
-    try:
-        if spec.type == "int":
-            if isinstance(raw, bool) or not re.fullmatch(r"-?[0-9]{1,12}", text.strip()):
-                raise ValueError
-            value = int(text)
-        elif spec.type == "float":
-            value = float(text)
-            if not math.isfinite(value):
-                raise ValueError
-        elif spec.type == "bool":
-            lowered = text.strip().lower()
-            if lowered not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-                raise ValueError
-            value = lowered in ("true", "1", "yes", "on")
-        else:
-            value = text
-    except ValueError:
-        raise LaunchError(f"{name}: {text[:60]!r} is not a valid {spec.type}") from None
-    if spec.type in ("str", "path"):
-        if value.startswith("-"):
-            raise LaunchError(f"{name}: values may not start with '-' (no extra flags through params)")
-        if spec.type == "path" and (not value.startswith("/") or "/../" in value + "/"):
-            raise LaunchError(f"{name}: must be an absolute path without '..'")
-    if spec.choices is not None and value not in spec.choices:
-        raise LaunchError(f"{name}: must be one of {', '.join(map(str, spec.choices))}")
-    if spec.regex is not None and not re.fullmatch(spec.regex, str(value)):
-        raise LaunchError(f"{name}: {str(value)[:60]!r} does not match {spec.regex}")
-    if spec.type in ("int", "float"):
-        if spec.min is not None and value < spec.min:
-            raise LaunchError(f"{name}: must be >= {spec.min:g}")
-        if spec.max is not None and value > spec.max:
-            raise LaunchError(f"{name}: must be <= {spec.max:g}")
-    return value
-
-
-def resolve_params(variant: VariantConfig, given: dict[str, str]) -> dict[str, Any]:
-    """Declared params with defaults, overridden by `given` (only declared names may be set).
-
-    Returns typed values. Raises LaunchError for unknown names, invalid values and missing required
-    params (declared without a default).
-    """
-    specs = param_specs(variant)
-    unknown = sorted(set(given) - set(specs))
-    if unknown:
-        known = ", ".join(sorted(specs)) or "(none)"
-        raise LaunchError(f"unknown parameter(s) {', '.join(unknown)}; this variant declares: {known}")
-    out: dict[str, Any] = {}
-    for name, spec in specs.items():
-        if name in given:
-            out[name] = coerce_param(name, spec, given[name])
-        elif spec.default is not None:
-            out[name] = coerce_param(name, spec, spec.default)
-        else:
-            raise LaunchError(f"{name}: required (no default); pass {name}=VALUE")
-    return out
-
-
-def _quote_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return shlex.quote(str(v))
-
-
-_ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
-
-
-def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
-                  host: str | None = None, tag: str = "") -> RenderedLaunch:
-    """Render a variant into a RenderedLaunch (pure).
-
-    Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
-    `extra_args` are appended quoted. The log path defaults to `/tmp/gpubot-VARIANT-ID.log`.
-    Raises LaunchError for an unknown variant/host, bad params, or a template that fails to render.
-    """
-    if variant_name not in config.variants:
-        known = ", ".join(config.variants) or "(none configured)"
-        raise LaunchError(f"unknown variant {variant_name[:40]!r}; known variants: {known}")
-    v = config.resolved_variant(variant_name)
-    host = host or v.host
-    if host not in config.hosts:
-        raise LaunchError(f"unknown host {str(host)[:40]!r}; known hosts: {', '.join(config.hosts)}")
-    params = resolve_params(v, given)
-    gpus = list(v.gpus or [])
-    builtins = {"variant": variant_name, "launch_id": launch_id, "host": host,
-                "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
-                "cuda_visible_devices": ",".join(map(str, gpus))}
-    log_dirs = config.hosts[host].log_dirs
-    if v.log and not log_dirs:
-        raise LaunchError(f"{variant_name} sets a log path, but host {host} has no log_dirs: list the log "
-                          f"directory under hosts.{host}.log_dirs (or drop `log:` to use a private default)")
-    # default: a name nobody can predict (the random tag), so no one can plant a symlink there first
-    default_dir = log_dirs[0] if log_dirs else "/tmp"
-    try:
-        log_path = _ENV.from_string(v.log).render(**builtins, **params) if v.log else \
-            f"{default_dir}/gpubot-{variant_name}-{tag or launch_id}.log"
-    except jinja2.TemplateError as e:
-        raise LaunchError(f"log template of {variant_name} failed: {e}") from None
-    if not log_path.startswith("/") or _CTRL_RE.search(log_path) or "/../" in log_path + "/":
-        raise LaunchError(f"log path {log_path[:100]!r} must be an absolute path without '..'")
-    if log_dirs and not any(log_path.startswith(d.rstrip("/") + "/") for d in log_dirs):
-        raise LaunchError(f"log path {log_path[:100]!r} is outside {host}'s log_dirs ({', '.join(log_dirs)})")
-    problems = command_template_problems(v.command or "")
-    if problems:  # check-config reports these too; never render a template that would undo the quoting
-        raise LaunchError(f"the command template of {variant_name} is unsafe: {problems[0]}")
-    quoted = {k: _quote_value(val) for k, val in params.items()}
-    qbuiltins = {k: _quote_value(val) for k, val in builtins.items()}
-    qbuiltins["log"] = shlex.quote(log_path)
-    try:
-        command = _ENV.from_string(v.command or "").render(**qbuiltins, **quoted).strip()
-    except jinja2.TemplateError as e:
-        raise LaunchError(f"command template of {variant_name} failed: {e}") from None
-    if v.extra_args:
-        command += " " + " ".join(shlex.quote(a) for a in v.extra_args)
-    env = dict(v.env)
-    env["PYTHONUNBUFFERED"] = "1"
-    if gpus:
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-    env[LAUNCH_ENV] = tag or f"{launch_id}-untagged"
-    return RenderedLaunch(variant=variant_name, host=host, command=command, log_path=log_path, port=v.port,
-                          gpus=gpus, env=env, workdir=v.workdir, params=params, health_path=v.health)
 
 
 def launch_script(r: RenderedLaunch) -> str:

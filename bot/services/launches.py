@@ -17,7 +17,7 @@ from typing import Any
 
 from bot.adapters.remote import RemoteError
 from bot.adapters.store import Store
-from bot.config import Config
+from bot.config import Config, render_launch
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
@@ -33,7 +33,6 @@ from bot.core.lifecycle import (
     launch_script,
     parse_launch_output,
     prelaunch_checks,
-    render_launch,
     signal_script,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot

@@ -84,7 +84,7 @@ async def runner_tasks():
     """Runner tasks started by a test (`tasks.append((task, stop_event))`); stopped at teardown."""
     tasks: list[tuple[asyncio.Task, asyncio.Event]] = []
     yield tasks
-    for task, stop in tasks:
+    for _task, stop in tasks:
         stop.set()
     for task, _ in tasks:
         with contextlib.suppress(Exception):

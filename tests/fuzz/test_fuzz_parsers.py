@@ -3,7 +3,7 @@ error, for arbitrary text, non-UTF-8 bytes, ANSI escapes, 1 MB lines, cut captur
 
 One test per parser. The number of examples comes from GPUBOT_FUZZ_EXAMPLES (default 200, so `./dev test`
 stays fast); `./dev fuzz` runs 10 000 per parser and prints hypothesis' statistics. The strategies are in
-tests/fuzz/strategies.py, with the unit tests' own (smaller) ones, which each reuses as one branch.
+tests/support/strategies.py, with the unit tests' own (smaller) ones, which each reuses as one branch.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from bot.core.parse.proc_net import is_listening, parse_proc_net_tcp
 from bot.core.parse.ps import parse_cputime, parse_etime, parse_ps, process_tree, select_processes
 from bot.core.probe import HostPolicy, ProbeRequest, Section, assemble_snapshot, split_sections
 from handlers import grammar
-from tests.fuzz import strategies as S
-from tests.fuzz.typecheck import assert_type
+from tests.support import strategies as S
+from tests.support.typecheck import assert_type
 
 EXAMPLES = int(os.environ.get("GPUBOT_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(

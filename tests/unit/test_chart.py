@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import threading
 
 import numpy as np
@@ -198,7 +199,9 @@ _mark = st.tuples(st.floats(allow_nan=True, allow_infinity=True), st.text(max_si
 
 
 @pytest.mark.filterwarnings("ignore:Glyph .* missing from font")
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(300)
+@settings(max_examples=max(12, int(os.environ.get("GPUBOT_FUZZ_EXAMPLES", "12")) // 20), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(
     points=st.lists(_point, max_size=40),
     title=st.text(max_size=80),

@@ -20,7 +20,7 @@ from bot.core.probe import (
     parse_launch_tags,
     split_sections,
 )
-from tests.fuzz.strategies import NONCE, frame
+from tests.support.strategies import NONCE, frame
 
 HUGE = "1" * 5000
 

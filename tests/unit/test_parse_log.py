@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.core.parse.log import clean_log_lines, parse_log_stat, strip_control
-from tests.fuzz.strategies import UNIT_LOG_TEXT as fuzz_text
+from tests.support.strategies import UNIT_LOG_TEXT as fuzz_text
 
 H200 = Path(__file__).parent.parent / "fixtures" / "h200"
 _FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

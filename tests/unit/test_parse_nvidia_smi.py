@@ -18,9 +18,9 @@ from bot.core.parse.nvidia_smi import (
     parse_query_apps,
     parse_query_gpu,
 )
-from tests.fuzz.strategies import NVIDIA_SMI_OLD_LAYOUT as OLD_LAYOUT
-from tests.fuzz.strategies import UNIT_NVIDIA_TEXT as fuzz_text
 from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
+from tests.support.strategies import NVIDIA_SMI_OLD_LAYOUT as OLD_LAYOUT
+from tests.support.strategies import UNIT_NVIDIA_TEXT as fuzz_text
 
 UUID = "GPU-5a1c0de2-7b3e-4f10-9c8d-0e1f2a3b4c5d"
 
@@ -381,7 +381,7 @@ def test_table_case20_error_line_only() -> None:
 
 # Older narrow layout (drivers up to 470): copied from a public README that documents an
 # nvidia-docker/xmr-stak setup (3x GTX 1080 Ti), and a driver 390.116 capture with N/A power
-# (tests/fuzz/strategies.py NVIDIA_SMI_OLD_LAYOUT, whose lines the fuzz strategy draws from too).
+# (tests/support/strategies.py NVIDIA_SMI_OLD_LAYOUT, whose lines the fuzz strategy draws from too).
 def test_table_old_narrow_layout() -> None:
     gpus, procs = parse_nvidia_smi_table(OLD_LAYOUT)
     assert [(g.index, g.name) for g in gpus] == [

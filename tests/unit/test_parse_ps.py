@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from bot.core.models import ProcessInfo
 from bot.core.parse.ps import PS_COLUMNS, parse_cputime, parse_etime, parse_ps, process_tree, select_processes
-from tests.fuzz.strategies import PS_PROBE_OUTPUT as PROBE_OUTPUT
-from tests.fuzz.strategies import UNIT_PS_TEXT as fuzz_text
 from tests.support.paths import CASES, FIXTURES, H200, case_file, read  # noqa: F401
+from tests.support.strategies import PS_PROBE_OUTPUT as PROBE_OUTPUT
+from tests.support.strategies import UNIT_PS_TEXT as fuzz_text
 
 FIXTURE_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,pmem,rss,vsz,etimes,time,wchan:32,args"  # h200/README.md
 
@@ -125,7 +125,7 @@ def test_case00_ps_aux() -> None:
     assert [r.args for r in rows[2:]] == [f"sglang::scheduler_TP{i}" for i in range(8)]
 
 
-# --- parse_ps: the probe's own format (PROBE_OUTPUT: tests/fuzz/strategies.py PS_PROBE_OUTPUT) ------------
+# --- parse_ps: the probe's own format (PROBE_OUTPUT: tests/support/strategies.py PS_PROBE_OUTPUT) ---------
 
 def test_probe_header_format() -> None:
     rows = parse_ps(PROBE_OUTPUT)

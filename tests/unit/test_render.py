@@ -4,6 +4,7 @@ limits (checked with slack_sdk's own validators), fit_blocks, and a property tes
 from __future__ import annotations
 
 import json
+import os
 import random
 from typing import Any
 
@@ -639,7 +640,9 @@ def _random_snapshot(r: random.Random, n_gpus: int, n_procs: int, n_lines: int, 
     )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.timeout(300)
+@settings(max_examples=max(40, int(os.environ.get("GPUBOT_FUZZ_EXAMPLES", "40")) // 5), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32 - 1),
     n_gpus=st.integers(0, 16),

@@ -306,7 +306,7 @@ def buttons(blocks: list[dict]) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("user", "fallback", "expected"), [
     ("U0LAUNCHER", None, "<@U0LAUNCHER>"), ("W123", None, "<@W123>"), ("U0LAUNCHER", "", "<@U0LAUNCHER>"),
     ("console", None, "console"), ("", None, "?"), ("console", "", ""), ("u123", None, "u123"),
-    ("<@U1>", None, "<@U1>"), ("U1 x", "someone", "someone"),
+    ("<@U1>", None, "&lt;@U1&gt;"), ("<!channel>", None, "&lt;!channel&gt;"), ("U1 x", "someone", "someone"),
 ])
 def test_user_mention(user, fallback, expected):
     assert user_mention(user, fallback) == expected
