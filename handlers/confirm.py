@@ -1,5 +1,5 @@
-"""`confirm ID` and `cancel ID`: decide a typed kill's confirmation (what its [Kill] and [Cancel] buttons
-run). The first operator's decision wins; later ones are told who decided. The console can type them."""
+"""`confirm ID`: confirm a typed kill (what its [Kill] button runs) and run it. The first operator's decision
+wins; later ones are told who decided. The console can type it. The helpers here serve `cancel` too."""
 
 from __future__ import annotations
 
@@ -13,26 +13,29 @@ from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
 CONFIRM_USAGE = "confirm ID (the [Kill] button of a typed /kill)"
-CANCEL_USAGE = "cancel ID (the [Cancel] button of a typed /kill)"
 #: Largest confirmation id accepted.
 MAX_ID = 10**12 - 1
 
 
-def _conf_id(call: CommandCall, usage: str) -> int:
+def conf_id(call: CommandCall, usage: str) -> int:
+    """The one confirmation id `call` names (1..MAX_ID), or UserError with `usage`."""
     args.no_kwargs(call, usage)
     if len(call.args) != 1:
         raise args.bad("name the confirmation id", usage)
     return args.count(call.args[0], 1, MAX_ID, "the confirmation id", usage)
 
 
-def _decided(ctx: Context, text: str) -> list[tuple[str, Message]]:
-    """The clicked confirmation message replaced by who decided (nothing to edit when typed)."""
+def decided(ctx: Context, text: str) -> list[tuple[str, Message]]:
+    """The edit that replaces the clicked confirmation message with `text` and who decided (none when the
+    decision was typed)."""
     if not ctx.request.message_ts:
         return []
     return [(ctx.request.message_ts, ctx.render("kill_confirm", decided=text, by=ctx.user))]
 
 
-def _not_decided(ctx: Context, d: Decision, conf_id: int) -> UserError:
+def not_decided(ctx: Context, d: Decision, conf_id: int) -> UserError:
+    """The answer to a click that did not decide: no such confirmation (invalid), or already decided /
+    expired (stale), in the launch's thread."""
     if d.confirmation is None:
         return UserError("Nothing done", f"there is no kill confirmation {conf_id}", audit="invalid")
     la = ctx.services.launches.get(d.confirmation.launch_id) if d.confirmation.launch_id is not None else None
@@ -40,30 +43,15 @@ def _not_decided(ctx: Context, d: Decision, conf_id: int) -> UserError:
                      launch_id=d.confirmation.launch_id)
 
 
-async def handle_confirm(call: CommandCall, ctx: Context) -> Reply:
+async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Confirm and run the kill (a launch, or one pid whose command line must still be the one shown)."""
-    conf_id = _conf_id(call, CONFIRM_USAGE)
-    result = await ctx.services.confirmations.confirm(conf_id, user=ctx.user, channel=ctx.channel)
+    cid = conf_id(call, CONFIRM_USAGE)
+    result = await ctx.services.confirmations.confirm(cid, user=ctx.user, channel=ctx.channel)
     if isinstance(result, Decision):
-        raise _not_decided(ctx, result, conf_id)
+        raise not_decided(ctx, result, cid)
     reply = kill_result(ctx, result.outcome, result.launch)
-    reply.edits = _decided(ctx, f":white_check_mark: Kill of {result.decision.what()} confirmed")
+    reply.edits = decided(ctx, f":white_check_mark: Kill of {result.decision.what()} confirmed")
     return reply
 
 
-async def handle_cancel(call: CommandCall, ctx: Context) -> Reply:
-    """Cancel the kill: nothing is stopped; the confirmation message says who cancelled it."""
-    conf_id = _conf_id(call, CANCEL_USAGE)
-    d = ctx.services.confirmations.cancel(conf_id, user=ctx.user)
-    if not d.won:
-        raise _not_decided(ctx, d, conf_id)
-    text = f":no_entry_sign: Nothing was stopped: kill of {d.what()} cancelled"
-    edits = _decided(ctx, text)
-    message = None if edits else ctx.services.renderer.error("Kill cancelled",
-                                                             f"kill of {d.what()}: nothing was stopped")
-    return Reply(message, audit="cancelled", launch_id=d.confirmation.launch_id if d.confirmation else None,
-                 edits=edits)
-
-
-CONFIRM = CommandSpec("confirm", handle_confirm, Role.OPERATOR, CONFIRM_USAGE, "confirm a typed kill: it runs now")
-CANCEL = CommandSpec("cancel", handle_cancel, Role.OPERATOR, CANCEL_USAGE, "cancel a typed kill: nothing is stopped")
+COMMAND = CommandSpec("confirm", handle, Role.OPERATOR, CONFIRM_USAGE, "confirm a typed kill: it runs now")

@@ -4,7 +4,7 @@ it (handlers.vocabulary)."""
 
 from __future__ import annotations
 
-from handlers import chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
+from handlers import cancel, chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
 from handlers.spec import CommandSpec
 
 COMMANDS: tuple[CommandSpec, ...] = (
@@ -17,7 +17,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     stack.COMMAND,
     chart.COMMAND,
     snooze.COMMAND,
-    confirm.CONFIRM,
-    confirm.CANCEL,
+    confirm.COMMAND,
+    cancel.COMMAND,
     help.COMMAND,
 )
