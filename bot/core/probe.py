@@ -194,6 +194,24 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
                 f"timeout -k 2 {nvt} {nv} {query} --format=csv,noheader,nounits 2>&1; r=$?; "
                 f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r"
             )
+    if req.tags or req.select_tag:
+        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; e tags 0")
+    if req.shm:
+        lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
+    if req.port is not None:
+        lines += [
+            "b tcp4; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp 2>&1; e tcp4 $?",
+            "b tcp6; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp6 2>&1; e tcp6 $?",
+        ]
+        if req.health_path is not None:
+            url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
+            ht = max(1, round(policy.health_timeout_s))
+            lines.append(
+                "b health; if command -v curl >/dev/null 2>&1; then "
+                f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
+                "else echo 'curl: command not found'; r=127; fi; e health $r"
+            )
+    # the log last: a line written before the health endpoint answered is in the tail (no stale evidence)
     if req.log_path is not None:
         lp = quote(req.log_path)
         # The resolved path (symlinks followed) must still be inside an allowed directory.
@@ -212,23 +230,6 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
             f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
         ]
-    if req.tags or req.select_tag:
-        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; e tags 0")
-    if req.shm:
-        lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
-    if req.port is not None:
-        lines += [
-            "b tcp4; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp 2>&1; e tcp4 $?",
-            "b tcp6; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp6 2>&1; e tcp6 $?",
-        ]
-        if req.health_path is not None:
-            url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
-            ht = max(1, round(policy.health_timeout_s))
-            lines.append(
-                "b health; if command -v curl >/dev/null 2>&1; then "
-                f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
-                "else echo 'curl: command not found'; r=127; fi; e health $r"
-            )
     lines.append("exit 0")
     return "\n".join(lines) + "\n"
 

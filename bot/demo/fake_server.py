@@ -106,7 +106,9 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 def launcher(args):
     """The launcher process: start the TP ranks, then serve /health (ready) or wait. Returns the exit code."""
-    ready_dir = tempfile.mkdtemp(prefix="fake-server-ready-")
+    # beside the fake GPU state when there is one: a server killed with SIGKILL leaves no directory in /tmp
+    base = args.gpu_state if args.gpu_state and os.path.isdir(args.gpu_state) else None
+    ready_dir = tempfile.mkdtemp(prefix="fake-server-ready-", dir=base)
     try:
         return _launcher(args, ready_dir)
     finally:

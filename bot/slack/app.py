@@ -145,6 +145,8 @@ class SlackBot:
             progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
             placeholder = await self._post_now(channel_id, progress, thread_ts)
         reply = await task
+        if placeholder is not None and not await self._placeholder_alive(placeholder):
+            placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
         if placeholder is not None:
             return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
         ts = await deliver(self.surface, reply)
@@ -153,14 +155,18 @@ class SlackBot:
         return ts
 
     async def _post_now(self, channel: str, message: Any, thread_ts: str | None) -> str | None:
-        """Post the placeholder; None when Slack refused it (the answer then goes as if there were none)."""
+        """Post the placeholder without waiting for Slack; None when it was refused at once."""
         if isinstance(self.surface, OutboxSurface):
-            ts = await self.surface.post(channel, message, thread_ts=thread_ts, wait_s=0)
-            rid = ref_id(ts)
-            if rid is not None and (await self.surface.outbox.wait(rid, 5.0)).state == "failed":
-                return None
-            return ts
+            return await self.surface.post(channel, message, thread_ts=thread_ts, wait_s=0)
         return await self.surface.post(channel, message, thread_ts=thread_ts)
+
+    async def _placeholder_alive(self, placeholder: str, wait_s: float = 5.0) -> bool:
+        """False when the queued placeholder failed for good (its edit would fail too), waiting up to `wait_s`
+        for an answer; True when it was sent, or is still queued after that (its edit then follows it)."""
+        rid = ref_id(placeholder)
+        if rid is None or not isinstance(self.surface, OutboxSurface):
+            return True
+        return (await self.surface.outbox.wait(rid, wait_s)).state != "failed"
 
     async def _into_placeholder(self, reply: Reply, placeholder: str, thread_ts: str | None, word: str,
                                 user_id: str) -> str | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.slack import SlackStack, start_stack
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.slack import GatedHost, SlackStack, start_stack
 
 
 @pytest.fixture
@@ -27,3 +28,15 @@ async def slack_stacks():
 async def slack(slack_stacks, ssh_config) -> SlackStack:
     """A Socket Mode bot on `ssh_config` (one SSH host, no variants)."""
     return await slack_stacks(ssh_config)
+
+
+@pytest.fixture
+async def gated_host(tmp_path, fake_gpu):
+    """A GatedHost behind a loopback SSH server; opened and stopped at teardown (after the stacks)."""
+    host = GatedHost(tmp_path / "gate", fake_gpu)
+    async with LoopbackSSHServer(tmp_path / "slow", env={"PATH": host.path}) as srv:
+        host.server = srv
+        try:
+            yield host
+        finally:
+            host.open()

@@ -10,8 +10,6 @@ import pytest
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
-from tests.support.procs import wait_until
-
 pytestmark = pytest.mark.timeout(60)
 SECRET = "test-signing-secret"
 
@@ -47,15 +45,6 @@ def signed_headers(body: str, secret: str = SECRET, ts: int | None = None) -> di
             "Content-Type": "application/x-www-form-urlencoded"}
 
 
-async def settled(stack) -> None:
-    """The bot is done with everything it accepted: a listener starts its work before it acks, so once the
-    HTTP answers are in, every task it started is tracked; they have finished and the outbox is empty."""
-    async def idle() -> bool:
-        await stack.bot.drain(30)
-        return not stack.bot.tasks
-
-    await wait_until(idle, 60, what="the bot's commands to finish")
-    await wait_until(lambda: stack.runtime.store.outbox.pending_count() == 0, 30, what="the outbox to be empty")
 
 
 async def test_signed_request_is_served_and_answered(http_stack):
@@ -86,6 +75,6 @@ async def test_badly_signed_request_is_rejected(http_stack, variant):
         body = body.replace("status", "probe")
     async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=headers) as r:
         assert r.status == 401
-    await settled(stack)
+    await stack.settled()
     assert stack.fake.calls_for("chat.postMessage") == [] and stack.fake.calls_for("chat.update") == []
     assert stack.runtime.audit.events() == []  # never dispatched: no command was even refused

@@ -10,7 +10,7 @@ from bot.core.models import LaunchState
 from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import pids_of_launch, wait_log, wait_until
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)
 
 
 async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh_server, fake_gpu, tmp_path):
@@ -20,14 +20,14 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
     root = await fake.wait_for_call(  # (a "Working on launch..." placeholder may come first)
         "chat.postMessage", predicate=lambda c: c["params"].get("text", "").startswith("base#1 on gpu-host-1"),
-        timeout=20)
+        timeout=60)
     assert root["params"]["channel"] == "C1" and root["params"].get("thread_ts") is None
     assert root["params"]["text"].startswith("base#1 on gpu-host-1: starting")
     root_ts = root["response"]["ts"]
     reply = await fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: c["params"].get("thread_ts") == root_ts, timeout=20)
+        "chat.postMessage", predicate=lambda c: c["params"].get("thread_ts") == root_ts, timeout=60)
     assert "Launched base#1" in reply["params"]["text"]
-    upd = await fake.wait_for_call("chat.update", timeout=10)
+    upd = await fake.wait_for_call("chat.update", timeout=60)
     assert upd["params"]["ts"] == root_ts and "running" in upd["params"]["text"]
     assert "<@U0OPERATOR>" in str(upd["params"]["blocks"])  # whoever launched it is mentioned
 
@@ -37,7 +37,7 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000100",
                            "thread_ts": root_ts, "text": "!kill"})
     denied = await fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+        "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
     assert denied["params"]["thread_ts"] == root_ts
     assert launches.get(1).state == LaunchState.RUNNING
 
@@ -45,18 +45,18 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
         f.writelines(f"[TP0] decode batch {i}: 12 tokens\n" for i in range(80))
     await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000200",
                            "thread_ts": root_ts, "text": "!logs 100"})
-    await fake.wait_for_call("files.completeUploadExternal", timeout=20)
+    await fake.wait_for_call("files.completeUploadExternal", timeout=60)
     (upload,) = fake.uploads.values()
     assert b"Load weight end" in upload and upload.count(b"decode batch") == 80
     logs_msg = await fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=10)
+        "chat.postMessage", predicate=lambda c: "Last 85 lines" in c["params"].get("text", ""), timeout=60)
     assert logs_msg["params"]["thread_ts"] == root_ts and "full text attached" in str(logs_msg["params"]["blocks"])
 
     # a typed !kill asks first: host, process group, process count, GPUs, GiB, and [Kill] [Cancel]
     await fake.push_event({"type": "message", "channel": "C1", "user": "U0OPERATOR", "ts": "1700000500.000300",
                            "thread_ts": root_ts, "text": "!kill"})
     ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
-                                     timeout=20)
+                                     timeout=60)
     ask_ts = ask["params"]["ts"] if ask["method"] == "chat.update" else ask["response"]["ts"]
     assert f"process group {la.pgid}, 3 processes, GPUs 0,1," in ask["params"]["text"]
     assert re.search(r"GPUs 0,1, \d+\.\d GiB\.", ask["params"]["text"])
@@ -67,18 +67,18 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     # a viewer's click on [Kill] is refused on the server; the operator's click kills
     await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0VIEWER", channel_id="C1",
                                  message_ts=ask_ts)
-    await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+    await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
     assert launches.get(1).state == LaunchState.RUNNING
     await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0OPERATOR", channel_id="C1",
                                  message_ts=ask_ts)
     decided = await fake.wait_for_call("chat.update", predicate=lambda c: c["params"]["ts"] == ask_ts
-                                       and "confirmed by" in c["params"]["text"], timeout=10)
+                                       and "confirmed by" in c["params"]["text"], timeout=60)
     assert "<@U0OPERATOR>" in str(decided["params"]["blocks"]) and "actions" not in str(decided["params"]["blocks"])
-    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
     if killed["method"] == "chat.postMessage":
         assert killed["params"]["thread_ts"] == root_ts
     assert "released" in killed["params"]["text"]
-    await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=10)
+    await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=60)
     assert pids_of_launch(la) == []
     events = stack.runtime.audit.events()
     assert [(e.action, e.user_id, e.result) for e in events if e.action == "kill"] == [
@@ -93,7 +93,7 @@ async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(slac
     audit = stack.runtime.audit
     await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
     alert = await fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "silent_hang" in c["params"].get("text", ""), timeout=30)
+        "chat.postMessage", predicate=lambda c: "silent_hang" in c["params"].get("text", ""), timeout=60)
     root_ts = launches.get(1).thread_ts
     assert alert["params"]["thread_ts"] == root_ts
     actions = next(b for b in alert["params"]["blocks"] if b["type"] == "actions")["elements"]
@@ -105,13 +105,13 @@ async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(slac
     await fake.push_block_action("gpubot_kill", value="1", user_id="U0VIEWER", channel_id="C1",
                                  message_ts=alert_ts)
     await fake.wait_for_call("chat.postMessage",
-                             predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=10)
+                             predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
     assert launches.get(1).state == LaunchState.RUNNING
     # the operator double-clicks Kill: one kill, answered in the thread
     for _ in range(2):
         await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
                                      message_ts=alert_ts)
-    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
     if killed["method"] == "chat.postMessage":
         assert killed["params"]["thread_ts"] == root_ts
     else:  # the placeholder posted in the thread became the answer

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shlex
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,60 +13,18 @@ import pytest
 from bot.config import Config
 from tests.support.builders import ssh_host
 from tests.support.fakes.slack_server import FakeSlack
-from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.procs import free_port, wait_until
+from tests.support.slack import text_of
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def text_of(call: dict) -> str:
-    return call["params"].get("text") or ""
 
 
-async def settled(stack, *env_ids: str) -> None:
-    """The bot is done with these envelopes: each is acked (a listener starts its work before it acks), every
-    task the bot started has finished, and the outbox has sent (or given up on) everything."""
-    for env_id in env_ids:
-        await stack.fake.wait_for_ack(env_id, 20)
-
-    async def idle() -> bool:
-        await stack.bot.drain(30)
-        return not stack.bot.tasks
-
-    await wait_until(idle, 60, what="the bot's commands to finish")
-    await wait_until(lambda: stack.runtime.store.outbox.pending_count() == 0, 60, what="the outbox to be empty")
 
 
-class GatedHost:
-    """An SSH host (the loopback server) on which every command waits until `open()`: the `sh` first on its
-    commands' PATH blocks until a file exists, then runs /bin/sh. While the gate is shut nothing the bot
-    asked of the host can have answered."""
-
-    def __init__(self, directory: Path, fake_gpu):
-        bin_dir = directory / "bin"
-        bin_dir.mkdir(parents=True)
-        self.gate = directory / "open"
-        sh = bin_dir / "sh"
-        sh.write_text(f"#!/bin/sh\nwhile [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
-                      'exec /bin/sh "$@"\n')
-        sh.chmod(0o755)
-        self.path = f"{bin_dir}:{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        self.server: LoopbackSSHServer | None = None
-
-    def open(self) -> None:
-        self.gate.touch()
 
 
-@pytest.fixture
-async def gated_host(tmp_path, fake_gpu):
-    """A GatedHost behind a loopback SSH server; opened and stopped at teardown (after the stacks)."""
-    host = GatedHost(tmp_path / "gate", fake_gpu)
-    async with LoopbackSSHServer(tmp_path / "slow", env={"PATH": host.path}) as srv:
-        host.server = srv
-        try:
-            yield host
-        finally:
-            host.open()
 
 
 @pytest.fixture
@@ -97,7 +52,7 @@ async def test_post_failure_500_is_retried_and_delivered_once(slack):
     await slack.fake.wait_for_ack(env_id, 20)
     call = await slack.fake.wait_for_call("chat.postMessage", timeout=60)  # the first one answered 200
     assert "/gpu status" in text_of(call)
-    await settled(slack, env_id)  # nothing left to retry
+    await slack.settled(env_id)  # nothing left to retry
     assert len(slack.fake.calls_for("chat.postMessage")) == 1  # delivered exactly once
     assert len(slack.fake.failed_calls) == 3
     assert not slack.fake.responses  # no private fallback: the answer was only late, not refused
@@ -118,7 +73,7 @@ async def test_bang_chat_that_is_not_a_command_is_ignored(slack):
     env_ids.append(await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2",
                                                 "ts": "1700000300.000400", "text": "!help"}))
     call = await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
-    await settled(slack, *env_ids)
+    await slack.settled(*env_ids)
     assert len(slack.fake.calls_for("chat.postMessage")) == 1
     assert call["method"] == "chat.postMessage" and call["params"]["thread_ts"] == "1700000300.000400"
     # chat never reached the dispatcher: the one command is the only one audited
@@ -133,7 +88,7 @@ async def test_events_without_user_or_channel_are_ignored(slack):
     ]
     call = await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
     assert call["params"]["channel"] == "C1"  # the one complete event (no ts: answered, not deduplicated away)
-    await settled(slack, *env_ids)
+    await slack.settled(*env_ids)
     assert len(slack.fake.calls_for("chat.postMessage")) == 1
     assert [e.action for e in slack.runtime.audit.events()] == ["command:help"]  # the others never dispatched
 
@@ -166,7 +121,7 @@ async def test_oversized_answer_is_cut_and_full_output_attached(slack_stacks, ss
     env_id = await stack.fake.push_slash_command("/gpu", "status all")
     answer = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=60)
     done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=30)
-    await settled(stack, env_id)
+    await stack.settled(env_id)
     blocks = answer["params"]["blocks"]
     assert len(blocks) <= 50
     assert "truncated, full output attached" in str(blocks)
@@ -298,7 +253,7 @@ async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_priv
     assert not fake.responses
     gated_host.open()
     body = await fake.wait_for_response(timeout=30)
-    await settled(stack, env_id)
+    await stack.settled(env_id)
     assert "GPU status" in body["text"] and "not_in_channel" in body["text"]
     assert body.get("response_type") == "ephemeral"
     assert not fake.calls_for("chat.update")

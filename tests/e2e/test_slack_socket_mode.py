@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shlex
 import time
-from pathlib import Path
 
 import pytest
 
 from bot.config import Config
 from tests.support.builders import ssh_host
 from tests.support.fakes.slack_server import BOT_USER_ID
-from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.paths import H200
 from tests.support.procs import wait_until
+from tests.support.slack import text_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,8 +28,6 @@ def block_texts(message: dict) -> str:
     return "\n".join(out)
 
 
-def text_of(call: dict) -> str:
-    return call["params"].get("text") or ""
 
 
 def thread_of(fake, call: dict) -> str | None:
@@ -42,53 +37,10 @@ def thread_of(fake, call: dict) -> str | None:
     return call["params"].get("thread_ts")
 
 
-async def settled(stack, *env_ids: str) -> None:
-    """The bot is done with these envelopes: each is acked (a listener starts its work before it acks), every
-    task the bot started has finished, and the outbox has sent everything."""
-    for env_id in env_ids:
-        await stack.fake.wait_for_ack(env_id, 20)
-
-    async def idle() -> bool:
-        await stack.bot.drain(30)
-        return not stack.bot.tasks
-
-    await wait_until(idle, 60, what="the bot's commands to finish")
-    await wait_until(lambda: stack.runtime.store.outbox.pending_count() == 0, 30, what="the outbox to be empty")
 
 
-class GatedHost:
-    """An SSH host (the loopback server) on which every command waits until `open()`: the `sh` first on its
-    commands' PATH blocks until a file exists, then runs /bin/sh. While the gate is shut nothing the bot
-    asked of the host can have answered."""
-
-    def __init__(self, directory: Path, fake_gpu):
-        bin_dir = directory / "bin"
-        bin_dir.mkdir(parents=True)
-        self.gate = directory / "open"
-        sh = bin_dir / "sh"
-        sh.write_text(f"#!/bin/sh\nwhile [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
-                      'exec /bin/sh "$@"\n')
-        sh.chmod(0o755)
-        self.path = f"{bin_dir}:{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        self.server: LoopbackSSHServer | None = None
-        self.opened_at: float | None = None
-
-    def open(self) -> None:
-        if self.opened_at is None:
-            self.opened_at = time.monotonic()
-        self.gate.touch()
 
 
-@pytest.fixture
-async def gated_host(tmp_path, fake_gpu):
-    """A GatedHost behind a loopback SSH server; opened and stopped at teardown (after the stacks)."""
-    host = GatedHost(tmp_path / "gate", fake_gpu)
-    async with LoopbackSSHServer(tmp_path / "slow", env={"PATH": host.path}) as srv:
-        host.server = srv
-        try:
-            yield host
-        finally:
-            host.open()
 
 
 async def test_gpu_status_over_socket_mode_posts_fixture_values(slack, start_fake_server):
@@ -137,7 +89,7 @@ async def test_ack_is_immediate_while_the_host_is_slow(gated_host, slack_stacks)
     assert call["time"] > gated_host.opened_at  # the answer is the slow host's, not something earlier
     assert call["params"]["ts"] == placeholder["response"]["ts"]
     assert "slow-host" in text_of(call)
-    await settled(stack, env_id)
+    await stack.settled(env_id)
     assert len(fake.calls_for("chat.postMessage")) == 1  # the answer replaced the placeholder
 
 
@@ -181,5 +133,5 @@ async def test_duplicate_delivery_of_a_message_is_answered_once(slack):
     first = await slack.fake.push_event(event)
     again = await slack.fake.push_event(event, retry_attempt=1, retry_reason="timeout")
     await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
-    await settled(slack, first, again)  # both deliveries handled, everything sent
+    await slack.settled(first, again)  # both deliveries handled, everything sent
     assert len(slack.fake.calls_for("chat.postMessage")) == 1

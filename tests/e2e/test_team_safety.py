@@ -9,15 +9,15 @@ from bot.core.models import LaunchState
 from tests.support.builders import launch_config
 from tests.support.procs import pids_of_launch, wait_log, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 async def _launched(fake, stack):
     await fake.push_slash_command("/launch", "base mode=hang", user_id="U0OPERATOR", channel_id="C1")
     root = await fake.wait_for_call(  # (a "Working on launch..." placeholder may come first)
         "chat.postMessage", predicate=lambda c: c["params"].get("text", "").startswith("base#1 on gpu-host-1"),
-        timeout=20)
-    await fake.wait_for_answer(lambda c: "Launched base#1" in c["params"].get("text", ""), timeout=20)
+        timeout=60)
+    await fake.wait_for_answer(lambda c: "Launched base#1" in c["params"].get("text", ""), timeout=60)
     la = stack.runtime.launches.get(1)
     await wait_log(la.log_path, "Load weight end")
     return la, root["response"]["ts"]
@@ -43,7 +43,7 @@ async def test_a_viewer_cannot_launch_kill_relaunch_or_stack_dump_by_any_route(s
     # the operator's typed kill waits for a click: the viewer clicks its [Kill] and [Cancel]
     await fake.push_slash_command("/kill", "1", user_id="U0OPERATOR", channel_id="C1")
     ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
-                                     timeout=20)
+                                     timeout=60)
     conf = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"]
     buttons = [("gpubot_kill", "1"), ("gpubot_relaunch", "1"), ("gpubot_stack", "1"),
                ("gpubot_kill_confirm", conf), ("gpubot_killpid_confirm", conf), ("gpubot_kill_cancel", conf)]
@@ -80,14 +80,14 @@ async def test_a_typed_kill_waits_for_confirmation_and_cancel_stops_it(slack_sta
     la, root_ts = await _launched(fake, stack)
     await fake.push_slash_command("/kill", "base", user_id="U0OPERATOR", channel_id="C1")
     ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
-                                     timeout=20)
+                                     timeout=60)
     assert ask["method"] == "chat.postMessage" and ask["params"]["thread_ts"] == root_ts  # in the thread
     ask_ts = ask["response"]["ts"]
     await fake.push_block_action("gpubot_kill_cancel", value="1", user_id="U0OTHER", channel_id="C1",
                                  message_ts=ask_ts)
     cancelled = await fake.wait_for_call(
         "chat.update", predicate=lambda c: c["params"]["ts"] == ask_ts and "cancelled" in c["params"]["text"],
-        timeout=10)
+        timeout=60)
     assert "<@U0OTHER>" in str(cancelled["params"]["blocks"]) and "actions" not in str(cancelled["params"])
     await stack.bot.drain()
     assert stack.runtime.launches.get(1).state == LaunchState.RUNNING and pids_of_launch(la)
@@ -97,7 +97,7 @@ async def test_a_typed_kill_waits_for_confirmation_and_cancel_stops_it(slack_sta
                          ("command:cancel", "U0OTHER", "cancelled")], rows
     # --yes skips the question
     await fake.push_slash_command("/kill", "base --yes", user_id="U0OPERATOR", channel_id="C1")
-    await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
     assert pids_of_launch(la) == [] and stack.runtime.launches.get(1).state == LaunchState.KILLED
 
 
@@ -111,14 +111,14 @@ async def test_a_confirmation_is_decided_once_kill_then_cancel_and_two_kills(sla
     la, root_ts = await _launched(fake, stack)
     await fake.push_slash_command("/kill", "1", user_id="U0OPERATOR", channel_id="C1")
     ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
-                                     timeout=20)
+                                     timeout=60)
     ask_ts = ask["response"]["ts"]
     conf = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"][0]["value"]
     for user, action in (("U0OPERATOR", "gpubot_kill_confirm"), ("U0OTHER", "gpubot_kill_confirm"),
                          ("U0OTHER", "gpubot_kill_cancel")):
         await fake.push_block_action(action, value=conf, user_id=user, channel_id="C1", message_ts=ask_ts)
     await fake.push_slash_command("/kill", "1 --yes", user_id="U0OTHER", channel_id="C1")
-    await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=30)
+    await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
     await wait_until(lambda: len([e for e in audit.events() if e.result == "stale"]) == 2, 30,
                      what="the two late clicks audited")
     await stack.bot.drain()

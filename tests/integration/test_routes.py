@@ -15,7 +15,7 @@ from handlers import Request, filters
 from tests.support.builders import FAST_WATCH, OTHER_OPERATOR, VIEWER
 from tests.support.procs import kill_launches, pids_of_launch, wait_log
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 def count_role_checks(bot) -> list[str]:

@@ -18,7 +18,7 @@ from bot.demo.fakegpu import install_fake_gpu
 from tests.support.builders import launch_config
 from tests.support.procs import free_port, kill_launches, wait_until
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 SILENCE_S = 8.0
 

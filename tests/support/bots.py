@@ -49,9 +49,11 @@ class TestBot:
         return [e for e in self.events() if e.action.startswith("command:")]
 
     async def close(self) -> None:
-        """Kill what the launches left running, then close the runtime (checks, SSH, database)."""
+        """Kill what the launches left running, close the runtime (checks, SSH, database), and kill again
+        whatever a command still in flight started meanwhile."""
         kill_launches(self.runtime.store.launches.recent(500))
         await self.runtime.close(flush_s=1.0)
+        kill_launches(self.runtime.store.launches.recent(500))
 
 
 async def start_bot(config: Config, *, watch: bool = False, surface: RecordingSurface | None = None,

@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float = 20.0, *, what: str = "condition",
+async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float = 60.0, *, what: str = "condition",
                      every: float = 0.05) -> T:
     """Poll `predicate` (sync or async) until it returns something truthy, and return that. Raises
     AssertionError naming `what` after `timeout` seconds (generous: the suite must pass on a loaded 2-core
@@ -47,7 +47,7 @@ async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float =
         await asyncio.sleep(every)
 
 
-def wait_until_sync(predicate: Callable[[], T], timeout: float = 20.0, *, what: str = "condition") -> T:
+def wait_until_sync(predicate: Callable[[], T], timeout: float = 60.0, *, what: str = "condition") -> T:
     """`wait_until` for synchronous code."""
     deadline = time.monotonic() + timeout
     while True:
@@ -59,12 +59,12 @@ def wait_until_sync(predicate: Callable[[], T], timeout: float = 20.0, *, what: 
         time.sleep(0.05)
 
 
-async def wait_log(path: str | os.PathLike[str] | None, text: str, timeout: float = 30.0) -> None:
-    """Wait until the file at `path` contains `text`."""
+async def wait_log(path: str | os.PathLike[str] | None, text: str, timeout: float = 60.0, *, count: int = 1) -> None:
+    """Wait until the file at `path` contains `text` (at least `count` times: e.g. once per TP rank)."""
     def found() -> bool:
-        return bool(path) and os.path.exists(path) and text in Path(path).read_text(errors="replace")
+        return bool(path) and os.path.exists(path) and Path(path).read_text(errors="replace").count(text) >= count
 
-    await wait_until(found, timeout, what=f"{text!r} in {path}")
+    await wait_until(found, timeout, what=f"{count} x {text!r} in {path}")
 
 
 def _tagged(tag: str) -> list[int]:
