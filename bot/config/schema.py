@@ -375,7 +375,7 @@ class Config(_Model):
     lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)
     default_host: str | None = None
     #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
-    #: of the built-in rules (bot/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
+    #: of the built-in rules (bot/core/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
     redact_patterns: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("redact_patterns")

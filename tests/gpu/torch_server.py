@@ -4,7 +4,7 @@
 The launcher (no torch import: it holds no GPU memory) starts `--workers` TP-rank worker processes, each a
 fresh Python process (`subprocess`, like SGLang's `sglang::scheduler_TPn`). Each worker imports torch,
 creates a CUDA context on `--device`, "loads weights" by allocating `--gib` GiB of tensors in `--shards`
-steps (a progress line per shard), and logs SGLang-style phase lines, the formats `bot/signatures.yaml`
+steps (a progress line per shard), and logs SGLang-style phase lines, the formats `bot/core/diagnose/signatures.yaml`
 knows (sglang 0.4/0.5)::
 
     [2026-11-29 10:00:00] server_args=ServerArgs(model_path='/data/torch-fake', tp_size=2, port=8000, ...)

@@ -1,5 +1,5 @@
 """`assert_type(value, annotation)`: a small runtime check that a parser returned what its signature says,
-down to every field of the dataclasses it returns (bot/models.py), so a parser that put a str into a
+down to every field of the dataclasses it returns (bot/core/models.py), so a parser that put a str into a
 `float | None` field fails the fuzz test even though nothing raised."""
 
 from __future__ import annotations

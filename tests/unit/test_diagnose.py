@@ -1,6 +1,6 @@
 """Rule tests for bot.core.diagnose (pure) and the bundle parsers in bot.core.bundle, plus fuzzing.
 
-Log lines are in the real formats of SGLang, vLLM, NCCL and torch (see bot/signatures.yaml for sources).
+Log lines are in the real formats of SGLang, vLLM, NCCL and torch (see bot/core/diagnose/signatures.yaml for sources).
 """
 
 from __future__ import annotations
