@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from bot.config import Config, Permissions
 from bot.core.models import Launch
@@ -17,9 +17,6 @@ from bot.services.launches import LaunchService
 from bot.services.stacks import StackService
 from bot.services.watch import Watcher
 from handlers.reply import SAME, Reply
-
-if TYPE_CHECKING:
-    from handlers.spec import CommandSpec
 
 #: The user id of the console's operator (an admin: the console runs where the bot's config is).
 CONSOLE_USER = "console"
@@ -87,13 +84,23 @@ class Services:
     watcher: Watcher
 
 
+class TableEntry(Protocol):
+    """What a handler may read of the command table (help lists it): a row's name, usage, summary and role
+    (handlers.spec.CommandSpec is one)."""
+
+    name: str
+    usage: str
+    summary: str
+    role: Role
+
+
 @dataclass
 class Context:
     """One command's request, the services and the command table (for help)."""
 
     request: Request
     services: Services
-    commands: Sequence[CommandSpec] = ()
+    commands: Sequence[TableEntry] = ()
 
     @property
     def config(self) -> Config:

@@ -18,7 +18,8 @@ from slack_bolt.async_app import AsyncApp
 
 from bot.adapters.store import Store
 from bot.config import Config
-from bot.slack.app import SlackBot, build_app, slack_runtime
+from bot.slack.app import build_app, slack_runtime
+from bot.slack.bot import SlackBot
 from bot.slack.client import make_client
 from bot.wiring import Runtime
 from tests.support.builders import ssh_host

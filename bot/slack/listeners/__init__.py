@@ -10,7 +10,7 @@ from slack_bolt.async_app import AsyncApp
 from bot.slack.listeners import actions, commands, messages
 
 if TYPE_CHECKING:
-    from bot.slack.app import SlackBot
+    from bot.slack.bot import SlackBot
 
 
 def register(app: AsyncApp, bot: SlackBot) -> None:

@@ -10,7 +10,7 @@ from bot.present.actions import ActionId, click_command
 from handlers import Source
 
 if TYPE_CHECKING:
-    from bot.slack.app import SlackBot
+    from bot.slack.bot import SlackBot
 
 
 def register(app: AsyncApp, bot: SlackBot) -> None:

@@ -11,7 +11,7 @@ from bot.core.grammar import CommandCall, CommandParseError
 from handlers import Source, slash_names
 
 if TYPE_CHECKING:
-    from bot.slack.app import SlackBot
+    from bot.slack.bot import SlackBot
 
 log = logging.getLogger(__name__)
 

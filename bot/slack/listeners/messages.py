@@ -12,7 +12,7 @@ from bot.core.grammar import CommandCall, CommandParseError
 from handlers import Source
 
 if TYPE_CHECKING:
-    from bot.slack.app import SlackBot
+    from bot.slack.bot import SlackBot
 
 #: Message subtypes that are never commands (the bot's own posts, edits, deletions).
 IGNORED_SUBTYPES = ("bot_message", "message_changed", "message_deleted")

@@ -1,0 +1,171 @@
+"""What the listeners share (`SlackBot`): the runtime, delivery dedupe, user-group lookups, and `run`, which
+answers a request through the outbox with a placeholder for slow commands."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.config import Config
+from bot.present.render import mrkdwn_escape
+from bot.services.outbox import ref_id
+from bot.services.surface import OutboxSurface
+from bot.wiring import Runtime
+from handlers import SAME, Reply, Request, Source, deliver
+
+log = logging.getLogger(__name__)
+
+#: Seconds a Slack user-group membership lookup is cached.
+GROUP_CACHE_S = 300.0
+#: While lookups fail, the last known members count this many seconds after they were read, then none.
+GROUP_STALE_MAX_S = 3600.0
+
+
+class SeenIds:
+    """A bounded, time-limited set of delivery ids: `first(id)` is True only the first time an id is seen."""
+
+    def __init__(self, max_items: int = 5000, ttl_s: float = 3600.0):
+        self._items: OrderedDict[str, float] = OrderedDict()
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+
+    def first(self, key: str | None) -> bool:
+        """True if `key` was not seen within the TTL (None keys are always 'first')."""
+        if not key:
+            return True
+        now = time.monotonic()
+        while self._items:
+            _key, t = next(iter(self._items.items()))
+            if now - t > self.ttl_s or len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+            else:
+                break
+        if key in self._items:
+            return False
+        self._items[key] = now
+        return True
+
+
+class SlackBot:
+    """What the listeners share: the runtime, delivery dedupe, user-group lookups, and `run`, which answers
+    a request through the outbox (with a placeholder for slow commands). `tasks` tracks running work for a
+    clean shutdown."""
+
+    def __init__(self, runtime: Runtime, client: AsyncWebClient):
+        self.runtime = runtime
+        self.config: Config = runtime.config
+        self.client = client
+        self.dispatcher = runtime.dispatcher
+        self.surface = runtime.surface
+        self.seen = SeenIds()
+        self.clicks = SeenIds(ttl_s=10.0)  # a double click (two action_ts within seconds) acts once
+        self.tasks: set[asyncio.Task] = set()
+        self._groups: dict[str, tuple[float, set[str]]] = {}
+
+    def _configured_groups(self) -> set[str]:
+        p = self.config.permissions
+        return {x for x in (*p.admins, *p.operators, *p.viewers) if x.startswith("S")}
+
+    async def user_groups_of(self, user_id: str) -> frozenset[str]:
+        """The configured Slack user groups (S...) that `user_id` belongs to, via usergroups.users.list
+        (cached GROUP_CACHE_S seconds per group). A failed lookup keeps the last members for at most
+        GROUP_STALE_MAX_S, then fails closed (a removed operator loses the role); it is logged."""
+        out: set[str] = set()
+        now = time.monotonic()
+        for gid in sorted(self._configured_groups()):
+            cached = self._groups.get(gid)
+            if cached is None or now - cached[0] > GROUP_CACHE_S:
+                try:
+                    resp = await self.client.usergroups_users_list(usergroup=gid)
+                    self._groups[gid] = cached = (now, set(resp.get("users") or []))
+                except Exception as e:
+                    log.warning("cannot read members of user group %s: %s", gid, e)
+                    if cached is not None and now - cached[0] > GROUP_STALE_MAX_S:
+                        cached = None
+            if cached is not None and user_id in cached[1]:
+                out.add(gid)
+        return frozenset(out)
+
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
+        """Run `coro` as a tracked task (Bolt does not track work started after the ack)."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Wait (bounded) for running work to finish."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout_s)
+
+    async def run(self, *, user_id: str, channel_id: str, thread_ts: str | None, source: Source, word: str,
+                  work: Callable[[Request], Awaitable[Reply]], message_ts: str | None = None,
+                  respond: Any = None) -> str | None:
+        """Build the request (with the user's groups), run `work` (a dispatcher call) and deliver its Reply.
+        A command slower than `slack.progress_after_s` gets a placeholder message at once, edited into the
+        answer (or into a pointer to the launch's thread). When Slack refuses the answer for good (e.g.
+        not_in_channel), a slash command's user gets it privately through `respond`. Returns the answer's ts
+        (a `q:` reference while queued; None if there was none or it was refused)."""
+        groups = await self.user_groups_of(user_id) if self._configured_groups() else frozenset()
+        request = Request(user_id=user_id, channel_id=channel_id, thread_ts=thread_ts, source=source,
+                          user_groups=groups, message_ts=message_ts)
+        task = asyncio.ensure_future(work(request))
+        done, _ = await asyncio.wait({task}, timeout=self.config.slack.progress_after_s)
+        placeholder = None
+        if not done:  # slow: say so at once; the placeholder becomes the answer
+            progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
+            placeholder = await self._post_now(channel_id, progress, thread_ts)
+        reply = await task
+        if placeholder is not None and not await self._placeholder_alive(placeholder):
+            placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
+        if placeholder is not None:
+            return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
+        ts = await deliver(self.surface, reply)
+        if ts is None and reply.message is not None and respond is not None:
+            await self._respond_privately(respond, reply)
+        return ts
+
+    async def _post_now(self, channel: str, message: Any, thread_ts: str | None) -> str | None:
+        """Post the placeholder without waiting for Slack; None when it was refused at once."""
+        if isinstance(self.surface, OutboxSurface):
+            return await self.surface.post(channel, message, thread_ts=thread_ts, wait_s=0)
+        return await self.surface.post(channel, message, thread_ts=thread_ts)
+
+    async def _placeholder_alive(self, placeholder: str, wait_s: float = 5.0) -> bool:
+        """False when the queued placeholder failed for good (its edit would fail too), waiting up to `wait_s`
+        for an answer; True when it was sent, or is still queued after that (its edit then follows it)."""
+        rid = ref_id(placeholder)
+        if rid is None or not isinstance(self.surface, OutboxSurface):
+            return True
+        return (await self.surface.outbox.wait(rid, wait_s)).state != "failed"
+
+    async def _into_placeholder(self, reply: Reply, placeholder: str, thread_ts: str | None, word: str,
+                                user_id: str) -> str | None:
+        channel = reply.channel or ""
+        for ts, message in reply.edits:
+            await self.surface.update(channel, ts, message)
+        if reply.message is not None and (reply.thread_ts is SAME or reply.thread_ts == thread_ts):
+            message = reply.message
+            files, message.files = message.files, []
+            await self.surface.update(channel, placeholder, message)
+            for name, data in files:  # into the thread the placeholder is in (its own when top-level)
+                await self.surface.upload(channel, name, data, thread_ts=thread_ts or placeholder)
+            return placeholder
+        note = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=True)
+        await self.surface.update(channel, placeholder, note)
+        return await deliver(self.surface, Reply(reply.message, thread_ts=reply.thread_ts, channel=channel))
+
+    async def _respond_privately(self, respond: Any, reply: Reply) -> None:
+        why = getattr(self.surface, "last_error", None)
+        try:
+            assert reply.message is not None
+            await respond(text=mrkdwn_escape(reply.message.text[:2900]) + f"\n(could not post in the channel: {why})",
+                          response_type="ephemeral")
+        except Exception as e:  # the response_url may be expired as well
+            log.warning("respond() fallback failed: %s", e)
