@@ -1,0 +1,1 @@
+"""The demo: a fake multi-process inference server, a replaying fake nvidia-smi, and `gpubot demo`."""

@@ -1,0 +1,2 @@
+"""Everything that imports slack_sdk / slack_bolt: the Bolt app, its listeners, the outbox transport, the
+runners (enforced by import-linter)."""

@@ -1,0 +1,1 @@
+"""Pure parsers of what hosts print (ps, nvidia-smi, /proc/net/tcp, logs, curl); they never raise."""

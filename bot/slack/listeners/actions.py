@@ -19,6 +19,7 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
     thread (roles are checked there, on the server: a confirm dialog is only client-side)."""
 
     async def on_click(ack, body, action) -> None:
+        """One button click: ack, dedupe, dispatch."""
         await ack()
         container = body.get("container") or {}
         channel = (body.get("channel") or {}).get("id") or container.get("channel_id", "")

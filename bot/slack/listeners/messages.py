@@ -24,6 +24,7 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
     grammar = bot.dispatcher.grammar
 
     async def handle(event: dict, context, source: Source) -> None:
+        """One message event: run it when it is a command for the bot, once."""
         if event.get("bot_id") or event.get("subtype") in IGNORED_SUBTYPES or not event.get("channel") \
                 or not event.get("user") or not bot.seen.first(f"msg:{event['channel']}:{event.get('ts')}"
                                                                if event.get("ts") else None):
@@ -44,12 +45,15 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
 
     @app.event("app_mention")
     async def on_mention(event, context):
+        """`@gpubot CMD`."""
         await handle(event, context, Source.MENTION)
 
     @app.message(re.compile(r"^\s*" + re.escape(prefix) + r"\S"))
     async def on_prefix(message, context):
+        """`!CMD`."""
         await handle(message, context, Source.PREFIX)
 
     @app.event("message")
     async def on_other_message(event):
+        """Any other message."""
         return None  # every other channel message: nothing to do (keeps Bolt from logging "unhandled")
