@@ -106,8 +106,9 @@ def try_config(directory: str) -> None:
     except OSError as e:
         click.echo(f"error: cannot write {directory}: {e}", err=True)
         sys.exit(2)
-    click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\n/gpu status\\n/kill demo --yes\\n' | "
-               f"gpubot console --config {path}\n(or interactively: gpubot console --config {path})")
+    click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\nwait 4\\n/gpu status\\n/kill demo --yes\\n' | "
+               f"gpubot console --config {path}\n(or interactively: gpubot console --config {path}; from a checkout, "
+               "run gpubot as ./dev gpubot)")
 
 
 @main.command("check-config")

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
+from bot.config import NAME_RE
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
 from bot.services.audit import Audit
@@ -57,8 +58,10 @@ class Dispatcher:
             call = replace(call, name="status", args=[call.word, *call.args])
             spec = self.find("status")
         if spec is None:
-            what = "command or host" if request.source == Source.SLASH else "command"
-            intro = f"Unknown {what} {call.word[:40] or call.name[:40]!r}. Here is what I can do:"
+            word = call.word or call.name
+            what = "command or host" if NAME_RE.fullmatch(word) else "command"  # `/gpu HOST` is status HOST
+            hosts = ", ".join(self.services.config.host_names()) or "(none configured)"
+            intro = f"Unknown {what} {word[:40]!r} (hosts: {hosts}). Here is what I can do:"
             return self._finish(ctx, call.name[:40], call.raw, Reply(help_message(ctx, intro), audit="unknown"))
         try:
             for f in self.filters:

@@ -2,7 +2,7 @@
 
 Shows the process tree, the log (lines, bytes, seconds since last write, last lines), the GPUs, whether the
 port is listening and the health endpoint's answer: one probe, one SSH round trip. In a launch's thread (or
-naming a launch: `probe 12`, `probe base#12`) it probes that launch.
+naming a launch: `probe 12`, `probe base#12`, `probe base`: its live launch) it probes that launch.
 """
 
 from __future__ import annotations
@@ -52,24 +52,35 @@ def describe_selector(req: ProbeRequest) -> str:
     return ", ".join(parts) if parts else "GPU holders"
 
 
-async def _probe_launch(ctx: Context, ref: str | None) -> Reply:
+async def _probe_launch(call: CommandCall, ctx: Context, ref: str | None) -> Reply:
+    other = sorted(set(call.kwargs) - {"lines"})
+    if other:
+        raise args.bad(f"a launch's probe takes only lines= ({', '.join(k + '=' for k in other)} are for a host)",
+                       USAGE)
+    lines = args.count(call.kwargs.get("lines", "20"), 1, 500, "lines", USAGE)
     la = args.launch(ctx, ref, USAGE, allow_only_live=False)
-    snap = await ctx.services.launches.probe_launch(la)
+    snap = await ctx.services.launches.probe_launch(la, tail_lines=lines)
     if isinstance(snap, HostFailure):
         raise UserError(f"Probe of {la.name} failed", snap.reason, audit="error", launch_id=la.id)
     view = probe_view(snap, f"{la.name} (pgid={la.pgid})", ctx.services.launches.owners(snap))
     return ctx.reply(ctx.render("probe", **view), launch=la)
 
 
+def _names_a_launch(ctx: Context, word: str) -> bool:
+    """Whether `word` (not a host) names a launch: `12`, `base#12`, or a variant (its live launch)."""
+    return word not in ctx.config.hosts and (args.is_launch_ref(word) or word in ctx.config.variants)
+
+
 async def handle(call: CommandCall, ctx: Context) -> Reply:
-    """A probe of a host with the given selectors, or of a launch (named, or the thread's)."""
+    """A probe of a host with the given selectors, or of a launch (named, or the thread's; `lines=` applies)."""
     if len(call.args) > 1:
         raise args.bad(f"expected at most one host or launch, got {len(call.args)} words", USAGE)
     word = call.args[0] if call.args else None
-    if word is not None and word not in ctx.config.hosts and args.is_launch_ref(word) and not call.kwargs:
-        return await _probe_launch(ctx, word)
-    if word is None and not call.kwargs and ctx.services.launches.thread_launch(ctx.channel, ctx.request.thread_ts):
-        return await _probe_launch(ctx, None)
+    if word is not None and _names_a_launch(ctx, word):
+        return await _probe_launch(call, ctx, word)
+    if word is None and set(call.kwargs) <= {"lines"} and ctx.services.launches.thread_launch(
+            ctx.channel, ctx.request.thread_ts):
+        return await _probe_launch(call, ctx, None)
     host = args.host(ctx, word or call.kwargs.get("host"))
     try:
         req = build_request(call)
@@ -88,5 +99,5 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
 COMMAND = CommandSpec(
     "probe", handle, Role.VIEWER, USAGE, "process tree, log tail, GPUs, port and health, in one round trip",
     slash="probe", description="Probe an inference server (process, GPUs, port, log) in one round trip",
-    hint="[HOST] [pgid=N|pid=N|match=TEXT] [log=PATH] [port=N]",
+    hint="[HOST|LAUNCH] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]",
 )

@@ -38,7 +38,8 @@ def _read_text(path: Path, from_end: bool) -> str:
 def read_bundle(directory: str | Path) -> Observation:
     """Read the evidence files and observed.json of one bundle directory into an Observation.
 
-    Raises BundleError when the directory does not exist, is not a directory, or a file in it cannot be read.
+    Raises BundleError when the directory does not exist, is not a directory, holds none of the bundle files,
+    or a file in it cannot be read.
     Files over 2 MiB are cut (a log keeps its end). A malformed observed.json is not fatal: it is ignored and
     a note says so.
     """
@@ -54,6 +55,9 @@ def read_bundle(directory: str | Path) -> Observation:
         names = {p.name for p in root.iterdir()}
     except OSError as e:
         raise BundleError(f"{directory}: cannot list: {e.strerror or e}") from e
+    if not names & set(BUNDLE_FILES):
+        raise BundleError(f"{directory}: no bundle files here (expected some of: {', '.join(BUNDLE_FILES)}); "
+                          "see tests/fixtures/cases/README.md for the format")
     for name in BUNDLE_FILES:
         if name not in names:
             continue

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from bot.adapters.store.confirmations import ConfirmationRepository
 from bot.core.lifecycle import KillOutcome, KillPreview
 from bot.core.models import Confirmation, ConfirmationState, Launch
+from bot.present.views import user_mention
 from bot.services.launches import LaunchService
 
 #: Seconds a typed kill's [Kill] button stays valid.
@@ -83,7 +84,7 @@ class ConfirmationService:
         if conf is None or won:
             return Decision(conf, won)
         if conf.state != ConfirmationState.PENDING:
-            why = f"already {conf.state} by <@{conf.decided_by}>"
+            why = f"already {conf.state} by {user_mention(conf.decided_by or '')}"
         else:
             why = f"expired (older than {self.ttl_s / 60:.0f} min); type the kill again"
         return Decision(conf, False, why)

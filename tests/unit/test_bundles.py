@@ -104,6 +104,13 @@ def test_file_instead_of_directory_exits_2(tmp_path: Path):
     assert "not a directory" in result.output
 
 
+def test_a_directory_without_bundle_files_is_an_error(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("nothing to see", encoding="utf-8")
+    result = _run(tmp_path)
+    assert result.exit_code == 2
+    assert "no bundle files here" in result.output and "server.log" in result.output
+
+
 def test_empty_bundle_is_unknown_not_empty(tmp_path: Path):
     """No evidence files at all: nothing is known, so the verdict is `unknown`."""
     (tmp_path / "observed.json").write_text("{}", encoding="utf-8")
