@@ -56,9 +56,9 @@ class ConsoleSurface:
         return True
 
 
-def parse_console_line(grammar: Grammar, line: str) -> CommandCall | None:
+def parse_console_line(grammar: Grammar, line: str, *, bot_name: str = "gpubot") -> CommandCall | None:
     """Parse one console line into a CommandCall; None for blank and comment lines. `/cmd ...` is a slash
-    command, `@gpubot ...` a mention, anything else a command with or without its `!`.
+    command, `@gpubot ...` (or `@BOT_NAME ...`) a mention, anything else a command with or without its `!`.
 
     Raises CommandParseError for unparseable input.
     """
@@ -71,8 +71,10 @@ def parse_console_line(grammar: Grammar, line: str) -> CommandCall | None:
             return grammar.parse_slash(cmd, rest)
         except CommandParseError:
             text = text[1:]
-    if text.lower().startswith(("@gpubot ", "@gpubot\t")) or text.lower() == "@gpubot":
-        text = text[len("@gpubot"):].strip()
+    for name in dict.fromkeys(("@" + bot_name.lower(), "@gpubot")):
+        if text.lower().startswith((name + " ", name + "\t")) or text.lower() == name:
+            text = text[len(name):].strip()
+            break
     return grammar.parse_command(text[1:] if text.startswith("!") else text, raw=line.strip())
 
 
@@ -87,7 +89,8 @@ async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_U
         await asyncio.sleep(min(float(words[1]), MAX_WAIT_S))
         return True
     try:
-        call: CommandCall | CommandParseError | None = parse_console_line(runtime.dispatcher.grammar, line)
+        call: CommandCall | CommandParseError | None = parse_console_line(
+            runtime.dispatcher.grammar, line, bot_name=runtime.config.slack.bot_name)
     except CommandParseError as e:
         call = e
     if call is None:

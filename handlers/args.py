@@ -57,9 +57,9 @@ def host(ctx: Context, name: str | None) -> str:
 
 
 def is_launch_ref(word: str) -> bool:
-    """True for a word that can only name a launch: `12` or `base#12`."""
-    prefix, sep, num = word.rpartition("#")
-    return is_number(num) and (not sep or bool(prefix))
+    """True for a word that names a launch by its id: `12`, `#12` or `base#12`."""
+    _prefix, _sep, num = word.rpartition("#")
+    return is_number(num)
 
 
 def launch(ctx: Context, ref: str | None, usage: str, *, allow_only_live: bool = True) -> Launch:

@@ -37,24 +37,36 @@ def slash_names(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> d
 
 
 def config_problems(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> list[str]:
-    """`location: message` for each problem of `slack.slash_commands`: an unknown key, a name Slack would
-    refuse, or two commands with one name. Empty when fine."""
+    """`location: message` for each problem the command table can see in `config`. Slash commands
+    (`slack.slash_commands`): an unknown key, a name Slack would refuse, two commands with one name, or a new
+    name that is a command word (`/logs` as the router would make `!logs 50` mean something else). Hosts: a
+    name that is a command word, `all` or a number (`/gpu NAME` and `probe 7` would mean the command, all
+    hosts, or launch 7). Empty when fine."""
     keys = slash_keys(commands)
+    words = {w for c in commands for w in (c.name, *c.aliases)}
     out = []
     for key, name in config.slack.slash_commands.items():
         if key not in keys:
             out.append(f"slack.slash_commands.{key}: unknown slash command; known: {', '.join(sorted(keys))}")
         elif not SLASH_NAME_RE.match(name):
             out.append(f"slack.slash_commands.{key}: {name!r} is not a slash command name (like /gpu-staging)")
+        elif name != f"/{key}" and (name[1:] in words or name[1:] in keys):
+            out.append(f"slack.slash_commands.{key}: {name} is the name of a command; pick a name of its own "
+                       f"(like /{key}-staging)")
     names = list(slash_names(config, commands).values())
     for name in sorted({n for n in names if names.count(n) > 1}):
         out.append(f"slack.slash_commands: {name} is used by more than one command")
+    for host in config.hosts:
+        if host.lower() in words or host.lower() == "all" or host.isdigit():
+            out.append(f"hosts.{host}: a host may not be named like a command, `all` or a number (`/gpu {host}` and "
+                       "`probe` would not reach it); rename it")
     return out
 
 
 def vocabulary(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> Vocabulary:
     """The grammar's words: every command name and alias, the slash commands by their configured names, and
-    the router words of messages (`gpu`, `gpubot`, and their configured names without the "/")."""
+    the router words of messages (the router slash commands' names without the "/": `gpu`, `gpubot`, or
+    `gpu-staging` where `slack.slash_commands` renames it, so two installs never both answer `!gpu`)."""
     words: dict[str, str] = {}
     for c in commands:
         words[c.name] = c.name
@@ -65,8 +77,7 @@ def vocabulary(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> Vo
     routers: dict[str, str] = {}
     for key, (default, router) in slash_keys(commands).items():
         slash[names[key]] = SlashCommand(names[key], default, router)
-        if router:
-            routers[key] = default
+        if router:  # `!gpu ...` routes like `/gpu ...`, under the install's own name (`!gpu-staging ...`)
             routers[names[key].lstrip("/")] = default
     return Vocabulary(words=words, slash=slash, routers=routers)
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from bot.config import NAME_RE
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
+from bot.present.render import rename_commands
 from bot.services.audit import Audit
 from handlers.context import Context, Request, Services, Source
 from handlers.derive import grammar
@@ -51,7 +52,7 @@ class Dispatcher:
         ctx = Context(request, self.services, self.commands)
         if isinstance(call, CommandParseError):
             reply = self._error(ctx, UserError("Bad command", str(call), "Try `/gpu help`.", audit="invalid"))
-            return self._finish(ctx, "?", "", reply)
+            return self._finish(ctx, "?", call.raw, reply)
         spec = self.find(call.name)
         if spec is None and (call.word in self.services.config.hosts or call.word.lower() == "all"):
             # "/gpu gpu-host-1" is "/gpu status gpu-host-1"; "/gpu all" is "/gpu status all"
@@ -102,6 +103,10 @@ class Dispatcher:
     def _finish(self, ctx: Context, name: str, raw: str, reply: Reply) -> Reply:
         r = ctx.request
         reply = reply.placed(r.channel_id, r.thread_ts)
+        renames = self.services.config.slack.slash_commands
+        if renames:  # this install's own slash command names in what it suggests
+            reply.message = rename_commands(reply.message, renames) if reply.message is not None else None
+            reply.edits = [(ts, rename_commands(m, renames)) for ts, m in reply.edits]
         launch_id = reply.launch_id
         if launch_id is None:
             la = self.services.launches.thread_launch(r.channel_id, r.thread_ts)

@@ -321,7 +321,9 @@ class SlackSettings(_Model):
     between two messages (posts, edits, files) in one channel (Slack allows about one per second);
     `progress_after_s`: a command whose answer takes longer than this many seconds gets a placeholder
     message at once, edited into the answer; `slash_commands`: slash command names by key (see
-    `gpubot manifest`)."""
+    `gpubot manifest`). `command_prefix` is 1..3 characters that are not letters, digits or spaces;
+    `bot_name` (the app's name and display name in the manifest) 1..35 lower-case letters, digits, `.`,
+    `_` or `-`."""
 
     command_prefix: str = "!"
     bot_name: str = "gpubot"
@@ -331,6 +333,21 @@ class SlackSettings(_Model):
     #: Slash command names by key (`gpu`, `gpubot`, `probe`, `launch`, `kill`, `relaunch`), for two installs
     #: in one workspace: `{gpu: /gpu-staging, probe: /probe-staging}`. Unnamed keys keep `/<key>`.
     slash_commands: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("command_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not re.fullmatch(r"[^\sA-Za-z0-9]{1,3}", v):
+            raise ValueError("must be 1..3 characters that are not letters, digits or spaces, like ! or ?")
+        return v
+
+    @field_validator("bot_name")
+    @classmethod
+    def _bot_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,34}", v):
+            raise ValueError("must be 1..35 lower-case letters, digits, '.', '_' or '-' (Slack's rule for an app's "
+                             "display name), like gpubot-staging")
+        return v
 
 
 class LifecyclePolicy(_Model):

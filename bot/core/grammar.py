@@ -24,7 +24,10 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
 _HOSTLIKE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 class CommandParseError(ValueError):
-    """The text could not be parsed; str() is a user-facing message."""
+    """The text could not be parsed; str() is a user-facing message, `raw` the text as typed (for the audit
+    trail; set by the Grammar)."""
+
+    raw: str = ""
 
 
 @dataclass
@@ -123,6 +126,13 @@ class Grammar:
     def parse_slash(self, command: str, text: str) -> CommandCall:
         """Parse a slash command (`command` like "/gpu", `text` what followed it). Raises CommandParseError
         for an unknown slash command or unparseable text."""
+        try:
+            return self._parse_slash(command, text)
+        except CommandParseError as e:
+            e.raw = f"{command} {text or ''}".strip()
+            raise
+
+    def _parse_slash(self, command: str, text: str) -> CommandCall:
         words = _split(text or "")
         cmd = (command or "").strip().lower()
         slash = self.vocabulary.slash.get(cmd)
@@ -156,6 +166,13 @@ class Grammar:
         """Parse command text without a prefix (`probe h1 pgid=1`, `gpu status`, a button's command). Empty
         text is `help`. Raises CommandParseError."""
         raw = body if raw is None else raw
+        try:
+            return self._parse_command(body, raw)
+        except CommandParseError as e:
+            e.raw = raw
+            raise
+
+    def _parse_command(self, body: str, raw: str) -> CommandCall:
         words = _split(body)
         if not words:
             return CommandCall(name="help", raw=raw)
@@ -168,7 +185,7 @@ class Grammar:
         """True when a `{prefix}word ...` message names a command, a router word (`gpu`) or one of `hosts`:
         "!important: prod is down" is chat, not a command."""
         body = (text or "").lstrip()[len(prefix):]
-        first = (body.split(None, 1)[0] if body.split() else "").rstrip(":,.")
+        first = body.split(None, 1)[0] if body.split() else ""  # "!status: prod is down" is chat
         return bool(first) and (first.lower() in self.vocabulary.routers or self.command_name(first) is not None
                                 or first in set(hosts))
 

@@ -30,12 +30,12 @@ SNOOZE_BUTTON_MIN = 15
 
 #: The command text each button runs; `{id}` is the button's value. Alert [Kill] carries Block Kit's own
 #: confirm dialog, so its click is the confirmation (`--yes`).
-CLICK_COMMANDS: dict[ActionId, str] = {
-    ActionId.PROBE: "probe {id}",
-    ActionId.STACK: "stack {id}",
-    ActionId.KILL: "kill {id} --yes",
-    ActionId.RELAUNCH: "relaunch {id}",
-    ActionId.SNOOZE: f"snooze {{id}} {SNOOZE_BUTTON_MIN}",
+CLICK_COMMANDS: dict[ActionId, str] = {  # `#7` is launch 7 whatever the hosts are named (a host may be "7")
+    ActionId.PROBE: "probe #{id}",
+    ActionId.STACK: "stack #{id}",
+    ActionId.KILL: "kill #{id} --yes",
+    ActionId.RELAUNCH: "relaunch #{id}",
+    ActionId.SNOOZE: f"snooze #{{id}} {SNOOZE_BUTTON_MIN}",
     ActionId.KILL_CONFIRM: "confirm {id}",
     ActionId.KILLPID_CONFIRM: "confirm {id}",
     ActionId.KILL_CANCEL: "cancel {id}",
@@ -46,7 +46,7 @@ MAX_BUTTON_ID = 10**12 - 1
 
 
 def click_command(action_id: str, value: str) -> str | None:
-    """The command text a click on button `action_id` with `value` stands for (e.g. "kill 7 --yes"), or None
+    """The command text a click on button `action_id` with `value` stands for (e.g. "kill #7 --yes"), or None
     when the action id is not gpubot's or the value is not a plain id (1..MAX_BUTTON_ID, ASCII digits): a
     forged or garbled click."""
     try:

@@ -244,3 +244,29 @@ class Renderer:
             return {k: (self._redact_blocks(v) if k in ("text", "elements", "fields", "blocks")
                         or isinstance(v, (list, dict)) else v) for k, v in obj.items()}
         return obj
+
+
+def rename_commands(message: Message, renames: dict[str, str]) -> Message:
+    """`message` with the slash commands it suggests renamed (`renames`: key -> this install's name, e.g.
+    {"kill": "/kill-staging"}), so a second install never tells people to type the first one's commands.
+    Only suggestions are touched: a `/key` right after a backtick, `Usage: `, `| ` or a line's two-space
+    indent (help and usage lines); log lines and other quoted text are left as they are."""
+    if not renames:
+        return message
+    pattern = re.compile(r"(?:(?<=`)|(?<=Usage: )|(?<=\| )|(?<=^  ))/(" + "|".join(map(re.escape, renames))
+                         + r")(?=[\s`]|$)", re.MULTILINE)
+
+    def swap(text: str) -> str:
+        return pattern.sub(lambda m: renames[m.group(1)], text)
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, str):
+            return swap(obj)
+        if isinstance(obj, list):
+            return [walk(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: walk(v) if k in ("text", "elements", "fields") or isinstance(v, (list, dict)) else v
+                    for k, v in obj.items()}
+        return obj
+
+    return Message(text=swap(message.text), blocks=walk(message.blocks), files=list(message.files))

@@ -98,9 +98,9 @@ class LaunchService:
 
     def find(self, ref: str | None, *, channel: str | None = None, thread_ts: str | None = None,
              allow_only_live: bool = True) -> Launch:
-        """Resolve a launch reference: `12`, `base#12`, a variant name (its newest live launch), or nothing:
-        the launch of this thread; outside any thread, the only live launch when `allow_only_live`.
-        Raises LaunchError naming the live launches."""
+        """Resolve a launch reference: `12`, `#12`, `base#12`, a variant name (its live launch), or nothing: the
+        launch of this thread; otherwise (outside a thread, or in a thread that is no launch's) the only live
+        launch when `allow_only_live`. Raises LaunchError naming the live launches."""
         la = self._find(ref, channel=channel, thread_ts=thread_ts, allow_only_live=allow_only_live)
         if la.host not in self.config.hosts:
             raise LaunchError(f"{la.name} ran on host {la.host!r}, which is no longer in the config")
@@ -110,6 +110,10 @@ class LaunchService:
               allow_only_live: bool) -> Launch:
         if ref:
             text = ref.strip()
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise LaunchError(f"no launch {text[:40]!r}: not valid text; {self._live_list()}") from None
             prefix, _, num = text.rpartition("#") if "#" in text else ("", "", text)
             if num.isascii() and num.isdigit() and len(num) <= 12:
                 la = self._launches.get(int(num))
@@ -127,11 +131,12 @@ class LaunchService:
             la = self._launches.for_thread(channel, thread_ts)
             if la is not None:
                 return la
-            raise LaunchError(f"this thread belongs to no launch: name one; {self._live_list()}")
-        if allow_only_live:
+        if allow_only_live:  # the same outside a thread and in a thread that is no launch's
             live = self._launches.live()
             if len(live) == 1:
                 return live[0]
+        if channel and thread_ts:
+            raise LaunchError(f"this thread belongs to no launch: name one; {self._live_list()}")
         raise LaunchError(f"name the launch (id or variant); {self._live_list()}")
 
     def _live_list(self) -> str:

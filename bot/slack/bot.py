@@ -64,7 +64,7 @@ class SlackBot:
         self.dispatcher = runtime.dispatcher
         self.surface = runtime.surface
         self.seen = SeenIds()
-        self.clicks = SeenIds(ttl_s=10.0)  # a double click (two action_ts within seconds) acts once
+        self.clicks = SeenIds(ttl_s=3.0)  # a double click (two action_ts within a moment) acts once
         self.tasks: set[asyncio.Task] = set()
         self._groups: dict[str, tuple[float, set[str]]] = {}
 
@@ -112,21 +112,30 @@ class SlackBot:
         answer (or into a pointer to the launch's thread). When Slack refuses the answer for good (e.g.
         not_in_channel), a slash command's user gets it privately through `respond`. Returns the answer's ts
         (a `q:` reference while queued; None if there was none or it was refused)."""
-        groups = await self.user_groups_of(user_id) if self._configured_groups() else frozenset()
-        request = Request(user_id=user_id, channel_id=channel_id, thread_ts=thread_ts, source=source,
-                          user_groups=groups, message_ts=message_ts)
-        task = asyncio.ensure_future(work(request))
-        done, _ = await asyncio.wait({task}, timeout=self.config.slack.progress_after_s)
+        async def answer() -> Reply:  # the user-group lookup counts as the command's time (it may be slow)
+            groups = await self.user_groups_of(user_id) if self._configured_groups() else frozenset()
+            return await work(Request(user_id=user_id, channel_id=channel_id, thread_ts=thread_ts, source=source,
+                                      user_groups=groups, message_ts=message_ts))
+
+        task = asyncio.ensure_future(answer())
         placeholder = None
-        if not done:  # slow: say so at once; the placeholder becomes the answer
-            progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
-            placeholder = await self._post_now(channel_id, progress, thread_ts)
-        reply = await task
-        if placeholder is not None and not await self._placeholder_alive(placeholder):
-            placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
-        if placeholder is not None:
-            return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
-        ts = await deliver(self.surface, reply)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.config.slack.progress_after_s)
+            if not done:  # slow: say so at once; the placeholder becomes the answer
+                progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
+                placeholder = await self._post_now(channel_id, progress, thread_ts)
+            reply = await task
+            if placeholder is not None and not await self._placeholder_alive(placeholder):
+                placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
+            if placeholder is not None:
+                return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
+            ts = await deliver(self.surface, reply)
+        except Exception:  # e.g. the database refused the outbox row: say so privately rather than vanish
+            log.exception("answering %s of %s in %s failed", word, user_id, channel_id)
+            if respond is not None:
+                await self._respond_text(respond, f"gpubot could not answer `{word}`: it failed while answering "
+                                                  "(the bot logged the details); try again")
+            return None
         if ts is None and reply.message is not None and respond is not None:
             await self._respond_privately(respond, reply)
         return ts
@@ -163,9 +172,14 @@ class SlackBot:
 
     async def _respond_privately(self, respond: Any, reply: Reply) -> None:
         why = getattr(self.surface, "last_error", None)
+        assert reply.message is not None
+        await self._respond_text(respond, mrkdwn_escape(reply.message.text[:2900])
+                                 + f"\n(could not post in the channel: {why})")
+
+    @staticmethod
+    async def _respond_text(respond: Any, text: str) -> None:
+        """Send `text` to the user alone (the slash command's response_url); failures are logged."""
         try:
-            assert reply.message is not None
-            await respond(text=mrkdwn_escape(reply.message.text[:2900]) + f"\n(could not post in the channel: {why})",
-                          response_type="ephemeral")
+            await respond(text=text, response_type="ephemeral")
         except Exception as e:  # the response_url may be expired as well
             log.warning("respond() fallback failed: %s", e)

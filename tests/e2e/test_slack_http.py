@@ -45,8 +45,6 @@ def signed_headers(body: str, secret: str = SECRET, ts: int | None = None) -> di
             "Content-Type": "application/x-www-form-urlencoded"}
 
 
-
-
 async def test_signed_request_is_served_and_answered(http_stack):
     stack, url = http_stack
     body = slash_body(stack, "status")

@@ -9,6 +9,7 @@ import pytest
 from bot.core.models import LaunchState
 from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import pids_of_launch, wait_log, wait_until
+from tests.support.slack import thread_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -75,8 +76,7 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
                                        and "confirmed by" in c["params"]["text"], timeout=60)
     assert "<@U0OPERATOR>" in str(decided["params"]["blocks"]) and "actions" not in str(decided["params"]["blocks"])
     killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
-    if killed["method"] == "chat.postMessage":
-        assert killed["params"]["thread_ts"] == root_ts
+    assert thread_of(fake, killed) == root_ts  # a post in the thread, or the placeholder there edited into it
     assert "released" in killed["params"]["text"]
     await fake.wait_for_call("chat.update", predicate=lambda c: "killed" in c["params"]["text"], timeout=60)
     assert pids_of_launch(la) == []
@@ -112,11 +112,7 @@ async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(slac
         await fake.push_block_action("gpubot_kill", value="1", user_id="U0OPERATOR", channel_id="C1",
                                      message_ts=alert_ts)
     killed = await fake.wait_for_answer(lambda c: "Killed base#1" in c["params"].get("text", ""), timeout=60)
-    if killed["method"] == "chat.postMessage":
-        assert killed["params"]["thread_ts"] == root_ts
-    else:  # the placeholder posted in the thread became the answer
-        placeholder = next(m for m in fake.messages if m["ts"] == killed["params"]["ts"])
-        assert placeholder["thread_ts"] == root_ts
+    assert thread_of(fake, killed) == root_ts  # a post in the thread, or the placeholder there edited into it
     await wait_until(lambda: audit.events(action="kill"), what="the kill audited")
     await stack.bot.drain()  # the double click's second delivery has been handled (dropped) by now
     kills = audit.events(action="kill")

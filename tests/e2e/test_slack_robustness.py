@@ -19,14 +19,6 @@ from tests.support.slack import text_of
 pytestmark = pytest.mark.timeout(90)
 
 
-
-
-
-
-
-
-
-
 @pytest.fixture
 def own_state(ssh_config, tmp_path) -> Config:
     """ssh_config with its database under tmp_path (the runner's default is the user's state directory,

@@ -12,7 +12,7 @@ from tests.support.builders import ssh_host
 from tests.support.fakes.slack_server import BOT_USER_ID
 from tests.support.paths import H200
 from tests.support.procs import wait_until
-from tests.support.slack import text_of
+from tests.support.slack import text_of, thread_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,21 +26,6 @@ def block_texts(message: dict) -> str:
         for el in b.get("elements", []) or []:
             out.append(el.get("text", ""))
     return "\n".join(out)
-
-
-
-
-def thread_of(fake, call: dict) -> str | None:
-    """The thread an answer is in: a post's own thread_ts, or that of the message an edit replaced."""
-    if call["method"] == "chat.update":
-        return (fake.message_state(call["params"]["ts"]) or {}).get("thread_ts")
-    return call["params"].get("thread_ts")
-
-
-
-
-
-
 
 
 async def test_gpu_status_over_socket_mode_posts_fixture_values(slack, start_fake_server):

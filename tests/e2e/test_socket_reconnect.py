@@ -76,12 +76,6 @@ async def _reconnected(fake, before: tuple[int, int]) -> None:
     assert len(opens) >= fake.connection_count  # no connection without its own URL
 
 
-
-
-
-
-
-
 @pytest.mark.parametrize("abrupt", [True, False], ids=["tcp-abort", "close-frame"])
 async def test_dropped_socket_reconnects_and_commands_keep_working(slack, abrupt):
     fake = slack.fake

@@ -98,6 +98,8 @@ async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, f
         b = await ConsoleBot.start(path)
         bots.append(b)
         await wait_until(lambda: len(b.alerts()) >= 3, 60, what=f"the three due alerts; output:\n{b.out}")
+        seen = observations(store)  # more checks of each launch: a late duplicate alert would show meanwhile
+        await wait_until(lambda: observations(store) >= seen + 6, 60, what="two more checks of each launch")
         await b.kill()
         assert sorted(b.alerts()) == ["v1#1", "v2#2", "v3#3"], b.out  # each exactly once
 

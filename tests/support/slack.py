@@ -93,6 +93,13 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
     return stack
 
 
+def thread_of(fake: FakeSlack, call: dict[str, Any]) -> str | None:
+    """The thread an answer is in: a post's own thread_ts, or that of the message an edit replaced."""
+    if call["method"] == "chat.update":
+        return (fake.message_state(call["params"]["ts"]) or {}).get("thread_ts")
+    return call["params"].get("thread_ts")
+
+
 def text_of(call: dict[str, Any]) -> str:
     """The text of a recorded Web API call (a post or an edit)."""
     return call["params"].get("text") or ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -797,9 +796,7 @@ def test_billion_laughs_is_refused_quickly(tmp_path):
     lines = ['a0: &a0 "lol"']
     for i in range(1, 10):
         lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
-    start = time.monotonic()
-    (err,) = load_errors(tmp_path, "\n".join(lines) + "\n")
-    assert time.monotonic() - start < 5
+    (err,) = load_errors(tmp_path, "\n".join(lines) + "\n")  # refused before expanding (a hang would time out)
     assert "more than 100000 values once aliases are expanded" in err and ":line " in err
 
 

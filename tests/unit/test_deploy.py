@@ -234,6 +234,29 @@ def test_gpubot_manifest_prints_the_renamed_slash_commands_of_a_config(tmp_path)
     assert settings["event_subscriptions"]["request_url"] == "https://bot.example.com/slack/events"
 
 
+@pytest.mark.parametrize(("yaml_text", "error"), [
+    ("slack: {slash_commands: {gpubot: /logs}}", "slack.slash_commands.gpubot: /logs is the name of a command"),
+    ("slack: {slash_commands: {gpu: /snooze}}", "slack.slash_commands.gpu: /snooze is the name of a command"),
+    ("slack: {slash_commands: {kill: /probe, probe: /kill}}", "slack.slash_commands.kill: /probe is the name of"),
+    ("hosts: {kill: {local: true}}", "hosts.kill: a host may not be named like a command"),
+    ("hosts: {'7': {local: true}}", "hosts.7: a host may not be named like a command, `all` or a number"),
+    ("hosts: {all: {local: true}}", "hosts.all: a host may not be named like a command"),
+    ("slack: {bot_name: Bad Name}", "slack.bot_name: must be 1..35 lower-case letters"),
+    ("slack: {command_prefix: ''}", "slack.command_prefix: must be 1..3 characters"),
+])
+def test_names_that_would_shadow_commands_are_config_errors(tmp_path, yaml_text, error):
+    """A renamed slash command that is a command word (`!logs 50` would stop being logs), swapped command
+    names, hosts named like a command, `all` or a number (`/gpu HOST`, `probe 7` would not reach them)."""
+    from click.testing import CliRunner
+
+    from bot.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text + "\n")
+    result = CliRunner().invoke(main, ["check-config", str(cfg)])
+    assert result.exit_code == 2 and error in result.output, result.output
+
+
 def test_bad_slash_command_names_are_config_errors(tmp_path):
     from click.testing import CliRunner
 

@@ -454,13 +454,15 @@ def test_renamed_slash_commands_for_a_second_install():
         g.parse_slash("/gpu", "status")  # the other install's command
     with pytest.raises(CommandParseError):
         g.parse_slash("/kill", "12")
-    # in messages the router works under its key and under its new name
+    # in messages the router works under its new name only: `!gpu` is the other install's
     assert g.parse_message("!gpu-staging snooze 5", bot_user_id=None).name == "snooze"
-    assert g.parse_message("!gpu snooze 5", bot_user_id=None).name == "snooze"
+    assert g.parse_message("!gpu snooze 5", bot_user_id=None).name == "gpu"  # not a command here
+    assert not g.addresses("!gpu snooze 5", "!")
 
 
 def test_chat_that_names_no_command_is_not_addressed():
-    for text in ["!important: prod is down", "!nice one", "!don't do that"]:
+    for text in ["!important: prod is down", "!nice one", "!don't do that", "!status: prod is down", "!help, anyone?",
+                 "!kill. please no"]:
         assert not G.addresses(text, "!", ["gpu-host-1"]), text
     for text in ["!help", "!gpu", "!snooze 5", "!stackdump", "!gpu-host-1", "!KILL 3"]:
         assert G.addresses(text, "!", ["gpu-host-1"]), text

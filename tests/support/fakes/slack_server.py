@@ -595,7 +595,10 @@ class FakeSlack:
                 "is_ephemeral": False,
             },
             "channel": {"id": channel_id, "name": self._channel(channel_id)["name"]},
-            "message": {"type": "message", "ts": message_ts, "user": BOT_USER_ID, "bot_id": BOT_ID},
+            # as Slack does: a message in a thread carries its thread_ts
+            "message": {"type": "message", "ts": message_ts, "user": BOT_USER_ID, "bot_id": BOT_ID,
+                        **({"thread_ts": thread} if (thread := (self.message_state(message_ts) or {}).get("thread_ts"))
+                           else {})},
             "response_url": response_url or self.response_url(rid),
             "actions": [
                 {
