@@ -74,7 +74,8 @@ class Dispatcher:
             log.exception("command %s failed", spec.name)
             reply = Reply(self.services.renderer.error(
                 "Internal error", f"{spec.name} failed: {type(e).__name__}",
-                "The bot logged the details; the state is unchanged."), audit="error", detail=type(e).__name__)
+                "The bot logged the details. Check what happened with `/gpu status` or `!probe` before trying again."),
+                audit="error", detail=type(e).__name__)
         return self._finish(ctx, spec.name, call.raw, reply)
 
     async def run_text(self, request: Request, text: str) -> Reply:

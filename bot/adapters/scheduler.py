@@ -8,8 +8,9 @@ that came due during the downtime runs once.
 
 Persisted jobs can only name a module-level function, so the running `Scheduler` registers the object that
 handles them (`JobTarget`, the watcher) in `_TARGET`: the one module-level variable of the bot, set by
-`Scheduler.start` and cleared by `Scheduler.shutdown`. One bot process per database (two schedulers on one
-job store would run each check twice).
+`Scheduler.start` and cleared by `Scheduler.shutdown`. So: one watching bot per process (a second one
+started in the same process takes the jobs of both), and one bot process per database (two schedulers on
+one job store would run each check twice).
 """
 
 from __future__ import annotations
