@@ -14,7 +14,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.support.procs import wait_until
+from tests.support.procs import pids_with_env, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,21 +24,7 @@ MARK = "GPUBOT_TEST_CLI"
 
 def _marked(value: str) -> list[int]:
     """Live processes on this machine whose environment carries MARK=value."""
-    needle = f"{MARK}={value}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and needle in env:
-            out.append(int(d))
-    return out
+    return pids_with_env(MARK, value)
 
 
 @pytest.fixture

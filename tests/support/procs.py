@@ -67,9 +67,10 @@ async def wait_log(path: str | os.PathLike[str] | None, text: str, timeout: floa
     await wait_until(found, timeout, what=f"{count} x {text!r} in {path}")
 
 
-def _tagged(tag: str) -> list[int]:
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live (not zombie) processes on this machine whose environment carries NAME=value."""
     out = []
-    needle = f"GPUBOT_LAUNCH={tag}".encode()
+    needle = f"{name}={value}".encode()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -87,7 +88,7 @@ def _tagged(tag: str) -> list[int]:
 
 def pids_of_launch(la: Any) -> list[int]:
     """Every live process on this machine carrying the launch's unique GPUBOT_LAUNCH tag."""
-    return _tagged(la.tag) if getattr(la, "tag", "") else []
+    return pids_with_env("GPUBOT_LAUNCH", la.tag) if getattr(la, "tag", "") else []
 
 
 def kill_launches(launches: Iterable[Any]) -> int:
