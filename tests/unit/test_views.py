@@ -355,7 +355,7 @@ def test_alert_view_and_its_buttons():
     assert [a for a, _ in buttons(msg.blocks)] == ["gpubot_probe", "gpubot_stack", "gpubot_kill", "gpubot_relaunch",
                                                    "gpubot_snooze"]
     assert [click_command(a, val) for a, val in buttons(msg.blocks)] == [
-        "probe 12", "stack 12", "kill 12 --yes", "relaunch 12", f"snooze 12 {SNOOZE_BUTTON_MIN}"]
+        "probe #12", "stack #12", "kill #12 --yes", "relaunch #12", f"snooze #12 {SNOOZE_BUTTON_MIN}"]
     assert msg.text.startswith("base#12 on gpu-host-1: silent_hang in weight_loading (after 7m00s) <@U0LAUNCHER>")
 
 
