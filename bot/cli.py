@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from bot.adapters.statelock import StateDirLocked
 from bot.config import ConfigError, load_config
 
 
@@ -31,7 +32,20 @@ def _load(path: str):
         sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group; a state directory held by another running bot is a clear error (exit 2)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the subcommand; StateDirLocked becomes `error: ...` naming the PID, exit status 2."""
+        try:
+            return super().invoke(ctx)
+        except StateDirLocked as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpubot", prog_name="gpubot", message="%(prog)s %(version)s")
 @click.option("--log-level", default="WARNING", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
 def main(log_level: str) -> None:
     """gpubot: debug GPU inference servers from Slack, as a team."""

@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import sys
+import tempfile
+from pathlib import Path
 from typing import TextIO
 
 from bot.config import Config
@@ -30,29 +33,60 @@ MAX_WAIT_S = 3600.0
 
 
 class ConsoleSurface:
-    """A Surface that prints plain text to `out`; message ids are increasing integers as strings."""
+    """A Surface that prints plain text to `out`; message ids are increasing integers as strings. Attached
+    files (charts, long logs, stack dumps, evidence) are saved under `attach_dir` (default: a fresh
+    temporary folder, made at the first file), and the path of each saved file is printed."""
 
-    def __init__(self, out: TextIO):
+    def __init__(self, out: TextIO, attach_dir: Path | None = None):
         self.out = out
+        self.attach_dir = attach_dir
         self._ids = itertools.count(1)
+        self._files = itertools.count(1)
+
+    def save(self, filename: str, content: bytes) -> Path:
+        """Write one attachment (its base name, numbered so nothing is overwritten) and return its path.
+        Raises OSError when the folder cannot be written."""
+        if self.attach_dir is None:
+            self.attach_dir = Path(tempfile.mkdtemp(prefix="gpubot-attachments-"))
+        self.attach_dir.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", Path(filename).name)[:120] or "file"
+        path = self.attach_dir / f"{next(self._files):03d}-{safe}"
+        path.write_bytes(content)
+        return path
+
+    def _attach(self, filename: str, content: bytes) -> None:
+        try:
+            where = f"saved to {self.save(filename, content)}"
+        except OSError as e:
+            where = f"not saved: {e}"
+        print(f"[attached {filename}, {len(content)} bytes, {where}]", file=self.out)
 
     async def post(self, channel: str, message: Message, *, thread_ts: str | None = None) -> str | None:
-        """Print the message text (and the names of attached files). Returns a fresh id."""
+        """Print the message text and save its attached files. Returns a fresh id."""
         print(message.text, file=self.out)
         for name, data in message.files:
-            print(f"[attached {name}, {len(data)} bytes]", file=self.out)
+            self._attach(name, data)
         self.out.flush()
         return str(next(self._ids))
+
+    async def post_ephemeral(self, channel: str, user: str, message: Message, *,
+                             thread_ts: str | None = None) -> str | None:
+        """The console has one reader: the same as `post`."""
+        return await self.post(channel, message, thread_ts=thread_ts)
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
         """Print the first line of the new version of a message (e.g. a launch's new state)."""
         print(f"[message {ts} updated] {message.text.splitlines()[0] if message.text else ''}", file=self.out)
         return True
 
+    async def delete(self, channel: str, ts: str) -> bool:
+        """Nothing to delete on a terminal. Returns True."""
+        return True
+
     async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
                      title: str | None = None) -> bool:
-        """Say that a file would be attached (the console does not store it)."""
-        print(f"[file {filename}: {len(content)} bytes]", file=self.out)
+        """Save the file and print where."""
+        self._attach(filename, content)
         return True
 
 

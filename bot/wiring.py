@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from bot.adapters import scheduler as scheduler_adapter
 from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
+from bot.adapters.statelock import StateLock
 from bot.adapters.store import Store, default_url
 from bot.config import Config, ConfigError, WatchPolicy
 from bot.core.redact import Redactor
@@ -70,6 +71,7 @@ class Runtime:
     watcher: Watcher
     services: Services
     dispatcher: Dispatcher
+    lock: StateLock | None = None
 
     async def start(self, *, watch: bool = True) -> None:
         """Start the outbox sender (what an earlier run left queued goes out first) and, with `watch`, the
@@ -88,6 +90,8 @@ class Runtime:
             except Exception:
                 log.exception("shutdown step failed")
         self.store.close()
+        if self.lock is not None:
+            self.lock.release()
 
     async def _stop_outbox(self, flush_s: float) -> None:
         if self.outbox is not None:
@@ -108,16 +112,23 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     OutboxSurface (or `surface_factory(outbox)`). `store` defaults to the config's database
     (`database_url`, else `state_dir/gpubot.db`); `executors` replace hosts' executors (tests);
     `watch_policy` overrides the config's `watch:`; `poll_s`/`start_check_s` time kills and the first look
-    at a launch. Launches a previous run left `stopping` become `kill_failed`. Raises ConfigError (see
-    `config_problems`), ValueError without a surface or transport, and sqlalchemy/OSError for an unusable
-    database or state directory.
+    at a launch. Launches a previous run left `stopping` become `kill_failed`. Without a `store` it takes the
+    state directory's lock (one bot per state directory; released by `Runtime.close`). Raises ConfigError
+    (see `config_problems`), StateDirLocked when another bot holds the state directory, ValueError without
+    a surface or transport, and sqlalchemy/OSError for an unusable database or state directory.
     """
     check_config(config)
     if surface is None and transport is None:
         raise ValueError("build_runtime needs a surface or a transport")
     redactor = Redactor(config.redact_patterns)
     renderer = Renderer(redactor)
-    store = store or Store(config.database_url or default_url(config.state_dir))
+    lock = StateLock(config.state_dir).acquire() if store is None else None
+    try:
+        store = store or Store(config.database_url or default_url(config.state_dir))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     audit = Audit(store.events, redactor)
     hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
                         extra_path=extra_path)
@@ -141,4 +152,4 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
                    surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,
-                   dispatcher=Dispatcher(services, audit))
+                   dispatcher=Dispatcher(services, audit), lock=lock)

@@ -8,7 +8,7 @@ from bot.core.lifecycle import LaunchError
 from bot.core.models import Launch
 from bot.core.shell import MAX_PID, parse_pid
 from bot.services.hosts import UnknownHost
-from handlers.context import Context
+from handlers.context import Context, Source
 from handlers.reply import UserError
 
 
@@ -67,10 +67,32 @@ def launch(ctx: Context, ref: str | None, usage: str, *, allow_only_live: bool =
     this thread (and, when `allow_only_live`, the only live launch). UserError naming the live launches."""
     r = ctx.request
     try:
-        return ctx.services.launches.find(ref, channel=r.channel_id, thread_ts=r.thread_ts,
-                                          allow_only_live=allow_only_live)
+        la = ctx.services.launches.find(ref, channel=r.channel_id, thread_ts=r.thread_ts,
+                                        allow_only_live=allow_only_live)
     except LaunchError as e:
         raise UserError("Which launch?", str(e), f"Usage: {usage}", audit="invalid") from None
+    if r.source == Source.BUTTON and not la.live:
+        _refuse_replaced(ctx, la, usage)
+    return la
+
+
+def _refuse_replaced(ctx: Context, la: Launch, usage: str) -> None:
+    """A button of an ended launch whose thread now has a newer live launch (a relaunch replaced it): refuse,
+    naming the live one; the button never acts on another launch."""
+    if not la.channel or not la.thread_ts:
+        return
+    newest = ctx.services.launches.thread_launch(la.channel, la.thread_ts)
+    if newest is None or newest.id == la.id or not newest.live:
+        return
+    words = []
+    for w in usage.split():
+        if "[" in w or "=" in w or w.isupper():
+            break
+        words.append(w)
+    command = " ".join(words) or usage.split()[0]
+    raise UserError(f"{la.name} has ended", f"{newest.name} is live in this thread: {command} {newest.name}?",
+                    f"This button belongs to {la.name}. Use {newest.name}'s own buttons, or type "
+                    f"`{command} {newest.id}`.", audit="stale", launch_id=la.id)
 
 
 def launch_and_number(call: CommandCall, usage: str) -> tuple[str | None, str | None]:

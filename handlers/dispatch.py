@@ -26,6 +26,9 @@ from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 from handlers.table import COMMANDS
 
+#: Audit results whose answer only the person who asked sees: permission denials and usage errors.
+PRIVATE_RESULTS = frozenset({"denied", "invalid"})
+
 log = logging.getLogger(__name__)
 
 
@@ -60,10 +63,11 @@ class Dispatcher:
             spec = self.find("status")
         if spec is None:
             word = call.word or call.name
-            what = "command or host" if NAME_RE.fullmatch(word) else "command"  # `/gpu HOST` is status HOST
+            what = "host or command" if NAME_RE.fullmatch(word) else "command"  # `/gpu HOST` is status HOST
             hosts = ", ".join(self.services.config.host_names()) or "(none configured)"
-            intro = f"Unknown {what} {word[:40]!r} (hosts: {hosts}). Here is what I can do:"
-            return self._finish(ctx, call.name[:40], call.raw, Reply(help_message(ctx, intro), audit="unknown"))
+            intro = f"Unknown {what} {word[:40]!r}. Hosts: {hosts}. Here is what I can do:"
+            return self._finish(ctx, call.name[:40], call.raw, Reply(help_message(ctx, intro), audit="unknown",
+                                                                      private_to=request.user_id))
         try:
             for f in self.filters:
                 f(spec, call, ctx)
@@ -98,12 +102,16 @@ class Dispatcher:
         return await self.run_text(request, text)
 
     def _error(self, ctx: Context, e: UserError) -> Reply:
+        private = ctx.request.user_id if e.audit in PRIVATE_RESULTS else None
         return Reply(self.services.renderer.error(e.title, e.detail, e.hint), thread_ts=e.thread_ts, audit=e.audit,
-                     detail=e.detail[:300], launch_id=e.launch_id)
+                     detail=e.detail[:300], launch_id=e.launch_id, private_to=private)
 
     def _finish(self, ctx: Context, name: str, raw: str, reply: Reply) -> Reply:
         r = ctx.request
         reply = reply.placed(r.channel_id, r.thread_ts)
+        if reply.message is not None and reply.private_to is None and r.source in (Source.SLASH, Source.BUTTON):
+            # a slash command or a click leaves no message in the channel: the answer says who asked
+            reply.message = reply.message.asked_by(r.user_id, raw)
         renames = self.services.config.slack.slash_commands
         if renames:  # this install's own slash command names in what it suggests
             reply.message = rename_commands(reply.message, renames) if reply.message is not None else None

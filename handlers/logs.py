@@ -20,9 +20,13 @@ LOGS_MAX = 5000
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """The last N lines (default 50) of the launch's log, with its size and seconds since the last write;
-    more than LOGS_INLINE_MAX lines are attached as a file."""
+    more than LOGS_INLINE_MAX lines are attached as a file. In a launch's thread a lone number is N; outside
+    one it names the launch (`/gpu logs 3`: launch 3; `/gpu logs 3 200` or `lines=200` for both)."""
     args.no_kwargs(call, USAGE, frozenset({"lines"}))
     ref, n_text = args.launch_and_number(call, USAGE)
+    r = ctx.request
+    if ref is None and n_text is not None and ctx.services.launches.thread_launch(r.channel_id, r.thread_ts) is None:
+        ref, n_text = n_text, None  # outside a launch's thread a lone number names the launch: `/gpu logs 3`
     n = args.count(n_text or call.kwargs.get("lines", "50"), 1, LOGS_MAX, "N", USAGE)
     la = args.launch(ctx, ref, USAGE)
     try:

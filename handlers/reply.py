@@ -25,7 +25,8 @@ class Reply:
     """An answer: the `message` (None when the answer is only `edits`), where it goes (`channel` None: the
     request's channel; `thread_ts` SAME: the request's thread, None: channel level), what the audit trail
     records (`audit` result, `detail`, `launch_id`), and `edits`: (ts, message) of messages in the channel to
-    replace first (a decided confirmation)."""
+    replace first (a decided confirmation). `private_to`: a Slack user ID who alone sees the message
+    (ephemeral: permission denials and usage errors go only to the person who typed them)."""
 
     message: Message | None
     thread_ts: str | object | None = SAME
@@ -34,6 +35,7 @@ class Reply:
     detail: str | None = None
     launch_id: int | None = None
     edits: list[tuple[str, Message]] = field(default_factory=list)
+    private_to: str | None = None
 
     def placed(self, channel: str, thread_ts: str | None) -> Reply:
         """A copy whose channel and thread are concrete: those of the request where the reply left them."""
@@ -56,12 +58,16 @@ class UserError(Exception):
 
 
 async def deliver(surface: Surface, reply: Reply) -> str | None:
-    """Send a placed Reply through `surface`: its edits first, then its message in its thread. Returns the
-    posted message's id (None when there was nothing to post or it was refused)."""
+    """Send a placed Reply through `surface`: its edits first, then its message in its thread (to
+    `private_to` alone when set). Returns the posted message's id (None when there was nothing to post or it
+    was refused)."""
     channel = reply.channel or ""
     for ts, message in reply.edits:
         await surface.update(channel, ts, message)
     if reply.message is None:
         return None
     thread = None if reply.thread_ts is SAME else reply.thread_ts
+    if reply.private_to:
+        return await surface.post_ephemeral(channel, reply.private_to, reply.message,
+                                            thread_ts=thread)  # type: ignore[arg-type]
     return await surface.post(channel, reply.message, thread_ts=thread)  # type: ignore[arg-type]

@@ -182,18 +182,29 @@ class ParamSpec(_Model):
 
 
 class WatchPolicy(_Model):
-    """How launches are followed: check interval and silence threshold in seconds, per-phase grace."""
+    """How launches are followed, in seconds: while starting, a readiness check every `interval_s` (log
+    silence tolerated: `silence_after_s`, or `phase_grace_s` per phase); once ready, a liveness check every
+    `serving_interval_s` (process alive, health endpoint, log, GPUs) that alerts after `health_failures`
+    failed health checks in a row; with the log silent for `phase_grace_s.serving` (default
+    `serving_interval_s`) and idle or spinning GPUs, failing health checks that time out are a serving hang."""
 
     interval_s: Number = 30.0
     silence_after_s: Number = 300.0
     phase_grace_s: dict[str, Number] = Field(default_factory=dict)
+    serving_interval_s: Number = 60.0
+    health_failures: int = Field(default=3, ge=1, le=100)
     digest_cron: str | None = None
     digest_channel: str | None = None
 
-    @field_validator("interval_s", "silence_after_s")
+    @field_validator("interval_s", "silence_after_s", "serving_interval_s")
     @classmethod
     def _pos(cls, v: float) -> float:
         return _seconds(v, limit=MAX_WATCH_SECONDS)
+
+    @property
+    def serving_silence_s(self) -> float:
+        """Seconds of log silence that, with failing health checks, make a serving hang."""
+        return float(self.phase_grace_s.get("serving", self.serving_interval_s))
 
     @field_validator("phase_grace_s")
     @classmethod

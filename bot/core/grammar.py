@@ -138,9 +138,10 @@ class Grammar:
         slash = self.vocabulary.slash.get(cmd)
         if slash is None:
             raise CommandParseError(f"unknown slash command {cmd[:40]}")
+        raw = f"{cmd} {text or ''}".strip()  # as typed, with its slash command (audit, "asked: ...")
         if slash.router:
-            return self._routed(slash.default, words, text or "")
-        return _build(slash.default, words, text or "")
+            return self._routed(slash.default, words, raw)
+        return _build(slash.default, words, raw)
 
     def parse_message(self, text: str, *, bot_user_id: str | None, prefix: str = "!") -> CommandCall | None:
         """Parse a channel/thread message addressed to the bot: `<@BOT> cmd ...` or `{prefix}cmd ...`.

@@ -1,12 +1,13 @@
 """Launch, kill and relaunch, the pure part: command rendering, the shell scripts, pre-launch checks.
 
-A launch runs `setsid nohup sh -c 'exec COMMAND' > LOG 2>&1 < /dev/null &` on the host, so the server is
-the leader of its own session and process group: PID = PGID = SID. Its environment carries
-`GPUBOT_LAUNCH=<tag>` (the launch id plus random hex, unique across bots and databases), which every child
-inherits, so even a child that started its own session is found again by reading /proc/PID/environ, and a
-process of another bot's launch is never mistaken for ours. Nothing a user typed reaches a shell
-unquoted: every value is validated against the variant's declared params, then `shlex.quote`d before the
-(sandboxed) template renders it.
+A launch runs `setsid nohup sh -c WRAPPER > LOG 2>&1 < /dev/null &` on the host: the wrapper shell leads
+its own session and process group (PGID = SID) and runs the server (PID) in its foreground, so when the
+server ends the wrapper appends its exit status to the log (`[gpubot] the server process exited with status
+137`). The environment carries `GPUBOT_LAUNCH=<tag>` (the launch id plus random hex, unique across bots and
+databases), which every child inherits, so even a child that started its own session is found again by
+reading /proc/PID/environ, and a process of another bot's launch is never mistaken for ours. Nothing a user
+typed reaches a shell unquoted: every value is validated against the variant's declared params, then
+`shlex.quote`d before the (sandboxed) template renders it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,10 +50,22 @@ class RenderedLaunch:
     health_path: str | None = None
 
 
-def launch_script(r: RenderedLaunch) -> str:
-    """The POSIX sh script that starts `r` detached in its own session and prints `PID=<pid>`.
+#: The line the launch's wrapper shell appends to the log when the server process ends (`$?` of sh: 128+N
+#: when it was killed by signal N).
+EXIT_LINE_FORMAT = "[gpubot] the server process exited with status {rc}"
+EXIT_LINE_RE = re.compile(r"^\[gpubot\] the server process exited with status (\d{1,3})\s*$")
+_WRAPPER_FIRST_LINE = "exec 3>&2 2>/dev/null"
+#: How long the launch script waits for the server's PID file, in 50 ms steps (10 s).
+_PID_WAIT_STEPS = 200
 
-    Exits 3 when the working directory or the log directory cannot be used (and says why).
+
+def launch_script(r: RenderedLaunch) -> str:
+    """The POSIX sh script that starts `r` detached in its own session and prints `PGID=<n>` and `PID=<n>`.
+
+    The session leader (PGID = SID) is a small wrapper shell that runs the server in its foreground and, when
+    it ends, appends `EXIT_LINE_FORMAT` with its exit status to the log; the server itself (PID, the
+    wrapper's child) is `exec`ed by an inner shell that first writes its PID to a temporary file the script
+    reads back. Exits 3 when the working directory or the log directory cannot be used (and says why).
     """
     lines = ["export LC_ALL=C"]
     for k, val in r.env.items():
@@ -60,22 +74,64 @@ def launch_script(r: RenderedLaunch) -> str:
     if r.workdir:
         lines.append(f"cd -- {shlex.quote(r.workdir)} || {{ echo 'cannot cd to the workdir'; exit 3; }}")
     log = shlex.quote(r.log_path)
+    inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; exec ' + r.command
+    # the wrapper's own stderr goes nowhere (sh reports a child killed by a signal with a bare `Killed`, which
+    # is no line of the server's); the server's stderr is the log (fd 3)
+    wrapper = (f"{_WRAPPER_FIRST_LINE}\n"
+               f"sh -c {shlex.quote(inner)} gpubot-server \"$1\"\nrc=$?\n"
+               f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\nexit $rc")
     lines += [
         f"mkdir -p -- \"$(dirname -- {log})\" || {{ echo 'cannot create the log directory'; exit 3; }}",
         f"if [ -L {log} ]; then echo 'the log path is a symbolic link: refusing to write through it'; exit 3; fi",
         f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
+        'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
-        # $! is the server's PID = PGID = SID.
-        f"setsid nohup sh -c {shlex.quote('exec ' + r.command)} > {log} 2>&1 < /dev/null &",
-        "echo \"PID=$!\"",
+        # $! is the wrapper's PID = PGID = SID.
+        f"setsid nohup sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" > {log} 2>&1 < /dev/null &",
+        'echo "PGID=$!"',
+        f'i=0; while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do sleep 0.05 2>/dev/null || sleep 1; '
+        "i=$((i + 1)); done",
+        'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',
     ]
     return "\n".join(lines) + "\n"
 
 
-def parse_launch_output(text: str) -> int | None:
-    """The PID printed by launch_script (`PID=1234`), or None."""
+def is_launch_wrapper(args: str) -> bool:
+    """Whether a `ps` command line (args) is a launch's wrapper shell (see launch_script)."""
+    return args.startswith(f"sh -c {_WRAPPER_FIRST_LINE}")
+
+
+def parse_launch_output(text: str) -> tuple[int, int] | None:
+    """(server PID, PGID = SID of its wrapper) printed by launch_script (`PGID=1233`, `PID=1234`), or None
+    without a PGID. A PID that never showed (the server's shell had not started in 10 s) is the PGID."""
+    g = re.search(r"^PGID=(\d+)$", text, re.M)
+    if not g:
+        return None
     m = re.search(r"^PID=(\d+)$", text, re.M)
-    return int(m.group(1)) if m else None
+    return (int(m.group(1)) if m else int(g.group(1))), int(g.group(1))
+
+
+def exit_status(lines: Sequence[str]) -> int | None:
+    """The server's exit status from the wrapper's last `EXIT_LINE_FORMAT` line in a log tail (0..255; 128+N
+    means killed by signal N), or None when the tail has no such line (still running, the wrapper was
+    killed too, or the host went down)."""
+    for line in reversed(lines):
+        m = EXIT_LINE_RE.match(line.strip())
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def describe_exit(rc: int) -> str:
+    """`exit status 1`, or `killed by signal 9 (SIGKILL)` for a shell status above 128."""
+    if rc > 128:
+        n = rc - 128
+        try:
+            name = signal.Signals(n).name
+        except ValueError:
+            name = f"signal {n}"
+        return f"killed by signal {n} ({name})"
+    return f"exit status {rc}"
 
 
 def signal_script(pids: list[int], pgid: int | None, sig: str) -> str:

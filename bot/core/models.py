@@ -243,7 +243,10 @@ class Launch:
     """One launch of a variant on a host (a detached copy of its database row). Times are epoch seconds;
     `tag` is the GPUBOT_LAUNCH value in its processes' environment; `thread_ts` its incident thread (a Slack
     ts, or an outbox `q:<id>` reference until the root message is sent); `alert_state` the last verdict
-    posted; `snoozed_until` epoch seconds until which alerts are held back."""
+    posted; `snoozed_until` epoch seconds until which alerts are held back; `ready_at` when a check first
+    found it ready (from then on it gets liveness checks); `unreachable_since` when its thread was told
+    that the host cannot be reached (None once it is back); `seen_pids` every process of the launch a check
+    or kill has seen, remembered so a kill stops even those that cleared their environment."""
 
     id: int
     host: str
@@ -267,6 +270,9 @@ class Launch:
     tag: str = ""
     alert_state: str | None = None
     snoozed_until: float | None = None
+    ready_at: float | None = None
+    unreachable_since: float | None = None
+    seen_pids: list[int] = field(default_factory=list)
 
     @property
     def live(self) -> bool:

@@ -4,45 +4,78 @@ compact record stored for history and charts; phase durations from those records
 A record is a JSON-ready dict with keys: `t` (remote clock, epoch s), `marker` (the newest meaningful log
 line), `last_progress_t` (epoch s), `log_bytes`, `log_lines`, `gpu_mem_mib` / `gpu_util_pct` / `gpu_power_w`
 (per GPU index as a string: MiB, percent, W), `cpu_s` (per pid: CPU seconds), `alive`, `port_open`,
-`health`, and after diagnosis `verdict` and `phase`; a failed check is `{"t": ..., "error": reason}`.
+`health`, `exit_status` (what the launch wrapper logged when the server ended, else None), and after diagnosis
+`verdict` and `phase`; a failed check is `{"t": ..., "error": reason}`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from bot.core.diagnose import Observation, Verdict, diagnose, scan_log
-from bot.core.models import Launch, Snapshot
+from bot.core.lifecycle import EXIT_LINE_RE, exit_status, launch_processes
+from bot.core.models import Launch, ProcessInfo, Snapshot
+from bot.core.serving import ended_verdict
 
 #: Verdicts that end the readiness watch (the launch is no longer starting).
 FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error", "cuda_error", "port_in_use",
                             "gpu_lost", "exited"})
+#: CPU time counts as progress only above this rate (CPU seconds per second, summed over the launch).
+CPU_PROGRESS_CORES = 0.1
 #: Verdicts that are not news by themselves (a change into `loading` is only posted when leaving a problem).
 QUIET_VERDICTS = frozenset({"loading", "unknown"})
 
 
 def judge(obs: Observation, prev: dict[str, Any] | None, *, grace_s: dict[str, float] | None,
-          silence_after_s: float) -> Verdict:
-    """The verdict of one check: `diagnose(obs)`, except that a launch that ran at the previous check
-    (`prev["alive"]`) and has no process left, with nothing in the log to explain it, has `exited` (killed
-    from outside, the host's OOM killer, ...)."""
+          silence_after_s: float, posted: str | None = None, exit_code: int | None = None) -> Verdict:
+    """The readiness verdict of one check: `diagnose(obs)`, except that
+    - a launch with no process left and nothing in the log to explain it has ended: `exited`, or `crashed`
+      with the exit status or signal its wrapper logged (`exit_code`, the record's `exit_status`; see
+      bot.core.serving.ended_verdict), never `loading`;
+    - leaving `silent_hang` (the verdict `posted` last) needs real progress: a new log line, an advancing
+      progress counter, rising GPU memory or computing GPUs; growing CPU time alone keeps it `silent_hang`."""
     verdict = diagnose(obs, grace_s=grace_s or None, silence_after_s=silence_after_s)
-    if verdict.verdict == "unknown" and obs.process_alive is False and (prev or {}).get("alive"):
-        return Verdict("exited", verdict.phase,
-                       ["no process of the launch is alive any more, and the log gives no reason", *verdict.evidence],
-                       ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)",
-                        "Look at who stopped it: the thread's history and the events table", *verdict.next_steps],
-                       "The launch's processes are gone without an error in the log.")
+    if obs.process_alive is False and verdict.verdict in ("unknown", "exited", "loading", "silent_hang"):
+        return ended_verdict(obs, exit_code)
+    if posted == "silent_hang" and verdict.verdict in QUIET_VERDICTS and obs.cpu_time_growing:
+        strict = diagnose(replace(obs, cpu_time_growing=False), grace_s=grace_s or None,
+                          silence_after_s=silence_after_s)
+        if strict.verdict == "silent_hang":
+            return replace(strict, evidence=[*strict.evidence, "CPU time grows, but that alone is no progress"])
     return verdict
 
 
-def is_news(verdict: str, posted: str | None) -> bool:
-    """Whether a check's `verdict` is posted, given the verdict `posted` last (None: nothing yet): only a
-    change is news, and a quiet verdict (loading, unknown) only when it leaves a problem."""
+def is_news(verdict: str, posted: str | None, *, previous: str | None = None, serving: bool = False) -> bool:
+    """Whether a check's `verdict` is posted, given the verdict `posted` last (None: nothing yet) and the
+    verdict of the check before this one (`previous`). Only a change is news; a quiet verdict (loading,
+    unknown) only when it leaves a problem, and, like a recovery to `ready` while serving, only when the
+    check before saw it too: a verdict that flips back within one check posts nothing."""
     if verdict == posted:
         return False
-    return not (verdict in QUIET_VERDICTS and posted in (None, "", *QUIET_VERDICTS))
+    if verdict in QUIET_VERDICTS:
+        if posted in (None, "", *QUIET_VERDICTS):
+            return False
+        return previous == verdict
+    if serving and verdict == "ready":
+        return previous == verdict
+    return True
+
+
+def new_log_lines(snap: Snapshot, prev: dict[str, Any] | None) -> list[str]:
+    """The lines of the snapshot's log tail written since the check `prev` (by the log's line count; the
+    whole tail when the log shrank or was replaced, none when the count is unknown)."""
+    if snap.log is None or not snap.log.tail:
+        return []
+    tail = list(snap.log.tail)
+    now, before = snap.log.lines, (prev or {}).get("log_lines")
+    if now is None or before is None:
+        return []
+    if now < before:
+        return tail
+    n = now - before
+    return tail[-n:] if n > 0 else []
 
 
 def phase_times(records: list[dict[str, Any]], started_at: float, now: float) -> list[tuple[str, float]]:
@@ -60,13 +93,21 @@ def phase_times(records: list[dict[str, Any]], started_at: float, now: float) ->
     return out
 
 
-def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] | None
-                              ) -> tuple[Observation, dict[str, Any]]:
+def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] | None, *,
+                              quiet_since: float | None = None) -> tuple[Observation, dict[str, Any]]:
     """Turn one probe of a launch into a diagnose() Observation plus the compact record stored for history
     and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
-    the newest meaningful line changes. Times are the remote clock, in seconds."""
+    the newest meaningful line changes. Times are the remote clock, in seconds.
+
+    Only the launch's own processes count (its tag, its confirmed session and process group, their
+    descendants, and the processes earlier checks saw: `la.seen_pids`), and only its own GPUs when it names
+    them; other holders are never its evidence. CPU time counts as growing only above
+    `CPU_PROGRESS_CORES` over the window since `prev`, and never when the bot itself worked on the launch
+    (a stack dump, at epoch `quiet_since`) within that window."""
     now = snap.clock if snap.clock is not None else time.time()
-    lines = list(snap.log.tail) if snap.log and snap.log.tail else []
+    raw = list(snap.log.tail) if snap.log and snap.log.tail else []
+    rc = exit_status(raw)
+    lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     scan = scan_log(lines)
     marker = lines[scan.meaningful[-1]] if scan.meaningful else None
     prev = prev or {}
@@ -79,11 +120,12 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     if last_progress is None:
         last_progress = snap.log.mtime if snap.log and snap.log.mtime is not None else now
     size = snap.log.size_bytes if snap.log else None
-    procs = [p for p in snap.table if p.pid in set(snap.tagged_pids)] or snap.processes
+    procs = own_processes(snap, la)
+    own = {p.pid for p in procs}
     # only the launch's own GPUs count: other launches on other GPUs of the host are not orphans
     mine = set(la.gpus)
     gpus = [g for g in snap.gpu.gpus if not mine or g.index in mine] if snap.gpu.ok else None
-    gpu_procs = [p for p in snap.gpu.processes if not mine or p.gpu_index in mine] if snap.gpu.ok else None
+    gpu_procs = [p for p in snap.gpu.processes if p.pid in own] if snap.gpu.ok else None
     log_error = snap.log.error if snap.log else None
     obs = Observation(
         log_lines=lines,
@@ -91,14 +133,14 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         notes=[f"the log could not be read: {log_error}"] if log_error else [],
         log_growing=(size is not None and prev.get("log_bytes") is not None and size > prev["log_bytes"]),
         elapsed_s=max(0.0, now - la.created_at),
-        process_alive=bool(snap.tagged_pids),
+        process_alive=bool(own),
         processes=procs,
-        launch_pids=set(snap.tagged_pids),
+        launch_pids=own,
         gpus=gpus,
         gpu_processes=gpu_procs,
         gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
         gpu_mem_rising=_rising(gpus, prev),
-        cpu_time_growing=_cpu_growing(procs, prev),
+        cpu_time_growing=_cpu_growing(procs, prev, now, quiet_since),
         port=la.port,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
@@ -113,18 +155,45 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in gpus or []},
         "gpu_power_w": {str(g.index): g.power_draw_w for g in gpus or []},
         "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
-        "alive": bool(snap.tagged_pids),
+        "alive": bool(own),
         "port_open": snap.port_listening,
         "health": snap.health.status if snap.health else None,
+        "exit_status": rc,
     }
     return obs, record
 
 
-def _cpu_growing(procs: list, prev: dict[str, Any]) -> bool | None:
+def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
+    """The live processes of `la` in a snapshot probed with its tag (pure): tagged ones, the members of its
+    session and process group when confirmed ours, the processes an earlier check or kill saw (`la.seen_pids`,
+    when they started after the launch), and all their descendants."""
+    tagged = {pid for pid, tag in snap.launch_tags.items() if la.tag and tag == la.tag} | set(
+        snap.tagged_pids if la.tag else ())
+    out = launch_processes(snap.table, tagged=tagged, pgid=la.pgid, sid=la.sid)
+    if la.seen_pids:
+        # a remembered PID counts only while its process started after the launch (a reused PID is newer than
+        # the launch at best, so this is a guard against old strangers, the tag against most others)
+        clock = snap.clock
+        seen = {p.pid for p in snap.table if p.pid in set(la.seen_pids) and
+                (clock is None or p.elapsed_s is None or clock - p.elapsed_s >= la.created_at - 2)}
+        if seen - {p.pid for p in out}:
+            out = launch_processes(snap.table, tagged=seen | {p.pid for p in out})
+    return out
+
+
+def _cpu_growing(procs: list, prev: dict[str, Any], now: float, quiet_since: float | None) -> bool | None:
     before = prev.get("cpu_s") or {}
-    grew = [p.cpu_time_s > before[str(p.pid)] for p in procs
-            if p.cpu_time_s is not None and before.get(str(p.pid)) is not None]
-    return any(grew) if grew else None
+    t0 = prev.get("t")
+    if not isinstance(t0, (int, float)) or now <= t0:
+        return None
+    if quiet_since is not None and quiet_since >= t0:
+        return False  # the bot's own work (a stack dump) is not progress
+    deltas = [p.cpu_time_s - before[str(p.pid)] for p in procs
+              if p.cpu_time_s is not None and before.get(str(p.pid)) is not None]
+    if not deltas:
+        return None
+    # ps TIME ticks in whole seconds: count only a rate above CPU_PROGRESS_CORES, never one tick
+    return sum(max(0.0, d) for d in deltas) / (now - t0) > CPU_PROGRESS_CORES and max(deltas) > 1
 
 
 def _rising(gpus: list | None, prev: dict[str, Any]) -> bool | None:

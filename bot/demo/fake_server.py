@@ -14,7 +14,13 @@ SGLang-style phase lines (sglang 0.4/0.5 formats). Then, by `--mode`:
 - heartbeat: like hang, but the launcher keeps printing vLLM's `Waiting for 1 local, 0 remote core engine
   proc(s) to start.` heartbeat (not progress).
 `--own-pgid-child` makes one extra child that calls setsid() (escapes the process group, stays in no
-session of ours) to test that kills reach every process of a launch.
+session of ours) to test that kills reach every process of a launch; `--cleared-env-child` one that also
+clears its environment (`env -i`, as a container runtime does), so it carries no launch tag.
+
+Once ready, each TP rank touches its ready file every 0.2 s and GET /health answers only while every rank
+did so within 2 s (like SGLang's /health, which goes through the scheduler): a rank stopped with SIGSTOP
+makes /health time out. With `--control DIR`: the file DIR/health-503 makes /health answer 503, and DIR/oom
+makes rank 0 log a CUDA OOM and exit 1, after which the launcher stops the other ranks and exits 1.
 """
 
 import argparse
@@ -74,21 +80,60 @@ def worker(args):
     log("KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB", rank)
     log("Capture cuda graph begin. This can take up to several minutes. avail mem=50.00 GB", rank)
     log("Capture cuda graph end. Time elapsed: 0.10 s. mem usage=0.50 GB. avail mem=49.50 GB.", rank)
-    if args.ready_dir:
-        open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
+    ready_file = os.path.join(args.ready_dir, f"rank{rank}") if args.ready_dir else None
+    if ready_file:
+        open(ready_file, "w").close()
     if args.mode in ("crash", "oom"):
         time.sleep(0.5)
         sys.exit(1)
-    # stay alive until the launcher goes away or we are signalled
+    # serve until the launcher goes away or we are signalled: a heartbeat for /health, the OOM switch
     while True:
-        time.sleep(3600)
+        if ready_file:
+            try:
+                os.utime(ready_file)
+            except OSError:
+                pass
+        if args.control and rank == 0 and os.path.exists(os.path.join(args.control, "oom")):
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                  "capacity of 139.81 GiB of which 0.19 GiB is free.", file=sys.stderr, flush=True)
+            sys.exit(1)
+        time.sleep(0.2)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    """GET /health and /health_generate: 200 empty; /v1/models: a one-model list; anything else 404."""
+    """GET /health and /health_generate: 200 empty while every rank is alive (else no answer for 30 s, then
+    503), 503 while the control file `health-503` exists; /v1/models: a one-model list; anything else 404."""
+
+    ready_dir = None
+    control = None
+    workers = 0
+
+    def _ranks_alive(self):
+        if not self.ready_dir:
+            return True
+        now = time.time()
+        for rank in range(self.workers):
+            try:
+                if now - os.stat(os.path.join(self.ready_dir, f"rank{rank}")).st_mtime > 2.0:
+                    return False
+            except OSError:
+                return False
+        return True
 
     def do_GET(self):
         """Answer one GET request."""
+        if self.path.startswith("/health") and self.control and os.path.exists(os.path.join(self.control,
+                                                                                             "health-503")):
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path.startswith("/health") and not self._ranks_alive():
+            time.sleep(30)  # a wedged scheduler: the request hangs
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path in ("/health", "/health_generate", "/v1/models"):
             body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
             self.send_response(200)
@@ -126,6 +171,10 @@ def _launcher(args, ready_dir):
         children.append(subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"],
                                          start_new_session=True))
         log(f"helper process {children[-1].pid} started in its own session")
+    if args.cleared_env_child:  # like a container runtime: no inherited environment, its own session
+        sleeper = "import time\nwhile True: time.sleep(3600)"
+        children.append(subprocess.Popen(["env", "-i", sys.executable, "-c", sleeper], start_new_session=True))
+        log(f"helper process {children[-1].pid} started with a cleared environment in its own session")
     if args.mode == "exit":
         time.sleep(args.load_s)
         log("Shutting down (requested).")
@@ -139,7 +188,9 @@ def _launcher(args, ready_dir):
                 log("A TP rank exited before it was ready.")
                 return 1
             time.sleep(0.05)
+        Health.ready_dir, Health.control, Health.workers = ready_dir, args.control, args.workers
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
+        srv.daemon_threads = True
         log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
         log("The server is fired up and ready to roll!")
         threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -149,7 +200,7 @@ def _launcher(args, ready_dir):
                   "[v1/engine/utils.py:1262] Waiting for 1 local, 0 remote core engine proc(s) to start.", flush=True)
         for c in children:
             rc = c.poll()
-            if rc not in (None, 0) and args.mode in ("crash", "oom"):
+            if rc not in (None, 0) and args.mode in ("crash", "oom", "ready"):
                 log(f"Received sigquit from a child process. It usually means the child failed. rc={rc}")
                 for o in children:
                     if o.poll() is None:
@@ -170,6 +221,8 @@ def main():
     p.add_argument("--load-steps", type=int, default=1)
     p.add_argument("--gpu-state", default=None)
     p.add_argument("--own-pgid-child", action="store_true")
+    p.add_argument("--cleared-env-child", action="store_true")
+    p.add_argument("--control", default=None, help="a directory of switch files (health-503, oom)")
     p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
     p.add_argument("--worker-rank", type=int, default=None)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)

@@ -45,11 +45,33 @@ class Message:
         blocks = None if self.blocks is None and other.blocks is None else [*(self.blocks or []), *(other.blocks or [])]
         return Message(text=f"{self.text}\n{other.text}", blocks=blocks, files=[*self.files, *other.files])
 
+    def asked_by(self, user_id: str, command: str) -> Message:
+        """This message with who asked for it (a slash command or a click leaves no message of its own in the
+        channel): a context block `<@U…> asked: `/gpu status`` last, and `(asked by <@U…>)` in the text."""
+        if not re.fullmatch(r"[UW][A-Z0-9]{2,20}", user_id):
+            return self
+        note = f"<@{user_id}> asked: `{code_escape(command[:200])}`"
+        blocks = None if self.blocks is None else [
+            *self.blocks, {"type": "context", "elements": [{"type": "mrkdwn", "text": note}]}]
+        if blocks is not None and len(blocks) > MAX_BLOCKS:
+            blocks = self.blocks
+        return Message(text=f"{self.text}\n(asked by <@{user_id}>)", blocks=blocks, files=list(self.files))
+
 
 def mrkdwn_escape(value: Any) -> str:
     """Escape `&`, `<`, `>` for Slack mrkdwn (in that order). Returns a str."""
     s = "" if value is None else str(value)
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+_MENTION_RE = re.compile(r"&lt;((?:@[UW][A-Z0-9]{2,20})|(?:#C[A-Z0-9]{2,20})|(?:!subteam\^S[A-Z0-9]{2,20})|"
+                         r"(?:!here)|(?:!channel))&gt;")
+
+
+def slack_text(value: Any) -> str:
+    """`mrkdwn_escape`, then the mention tokens put back (`<@U123>`, `<#C123>`, `<!subteam^S123>`, `<!here>`):
+    a message's text (its notification) names people, it does not show `&lt;@U123&gt;`."""
+    return _MENTION_RE.sub(r"<\1>", mrkdwn_escape(value))
 
 
 def code_escape(value: Any) -> str:

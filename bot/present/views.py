@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from bot.core.diagnose import Verdict
+from bot.core.lifecycle import is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
 from bot.core.redact import redact, redact_lines
@@ -20,9 +21,12 @@ COMMAND_WIDTH = 90
 
 
 def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
-    """A command line cut to `width` characters, with the program path shortened to its base name."""
+    """A command line cut to `width` characters, with the program path shortened to its base name; a launch's
+    wrapper shell (bot.core.lifecycle.launch_script) is shown as `sh (gpubot launch wrapper)`."""
     if not args:
         return "?"
+    if is_launch_wrapper(args):
+        return "sh (gpubot launch wrapper)"
     args = redact(args)
     prog, _, rest = args.partition(" ")
     if "/" in prog and not prog.endswith("/"):
@@ -188,6 +192,7 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "who": user_mention(la.created_by),
         "params": redact(params),
         "pid": la.pid,
+        "pgid": la.pgid,
         "port": la.port,
         "gpus": ",".join(map(str, la.gpus)) if la.gpus else "all",
         "log": la.log_path,
@@ -255,15 +260,61 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
     }
 
 
+#: Evidence lines shown in an alert itself; the rest is in the attached evidence file.
+ALERT_KEY_EVIDENCE = 5
+#: Next steps the bot takes itself when a button is pressed: a step containing the key is replaced by a
+#: pointer to the button (the buttons sit right under the headline).
+BUTTON_STEPS = {
+    "py-spy dump": "Press *Stack dump* to get every rank's Python stack (py-spy, in this thread).",
+    "/probe HOST": "Press *Probe* for processes, log, GPUs and port in one look.",
+}
+
+
+_GPU_LINE = re.compile(r"GPU \d+: ")
+_PORT_LINE = re.compile(r"(port \d+|the server port) is |health probe: |the health endpoint ")
+
+
+def key_evidence(evidence: list[str], n: int = ALERT_KEY_EVIDENCE) -> list[str]:
+    """The `n` evidence lines an alert shows, in their order: the first three (the verdict's own reasons),
+    then the first line about a GPU and the first about the port or health endpoint (what on-call checks
+    next), then the next ones."""
+    chosen = list(range(min(3, len(evidence))))
+    for pattern in (_GPU_LINE, _PORT_LINE):
+        i = next((i for i, e in enumerate(evidence) if i not in chosen and pattern.match(e)), None)
+        if i is not None and len(chosen) < n:
+            chosen.append(i)
+    for i in range(len(evidence)):
+        if len(chosen) >= n:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    return [evidence[i] for i in sorted(chosen)]
+
+
+def _button_steps(steps: list[str]) -> list[str]:
+    out: list[str] = []
+    for step in steps:
+        text = next((v for k, v in BUTTON_STEPS.items() if k in step), step)
+        if text not in out:
+            out.append(text)
+    return out
+
+
 def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[tuple[str, float]],
-               max_evidence: int = 30, max_steps: int = 6) -> dict[str, Any]:
-    """Context for templates/alert.*: the launch, the verdict with its phase, summary, evidence (at most
-    `max_evidence`) and next steps (at most `max_steps`), a mention of who launched it, seconds since the
-    launch (`elapsed_s`), the time per phase (ready only) and whether the buttons are shown."""
+               recovered: bool = False, max_steps: int = 4) -> dict[str, Any]:
+    """Context for templates/alert.* (short, action first): the headline (launch, verdict, phase, seconds since
+    the launch `elapsed_s`), the summary, ALERT_KEY_EVIDENCE key evidence lines (`evidence`, see
+    key_evidence; all of them in `all_evidence`, for the attached file), then the buttons (not for ready), then at most
+    `max_steps` next steps, steps the buttons do replaced by a pointer to them. `recovered`: a ready verdict
+    after a problem while serving (one "recovered" message). Time per phase for ready only."""
+    buttons = verdict.verdict != "ready"
+    steps = _button_steps(verdict.next_steps) if buttons else list(verdict.next_steps)
     return {
         "name": la.name, "host": la.host, "verdict": verdict.verdict, "phase": verdict.phase,
-        "summary": verdict.summary, "evidence": verdict.evidence[:max_evidence],
-        "next_steps": verdict.next_steps[:max_steps], "who_mention": user_mention(la.created_by, ""),
-        "elapsed_s": elapsed_s, "phases": phases if verdict.verdict == "ready" else [], "launch_id": la.id,
-        "buttons": verdict.verdict != "ready", "snooze_min": SNOOZE_BUTTON_MIN,
+        "summary": verdict.summary, "evidence": key_evidence(verdict.evidence),
+        "all_evidence": verdict.evidence, "more_evidence": max(0, len(verdict.evidence) - ALERT_KEY_EVIDENCE),
+        "next_steps": steps[:max_steps], "who_mention": user_mention(la.created_by, ""),
+        "elapsed_s": elapsed_s, "phases": phases if verdict.verdict == "ready" and not recovered else [],
+        "launch_id": la.id, "pgid": la.pgid, "buttons": buttons, "snooze_min": SNOOZE_BUTTON_MIN,
+        "recovered": recovered, "ended": not la.live,
     }

@@ -30,16 +30,21 @@ class AlertPoster:
         self._threads = threads
         self._observations = observations
 
-    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any]) -> bool:
-        """Post the alert for `verdict` in `la`'s thread (with the timeline PNG; a chart failure never costs
-        the alert) and show the verdict on the root message. Returns True when the alert was posted or queued;
-        False without a channel or when it was refused."""
+    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any], *, recovered: bool = False) -> bool:
+        """Post the alert for `verdict` in `la`'s thread: short (headline, key evidence, buttons, next steps),
+        with the full evidence (when longer) and the timeline PNG attached (a chart failure never costs the
+        alert), and show the verdict on the root message. `recovered`: the one message after a problem while
+        serving. Returns True when the alert was posted or queued; False without a channel or when refused."""
         if not la.channel:
             return False
         now = record.get("t", time.time())
         records = self._observations.list(la.id)
-        msg = self._render.render("alert", **alert_view(la, verdict, elapsed_s=now - la.created_at,
-                                                         phases=phase_times(records, la.created_at, now)))
+        view = alert_view(la, verdict, elapsed_s=now - la.created_at,
+                          phases=phase_times(records, la.created_at, now), recovered=recovered)
+        msg = self._render.render("alert", **view)
+        if view["more_evidence"]:
+            msg.files.append((f"{la.variant}-{la.id}-evidence.txt",
+                              self._render.text("alert_evidence", **view).encode("utf-8", "replace")))
         try:
             msg.files.append((f"{la.variant}-{la.id}-timeline.png", launch_timeline_png(la, records)))
         except Exception:

@@ -1,9 +1,9 @@
 """LaunchService: launch, kill and relaunch server variants on hosts, with pre-launch checks, verified GPU
 release, incident threads and the audit trail. The I/O edge around the pure rules in `bot.core.lifecycle`.
 
-A launch is recorded (state `starting`) before its process is started, and its PID (= PGID = SID) right
-after; its root message is posted in between. Every action is recorded by the audit writer with the Slack
-user ID, args and result.
+A launch is recorded (state `starting`) before its process is started, and its PID and PGID (= SID, its
+wrapper shell) right after; its root message is posted in between. Every action is recorded by the audit
+writer with the Slack user ID, args and result.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from bot.core.lifecycle import (
     gpu_memory,
     group_confirmed,
     kill_end,
-    launch_processes,
     launch_script,
     parse_launch_output,
     prelaunch_checks,
     signal_script,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.observe import own_processes
 from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.services.audit import Audit
@@ -78,6 +78,7 @@ class LaunchService:
         self.start_check_s = start_check_s
         self.sigkill_wait_s = sigkill_wait_s
         self._locks: dict[str, asyncio.Lock] = {}
+        self._activity: dict[int, float] = {}
         self.started_hooks: list[StartedHook] = []
         self.early_exit_hooks: list[EarlyExitHook] = []
 
@@ -145,6 +146,15 @@ class LaunchService:
             return "no launch is live"
         return "live launches: " + ", ".join(f"{la.name} on {la.host}" for la in live[:10])
 
+    def note_activity(self, launch_id: int) -> None:
+        """Record that the bot itself just worked on the launch's processes (a stack dump): the next check does
+        not count the CPU time that caused as progress."""
+        self._activity[launch_id] = time.time()
+
+    def bot_activity(self, launch_id: int) -> float | None:
+        """Epoch seconds of the bot's latest own work on the launch's processes (see note_activity), or None."""
+        return self._activity.get(launch_id)
+
     # -- who holds what -----------------------------------------------------------------------------
     def holders(self, snap: Snapshot) -> list[Holder]:
         """GPU holders of a snapshot, attributed to this host's launches by tag (or orphan / foreign)."""
@@ -167,8 +177,9 @@ class LaunchService:
         return [pid for pid, tag in snap.launch_tags.items() if la.tag and tag == la.tag]
 
     def launch_processes_of(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
-        """The live processes of `la` in a snapshot taken with `select_tag=la.tag` (see launch_processes)."""
-        return launch_processes(snap.table, tagged=self._tagged(la, snap), pgid=la.pgid, sid=la.sid)
+        """The live processes of `la` in a snapshot taken with `select_tag=la.tag`: see
+        bot.core.observe.own_processes (tag, confirmed session/group, processes seen before, descendants)."""
+        return own_processes(snap, la)
 
     # -- probes of a launch -------------------------------------------------------------------------
     def launch_probe_request(self, la: Launch, *, tail_lines: int = 20, gpu: bool = True,
@@ -281,18 +292,19 @@ class LaunchService:
         try:
             res = await self.hosts.executor(la.host).run("sh -s", input=launch_script(r).encode(), timeout_s=30)
             out = res.stdout.decode("utf-8", "replace")
-            pid = parse_launch_output(out)
-            why = None if pid is not None else (
+            started = parse_launch_output(out)
+            why = None if started is not None else (
                 (out + res.stderr.decode("utf-8", "replace")).strip()[:500] or f"exit {res.exit_status}")
         except RemoteError as e:
-            pid, why = None, str(e)
-        if pid is None:
+            started, why = None, str(e)
+        if started is None:
             la = self._launches.update(la.id, state=LaunchState.FAILED, state_detail=why)
             self._audit.record(user_id=user, action="launch", args=args, result="error", detail=why,
                                launch_id=la.id, host=la.host, channel=la.channel)
             await self._threads.show(la)
             return LaunchOutcome(la, checks=checks, error=f"could not start: {why}")
-        la = self._launches.set_started(la.id, pid)
+        pid, pgid = started
+        la = self._launches.set_started(la.id, pid, pgid)
         if la.state != LaunchState.RUNNING:  # killed while it was starting: stop what just started, verified
             try:
                 k = await self._kill(la, KillOutcome(target=la.name))
@@ -393,7 +405,7 @@ class LaunchService:
         if current.state == LaunchState.STOPPING:
             out.error = f"{la.name} is already being stopped by another kill"
             return out
-        if current.state == LaunchState.STARTING and current.pid is None:
+        if current.state == LaunchState.STARTING and current.pid is None and not await self._has_processes(current):
             la = self._launches.update(la.id, state=LaunchState.KILLED, state_detail="cancelled while starting")
             out.nothing_to_kill = out.released = True
             self._audit.record(user_id=user, action="kill", args={"launch": la.name}, result="cancelled",
@@ -419,6 +431,15 @@ class LaunchService:
         await self._threads.show(la)
         return out
 
+    async def _has_processes(self, la: Launch) -> bool:
+        """Whether any process carries the launch's tag now (a launch whose PID was never recorded, e.g. the
+        bot stopped between starting it and recording it). An unreadable host counts as yes (kill it properly)."""
+        try:
+            snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None, gpu=False))
+        except RemoteError:
+            return True
+        return bool(self.launch_processes_of(la, snap))
+
     async def _kill(self, la: Launch, out: KillOutcome) -> KillOutcome:
         snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None))
         procs = self.launch_processes_of(la, snap)
@@ -427,6 +448,7 @@ class LaunchService:
             out.nothing_to_kill = out.released = True
             out.mem_after_mib = out.mem_before_mib
             return out
+        self._launches.update(la.id, seen_pids=[*la.seen_pids, *(p.pid for p in procs)])
         out.signalled = procs
         # only a group confirmed ours is signalled as a whole (a reused PGID may be a stranger's)
         pgid = la.pgid if group_confirmed(snap.table, self._tagged(la, snap), la.pgid) else None

@@ -128,6 +128,15 @@ class Transport(Protocol):
         transport cannot look); raises DeliveryRetry when looking failed for now."""
         ...
 
+    async def post_ephemeral(self, *, channel: str, user: str, text: str, blocks: list | None,
+                             thread_ts: str | None) -> None:
+        """Show a message to `user` alone in the channel or thread (it cannot be edited later)."""
+        ...
+
+    async def delete(self, *, channel: str, ts: str) -> None:
+        """Delete the bot's message `ts`."""
+        ...
+
 
 class Outbox:
     """The persisted queue and its sender (see the module docstring).
@@ -172,6 +181,16 @@ class Outbox:
         for name, data in message.files:
             self.upload(channel, name, data, thread_ts=thread_ts or ref(row_id))
         return row_id
+
+    def ephemeral(self, channel: str, user: str, message: Message, *, thread_ts: str | None = None) -> int:
+        """Queue `message` for `user` alone (chat.postEphemeral) in `channel` / `thread_ts`; its files are not
+        sent (an ephemeral message has no thread of its own). Returns the row id."""
+        return self._add(channel=channel, kind="ephemeral", thread_ts=thread_ts, text=message.text, user_id=user,
+                         blocks_json=json.dumps(message.blocks) if message.blocks is not None else None)
+
+    def delete(self, channel: str, ts: str) -> int:
+        """Queue the deletion of the bot's message `ts` (a ts or `q:` reference). Returns the row id."""
+        return self._add(channel=channel, kind="delete", target_ts=ts)
 
     def update(self, channel: str, ts: str, message: Message) -> int:
         """Queue an edit of message `ts` (a ts or `q:` reference); an older queued edit of the same message is
@@ -434,6 +453,17 @@ class Outbox:
                 raise DeliveryFailed("the message to edit was never posted")
             await self._text_if_blocks_refused(blocks, lambda b: self.transport.update(
                 channel=row["channel"], ts=target, text=text, blocks=b))
+            return {"result_ts": target}
+        if kind == "ephemeral":
+            thread_ts, _ok = self._target(row["thread_ts"])
+            await self._text_if_blocks_refused(blocks, lambda b: self.transport.post_ephemeral(
+                channel=row["channel"], user=row.get("user_id") or "", text=text, blocks=b, thread_ts=thread_ts))
+            return {}
+        if kind == "delete":
+            target, ok = self._target(row["target_ts"])
+            if not ok or target is None:
+                raise DeliveryFailed("the message to delete was never posted")
+            await self.transport.delete(channel=row["channel"], ts=target)
             return {"result_ts": target}
         if kind == "upload":
             thread_ts, _ok = self._target(row["thread_ts"])

@@ -40,7 +40,8 @@ class StackService:
 
     async def dump(self, la: Launch, *, native: bool, user: str, channel: str | None = None,
                    timeout_s: int = 20) -> StackDump:
-        """Dump the launch's processes (with `--native` C frames when `native`). Per-process failures
+        """Dump the launch's processes but its wrapper shell (with `--native` C frames when `native`); the
+        next readiness check does not count the CPU time of the dump as progress. Per-process failures
         (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
         StackDumpError when the host cannot be read or no process of the launch is alive. Audited as
         `stack_dump`."""
@@ -48,10 +49,17 @@ class StackService:
         snap = await self._hosts.probe(la.host, req)  # not delay the dump of a hung server
         if isinstance(snap, HostFailure):
             raise StackDumpError(snap.reason)
-        pids = sorted({p.pid for p in self._launches.launch_processes_of(la, snap)})[:MAX_PIDS]
+        procs = self._launches.launch_processes_of(la, snap)
+        # the launch's wrapper shell (its process group leader, the server's parent) has no Python stack
+        wrapper = la.pgid if la.pgid is not None and la.pgid != la.pid else None
+        pids = sorted({p.pid for p in procs if p.pid != wrapper})[:MAX_PIDS]
         if not pids:
             raise StackDumpError("no process of this launch is alive")
-        out = await self.dump_pids(la.host, pids, native=native, timeout_s=timeout_s)
+        self._launches.note_activity(la.id)  # py-spy's own work is no progress of the launch
+        try:
+            out = await self.dump_pids(la.host, pids, native=native, timeout_s=timeout_s)
+        finally:
+            self._launches.note_activity(la.id)
         self._audit.record(user_id=user, action="stack_dump", args={"launch": la.name, "pids": out.pids},
                            result="ok" if out.ok else "error", launch_id=la.id, host=la.host, channel=channel)
         return out

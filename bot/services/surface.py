@@ -30,6 +30,16 @@ class Surface(Protocol):
         """Attach a file in the channel/thread. Returns True when it was queued or done."""
         ...
 
+    async def post_ephemeral(self, channel: str, user: str, message: Message, *,
+                             thread_ts: str | None = None) -> str | None:
+        """Show `message` to `user` alone (it cannot be edited later; files are not sent). Returns an id for
+        the record, or None when it was refused."""
+        ...
+
+    async def delete(self, channel: str, ts: str) -> bool:
+        """Delete the message `ts`. Returns True when it was queued or done."""
+        ...
+
 
 class OutboxSurface:
     """The Surface of the Slack bot: every post, edit and file goes through the Outbox (database first, one
@@ -61,6 +71,16 @@ class OutboxSurface:
     async def update(self, channel: str, ts: str, message: Message) -> bool:
         """Queue an edit of `ts` (a ts or `q:` reference); a queued older edit of it is dropped. True."""
         self.outbox.update(channel, ts, message)
+        return True
+
+    async def post_ephemeral(self, channel: str, user: str, message: Message, *,
+                             thread_ts: str | None = None) -> str | None:
+        """Queue a message for `user` alone (chat.postEphemeral). Returns its `q:` reference."""
+        return ref(self.outbox.ephemeral(channel, user, message, thread_ts=thread_ts))
+
+    async def delete(self, channel: str, ts: str) -> bool:
+        """Queue the deletion of `ts` (a ts or `q:` reference). Returns True."""
+        self.outbox.delete(channel, ts)
         return True
 
     async def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,

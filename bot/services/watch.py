@@ -1,10 +1,13 @@
-"""Follow every launch until it is ready: scheduled checks, observations, verdicts, alerts.
+"""Follow every launch for its whole life: scheduled checks, observations, verdicts, alerts.
 
 Each check probes the launch (processes, log, GPUs, port, health) in one round trip, turns the snapshot
-into an Observation and a compact record (bot.core.observe), stores the record, and judges it with the pure
-`diagnose()`. Only a change of verdict is posted to the launch's thread, once: the verdict is written to
-the launch before the alert is sent, so a restart never repeats it. The scheduling (persisted APScheduler
-jobs) is bot.adapters.scheduler.
+into an Observation and a compact record (bot.core.observe), stores the record, and judges it: while it
+starts with the readiness rules (`judge`, around the pure `diagnose()`), once it was ready with the
+liveness rules (bot.core.serving) at the slower `serving_interval_s`. Only a change of verdict is posted to
+the launch's thread, once: the verdict and the launch's new state are written before the alert is sent
+(and the root message is rendered from them), so a restart never repeats it. An unreachable host is told
+once per thread, and again when it is back. The scheduling (persisted APScheduler jobs) is
+bot.adapters.scheduler.
 """
 
 from __future__ import annotations
@@ -12,16 +15,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Verdict
 from bot.core.models import HostFailure, Launch, LaunchState
-from bot.core.observe import FINAL_VERDICTS, is_news, judge, observation_from_snapshot
+from bot.core.observe import (
+    FINAL_VERDICTS,
+    QUIET_VERDICTS,
+    is_news,
+    judge,
+    new_log_lines,
+    observation_from_snapshot,
+)
+from bot.core.serving import judge_serving
 from bot.present.chart import launch_timeline_png
-from bot.present.render import Renderer
+from bot.present.render import Renderer, fmt_duration
 from bot.present.views import status_view
 from bot.services.alerts import AlertPoster
 from bot.services.launches import LaunchService
@@ -88,8 +99,10 @@ class Watcher:
         return self.policy
 
     def watch(self, la: Launch) -> None:
-        """Check `la` every `interval_s` seconds of its policy, the first time one interval from now."""
-        self.scheduler.watch(la.id, self.policy_for(la).interval_s)
+        """Check `la` every `interval_s` seconds of its policy while it starts, every `serving_interval_s` once it
+        was ready; the first time one interval from now."""
+        policy = self.policy_for(la)
+        self.scheduler.watch(la.id, policy.serving_interval_s if la.ready_at is not None else policy.interval_s)
 
     def unwatch(self, launch_id: int) -> None:
         """Stop checking launch `launch_id`."""
@@ -138,36 +151,94 @@ class Watcher:
         snap = await self.launches.probe_launch(la, tail_lines=200)
         if isinstance(snap, HostFailure):
             self._observations.add(la.id, {"t": time.time(), "error": snap.reason})
-            return CheckResult(None, False, la, error=snap.reason)
-        prev = self._observations.last(la.id)
-        obs, record = observation_from_snapshot(snap, la, prev)
+            await self._host_unreachable(la, snap.reason)
+            return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=snap.reason)
+        if la.unreachable_since is not None:
+            la = await self._host_back(la)
+        history = self._observations.list(la.id)
+        prev = next((r for r in reversed(history) if not r.get("error")), None)
+        obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
+        mine = self.launches.launch_processes_of(la, snap)
+        seen = {p.pid for p in mine}
+        if not seen <= set(la.seen_pids):
+            la = self._launch_rows.update(la.id, seen_pids=[*la.seen_pids, *seen])
+        if la.pid is not None and seen and la.pid not in seen:
+            # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
+            # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
+            obs = replace(obs, process_alive=False)
+            record["alive"] = False
         policy = self.policy_for(la)
-        verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s)
+        serving = la.ready_at is not None
+        if serving:
+            since_ready = [r for r in history if not r.get("error") and r.get("t", 0) >= (la.ready_at or 0)]
+            verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready[-50:], record],
+                                    failures_needed=policy.health_failures, hang_silence_s=policy.serving_silence_s,
+                                    exit_code=record.get("exit_status"))
+        else:
+            verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
+                            posted=la.alert_state, exit_code=record.get("exit_status"))
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self._observations.add(la.id, record)
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
             return CheckResult(verdict, False, current)
-        if current.snoozed_until and time.time() < current.snoozed_until:
+        ended = obs.process_alive is False if serving else (verdict.verdict in FINAL_VERDICTS
+                                                             and verdict.verdict != "ready")
+        if current.snoozed_until and time.time() < current.snoozed_until and not ended:
             return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
-        news = is_news(verdict.verdict, current.alert_state)
+        previous = [r.get("verdict") for r in history if not r.get("error")]
+        news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
+                       serving=serving)
         fields: dict[str, object] = {}
-        if verdict.verdict != current.alert_state:
-            fields["alert_state"] = verdict.verdict
+        if news or (verdict.verdict in QUIET_VERDICTS and current.alert_state in (None, "", *QUIET_VERDICTS)):
+            if verdict.verdict != current.alert_state:
+                fields["alert_state"] = verdict.verdict
         if news:
             fields["state_detail"] = verdict.summary[:300]
-        if verdict.verdict in FINAL_VERDICTS and verdict.verdict != "ready":
+        if verdict.verdict == "ready" and not serving:
+            fields["ready_at"] = record["t"]
+        if ended:
             # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
             fields["state"] = LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED
+            fields.setdefault("state_detail", verdict.summary[:300])
         if fields:
             # record first: a crash or restart after this line never posts the same alert twice
             la = self._launch_rows.update(la.id, **fields)
         alerted = False
         if news:
-            alerted = await self._alerts.post(la, verdict, record)  # the root shows the verdict too
-        elif "state" in fields:
-            await self._threads.show(la, verdict)
-        if verdict.verdict in FINAL_VERDICTS:
+            recovered = serving and verdict.verdict == "ready"
+            alerted = await self._alerts.post(la, verdict, record, recovered=recovered)  # the root shows it too
+        elif fields:
+            await self._threads.show(la, verdict if news or ended else None)
+        if ended:
             self.unwatch(la.id)
+        elif "ready_at" in fields:
+            self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckResult(verdict, alerted, la)
+
+    async def _host_unreachable(self, la: Launch, reason: str) -> None:
+        """Tell the launch's thread once that its host cannot be reached (after two failed checks in a row,
+        so one dropped connection is no news)."""
+        if la.unreachable_since is not None or not la.channel:
+            return
+        recent = self._observations.list(la.id)[-2:]
+        if len(recent) < 2 or not all(r.get("error") for r in recent):
+            return
+        la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", time.time()))
+        msg = self._render.render("notice", icon=":electric_plug:",
+                                  text=f"{la.host} cannot be reached: {reason}",
+                                  hint=f"The checks of {la.name} go on; this thread is told when {la.host} is back.")
+        await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
+
+    async def _host_back(self, la: Launch) -> Launch:
+        """Tell the thread that the host answers again (once), and forget that it was unreachable."""
+        since = la.unreachable_since or time.time()
+        la = self._launch_rows.update(la.id, unreachable_since=None)
+        if la.channel:
+            msg = self._render.render("notice", icon=":white_check_mark:",
+                                      text=f"{la.host} is reachable again (it was not for "
+                                           f"{fmt_duration(time.time() - since)})",
+                                      hint=f"The checks of {la.name} go on.")
+            await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
+        return la

@@ -166,9 +166,14 @@ class SlackBot:
             for name, data in files:  # into the thread the placeholder is in (its own when top-level)
                 await self.surface.upload(channel, name, data, thread_ts=thread_ts or placeholder)
             return placeholder
+        # the answer goes elsewhere (the launch's thread): the placeholder goes away, and only the person who
+        # asked gets the pointer, so the channel never holds a second message about it
         note = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=True)
-        await self.surface.update(channel, placeholder, note)
-        return await deliver(self.surface, Reply(reply.message, thread_ts=reply.thread_ts, channel=channel))
+        await self.surface.delete(channel, placeholder)
+        ts = await deliver(self.surface, Reply(reply.message, thread_ts=reply.thread_ts, channel=channel,
+                                               private_to=reply.private_to))
+        await self.surface.post_ephemeral(channel, user_id, note, thread_ts=thread_ts)
+        return ts
 
     async def _respond_privately(self, respond: Any, reply: Reply) -> None:
         why = getattr(self.surface, "last_error", None)

@@ -15,7 +15,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.present.render import MAX_MESSAGE_TEXT, mrkdwn_escape
+from bot.present.render import MAX_MESSAGE_TEXT, slack_text
 from bot.services.outbox import DeliveryFailed, DeliveryRetry
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,9 @@ async def _call(call: Any) -> Any:
 
 
 def _text(text: str) -> str:
-    """Message text for Slack: mrkdwn-escaped, within Slack's limit, never empty."""
-    return mrkdwn_escape(text or "")[:MAX_MESSAGE_TEXT] or " "
+    """Message text for Slack: mrkdwn-escaped except for mentions (`<@U...>`, `<#C...>`, `<!subteam^S...>`,
+    which stay real mentions in notifications), within Slack's limit, never empty."""
+    return slack_text(text or "")[:MAX_MESSAGE_TEXT] or " "
 
 
 class SlackTransport:
@@ -90,6 +91,16 @@ class SlackTransport:
         """chat.update; blocks None sends `[]`, which clears the old blocks."""
         await _call(self.client.chat_update(channel=channel, ts=ts, text=_text(text),
                                             blocks=blocks if blocks is not None else []))
+
+    async def post_ephemeral(self, *, channel: str, user: str, text: str, blocks: list | None,
+                             thread_ts: str | None) -> None:
+        """chat.postEphemeral: `text`/`blocks` shown to `user` alone in the channel or thread."""
+        await _call(self.client.chat_postEphemeral(channel=channel, user=user, text=_text(text), blocks=blocks,
+                                                   thread_ts=thread_ts))
+
+    async def delete(self, *, channel: str, ts: str) -> None:
+        """chat.delete of the bot's own message `ts`."""
+        await _call(self.client.chat_delete(channel=channel, ts=ts))
 
     async def upload(self, *, channel: str, thread_ts: str | None, filename: str, content: bytes, title: str) -> None:
         """files_upload_v2 into the channel or thread."""

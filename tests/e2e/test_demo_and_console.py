@@ -72,20 +72,20 @@ async def test_demo_launches_probes_and_kills_a_real_local_server(cli):
     rc, out, _ = await cli("demo", env=env, merge_stderr=True)
     assert rc == 0, out
     assert "replayed sample GPU data" in out
-    m = re.search(r"Launched demo#1 on local: pid (\d+) \(= process group = session\)", out)
+    m = re.search(r"Launched demo#1 on local: pid (\d+) \(process group (\d+)\)", out)
     assert m, out
-    pid = int(m.group(1))
+    pid, pgid = int(m.group(1)), int(m.group(2))  # the server, and its wrapper shell's group
     assert "Checks passed: port" in out
     # /gpu status: the replayed H200s, each held by one TP rank of the launch
     assert "$ /gpu status" in out and "H200" in out and out.count("8.4 / 140.4") >= 2
     assert len(re.findall(r"\[demo#1\] python\S* fake_server\.py --worker-rank", out)) == 4  # status + probe
     # /probe of the launch's process group: the real local launcher and its two workers, log, port, health
-    assert f"$ /probe local pgid={pid}" in out
-    assert re.search(rf"^\s+{pid}\s+\d+\s+S", out, re.M), out
+    assert f"$ /probe local pgid={pgid}" in out
+    assert re.search(rf"^\s+{pid}\s+{pgid}\s+S", out, re.M), out
     assert "The server is fired up and ready to roll!" in out
     assert "listening" in out and "ok (HTTP 200)" in out
     # /kill 1 asks first, naming what it would stop; /kill 1 --yes: every process gone, memory released
-    assert f"Kill demo#1 on local? process group {pid}, 3 processes, GPUs 0,1, 16.8 GiB." in out
+    assert f"Kill demo#1 on local? process group {pgid}, 4 processes, GPUs 0,1, 16.8 GiB." in out
     assert "Confirm with [Kill] (or type `confirm 1` or `/kill 1 --yes`)" in out
     assert "[Cancel] (or `cancel 1`) stops nothing" in out
     assert out.index("Confirm with [Kill]") < out.index("Killed demo#1")
@@ -127,7 +127,7 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server,
     assert out.count("GPU status: 1 host") == 1, out  # the line after quit never ran
     assert "16.8 / 140.4" in out
     assert "Probe of gpu-host-1" in out and "Load weight end" in out
-    assert "Unknown command or host 'frobnicate' (hosts: gpu-host-1)" in out
+    assert "Unknown host or command 'frobnicate'. Hosts: gpu-host-1." in out
     assert "Unknown host" in out and "Known hosts: gpu-host-1" in out
     assert "could not parse the command" in out
     assert not marker.exists()

@@ -37,9 +37,8 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     # a viewer may look but not kill, even from inside the thread
     await fake.push_event({"type": "message", "channel": "C1", "user": "U0VIEWER", "ts": "1700000500.000100",
                            "thread_ts": root_ts, "text": "!kill"})
-    denied = await fake.wait_for_call(
-        "chat.postMessage", predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
-    assert denied["params"]["thread_ts"] == root_ts
+    denied = await fake.wait_for_ephemeral(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
+    assert denied["params"]["thread_ts"] == root_ts and denied["params"]["user"] == "U0VIEWER"  # the viewer alone
     assert launches.get(1).state == LaunchState.RUNNING
 
     with open(la.log_path, "a") as f:  # a chattier server: 80 more lines
@@ -59,7 +58,7 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     ask = await fake.wait_for_answer(lambda c: "Kill base#1 on gpu-host-1?" in c["params"].get("text", ""),
                                      timeout=60)
     ask_ts = ask["params"]["ts"] if ask["method"] == "chat.update" else ask["response"]["ts"]
-    assert f"process group {la.pgid}, 3 processes, GPUs 0,1," in ask["params"]["text"]
+    assert f"process group {la.pgid}, 4 processes, GPUs 0,1," in ask["params"]["text"]
     assert re.search(r"GPUs 0,1, \d+\.\d GiB\.", ask["params"]["text"])
     buttons = next(b for b in ask["params"]["blocks"] if b["type"] == "actions")["elements"]
     assert [(b["action_id"], b["value"]) for b in buttons] == [("gpubot_kill_confirm", "1"),
@@ -68,7 +67,7 @@ async def test_launch_opens_a_thread_and_everything_goes_there(slack_stacks, ssh
     # a viewer's click on [Kill] is refused on the server; the operator's click kills
     await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0VIEWER", channel_id="C1",
                                  message_ts=ask_ts)
-    await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
+    await fake.wait_for_ephemeral(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
     assert launches.get(1).state == LaunchState.RUNNING
     await fake.push_block_action("gpubot_kill_confirm", value="1", user_id="U0OPERATOR", channel_id="C1",
                                  message_ts=ask_ts)
@@ -104,8 +103,7 @@ async def test_alert_buttons_act_in_the_thread_with_server_side_permissions(slac
     # a viewer clicks Kill: refused on the server, audited, nothing killed
     await fake.push_block_action("gpubot_kill", value="1", user_id="U0VIEWER", channel_id="C1",
                                  message_ts=alert_ts)
-    await fake.wait_for_call("chat.postMessage",
-                             predicate=lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
+    await fake.wait_for_ephemeral(lambda c: "Permission denied" in c["params"].get("text", ""), timeout=60)
     assert launches.get(1).state == LaunchState.RUNNING
     # the operator double-clicks Kill: one kill, answered in the thread
     for _ in range(2):

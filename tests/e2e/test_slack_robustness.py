@@ -99,8 +99,8 @@ async def test_permissions_by_user_group(slack_stacks, ssh_server):
     stack = await slack_stacks(cfg)
     stack.fake.usergroups["S0GPUTEAM"] = ["UMEMBER"]
     await stack.fake.push_slash_command("/gpu", "status", user_id="UOUTSIDER")
-    denied = await stack.fake.wait_for_answer(lambda c: "Permission denied" in text_of(c), timeout=20)
-    assert "viewer" in text_of(denied)
+    denied = await stack.fake.wait_for_ephemeral(lambda c: "Permission denied" in text_of(c), timeout=20)
+    assert "viewer" in text_of(denied) and denied["params"]["user"] == "UOUTSIDER"
     await stack.fake.push_slash_command("/gpu", "status", user_id="UMEMBER")
     ok = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=30)
     assert "H200" in text_of(ok)

@@ -104,13 +104,19 @@ async def test_app_mention_at_channel_level_replies_in_a_thread_of_it(slack):
 
 
 async def test_unknown_command_and_unknown_host_get_help_and_host_list(slack):
+    def ephemeral(word: str):
+        return next((e for e in slack.fake.ephemerals if word in (e["text"] or "")), None)
+
+    # usage errors go to the person who typed them alone (chat.postEphemeral), with the real mention intact
     await slack.fake.push_slash_command("/gpu", "frobnicate now")
-    first = await slack.fake.wait_for_answer(lambda c: "frobnicate" in text_of(c), timeout=20)
-    assert "Unknown command or host 'frobnicate'" in text_of(first)
-    assert "/probe" in text_of(first)
+    first = await wait_until(lambda: ephemeral("frobnicate"), 20, what="the unknown-command answer")
+    assert "Unknown host or command 'frobnicate'" in first["text"] and "/probe" in first["text"]
+    assert first["user"] == "U1" and first["channel"] == "C1"
     await slack.fake.push_slash_command("/probe", "no-such-host pgid=1")
-    second = await slack.fake.wait_for_answer(lambda c: "Unknown host" in text_of(c), timeout=20)
-    assert "Known hosts: gpu-host-1" in text_of(second)
+    second = await wait_until(lambda: ephemeral("Known hosts"), 20, what="the unknown-host answer")
+    assert "Known hosts: gpu-host-1" in second["text"]
+    assert not [c for c in slack.fake.calls_for("chat.postMessage") if "frobnicate" in text_of(c)
+                or "no-such-host" in text_of(c)]
 
 
 async def test_duplicate_delivery_of_a_message_is_answered_once(slack):

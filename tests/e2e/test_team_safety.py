@@ -70,7 +70,12 @@ async def test_a_viewer_cannot_launch_kill_relaunch_or_stack_dump_by_any_route(s
     invalid = [e for e in audit.events() if e.result == "invalid"]
     assert [(e.user_id, e.args["text"]) for e in invalid] == [
         ("U0VIEWER", f"[button gpubot_killpid_confirm gpu-host-1|{la.pid}]")]
-    assert await fake.wait_for_answer(lambda c: "Permission denied" in c["params"].get("text", ""))
+    # every denial went to the viewer alone (chat.postEphemeral), none into the channel or a thread
+    await wait_until(lambda: sum("Permission denied" in (e["text"] or "") for e in fake.ephemerals) >= attempts, 60,
+                     what="the denials, each shown to the viewer alone")
+    assert all(e["user"] == "U0VIEWER" for e in fake.ephemerals if "Permission denied" in (e["text"] or ""))
+    assert not [c for c in fake.calls if c["method"] in ("chat.postMessage", "chat.update")
+                and "Permission denied" in str(c["params"].get("text", ""))]
 
 
 async def test_a_typed_kill_waits_for_confirmation_and_cancel_stops_it(slack_stacks, ssh_server, fake_gpu, tmp_path):

@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import Config, WatchPolicy
-from bot.core.models import Snapshot
+from bot.core.models import LaunchState, Snapshot
 from tests.support.builders import ssh_host
 from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.procs import free_port, pids_of_launch, wait_until
@@ -61,9 +62,11 @@ IDLE_SLACK_MIB = 64.0
 
 # Small readiness-check settings: a check every second, a hang called after 4 s of silence once the
 # weights are loaded. The start-up phases get generous grace: importing torch takes seconds.
-POLICY = WatchPolicy(interval_s=1.0, silence_after_s=4.0,
+# Once ready: a liveness check every second, an alert after 2 failed health checks in a row, 3 s of log
+# silence for a serving hang.
+POLICY = WatchPolicy(interval_s=1.0, silence_after_s=4.0, serving_interval_s=1.0, health_failures=2,
                      phase_grace_s={"comm_init": 90.0, "weight_loading": 60.0, "kv_cache_alloc": 30.0,
-                                    "cuda_graph_capture": 60.0, "warmup": 30.0})
+                                    "cuda_graph_capture": 60.0, "warmup": 30.0, "serving": 3.0})
 
 
 def _gpu_missing() -> tuple[str | None, dict]:
@@ -531,7 +534,7 @@ async def test_hang_gets_silent_hang_with_real_gpu_evidence_and_kill_frees_the_m
         await wait_ranks_logged(la, "Load weight end", 2, timeout=150)
         loaded_s = time.monotonic() - t0
         held = await wait_gpu_settled()
-        workers = set(pids_of_launch(la)) - {la.pid}
+        workers = set(pids_of_launch(la)) - {la.pid, la.pgid}
         record(hang_load={"gib_per_rank": gib, "seconds_launch_to_weights_loaded": round(loaded_s, 1),
                           "nvml_used_mib": held["gpus"][0]["used_mib"], "nvml_procs": held["gpus"][0]["procs"],
                           "launcher_pid": la.pid, "worker_pids": sorted(workers)})
@@ -547,20 +550,22 @@ async def test_hang_gets_silent_hang_with_real_gpu_evidence_and_kill_frees_the_m
         at_alert = await asyncio.to_thread(nvml_read)
         text = text_of(alert)
         silent_for = alert_wall - os.path.getmtime(la.log_path)
-        m = re.search(r"GPU 0: (\d+) MiB / (\d+) MiB, (\d+) % util", text)
+        m = re.search(r"GPU 0: ([\d.]+) GiB / ([\d.]+) GiB, (\d+) % util", text)  # GiB, as everywhere in chat
         record(hang_alert={
             "text": text, "seconds_launch_to_alert": round(time.monotonic() - t0, 1),
             "seconds_last_log_write_to_alert": round(silent_for, 1),
             "threshold_s": POLICY.silence_after_s, "interval_s": POLICY.interval_s,
-            "evidence_gpu0_mib": m and int(m.group(1)), "evidence_gpu0_util_pct": m and int(m.group(3)),
+            "evidence_gpu0_gib": m and float(m.group(1)), "evidence_gpu0_util_pct": m and int(m.group(3)),
             "nvml_at_alert_used_mib": at_alert["gpus"][0]["used_mib"],
             "nvml_at_alert_util_pct": at_alert["gpus"][0]["util_pct"],
             "launched_at": t0_wall})
         assert alert["params"].get("thread_ts") == root_ts(stack), "the alert goes to the launch's thread"
         assert "Load weight end" in text and "no log progress" in text, text
         assert m is not None, f"no GPU 0 memory/util evidence in the alert:\n{text}"
-        assert close(float(m.group(1)), during), f"alert says {m.group(1)} MiB, nvidia-smi {during} MiB"
-        assert close(float(m.group(1)), at_alert["gpus"][0]["used_mib"])
+        # one decimal of GiB: within 0.05 GiB (52 MiB) of what nvidia-smi and NVML read
+        assert close(float(m.group(1)) * 1024, during, pct=0, floor=52), (
+            f"alert says {m.group(1)} GiB, nvidia-smi {during} MiB")
+        assert close(float(m.group(1)) * 1024, at_alert["gpus"][0]["used_mib"], pct=0, floor=52)
         assert int(m.group(3)) == 0 and "0 % util" in text, text
         assert "not listening" in text, text
         # the threshold, as the watcher measured it (the host's clock): the check that first judged the launch
@@ -627,7 +632,7 @@ async def test_ready_variant_reaches_ready_and_kill_frees_the_memory(gpu_stack):
         with urllib.request.urlopen(f"http://127.0.0.1:{la.port}/health", timeout=5) as r:
             assert r.status == 200
         assert "The server is fired up and ready to roll!" in log_text
-        workers = set(pids_of_launch(la)) - {la.pid}
+        workers = set(pids_of_launch(la)) - {la.pid, la.pgid}
         assert len(workers) == 2, (la.pid, workers)
         await wait_gpu_settled()
         fig = await status_round(stack, "ready", workers, problems)
@@ -651,3 +656,89 @@ async def test_ready_variant_reaches_ready_and_kill_frees_the_memory(gpu_stack):
     finally:
         record_log("ready_server_log", launches)
     assert not problems, "\n".join(problems)
+
+
+async def ready_torch(stack, launches) -> tuple:
+    """Launch `torch mode=ready` (2 ranks, 2 GiB + 0.5 GiB each) and wait for its ready alert. Returns the
+    launch and its worker PIDs."""
+    reply = await post_and_wait(stack, "/launch", "torch mode=ready gib=2 kv_gib=0.5",
+                                lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
+    assert "Launched torch#1" in text_of(reply), text_of(reply)
+    await stack.fake.wait_for_call("chat.postMessage", predicate=lambda c: is_alert(text_of(c))
+                                   and ": ready" in text_of(c).split("\n", 1)[0], timeout=180)
+    la = launches.get(1)
+    await wait_until(lambda: launches.get(1).ready_at is not None, 30, what="torch#1 recorded as ready")
+    workers = sorted(set(pids_of_launch(la)) - {la.pid, la.pgid})
+    assert len(workers) == 2, (la.pid, la.pgid, workers)
+    return la, workers
+
+
+async def test_ready_server_then_a_worker_killed_gets_a_died_alert(gpu_stack):
+    idle = await asyncio.to_thread(nvml_read)
+    g0 = idle["gpus"][0]
+    need_idle(g0)
+    if "environment" not in RESULTS:
+        record(environment=environment(idle))
+    stack = await gpu_stack()
+    launches = stack.runtime.launches
+    try:
+        la, workers = await ready_torch(stack, launches)
+        t0 = time.monotonic()
+        os.kill(workers[-1], signal.SIGKILL)  # one TP rank dies while serving
+        alert = await stack.fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: is_alert(text_of(c)) and any(
+                f": {v}" in text_of(c).split("\n", 1)[0] for v in ("crashed", "exited", "oom", "cuda_error")),
+            timeout=60)
+        took = time.monotonic() - t0
+        text = text_of(alert)
+        la = launches.get(1)
+        record(serving_worker_killed={"text": text, "seconds_kill_to_alert": round(took, 1),
+                                      "state": str(la.state), "interval_s": POLICY.serving_interval_s})
+        assert la.state == LaunchState.FAILED, la
+        assert "Received sigquit" in text or "exit status 1" in text, text
+        # the launcher stopped the other rank as SGLang does: nothing is left, and /kill says so
+        killed = await post_and_wait(stack, "/kill", "1 --yes", lambda t: "torch#1" in t and (
+            "Nothing to kill" in t or "no process was left" in t or "Killed" in t), timeout=60)
+        after, idle_s = await wait_idle(g0["used_mib"], set(workers) | {la.pid})
+        record(serving_worker_killed_cleanup={"text": text_of(killed), "seconds_until_nvml_idle": round(idle_s, 2),
+                                              "after_mib": after["gpus"][0]["used_mib"]})
+        assert pids_of_launch(la) == []
+        assert after["gpus"][0]["used_mib"] <= g0["used_mib"] + IDLE_SLACK_MIB, (g0, after)
+    finally:
+        record_log("serving_worker_killed_log", launches)
+
+
+async def test_ready_server_with_a_stopped_worker_gets_a_serving_hang_alert(gpu_stack):
+    idle = await asyncio.to_thread(nvml_read)
+    g0 = idle["gpus"][0]
+    need_idle(g0)
+    stack = await gpu_stack()
+    launches = stack.runtime.launches
+    stopped = None
+    try:
+        la, workers = await ready_torch(stack, launches)
+        stopped = workers[-1]
+        t0 = time.monotonic()
+        os.kill(stopped, signal.SIGSTOP)  # one TP rank wedged: /health goes through it and times out
+        alert = await stack.fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: is_alert(text_of(c))
+            and ": silent_hang in serving" in text_of(c).split("\n", 1)[0], timeout=90)
+        took = time.monotonic() - t0
+        text = text_of(alert)
+        held = await asyncio.to_thread(nvml_read)
+        record(serving_hang={"text": text, "seconds_stop_to_alert": round(took, 1),
+                             "nvml_used_mib": held["gpus"][0]["used_mib"], "nvml_util_pct": held["gpus"][0]["util_pct"],
+                             "state": str(launches.get(1).state)})
+        assert "times out" in text, text
+        assert launches.get(1).state == LaunchState.RUNNING
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        killed, _asked = await kill_launch(stack)
+        _after, idle_s = await wait_idle(g0["used_mib"], set(workers) | {la.pid})
+        record(serving_hang_cleanup={"text": text_of(killed), "seconds_until_nvml_idle": round(idle_s, 2)})
+        assert "released" in text_of(killed), text_of(killed)
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        record_log("serving_hang_log", launches)

@@ -21,7 +21,8 @@ Then, by `--mode`:
 - ready: `KV Cache is allocated` (another `--kv-gib` GiB), `Memory pool end`, `Capture cuda graph begin`
   (a few real bf16 matrix products), `Capture cuda graph end`; once every rank is done the launcher logs
   `Uvicorn running on http://127.0.0.1:PORT` and `The server is fired up and ready to roll!` and serves
-  GET /health (200) on `--port`.
+  GET /health on `--port`: 200 while every rank's heartbeat (a file it touches every 0.2 s) is fresh, no
+  answer while a rank is stopped (SIGSTOP), as SGLang's /health goes through the scheduler.
 
 A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; the launcher then logs
 `Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
@@ -110,19 +111,46 @@ def worker(args: argparse.Namespace) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     log(f"Capture cuda graph end. Time elapsed: {time.monotonic() - t1:.2f} s. mem usage=0.00 GB. "
         f"avail mem={free / GIB:.2f} GB.", rank)
-    if args.ready_dir:
-        open(os.path.join(args.ready_dir, f"rank{rank}"), "w").close()
+    ready_file = os.path.join(args.ready_dir, f"rank{rank}") if args.ready_dir else None
+    if ready_file:
+        open(ready_file, "w").close()
     held = (weights, kv)
-    while held:  # stay alive, holding the memory, until signalled
-        time.sleep(3600)
+    while held:  # stay alive, holding the memory, until signalled; the heartbeat /health looks at
+        if ready_file:
+            try:
+                os.utime(ready_file)
+            except OSError:
+                pass
+        time.sleep(0.2)
     return 0
 
 
 class Health(http.server.BaseHTTPRequestHandler):
-    """GET /health and /health_generate: 200 with an empty body; anything else 404."""
+    """GET /health and /health_generate: 200 with an empty body while every rank's heartbeat is fresh (like
+    SGLang's /health, which goes through the scheduler); with a rank stopped (SIGSTOP) the request hangs
+    for 30 s, then 503. Anything else 404."""
+
+    ready_dir: str | None = None
+    workers = 0
+
+    def _ranks_alive(self) -> bool:
+        if not self.ready_dir:
+            return True
+        now = time.time()
+        try:
+            return all(now - os.stat(os.path.join(self.ready_dir, f"rank{r}")).st_mtime <= 2.0
+                       for r in range(self.workers))
+        except OSError:
+            return False
 
     def do_GET(self) -> None:
         """Answer one GET request."""
+        if self.path.startswith("/health") and not self._ranks_alive():
+            time.sleep(30)  # a wedged scheduler: the request hangs
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200 if self.path in ("/health", "/health_generate") else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -152,7 +180,9 @@ def launcher(args: argparse.Namespace) -> int:
                         o.terminate()
                 return 1
         if args.mode == "ready" and not serving and len(os.listdir(ready_dir)) >= args.workers:
+            Health.ready_dir, Health.workers = ready_dir, args.workers
             srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
+            srv.daemon_threads = True
             threading.Thread(target=srv.serve_forever, daemon=True).start()
             log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
             log("The server is fired up and ready to roll!")

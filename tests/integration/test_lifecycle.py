@@ -49,12 +49,14 @@ async def test_launch_kill_relaunch_leaves_nothing_and_releases_gpu(bot):
     launched = await chat.say("/launch helper mode=hang")
     assert launched.text.startswith("Launched helper#1"), launched.text
     la = bot.launch(1)
-    assert la.pid and la.pid == la.pgid == la.sid and la.state == LaunchState.RUNNING
+    # the server is the child of its wrapper shell, which leads the session and process group
+    assert la.pid and la.pgid == la.sid and la.pid != la.pgid and la.state == LaunchState.RUNNING
+    assert os.getpgid(la.pid) == la.pgid and os.getsid(la.pid) == la.sid
     root = chat.posts[0]
     assert la.thread_ts == root.ts and root.thread_ts is None and launched.thread == root.ts  # answered in its thread
     await wait_loaded(bot, 1)
     # the own-session helper child escaped the process group and session, but carries the launch tag
-    await wait_until(lambda: len(pids_of_launch(la)) >= 4, what="launcher, 2 TP workers and the setsid helper")
+    await wait_until(lambda: len(pids_of_launch(la)) >= 5, what="wrapper, launcher, 2 TP workers, setsid helper")
 
     killed = await chat.say("!kill --yes", thread=la.thread_ts)  # typed in the launch's thread, unnamed
     assert "Killed helper#1" in killed.text and "released" in killed.text, killed.text

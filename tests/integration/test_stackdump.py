@@ -152,9 +152,9 @@ def stack_bot(make_bot, tmp_path, fake_gpu) -> StackBotFactory:
 
 
 async def launch_pids(bot: TestBot, la: Launch) -> list[int]:
-    """The live processes of `la` as the stack service finds them (one probe)."""
+    """The live processes of `la` as the stack service dumps them (one probe): its wrapper shell left out."""
     snap = await bot.runtime.launches.probe_launch(la, tail_lines=1)
-    return sorted(p.pid for p in bot.runtime.launches.launch_processes_of(la, snap))
+    return sorted(p.pid for p in bot.runtime.launches.launch_processes_of(la, snap) if p.pid != la.pgid)
 
 
 async def launch(bot: TestBot, variant: str, *, processes: int = 1) -> Launch:

@@ -15,38 +15,11 @@ import pytest
 
 from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
+from tests.support.alerts import alerts, full_text, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def is_alert(post, verdict: str | None = None) -> bool:
-    """An alert of the watcher (`base#1 on gpu-host-1: silent_hang in ... (after 5s)`), optionally of one verdict."""
-    head = post.text.splitlines()[0] if post.text else ""
-    return post.thread_ts is not None and " on gpu-host-1: " in head and "(after " in head and (
-        verdict is None or f": {verdict}" in head)
-
-
-def alerts(bot, verdict: str | None = None) -> list:
-    return [p for p in bot.chat.posts if is_alert(p, verdict)]
-
-
-async def wait_alert(bot, launch_id: int, verdicts: set[str], timeout: float = 90.0):
-    """Wait until launch `launch_id`'s posted verdict is one of `verdicts`; returns the launch."""
-    def posted():
-        la = bot.launch(launch_id)
-        return la if la.alert_state in verdicts else None
-
-    return await wait_until(posted, timeout, what=f"a {verdicts} alert for launch {launch_id}")
-
-
-async def wait_checks(bot, launch_id: int, more: int = 3):
-    """Wait until `more` further checks of the launch have been recorded (so anything they would post, they
-    posted)."""
-    start = len(bot.store.observations.list(launch_id))
-    await wait_until(lambda: len(bot.store.observations.list(launch_id)) >= start + more,
-                     what=f"{more} more checks of launch {launch_id}")
 
 
 @pytest.fixture
@@ -97,7 +70,7 @@ async def test_each_outcome_gets_one_alert_with_evidence(make_bot, gpu_config, m
         silences = [r["t"] - r["last_progress_t"] for r in recs[: first + 1]]
         assert all(x <= FAST_WATCH.silence_after_s for x in silences[:-1]), silences
         assert silences[-1] > FAST_WATCH.silence_after_s
-        assert "0%" in posted.text or "0 %" in posted.text
+        assert "0%" in posted.text or "0 %" in posted.text  # the GPU line is among the key evidence
         print(f"time to alert: {alert_wall - os.path.getmtime(la.log_path):.2f} s after the last log write "
               f"(threshold {FAST_WATCH.silence_after_s} s + interval {FAST_WATCH.interval_s} s)")
 
@@ -167,10 +140,11 @@ async def test_case_00_replayed_live_gets_silent_hang_naming_all_four_signals(ma
     bot = await hung_then_watched(make_bot, cfg, "/launch tp8 mode=hang workers=8", 8)
     await wait_alert(bot, 1, {"silent_hang"})
     (posted,) = alerts(bot, "silent_hang")
-    text = posted.text
+    assert len(posted.text.splitlines()) < 20  # short: the key lines; the rest in the attached evidence file
+    text = full_text(posted)
     assert "Load weight end" in text                       # log silence after the last progress line
     assert "no log progress" in text
-    assert "76015 MiB" in text and "0 % util" in text     # GPU memory held, 0 % utilization
+    assert "74.2 GiB" in text and "0 % util" in text     # GPU memory held, 0 % utilization
     assert "state `S" in text and "% CPU" in text          # process state and CPU
     assert "not listening" in text and "refused" in text  # port closed, health refused
     assert text.count("GPU ") >= 8
@@ -185,7 +159,7 @@ async def test_stack_dump_of_a_hung_launch_in_its_thread(make_bot, ssh_server, f
     await bot.chat.say("/launch base mode=hang workers=2")
     la = bot.launch(1)
     await wait_log(la.log_path, "Load weight end")
-    await wait_until(lambda: len(pids_of_launch(la)) == 3, what="launcher and 2 workers")
+    await wait_until(lambda: len(pids_of_launch(la)) == 4, what="wrapper, launcher and 2 workers")
     answer = await bot.chat.say("!stack", thread=la.thread_ts)
     if "Permission" in answer.text or "ptrace" in answer.text:
         pytest.skip("py-spy cannot attach here (ptrace restricted)")
@@ -201,7 +175,7 @@ async def test_alert_carries_a_timeline_chart_and_chart_command_works(make_bot, 
     watched = await hung_then_watched(make_bot, gpu_config, "/launch base mode=hang workers=2", 2)
     la = await wait_alert(watched, 1, {"silent_hang"})
     (alert,) = alerts(watched, "silent_hang")
-    assert [n for n, _ in alert.files] == ["base-1-timeline.png"]
+    assert [n for n, _ in alert.files] == ["base-1-evidence.txt", "base-1-timeline.png"]
     answer = await watched.chat.say("!chart", thread=la.thread_ts)
     (name, png), = answer.post.files
     assert name == "base-1-timeline.png" and png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
@@ -233,7 +207,7 @@ def test_bad_digest_cron_is_a_config_error():
 async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets_no_alert(watched):
     await watched.chat.say("/launch base mode=hang workers=1 load_s=30")
     la = watched.launch(1)
-    await wait_until(lambda: len(pids_of_launch(la)) == 2, what="launcher and worker")
+    await wait_until(lambda: len(pids_of_launch(la)) == 3, what="wrapper, launcher and worker")
     await wait_checks(watched, 1, 1)  # a check has seen it alive
     for pid in pids_of_launch(la):  # the OOM killer, or someone else's kill -9
         os.kill(pid, signal.SIGKILL)

@@ -19,6 +19,8 @@ class Post:
     message: Message
     edits: list[Message] = field(default_factory=list)
     files: list[tuple[str, bytes]] = field(default_factory=list)
+    ephemeral_to: str | None = None
+    deleted: bool = False
 
     @property
     def current(self) -> Message:
@@ -64,6 +66,21 @@ class RecordingSurface:
         ts = self._ts()
         self.posts.append(Post(channel, ts, thread_ts, message, files=list(message.files)))
         return ts
+
+    async def post_ephemeral(self, channel: str, user: str, message: Message, *,
+                             thread_ts: str | None = None) -> str | None:
+        """Record a message only `user` sees (`ephemeral_to`); returns its ts (for the record only)."""
+        ts = self._ts()
+        self.posts.append(Post(channel, ts, thread_ts, message, ephemeral_to=user))
+        return ts
+
+    async def delete(self, channel: str, ts: str) -> bool:
+        """Mark message `ts` deleted (False when no such message was posted)."""
+        post = self.get(ts)
+        if post is None:
+            return False
+        post.deleted = True
+        return True
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
         """Record an edit of message `ts` (False when no such message was posted)."""

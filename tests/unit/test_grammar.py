@@ -38,7 +38,7 @@ def test_gpu_empty_is_status():
 def test_gpu_status_all():
     call = parse_slash("/gpu", "status all")
     assert (call.name, call.args, call.kwargs) == ("status", ["all"], {})
-    assert call.raw == "status all"
+    assert call.raw == "/gpu status all"  # as typed, with its slash command
     assert call.word == "status"
 
 
@@ -64,7 +64,7 @@ def test_gpubot_empty_is_help():
 def test_probe_slash():
     call = parse_slash("/probe", "h1 pid=3 log=/x")
     assert (call.name, call.args, call.kwargs) == ("probe", ["h1"], {"pid": "3", "log": "/x"})
-    assert call.raw == "h1 pid=3 log=/x"
+    assert call.raw == "/probe h1 pid=3 log=/x"
 
 
 def test_probe_slash_no_host():
@@ -208,7 +208,7 @@ def test_smart_quotes():
 
 def test_raw_keeps_original_text():
     text = "h1 match=&lt;x&gt;"
-    assert parse_slash("/probe", text).raw == text
+    assert parse_slash("/probe", text).raw == f"/probe {text}"
 
 
 def test_shell_metacharacters_are_plain_text():

@@ -344,7 +344,9 @@ def test_alert_view_and_its_buttons():
     v = alert_view(a_launch(), hang, elapsed_s=420.0, phases=[("start", 5.0)])
     assert (v["name"], v["host"], v["verdict"], v["phase"], v["launch_id"]) == ("base#12", "gpu-host-1",
                                                                                 "silent_hang", "weight_loading", 12)
-    assert len(v["evidence"]) == 30 and len(v["next_steps"]) == 6  # capped
+    # short: 5 key evidence lines in the alert, all 40 for the attached file; 4 next steps
+    assert len(v["evidence"]) == 5 and len(v["all_evidence"]) == 40 and v["more_evidence"] == 35
+    assert len(v["next_steps"]) == 4
     assert v["who_mention"] == "<@U0LAUNCHER>" and v["elapsed_s"] == 420.0
     assert v["phases"] == [] and v["buttons"] is True and v["snooze_min"] == SNOOZE_BUTTON_MIN
     assert alert_view(a_launch(created_by="console"), hang, elapsed_s=1, phases=[])["who_mention"] == ""
@@ -357,6 +359,26 @@ def test_alert_view_and_its_buttons():
     assert [click_command(a, val) for a, val in buttons(msg.blocks)] == [
         "probe #12", "stack #12", "kill #12 --yes", "relaunch #12", f"snooze #12 {SNOOZE_BUTTON_MIN}"]
     assert msg.text.startswith("base#12 on gpu-host-1: silent_hang in weight_loading (after 7m00s) <@U0LAUNCHER>")
+    assert msg.text.splitlines()[1] == "No log line for 300 s while loading weights."  # its own line
+    assert "`line 4`" in msg.text and "`line 5`" not in msg.text and "+35 more evidence" in msg.text
+    # action first: the buttons come right after the key evidence, the next steps after the buttons
+    kinds = [b["type"] for b in msg.blocks]
+    assert kinds.index("actions") < len(kinds) - 1 and "Next:" in str(msg.blocks[kinds.index("actions") + 1])
+    # the confirm dialogs name the launch, its process group and the host
+    confirms = [el["confirm"]["text"]["text"] for b in msg.blocks if b["type"] == "actions"
+                for el in b["elements"] if "confirm" in el]
+    assert confirms and all("base#12" in c and "process group 4242" in c and "gpu-host-1" in c for c in confirms)
+    full = RENDERER.text("alert_evidence", **v)
+    assert all(f"`line {i}`" in full for i in range(40))
+
+
+def test_alert_steps_the_bot_can_take_are_buttons():
+    hang = Verdict("silent_hang", "serving", ["`x`"],
+                   ["Dump every rank's Python stack: `py-spy dump --pid PID` for each process.", "Relaunch it."],
+                   "Serving hang.")
+    v = alert_view(a_launch(), hang, elapsed_s=1.0, phases=[])
+    assert not any("py-spy dump --pid" in s for s in v["next_steps"])
+    assert any("*Stack dump*" in s for s in v["next_steps"]) and "Relaunch it." in v["next_steps"]
 
 
 def test_ready_alert_has_phases_and_no_buttons():

@@ -41,6 +41,9 @@ class LaunchRow(Base):
     tag: Mapped[str] = mapped_column(String(64), default="", index=True)
     alert_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
     snoozed_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    unreachable_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    seen_pids_json: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 def _launch(row: LaunchRow) -> Launch:
@@ -50,7 +53,8 @@ def _launch(row: LaunchRow) -> Launch:
         pid=row.pid, pgid=row.pgid, sid=row.sid, state=LaunchState(row.state), state_detail=row.state_detail,
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
         thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
-        snoozed_until=row.snoozed_until,
+        snoozed_until=row.snoozed_until, ready_at=row.ready_at, unreachable_since=row.unreachable_since,
+        seen_pids=json.loads(row.seen_pids_json or "[]"),
     )
 
 
@@ -78,7 +82,7 @@ class LaunchRepository:
             return _launch(row)
 
     def update(self, launch_id: int, **fields: Any) -> Launch:
-        """Set columns of a launch (`params`/`gpus` are JSON-encoded; entering a terminal state sets
+        """Set columns of a launch (`params`/`gpus`/`seen_pids` are JSON-encoded; entering a terminal state sets
         `ended_at` once) and return the new version. Raises KeyError for an unknown id."""
         with self._db.transaction() as s:
             row = s.get(LaunchRow, launch_id)
@@ -89,6 +93,8 @@ class LaunchRepository:
                     row.params_json = json.dumps(v, sort_keys=True)
                 elif k == "gpus":
                     row.gpus_json = json.dumps(v)
+                elif k == "seen_pids":
+                    row.seen_pids_json = json.dumps(sorted({int(p) for p in v}))
                 elif k == "state":
                     row.state = LaunchState(v).value
                 else:
@@ -97,14 +103,16 @@ class LaunchRepository:
                 row.ended_at = time.time()
             return _launch(row)
 
-    def set_started(self, launch_id: int, pid: int) -> Launch:
-        """Record the started process (PID = PGID = SID). The state becomes `running` only if it is still
-        `starting` (compare-and-set): a launch cancelled meanwhile keeps its state. Raises KeyError."""
+    def set_started(self, launch_id: int, pid: int, pgid: int | None = None) -> Launch:
+        """Record the started server process `pid` and its wrapper's process group = session `pgid` (default:
+        `pid`). The state becomes `running` only if it is still `starting` (compare-and-set): a launch
+        cancelled meanwhile keeps its state. Raises KeyError."""
         with self._db.transaction() as s:
             row = s.get(LaunchRow, launch_id)
             if row is None:
                 raise KeyError(launch_id)
-            row.pid = row.pgid = row.sid = pid
+            row.pid = pid
+            row.pgid = row.sid = pgid or pid
             if row.state == LaunchState.STARTING:
                 row.state = LaunchState.RUNNING.value
             return _launch(row)

@@ -46,6 +46,7 @@ class OutboxRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: 1 while an earlier attempt may have reached Slack (5xx, timeout, crash): look before posting again.
     needs_lookup: Mapped[int] = mapped_column(Integer, default=0)
+    user_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 def _snapshot(row: OutboxRow) -> dict[str, Any]:

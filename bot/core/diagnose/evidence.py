@@ -46,6 +46,11 @@ def _fmt_num(x: float | None, unit: str) -> str:
     return "?" if x is None else f"{x:.0f} {unit}"
 
 
+def _fmt_gib(mib: float | None) -> str:
+    """MiB shown as GiB with one decimal (`16.8 GiB`), as everywhere in chat; `?` when unknown."""
+    return "?" if mib is None else f"{mib / 1024:.1f} GiB"
+
+
 class _Ev:
     """Ordered, de-duplicated evidence strings."""
 
@@ -220,7 +225,7 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
         text = (
             f"`{_q(raw, 300)}`"
             if raw
-            else f"{_fmt_num(g.memory_used_mib, 'MiB')} / {_fmt_num(g.memory_total_mib, 'MiB')}, "
+            else f"{_fmt_gib(g.memory_used_mib)} / {_fmt_gib(g.memory_total_mib)}, "
             f"{_fmt_num(g.utilization_gpu_pct, '%')} util, {_fmt_num(g.power_draw_w, 'W')}"
         )
         state = _gpu_state(g)

@@ -25,6 +25,7 @@ VERDICTS: tuple[str, ...] = (
     "loading",
     "ready",
     "silent_hang",
+    "unhealthy",
     "crashed",
     "oom",
     "host_oom",

@@ -16,6 +16,7 @@ from typing import Any
 from bot.core.diagnose.evidence import (
     _context_evidence,
     _Ev,
+    _fmt_gib,
     _fmt_num,
     _gpu_state,
     _is_engine_process,
@@ -225,7 +226,7 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
             if gp.pid not in mine:
                 ev.add(
                     f"GPU {gp.gpu_index if gp.gpu_index is not None else '?'} held by PID {gp.pid} "
-                    f"({gp.process_name or '?'}, {_fmt_num(gp.used_memory_mib, 'MiB')}), not part of this launch"
+                    f"({gp.process_name or '?'}, {_fmt_gib(gp.used_memory_mib)}), not part of this launch"
                 )
     if dead:
         for g in obs.gpus or []:
@@ -233,7 +234,8 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
                 raw = obs.gpu_lines.get(g.index)
                 state = _gpu_state(g)
                 ev.add(
-                    f"GPU {g.index} still holds {g.memory_used_mib:.0f} MiB although the launch's process is gone: "
+                    f"GPU {g.index} still holds {g.memory_used_mib / 1024:.1f} GiB although the launch's process is "
+                    "gone: "
                     + (f"`{_q(raw, 300)}`" if raw else f"{_fmt_num(g.utilization_gpu_pct, '%')} util")
                     + (f" → {state}" if state else "")
                 )

@@ -109,6 +109,7 @@ class FakeSlack:
     * ``updates``: ``chat.update`` calls as ``{"channel", "ts", "text", "blocks", "params"}``.
     * ``ephemerals``: ``chat.postEphemeral`` calls as ``{"channel", "user", "text", "blocks",
       "thread_ts", "message_ts", "params"}``.
+    * ``deletions``: ``(channel, ts)`` of every message removed with ``chat.delete``.
     * ``reactions``: ``(op, channel, timestamp, name)`` with ``op`` in ``"add"``/``"remove"``.
     * ``uploads``: ``{file_id: bytes}`` raw bytes POSTed to the upload URL.
     * ``files``: ``{file_id: {"id", "filename", "length", "title", "channel_id", "thread_ts",
@@ -163,6 +164,7 @@ class FakeSlack:
         self.messages: list[dict[str, Any]] = []
         self.updates: list[dict[str, Any]] = []
         self.ephemerals: list[dict[str, Any]] = []
+        self.deletions: list[tuple[str, str]] = []
         self.reactions: list[tuple[str, str, str, str]] = []
         self.uploads: dict[str, bytes] = {}
         self.files: dict[str, dict[str, Any]] = {}
@@ -368,6 +370,21 @@ class FakeSlack:
             return None
 
         return await self._wait(find, timeout, f"a {method} call")
+
+    async def wait_for_ephemeral(
+        self, predicate: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 5.0
+    ) -> dict[str, Any]:
+        """The first ``chat.postEphemeral`` call (HTTP 200) for which ``predicate(call)`` is true: an answer
+        only its user sees (a denial, a usage error, a pointer to a thread)."""
+
+        def find() -> dict[str, Any] | None:
+            for call in self.calls:
+                if call["method"] == "chat.postEphemeral" and call["status"] == 200 and (
+                        predicate is None or predicate(call)):
+                    return call
+            return None
+
+        return await self._wait(find, timeout, "a chat.postEphemeral call")
 
     async def wait_for_answer(
         self, predicate: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 5.0
@@ -893,7 +910,11 @@ class FakeSlack:
         return {"ok": True, "message_ts": message_ts}
 
     def _api_chat_delete(self, params: dict[str, Any], token: str) -> dict[str, Any]:
-        return {"ok": True, "channel": params.get("channel"), "ts": params.get("ts")}
+        channel, ts = str(params.get("channel") or ""), str(params.get("ts") or "")
+        if not any(m["channel"] == channel and m["ts"] == ts for m in self.messages):
+            return {"ok": False, "error": "message_not_found"}
+        self.deletions.append((channel, ts))
+        return {"ok": True, "channel": channel, "ts": ts}
 
     def _reaction(self, op: str, params: dict[str, Any]) -> dict[str, Any]:
         self.reactions.append(

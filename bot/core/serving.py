@@ -1,0 +1,149 @@
+"""Liveness of a launch once it is ready, as data (pure): one check's Observation and the stored records of
+the checks since ready in, one Verdict out.
+
+The readiness rules (`bot.core.observe.judge`) answer "is start-up still moving?"; these answer "is the
+server still serving?". In order: the launch's processes are gone (`crashed`, `oom`, ... from the log, or
+`exited`, with the exit status or signal the launch wrapper logged); a lost GPU; a new OOM / CUDA / NCCL
+error in the lines logged since the previous check; the health endpoint failing `failures_needed` checks
+in a row, which is a serving hang (`silent_hang` in `serving`) when it times out while the log is silent
+and the GPUs sit idle or spin, else `unhealthy`; otherwise `ready`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from bot.core.diagnose import Observation, Verdict, diagnose
+from bot.core.diagnose.signatures import SIGNATURES
+from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status
+
+#: Errors that are news while the server keeps running (a request that hit them, or the start of a crash).
+LIVE_ERRORS = frozenset({"oom", "cuda_error", "nccl_error", "gpu_lost", "host_oom"})
+#: Health states that mean the endpoint did not answer in time (the server may be wedged, not down).
+TIMEOUT_HEALTH = frozenset({"timeout", "empty"})
+
+
+def health_failing(record: dict[str, Any]) -> bool | None:
+    """Whether one stored check record says the server failed its health check: True for any health state
+    but `ok` (or, with no health endpoint, a port that does not listen), None when the record has neither
+    (a failed check, or no port)."""
+    if record.get("error"):
+        return None
+    h = record.get("health")
+    if h is not None:
+        return h != "ok"
+    port_open = record.get("port_open")
+    return None if port_open is None else not port_open
+
+
+def failing_streak(records: Sequence[dict[str, Any]]) -> int:
+    """How many of the newest `records` (oldest first) in a row failed their health check (see
+    `health_failing`; records without an answer, such as an unreachable host, are skipped)."""
+    n = 0
+    for rec in reversed(records):
+        f = health_failing(rec)
+        if f is None:
+            continue
+        if not f:
+            break
+        n += 1
+    return n
+
+
+def _steps(verdict: str, phase: str | None) -> list[str]:
+    steps = list(SIGNATURES.next_steps.get(verdict, []))
+    if phase:
+        steps += [s for s in SIGNATURES.next_steps.get(f"{verdict}.{phase}", []) if s not in steps]
+    return steps
+
+
+def ended_verdict(obs: Observation, rc: int | None = None) -> Verdict:
+    """The verdict of a launch whose processes are all gone (pure): the failure the log shows, or the end
+    the launch wrapper logged (`exited` for status 0, `crashed` with the exit status or signal otherwise),
+    or `exited` with "no exit status was recorded" when the log has neither. `rc`: the exit status the wrapper
+    logged (bot.core.lifecycle.exit_status; else looked up in `obs.log_lines`)."""
+    v = _ended_verdict(obs, rc if rc is not None else exit_status(obs.log_lines or []))
+    left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z")]
+    if left:
+        pids = ", ".join(str(p.pid) for p in left[:6])
+        v = replace(v, evidence=[*v.evidence[:1], f"{len(left)} leftover process(es) of the launch still run "
+                                 f"(pid {pids}) and may hold GPU memory: /kill stops them", *v.evidence[1:]])
+    return v
+
+
+def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
+    base = diagnose(replace(obs, process_alive=False, exit_code=None, processes=None, gpu_processes=None))
+    how = f"the server process ended: {describe_exit(rc)}" if rc is not None else None
+    if base.verdict not in ("unknown", "exited", "loading", "ready", "silent_hang", "orphans_hold_gpu"):
+        ev = [how, *base.evidence] if how else base.evidence
+        return replace(base, evidence=ev)
+    if rc is None:
+        return Verdict("exited", base.phase,
+                       ["no process of the launch is alive any more, and no exit status was recorded (the wrapper "
+                        "was killed too, or the host restarted)", *base.evidence],
+                       ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)",
+                        "Look at who stopped it: the thread's history and the events table", *_steps("exited", None)],
+                       "The launch's processes are gone without an error in the log.")
+    if rc == 0:
+        return Verdict("exited", base.phase, [how, *base.evidence], _steps("exited", None),
+                       "The server exited with status 0: it stopped on its own, without an error in the log.")
+    signalled = rc > 128
+    steps = (["SIGKILL comes from the kernel OOM killer or a `kill -9`: check `dmesg | grep -i 'killed process'`"]
+             if rc == 137 else [])
+    return Verdict("crashed", base.phase, [how, *base.evidence], steps + _steps("crashed", None),
+                   f"The server process {'was ' if signalled else ''}{describe_exit(rc)}"
+                   + (" and the log shows no error before it." if signalled else "; the log shows no error."))
+
+
+def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[dict[str, Any]], *,
+                  failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None) -> Verdict:
+    """The verdict of one liveness check of a ready launch (pure).
+
+    - `obs`: this check (bot.core.observe.observation_from_snapshot); `new_lines`: the log lines written
+      since the previous check (only they can raise a new error while the server runs).
+    - `records`: the stored records of the checks since ready, oldest first, this check's last.
+    - `failures_needed`: health checks failed in a row before an alert; `hang_silence_s`: seconds of log
+      silence that, with health timeouts and idle or spinning GPUs, make a serving hang; `exit_code` the
+      status the launch wrapper logged when the server ended (see ended_verdict).
+
+    Every verdict has phase `serving`, except that a failure the log places elsewhere keeps its phase.
+    """
+    if obs.process_alive is False:
+        v = ended_verdict(obs, exit_code)
+        if v.phase and v.phase != "serving":  # the log's last start-up phase: it was serving by now
+            v = replace(v, summary=v.summary.replace(f" during {v.phase}", " while serving"))
+        return replace(v, phase="serving")
+    fresh = diagnose(replace(obs, log_lines=[x for x in new_lines if not EXIT_LINE_RE.match(x.strip())],
+                             log_silent_s=None, log_growing=None))
+    if fresh.verdict in LIVE_ERRORS:
+        return replace(fresh, phase="serving",
+                       summary=fresh.summary + " The server process is still running.")
+    streak = failing_streak(records)
+    health = obs.health or ("refused" if obs.port_open is False else None)
+    if streak < max(1, failures_needed):
+        ev = [f"health endpoint: {obs.health}" if obs.health else "the port listens"]
+        if streak:
+            ev.append(f"{streak} failed health check(s) in a row; {failures_needed} make an alert")
+        return Verdict("ready", "serving", ev, _steps("ready", "serving"), "Serving: the health check answers.")
+    silence = obs.log_silent_s
+    gpus = obs.gpus or []
+    idle = [g for g in gpus if (g.utilization_gpu_pct or 0) < 5]
+    spin = [g for g in gpus if (g.utilization_gpu_pct or 0) >= 95 and (g.power_draw_w is None or
+                                                                       g.power_limit_w is None or
+                                                                       g.power_draw_w < 0.5 * g.power_limit_w)]
+    ev = [f"the health endpoint failed {streak} checks in a row (now: {health})"]
+    if silence is not None:
+        ev.append(f"no new log line for {silence:.0f} s")
+    for g in gpus[:4]:
+        ev.append(f"GPU {g.index}: {(g.memory_used_mib or 0) / 1024:.1f} GiB used, "
+                  f"{g.utilization_gpu_pct if g.utilization_gpu_pct is not None else '?'} % utilization")
+    quiet_gpus = not gpus or len(idle) + len(spin) == len(gpus)
+    if health in TIMEOUT_HEALTH and silence is not None and silence >= hang_silence_s and quiet_gpus:
+        what = "spin at 100 % (a collective that never completes)" if spin else "sit idle"
+        summary = (f"Serving hang: the health endpoint times out ({streak} checks in a row), the log has been "
+                   f"silent for {silence:.0f} s and the GPUs {what if gpus else 'were not readable'}.")
+        return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"), summary)
+    return Verdict("unhealthy", "serving", ev, _steps("unhealthy", "serving"),
+                   f"The health endpoint failed {streak} checks in a row (now: {health}); the process is alive.")

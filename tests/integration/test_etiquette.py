@@ -1,0 +1,83 @@
+"""Slack etiquette and the small things, as chat transcripts: denials and usage errors to the asker alone,
+answers that say who asked, `/gpu NOSUCHHOST`, `/gpu logs 3`, one bot per state directory, `--version`, and
+the console's attachments folder."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from bot.adapters.statelock import StateDirLocked, StateLock
+from bot.cli import main
+from bot.console import ConsoleSurface
+from bot.present.render import Message
+from bot.wiring import build_runtime
+from tests.support.builders import VIEWER
+from tests.support.procs import wait_log
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def test_a_denial_and_a_usage_error_go_to_the_asker_alone(bot):
+    denied = await bot.chat.say("/launch base", user=VIEWER)
+    assert "Permission denied" in denied.text and denied.post.ephemeral_to == VIEWER
+    usage = await bot.chat.say("/gpu logs 1 2 3")
+    assert usage.audit == "invalid" and usage.post.ephemeral_to == bot.chat.user
+    unknown = await bot.chat.say("/gpu frobnicate")
+    assert unknown.post.ephemeral_to == bot.chat.user
+    # answers for everyone stay in the channel, and say who asked (a slash command leaves no message)
+    status = await bot.chat.say("/gpu status")
+    assert status.post.ephemeral_to is None and status.text.endswith(f"(asked by <@{bot.chat.user}>)")
+    assert status.post.blocks[-1]["elements"][0]["text"] == f"<@{bot.chat.user}> asked: `/gpu status`"
+
+
+async def test_an_unknown_host_is_answered_with_the_host_list(bot):
+    answer = await bot.chat.say("/gpu NOSUCHHOST")
+    assert "Unknown host or command 'NOSUCHHOST'" in answer.text and "Hosts: gpu-host-1" in answer.text
+
+
+async def test_gpu_logs_with_a_lone_number_names_the_launch_outside_its_thread(bot):
+    await bot.chat.say("/launch base mode=hang workers=1")
+    la = bot.launch(1)
+    await wait_log(la.log_path, "Load weight end")
+    outside = await bot.chat.say("/gpu logs 1")
+    assert "(base#1;" in outside.text and "Load weight end" in outside.text, outside.text
+    assert outside.text.startswith("Last ") and not outside.text.startswith("Last 1 lines"), outside.text
+    inside = await bot.chat.say("!logs 1", thread=la.thread_ts)  # in the thread: 1 line
+    assert inside.text.startswith("Last 1 lines of") and "(base#1;" in inside.text, inside.text
+
+
+async def test_one_bot_per_state_directory(gpu_config, tmp_path):
+    holder = StateLock(gpu_config.state_dir).acquire()
+    try:
+        with pytest.raises(StateDirLocked) as e:
+            build_runtime(gpu_config, surface=ConsoleSurface(io.StringIO()))
+        assert f"pid {os.getpid()}" in str(e.value) and gpu_config.state_dir in str(e.value)
+    finally:
+        holder.release()
+    rt = build_runtime(gpu_config, surface=ConsoleSurface(io.StringIO()))  # free again: it starts
+    try:
+        with pytest.raises(StateDirLocked):
+            StateLock(gpu_config.state_dir).acquire()
+    finally:
+        await rt.close()
+    StateLock(gpu_config.state_dir).acquire().release()  # closing gave it back
+
+
+def test_version():
+    out = CliRunner().invoke(main, ["--version"])
+    assert out.exit_code == 0 and out.output.startswith("gpubot ") and out.output.strip().split()[-1][0].isdigit()
+
+
+async def test_the_console_saves_attachments_to_a_folder_it_prints(tmp_path):
+    out = io.StringIO()
+    surface = ConsoleSurface(out, attach_dir=tmp_path / "att")
+    await surface.post("console", Message(text="a chart", files=[("../../etc/timeline.png", b"\x89PNG...")]))
+    await surface.upload("console", "stack dump.txt", b"Thread 1")
+    printed = out.getvalue()
+    saved = sorted((tmp_path / "att").iterdir())
+    assert [p.read_bytes() for p in saved] == [b"\x89PNG...", b"Thread 1"]
+    assert all(str(p) in printed for p in saved) and all(p.parent == tmp_path / "att" for p in saved)

@@ -1,0 +1,217 @@
+"""The whole-life watch, as chat transcripts over the loopback SSH server: a ready fake server that is then
+killed, wedged (a rank stopped with SIGSTOP), unhealthy (503) or out of memory; a bot restart that finds it
+dead; two launches on one host; buttons of a replaced launch; kills that miss nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from bot.core.models import LaunchState
+from bot.present.actions import SNOOZE_BUTTON_MIN
+from tests.support.alerts import alerts, is_alert, wait_alert, wait_checks
+from tests.support.builders import FAST_WATCH, launch_config
+from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+#: Readiness as in the other watch tests; once ready a liveness check every 0.5 s, an alert after 2 failed
+#: health checks, and 1 s of log silence for a serving hang.
+SERVING_WATCH = FAST_WATCH.model_copy(update={"serving_interval_s": 0.5, "health_failures": 2,
+                                              "phase_grace_s": {**FAST_WATCH.phase_grace_s, "serving": 1.0}})
+
+
+@pytest.fixture
+def control(tmp_path) -> Path:
+    """The fake server's switch directory (health-503, oom)."""
+    d = tmp_path / "control"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def serving_config(ssh_server, fake_gpu, tmp_path, control):
+    """`base` is the fake server with the control switches; `solo0`/`solo1` one rank each on GPU 0 / GPU 1;
+    `envless` base with a child that clears its environment and starts its own session."""
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    cmd = cfg.variants["base"].command + f" --control {control}"
+    return launch_config(ssh_server, fake_gpu, tmp_path, command=cmd, variants={
+        "solo0": {"extends": "base", "command": cmd.replace("--gpus 0,1", "--gpus 0"), "gpus": [0],
+                  "port": free_port()},
+        "solo1": {"extends": "base", "command": cmd.replace("--gpus 0,1", "--gpus 1"), "gpus": [1],
+                  "port": free_port()},
+        "envless": {"extends": "base", "command": cmd + " --cleared-env-child"},
+    })
+
+
+@pytest.fixture
+async def serving(make_bot, serving_config):
+    """A watching bot with SERVING_WATCH whose `base` launch (2 ranks) is ready."""
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    launched = await bot.chat.say("/launch base mode=ready")
+    assert "Launched base#1" in launched.text, launched.text
+    await wait_alert(bot, 1, {"ready"})
+    await wait_until(lambda: bot.launch(1).ready_at is not None, what="base#1 recorded as ready")
+    return bot
+
+
+def root_text(bot) -> str:
+    """The launch's root message as it reads now."""
+    return bot.chat.posts[0].text
+
+
+async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_says_failed(serving):
+    la = serving.launch(1)
+    assert serving.runtime.watcher.scheduler.is_watched(1)  # the watch goes on after ready
+    os.kill(la.pid, signal.SIGKILL)  # the server process itself; its TP ranks stay as leftovers
+    la = await wait_alert(serving, 1, {"crashed"}, timeout=30)
+    (posted,) = alerts(serving, "crashed")
+    assert "killed by signal 9 (SIGKILL)" in posted.text, posted.text
+    assert la.state == LaunchState.FAILED and not serving.runtime.watcher.scheduler.is_watched(1)
+    assert root_text(serving).startswith("base#1 on gpu-host-1: failed (crashed in serving)"), root_text(serving)
+    # the leftover ranks are named, and /kill still stops them
+    assert "leftover process(es)" in posted.text
+    killed = await serving.chat.say("/kill 1 --yes")
+    assert "released" in killed.text, killed.text
+    assert pids_of_launch(la) == []
+
+
+async def test_a_stopped_rank_makes_health_time_out_a_serving_hang(serving):
+    la = serving.launch(1)
+    rank = next(p for p in pids_of_launch(la) if "--worker-rank 1" in Path(f"/proc/{p}/cmdline").read_bytes()
+                .replace(b"\0", b" ").decode())
+    os.kill(rank, signal.SIGSTOP)
+    try:
+        la = await wait_alert(serving, 1, {"silent_hang"}, timeout=60)
+        (posted,) = alerts(serving, "silent_hang")
+        assert posted.text.startswith("base#1 on gpu-host-1: silent_hang in serving"), posted.text
+        assert "health endpoint times out" in posted.text and "timeout" in posted.text
+        assert la.state == LaunchState.RUNNING  # alive: a hang is not an end
+        assert "silent_hang in serving" in root_text(serving)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGCONT)
+
+
+async def test_health_503_alerts_once_and_recovery_posts_one_message(serving, control):
+    (control / "health-503").touch()
+    await wait_alert(serving, 1, {"unhealthy"}, timeout=30)
+    await wait_checks(serving, 1, 3)
+    assert len(alerts(serving, "unhealthy")) == 1  # still failing: nothing posted twice
+    assert "http_503" in alerts(serving, "unhealthy")[0].text
+    (control / "health-503").unlink()
+    await wait_alert(serving, 1, {"ready"}, timeout=30)
+    await wait_checks(serving, 1, 3)
+    recovered = [p for p in serving.chat.posts if is_alert(p) and "recovered, serving again" in p.text]
+    assert len(recovered) == 1, [p.text for p in serving.chat.posts]
+    assert serving.launch(1).state == LaunchState.RUNNING
+
+
+async def test_oom_after_ready_fails_the_launch_and_the_root_says_so(serving, control):
+    (control / "oom").touch()
+    await wait_alert(serving, 1, {"oom"}, timeout=30)
+    # the alert comes as soon as the OOM is logged; the launch fails when its server exits
+    await wait_until(lambda: serving.launch(1).state == LaunchState.FAILED, what="base#1 failed")
+    assert root_text(serving).startswith("base#1 on gpu-host-1: failed (oom in serving)"), root_text(serving)
+    (posted,) = alerts(serving, "oom")
+    assert "CUDA out of memory" in posted.text
+
+
+async def test_a_restarted_bot_finds_the_ready_server_dead_with_its_signal(make_bot, serving_config):
+    first = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    await first.chat.say("/launch base mode=ready workers=1")
+    await wait_until(lambda: first.launch(1).ready_at is not None, what="base#1 ready")
+    la = first.launch(1)
+    await first.runtime.close()  # the bot goes away; the server keeps serving
+    os.kill(la.pid, signal.SIGKILL)
+    await wait_log(la.log_path, "exited with status 137")
+    second = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH, surface=first.surface)
+    la = await wait_alert(second, 1, {"crashed"}, timeout=30)
+    assert la.state == LaunchState.FAILED
+    (posted,) = alerts(second, "crashed")
+    assert "killed by signal 9" in posted.text and "loading" not in posted.text.splitlines()[0]
+    assert all(r.get("verdict") != "loading" for r in second.store.observations.list(1))
+
+
+async def test_two_launches_on_one_host_each_alert_quotes_only_its_own_processes(make_bot, serving_config):
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    for variant in ("solo0", "solo1"):
+        launched = await bot.chat.say(f"/launch {variant} mode=hang workers=1 load_s=30")
+        assert "Launched " in launched.text, launched.text
+    a, b = bot.launch(1), bot.launch(2)
+    await wait_until(lambda: len(pids_of_launch(a)) == 3 and len(pids_of_launch(b)) == 3, what="both launches")
+    await wait_checks(bot, 1, 1)
+    others = set(pids_of_launch(b))
+    for pid in pids_of_launch(a):
+        os.kill(pid, signal.SIGKILL)
+    await wait_alert(bot, 1, {"exited"}, timeout=30)
+    (posted,) = [p for p in alerts(bot, "exited") if p.text.startswith("solo0#1")]
+    evidence = posted.text + "".join(data.decode() for name, data in posted.files if name.endswith(".txt"))
+    assert "--gpus 1" not in evidence and "solo1" not in evidence, evidence
+    assert not any(f"pid {pid}" in evidence or f"`{pid} " in evidence for pid in others), (others, evidence)
+    assert bot.launch(2).state == LaunchState.RUNNING and bot.launch(2).alert_state != "exited"
+
+
+async def test_an_old_relaunch_button_is_refused_naming_the_live_launch(serving, control):
+    (control / "health-503").touch()
+    await wait_alert(serving, 1, {"unhealthy"}, timeout=30)
+    (old_alert,) = alerts(serving, "unhealthy")  # base#1's alert, with its buttons
+    (control / "health-503").unlink()
+    relaunched = await serving.chat.say("/relaunch 1")
+    assert "base#2" in relaunched.text, relaunched.text
+    await wait_until(lambda: serving.launch(2).state == LaunchState.RUNNING, what="base#2 running")
+    live = set(pids_of_launch(serving.launch(2)))
+    answer = await serving.chat.click("Relaunch", on=old_alert)
+    assert "base#1 has ended" in answer.text and "base#2 is live" in answer.text, answer.text
+    assert serving.launch(2).state == LaunchState.RUNNING and set(pids_of_launch(serving.launch(2))) == live
+    assert serving.events("command:relaunch")[-1].result == "stale"
+    # none of the old alert's other buttons acts on base#2 either
+    for label in ("Kill", f"Snooze {SNOOZE_BUTTON_MIN} min", "Stack dump", "Probe"):
+        other = await serving.chat.click(label, on=old_alert)
+        assert "base#1 has ended" in other.text, (label, other.text)
+    assert serving.launch(2).state == LaunchState.RUNNING and serving.launch(2).snoozed_until is None
+
+
+async def test_a_crash_between_start_and_pid_record_is_killed_after_a_restart(make_bot, serving_config):
+    first = await make_bot(serving_config)
+    repo = first.runtime.store.launches
+
+    def crash(*_a, **_k):
+        raise RuntimeError("the bot died right after starting the process")
+
+    repo.set_started = crash  # type: ignore[method-assign]
+    await first.chat.say("/launch base mode=hang")
+    la = first.launch(1)
+    assert la.pid is None and la.state == LaunchState.STARTING
+    await wait_until(lambda: len(pids_of_launch(la)) >= 4, what="the unrecorded launch's processes")
+    await first.runtime.close()
+    second = await make_bot(serving_config, surface=first.surface)
+    killed = await second.chat.say("/kill 1 --yes")
+    assert "released" in killed.text and "no process was left" not in killed.text, killed.text
+    assert pids_of_launch(la) == []
+    status = await second.chat.say("/gpu status")
+    assert "no process holds GPU memory" in status.text, status.text
+
+
+async def test_a_child_with_a_cleared_environment_in_its_own_session_is_killed(make_bot, serving_config):
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    await bot.chat.say("/launch envless mode=hang workers=1")
+    la = bot.launch(1)
+    await wait_log(la.log_path, "with a cleared environment")
+    child = int(re.search(r"helper process (\d+) started with a cleared environment",
+                          Path(la.log_path).read_text()).group(1))
+    try:
+        assert child not in pids_of_launch(la)  # no tag: only what the checks saw finds it
+        await wait_until(lambda: child in bot.launch(1).seen_pids, what="a check remembered the child")
+        killed = await bot.chat.say("/kill 1 --yes")
+        assert "released" in killed.text, killed.text
+        await wait_until(lambda: not Path(f"/proc/{child}").exists()
+                         or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], what="the child gone")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

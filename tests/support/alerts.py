@@ -1,0 +1,43 @@
+"""Reading the watcher's alerts in a test bot's chat: which posts are alerts, waiting for a verdict or for
+more checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.procs import wait_until
+
+
+def is_alert(post: Any, verdict: str | None = None) -> bool:
+    """An alert of the watcher (`base#1 on gpu-host-1: silent_hang in ... (after 5s)`), optionally of one verdict."""
+    head = post.text.splitlines()[0] if post.text else ""
+    return post.thread_ts is not None and " on gpu-host-1: " in head and "(after " in head and (
+        verdict is None or f": {verdict}" in head)
+
+
+def alerts(bot: Any, verdict: str | None = None) -> list:
+    """The alerts posted so far (of one verdict)."""
+    return [p for p in bot.chat.posts if is_alert(p, verdict)]
+
+
+async def wait_alert(bot: Any, launch_id: int, verdicts: set[str], timeout: float = 90.0):
+    """Wait until launch `launch_id`'s posted verdict is one of `verdicts`; returns the launch."""
+    def posted():
+        la = bot.launch(launch_id)
+        return la if la.alert_state in verdicts else None
+
+    return await wait_until(posted, timeout, what=f"a {verdicts} alert for launch {launch_id}")
+
+
+async def wait_checks(bot: Any, launch_id: int, more: int = 3):
+    """Wait until `more` further checks of the launch have been recorded (so anything they would post, they
+    posted)."""
+    start = len(bot.store.observations.list(launch_id))
+    await wait_until(lambda: len(bot.store.observations.list(launch_id)) >= start + more,
+                     what=f"{more} more checks of launch {launch_id}")
+
+
+def full_text(post: Any) -> str:
+    """An alert's text and its attached full evidence file (the alert itself shows the key lines only)."""
+    files = [data.decode("utf-8", "replace") for name, data in post.files if name.endswith("-evidence.txt")]
+    return "\n".join([post.text, *files])

@@ -1,0 +1,212 @@
+"""The whole-life watch's pure rules: liveness verdicts after ready, the launch wrapper's exit line, CPU time
+that is no progress, verdicts that flip back, and the bits of Slack etiquette that are text."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bot.config import WatchPolicy
+from bot.core.diagnose import Observation
+from bot.core.lifecycle import (
+    EXIT_LINE_FORMAT,
+    RenderedLaunch,
+    describe_exit,
+    exit_status,
+    launch_script,
+    parse_launch_output,
+)
+from bot.core.models import GpuReading, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.observe import is_news, judge, observation_from_snapshot
+from bot.core.serving import ended_verdict, failing_streak, judge_serving
+from bot.present.render import Message, slack_text
+
+READY_LOG = ["[2026-12-01 10:00:00] The server is fired up and ready to roll!"]
+
+
+def serving_obs(**kw) -> Observation:
+    base = dict(log_lines=list(READY_LOG), log_silent_s=5.0, process_alive=True, health="ok", port=30000,
+                port_open=True, gpus=[GpuReading(index=0, memory_used_mib=70000, utilization_gpu_pct=40)])
+    base.update(kw)
+    return Observation(**base)
+
+
+def recs(*healths) -> list[dict]:
+    return [{"t": float(i), "health": h} for i, h in enumerate(healths)]
+
+
+def test_the_wrapper_line_gives_the_exit_status_and_signal():
+    assert exit_status(["x", EXIT_LINE_FORMAT.format(rc=137), "y"]) == 137
+    assert exit_status(["no line"]) is None
+    assert describe_exit(137) == "killed by signal 9 (SIGKILL)" and describe_exit(1) == "exit status 1"
+    assert describe_exit(143) == "killed by signal 15 (SIGTERM)"
+
+
+def test_a_ready_launch_that_died_by_signal_is_crashed_with_the_signal():
+    v = judge_serving(serving_obs(process_alive=False), [], recs("ok"), exit_code=137)
+    assert (v.verdict, v.phase) == ("crashed", "serving")
+    assert "killed by signal 9 (SIGKILL)" in v.summary and "killed by signal 9" in v.evidence[0]
+    ok = judge_serving(serving_obs(process_alive=False), [], recs("ok"), exit_code=0)
+    assert ok.verdict == "exited"
+    unknown = judge_serving(serving_obs(process_alive=False), [], recs("ok"))
+    assert unknown.verdict == "exited" and "no exit status was recorded" in unknown.evidence[0]
+
+
+def test_leftover_processes_are_named_in_a_death():
+    left = [ProcessInfo(pid=4711, stat="Sl", args="python worker"), ProcessInfo(pid=4712, stat="Z", args="")]
+    v = ended_verdict(serving_obs(process_alive=False, processes=left), 137)
+    assert any("1 leftover process(es)" in e and "4711" in e and "4712" not in e for e in v.evidence)
+
+
+def test_health_must_fail_n_checks_in_a_row_and_a_serving_hang_needs_timeouts_silence_and_idle_gpus():
+    idle = [GpuReading(index=0, memory_used_mib=70000, utilization_gpu_pct=0)]
+    one = judge_serving(serving_obs(health="http_503"), [], recs("ok", "http_503"), failures_needed=2)
+    assert one.verdict == "ready"
+    two = judge_serving(serving_obs(health="http_503"), [], recs("http_503", "http_503"), failures_needed=2)
+    assert two.verdict == "unhealthy" and "http_503" in two.summary
+    hang = judge_serving(serving_obs(health="timeout", log_silent_s=300.0, gpus=idle), [],
+                         recs("timeout", "timeout"), failures_needed=2, hang_silence_s=120)
+    assert (hang.verdict, hang.phase) == ("silent_hang", "serving") and "times out" in hang.summary
+    busy = judge_serving(serving_obs(health="timeout", log_silent_s=300.0), [], recs("timeout", "timeout"),
+                         failures_needed=2, hang_silence_s=120)
+    assert busy.verdict == "unhealthy"  # GPUs at 40 %: working, slow; not a hang
+    talking = judge_serving(serving_obs(health="timeout", log_silent_s=3.0, gpus=idle), [],
+                            recs("timeout", "timeout"), failures_needed=2, hang_silence_s=120)
+    assert talking.verdict == "unhealthy"  # the log still moves
+
+
+def test_failing_streak_skips_unanswered_checks():
+    assert failing_streak([{"health": "ok"}, {"health": "refused"}, {"error": "ssh"}, {"health": "timeout"}]) == 2
+    assert failing_streak([{"health": "timeout"}, {"health": "ok"}]) == 0
+    assert failing_streak([{"port_open": False}, {"port_open": False}]) == 2
+
+
+def test_a_new_oom_while_serving_is_news_but_an_old_one_in_the_tail_is_not():
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    fresh = judge_serving(serving_obs(log_lines=[*READY_LOG, oom]), [oom], recs("ok"))
+    assert fresh.verdict == "oom" and fresh.phase == "serving" and "still running" in fresh.summary
+    old = judge_serving(serving_obs(log_lines=[oom, *READY_LOG]), [], recs("ok"))
+    assert old.verdict == "ready"
+
+
+def test_cpu_time_alone_never_leaves_silent_hang():
+    hung = Observation(log_lines=["[x] Load weight end. mem usage=70.00 GB"], log_silent_s=900.0, process_alive=True,
+                       cpu_time_growing=True, port_open=False)
+    assert judge(hung, None, grace_s={"weight_loading": 300.0}, silence_after_s=300.0).verdict == "loading"
+    stays = judge(hung, None, grace_s={"weight_loading": 300.0}, silence_after_s=300.0, posted="silent_hang")
+    assert stays.verdict == "silent_hang" and any("CPU time grows" in e for e in stays.evidence)
+
+
+def launch(**kw) -> Launch:
+    fields = dict(id=3, host="h", variant="base", params={}, command="", log_path="/l", port=None, gpus=[0],
+                  pid=100, pgid=99, sid=99, state=LaunchState.RUNNING, state_detail=None, created_by="U1",
+                  created_at=1000.0, ended_at=None, channel="C1", thread_ts="1.1", tag="3-abc")
+    fields.update(kw)
+    return Launch(**fields)
+
+
+def snap(cpu: int, clock: float, *, others: bool = False) -> Snapshot:
+    table = [ProcessInfo(pid=99, ppid=1, pgid=99, sid=99, stat="S", args="sh"),
+             ProcessInfo(pid=100, ppid=99, pgid=99, sid=99, stat="S", cpu_time_s=cpu, args="python -m server")]
+    tags = {99: "3-abc", 100: "3-abc"}
+    if others:
+        table.append(ProcessInfo(pid=200, ppid=1, pgid=200, sid=200, stat="S", cpu_time_s=50, args="other"))
+        tags[200] = "4-def"
+    return Snapshot(host="h", clock=clock, table=table, launch_tags=tags, tagged_pids=[99, 100])
+
+
+def test_cpu_growth_counts_only_above_a_rate_and_never_after_a_stack_dump():
+    la = launch()
+    _, first = observation_from_snapshot(snap(10, 2000.0), la, None)
+    tick, _ = observation_from_snapshot(snap(11, 2030.0), la, first)  # one 1-second tick in 30 s
+    assert tick.cpu_time_growing is False
+    busy, _ = observation_from_snapshot(snap(25, 2030.0), la, first)  # 15 CPU seconds in 30 s
+    assert busy.cpu_time_growing is True
+    dumped, _ = observation_from_snapshot(snap(25, 2030.0), la, first, quiet_since=2010.0)
+    assert dumped.cpu_time_growing is False
+
+
+def test_evidence_is_only_the_launch_own_processes():
+    obs, rec = observation_from_snapshot(snap(10, 2000.0, others=True), launch(), None)
+    assert {p.pid for p in obs.processes} == {99, 100} and 200 not in obs.launch_pids
+    assert set(rec["cpu_s"]) == {"99", "100"}
+
+
+@pytest.mark.parametrize(("verdict", "posted", "previous", "serving", "news"), [
+    ("silent_hang", None, None, False, True),
+    ("loading", "silent_hang", "silent_hang", False, False),  # one check of progress is not yet news
+    ("loading", "silent_hang", "loading", False, True),       # two are
+    ("ready", "unhealthy", "unhealthy", True, False),         # recovery needs two passing checks
+    ("ready", "unhealthy", "ready", True, True),
+    ("ready", None, None, False, True),                       # the first ready is news at once
+    ("unknown", "loading", "loading", False, False),
+])
+def test_what_is_news(verdict, posted, previous, serving, news):
+    assert is_news(verdict, posted, previous=previous, serving=serving) is news
+
+
+def test_a_flip_back_within_one_check_posts_nothing():
+    posted, prev, out = None, None, []
+    for v in ["silent_hang", "loading", "silent_hang", "loading", "silent_hang"]:
+        if is_news(v, posted, previous=prev):
+            out.append(v)
+            posted = v
+        prev = v
+    assert out == ["silent_hang"]
+
+
+def test_launch_script_runs_the_server_under_a_wrapper_that_logs_its_end(tmp_path):
+    log = tmp_path / "logs" / "s.log"
+    r = RenderedLaunch(variant="v", host="h", command="sh -c 'echo started; kill -9 $$'", log_path=str(log),
+                       port=None, gpus=[], env={"GPUBOT_LAUNCH": "9-x"}, workdir=None, params={})
+    out = subprocess.run(["sh", "-s"], input=launch_script(r), capture_output=True, text=True, timeout=30).stdout
+    pid, pgid = parse_launch_output(out)
+    assert pid != pgid
+    for _ in range(400):
+        if "exited with status" in (log.read_text() if log.exists() else ""):
+            break
+        subprocess.run(["sleep", "0.05"])
+    lines = log.read_text().splitlines()
+    assert lines[0] == "started" and exit_status(lines) == 137
+    assert "Killed" not in lines  # the shell's own report of the signal is not a log line
+    assert not list(Path("/tmp").glob(f"gpubot-pid.*{pid}*"))
+
+
+def test_parse_launch_output_falls_back_to_the_group():
+    assert parse_launch_output("PGID=10\nPID=12\n") == (12, 10)
+    assert parse_launch_output("PGID=10\nPID=\n") == (10, 10)
+    assert parse_launch_output("nothing") is None
+
+
+def test_notification_text_keeps_real_mentions_and_escapes_the_rest():
+    assert slack_text("<@U0ABC> a<b & <#C0DEF> <!subteam^S0GH> <http://x|y>") == (
+        "<@U0ABC> a&lt;b &amp; <#C0DEF> <!subteam^S0GH> &lt;http://x|y&gt;")
+
+
+def test_an_answer_says_who_asked():
+    m = Message(text="status", blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": "x"}}])
+    asked = m.asked_by("U0OPERATOR", "/gpu status `x`")
+    assert asked.text.endswith("(asked by <@U0OPERATOR>)")
+    assert asked.blocks[-1]["elements"][0]["text"].startswith("<@U0OPERATOR> asked: `/gpu status")
+    assert m.asked_by("console", "/gpu status") is m
+
+
+def test_the_example_config_limits_match_the_code():
+    text = (Path(__file__).parents[2] / "deploy" / "config.example.yaml").read_text()
+    watch = text[text.index("\nwatch:"):text.index("\nslack:")]
+    limits = {int(x) for x in re.findall(r"<= (\d+)", watch)}
+    from bot.config.schema import MAX_WATCH_SECONDS
+    assert limits == {MAX_WATCH_SECONDS}
+    defaults = WatchPolicy()
+    assert f"default {defaults.serving_interval_s:.0f}" in watch and f"default {defaults.health_failures}" in watch
+
+
+def test_the_launch_wrapper_is_named_not_quoted():
+    from bot.present.views import short_command
+
+    wrapper = "sh -c exec 3>&2 2>/dev/null sh -c 'exec 2>&3 3>&-; echo \"$$\" > \"$1\"; exec python x' gpubot-server"
+    assert short_command(wrapper) == "sh (gpubot launch wrapper)"
+    assert short_command("sh -c python x") == "sh -c python x"
