@@ -122,7 +122,9 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         raise ValueError("build_runtime needs a surface or a transport")
     redactor = Redactor(config.redact_patterns)
     renderer = Renderer(redactor)
-    lock = StateLock(config.state_dir).acquire() if store is None else None
+    lock = StateLock.for_database(config.database_url, config.state_dir) if store is None else None
+    if lock is not None:
+        lock.acquire()
     try:
         store = store or Store(config.database_url or default_url(config.state_dir))
     except BaseException:

@@ -1,4 +1,5 @@
-"""One bot per state directory: an exclusive `flock` on `STATE_DIR/gpubot.lock`, which holds the owner's PID.
+"""One bot per database: an exclusive `flock` on `STATE_DIR/gpubot.lock` (or `FILE.lock` beside an SQLite
+`database_url`), which holds the owner's PID.
 
 Two bots on one database would both run every scheduled check and post every alert twice, and race on
 kills. The kernel drops the lock when the process dies, so a crashed bot never leaves a stale lock.
@@ -21,10 +22,23 @@ class StateLock:
     """The lock of one state directory. `acquire()` takes it (raises StateDirLocked naming the PID that holds
     it, OSError when the directory cannot be used); `release()` gives it back (idempotent)."""
 
-    def __init__(self, state_dir: str):
+    def __init__(self, state_dir: str, name: str = LOCK_NAME):
         self.dir = Path(os.path.expanduser(state_dir))
-        self.path = self.dir / LOCK_NAME
+        self.path = self.dir / name
         self._fd: int | None = None
+
+    @classmethod
+    def for_database(cls, database_url: str | None, state_dir: str) -> StateLock | None:
+        """The lock of the database a bot uses: `STATE_DIR/gpubot.lock` for the default database,
+        `FILE.lock` beside an SQLite file named by `database_url`, None for a server database (PostgreSQL,
+        ...: not lockable from here; run one bot per database yourself)."""
+        if database_url is None:
+            return cls(state_dir)
+        prefix = "sqlite:///"
+        if database_url.startswith(prefix) and len(database_url) > len(prefix):
+            db = Path(os.path.expanduser(database_url[len(prefix):].split("?", 1)[0]))
+            return cls(str(db.parent), db.name + ".lock")
+        return None
 
     def acquire(self) -> StateLock:
         """Take the lock and write this process's PID into the lock file. Returns self."""

@@ -74,7 +74,7 @@ def launch_script(r: RenderedLaunch) -> str:
     if r.workdir:
         lines.append(f"cd -- {shlex.quote(r.workdir)} || {{ echo 'cannot cd to the workdir'; exit 3; }}")
     log = shlex.quote(r.log_path)
-    inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; exec ' + r.command
+    inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; shift; exec ' + r.command  # the command sees no $1
     # the wrapper's own stderr goes nowhere (sh reports a child killed by a signal with a bare `Killed`, which
     # is no line of the server's); the server's stderr is the log (fd 3)
     wrapper = (f"{_WRAPPER_FIRST_LINE}\n"

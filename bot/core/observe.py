@@ -22,6 +22,8 @@ from bot.core.serving import ended_verdict
 #: Verdicts that end the readiness watch (the launch is no longer starting).
 FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error", "cuda_error", "port_in_use",
                             "gpu_lost", "exited"})
+#: Verdicts of a wedged or failing server while serving; a swap between them needs two checks to be news.
+SERVING_TROUBLE = frozenset({"unhealthy", "silent_hang"})
 #: CPU time counts as progress only above this rate (CPU seconds per second, summed over the launch).
 CPU_PROGRESS_CORES = 0.1
 #: Verdicts that are not news by themselves (a change into `loading` is only posted when leaving a problem).
@@ -60,6 +62,8 @@ def is_news(verdict: str, posted: str | None, *, previous: str | None = None, se
         return previous == verdict
     if serving and verdict == "ready":
         return previous == verdict
+    if serving and {verdict, posted} <= SERVING_TROUBLE:
+        return previous == verdict  # unhealthy <-> serving hang on a wobbling GPU reading: one alert
     return True
 
 
@@ -122,6 +126,9 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     size = snap.log.size_bytes if snap.log else None
     procs = own_processes(snap, la)
     own = {p.pid for p in procs}
+    # without a process table (ps failed or timed out) only the tags in /proc tell: alive when any is tagged,
+    # unknown otherwise; never "gone"
+    alive: bool | None = bool(own) if snap.table else (True if snap.tagged_pids else None)
     # only the launch's own GPUs count: other launches on other GPUs of the host are not orphans
     mine = set(la.gpus)
     gpus = [g for g in snap.gpu.gpus if not mine or g.index in mine] if snap.gpu.ok else None
@@ -133,7 +140,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         notes=[f"the log could not be read: {log_error}"] if log_error else [],
         log_growing=(size is not None and prev.get("log_bytes") is not None and size > prev["log_bytes"]),
         elapsed_s=max(0.0, now - la.created_at),
-        process_alive=bool(own),
+        process_alive=alive,
         processes=procs,
         launch_pids=own,
         gpus=gpus,
@@ -155,7 +162,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in gpus or []},
         "gpu_power_w": {str(g.index): g.power_draw_w for g in gpus or []},
         "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
-        "alive": bool(own),
+        "alive": alive,
         "port_open": snap.port_listening,
         "health": snap.health.status if snap.health else None,
         "exit_status": rc,
@@ -171,11 +178,13 @@ def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
         snap.tagged_pids if la.tag else ())
     out = launch_processes(snap.table, tagged=tagged, pgid=la.pgid, sid=la.sid)
     if la.seen_pids:
-        # a remembered PID counts only while its process started after the launch (a reused PID is newer than
-        # the launch at best, so this is a guard against old strangers, the tag against most others)
+        # a remembered PID counts only while its process carries no other launch's tag and started after the
+        # launch (a PID reused by a stranger is newer than the launch at best: the start time guards against
+        # older strangers, the tag against other launches)
         clock = snap.clock
-        seen = {p.pid for p in snap.table if p.pid in set(la.seen_pids) and
-                (clock is None or p.elapsed_s is None or clock - p.elapsed_s >= la.created_at - 2)}
+        seen = {p.pid for p in snap.table if p.pid in set(la.seen_pids)
+                and snap.launch_tags.get(p.pid, la.tag) == la.tag
+                and (clock is None or p.elapsed_s is None or clock - p.elapsed_s >= la.created_at - 2)}
         if seen - {p.pid for p in out}:
             out = launch_processes(snap.table, tagged=seen | {p.pid for p in out})
     return out

@@ -123,10 +123,18 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     streak = failing_streak(records)
     health = obs.health or ("refused" if obs.port_open is False else None)
     if streak < max(1, failures_needed):
-        ev = [f"health endpoint: {obs.health}" if obs.health else "the port listens"]
+        if obs.health:
+            ev = [f"health endpoint: {obs.health}"]
+        elif obs.port_open:
+            ev = ["the port listens"]
+        else:
+            ev = ["the server process runs (no health endpoint or port to ask)"]
+        summary = "Serving: the health check answers." if obs.health == "ok" else "Serving, as far as can be seen."
         if streak:
             ev.append(f"{streak} failed health check(s) in a row; {failures_needed} make an alert")
-        return Verdict("ready", "serving", ev, _steps("ready", "serving"), "Serving: the health check answers.")
+            summary = f"Serving, but the health check failed {streak} time(s) in a row (an alert after " \
+                      f"{failures_needed})."
+        return Verdict("ready", "serving", ev, _steps("ready", "serving"), summary)
     silence = obs.log_silent_s
     gpus = obs.gpus or []
     idle = [g for g in gpus if (g.utilization_gpu_pct or 0) < 5]

@@ -64,13 +64,13 @@ def mrkdwn_escape(value: Any) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-_MENTION_RE = re.compile(r"&lt;((?:@[UW][A-Z0-9]{2,20})|(?:#C[A-Z0-9]{2,20})|(?:!subteam\^S[A-Z0-9]{2,20})|"
-                         r"(?:!here)|(?:!channel))&gt;")
+_MENTION_RE = re.compile(r"&lt;((?:@[UW][A-Z0-9]{2,20})|(?:#C[A-Z0-9]{2,20})|(?:!subteam\^S[A-Z0-9]{2,20}))&gt;")
 
 
 def slack_text(value: Any) -> str:
-    """`mrkdwn_escape`, then the mention tokens put back (`<@U123>`, `<#C123>`, `<!subteam^S123>`, `<!here>`):
-    a message's text (its notification) names people, it does not show `&lt;@U123&gt;`."""
+    """`mrkdwn_escape`, then the mention tokens put back (`<@U123>`, `<#C123>`, `<!subteam^S123>`): a message's
+    text (its notification) names people, it does not show `&lt;@U123&gt;`. `<!here>` and `<!channel>` stay
+    escaped: a quoted log line must never ping a whole channel."""
     return _MENTION_RE.sub(r"<\1>", mrkdwn_escape(value))
 
 

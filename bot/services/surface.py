@@ -74,9 +74,16 @@ class OutboxSurface:
         return True
 
     async def post_ephemeral(self, channel: str, user: str, message: Message, *,
-                             thread_ts: str | None = None) -> str | None:
-        """Queue a message for `user` alone (chat.postEphemeral). Returns its `q:` reference."""
-        return ref(self.outbox.ephemeral(channel, user, message, thread_ts=thread_ts))
+                             thread_ts: str | None = None, wait_s: float | None = None) -> str | None:
+        """Queue a message for `user` alone (chat.postEphemeral), waiting up to `wait_s` (default the
+        surface's) for it. Returns its `q:` reference, or None when Slack refused it for good (`last_error`
+        says why; the caller then answers through the slash command's response_url)."""
+        row_id = self.outbox.ephemeral(channel, user, message, thread_ts=thread_ts)
+        d = await self.outbox.wait(row_id, self.wait_s if wait_s is None else wait_s)
+        if d.state == "failed":
+            self.last_error = d.error
+            return None
+        return ref(row_id)
 
     async def delete(self, channel: str, ts: str) -> bool:
         """Queue the deletion of `ts` (a ts or `q:` reference). Returns True."""

@@ -162,7 +162,7 @@ class Watcher:
         seen = {p.pid for p in mine}
         if not seen <= set(la.seen_pids):
             la = self._launch_rows.update(la.id, seen_pids=[*la.seen_pids, *seen])
-        if la.pid is not None and seen and la.pid not in seen:
+        if la.pid is not None and seen and snap.table and la.pid not in seen:
             # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
             # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
             obs = replace(obs, process_alive=False)

@@ -157,6 +157,9 @@ class SlackBot:
     async def _into_placeholder(self, reply: Reply, placeholder: str, thread_ts: str | None, word: str,
                                 user_id: str) -> str | None:
         channel = reply.channel or ""
+        if reply.private_to:  # an answer for one person never goes into the public placeholder
+            await self.surface.delete(channel, placeholder)
+            return await deliver(self.surface, reply)
         for ts, message in reply.edits:
             await self.surface.update(channel, ts, message)
         if reply.message is not None and (reply.thread_ts is SAME or reply.thread_ts == thread_ts):

@@ -126,3 +126,13 @@ async def test_duplicate_delivery_of_a_message_is_answered_once(slack):
     await slack.fake.wait_for_answer(lambda c: "/gpu status" in text_of(c), timeout=20)
     await slack.settled(first, again)  # both deliveries handled, everything sent
     assert len(slack.fake.calls_for("chat.postMessage")) == 1
+
+
+async def test_a_refused_private_answer_comes_through_the_response_url(slack):
+    slack.fake.set_error("chat.postEphemeral", "not_in_channel")  # e.g. the bot is not in that channel
+    await slack.fake.push_slash_command("/gpu", "frobnicate")
+    await wait_until(lambda: any("frobnicate" in str(body) for _, body in slack.fake.responses), 30,
+                     what="the answer through the response_url")
+    (body,) = [b for _r, b in slack.fake.responses if "frobnicate" in str(b)]
+    assert body.get("response_type") == "ephemeral" and "Unknown host or command" in body.get("text", "")
+    assert not [c for c in slack.fake.calls_for("chat.postMessage") if "frobnicate" in text_of(c)]

@@ -143,6 +143,8 @@ def test_evidence_is_only_the_launch_own_processes():
     ("ready", "unhealthy", "ready", True, True),
     ("ready", None, None, False, True),                       # the first ready is news at once
     ("unknown", "loading", "loading", False, False),
+    ("unhealthy", "silent_hang", "silent_hang", True, False),  # a wobbling GPU reading swaps them: not yet
+    ("unhealthy", "silent_hang", "unhealthy", True, True),
 ])
 def test_what_is_news(verdict, posted, previous, serving, news):
     assert is_news(verdict, posted, previous=previous, serving=serving) is news
@@ -210,3 +212,37 @@ def test_the_launch_wrapper_is_named_not_quoted():
     wrapper = "sh -c exec 3>&2 2>/dev/null sh -c 'exec 2>&3 3>&-; echo \"$$\" > \"$1\"; exec python x' gpubot-server"
     assert short_command(wrapper) == "sh (gpubot launch wrapper)"
     assert short_command("sh -c python x") == "sh -c python x"
+
+
+def test_a_failed_ps_never_ends_a_launch():
+    empty = Snapshot(host="h", clock=2000.0, table=[], launch_tags={100: "3-abc"}, tagged_pids=[100],
+                     errors=["process table unavailable (ps failed or printed nothing)"])
+    obs, rec = observation_from_snapshot(empty, launch(), None)
+    assert obs.process_alive is True and rec["alive"] is True
+    unknown, _ = observation_from_snapshot(Snapshot(host="h", clock=2000.0), launch(), None)
+    assert unknown.process_alive is None
+
+
+def test_a_remembered_pid_now_of_another_launch_is_not_ours():
+    la = launch(seen_pids=[4242])
+    table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="python other.py"),
+             ProcessInfo(pid=4243, ppid=4242, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="worker")]
+    other = Snapshot(host="h", clock=2000.0, table=table, launch_tags={4242: "7-def", 4243: "7-def"})
+    obs, _ = observation_from_snapshot(other, la, None)
+    assert obs.processes == [] and obs.process_alive is False
+    untagged = Snapshot(host="h", clock=2000.0, table=table[:1])  # cleared environment, started after the launch
+    obs, _ = observation_from_snapshot(untagged, la, None)
+    assert [p.pid for p in obs.processes] == [4242]
+
+
+def test_a_quoted_log_line_never_pings_the_channel():
+    assert slack_text("hi <!channel> <!here> <@U0ABC>") == "hi &lt;!channel&gt; &lt;!here&gt; <@U0ABC>"
+
+
+def test_the_lock_follows_the_database(tmp_path):
+    from bot.adapters.statelock import StateLock
+
+    assert StateLock.for_database(None, str(tmp_path)).path == tmp_path / "gpubot.lock"
+    beside = StateLock.for_database(f"sqlite:///{tmp_path}/x/bot.db", "/proc/unusable")
+    assert beside.path == tmp_path / "x" / "bot.db.lock"
+    assert StateLock.for_database("postgresql://db/gpubot", str(tmp_path)) is None
