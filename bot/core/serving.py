@@ -69,7 +69,7 @@ def ended_verdict(obs: Observation, rc: int | None = None) -> Verdict:
     if left:
         pids = ", ".join(str(p.pid) for p in left[:6])
         v = replace(v, evidence=[*v.evidence[:1], f"{len(left)} leftover process(es) of the launch still run "
-                                 f"(pid {pids}) and may hold GPU memory: /kill stops them", *v.evidence[1:]])
+                                 f"(pid {pids}) and may hold GPU memory: /kill LAUNCH stops them", *v.evidence[1:]])
     return v
 
 
@@ -92,7 +92,9 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
     signalled = rc > 128
     steps = (["SIGKILL comes from the kernel OOM killer or a `kill -9`: check `dmesg | grep -i 'killed process'`"]
              if rc == 137 else [])
-    return Verdict("crashed", base.phase, [how, *base.evidence], steps + _steps("crashed", None),
+    # a signal with nothing in the log: who stopped it, not a traceback, is the question
+    steps += _steps("exited", None) if signalled else _steps("crashed", None)
+    return Verdict("crashed", base.phase, [how, *base.evidence], steps,
                    f"The server process {'was ' if signalled else ''}{describe_exit(rc)}"
                    + (" and the log shows no error before it." if signalled else "; the log shows no error."))
 

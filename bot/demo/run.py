@@ -104,8 +104,9 @@ def demo_config(tmpdir: Path) -> Config:
     return Config.model_validate({"hosts": {"local": host.model_dump()}, "default_host": "local",
                                   "variants": {"demo": variant}, "state_dir": str(tmpdir / "state"),
                                   "lifecycle": lifecycle,
-                                  # a newcomer's session is short: check every 2 s, call silence after 20 s
-                                  "watch": {"interval_s": 2, "silence_after_s": 20}})
+                                  # a newcomer's session is short: check every 2 s (also once ready), call
+                                  # silence after 20 s
+                                  "watch": {"interval_s": 2, "silence_after_s": 20, "serving_interval_s": 2}})
 
 
 def write_try_config(directory: str | os.PathLike[str]) -> Path:

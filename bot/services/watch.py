@@ -177,6 +177,8 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.get("exit_status"))
+        # name the launch in the hint about its leftovers: `/kill VARIANT` looks for a live launch only
+        verdict = replace(verdict, evidence=[e.replace("/kill LAUNCH", f"`/kill {la.id}`") for e in verdict.evidence])
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self._observations.add(la.id, record)
         current = self._launch_rows.get(la.id)

@@ -14,7 +14,7 @@ import pytest
 
 from bot.core.models import LaunchState
 from bot.present.actions import SNOOZE_BUTTON_MIN
-from tests.support.alerts import alerts, is_alert, wait_alert, wait_checks
+from tests.support.alerts import alerts, full_text, is_alert, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
 
@@ -75,7 +75,7 @@ async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_say
     assert la.state == LaunchState.FAILED and not serving.runtime.watcher.scheduler.is_watched(1)
     assert root_text(serving).startswith("base#1 on gpu-host-1: failed (crashed in serving)"), root_text(serving)
     # the leftover ranks are named, and /kill still stops them
-    assert "leftover process(es)" in posted.text
+    assert "leftover process(es)" in full_text(posted) and "`/kill 1` stops them" in full_text(posted)
     killed = await serving.chat.say("/kill 1 --yes")
     assert "released" in killed.text, killed.text
     assert pids_of_launch(la) == []
