@@ -118,9 +118,13 @@ async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_U
     if line.strip().lower() in ("quit", "exit"):
         return False
     words = line.split()
-    if len(words) == 2 and words[0].lower() == "wait" and words[1].isascii() and words[1].replace(".", "", 1).isdigit():
-        # scripted sessions: let time pass so readiness checks run and their alerts print
-        await asyncio.sleep(min(float(words[1]), MAX_WAIT_S))
+    if words and words[0].lower() == "wait":
+        if len(words) == 2 and words[1].isascii() and words[1].replace(".", "", 1).isdigit():
+            # scripted sessions: let time pass so readiness checks run and their alerts print
+            await asyncio.sleep(min(float(words[1]), MAX_WAIT_S))
+        else:
+            out = getattr(runtime.surface, "out", sys.stdout)
+            print(f"usage: wait SECONDS (a number, at most {MAX_WAIT_S:.0f}): lets the checks run", file=out)
         return True
     try:
         call: CommandCall | CommandParseError | None = parse_console_line(

@@ -63,10 +63,16 @@ class Dispatcher:
             spec = self.find("status")
         if spec is None:
             word = call.word or call.name
-            what = "host or command" if NAME_RE.fullmatch(word) else "command"  # `/gpu HOST` is status HOST
             hosts = ", ".join(self.services.config.host_names()) or "(none configured)"
-            intro = f"Unknown {what} {word[:40]!r}. Hosts: {hosts}. Here is what I can do:"
-            return self._finish(ctx, call.name[:40], call.raw, Reply(help_message(ctx, intro), audit="unknown",
+            if NAME_RE.fullmatch(word):  # `/gpu HOST` is status HOST: a word like a name is a host or a command
+                words = [c.usage.split(" ")[:2] for c in self.commands if c.role <= ctx.role]
+                usage = " · ".join(dict.fromkeys(" ".join(w if w[0] == "/gpu" else w[:1]) for w in words))
+                message = self.services.renderer.error(
+                    "Unknown host or command", f"{word[:40]!r}. Hosts: {hosts}.",
+                    f"Commands: {usage}. `/gpu help` explains each.")
+            else:
+                message = help_message(ctx, f"Unknown command {word[:40]!r}. Hosts: {hosts}. Here is what I can do:")
+            return self._finish(ctx, call.name[:40], call.raw, Reply(message, audit="unknown",
                                                                       private_to=request.user_id))
         try:
             for f in self.filters:

@@ -127,7 +127,7 @@ async def test_scripted_console_session(tmp_path, ssh_server, start_fake_server,
     assert out.count("GPU status: 1 host") == 1, out  # the line after quit never ran
     assert "16.8 / 140.4" in out
     assert "Probe of gpu-host-1" in out and "Load weight end" in out
-    assert "Unknown host or command 'frobnicate'. Hosts: gpu-host-1." in out
+    assert "Unknown host or command: 'frobnicate'. Hosts: gpu-host-1." in out
     assert "Unknown host" in out and "Known hosts: gpu-host-1" in out
     assert "could not parse the command" in out
     assert not marker.exists()

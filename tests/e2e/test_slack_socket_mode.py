@@ -110,7 +110,7 @@ async def test_unknown_command_and_unknown_host_get_help_and_host_list(slack):
     # usage errors go to the person who typed them alone (chat.postEphemeral), with the real mention intact
     await slack.fake.push_slash_command("/gpu", "frobnicate now")
     first = await wait_until(lambda: ephemeral("frobnicate"), 20, what="the unknown-command answer")
-    assert "Unknown host or command 'frobnicate'" in first["text"] and "/probe" in first["text"]
+    assert "Unknown host or command: 'frobnicate'" in first["text"] and "/probe" in first["text"]
     assert first["user"] == "U1" and first["channel"] == "C1"
     await slack.fake.push_slash_command("/probe", "no-such-host pgid=1")
     second = await wait_until(lambda: ephemeral("Known hosts"), 20, what="the unknown-host answer")

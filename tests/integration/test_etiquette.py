@@ -36,7 +36,11 @@ async def test_a_denial_and_a_usage_error_go_to_the_asker_alone(bot):
 
 async def test_an_unknown_host_is_answered_with_the_host_list(bot):
     answer = await bot.chat.say("/gpu NOSUCHHOST")
-    assert "Unknown host or command 'NOSUCHHOST'" in answer.text and "Hosts: gpu-host-1" in answer.text
+    assert answer.text.startswith("Unknown host or command: 'NOSUCHHOST'. Hosts: gpu-host-1.")
+    assert answer.audit == "unknown"
+    assert len(answer.text.splitlines()) <= 3 and "/gpu status" in answer.text  # the host list, not the whole help
+    garbage = await bot.chat.say("/gpu %%%")  # not even a name: a usage error, to the asker alone
+    assert "Try `/gpu help`" in garbage.text and garbage.post.ephemeral_to == bot.chat.user
 
 
 async def test_gpu_logs_with_a_lone_number_names_the_launch_outside_its_thread(bot):
@@ -81,3 +85,16 @@ async def test_the_console_saves_attachments_to_a_folder_it_prints(tmp_path):
     saved = sorted((tmp_path / "att").iterdir())
     assert [p.read_bytes() for p in saved] == [b"\x89PNG...", b"Thread 1"]
     assert all(str(p) in printed for p in saved) and all(p.parent == tmp_path / "att" for p in saved)
+
+
+async def test_a_bare_wait_in_the_console_gets_its_usage(gpu_config):
+    from bot.console import run_command_line
+
+    out = io.StringIO()
+    rt = build_runtime(gpu_config, surface=ConsoleSurface(out))
+    try:
+        for line in ("wait", "wait abc", "wait 1 2"):
+            assert await run_command_line(line, rt) is True
+        assert out.getvalue().count("usage: wait SECONDS") == 3 and "Unknown" not in out.getvalue()
+    finally:
+        await rt.close()
