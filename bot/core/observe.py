@@ -31,7 +31,8 @@ QUIET_VERDICTS = frozenset({"loading", "unknown"})
 
 
 def judge(obs: Observation, prev: dict[str, Any] | None, *, grace_s: dict[str, float] | None,
-          silence_after_s: float, posted: str | None = None, exit_code: int | None = None) -> Verdict:
+          silence_after_s: float, posted: str | None = None, exit_code: int | None = None,
+          launch_id: int | None = None) -> Verdict:
     """The readiness verdict of one check: `diagnose(obs)`, except that
     - a launch with no process left and nothing in the log to explain it has ended: `exited`, or `crashed`
       with the exit status or signal its wrapper logged (`exit_code`, the record's `exit_status`; see
@@ -40,7 +41,7 @@ def judge(obs: Observation, prev: dict[str, Any] | None, *, grace_s: dict[str, f
       progress counter, rising GPU memory or computing GPUs; growing CPU time alone keeps it `silent_hang`."""
     verdict = diagnose(obs, grace_s=grace_s or None, silence_after_s=silence_after_s)
     if obs.process_alive is False and verdict.verdict in ("unknown", "exited", "loading", "silent_hang"):
-        return ended_verdict(obs, exit_code)
+        return ended_verdict(obs, exit_code, launch_id)
     if posted == "silent_hang" and verdict.verdict in QUIET_VERDICTS and obs.cpu_time_growing:
         strict = diagnose(replace(obs, cpu_time_growing=False), grace_s=grace_s or None,
                           silence_after_s=silence_after_s)

@@ -59,17 +59,19 @@ def _steps(verdict: str, phase: str | None) -> list[str]:
     return steps
 
 
-def ended_verdict(obs: Observation, rc: int | None = None) -> Verdict:
+def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None = None) -> Verdict:
     """The verdict of a launch whose processes are all gone (pure): the failure the log shows, or the end
     the launch wrapper logged (`exited` for status 0, `crashed` with the exit status or signal otherwise),
     or `exited` with "no exit status was recorded" when the log has neither. `rc`: the exit status the wrapper
-    logged (bot.core.lifecycle.exit_status; else looked up in `obs.log_lines`)."""
+    logged (bot.core.lifecycle.exit_status; else looked up in `obs.log_lines`); `launch_id` names the launch
+    in the hint that `/kill ID` stops its leftovers (`/kill VARIANT` finds live launches only)."""
     v = _ended_verdict(obs, rc if rc is not None else exit_status(obs.log_lines or []))
     left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z")]
     if left:
         pids = ", ".join(str(p.pid) for p in left[:6])
         v = replace(v, evidence=[*v.evidence[:1], f"{len(left)} leftover process(es) of the launch still run "
-                                 f"(pid {pids}) and may hold GPU memory: /kill LAUNCH stops them", *v.evidence[1:]])
+                                 f"(pid {pids}) and may hold GPU memory: `/kill {launch_id or 'LAUNCH'}` stops them",
+                                 *v.evidence[1:]])
     return v
 
 
@@ -100,7 +102,8 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
 
 
 def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[dict[str, Any]], *,
-                  failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None) -> Verdict:
+                  failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None,
+                  launch_id: int | None = None) -> Verdict:
     """The verdict of one liveness check of a ready launch (pure).
 
     - `obs`: this check (bot.core.observe.observation_from_snapshot); `new_lines`: the log lines written
@@ -108,12 +111,12 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     - `records`: the stored records of the checks since ready, oldest first, this check's last.
     - `failures_needed`: health checks failed in a row before an alert; `hang_silence_s`: seconds of log
       silence that, with health timeouts and idle or spinning GPUs, make a serving hang; `exit_code` the
-      status the launch wrapper logged when the server ended (see ended_verdict).
+      status the launch wrapper logged when the server ended, `launch_id` the launch (see ended_verdict).
 
     Every verdict has phase `serving`, except that a failure the log places elsewhere keeps its phase.
     """
     if obs.process_alive is False:
-        v = ended_verdict(obs, exit_code)
+        v = ended_verdict(obs, exit_code, launch_id)
         if v.phase and v.phase != "serving":  # the log's last start-up phase: it was serving by now
             v = replace(v, summary=v.summary.replace(f" during {v.phase}", " while serving"))
         return replace(v, phase="serving")

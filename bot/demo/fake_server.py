@@ -108,6 +108,12 @@ class Health(http.server.BaseHTTPRequestHandler):
     control = None
     workers = 0
 
+    def _empty(self, status):
+        """Answer `status` with an empty body."""
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _ranks_alive(self):
         if not self.ready_dir:
             return True
@@ -124,16 +130,10 @@ class Health(http.server.BaseHTTPRequestHandler):
         """Answer one GET request."""
         if self.path.startswith("/health") and self.control and os.path.exists(os.path.join(self.control,
                                                                                              "health-503")):
-            self.send_response(503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            return self._empty(503)
         if self.path.startswith("/health") and not self._ranks_alive():
             time.sleep(30)  # a wedged scheduler: the request hangs
-            self.send_response(503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            return self._empty(503)
         if self.path in ("/health", "/health_generate", "/v1/models"):
             body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
             self.send_response(200)

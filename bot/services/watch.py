@@ -41,6 +41,9 @@ from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
 
+#: How many of a launch's newest check records one check reads (health streaks, the previous verdict).
+HISTORY_CHECKS = 60
+
 
 @dataclass
 class CheckResult:
@@ -155,11 +158,10 @@ class Watcher:
             return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=snap.reason)
         if la.unreachable_since is not None:
             la = await self._host_back(la)
-        history = self._observations.list(la.id)
+        history = self._observations.list(la.id, limit=HISTORY_CHECKS)  # bounded: a launch may serve for weeks
         prev = next((r for r in reversed(history) if not r.get("error")), None)
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
-        mine = self.launches.launch_processes_of(la, snap)
-        seen = {p.pid for p in mine}
+        seen = {p.pid for p in obs.processes or []}
         if not seen <= set(la.seen_pids):
             la = self._launch_rows.update(la.id, seen_pids=[*la.seen_pids, *seen])
         if la.pid is not None and seen and snap.table and la.pid not in seen:
@@ -171,14 +173,12 @@ class Watcher:
         serving = la.ready_at is not None
         if serving:
             since_ready = [r for r in history if not r.get("error") and r.get("t", 0) >= (la.ready_at or 0)]
-            verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready[-50:], record],
+            verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready, record],
                                     failures_needed=policy.health_failures, hang_silence_s=policy.serving_silence_s,
-                                    exit_code=record.get("exit_status"))
+                                    exit_code=record.get("exit_status"), launch_id=la.id)
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
-                            posted=la.alert_state, exit_code=record.get("exit_status"))
-        # name the launch in the hint about its leftovers: `/kill VARIANT` looks for a live launch only
-        verdict = replace(verdict, evidence=[e.replace("/kill LAUNCH", f"`/kill {la.id}`") for e in verdict.evidence])
+                            posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self._observations.add(la.id, record)
         current = self._launch_rows.get(la.id)
@@ -224,7 +224,7 @@ class Watcher:
         so one dropped connection is no news)."""
         if la.unreachable_since is not None or not la.channel:
             return
-        recent = self._observations.list(la.id)[-2:]
+        recent = self._observations.list(la.id, limit=2)
         if len(recent) < 2 or not all(r.get("error") for r in recent):
             return
         la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", time.time()))
