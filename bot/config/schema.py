@@ -71,7 +71,9 @@ class HostConfig(_Model):
     (0, 3600]; `keepalive_interval_s` seconds in [0, 3600] (0: no keepalives); `max_channels` concurrent SSH
     session channels per connection (keep below the server's MaxSessions, OpenSSH default 10).
     Integers must be YAML integers (`port: true` is an error); every duration must be finite.
-    `known_hosts` is required for SSH hosts: host keys are always verified.
+    `known_hosts` is required for SSH hosts: host keys are always verified. `systemd: auto` runs each launch
+    in its own transient systemd scope where the host's systemd allows it (root, or a user with lingering
+    on), so a kill stops its whole cgroup; `off` never does.
     """
 
     address: str | None = None
@@ -90,6 +92,7 @@ class HostConfig(_Model):
     gpu_note: str | None = None
     py_spy: str = "py-spy"
     py_spy_sudo: bool = False
+    systemd: Literal["auto", "off"] = "auto"
     env: dict[str, str] = Field(default_factory=dict)
     log_dirs: list[str] = Field(default_factory=list)
 

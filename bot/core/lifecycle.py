@@ -5,7 +5,9 @@ its own session and process group (PGID = SID) and runs the server (PID) in its 
 server ends the wrapper appends its exit status to the log (`[gpubot] the server process exited with status
 137`). The environment carries `GPUBOT_LAUNCH=<tag>` (the launch id plus random hex, unique across bots and
 databases), which every child inherits, so even a child that started its own session is found again by
-reading /proc/PID/environ, and a process of another bot's launch is never mistaken for ours. Nothing a user
+reading /proc/PID/environ, and a process of another bot's launch is never mistaken for ours. On a host whose
+systemd allows it, the wrapper starts in the transient scope `gpubot-<tag>.scope`: its cgroup holds every
+process the launch forks, even one that cleared its environment, and a kill signals the whole cgroup. Nothing a user
 typed reaches a shell unquoted: every value is validated against the variant's declared params, then
 `shlex.quote`d before the (sandboxed) template renders it.
 """
@@ -57,15 +59,67 @@ EXIT_LINE_RE = re.compile(r"^\[gpubot\] the server process exited with status (\
 _WRAPPER_FIRST_LINE = "exec 3>&2 2>/dev/null"
 #: How long the launch script waits for the server's PID file, in 50 ms steps (10 s).
 _PID_WAIT_STEPS = 200
+#: Transient systemd scope units of launches are named `gpubot-<tag>.scope`.
+SCOPE_PREFIX = "gpubot-"
+_SCOPE_TAG_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def launch_script(r: RenderedLaunch) -> str:
-    """The POSIX sh script that starts `r` detached in its own session and prints `PGID=<n>` and `PID=<n>`.
+def scope_unit(tag: str) -> str | None:
+    """The transient systemd scope unit a launch with this tag runs in (`gpubot-<tag>.scope`), or None for a
+    tag that is no valid unit name part."""
+    return f"{SCOPE_PREFIX}{tag}.scope" if _SCOPE_TAG_RE.fullmatch(tag or "") else None
+
+
+@dataclass(frozen=True)
+class Started:
+    """What launch_script printed: the server `pid`, its wrapper's process group = session `pgid`, and the
+    systemd scope `unit` the launch runs in with its `manager` (`system` or `user`; both None when the
+    launch runs without systemd)."""
+
+    pid: int
+    pgid: int
+    unit: str | None = None
+    manager: str | None = None
+
+
+def _systemd_detect(unit: str) -> list[str]:
+    """Shell lines that set `sd` to a `systemd-run ... --scope` prefix when the host's systemd can hold the
+    launch in a transient scope: the system manager for root, the user's own manager only when lingering is
+    on (otherwise the manager, and every unit in it, stops with the user's last login session). A trial
+    scope (`true`) must start first; anything else leaves `sd` empty: the launch runs as without systemd."""
+    name = unit.removesuffix(".scope")
+    return [
+        "sd=; mgr=; sdx=",
+        "if command -v systemd-run >/dev/null 2>&1 && command -v systemctl >/dev/null 2>&1; then",
+        '  if [ "$(id -u)" = 0 ]; then',
+        "    if systemctl show-environment >/dev/null 2>&1; then mgr=system; sdx=systemd-run; fi",
+        "  else",
+        '    rtd="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}"',
+        '    case "$rtd" in *[!A-Za-z0-9/_.-]*) rtd= ;; esac',
+        '    if [ -n "$rtd" ] && [ "$(loginctl show-user "$(id -u)" -p Linger --value 2>/dev/null)" = yes ] &&'
+        ' env XDG_RUNTIME_DIR="$rtd" systemctl --user show-environment >/dev/null 2>&1; then',
+        '      mgr=user; sdx="env XDG_RUNTIME_DIR=$rtd systemd-run --user"',
+        "    fi",
+        "  fi",
+        '  if [ -n "$mgr" ] && $sdx --scope --quiet --collect true >/dev/null 2>&1; then',
+        f'    sd="$sdx --scope --quiet --collect --unit={name} --"',
+        "  fi",
+        "fi",
+    ]
+
+
+def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
+    """The POSIX sh script that starts `r` detached in its own session and prints `PGID=<n>` and `PID=<n>`
+    (and `UNIT=<scope> MANAGER=<system|user>` when it runs in a systemd scope); see parse_launch_output.
 
     The session leader (PGID = SID) is a small wrapper shell that runs the server in its foreground and, when
     it ends, appends `EXIT_LINE_FORMAT` with its exit status to the log; the server itself (PID, the
     wrapper's child) is `exec`ed by an inner shell that first writes its PID to a temporary file the script
-    reads back. Exits 3 when the working directory or the log directory cannot be used (and says why).
+    reads back. With `systemd` (and a tag in `r.env`) the wrapper starts through `systemd-run --scope`
+    (which execs it, so its PID stays the PGID) in the transient scope `gpubot-<tag>.scope` when the host's
+    systemd allows (see `_systemd_detect`), so every process the launch forks stays in that cgroup whatever
+    it does to its session or environment. Exits 3 when the working directory or the log directory cannot
+    be used (and says why).
     """
     lines = ["export LC_ALL=C"]
     for k, val in r.env.items():
@@ -80,6 +134,8 @@ def launch_script(r: RenderedLaunch) -> str:
     wrapper = (f"{_WRAPPER_FIRST_LINE}\n"
                f"sh -c {shlex.quote(inner)} gpubot-server \"$1\"\nrc=$?\n"
                f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\nexit $rc")
+    unit = scope_unit(r.env.get(LAUNCH_ENV, "")) if systemd else None
+    lines += _systemd_detect(unit) if unit else ["sd=; mgr="]
     lines += [
         f"mkdir -p -- \"$(dirname -- {log})\" || {{ echo 'cannot create the log directory'; exit 3; }}",
         f"if [ -L {log} ]; then echo 'the log path is a symbolic link: refusing to write through it'; exit 3; fi",
@@ -87,8 +143,9 @@ def launch_script(r: RenderedLaunch) -> str:
         'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
         # $! is the wrapper's PID = PGID = SID.
-        f"setsid nohup sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" > {log} 2>&1 < /dev/null &",
+        f"setsid nohup $sd sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" > {log} 2>&1 < /dev/null &",
         'echo "PGID=$!"',
+        *([f'if [ -n "$sd" ]; then echo "UNIT={unit}"; echo "MANAGER=$mgr"; fi'] if unit else []),
         f'i=0; while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do sleep 0.05 2>/dev/null || sleep 1; '
         "i=$((i + 1)); done",
         'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',
@@ -101,14 +158,18 @@ def is_launch_wrapper(args: str) -> bool:
     return args.startswith(f"sh -c {_WRAPPER_FIRST_LINE}")
 
 
-def parse_launch_output(text: str) -> tuple[int, int] | None:
-    """(server PID, PGID = SID of its wrapper) printed by launch_script (`PGID=1233`, `PID=1234`), or None
-    without a PGID. A PID that never showed (the server's shell had not started in 10 s) is the PGID."""
+def parse_launch_output(text: str) -> Started | None:
+    """What launch_script printed (`PGID=1233`, `PID=1234`, optionally `UNIT=gpubot-<tag>.scope` and
+    `MANAGER=system|user`), or None without a PGID. A PID that never showed (the server's shell had not
+    started in 10 s) is the PGID; a UNIT without a valid MANAGER is ignored."""
     g = re.search(r"^PGID=(\d+)$", text, re.M)
     if not g:
         return None
     m = re.search(r"^PID=(\d+)$", text, re.M)
-    return (int(m.group(1)) if m else int(g.group(1))), int(g.group(1))
+    u = re.search(rf"^UNIT=({re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.scope)$", text, re.M)
+    mgr = re.search(r"^MANAGER=(system|user)$", text, re.M)
+    unit, manager = (u.group(1), mgr.group(1)) if u and mgr else (None, None)
+    return Started(int(m.group(1)) if m else int(g.group(1)), int(g.group(1)), unit, manager)
 
 
 def exit_status(lines: Sequence[str]) -> int | None:
@@ -134,11 +195,22 @@ def describe_exit(rc: int) -> str:
     return f"exit status {rc}"
 
 
-def signal_script(pids: list[int], pgid: int | None, sig: str) -> str:
-    """Send `sig` (TERM or KILL) to the process group `pgid` and to every PID in `pids`. Prints nothing."""
+def signal_script(pids: list[int], pgid: int | None, sig: str, *, unit: str | None = None,
+                  manager: str | None = None) -> str:
+    """Send `sig` (TERM, KILL, INT or QUIT) to every process of the systemd scope `unit` (through its
+    `manager`, `system` or `user`: the whole cgroup, race-free), the process group `pgid` and every PID in
+    `pids`. Prints nothing; failures (a scope already gone) are ignored. Raises ValueError for another
+    signal, unit name or manager."""
     if sig not in ("TERM", "KILL", "INT", "QUIT"):
         raise ValueError(sig)
     parts = []
+    if unit:
+        if manager not in ("system", "user") or not re.fullmatch(
+                rf"{re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.scope", unit):
+            raise ValueError(unit)
+        ctl = 'env XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}" systemctl --user' \
+            if manager == "user" else "systemctl"
+        parts.append(f"{ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1")
     if pgid:
         parts.append(f"kill -{sig} -- -{int(pgid)} 2>/dev/null")
     if pids:

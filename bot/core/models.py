@@ -246,7 +246,10 @@ class Launch:
     posted; `snoozed_until` epoch seconds until which alerts are held back; `ready_at` when a check first
     found it ready (from then on it gets liveness checks); `unreachable_since` when its thread was told
     that the host cannot be reached (None once it is back); `seen_pids` every process of the launch a check
-    or kill has seen, remembered so a kill stops even those that cleared their environment."""
+    or kill has seen, remembered so a kill stops even those that cleared their environment: PID -> its
+    start time (epoch seconds on the host's clock, None when unknown), so a reused PID is not taken for
+    ours; `unit` the transient systemd scope it runs in and `unit_manager` (`system` or `user`), both None
+    when it runs without systemd."""
 
     id: int
     host: str
@@ -272,7 +275,9 @@ class Launch:
     snoozed_until: float | None = None
     ready_at: float | None = None
     unreachable_since: float | None = None
-    seen_pids: list[int] = field(default_factory=list)
+    seen_pids: dict[int, float | None] = field(default_factory=dict)
+    unit: str | None = None
+    unit_manager: str | None = None
 
     @property
     def live(self) -> bool:

@@ -11,6 +11,7 @@ line), `last_progress_t` (epoch s), `log_bytes`, `log_lines`, `gpu_mem_mib` / `g
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -179,16 +180,44 @@ def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
         snap.tagged_pids if la.tag else ())
     out = launch_processes(snap.table, tagged=tagged, pgid=la.pgid, sid=la.sid)
     if la.seen_pids:
-        # a remembered PID counts only while its process carries no other launch's tag and started after the
-        # launch (a PID reused by a stranger is newer than the launch at best: the start time guards against
-        # older strangers, the tag against other launches)
-        clock = snap.clock
-        seen = {p.pid for p in snap.table if p.pid in set(la.seen_pids)
-                and snap.launch_tags.get(p.pid, la.tag) == la.tag
-                and (clock is None or p.elapsed_s is None or clock - p.elapsed_s >= la.created_at - 2)}
+        # a remembered PID counts only while its process carries no other launch's tag and is the process
+        # that was seen: the same start time where it was recorded (a reused PID is a younger process),
+        # else at least one that started after the launch
+        seen = {p.pid for p in snap.table if p.pid in la.seen_pids
+                and snap.launch_tags.get(p.pid, la.tag) == la.tag and _same_process(snap, p, la)}
         if seen - {p.pid for p in out}:
             out = launch_processes(snap.table, tagged=seen | {p.pid for p in out})
     return out
+
+
+#: Start times from `clock - etimes` move by up to a second between probes (both are whole seconds).
+START_TIME_SLACK_S = 2.0
+
+
+def start_time(snap: Snapshot, p: ProcessInfo) -> float | None:
+    """When `p` started, in epoch seconds on the host's clock (`snap.clock` minus ps `etimes`), or None when
+    either is unknown. Whole-second precision: compare with START_TIME_SLACK_S."""
+    return None if snap.clock is None or p.elapsed_s is None else float(snap.clock - p.elapsed_s)
+
+
+def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
+    started = start_time(snap, p)
+    if started is None:
+        return True
+    recorded = la.seen_pids.get(p.pid)
+    if recorded is not None:
+        return abs(started - recorded) <= START_TIME_SLACK_S
+    return started >= la.created_at - START_TIME_SLACK_S
+
+
+def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo]) -> dict[int, float | None] | None:
+    """`la.seen_pids` with the processes `procs` (seen in `snap`) added with their start times (pure), or
+    None when nothing is new. A recorded start time is kept; an unknown one is filled in."""
+    new = dict(la.seen_pids)
+    for p in procs:
+        if new.get(p.pid) is None:
+            new[p.pid] = start_time(snap, p)
+    return None if new == la.seen_pids else new
 
 
 def _cpu_growing(procs: list, prev: dict[str, Any], now: float, quiet_since: float | None) -> bool | None:

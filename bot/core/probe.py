@@ -195,7 +195,8 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
                 f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r"
             )
     if req.tags or req.select_tag:
-        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; e tags 0")
+        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; "
+                     "grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$' /proc/[0-9]*/cgroup; e tags 0")
     if req.shm:
         lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
     if req.port is not None:
@@ -293,17 +294,24 @@ def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
 
 
 _TAG_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/environ:GPUBOT_LAUNCH=([A-Za-z0-9_.-]{1,64})$")
+_SCOPE_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/cgroup:/gpubot-([A-Za-z0-9_-]{1,64})\.scope$")
 
 
 def parse_launch_tags(text: str) -> dict[int, str]:
-    """PID -> launch tag from `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\0' '\\n'`
-    (GNU grep): lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`. Malformed lines are skipped."""
-    out: dict[int, str] = {}
+    """PID -> launch tag from two GNU grep outputs: `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ |
+    tr '\\0' '\\n'` (lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`) and `grep -H -o
+    '/gpubot-[A-Za-z0-9_-]*[.]scope$' /proc/[0-9]*/cgroup` (lines `/proc/PID/cgroup:/gpubot-TAG.scope`: the
+    process is in the launch's systemd scope, cgroup v1 or v2, whatever its environment says). The
+    environment wins where both name a tag. Malformed lines are skipped."""
+    env: dict[int, str] = {}
+    scope: dict[int, str] = {}
     for line in text.splitlines():
-        m = _TAG_LINE_RE.match(line.strip())
-        if m:
-            out[int(m.group(1))] = m.group(2)
-    return out
+        line = line.strip()
+        if m := _TAG_LINE_RE.match(line):
+            env[int(m.group(1))] = m.group(2)
+        elif m := _SCOPE_LINE_RE.match(line):
+            scope[int(m.group(1))] = m.group(2)
+    return {**scope, **env}
 
 
 def parse_df_available_mib(text: str) -> float | None:

@@ -70,7 +70,13 @@ def worker(args):
         f"mem usage={args.mem_mib / 1024:.2f} GB.", rank)
     if args.mode in ("hang", "heartbeat"):
         while True:
-            time.sleep(3600)
+            if args.poll_cpu > 0:  # a hung rank whose progress thread polls: CPU time, no progress
+                end = time.monotonic() + 0.1 * args.poll_cpu
+                while time.monotonic() < end:
+                    pass
+                time.sleep(0.1 * (1 - args.poll_cpu))
+            else:
+                time.sleep(3600)
     if args.mode == "oom" and rank == 0:
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
               "capacity of 139.81 GiB of which 1.19 GiB is free.", file=sys.stderr, flush=True)
@@ -222,6 +228,8 @@ def main():
     p.add_argument("--gpu-state", default=None)
     p.add_argument("--own-pgid-child", action="store_true")
     p.add_argument("--cleared-env-child", action="store_true")
+    p.add_argument("--poll-cpu", type=float, default=0.0,
+                   help="fraction of a core each hung rank spins (0..1), like a polling progress thread")
     p.add_argument("--control", default=None, help="a directory of switch files (health-503, oom)")
     p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
     p.add_argument("--worker-rank", type=int, default=None)

@@ -175,8 +175,9 @@ STATE_EMOJI: dict[LaunchState, str] = {
 
 
 def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
-    """Context for templates/launch_root.*: the launch's identity, who, params, processes, state; with a
-    `verdict`, the state detail says the verdict and phase (`silent_hang in weight_loading`)."""
+    """Context for templates/launch_root.*: the launch's identity, who, params, processes (and the systemd
+    scope `unit` it runs in, if any), state; with a `verdict`, the state detail says the verdict and phase
+    (`silent_hang in weight_loading`)."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(la.params.items())) or "(defaults)"
     detail = la.state_detail or ""
     if verdict is not None:
@@ -198,6 +199,7 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "log": la.log_path,
         "command": redact(short_command(la.command, 300)) if la.command else "",
         "relaunch_of": la.relaunch_of,
+        "unit": f"{la.unit}{' (user manager)' if la.unit_manager == 'user' else ''}" if la.unit else None,
     }
 
 
@@ -291,6 +293,19 @@ def key_evidence(evidence: list[str], n: int = ALERT_KEY_EVIDENCE) -> list[str]:
     return [evidence[i] for i in sorted(chosen)]
 
 
+#: The first next step of a launch's ready alert: the watch goes on, nothing to do.
+WATCHING_STEP = ("Nothing to do: gpubot keeps checking it while it serves (process, health endpoint, log, GPUs) "
+                 "and posts here when that changes.")
+_PLACEHOLDER_RE = re.compile(r"\b(PORT|HOST|PID)\b")
+
+
+def fill_placeholders(step: str, la: Launch) -> str:
+    """A next step with the placeholders PORT, HOST and PID (whole words) replaced by the launch's port, host
+    and server PID where it has one (`MASTER_PORT` is left alone)."""
+    values = {"PORT": la.port, "HOST": la.host, "PID": la.pid}
+    return _PLACEHOLDER_RE.sub(lambda m: str(values[m.group(1)]) if values[m.group(1)] else m.group(1), step)
+
+
 def _button_steps(steps: list[str]) -> list[str]:
     out: list[str] = []
     for step in steps:
@@ -305,10 +320,12 @@ def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[t
     """Context for templates/alert.* (short, action first): the headline (launch, verdict, phase, seconds since
     the launch `elapsed_s`), the summary, ALERT_KEY_EVIDENCE key evidence lines (`evidence`, see
     key_evidence; all of them in `all_evidence`, for the attached file), then the buttons (not for ready), then at most
-    `max_steps` next steps, steps the buttons do replaced by a pointer to them. `recovered`: a ready verdict
+    `max_steps` next steps, steps the buttons do replaced by a pointer to them, PORT/HOST/PID filled in (a
+    ready launch: WATCHING_STEP and the local health probe). `recovered`: a ready verdict
     after a problem while serving (one "recovered" message). Time per phase for ready only."""
     buttons = verdict.verdict != "ready"
-    steps = _button_steps(verdict.next_steps) if buttons else list(verdict.next_steps)
+    steps = _button_steps(verdict.next_steps) if buttons else [WATCHING_STEP, *verdict.next_steps[:1]]
+    steps = [fill_placeholders(s, la) for s in steps]
     return {
         "name": la.name, "host": la.host, "verdict": verdict.verdict, "phase": verdict.phase,
         "summary": verdict.summary, "evidence": key_evidence(verdict.evidence),

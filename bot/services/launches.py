@@ -35,7 +35,7 @@ from bot.core.lifecycle import (
     signal_script,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
-from bot.core.observe import own_processes
+from bot.core.observe import own_processes, remember_processes
 from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.services.audit import Audit
@@ -290,7 +290,8 @@ class LaunchService:
 
     async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
         try:
-            res = await self.hosts.executor(la.host).run("sh -s", input=launch_script(r).encode(), timeout_s=30)
+            script = launch_script(r, systemd=self.config.hosts[la.host].systemd == "auto")
+            res = await self.hosts.executor(la.host).run("sh -s", input=script.encode(), timeout_s=30)
             out = res.stdout.decode("utf-8", "replace")
             started = parse_launch_output(out)
             why = None if started is not None else (
@@ -303,8 +304,8 @@ class LaunchService:
                                launch_id=la.id, host=la.host, channel=la.channel)
             await self._threads.show(la)
             return LaunchOutcome(la, checks=checks, error=f"could not start: {why}")
-        pid, pgid = started
-        la = self._launches.set_started(la.id, pid, pgid)
+        pid = started.pid
+        la = self._launches.set_started(la.id, pid, started.pgid, unit=started.unit, unit_manager=started.manager)
         if la.state != LaunchState.RUNNING:  # killed while it was starting: stop what just started, verified
             try:
                 k = await self._kill(la, KillOutcome(target=la.name))
@@ -448,25 +449,30 @@ class LaunchService:
             out.nothing_to_kill = out.released = True
             out.mem_after_mib = out.mem_before_mib
             return out
-        self._launches.update(la.id, seen_pids=[*la.seen_pids, *(p.pid for p in procs)])
+        remembered = remember_processes(la, snap, procs)
+        if remembered is not None:
+            self._launches.update(la.id, seen_pids=remembered)
         out.signalled = procs
         # only a group confirmed ours is signalled as a whole (a reused PGID may be a stranger's)
         pgid = la.pgid if group_confirmed(snap.table, self._tagged(la, snap), la.pgid) else None
         out.remaining, out.used_sigkill = await self._signal_and_wait(
             la.host, [p.pid for p in procs], pgid, tag=la.tag or None,
-            survivors=lambda s: self.launch_processes_of(la, s))
+            survivors=lambda s: self.launch_processes_of(la, s), unit=la.unit, manager=la.unit_manager)
         return await self._wait_released(la, out, {p.pid for p in out.signalled})
 
     async def _signal_and_wait(self, host: str, pids: list[int], pgid: int | None, *, tag: str | None,
-                               survivors: Callable[[Snapshot], list[ProcessInfo]]) -> tuple[list[ProcessInfo], bool]:
-        """The one escalation loop: SIGTERM `pids` (and the group `pgid`), wait up to `kill_grace_s` for
-        `survivors(snapshot)` to be empty, then SIGKILL what is left and wait `sigkill_wait_s` more. Returns
-        (what is still alive, zombies left out; whether SIGKILL was needed). Raises RemoteError."""
+                               survivors: Callable[[Snapshot], list[ProcessInfo]], unit: str | None = None,
+                               manager: str | None = None) -> tuple[list[ProcessInfo], bool]:
+        """The one escalation loop: SIGTERM `pids` (and the group `pgid`, and the whole systemd scope `unit`
+        through its `manager`), wait up to `kill_grace_s` for `survivors(snapshot)` to be empty, then SIGKILL
+        what is left and wait `sigkill_wait_s` more. Returns (what is still alive, zombies left out; whether
+        SIGKILL was needed). Raises RemoteError."""
         ex = self.hosts.executor(host)
         left: list[ProcessInfo] = []
         for sig, budget_s in (("TERM", self.kill_grace_s), ("KILL", self.sigkill_wait_s)):
             targets = pids if sig == "TERM" else [p.pid for p in left]
-            await ex.run("sh -s", input=signal_script(targets, pgid, sig).encode(), timeout_s=15)
+            script = signal_script(targets, pgid, sig, unit=unit, manager=manager)
+            await ex.run("sh -s", input=script.encode(), timeout_s=15)
             left = await self._wait_gone(host, budget_s, tag, survivors)
             if not left:
                 return [], sig == "KILL"

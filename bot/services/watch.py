@@ -29,6 +29,7 @@ from bot.core.observe import (
     judge,
     new_log_lines,
     observation_from_snapshot,
+    remember_processes,
 )
 from bot.core.serving import judge_serving
 from bot.present.chart import launch_timeline_png
@@ -162,8 +163,9 @@ class Watcher:
         prev = next((r for r in reversed(history) if not r.get("error")), None)
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
         seen = {p.pid for p in obs.processes or []}
-        if not seen <= set(la.seen_pids):
-            la = self._launch_rows.update(la.id, seen_pids=[*la.seen_pids, *seen])
+        remembered = remember_processes(la, snap, obs.processes or [])
+        if remembered is not None:
+            la = self._launch_rows.update(la.id, seen_pids=remembered)
         if la.pid is not None and seen and snap.table and la.pid not in seen:
             # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
             # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life

@@ -171,6 +171,32 @@ async def test_stack_dump_of_a_hung_launch_in_its_thread(make_bot, ssh_server, f
     assert bot.events(action="stack_dump")[-1].result == "ok"
 
 
+async def test_stack_dumps_during_a_hang_change_no_verdict_and_post_no_alert(make_bot, ssh_server, fake_gpu,
+                                                                              tmp_path):
+    py_spy = Path(sys.executable).parent / "py-spy"
+    if shutil.which("py-spy", path=str(py_spy.parent)) is None:
+        pytest.skip("py-spy is not installed in this environment (pip install py-spy)")
+    # the hung ranks poll, as a real rank's progress thread does: ps TIME ticks a second now and then
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, host={"py_spy": str(py_spy)})
+    cfg.variants["base"].command += " --poll-cpu 0.3"
+    bot = await hung_then_watched(make_bot, cfg, "/launch base mode=hang workers=2", 2)
+    la = await wait_alert(bot, 1, {"silent_hang"})
+    first_dump = None
+    for _ in range(3):  # the bot's own work on the hung ranks, with checks in between
+        answer = await bot.chat.say("!stack", thread=la.thread_ts)
+        if "Permission" in answer.text or "ptrace" in answer.text:
+            pytest.skip("py-spy cannot attach here (ptrace restricted)")
+        assert answer.audit == "ok", answer.text
+        first_dump = first_dump or len(bot.store.observations.list(1))
+        await wait_checks(bot, 1, 2)
+    await wait_checks(bot, 1, 3)
+    verdicts = [r.get("verdict") for r in bot.store.observations.list(1)[first_dump:] if not r.get("error")]
+    assert verdicts and set(verdicts) == {"silent_hang"}, verdicts
+    assert [p.text.splitlines()[0] for p in alerts(bot)] == [alerts(bot, "silent_hang")[0].text.splitlines()[0]]
+    assert bot.launch(1).alert_state == "silent_hang"
+    assert "silent_hang" in bot.chat.posts[0].text  # the root still says what it is
+
+
 async def test_alert_carries_a_timeline_chart_and_chart_command_works(make_bot, gpu_config):
     watched = await hung_then_watched(make_bot, gpu_config, "/launch base mode=hang workers=2", 2)
     la = await wait_alert(watched, 1, {"silent_hang"})

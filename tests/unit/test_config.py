@@ -1154,3 +1154,21 @@ def test_cli_check_config_duplicate_key_and_unset_reference(tmp_path, monkeypatc
     assert result.exit_code == 2
     assert "  hosts.h: duplicate key 'local' (line 4)" in result.stderr
     assert "  hosts.h.env.X: environment variable GPUBOT_TEST_UNSET_VAR is not set" in result.stderr
+
+
+def test_a_command_that_cannot_be_execed_is_refused_with_its_fix():
+    from bot.config.checks import command_start_problems
+
+    def errs(command: str) -> list[str]:
+        if not command_start_problems(command):
+            return []
+        return variant_errors({"v": {"host": "local-box", "command": command}})
+
+    assert errs("CUDA_LAUNCH_BLOCKING=1 python -m sglang.launch_server") == [
+        "variants.v.command: starts with the environment assignment CUDA_LAUNCH_BLOCKING=...: the command is "
+        "exec'ed as the server process, so put the variable under the variant's env"]
+    assert "use the variant's workdir" in errs("cd /srv && python serve.py")[0]
+    assert "wrapper script" in errs("ulimit -n 65536 && python serve.py")[0]
+    assert errs("python -m sglang.launch_server --tp 8") == []
+    assert errs("{{ python }} serve.py") == []  # a param decides the program
+    assert errs("env CUDA_LAUNCH_BLOCKING=1 python serve.py") == []

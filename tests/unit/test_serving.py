@@ -14,6 +14,7 @@ from bot.core.diagnose import Observation
 from bot.core.lifecycle import (
     EXIT_LINE_FORMAT,
     RenderedLaunch,
+    Started,
     describe_exit,
     exit_status,
     launch_script,
@@ -169,8 +170,9 @@ def test_launch_script_runs_the_server_under_a_wrapper_that_logs_its_end(tmp_pat
     r = RenderedLaunch(variant="v", host="h", command="sh -c 'echo started; kill -9 $$'", log_path=str(log),
                        port=None, gpus=[], env={"GPUBOT_LAUNCH": "9-x"}, workdir=None, params={})
     out = subprocess.run(["sh", "-s"], input=launch_script(r), capture_output=True, text=True, timeout=30).stdout
-    pid, pgid = parse_launch_output(out)
-    assert pid != pgid
+    started = parse_launch_output(out)
+    pid = started.pid
+    assert pid != started.pgid and started.unit is None  # no systemd asked for
     for _ in range(400):
         if "exited with status" in (log.read_text() if log.exists() else ""):
             break
@@ -182,8 +184,8 @@ def test_launch_script_runs_the_server_under_a_wrapper_that_logs_its_end(tmp_pat
 
 
 def test_parse_launch_output_falls_back_to_the_group():
-    assert parse_launch_output("PGID=10\nPID=12\n") == (12, 10)
-    assert parse_launch_output("PGID=10\nPID=\n") == (10, 10)
+    assert parse_launch_output("PGID=10\nPID=12\n") == Started(12, 10)
+    assert parse_launch_output("PGID=10\nPID=\n") == Started(10, 10)
     assert parse_launch_output("nothing") is None
 
 
@@ -228,7 +230,7 @@ def test_a_failed_ps_never_ends_a_launch():
 
 
 def test_a_remembered_pid_now_of_another_launch_is_not_ours():
-    la = launch(seen_pids=[4242])
+    la = launch(seen_pids={4242: None})
     table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="python other.py"),
              ProcessInfo(pid=4243, ppid=4242, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="worker")]
     other = Snapshot(host="h", clock=2000.0, table=table, launch_tags={4242: "7-def", 4243: "7-def"})

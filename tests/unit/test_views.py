@@ -390,6 +390,22 @@ def test_ready_alert_has_phases_and_no_buttons():
     assert "Phases: weight_loading 1m00s, warmup 30s" in msg.text
 
 
+def test_next_steps_fit_a_ready_launch_and_name_its_own_port_and_pid():
+    from bot.core.diagnose import SIGNATURES
+
+    ready = Verdict("ready", "ready", ["`GET /health 200`"], SIGNATURES.next_steps["ready"], "Serving.")
+    steps = alert_view(a_launch(), ready, elapsed_s=95.0, phases=[])["next_steps"]
+    assert steps[0].startswith("Nothing to do: gpubot keeps checking it while it serves")
+    assert steps[1:] == ['Probe it from the host itself, bypassing proxies: '
+                         '`curl --noproxy "*" http://127.0.0.1:30000/health`.']
+    hang = Verdict("silent_hang", "serving", ["`x`"], SIGNATURES.next_steps["silent_hang"], "Serving hang.")
+    hang_steps = alert_view(a_launch(), hang, elapsed_s=1.0, phases=[])["next_steps"]
+    assert any("`cat /proc/4242/stack`" in s for s in hang_steps), hang_steps
+    port = Verdict("port_in_use", None, ["`x`"], ["Set a free `MASTER_PORT`, or `lsof -i :PORT`."], "Port.")
+    assert alert_view(a_launch(port=None), port, elapsed_s=1.0, phases=[])["next_steps"] == [
+        "Set a free `MASTER_PORT`, or `lsof -i :PORT`."]  # no port known: the placeholder stays
+
+
 def test_kill_confirm_view_and_its_buttons():
     pv = KillPreview(target="base#12", host="gpu-host-1", launch_id=12, pgid=4242,
                      processes=[ProcessInfo(pid=4242 + i, stat="Sl", args=f"/opt/venv/bin/python3 -m sglang rank{i}")

@@ -44,6 +44,8 @@ class LaunchRow(Base):
     ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     unreachable_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     seen_pids_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    unit: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    unit_manager: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 def _launch(row: LaunchRow) -> Launch:
@@ -54,8 +56,26 @@ def _launch(row: LaunchRow) -> Launch:
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
         thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
         snoozed_until=row.snoozed_until, ready_at=row.ready_at, unreachable_since=row.unreachable_since,
-        seen_pids=json.loads(row.seen_pids_json or "[]"),
+        seen_pids=_seen_pids(row.seen_pids_json), unit=row.unit, unit_manager=row.unit_manager,
     )
+
+
+def _seen_pids(text: str | None) -> dict[int, float | None]:
+    """`seen_pids_json` -> PID -> start time: a JSON object (`{"123": 1700000000.0}`), or the list of PIDs an
+    older gpubot stored (start times unknown). Anything else is an empty record."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if isinstance(data, list):
+        return {int(p): None for p in data if isinstance(p, int)}
+    if isinstance(data, dict):
+        out: dict[int, float | None] = {}
+        for k, v in data.items():
+            if str(k).isdigit():
+                out[int(k)] = float(v) if isinstance(v, (int, float)) else None
+        return out
+    return {}
 
 
 class LaunchRepository:
@@ -94,7 +114,7 @@ class LaunchRepository:
                 elif k == "gpus":
                     row.gpus_json = json.dumps(v)
                 elif k == "seen_pids":
-                    row.seen_pids_json = json.dumps(sorted({int(p) for p in v}))
+                    row.seen_pids_json = json.dumps({str(p): t for p, t in sorted(dict(v).items())})
                 elif k == "state":
                     row.state = LaunchState(v).value
                 else:
@@ -103,16 +123,19 @@ class LaunchRepository:
                 row.ended_at = time.time()
             return _launch(row)
 
-    def set_started(self, launch_id: int, pid: int, pgid: int | None = None) -> Launch:
-        """Record the started server process `pid` and its wrapper's process group = session `pgid` (default:
-        `pid`). The state becomes `running` only if it is still `starting` (compare-and-set): a launch
-        cancelled meanwhile keeps its state. Raises KeyError."""
+    def set_started(self, launch_id: int, pid: int, pgid: int | None = None, *, unit: str | None = None,
+                    unit_manager: str | None = None) -> Launch:
+        """Record the started server process `pid`, its wrapper's process group = session `pgid` (default:
+        `pid`) and the systemd scope `unit` it runs in (with its `unit_manager`), if any. The state becomes
+        `running` only if it is still `starting` (compare-and-set): a launch cancelled meanwhile keeps its
+        state. Raises KeyError."""
         with self._db.transaction() as s:
             row = s.get(LaunchRow, launch_id)
             if row is None:
                 raise KeyError(launch_id)
             row.pid = pid
             row.pgid = row.sid = pgid or pid
+            row.unit, row.unit_manager = unit, unit_manager
             if row.state == LaunchState.STARTING:
                 row.state = LaunchState.RUNNING.value
             return _launch(row)

@@ -1,0 +1,104 @@
+"""Processes found by their systemd scope, kills through the scope, and remembered PIDs checked by their start
+time (pure parts; the scripts themselves run in tests/integration/test_scopes.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from bot.adapters.store import Store
+from bot.core.lifecycle import Started, parse_launch_output, scope_unit, signal_script
+from bot.core.models import Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.observe import own_processes, remember_processes
+from bot.core.probe import parse_launch_tags
+
+
+def launch(**kw) -> Launch:
+    fields = dict(id=3, host="h", variant="base", params={}, command="", log_path="/l", port=None, gpus=[0],
+                  pid=100, pgid=99, sid=99, state=LaunchState.RUNNING, state_detail=None, created_by="U1",
+                  created_at=1000.0, ended_at=None, channel="C1", thread_ts="1.1", tag="3-abc")
+    fields.update(kw)
+    return Launch(**fields)
+
+
+def test_a_process_in_the_launch_scope_carries_its_tag_whatever_its_environment_says():
+    text = "\n".join([
+        "/proc/100/environ:GPUBOT_LAUNCH=3-abc",
+        "/proc/200/cgroup:/gpubot-3-abc.scope",  # cgroup v2: env cleared, still in the scope
+        "/proc/201/cgroup:/gpubot-3-abc.scope",  # cgroup v1: one line per hierarchy naming the scope
+        "/proc/201/cgroup:/gpubot-3-abc.scope",
+        "/proc/300/environ:GPUBOT_LAUNCH=7-def",
+        "/proc/300/cgroup:/gpubot-3-abc.scope",  # the environment wins where both say something
+        "/proc/400/cgroup:/gpubot-x y.scope",  # not a unit name of ours
+        "/proc/abc/cgroup:/gpubot-3-abc.scope",
+    ])
+    assert parse_launch_tags(text) == {100: "3-abc", 200: "3-abc", 201: "3-abc", 300: "7-def"}
+
+
+def test_a_scope_member_in_its_own_session_is_the_launch_s_process():
+    table = [ProcessInfo(pid=99, ppid=1, pgid=99, sid=99, stat="S", args="sh"),
+             ProcessInfo(pid=100, ppid=99, pgid=99, sid=99, stat="S", args="python -m server"),
+             ProcessInfo(pid=200, ppid=1, pgid=200, sid=200, stat="S", args="helper"),
+             ProcessInfo(pid=201, ppid=200, pgid=200, sid=200, stat="S", args="helper child")]
+    tags = parse_launch_tags("/proc/99/environ:GPUBOT_LAUNCH=3-abc\n/proc/100/environ:GPUBOT_LAUNCH=3-abc\n"
+                             "/proc/200/cgroup:/gpubot-3-abc.scope\n")
+    snap = Snapshot(host="h", clock=2000.0, table=table, launch_tags=tags)
+    assert [p.pid for p in own_processes(snap, launch())] == [99, 100, 200, 201]
+    stranger = Snapshot(host="h", clock=2000.0, table=table, launch_tags={99: "3-abc", 100: "3-abc"})
+    assert [p.pid for p in own_processes(stranger, launch())] == [99, 100]
+
+
+def test_the_kill_signals_the_whole_scope_through_its_manager():
+    system = signal_script([5], 4, "TERM", unit="gpubot-3-abc.scope", manager="system")
+    assert system.startswith("systemctl --no-ask-password kill --signal=SIGTERM -- gpubot-3-abc.scope")
+    assert "kill -TERM -- -4" in system and "kill -TERM 5" in system  # the group and PIDs as well
+    user = signal_script([5], None, "KILL", unit="gpubot-3-abc.scope", manager="user")
+    assert "systemctl --user --no-ask-password kill --signal=SIGKILL -- gpubot-3-abc.scope" in user
+    assert "systemctl" not in signal_script([5], 4, "TERM")
+    for unit, manager in (("gpubot-3-abc.scope; reboot", "system"), ("sshd.service", "system"),
+                          ("gpubot-3-abc.scope", "root")):
+        with pytest.raises(ValueError):
+            signal_script([5], 4, "TERM", unit=unit, manager=manager)
+
+
+def test_the_launch_output_names_the_scope_only_with_its_manager():
+    assert parse_launch_output("PGID=10\nPID=12\nUNIT=gpubot-3-abc.scope\nMANAGER=user\n") == Started(
+        12, 10, "gpubot-3-abc.scope", "user")
+    assert parse_launch_output("PGID=10\nPID=12\nUNIT=gpubot-3-abc.scope\n") == Started(12, 10)
+    assert parse_launch_output("PGID=10\nPID=12\nUNIT=sshd.service\nMANAGER=system\n") == Started(12, 10)
+    assert scope_unit("3-abc") == "gpubot-3-abc.scope" and scope_unit("3 abc") is None and scope_unit("") is None
+
+
+def test_a_remembered_pid_counts_only_for_the_process_that_was_seen():
+    table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="helper")]
+    snap = Snapshot(host="h", clock=2000.0, table=table)  # started at 1700, after the launch (1000)
+    first = remember_processes(launch(), snap, table)
+    assert first == {4242: 1700.0}
+    assert remember_processes(launch(seen_pids=first), snap, table) is None  # nothing new
+    same = Snapshot(host="h", clock=2600.0, table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=901)])
+    assert [p.pid for p in own_processes(same, launch(seen_pids=first))] == [4242]  # one second of slack
+    # the seen process ended and a stranger, also younger than the launch, got its PID
+    reused = Snapshot(host="h", clock=2600.0, table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=60)])
+    assert own_processes(reused, launch(seen_pids=first)) == []
+    # an older record without a start time falls back to "started after the launch"
+    assert [p.pid for p in own_processes(reused, launch(seen_pids={4242: None}))] == [4242]
+
+
+def test_seen_pids_of_an_older_database_are_read_and_kept(tmp_path):
+    url = f"sqlite:///{tmp_path}/gpubot.db"
+    store = Store(url)
+    la = store.launches.create(host="h", variant="base", params={}, command="c", log_path=None, port=None,
+                               gpus=[], created_by="U1")
+    store.close()
+    with sqlite3.connect(tmp_path / "gpubot.db") as db:  # what an older gpubot wrote: a list of PIDs
+        db.execute("UPDATE launches SET seen_pids_json = '[41, 42]' WHERE id = ?", (la.id,))
+    store = Store(url)
+    try:
+        assert store.launches.get(la.id).seen_pids == {41: None, 42: None}
+        after = store.launches.update(la.id, seen_pids={41: None, 42: 1700.0, 43: 1800.5})
+        assert after.seen_pids == {41: None, 42: 1700.0, 43: 1800.5}
+        store.launches.update(la.id, unit="gpubot-1-x.scope", unit_manager="system")
+        assert store.launches.get(la.id).unit == "gpubot-1-x.scope"
+    finally:
+        store.close()
