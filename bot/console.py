@@ -75,8 +75,9 @@ class ConsoleSurface:
         return await self.post(channel, message, thread_ts=thread_ts)
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
-        """Print the first line of the new version of a message (e.g. a launch's new state)."""
-        print(f"[message {ts} updated] {message.text.splitlines()[0] if message.text else ''}", file=self.out)
+        """Print the first line of the new version of an earlier message (e.g. a launch's new state); the
+        console never showed message ids, so none is printed."""
+        print(f"[earlier message updated] {message.text.splitlines()[0] if message.text else ''}", file=self.out)
         return True
 
     async def delete(self, channel: str, ts: str) -> bool:

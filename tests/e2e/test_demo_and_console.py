@@ -144,3 +144,5 @@ async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path
     assert rc == 0, err
     assert "Launched demo#1" in text and text.count("[demo#1]") == 2
     assert "Killed demo#1" in text and "released" in text
+    # the root message's new state, without a message id the console never showed
+    assert "[earlier message updated] demo#1 on local: killed" in text, text

@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,12 @@ def root_text(bot) -> str:
 async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_says_failed(serving):
     la = serving.launch(1)
     assert serving.runtime.watcher.scheduler.is_watched(1)  # the watch goes on after ready
+    killed_at = time.time()
     os.kill(la.pid, signal.SIGKILL)  # the server process itself; its TP ranks stay as leftovers
     la = await wait_alert(serving, 1, {"crashed"}, timeout=30)
+    # within 2 liveness intervals: the first or second check after the kill found it dead
+    after = [r for r in serving.store.observations.list(1) if r.get("t", 0) >= killed_at and not r.get("error")]
+    assert [r.get("verdict") for r in after].index("crashed") < 2, after
     (posted,) = alerts(serving, "crashed")
     assert "killed by signal 9 (SIGKILL)" in posted.text, posted.text
     assert la.state == LaunchState.FAILED and not serving.runtime.watcher.scheduler.is_watched(1)
@@ -120,6 +125,17 @@ async def test_oom_after_ready_fails_the_launch_and_the_root_says_so(serving, co
     assert root_text(serving).startswith("base#1 on gpu-host-1: failed (oom in serving)"), root_text(serving)
     (posted,) = alerts(serving, "oom")
     assert "CUDA out of memory" in posted.text
+
+
+async def test_a_gpu_lost_while_serving_alerts_once_with_the_driver_s_words(serving, fake_gpu):
+    fake_gpu.set_mode("exit:15")  # nvidia-smi now answers as on a host whose GPU fell off the bus
+    la = await wait_alert(serving, 1, {"gpu_lost"}, timeout=30)
+    (posted,) = alerts(serving, "gpu_lost")
+    assert posted.text.splitlines()[0].startswith("base#1 on gpu-host-1: gpu_lost in serving"), posted.text
+    assert "GPU is lost" in posted.text and "dmesg | grep -i xid" in posted.text
+    assert la.live  # the server process still runs: the verdict says why it cannot serve, nothing is killed
+    await wait_checks(serving, 1, 3)
+    assert len(alerts(serving, "gpu_lost")) == 1 and len(alerts(serving)) == 2  # ready, then gpu_lost
 
 
 async def test_a_restarted_bot_finds_the_ready_server_dead_with_its_signal(make_bot, serving_config):
