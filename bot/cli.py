@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from pathlib import Path
 
 import click
 
@@ -110,11 +111,18 @@ def demo() -> None:
 
 @main.command("try-config")
 @click.argument("directory", type=click.Path(file_okay=False))
-def try_config(directory: str) -> None:
+@click.option("--force", is_flag=True, help="Overwrite an existing DIRECTORY/config.yaml.")
+def try_config(directory: str, force: bool) -> None:
     """Write DIRECTORY/config.yaml to try /launch, /kill and /relaunch on this machine in the console
-    (replayed H200 GPUs when there is no nvidia-smi; the demo server as variant `demo`)."""
+    (replayed H200 GPUs when there is no nvidia-smi; the demo server as variant `demo`). An existing
+    config.yaml is kept (exit 2) unless --force."""
     from bot.demo.run import write_try_config
 
+    existing = Path(directory) / "config.yaml"
+    if existing.exists() and not force:
+        click.echo(f"error: {existing} exists; use it (gpubot console --config {existing}), choose another "
+                   "directory, or pass --force to overwrite it", err=True)
+        sys.exit(2)
     try:
         path = write_try_config(directory)
     except OSError as e:

@@ -70,7 +70,7 @@ def launch(ctx: Context, ref: str | None, usage: str, *, allow_only_live: bool =
         la = ctx.services.launches.find(ref, channel=r.channel_id, thread_ts=r.thread_ts,
                                         allow_only_live=allow_only_live)
     except LaunchError as e:
-        raise UserError("Which launch?", str(e), f"Usage: {usage}", audit="invalid") from None
+        raise UserError("Cannot pick a launch", str(e), f"Usage: {usage}", audit="invalid") from None
     if r.source == Source.BUTTON and not la.live:
         _refuse_replaced(ctx, la, usage)
     return la

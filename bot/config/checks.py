@@ -15,6 +15,7 @@ import jinja2.meta
 import jinja2.sandbox
 
 from bot.config.schema import ENV_REF_RE, Config, ParamSpec
+from bot.core.lifecycle import exec_problems
 
 #: Names a variant's command template may use besides its declared params.
 BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})
@@ -24,28 +25,6 @@ BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host"
 _FORBIDDEN_IN_COMMAND = (("'", "quotes"), ('"', "quotes"), ("\\", "backslashes"), ("`", "backticks"),
                          ("$(", "$( )"), ("${", "${ }"))
 _ALLOWED_BLOCKS = frozenset({"if", "elif", "else", "endif"})
-
-
-#: Shell builtins a command cannot start with: the launch `exec`s the command as the server process.
-_NOT_EXECUTABLE = {"cd": "use the variant's workdir", "export": "use the variant's env", "source": "",
-                   ".": "", "ulimit": "", "umask": "", "set": "", "eval": "", "exec": "drop it: gpubot execs it"}
-
-
-def command_start_problems(template: str) -> list[str]:
-    """Starts of a command template that cannot be `exec`ed (pure): an environment assignment (`FOO=1 cmd`:
-    use the variant's env) or a shell builtin such as `cd` (use workdir) or `ulimit` (use a wrapper script).
-    The launch runs `exec COMMAND`, so the server is the process whose PID is recorded. Returns messages."""
-    m = re.match(r"\s*([^\s{]+)", template)
-    if not m:
-        return []
-    word = m.group(1)
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", word):
-        return [f"starts with the environment assignment {word.split('=')[0]}=...: the command is exec'ed as "
-                "the server process, so put the variable under the variant's env"]
-    if word in _NOT_EXECUTABLE:
-        fix = _NOT_EXECUTABLE[word] or "put it in a wrapper script that ends with `exec` of the server"
-        return [f"starts with the shell builtin {word!r}, which cannot be exec'ed as the server process: {fix}"]
-    return []
 
 
 def command_template_problems(template: str) -> list[str]:
@@ -134,7 +113,7 @@ def _cross_checks(cfg: Config) -> list[str]:
                 )
         if rv.command:
             errors.extend(f"variants.{name}.command: {p}" for p in command_template_problems(rv.command))
-            errors.extend(f"variants.{name}.command: {p}" for p in command_start_problems(rv.command))
+            errors.extend(f"variants.{name}.command: {p}" for p in exec_problems(rv.command))
         for pname, spec in rv.params.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", pname):
                 errors.append(f"variants.{name}.params.{pname}: parameter names must be identifiers")

@@ -96,6 +96,16 @@ class HostConfig(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     log_dirs: list[str] = Field(default_factory=list)
 
+    @field_validator("systemd", mode="before")
+    @classmethod
+    def _systemd(cls, v: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as False, `on`/`yes`/`true` as True
+        if v is False:
+            return "off"
+        if v is True:
+            return "auto"
+        return v
+
     @field_validator("log_dirs")
     @classmethod
     def _log_dirs(cls, v: list[str]) -> list[str]:
@@ -203,6 +213,16 @@ class WatchPolicy(_Model):
     @classmethod
     def _pos(cls, v: float) -> float:
         return _seconds(v, limit=MAX_WATCH_SECONDS)
+
+    def overridden_by(self, other: WatchPolicy | None) -> WatchPolicy:
+        """This policy with the keys `other` sets (a variant's own `watch:`) replaced, key by key; its
+        `phase_grace_s` entries are merged over this one's. `other` None: this policy."""
+        if other is None:
+            return self
+        update = {k: getattr(other, k) for k in other.model_fields_set}
+        if "phase_grace_s" in update:
+            update["phase_grace_s"] = {**self.phase_grace_s, **other.phase_grace_s}
+        return self.model_copy(update=update)
 
     @property
     def serving_silence_s(self) -> float:
@@ -437,7 +457,8 @@ class Config(_Model):
         return list(self.hosts)
 
     def resolved_variant(self, name: str) -> VariantConfig:
-        """The variant with `extends` applied (child keys win; params and env are merged).
+        """The variant with `extends` applied (child keys win; params, env and watch (with its phase_grace_s)
+        are merged key by key).
 
         Raises KeyError for an unknown variant.
         """
@@ -456,6 +477,9 @@ class Config(_Model):
             for key, value in data.items():
                 if key in ("params", "env") and key in merged:
                     merged[key] = {**merged[key], **value}
+                elif key == "watch" and key in merged and isinstance(value, dict):
+                    grace = {**merged[key].get("phase_grace_s", {}), **value.get("phase_grace_s", {})}
+                    merged[key] = {**merged[key], **value, **({"phase_grace_s": grace} if grace else {})}
                 elif key == "extra_args" and key in merged:
                     merged[key] = [*merged[key], *value]
                 else:

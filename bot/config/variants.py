@@ -18,7 +18,7 @@ import jinja2.sandbox
 
 from bot.config.checks import command_template_problems
 from bot.config.schema import Config, ParamSpec, VariantConfig
-from bot.core.lifecycle import LAUNCH_ENV, LaunchError, RenderedLaunch
+from bot.core.lifecycle import LAUNCH_ENV, LaunchError, RenderedLaunch, exec_problems
 
 _CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -163,6 +163,8 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
         raise LaunchError(f"command template of {variant_name} failed: {e}") from None
     if v.extra_args:
         command += " " + " ".join(shlex.quote(a) for a in v.extra_args)
+    if problems := exec_problems(command):  # a param or an {% if %} may have put a builtin first
+        raise LaunchError(f"the command of {variant_name} cannot be started: it {problems[0]}")
     env = dict(v.env)
     env["PYTHONUNBUFFERED"] = "1"
     if gpus:

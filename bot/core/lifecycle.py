@@ -86,26 +86,61 @@ def _systemd_detect(unit: str) -> list[str]:
     """Shell lines that set `sd` to a `systemd-run ... --scope` prefix when the host's systemd can hold the
     launch in a transient scope: the system manager for root, the user's own manager only when lingering is
     on (otherwise the manager, and every unit in it, stops with the user's last login session). A trial
-    scope (`true`) must start first; anything else leaves `sd` empty: the launch runs as without systemd."""
+    scope (`true`) must start first, each call within 5 s; anything else leaves `sd` empty: the launch runs
+    as without systemd."""
     name = unit.removesuffix(".scope")
     return [
         "sd=; mgr=; sdx=",
-        "if command -v systemd-run >/dev/null 2>&1 && command -v systemctl >/dev/null 2>&1; then",
+        # a wedged systemd or D-Bus answers after 25 s: give each call 5 s, then launch without a scope
+        "if command -v systemd-run >/dev/null 2>&1 && command -v systemctl >/dev/null 2>&1 && "
+        "command -v timeout >/dev/null 2>&1; then",
         '  if [ "$(id -u)" = 0 ]; then',
-        "    if systemctl show-environment >/dev/null 2>&1; then mgr=system; sdx=systemd-run; fi",
+        "    if timeout -k 1 5 systemctl show-environment >/dev/null 2>&1; then mgr=system; sdx=systemd-run; fi",
         "  else",
         '    rtd="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}"',
         '    case "$rtd" in *[!A-Za-z0-9/_.-]*) rtd= ;; esac',
         '    if [ -n "$rtd" ] && [ "$(loginctl show-user "$(id -u)" -p Linger --value 2>/dev/null)" = yes ] &&'
-        ' env XDG_RUNTIME_DIR="$rtd" systemctl --user show-environment >/dev/null 2>&1; then',
+        ' timeout -k 1 5 env XDG_RUNTIME_DIR="$rtd" systemctl --user show-environment >/dev/null 2>&1; then',
         '      mgr=user; sdx="env XDG_RUNTIME_DIR=$rtd systemd-run --user"',
         "    fi",
         "  fi",
-        '  if [ -n "$mgr" ] && $sdx --scope --quiet --collect true >/dev/null 2>&1; then',
+        '  if [ -n "$mgr" ] && timeout -k 1 5 $sdx --scope --quiet --collect true >/dev/null 2>&1; then',
         f'    sd="$sdx --scope --quiet --collect --unit={name} --"',
         "  fi",
         "fi",
     ]
+
+
+#: Shell builtins a command cannot start with: the launch `exec`s the command as the server process.
+_NOT_EXECUTABLE = {"cd": "use the variant's workdir", "export": "use the variant's env", "source": "",
+                   ".": "", "ulimit": "", "umask": "", "set": "", "eval": "", "exec": "drop it: gpubot execs it"}
+
+
+def exec_problems(command: str) -> list[str]:
+    """Why a command (a variant's template, or the command rendered from it) cannot run as `exec COMMAND`,
+    the server process whose PID is recorded (pure): more than one line (YAML `|` keeps line breaks; `>-`
+    folds them), a trailing `&` (the server would leave its wrapper at once), an environment assignment
+    first (`FOO=1 cmd`: use the variant's env) or a shell builtin first (`cd`: use workdir; `ulimit`: a
+    wrapper script). A template's first word may still come from a `{{ param }}` or `{% if %}`: the
+    rendered command is checked again at launch. Returns messages; empty when it can be exec'ed."""
+    text = command.strip()
+    problems = []
+    if "\n" in text or "\r" in text:
+        problems.append("spans more than one line: only the first would run (write it on one line, or fold it "
+                        "with YAML `>-`)")
+    if re.search(r"(?<![&>|])&\s*$", text):
+        problems.append("ends with `&`: the server would be left in the background and its launch would end at "
+                        "once; gpubot runs it detached already")
+    m = re.match(r"([^\s{]+)", text)
+    word = m.group(1) if m else ""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", word):
+        problems.append(f"starts with the environment assignment {word.split('=')[0]}=...: the command is "
+                        "exec'ed as the server process, so put the variable under the variant's env")
+    elif word in _NOT_EXECUTABLE:
+        fix = _NOT_EXECUTABLE[word] or "put it in a wrapper script that ends with `exec` of the server"
+        problems.append(f"starts with the shell builtin {word!r}, which cannot be exec'ed as the server "
+                        f"process: {fix}")
+    return problems
 
 
 def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
@@ -131,8 +166,10 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
     inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; shift; exec ' + r.command  # the command sees no $1
     # the wrapper's own stderr goes nowhere (sh reports a child killed by a signal with a bare `Killed`, which
     # is no line of the server's); the server's stderr is the log (fd 3)
+    # the exit line starts a line of its own even when the server's last line had no newline ($2: the log)
     wrapper = (f"{_WRAPPER_FIRST_LINE}\n"
                f"sh -c {shlex.quote(inner)} gpubot-server \"$1\"\nrc=$?\n"
+               'if [ -s "$2" ] && [ "$(tail -c 1 -- "$2" | wc -l)" -eq 0 ]; then echo; fi\n'
                f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\nexit $rc")
     unit = scope_unit(r.env.get(LAUNCH_ENV, "")) if systemd else None
     lines += _systemd_detect(unit) if unit else ["sd=; mgr="]
@@ -142,12 +179,21 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
         f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
         'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
-        # $! is the wrapper's PID = PGID = SID.
-        f"setsid nohup $sd sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" > {log} 2>&1 < /dev/null &",
-        'echo "PGID=$!"',
+        # $! is the wrapper's PID = PGID = SID. The wait for the PID file ends early when the wrapper is
+        # already gone (a zombie until this script exits, so kill -0 would not tell).
+        "start() {",
+        f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" {log} > {log} 2>&1 < /dev/null &",
+        "  pg=$!; i=0",
+        f'  while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do',
+        '    case "$(cat /proc/$pg/stat 2>/dev/null)" in *") Z "*) break ;; esac',
+        "    sleep 0.05 2>/dev/null || sleep 1; i=$((i + 1))",
+        "  done",
+        "}",
+        'start "$sd"',
+        # a scope that started for `true` but not for the server (a unit name taken, a policy): no scope
+        'if [ -n "$sd" ] && [ ! -s "$pf" ]; then sd=; start ""; fi',
+        'echo "PGID=$pg"',
         *([f'if [ -n "$sd" ]; then echo "UNIT={unit}"; echo "MANAGER=$mgr"; fi'] if unit else []),
-        f'i=0; while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do sleep 0.05 2>/dev/null || sleep 1; '
-        "i=$((i + 1)); done",
         'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',
     ]
     return "\n".join(lines) + "\n"
@@ -197,24 +243,29 @@ def describe_exit(rc: int) -> str:
 
 def signal_script(pids: list[int], pgid: int | None, sig: str, *, unit: str | None = None,
                   manager: str | None = None) -> str:
-    """Send `sig` (TERM, KILL, INT or QUIT) to every process of the systemd scope `unit` (through its
-    `manager`, `system` or `user`: the whole cgroup, race-free), the process group `pgid` and every PID in
-    `pids`. Prints nothing; failures (a scope already gone) are ignored. Raises ValueError for another
+    """Send `sig` (TERM, KILL, INT or QUIT) to the process group `pgid`, every PID in `pids`, then every
+    process of the systemd scope `unit` (through its `manager`, `system` or `user`: the whole cgroup; at most
+    5 s, so a wedged systemd cannot stop the plain kills). Prints nothing; failures (a scope already gone)
+    are ignored. Raises ValueError for another
     signal, unit name or manager."""
     if sig not in ("TERM", "KILL", "INT", "QUIT"):
         raise ValueError(sig)
     parts = []
+    scope = None
     if unit:
         if manager not in ("system", "user") or not re.fullmatch(
                 rf"{re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.scope", unit):
             raise ValueError(unit)
         ctl = 'env XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}" systemctl --user' \
             if manager == "user" else "systemctl"
-        parts.append(f"{ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1")
+        # after the plain kills, bounded: a wedged systemd must not keep them from running
+        scope = f"timeout -k 1 5 {ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1"
     if pgid:
         parts.append(f"kill -{sig} -- -{int(pgid)} 2>/dev/null")
     if pids:
         parts.append(f"kill -{sig} {' '.join(str(int(p)) for p in sorted(set(pids)))} 2>/dev/null")
+    if scope:
+        parts.append(scope)
     parts.append("exit 0")
     return "; ".join(parts) + "\n"
 
@@ -238,14 +289,16 @@ class Holder:
 
 
 def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int, ...] | set[int],
-                     pgid: int | None = None, sid: int | None = None) -> list[ProcessInfo]:
+                     pgid: int | None = None, sid: int | None = None,
+                     ended_by: float | None = None) -> list[ProcessInfo]:
     """Live processes of one launch (pure): those carrying its tag, plus the members of its session or
-    process group when that session/group is confirmed ours (some member carries the tag: a process may
-    clear its environment, but PIDs of a dead launch may be reused by strangers), plus descendants of all
-    of those. Zombies are left out: they hold nothing and cannot be killed."""
+    process group when that session/group is confirmed ours (see `_confirmed`; `ended_by`: for a launch
+    that has ended, the latest start time, in seconds before the probe, that a member of its leaderless
+    session or group may have), plus descendants of all of those. Zombies are left out: they hold nothing
+    and cannot be killed."""
     tagged = set(tagged)
-    sid_ok = _confirmed(procs, tagged, "sid", sid)
-    pgid_ok = _confirmed(procs, tagged, "pgid", pgid)
+    sid_ok = _confirmed(procs, tagged, "sid", sid, ended_by=ended_by)
+    pgid_ok = _confirmed(procs, tagged, "pgid", pgid, ended_by=ended_by)
     chosen = {p.pid for p in procs
               if p.pid in tagged or (sid_ok and p.sid == sid) or (pgid_ok and p.pgid == pgid)}
     grew = True
@@ -258,21 +311,30 @@ def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int,
     return [p for p in procs if p.pid in chosen and p.state != "Z"]
 
 
-def _confirmed(procs: list[ProcessInfo], tagged: set[int], attr: str, value: int | None) -> bool:
+def _confirmed(procs: list[ProcessInfo], tagged: set[int], attr: str, value: int | None, *,
+               ended_by: float | None = None) -> bool:
     """Whether the session (`attr="sid"`) or process group (`"pgid"`) `value` is the launch's own: a member
     carries the launch's tag, or its leader is gone. Linux never hands out a PID that is still some live
-    process's session or group id, so members of a leaderless session/group are what is left of ours."""
+    process's session or group id, so members of a leaderless session/group are what is left of ours, as
+    long as the group never emptied. Once the launch has ended it may have, and its number may have gone to
+    a stranger who started a session of its own later: then some member must be older than `ended_by`
+    seconds (its ps `etimes`; the time since the launch ended), else only the tag counts."""
     if not value:
         return False
-    members = [p for p in procs if getattr(p, attr) == value]
+    members = [p for p in procs if getattr(p, attr) == value and p.state != "Z"]
+    if any(p.pid in tagged for p in members):
+        return True
     leader_alive = any(p.pid == value and p.state != "Z" for p in procs)
-    return any(p.pid in tagged for p in members) or (bool(members) and not leader_alive)
+    if not members or leader_alive:
+        return False
+    return ended_by is None or any(p.elapsed_s is not None and p.elapsed_s >= ended_by for p in members)
 
 
-def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid: int | None) -> bool:
-    """True when the process group `pgid` is confirmed the launch's own (see `_confirmed`), so signalling
-    the whole group cannot hit a stranger that reused the number."""
-    return _confirmed(procs, set(tagged), "pgid", pgid)
+def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid: int | None, *,
+                    ended_by: float | None = None) -> bool:
+    """True when the process group `pgid` is confirmed the launch's own (see `_confirmed` for `ended_by`),
+    so signalling the whole group cannot hit a stranger that reused the number."""
+    return _confirmed(procs, set(tagged), "pgid", pgid, ended_by=ended_by)
 
 
 def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any],
@@ -483,8 +545,9 @@ def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -
 
     An error keeps the old state (`error`); processes or GPU memory left -> `kill_failed` (`incomplete`);
     GPUs unreadable -> `killed` (`unverified`); otherwise `killed` (`released` when the memory was seen
-    released). An ended launch with nothing left to kill (a stale button, a second kill) keeps how it ended
-    (`nothing`)."""
+    released). An ended launch (failed, exited) keeps how it ended: with nothing left to kill (a stale
+    button, a second kill) as it was (`nothing`), with leftovers stopped cleanly with that said after its
+    detail (`failed`, "crashed in serving; its leftovers were stopped: ...")."""
     detail = out.describe()
     if out.error:
         return before, detail, "error"
@@ -492,6 +555,7 @@ def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -
         return before, before_detail or detail, "nothing"
     if out.remaining or out.still_holding:
         return LaunchState.KILL_FAILED, detail, "incomplete"
-    if out.gpu_error:
-        return LaunchState.KILLED, detail, "unverified"
-    return LaunchState.KILLED, detail, "released" if out.released else "killed"
+    result = "unverified" if out.gpu_error else "released" if out.released else "killed"
+    if before in TERMINAL_STATES:  # leftovers of a launch that had ended: how it ended stays its state
+        return before, f"{before_detail or before}; its leftovers were stopped: {detail}", result
+    return LaunchState.KILLED, detail, result

@@ -178,7 +178,7 @@ def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
     when they started after the launch), and all their descendants."""
     tagged = {pid for pid, tag in snap.launch_tags.items() if la.tag and tag == la.tag} | set(
         snap.tagged_pids if la.tag else ())
-    out = launch_processes(snap.table, tagged=tagged, pgid=la.pgid, sid=la.sid)
+    out = launch_processes(snap.table, tagged=tagged, pgid=la.pgid, sid=la.sid, ended_by=ended_by(snap, la))
     if la.seen_pids:
         # a remembered PID counts only while its process carries no other launch's tag and is the process
         # that was seen: the same start time where it was recorded (a reused PID is a younger process),
@@ -195,9 +195,11 @@ START_TIME_SLACK_S = 2.0
 
 
 def start_time(snap: Snapshot, p: ProcessInfo) -> float | None:
-    """When `p` started, in epoch seconds on the host's clock (`snap.clock` minus ps `etimes`), or None when
-    either is unknown. Whole-second precision: compare with START_TIME_SLACK_S."""
-    return None if snap.clock is None or p.elapsed_s is None else float(snap.clock - p.elapsed_s)
+    """When `p` started, in epoch seconds on the host's clock (the clock read right after `ps`, else the
+    probe's, minus ps `etimes`), or None when either is unknown. Whole-second precision: compare with
+    START_TIME_SLACK_S."""
+    clock = snap.ps_clock if snap.ps_clock is not None else snap.clock
+    return None if clock is None or p.elapsed_s is None else float(clock - p.elapsed_s)
 
 
 def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
@@ -208,6 +210,19 @@ def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
     if recorded is not None:
         return abs(started - recorded) <= START_TIME_SLACK_S
     return started >= la.created_at - START_TIME_SLACK_S
+
+
+def ended_by(snap: Snapshot, la: Launch) -> float | None:
+    """For an ended launch, seconds between its end and the ps of `snap` (host clock; the bot's `ended_at`,
+    less START_TIME_SLACK_S), the age a member of its leaderless session or group must have to be a
+    leftover and not a stranger's (see bot.core.lifecycle._confirmed); None while it is live. An ended
+    launch with no end time or no clock: 0 (any age; nothing better is known)."""
+    if la.live:
+        return None
+    clock = snap.ps_clock if snap.ps_clock is not None else snap.clock
+    if la.ended_at is None or clock is None:
+        return 0.0
+    return max(0.0, clock - la.ended_at - START_TIME_SLACK_S)
 
 
 def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo]) -> dict[int, float | None] | None:

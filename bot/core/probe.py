@@ -184,6 +184,9 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
         f"b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?",
+        # ps computes etimes while it reads /proc: start times are this clock minus etimes, not `clock`'s
+        # (a slow or stalled ps would make every process look younger than it is)
+        "b ps_clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e ps_clock $?",
     ]
     if req.gpu:
         gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
@@ -195,8 +198,10 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
                 f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r"
             )
     if req.tags or req.select_tag:
-        lines.append("b tags; grep -a -z -H -s '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ | tr '\\000' '\\n'; "
-                     "grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$' /proc/[0-9]*/cgroup; e tags 0")
+        # printf is a builtin and xargs batches: no argument list limit on a host with 100k processes
+        lines.append("b tags; printf '%s\\0' /proc/[0-9]*/environ | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' "
+                     "| tr '\\000' '\\n'; printf '%s\\0' /proc/[0-9]*/cgroup | "
+                     "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0")
     if req.shm:
         lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
     if req.port is not None:
@@ -297,6 +302,18 @@ _TAG_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/environ:GPUBOT_LAUNCH=([A-Za-z0
 _SCOPE_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/cgroup:/gpubot-([A-Za-z0-9_-]{1,64})\.scope$")
 
 
+def _clock(section: Section | None) -> float | None:
+    """Epoch seconds from a `date +%s[.%N]` section, None when the section is missing or empty. Raises
+    ValueError for anything else."""
+    text = _text(section).strip()
+    if not text:
+        return None
+    value = float(text.splitlines()[0])
+    if not math.isfinite(value):
+        raise ValueError("non-finite clock")
+    return value
+
+
 def parse_launch_tags(text: str) -> dict[int, str]:
     """PID -> launch tag from two GNU grep outputs: `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ |
     tr '\\0' '\\n'` (lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`) and `grep -H -o
@@ -347,14 +364,14 @@ def assemble_snapshot(
     policy = policy or HostPolicy()
     redactor = redactor or Redactor()
     snap = Snapshot(host=host)
-    clock = _text(sections.get("clock")).strip()
     try:
-        value = float(clock.splitlines()[0]) if clock else None
-        if value is not None and not math.isfinite(value):
-            raise ValueError("non-finite clock")
-        snap.clock = value
-    except (ValueError, IndexError):
+        snap.clock = _clock(sections.get("clock"))
+    except ValueError:
         snap.errors.append("remote clock unreadable")
+    try:
+        snap.ps_clock = _clock(sections.get("ps_clock"))
+    except ValueError:
+        snap.ps_clock = None
     hn = _text(sections.get("hostname")).strip()
     snap.hostname = hn.splitlines()[0][:255] if hn else None
 
@@ -382,7 +399,7 @@ def assemble_snapshot(
     if ps_sec is None or not procs:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
     for p in procs:  # redact before cutting, so a cut can never leave half a secret visible
-        p.args = redactor.then_cut(p.args, 4 * MAX_LINE_WIDTH + 1)
+        p.args = log_parse.no_mentions(redactor.then_cut(p.args, 4 * MAX_LINE_WIDTH + 1))
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process

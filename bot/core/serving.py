@@ -38,6 +38,21 @@ def health_failing(record: dict[str, Any]) -> bool | None:
     return None if port_open is None else not port_open
 
 
+#: How a health state reads in chat.
+_HEALTH_WORDS = {"timeout": "timed out", "connect_timeout": "connect timed out", "refused": "connection refused",
+                 "empty": "empty reply"}
+
+
+def health_words(health: str | None) -> str:
+    """A health state (bot.core.parse.health: `ok`, `http_503`, `timeout`, ...) as chat words: `HTTP 503`,
+    `timed out`, `connection refused`; `unknown` for None."""
+    if health is None:
+        return "unknown"
+    if health.startswith("http_"):
+        return "HTTP " + health[5:]
+    return _HEALTH_WORDS.get(health, health)
+
+
 def failing_streak(records: Sequence[dict[str, Any]]) -> int:
     """How many of the newest `records` (oldest first) in a row failed their health check (see
     `health_failing`; records without an answer, such as an unreachable host, are skipped)."""
@@ -83,11 +98,10 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
         return replace(base, evidence=ev)
     if rc is None:
         return Verdict("exited", base.phase,
-                       ["no process of the launch is alive any more, and no exit status was recorded (the wrapper "
-                        "was killed too, or the host restarted)", *base.evidence],
-                       ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)",
-                        "Look at who stopped it: the thread's history and the events table", *_steps("exited", None)],
-                       "The launch's processes are gone without an error in the log.")
+                       ["the server process is gone and no exit status was recorded (its launch wrapper was "
+                        "killed too, or the host restarted)", *base.evidence],
+                       ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)", *_steps("exited", None)],
+                       "The server process is gone without an error in the log.")
     if rc == 0:
         return Verdict("exited", base.phase, [how, *base.evidence], _steps("exited", None),
                        "The server exited with status 0: it stopped on its own, without an error in the log.")
@@ -129,7 +143,7 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     health = obs.health or ("refused" if obs.port_open is False else None)
     if streak < max(1, failures_needed):
         if obs.health:
-            ev = [f"health endpoint: {obs.health}"]
+            ev = [f"health endpoint: {health_words(obs.health)}"]
         elif obs.port_open:
             ev = ["the port listens"]
         else:
@@ -146,7 +160,7 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     spin = [g for g in gpus if (g.utilization_gpu_pct or 0) >= 95 and (g.power_draw_w is None or
                                                                        g.power_limit_w is None or
                                                                        g.power_draw_w < 0.5 * g.power_limit_w)]
-    ev = [f"the health endpoint failed {streak} checks in a row (now: {health})"]
+    ev = [f"the health endpoint failed {streak} checks in a row (now: {health_words(health)})"]
     if silence is not None:
         ev.append(f"no new log line for {silence:.0f} s")
     for g in gpus[:4]:
@@ -159,4 +173,5 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
                    f"silent for {silence:.0f} s and the GPUs {what if gpus else 'were not readable'}.")
         return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"), summary)
     return Verdict("unhealthy", "serving", ev, _steps("unhealthy", "serving"),
-                   f"The health endpoint failed {streak} checks in a row (now: {health}); the process is alive.")
+                   f"The health endpoint failed {streak} checks in a row (now: {health_words(health)}); "
+                   "the process is alive.")

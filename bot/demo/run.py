@@ -154,6 +154,8 @@ async def run_demo(out: TextIO | None = None) -> int:
             if not await asyncio.to_thread(wait_healthy, port, 30.0, _Pid(la.pid)):
                 print("the demo server did not become ready", file=out)
                 rc = 1
+            else:
+                print(f"(demo#1 is ready: its health endpoint http://127.0.0.1:{port}/health answers 200)", file=out)
             for line in ("/gpu status", f"/probe local pgid={la.pgid} log={la.log_path} port={port}", "/kill 1",
                          "/kill 1 --yes"):
                 print(f"\n$ {line}", file=out)

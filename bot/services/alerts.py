@@ -37,10 +37,14 @@ class AlertPoster:
         serving. Returns True when the alert was posted or queued; False without a channel or when refused."""
         if not la.channel:
             return False
-        now = record.get("t", time.time())
+        # the records' times are the host's clock, created_at the bot's: the time since the launch is the
+        # bot's, the phases are the host's, with the launch's start moved onto the host's clock
+        bot_now = time.time()
+        host_now = record.get("t", bot_now)
         records = self._observations.list(la.id)
-        view = alert_view(la, verdict, elapsed_s=now - la.created_at,
-                          phases=phase_times(records, la.created_at, now), recovered=recovered)
+        view = alert_view(la, verdict, elapsed_s=max(0.0, bot_now - la.created_at),
+                          phases=phase_times(records, la.created_at + (host_now - bot_now), host_now),
+                          recovered=recovered)
         msg = self._render.render("alert", **view)
         if view["more_evidence"]:
             msg.files.append((f"{la.variant}-{la.id}-evidence.txt",

@@ -35,7 +35,7 @@ from bot.core.lifecycle import (
     signal_script,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
-from bot.core.observe import own_processes, remember_processes
+from bot.core.observe import ended_by, own_processes, remember_processes
 from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.services.audit import Audit
@@ -454,7 +454,8 @@ class LaunchService:
             self._launches.update(la.id, seen_pids=remembered)
         out.signalled = procs
         # only a group confirmed ours is signalled as a whole (a reused PGID may be a stranger's)
-        pgid = la.pgid if group_confirmed(snap.table, self._tagged(la, snap), la.pgid) else None
+        pgid = la.pgid if group_confirmed(snap.table, self._tagged(la, snap), la.pgid,
+                                          ended_by=ended_by(snap, la)) else None
         out.remaining, out.used_sigkill = await self._signal_and_wait(
             la.host, [p.pid for p in procs], pgid, tag=la.tag or None,
             survivors=lambda s: self.launch_processes_of(la, s), unit=la.unit, manager=la.unit_manager)

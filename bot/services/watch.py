@@ -95,11 +95,10 @@ class Watcher:
         self.scheduler.shutdown(self)
 
     def policy_for(self, la: Launch) -> WatchPolicy:
-        """The watch policy of `la`: its variant's own `watch:` when set, else this watcher's."""
+        """The watch policy of `la`: this watcher's, with the keys its variant's own `watch:` sets replaced
+        (key by key; phase_grace_s entries merged)."""
         if la.variant in self.config.variants:
-            v = self.config.resolved_variant(la.variant)
-            if v.watch is not None:
-                return v.watch
+            return self.policy.overridden_by(self.config.resolved_variant(la.variant).watch)
         return self.policy
 
     def watch(self, la: Launch) -> None:
@@ -187,8 +186,10 @@ class Watcher:
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
             return CheckResult(verdict, False, current)
-        ended = obs.process_alive is False if serving else (verdict.verdict in FINAL_VERDICTS
-                                                             and verdict.verdict != "ready")
+        # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
+        # survives (a caught allocation failure), and a live launch must stay watched
+        ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
+                                                            and verdict.verdict != "ready"))
         if current.snoozed_until and time.time() < current.snoozed_until and not ended:
             return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         previous = [r.get("verdict") for r in history if not r.get("error")]

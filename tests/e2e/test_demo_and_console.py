@@ -139,6 +139,9 @@ async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path
     d = tmp_path / "try"
     rc, out, err = await cli("try-config", str(d))
     assert rc == 0 and (d / "config.yaml").is_file(), out + err
+    (d / "config.yaml").write_text((d / "config.yaml").read_text() + "# my own edit\n")
+    rc, _, err = await cli("try-config", str(d))  # an existing config is never overwritten silently
+    assert rc == 2 and "--force" in err and "# my own edit" in (d / "config.yaml").read_text()
     rc, text, err = await cli("console", "--config", str(d / "config.yaml"),
                               stdin=b"/launch demo\n/gpu status\n/kill demo --yes\n")
     assert rc == 0, err

@@ -147,3 +147,32 @@ async def test_a_host_with_systemd_off_never_asks_for_a_scope(make_bot, scoped_s
     assert bot.launch(1).unit is None and standins.calls() == []
     killed = await bot.chat.say("/kill 1 --yes")
     assert "released" in killed.text and standins.calls() == [], killed.text
+
+
+def test_a_scope_refused_for_the_server_after_the_trial_falls_back(tmp_path, request):
+    sd = install_systemd_standins(tmp_path / "bin")
+    # the trial scope starts; the named one is refused (a unit name taken, a policy)
+    run = sd.bin_dir / "systemd-run"
+    refuse_named = 'echo "systemd-run $*" >> "$d/calls"; case "$*" in *--unit=*) exit 1;; esac'
+    run.write_text(run.read_text().replace('echo "systemd-run $*" >> "$d/calls"', refuse_named))
+    started, out = run_launch(rendered(tmp_path, "sh -c 'echo started; exec sleep 60'", sd.path), request)
+    assert started.unit is None and "UNIT=" not in out, out
+    assert started.pid != started.pgid and os.getpgid(started.pid) == started.pgid  # the real server, no scope
+    wait_log_sync(tmp_path / "logs" / "s.log", "started")
+
+
+def test_a_wedged_systemd_costs_seconds_not_the_launch(tmp_path, request):
+    sd = install_systemd_standins(tmp_path / "bin")
+    ctl = sd.bin_dir / "systemctl"
+    ctl.write_text(ctl.read_text().replace('echo "systemctl $*" >> "$d/calls"',
+                                           'echo "systemctl $*" >> "$d/calls"; exec sleep 60'))
+    started, _ = run_launch(rendered(tmp_path, "sh -c 'echo started; exec sleep 60'", sd.path), request)
+    assert started.unit is None
+    wait_log_sync(tmp_path / "logs" / "s.log", "started")
+
+
+def test_the_exit_line_starts_its_own_line_after_a_cut_off_last_line(tmp_path, request):
+    run_launch(rendered(tmp_path, "printf 'Loading 1/2'"), request)
+    log = tmp_path / "logs" / "s.log"
+    wait_log_sync(log, "exited with status")
+    assert log.read_text().splitlines() == ["Loading 1/2", "[gpubot] the server process exited with status 0"]

@@ -83,6 +83,11 @@ async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_say
     assert "leftover process(es)" in full_text(posted) and "`/kill 1` stops them" in full_text(posted)
     killed = await serving.chat.say("/kill 1 --yes")
     assert "released" in killed.text, killed.text
+    # the root keeps how it ended, and says the leftovers were stopped
+    await wait_until(lambda: "its leftovers were stopped" in root_text(serving), what="the root updated")
+    assert root_text(serving).startswith("base#1 on gpu-host-1: failed (The server process was killed by signal 9"), \
+        root_text(serving)
+    assert serving.launch(1).state == LaunchState.FAILED
     assert pids_of_launch(la) == []
 
 
@@ -108,7 +113,7 @@ async def test_health_503_alerts_once_and_recovery_posts_one_message(serving, co
     await wait_alert(serving, 1, {"unhealthy"}, timeout=30)
     await wait_checks(serving, 1, 3)
     assert len(alerts(serving, "unhealthy")) == 1  # still failing: nothing posted twice
-    assert "http_503" in alerts(serving, "unhealthy")[0].text
+    assert "(now: HTTP 503)" in alerts(serving, "unhealthy")[0].text
     (control / "health-503").unlink()
     await wait_alert(serving, 1, {"ready"}, timeout=30)
     await wait_checks(serving, 1, 3)

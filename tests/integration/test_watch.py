@@ -240,7 +240,7 @@ async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets
     la = await wait_alert(watched, 1, {"exited"})
     assert la.state == LaunchState.EXITED
     (posted,) = alerts(watched, "exited")
-    assert "no process of the launch is alive" in posted.text
+    assert "the server process is gone and no exit status was recorded" in posted.text
 
     await watched.chat.say("/launch base mode=hang workers=1 load_s=30")
     await wait_checks(watched, 2, 1)

@@ -1157,10 +1157,10 @@ def test_cli_check_config_duplicate_key_and_unset_reference(tmp_path, monkeypatc
 
 
 def test_a_command_that_cannot_be_execed_is_refused_with_its_fix():
-    from bot.config.checks import command_start_problems
+    from bot.core.lifecycle import exec_problems
 
     def errs(command: str) -> list[str]:
-        if not command_start_problems(command):
+        if not exec_problems(command):
             return []
         return variant_errors({"v": {"host": "local-box", "command": command}})
 
@@ -1172,3 +1172,58 @@ def test_a_command_that_cannot_be_execed_is_refused_with_its_fix():
     assert errs("python -m sglang.launch_server --tp 8") == []
     assert errs("{{ python }} serve.py") == []  # a param decides the program
     assert errs("env CUDA_LAUNCH_BLOCKING=1 python serve.py") == []
+    assert "more than one line" in errs("python serve.py\n--port 8000")[0]
+    assert "ends with `&`" in errs("python serve.py &")[0]
+    assert errs("python serve.py 2>&1") == [] and errs("python serve.py && true") == []
+
+
+def test_systemd_off_unquoted_in_yaml_means_off(tmp_path):
+    import yaml
+
+    from bot.config.schema import HostConfig
+
+    for text, want in (("systemd: off", "off"), ("systemd: 'off'", "off"), ("systemd: no", "off"),
+                       ("systemd: auto", "auto"), ("systemd: on", "auto"), ("{}", "auto")):
+        data = {"local": True, **yaml.safe_load(text)}
+        assert HostConfig.model_validate(data).systemd == want, text
+    with pytest.raises(ValueError, match="auto"):
+        HostConfig.model_validate({"local": True, "systemd": "sometimes"})
+
+
+def test_a_variant_watch_overrides_the_top_level_watch_key_by_key():
+    from bot.config.schema import WatchPolicy
+
+    cfg = Config.model_validate({
+        "hosts": {"h": {"local": True}},
+        "watch": {"interval_s": 2, "serving_interval_s": 10, "phase_grace_s": {"serving": 600, "warmup": 50}},
+        "variants": {"base": {"host": "h", "command": "serve", "watch": {"health_failures": 1,
+                                                                         "phase_grace_s": {"warmup": 90}}},
+                     "child": {"extends": "base", "watch": {"phase_grace_s": {"comm_init": 30}}}},
+    })
+    top = cfg.watch
+    base = top.overridden_by(cfg.resolved_variant("base").watch)
+    assert (base.interval_s, base.serving_interval_s, base.health_failures) == (2, 10, 1)
+    assert base.phase_grace_s == {"serving": 600, "warmup": 90}
+    child = top.overridden_by(cfg.resolved_variant("child").watch)
+    assert child.health_failures == 1 and child.phase_grace_s == {"serving": 600, "warmup": 90, "comm_init": 30}
+    assert top.overridden_by(None) is top and WatchPolicy().overridden_by(WatchPolicy()) == WatchPolicy()
+
+
+def test_a_rendered_command_that_cannot_be_execed_is_refused_at_launch():
+    from bot.config import render_launch
+    from bot.core.lifecycle import LaunchError
+
+    cfg = Config.model_validate({
+        "hosts": {"h": {"local": True}},
+        "variants": {
+            "iffy": {"host": "h", "command": "{% if port %}FOO=1 {% endif %}python serve.py", "port": 8000},
+            "first": {"host": "h", "command": "{{ prog }} serve.py", "params": {"prog": {"default": "FOO=1"}}},
+            "fine": {"host": "h", "command": "{{ prog }} serve.py", "params": {"prog": {"default": "python"}}},
+        },
+    })
+    for name in ("iffy", "first"):
+        with pytest.raises(LaunchError, match="starts with the environment assignment FOO"):
+            render_launch(cfg, name, {}, launch_id=1, tag="1-a")
+    assert render_launch(cfg, "fine", {}, launch_id=1, tag="1-a").command == "python serve.py"
+    with pytest.raises(LaunchError, match="builtin 'cd'"):
+        render_launch(cfg, "fine", {"prog": "cd"}, launch_id=1, tag="1-a")

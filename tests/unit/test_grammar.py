@@ -398,7 +398,8 @@ async def test_superscript_digits_are_not_numbers_anywhere(make_bot, tmp_path):
                  permissions={"operators": ["U0OPERATOR"]})
     bot = await make_bot(cfg)
     for text, expected in [("/probe h pid=²", "pid= must be a positive integer"), ("/kill pid=²", "pid= must be"),
-                           ("!logs 1 ²", "Which launch?"), ("!snooze ²", "Which launch?"), ("!confirm ²", "must be")]:
+                           ("!logs 1 ²", "Cannot pick a launch"), ("!snooze ²", "Cannot pick a launch"),
+                           ("!confirm ²", "must be")]:
         answer = await bot.chat.say(text)
         assert answer is not None and expected in answer.text, (text, answer.text if answer else None)
         assert answer.audit in ("invalid", "refused"), (text, answer.audit)

@@ -51,8 +51,9 @@ def test_a_scope_member_in_its_own_session_is_the_launch_s_process():
 
 def test_the_kill_signals_the_whole_scope_through_its_manager():
     system = signal_script([5], 4, "TERM", unit="gpubot-3-abc.scope", manager="system")
-    assert system.startswith("systemctl --no-ask-password kill --signal=SIGTERM -- gpubot-3-abc.scope")
-    assert "kill -TERM -- -4" in system and "kill -TERM 5" in system  # the group and PIDs as well
+    # the plain kills first: a wedged systemd (bounded to 5 s) cannot keep them from running
+    assert system.index("kill -TERM -- -4") < system.index("kill -TERM 5") < system.index(
+        "timeout -k 1 5 systemctl --no-ask-password kill --signal=SIGTERM -- gpubot-3-abc.scope")
     user = signal_script([5], None, "KILL", unit="gpubot-3-abc.scope", manager="user")
     assert "systemctl --user --no-ask-password kill --signal=SIGKILL -- gpubot-3-abc.scope" in user
     assert "systemctl" not in signal_script([5], 4, "TERM")
@@ -102,3 +103,34 @@ def test_seen_pids_of_an_older_database_are_read_and_kept(tmp_path):
         assert store.launches.get(la.id).unit == "gpubot-1-x.scope"
     finally:
         store.close()
+
+
+def test_a_corrupt_seen_pids_record_reads_as_what_can_be_kept():
+    from bot.adapters.store.launches import _seen_pids
+
+    assert _seen_pids('{"²": 1, "5": 1e999, "6": 2.5, "x": 1}') == {5: None, 6: 2.5}
+    assert _seen_pids("[" * 100000) == {} and _seen_pids("null") == {} and _seen_pids("not json") == {}
+    assert _seen_pids('[1, true, "2", -3]') == {1: None}
+
+
+def test_an_ended_launch_s_old_group_number_taken_by_a_stranger_is_not_adopted():
+    # the launch ended at 1500 (bot clock); its group 99 emptied, then a stranger got PID 99, called setsid
+    # and exited, leaving its child in the leaderless group 99
+    stranger = [ProcessInfo(pid=700, ppid=1, pgid=99, sid=99, stat="S", elapsed_s=30, args="sleep 300")]
+    snap = Snapshot(host="h", clock=2000.0, ps_clock=2000.0, table=stranger)
+    ended = launch(state=LaunchState.EXITED, ended_at=1500.0)
+    assert own_processes(snap, ended) == []
+    # a real leftover of the same launch is older than its end: still the launch's
+    leftover = [ProcessInfo(pid=700, ppid=1, pgid=99, sid=99, stat="S", elapsed_s=900, args="worker")]
+    assert [p.pid for p in own_processes(Snapshot(host="h", clock=2000.0, table=leftover), ended)] == [700]
+    # while the launch lives, a leaderless group of its own number is what is left of it
+    assert [p.pid for p in own_processes(snap, launch())] == [700]
+
+
+def test_start_times_count_from_the_clock_after_ps():
+    from bot.core.observe import start_time
+
+    p = ProcessInfo(pid=5, elapsed_s=100)
+    assert start_time(Snapshot(host="h", clock=1000.0, ps_clock=1004.0), p) == 904.0  # a ps that took 4 s
+    assert start_time(Snapshot(host="h", clock=1000.0), p) == 900.0
+    assert start_time(Snapshot(host="h"), p) is None

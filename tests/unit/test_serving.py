@@ -71,7 +71,7 @@ def test_health_must_fail_n_checks_in_a_row_and_a_serving_hang_needs_timeouts_si
     one = judge_serving(serving_obs(health="http_503"), [], recs("ok", "http_503"), failures_needed=2)
     assert one.verdict == "ready"
     two = judge_serving(serving_obs(health="http_503"), [], recs("http_503", "http_503"), failures_needed=2)
-    assert two.verdict == "unhealthy" and "http_503" in two.summary
+    assert two.verdict == "unhealthy" and "(now: HTTP 503)" in two.summary
     hang = judge_serving(serving_obs(health="timeout", log_silent_s=300.0, gpus=idle), [],
                          recs("timeout", "timeout"), failures_needed=2, hang_silence_s=120)
     assert (hang.verdict, hang.phase) == ("silent_hang", "serving") and "times out" in hang.summary
@@ -252,3 +252,12 @@ def test_the_lock_follows_the_database(tmp_path):
     beside = StateLock.for_database(f"sqlite:///{tmp_path}/x/bot.db", "/proc/unusable")
     assert beside.path == tmp_path / "x" / "bot.db.lock"
     assert StateLock.for_database("postgresql://db/gpubot", str(tmp_path)) is None
+
+
+def test_a_mention_in_a_log_line_or_command_line_never_pings_anyone():
+    from bot.core.parse.log import clean_log_lines
+
+    (line,) = clean_log_lines(b"ERROR ping <@U0CEO> and <!subteam^S0ALL> <#C0GEN> <!channel>\n")
+    assert slack_text(line).count("<@") == 0 and "<!subteam" not in slack_text(line) and "<#C" not in slack_text(line)
+    assert line.replace("\u2060", "") == "ERROR ping <@U0CEO> and <!subteam^S0ALL> <#C0GEN> <!channel>"
+    assert slack_text("asked by <@U0OPERATOR>") == "asked by <@U0OPERATOR>"  # the bot's own mention stays

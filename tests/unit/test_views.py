@@ -350,6 +350,8 @@ def test_alert_view_and_its_buttons():
     assert v["who_mention"] == "<@U0LAUNCHER>" and v["elapsed_s"] == 420.0
     assert v["phases"] == [] and v["buttons"] is True and v["snooze_min"] == SNOOZE_BUTTON_MIN
     assert alert_view(a_launch(created_by="console"), hang, elapsed_s=1, phases=[])["who_mention"] == ""
+    console = RENDERER.render("alert", **alert_view(a_launch(created_by="console"), hang, elapsed_s=1, phases=[]))
+    assert console.text.splitlines()[0].endswith("(after 1s)")  # no trailing space without a mention
     msg = RENDERER.render("alert", **v)
     # the buttons' action ids come from ActionId, each carrying the launch id; a click is the command it names
     assert buttons(msg.blocks) == [(ActionId.PROBE, "12"), (ActionId.STACK, "12"), (ActionId.KILL, "12"),

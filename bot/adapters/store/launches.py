@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import secrets
 import time
 from typing import Any
@@ -65,17 +67,17 @@ def _seen_pids(text: str | None) -> dict[int, float | None]:
     older gpubot stored (start times unknown). Anything else is an empty record."""
     try:
         data = json.loads(text or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     if isinstance(data, list):
-        return {int(p): None for p in data if isinstance(p, int)}
+        return {p: None for p in data if type(p) is int and 0 < p < 2**31}
+    out: dict[int, float | None] = {}
     if isinstance(data, dict):
-        out: dict[int, float | None] = {}
         for k, v in data.items():
-            if str(k).isdigit():
-                out[int(k)] = float(v) if isinstance(v, (int, float)) else None
-        return out
-    return {}
+            if re.fullmatch(r"[0-9]{1,10}", str(k)) and 0 < int(k) < 2**31:
+                ok = type(v) in (int, float) and math.isfinite(v)
+                out[int(k)] = float(v) if ok else None
+    return out
 
 
 class LaunchRepository:

@@ -86,6 +86,8 @@ def _gpu_state(g: GpuReading) -> str | None:
     if util is not None and util <= 5:
         if mem_frac is not None and mem_frac >= 0.5:
             return "memory held while idle (weights on the GPU, nothing running)"
+        if used is not None and used < 1:
+            return "nothing on it"
         if used is not None and used <= 2048:
             return "only a CUDA context, nothing loaded and nothing running"
         return "idle"
@@ -146,7 +148,8 @@ def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
 
 
 def _phase_evidence(ev: _Ev, scan: LogScan) -> None:
-    """Quote the newest phase marker and the newest progress lines."""
+    """Quote the newest phase marker and the two newest progress lines, newest first (a short alert shows
+    its first evidence lines: the newest is what counts)."""
     if scan.phase_index is not None:
         label = scan.phase or f"{scan.finished_phase} finished"
         if scan.finished_phase and scan.ranks:
@@ -160,7 +163,7 @@ def _phase_evidence(ev: _Ev, scan: LogScan) -> None:
         seen.append(text)
         if len(seen) > 2:
             break
-    for text in reversed(seen[:2]):
+    for text in seen[:2]:
         ev.add(f"progress line: `{_q(text)}`")
 
 

@@ -66,6 +66,16 @@ def _last_segment(line: str) -> str:
     return ""
 
 
+_MENTION_OPEN_RE = re.compile(r"<(?=[@#!])")
+
+
+def no_mentions(text: str) -> str:
+    """`text` from the host (a log line, a command line) with every Slack mention opener (`<@`, `<#`, `<!`)
+    broken by a WORD JOINER (U+2060): it still reads `<@U123>`, but Slack never makes it a mention or a
+    channel/group ping, however the message is later escaped. Never raises."""
+    return _MENTION_OPEN_RE.sub("<\u2060", text)
+
+
 def clean_log_lines(
     raw: bytes | str,
     *,
@@ -89,6 +99,7 @@ def clean_log_lines(
     Redacting happens BEFORE cutting, because a secret cut in half ("sk-ABCDEFGHIJ…") is no longer
     recognisable.
 
+    Mention openers are broken (`no_mentions`): a log line never pings anyone in Slack.
     Last, a line longer than `max_width` characters is cut to `max_width - 1` characters plus "…" (so
     every line is at most `max_width` characters; `max_width` < 1 is treated as 1). Returns [] for empty
     input or `max_lines` <= 0. Never raises, unless `redactor` does.
@@ -106,6 +117,7 @@ def clean_log_lines(
         if len(redacted) != len(lines):
             redacted = [_REDACTED] * len(lines)
         lines = [strip_control(line) for line in redacted[-max_lines:]]
+    lines = [no_mentions(line) for line in lines]
     return [line[: width - 1] + _ELLIPSIS if len(line) > width else line for line in lines]
 
 
