@@ -100,11 +100,11 @@ class HostConfig(_Model):
     @classmethod
     def _systemd(cls, v: Any) -> Any:
         # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as False, `on`/`yes`/`true` as True
-        if v is False:
-            return "off"
-        if v is True:
-            return "auto"
-        return v
+        words = {"off": "off", "no": "off", "false": "off", "auto": "auto", "on": "auto", "yes": "auto",
+                 "true": "auto"}
+        if isinstance(v, bool):
+            return "auto" if v else "off"
+        return words.get(v.strip().lower(), v) if isinstance(v, str) else v
 
     @field_validator("log_dirs")
     @classmethod
@@ -477,7 +477,7 @@ class Config(_Model):
             for key, value in data.items():
                 if key in ("params", "env") and key in merged:
                     merged[key] = {**merged[key], **value}
-                elif key == "watch" and key in merged and isinstance(value, dict):
+                elif key == "watch" and isinstance(merged.get(key), dict) and isinstance(value, dict):
                     grace = {**merged[key].get("phase_grace_s", {}), **value.get("phase_grace_s", {})}
                     merged[key] = {**merged[key], **value, **({"phase_grace_s": grace} if grace else {})}
                 elif key == "extra_args" and key in merged:

@@ -99,7 +99,8 @@ def _systemd_detect(unit: str) -> list[str]:
         "  else",
         '    rtd="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}"',
         '    case "$rtd" in *[!A-Za-z0-9/_.-]*) rtd= ;; esac',
-        '    if [ -n "$rtd" ] && [ "$(loginctl show-user "$(id -u)" -p Linger --value 2>/dev/null)" = yes ] &&'
+        '    linger=$(timeout -k 1 5 loginctl show-user "$(id -u)" -p Linger --value 2>/dev/null)',
+        '    if [ -n "$rtd" ] && [ "$linger" = yes ] &&'
         ' timeout -k 1 5 env XDG_RUNTIME_DIR="$rtd" systemctl --user show-environment >/dev/null 2>&1; then',
         '      mgr=user; sdx="env XDG_RUNTIME_DIR=$rtd systemd-run --user"',
         "    fi",
@@ -179,19 +180,20 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
         f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
         'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
-        # $! is the wrapper's PID = PGID = SID. The wait for the PID file ends early when the wrapper is
-        # already gone (a zombie until this script exits, so kill -0 would not tell).
+        # $! is the wrapper's PID = PGID = SID. The wait for the PID file ends early when the start is
+        # already gone (the shell reaps its background child while it waits, so kill -0 tells).
         "start() {",
         f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" {log} > {log} 2>&1 < /dev/null &",
         "  pg=$!; i=0",
         f'  while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do',
-        '    case "$(cat /proc/$pg/stat 2>/dev/null)" in *") Z "*) break ;; esac',
+        '    kill -0 "$pg" 2>/dev/null || break',
         "    sleep 0.05 2>/dev/null || sleep 1; i=$((i + 1))",
         "  done",
         "}",
         'start "$sd"',
-        # a scope that started for `true` but not for the server (a unit name taken, a policy): no scope
-        'if [ -n "$sd" ] && [ ! -s "$pf" ]; then sd=; start ""; fi',
+        # a scope that started for `true` but not for the server (a unit name taken, a policy): without a
+        # scope, but only once the first start is gone: a slow one may still start its server
+        'if [ -n "$sd" ] && [ ! -s "$pf" ] && ! kill -0 "$pg" 2>/dev/null; then sd=; start ""; fi',
         'echo "PGID=$pg"',
         *([f'if [ -n "$sd" ]; then echo "UNIT={unit}"; echo "MANAGER=$mgr"; fi'] if unit else []),
         'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',

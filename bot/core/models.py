@@ -169,8 +169,10 @@ class HealthResult:
 class Snapshot:
     """Everything one probe of one host saw, taken in one round trip.
 
-    `clock` is the remote epoch time in seconds when the probe began, `ps_clock` right after `ps` (the
-    time its `etimes` were counted against, for start times); `processes` the selected process rows (GPU holders
+    `clock` is the remote epoch time in seconds when the probe began (procps counts `etimes` from its own
+    start, right after), `local_clock` the bot's epoch time when it sent the probe (None when not
+    recorded): ages compared with the bot's own times (a launch's end) use it, so the two clocks never
+    mix; `processes` the selected process rows (GPU holders
     plus whatever the probe asked for); `port_listening` is None when no port was asked for.
     `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
     `launch_tags` maps PID -> the GPUBOT_LAUNCH tag in its environment; `tagged_pids` are the PIDs carrying
@@ -181,7 +183,7 @@ class Snapshot:
 
     host: str
     clock: float | None = None
-    ps_clock: float | None = None
+    local_clock: float | None = None
     hostname: str | None = None
     processes: list[ProcessInfo] = field(default_factory=list)
     all_process_count: int = 0

@@ -195,11 +195,10 @@ START_TIME_SLACK_S = 2.0
 
 
 def start_time(snap: Snapshot, p: ProcessInfo) -> float | None:
-    """When `p` started, in epoch seconds on the host's clock (the clock read right after `ps`, else the
-    probe's, minus ps `etimes`), or None when either is unknown. Whole-second precision: compare with
-    START_TIME_SLACK_S."""
-    clock = snap.ps_clock if snap.ps_clock is not None else snap.clock
-    return None if clock is None or p.elapsed_s is None else float(clock - p.elapsed_s)
+    """When `p` started, in epoch seconds on the host's clock (`snap.clock`, read right before `ps`, which
+    counts `etimes` from its own start), or None when either is unknown. Whole-second precision: compare
+    with START_TIME_SLACK_S."""
+    return None if snap.clock is None or p.elapsed_s is None else float(snap.clock - p.elapsed_s)
 
 
 def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
@@ -207,19 +206,22 @@ def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
     if started is None:
         return True
     recorded = la.seen_pids.get(p.pid)
-    if recorded is not None:
+    if recorded is not None:  # both on the host's clock
         return abs(started - recorded) <= START_TIME_SLACK_S
+    if snap.local_clock is not None and p.elapsed_s is not None:  # ages: no clock is mixed
+        return p.elapsed_s <= snap.local_clock - la.created_at + START_TIME_SLACK_S
     return started >= la.created_at - START_TIME_SLACK_S
 
 
 def ended_by(snap: Snapshot, la: Launch) -> float | None:
-    """For an ended launch, seconds between its end and the ps of `snap` (host clock; the bot's `ended_at`,
-    less START_TIME_SLACK_S), the age a member of its leaderless session or group must have to be a
-    leftover and not a stranger's (see bot.core.lifecycle._confirmed); None while it is live. An ended
-    launch with no end time or no clock: 0 (any age; nothing better is known)."""
+    """For an ended launch, seconds between its end (the bot's `ended_at`) and the probe of `snap` (the bot's
+    `local_clock`; else the host's clock), less START_TIME_SLACK_S: the age a member of its leaderless
+    session or group must have to be a leftover and not a stranger's (see bot.core.lifecycle._confirmed);
+    None while it is live. An ended launch with no end time or no clock: 0 (any age; nothing better is
+    known)."""
     if la.live:
         return None
-    clock = snap.ps_clock if snap.ps_clock is not None else snap.clock
+    clock = snap.local_clock if snap.local_clock is not None else snap.clock
     if la.ended_at is None or clock is None:
         return 0.0
     return max(0.0, clock - la.ended_at - START_TIME_SLACK_S)

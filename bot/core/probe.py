@@ -184,9 +184,6 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
         f"b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?",
-        # ps computes etimes while it reads /proc: start times are this clock minus etimes, not `clock`'s
-        # (a slow or stalled ps would make every process look younger than it is)
-        "b ps_clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e ps_clock $?",
     ]
     if req.gpu:
         gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
@@ -368,12 +365,8 @@ def assemble_snapshot(
         snap.clock = _clock(sections.get("clock"))
     except ValueError:
         snap.errors.append("remote clock unreadable")
-    try:
-        snap.ps_clock = _clock(sections.get("ps_clock"))
-    except ValueError:
-        snap.ps_clock = None
     hn = _text(sections.get("hostname")).strip()
-    snap.hostname = hn.splitlines()[0][:255] if hn else None
+    snap.hostname = log_parse.no_mentions(hn.splitlines()[0][:255]) if hn else None
 
     # GPUs
     if gpu_override is not None:

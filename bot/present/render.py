@@ -64,13 +64,14 @@ def mrkdwn_escape(value: Any) -> str:
     return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-_MENTION_RE = re.compile(r"&lt;((?:@[UW][A-Z0-9]{2,20})|(?:#C[A-Z0-9]{2,20})|(?:!subteam\^S[A-Z0-9]{2,20}))&gt;")
+_MENTION_RE = re.compile(r"&lt;(@[UW][A-Z0-9]{2,20})&gt;")
 
 
 def slack_text(value: Any) -> str:
-    """`mrkdwn_escape`, then the mention tokens put back (`<@U123>`, `<#C123>`, `<!subteam^S123>`): a message's
-    text (its notification) names people, it does not show `&lt;@U123&gt;`. `<!here>` and `<!channel>` stay
-    escaped: a quoted log line must never ping a whole channel."""
+    """`mrkdwn_escape`, then user mentions put back (`<@U123>`, the only kind the bot writes): a message's
+    text (its notification) names people, it does not show `&lt;@U123&gt;`. Channel links, group mentions,
+    `<!here>` and `<!channel>` stay escaped; host text (logs, command lines, stack dumps, nvidia-smi names)
+    has its mention openers broken before it gets here (bot.core.parse.log.no_mentions)."""
     return _MENTION_RE.sub(r"<\1>", mrkdwn_escape(value))
 
 

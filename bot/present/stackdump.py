@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from bot.core.parse.log import no_mentions
 from bot.core.stackdump import ProcessDump, full_text, process_detail, process_headline, summarize_process
 from bot.present.render import Message, Renderer
 
@@ -29,6 +30,7 @@ def stack_dump_message(renderer: Renderer, host: str, dumps: list[ProcessDump], 
     """The summary (templates/stackdump.*) with the full dump attached as `stackdump-HOST.txt` (redacted)
     whenever at least one process was dumped (replacing the renderer's own cut-text attachment)."""
     msg = renderer.render("stackdump", **stackdump_context(host, dumps, native=native))
+    msg.text = no_mentions(msg.text)  # thread and frame names come from the dumped process
     if any(d.ok for d in dumps):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host)[:60] or "host"
         msg.files = [(f"stackdump-{safe}.txt", renderer.redactor(full_text(dumps)).encode("utf-8", "replace"))]

@@ -100,6 +100,7 @@ class HostService:
         nonce = new_nonce()
         script = build_script(req, nonce, policy)
         start = time.monotonic()
+        sent_at = time.time()
         try:
             res = await self.executor(host).run("sh -s", input=script.encode(), timeout_s=cfg.command_timeout_s)
         except RemoteError as e:
@@ -118,6 +119,7 @@ class HostService:
         if res.exit_status in (124, 137):
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         snap.duration_s = time.monotonic() - start
+        snap.local_clock = sent_at
         return snap
 
     async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:

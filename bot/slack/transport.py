@@ -69,8 +69,8 @@ async def _call(call: Any) -> Any:
 
 
 def _text(text: str) -> str:
-    """Message text for Slack: mrkdwn-escaped except for mentions (`<@U...>`, `<#C...>`, `<!subteam^S...>`,
-    which stay real mentions in notifications), within Slack's limit, never empty."""
+    """Message text for Slack: mrkdwn-escaped except for user mentions (`<@U...>`, which stay real mentions
+    in notifications), within Slack's limit, never empty."""
     return slack_text(text or "")[:MAX_MESSAGE_TEXT] or " "
 
 

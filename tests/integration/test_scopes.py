@@ -176,3 +176,18 @@ def test_the_exit_line_starts_its_own_line_after_a_cut_off_last_line(tmp_path, r
     log = tmp_path / "logs" / "s.log"
     wait_log_sync(log, "exited with status")
     assert log.read_text().splitlines() == ["Loading 1/2", "[gpubot] the server process exited with status 0"]
+
+
+def test_a_slow_scope_start_is_waited_for_never_started_twice(tmp_path, request):
+    sd = install_systemd_standins(tmp_path / "bin")
+    run = sd.bin_dir / "systemd-run"
+    slow_named = 'echo "systemd-run $*" >> "$d/calls"; case "$*" in *--unit=*) sleep 12;; esac'
+    run.write_text(run.read_text().replace('echo "systemd-run $*" >> "$d/calls"', slow_named))
+    log = tmp_path / "logs" / "s.log"
+    started, out = run_launch(rendered(tmp_path, "sh -c 'echo started $$; exec sleep 60'", sd.path), request)
+    # the PID file stayed empty for the whole wait: the launch is reported with its group, and no second
+    # copy was started without the scope
+    assert started.pid == started.pgid and started.unit is not None, out
+    wait_log_sync(log, "started")
+    assert log.read_text().count("started") == 1
+    assert len([c for c in sd.calls() if "--unit=" in c]) == 1

@@ -55,9 +55,12 @@ async def test_each_outcome_gets_one_alert_with_evidence(make_bot, gpu_config, m
         assert "Launched base#1" in launched.text or "exited right after" in launched.text, launched.text
     la = await wait_alert(bot, 1, {verdict})
     alert_wall = time.time()
-    if verdict not in ("ready", "silent_hang"):  # a crash ends the watch: the launch failed, and the root says so
-        assert bot.launch(1).state == LaunchState.FAILED
-        assert "failed" in bot.chat.posts[0].text and verdict in bot.chat.posts[0].text
+    if verdict not in ("ready", "silent_hang"):
+        # the alert may come while the crashing process still runs; once it is gone the launch has failed,
+        # and the root says so
+        await wait_until(lambda: bot.launch(1).state == LaunchState.FAILED, what="base#1 failed")
+        await wait_until(lambda: "failed" in bot.chat.posts[0].text, what="the root updated")
+        assert verdict in bot.chat.posts[0].text
     elif verdict == "silent_hang":
         await wait_checks(bot, 1)  # more checks of the still-hung launch: nothing is posted twice
     (posted,) = alerts(bot, verdict)

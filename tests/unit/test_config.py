@@ -1183,7 +1183,8 @@ def test_systemd_off_unquoted_in_yaml_means_off(tmp_path):
     from bot.config.schema import HostConfig
 
     for text, want in (("systemd: off", "off"), ("systemd: 'off'", "off"), ("systemd: no", "off"),
-                       ("systemd: auto", "auto"), ("systemd: on", "auto"), ("{}", "auto")):
+                       ("systemd: auto", "auto"), ("systemd: on", "auto"), ("systemd: 'on'", "auto"),
+                       ("systemd: 'No'", "off"), ("{}", "auto")):
         data = {"local": True, **yaml.safe_load(text)}
         assert HostConfig.model_validate(data).systemd == want, text
     with pytest.raises(ValueError, match="auto"):
@@ -1207,6 +1208,11 @@ def test_a_variant_watch_overrides_the_top_level_watch_key_by_key():
     child = top.overridden_by(cfg.resolved_variant("child").watch)
     assert child.health_failures == 1 and child.phase_grace_s == {"serving": 600, "warmup": 90, "comm_init": 30}
     assert top.overridden_by(None) is top and WatchPolicy().overridden_by(WatchPolicy()) == WatchPolicy()
+    empty_parent = Config.model_validate({
+        "hosts": {"h": {"local": True}},
+        "variants": {"p": {"host": "h", "command": "serve", "watch": None},
+                     "c": {"extends": "p", "watch": {"interval_s": 5}}}})
+    assert empty_parent.resolved_variant("c").watch.interval_s == 5  # a parent's empty `watch:` is no error
 
 
 def test_a_rendered_command_that_cannot_be_execed_is_refused_at_launch():

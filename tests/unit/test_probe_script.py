@@ -506,7 +506,7 @@ def e2e(tmp_path_factory):
 
 def test_e2e_all_sections_complete(e2e):
     secs = e2e["secs"]
-    assert set(secs) == {"clock", "hostname", "self", "ps", "ps_clock", "tags", "gpu", "gpu_apps", "log_stat",
+    assert set(secs) == {"clock", "hostname", "self", "ps", "tags", "gpu", "gpu_apps", "log_stat",
                          "log_tail", "tcp4", "tcp6"}
     for name, sec in secs.items():
         assert sec.complete, name

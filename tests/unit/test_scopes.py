@@ -117,7 +117,7 @@ def test_an_ended_launch_s_old_group_number_taken_by_a_stranger_is_not_adopted()
     # the launch ended at 1500 (bot clock); its group 99 emptied, then a stranger got PID 99, called setsid
     # and exited, leaving its child in the leaderless group 99
     stranger = [ProcessInfo(pid=700, ppid=1, pgid=99, sid=99, stat="S", elapsed_s=30, args="sleep 300")]
-    snap = Snapshot(host="h", clock=2000.0, ps_clock=2000.0, table=stranger)
+    snap = Snapshot(host="h", clock=2000.0, local_clock=2000.0, table=stranger)
     ended = launch(state=LaunchState.EXITED, ended_at=1500.0)
     assert own_processes(snap, ended) == []
     # a real leftover of the same launch is older than its end: still the launch's
@@ -127,10 +127,20 @@ def test_an_ended_launch_s_old_group_number_taken_by_a_stranger_is_not_adopted()
     assert [p.pid for p in own_processes(snap, launch())] == [700]
 
 
-def test_start_times_count_from_the_clock_after_ps():
-    from bot.core.observe import start_time
+def test_ages_against_the_bot_s_own_times_never_mix_the_two_clocks():
+    from bot.core.observe import ended_by, start_time
 
     p = ProcessInfo(pid=5, elapsed_s=100)
-    assert start_time(Snapshot(host="h", clock=1000.0, ps_clock=1004.0), p) == 904.0  # a ps that took 4 s
-    assert start_time(Snapshot(host="h", clock=1000.0), p) == 900.0
-    assert start_time(Snapshot(host="h"), p) is None
+    assert start_time(Snapshot(host="h", clock=1000.0), p) == 900.0 and start_time(Snapshot(host="h"), p) is None
+    ended = launch(state=LaunchState.EXITED, ended_at=1500.0)
+    # the host's clock is 120 s ahead of the bot's: the age needed comes from the bot's clock alone
+    assert ended_by(Snapshot(host="h", clock=1720.0, local_clock=1600.0), ended) == 98.0
+    assert ended_by(Snapshot(host="h", clock=1720.0), ended) == 218.0  # no bot time recorded: the host's
+    assert ended_by(Snapshot(host="h", clock=1720.0, local_clock=1600.0), launch()) is None
+    # a remembered PID without a start time: its age against the launch's age, both measured, no clock mixed
+    young = Snapshot(host="h", clock=9000.0, local_clock=1100.0,
+                     table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=50, args="helper")])
+    assert [q.pid for q in own_processes(young, launch(seen_pids={4242: None}))] == [4242]
+    old = Snapshot(host="h", clock=9000.0, local_clock=1100.0,
+                   table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=500, args="stranger")])
+    assert own_processes(old, launch(seen_pids={4242: None})) == []  # older than the launch: not ours

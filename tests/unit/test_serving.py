@@ -191,7 +191,7 @@ def test_parse_launch_output_falls_back_to_the_group():
 
 def test_notification_text_keeps_real_mentions_and_escapes_the_rest():
     assert slack_text("<@U0ABC> a<b & <#C0DEF> <!subteam^S0GH> <http://x|y>") == (
-        "<@U0ABC> a&lt;b &amp; <#C0DEF> <!subteam^S0GH> &lt;http://x|y&gt;")
+        "<@U0ABC> a&lt;b &amp; &lt;#C0DEF&gt; &lt;!subteam^S0GH&gt; &lt;http://x|y&gt;")
 
 
 def test_an_answer_says_who_asked():

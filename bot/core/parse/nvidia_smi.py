@@ -157,6 +157,12 @@ def _parse_text(token: str) -> str | None:
     return value
 
 
+def _name(token: str) -> str | None:
+    """A process name from nvidia-smi (the host's text): `_parse_text` with Slack mention openers broken."""
+    value = _parse_text(token)
+    return None if value is None else re.sub(r"<(?=[@#!])", "<\u2060", value)
+
+
 def _parse_int(token: str) -> int | None:
     """Return a non-negative int (index, pid), or None."""
     m = _INT_RE.match(token)
@@ -284,7 +290,7 @@ def parse_query_apps(text: str, fields: Sequence[str] = APPS_QUERY_FIELDS) -> li
                 pid=pid,
                 used_memory_mib=parse_number(values["used_memory"]) if "used_memory" in values else None,
                 gpu_uuid=_parse_text(values["gpu_uuid"]) if "gpu_uuid" in values else None,
-                process_name=_parse_text(values["process_name"]) if "process_name" in values else None,
+                process_name=_name(values["process_name"]) if "process_name" in values else None,
             )
         )
     return out
