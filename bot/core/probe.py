@@ -217,21 +217,27 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
     # the log last: a line written before the health endpoint answered is in the tail (no stale evidence)
     if req.log_path is not None:
         lp = quote(req.log_path)
-        # The resolved path (symlinks followed) must still be inside an allowed directory.
+        # Race-free: the path is opened ONCE (fd 3) and everything after that reads the open file through
+        # /proc/self/fd/3 (the resolved path of what was opened, its type, size, mtime, lines and tail), so a
+        # symlink swapped in after the open can never make it read another file. A FIFO, device or
+        # directory is refused before the open, so the open never blocks on a FIFO without a writer.
         allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
+        fd = "/proc/self/fd/3"
         lines += [
-            f"L={lp}",
-            f'R=$(readlink -f -- "$L" 2>/dev/null || echo "$L"); case "$R" in {allowed}) OK=1;; *) OK=0;; esac',
-            'b log_stat; if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
-            'elif [ ! -e "$L" ]; then echo "no such file"; r=2; '
-            'elif [ ! -r "$L" ]; then echo "permission denied"; r=13; '
+            f"L={lp}; OK=0",
+            'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
             'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
-            'else m=$(date -r "$L" +%s.%N 2>/dev/null); case "$m" in ""|*N*) m=$(stat -c %Y -- "$L");; esac; '
-            'printf \'%s %s %s\\n\' "$(stat -c %s -- "$L")" "$m" '
-            '"$(timeout -k 1 5 cat -- "$L" | wc -l)"; r=0; fi; e log_stat $r',
-            f'b log_tail; if [ "$OK" = 1 ] && [ -f "$L" ] && [ -r "$L" ]; then tail -c {LOG_TAIL_BYTES} -- "$L" '
+            "elif ! { command exec 3< \"$L\"; } 2>/dev/null; then echo \"permission denied\"; r=13; "
+            f'else R=$(readlink {fd} 2>/dev/null); case "$R" in {allowed}) OK=1;; esac; '
+            'if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
+            f'elif [ ! -f {fd} ]; then OK=0; echo "not a regular file"; r=22; '
+            f"else m=$(date -r {fd} +%s.%N 2>/dev/null); case \"$m\" in \"\"|*N*) m=$(stat -L -c %Y {fd});; esac; "
+            f"printf '%s %s %s\\n' \"$(stat -L -c %s {fd})\" \"$m\" \"$(timeout -k 1 5 cat {fd} | wc -l)\"; r=0; "
+            "fi; fi; e log_stat $r",
+            f'b log_tail; if [ "$OK" = 1 ]; then tail -c {LOG_TAIL_BYTES} {fd} '
             f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
+            "exec 3<&-",
         ]
     lines.append("exit 0")
     return "\n".join(lines) + "\n"

@@ -197,8 +197,9 @@ def test_log_inside_the_host_log_dirs_is_allowed(log_path):
     req = ProbeRequest(log_path=log_path)
     policy.check(req)
     script = build_script(req, NONCE, policy)
-    # the resolved path (symlinks followed) is checked on the host against the same directories
-    assert """case "$R" in /data/logs/* | /srv/log/*) OK=1;; *) OK=0;; esac""" in script
+    # the resolved path of the OPEN file (fd 3) is checked on the host against the same directories
+    assert """R=$(readlink /proc/self/fd/3 2>/dev/null); case "$R" in /data/logs/* | /srv/log/*) OK=1;; esac""" \
+        in script
 
 
 def test_own_log_is_allowed_in_its_own_directory_only_on_a_host_without_log_dirs():
@@ -284,7 +285,7 @@ def test_hostile_values_appear_only_quoted():
     hostile_env = "$(touch /tmp/pwned)`id`'\"\n"
     script = script_for(log_path=HOSTILE, env={"HOSTILE": hostile_env}, nvidia_smi="nvidia-smi;id",
                         port=8000, health_path="/h")
-    assert f"L={shlex.quote(HOSTILE)}\n" in script
+    assert f"L={shlex.quote(HOSTILE)}; OK=0\n" in script
     assert f"export HOSTILE={shlex.quote(hostile_env)}\n" in script
     assert f"command -v {shlex.quote('nvidia-smi;id')} " in script
     rest = _outside_quotes(_outside_quotes(_outside_quotes(script, HOSTILE), hostile_env), "nvidia-smi;id")

@@ -1,0 +1,105 @@
+"""Race-free log reads: a process flips a symlink inside `log_dirs` between a file inside and one outside
+them as fast as it can, while a viewer probes that path over the loopback SSH server. The probe opens the
+path once and reads only the open file, so it shows the inside file or refuses; it never shows the outside
+one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.core.models import Snapshot
+from bot.core.probe import ProbeRequest
+from tests.support.builders import launch_config
+from tests.support.procs import wait_until_sync
+
+pytestmark = pytest.mark.timeout(240)
+
+PROBES = 200
+FLIPPER = """
+import os, sys
+link, inside, outside = sys.argv[1:4]
+tmp = link + ".tmp"
+n = 0
+while True:
+    target = inside if n % 2 else outside
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)  # atomic: the link always exists, pointing one way or the other
+    except FileExistsError:
+        os.unlink(tmp)
+    n += 1
+    if n == 1:
+        open(link + ".started", "w").close()
+"""
+
+
+@pytest.fixture
+def flipped(tmp_path):
+    """(link, inside text, outside text) with a flipper process running; stopped at teardown."""
+    logs = tmp_path / "logs"
+    outside_dir = tmp_path / "outside"
+    logs.mkdir()
+    outside_dir.mkdir()
+    inside = logs / "inside.log"
+    inside.write_text("INSIDE line\n" * 5)
+    outside = outside_dir / "shadow"
+    outside.write_text("root:SECRET-OUTSIDE:19000:0:99999:7:::\n" * 5)
+    link = logs / "x.log"
+    proc = subprocess.Popen([sys.executable, "-c", FLIPPER, str(link), str(inside), str(outside)],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until_sync(lambda: Path(str(link) + ".started").exists(), 30, what="the flipper running")
+        yield link
+    finally:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+async def test_a_flipping_symlink_never_lets_a_probe_read_outside_the_log_dirs(make_bot, ssh_server, fake_gpu,
+                                                                               tmp_path, flipped):
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, host={"log_dirs": [str(tmp_path / "logs")]})
+    bot = await make_bot(cfg)
+    req = ProbeRequest(log_path=str(flipped), gpu=False, tail_lines=5, health_path=None)
+    results: list = []
+    for start in range(0, PROBES, 8):
+        results += await asyncio.gather(*(bot.runtime.hosts.probe("gpu-host-1", req)
+                                          for _ in range(min(8, PROBES - start))))
+    snaps = [r for r in results if isinstance(r, Snapshot)]
+    assert len(snaps) == PROBES, [r for r in results if not isinstance(r, Snapshot)][:3]
+    shown = [line for s in snaps for line in (s.log.tail if s.log else [])]
+    errors = [s.log.error for s in snaps if s.log and s.log.error]
+    assert not [line for line in shown if "SECRET" in line]  # 0 outside reads
+    inside_reads = sum(1 for s in snaps if s.log and any("INSIDE" in x for x in s.log.tail))
+    refused = sum(1 for e in errors if "outside the allowed log directories" in e)
+    print(f"[race] {PROBES} probes: {inside_reads} read the inside file, {refused} refused as outside, "
+          f"0 outside reads")
+    assert inside_reads > 0 and refused > 0  # the flipper really raced both ways
+    # and the answer in the chat says so, without the outside file
+    answer = await bot.chat.say(f"/probe gpu-host-1 log={flipped}")
+    assert "SECRET" not in answer.text and "SECRET" not in str(answer.post.current.blocks if answer.post else "")
+
+
+async def test_a_fifo_a_device_or_a_directory_is_refused_without_blocking(make_bot, ssh_server, fake_gpu, tmp_path):
+    import os
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    fifo = logs / "pipe.log"
+    os.mkfifo(fifo)  # no writer: opening it for reading would block
+    (logs / "dir.log").mkdir()
+    (logs / "dev.log").symlink_to("/dev/zero")
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, host={"log_dirs": [str(logs)]})
+    bot = await make_bot(cfg)
+    for name, why in (("pipe.log", "not a regular file"), ("dir.log", "is a directory"),
+                      ("dev.log", "not a regular file")):
+        snap = await bot.runtime.hosts.probe("gpu-host-1", ProbeRequest(log_path=str(logs / name), gpu=False,
+                                                                        health_path=None))
+        assert isinstance(snap, Snapshot) and snap.log is not None, snap
+        assert why in (snap.log.error or ""), (name, snap.log.error)
