@@ -151,6 +151,7 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
         raise LaunchError(f"log path {log_path[:100]!r} must be an absolute path without '..'")
     if log_dirs and not any(log_path.startswith(d.rstrip("/") + "/") for d in log_dirs):
         raise LaunchError(f"log path {log_path[:100]!r} is outside {host}'s log_dirs ({', '.join(log_dirs)})")
+    log_path = unpredictable_log_name(log_path, tag)
     problems = command_template_problems(v.command or "")
     if problems:  # check-config reports these too; never render a template that would undo the quoting
         raise LaunchError(f"the command template of {variant_name} is unsafe: {problems[0]}")
@@ -171,4 +172,18 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
     env[LAUNCH_ENV] = tag or f"{launch_id}-untagged"
     return RenderedLaunch(variant=variant_name, host=host, command=command, log_path=log_path, port=v.port,
-                          gpus=gpus, env=env, workdir=v.workdir, params=params, health_path=v.health)
+                          gpus=gpus, env=env, workdir=v.workdir, params=params, health_path=v.health,
+                          log_dirs=list(log_dirs) or [default_dir])
+
+
+def unpredictable_log_name(path: str, tag: str) -> str:
+    """`path` with the random part of the launch's `tag` (`12-<hex>`) put before its extension
+    (`/logs/base-12.log` -> `/logs/base-12-<hex>.log`) unless the name already carries it: ids are visible in
+    Slack, so a templated name alone could be predicted and planted first (the launch refuses an existing
+    name). Without a random part in the tag the path is returned as it is."""
+    rand = tag.rpartition("-")[2] if "-" in tag else ""
+    if not re.fullmatch(r"[0-9a-f]{8,}", rand) or rand in path:
+        return path
+    head, _, name = path.rpartition("/")
+    stem, dot, ext = name.rpartition(".") if "." in name.lstrip(".") else (name, "", "")
+    return f"{head}/{stem}-{rand}{dot}{ext}"

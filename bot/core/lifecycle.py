@@ -38,7 +38,8 @@ class LaunchError(ValueError):
 @dataclass
 class RenderedLaunch:
     """Everything needed to start one launch: the final shell-safe `command`, the log path, port, GPU
-    list, environment (values not yet quoted), working directory and the validated params."""
+    list, environment (values not yet quoted), working directory and the validated params; `log_dirs` the
+    directories the log must resolve into on the host (empty: the log's own directory)."""
 
     variant: str
     host: str
@@ -50,6 +51,7 @@ class RenderedLaunch:
     workdir: str | None
     params: dict[str, Any]
     health_path: str | None = None
+    log_dirs: list[str] = field(default_factory=list)
 
 
 #: The line the launch's wrapper shell appends to the log when the server process ends (`$?` of sh: 128+N
@@ -161,29 +163,27 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
     for k, val in r.env.items():
         if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             lines.append(f"export {k}={shlex.quote(val)}")
+    lines += _open_log_lines(r)
     if r.workdir:
         lines.append(f"cd -- {shlex.quote(r.workdir)} || {{ echo 'cannot cd to the workdir'; exit 3; }}")
-    log = shlex.quote(r.log_path)
     inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; shift; exec ' + r.command  # the command sees no $1
     # the wrapper's own stderr goes nowhere (sh reports a child killed by a signal with a bare `Killed`, which
     # is no line of the server's); the server's stderr is the log (fd 3)
-    # the exit line starts a line of its own even when the server's last line had no newline ($2: the log)
+    # the exit line starts a line of its own even when the server's last line had no newline (fd 3 is the
+    # log, opened once by this script: never its path again)
     wrapper = (f"{_WRAPPER_FIRST_LINE}\n"
                f"sh -c {shlex.quote(inner)} gpubot-server \"$1\"\nrc=$?\n"
-               'if [ -s "$2" ] && [ "$(tail -c 1 -- "$2" | wc -l)" -eq 0 ]; then echo; fi\n'
+               'if [ -s /proc/self/fd/3 ] && [ "$(tail -c 1 /proc/self/fd/3 | wc -l)" -eq 0 ]; then echo; fi\n'
                f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\nexit $rc")
     unit = scope_unit(r.env.get(LAUNCH_ENV, "")) if systemd else None
     lines += _systemd_detect(unit) if unit else ["sd=; mgr="]
     lines += [
-        f"mkdir -p -- \"$(dirname -- {log})\" || {{ echo 'cannot create the log directory'; exit 3; }}",
-        f"if [ -L {log} ]; then echo 'the log path is a symbolic link: refusing to write through it'; exit 3; fi",
-        f": >> {log} || {{ echo 'cannot write the log file'; exit 3; }}",
         'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
         # $! is the wrapper's PID = PGID = SID. The wait for the PID file ends early when the start is
         # already gone (the shell reaps its background child while it waits, so kill -0 tells).
         "start() {",
-        f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" {log} > {log} 2>&1 < /dev/null &",
+        f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" >&4 2>&4 < /dev/null &",
         "  pg=$!; i=0",
         f'  while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do',
         '    kill -0 "$pg" 2>/dev/null || break',
@@ -197,8 +197,35 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
         'echo "PGID=$pg"',
         *([f'if [ -n "$sd" ]; then echo "UNIT={unit}"; echo "MANAGER=$mgr"; fi'] if unit else []),
         'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',
+        "exec 4>&-",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _open_log_lines(r: RenderedLaunch) -> list[str]:
+    """Shell lines that create the launch's log exclusively as fd 4, race-free: the log directory is made,
+    entered with `cd -P` and its real path checked under `r.log_dirs` (the log's own directory when none),
+    then the name is created in it with noclobber (`set -C`: O_EXCL, so an existing file or any symlink,
+    even a dangling one, is refused and nothing outside the directories is ever written). Exits 3 with
+    the reason. The script's working directory is restored afterwards."""
+    d, n = os.path.split(r.log_path)
+    d = d or "/"
+    dirs = [x.rstrip("/") or "/" for x in (r.log_dirs or [d])]
+    allowed = " | ".join("/*" if x == "/" else f"{shlex.quote(x)} | {shlex.quote(x)}/*" for x in dirs)
+    qd, qn = shlex.quote(d), shlex.quote("./" + n)
+    exists = shlex.quote(f"the log file {r.log_path} already exists (or is a symbolic link, or cannot be "
+                         "created): refusing to overwrite it")
+    return [
+        'wd0=$(pwd)',
+        f"mkdir -p -- {qd} || {{ echo 'cannot create the log directory'; exit 3; }}",
+        f"cd -P -- {qd} || {{ echo 'cannot enter the log directory'; exit 3; }}",
+        f'case "$(pwd -P)" in {allowed}) ;; *) echo "the log directory resolves outside the allowed log '
+        'directories: refusing to write there"; exit 3 ;; esac',
+        "set -C",
+        f"if ! {{ command exec 4> {qn}; }} 2>/dev/null; then echo {exists}; exit 3; fi",
+        "set +C",
+        'cd -- "$wd0" 2>/dev/null || cd /',
+    ]
 
 
 def is_launch_wrapper(args: str) -> bool:

@@ -103,3 +103,66 @@ async def test_a_fifo_a_device_or_a_directory_is_refused_without_blocking(make_b
                                                                         health_path=None))
         assert isinstance(snap, Snapshot) and snap.log is not None, snap
         assert why in (snap.log.error or ""), (name, snap.log.error)
+
+
+FLIP_TARGETS = """
+import os, sys, time
+victim, outside_dir, real_dir, dir_link, *names = sys.argv[1:]
+n = 0
+while True:
+    for name in names:  # each launch's log name: absent, or a symlink to the victim
+        try:
+            if n % 2:
+                os.symlink(victim, name)
+            else:
+                os.unlink(name)
+        except OSError:
+            pass
+    tmp = dir_link + ".tmp"  # the log directory: the real one, or a symlink to a directory outside
+    try:
+        os.symlink(outside_dir if n % 2 else real_dir, tmp)
+        os.replace(tmp, dir_link)
+    except OSError:
+        pass
+    n += 1
+    if n == 1:
+        open(dir_link + ".started", "w").close()
+"""
+
+
+def test_launches_racing_a_symlink_flipper_write_nothing_outside_the_log_dirs(tmp_path, request):
+    from bot.core.lifecycle import RenderedLaunch, launch_script, parse_launch_output
+
+    logs, outside = tmp_path / "logs", tmp_path / "outside"
+    real = logs / "real"
+    real.mkdir(parents=True)
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("keep me\n")
+    before = victim.stat()
+    dir_link = logs / "sub"  # flips between logs/real and outside/
+    names = [str(logs / f"base-{i}.log") for i in range(25)]  # the file names, as if predicted
+    proc = subprocess.Popen([sys.executable, "-c", FLIP_TARGETS, str(victim), str(outside), str(real),
+                             str(dir_link), *names], stdin=subprocess.DEVNULL, start_new_session=True)
+    request.addfinalizer(proc.kill)
+    wait_until_sync(lambda: Path(str(dir_link) + ".started").exists(), 30, what="the flipper running")
+    paths = names + [str(dir_link / f"base-{i}.log") for i in range(25)]
+    outcomes = {"created": 0, "refused": 0}
+    for i, path in enumerate(paths):
+        r = RenderedLaunch(variant="base", host="h", command="true", log_path=path, port=None, gpus=[],
+                           env={"GPUBOT_LAUNCH": f"{i}-abcdef123456"}, workdir=None, params={},
+                           log_dirs=[str(logs)])
+        res = subprocess.run(["sh", "-s"], input=launch_script(r), capture_output=True, text=True, timeout=30)
+        started = parse_launch_output(res.stdout)
+        if started is None:
+            assert res.returncode == 3 and "refusing" in res.stdout, res.stdout + res.stderr
+            outcomes["refused"] += 1
+        else:
+            outcomes["created"] += 1
+    proc.kill()
+    proc.wait(timeout=10)
+    print(f"[race] {len(paths)} launches: {outcomes['created']} created their log, {outcomes['refused']} refused, "
+          f"files written outside: {sorted(p.name for p in outside.iterdir() if p.name != 'victim')}")
+    assert victim.read_text() == "keep me\n" and victim.stat().st_mtime_ns == before.st_mtime_ns
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]  # 0 files written outside log_dirs
+    assert outcomes["created"] > 0

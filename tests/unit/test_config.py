@@ -1233,3 +1233,20 @@ def test_a_rendered_command_that_cannot_be_execed_is_refused_at_launch():
     assert render_launch(cfg, "fine", {}, launch_id=1, tag="1-a").command == "python serve.py"
     with pytest.raises(LaunchError, match="builtin 'cd'"):
         render_launch(cfg, "fine", {"prog": "cd"}, launch_id=1, tag="1-a")
+
+
+def test_a_templated_log_name_gets_the_launch_s_random_part():
+    from bot.config import render_launch
+    from bot.config.variants import unpredictable_log_name
+
+    assert unpredictable_log_name("/logs/base-12.log", "12-abcdef123456") == "/logs/base-12-abcdef123456.log"
+    assert unpredictable_log_name("/logs/run-abcdef123456.txt", "12-abcdef123456") == "/logs/run-abcdef123456.txt"
+    assert unpredictable_log_name("/logs/server", "3-0123456789ab") == "/logs/server-0123456789ab"
+    cfg = Config.model_validate({
+        "hosts": {"h": {"local": True, "log_dirs": ["/data/logs"]}},
+        "variants": {"v": {"host": "h", "command": "serve", "log": "/data/logs/{{ variant }}-{{ launch_id }}.log"},
+                     "d": {"host": "h", "command": "serve"}}})
+    r = render_launch(cfg, "v", {}, launch_id=7, tag="7-00aa11bb22cc")
+    assert r.log_path == "/data/logs/v-7-00aa11bb22cc.log" and r.log_dirs == ["/data/logs"]
+    assert render_launch(cfg, "d", {}, launch_id=7, tag="7-00aa11bb22cc").log_path == \
+        "/data/logs/gpubot-d-7-00aa11bb22cc.log"
