@@ -10,6 +10,7 @@ e.g. the console's); one Scheduler for the watcher; one Dispatcher for every rou
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
 from bot.adapters.store import Store, default_url
 from bot.config import Config, ConfigError, WatchPolicy
-from bot.core.redact import Redactor
+from bot.core.redact import SECRET_NAME_RE, Redactor
 from bot.present.render import Renderer
 from bot.services.alerts import AlertPoster
 from bot.services.audit import Audit
@@ -99,6 +100,27 @@ class Runtime:
             await self.outbox.stop()
 
 
+#: Environment variables of the bot whose values are secrets (Slack credentials), masked by value.
+SECRET_ENV_NAMES = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_CLIENT_SECRET")
+
+
+def known_secret_values(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The secret values the bot knows at start-up, masked by value wherever they appear: its Slack
+    credentials (SECRET_ENV_NAMES), the `${NAME}` values the config loader put into env maps, env values
+    whose name says secret, and defaults of params that are `secret: true` or secret-named."""
+    env = os.environ if environ is None else environ
+    values = [env.get(n, "") for n in SECRET_ENV_NAMES]
+    values += list(config.expanded_env_values)
+    maps = [h.env for h in config.hosts.values()] + [v.env for v in config.variants.values()]
+    values += [val for m in maps for k, val in m.items() if SECRET_NAME_RE.search(k)]
+    for v in config.variants.values():
+        for name, spec in (v.params or {}).items():
+            default = getattr(spec, "default", None)
+            if default is not None and (getattr(spec, "secret", False) or SECRET_NAME_RE.search(name)):
+                values.append(str(default))
+    return [x for x in values if x]
+
+
 def build_runtime(config: Config, *, surface: Surface | None = None, transport: Transport | None = None,
                   store: Store | None = None, executors: Mapping[str, Executor] | None = None,
                   nvml_reader: NvmlReader | None = None, extra_path: list[str] | None = None,
@@ -120,7 +142,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     check_config(config)
     if surface is None and transport is None:
         raise ValueError("build_runtime needs a surface or a transport")
-    redactor = Redactor(config.redact_patterns)
+    redactor = Redactor(config.redact_patterns, values=known_secret_values(config))
     renderer = Renderer(redactor)
     lock = StateLock.for_database(config.database_url, config.state_dir) if store is None else None
     if lock is not None:

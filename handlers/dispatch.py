@@ -117,7 +117,8 @@ class Dispatcher:
         reply = reply.placed(r.channel_id, r.thread_ts)
         if reply.message is not None and reply.private_to is None and r.source in (Source.SLASH, Source.BUTTON):
             # a slash command or a click leaves no message in the channel: the answer says who asked
-            reply.message = reply.message.asked_by(r.user_id, raw)
+            # what was typed, redacted like everything else (`api_key=...` in a /launch)
+            reply.message = reply.message.asked_by(r.user_id, self.services.renderer.redactor(raw))
         renames = self.services.config.slack.slash_commands
         if renames:  # this install's own slash command names in what it suggests
             reply.message = rename_commands(reply.message, renames) if reply.message is not None else None

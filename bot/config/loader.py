@@ -55,7 +55,8 @@ def _find_secret_keys(data: Any) -> list[tuple[str, str]]:
             for k, v in children:
                 here = (*path, k)
                 # Only env maps may name a secret, and only as a reference to the bot's environment.
-                if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, dict):
+                # (a boolean is no secret: `secret: true` marks a param whose values are masked)
+                if isinstance(k, str) and SECRET_KEY_RE.search(k) and not isinstance(v, (dict, bool)):
                     if not (_is_env_map(path) and isinstance(v, str) and ENV_REF_RE.fullmatch(v)):
                         out.append((_loc(here), f"{_loc(here)}: {SECRETS_HINT}"))
             todo.extend(((*path, k), v) for k, v in reversed(children))
@@ -64,9 +65,12 @@ def _find_secret_keys(data: Any) -> list[tuple[str, str]]:
     return out
 
 
-def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str],
+                     expanded: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """A copy of `data` with every `hosts.*.env` / `variants.*.env` value that is exactly `${NAME}` replaced
-    by environ[NAME], and an error for each NAME that is not set. `data` itself is not modified."""
+    by environ[NAME], and an error for each NAME that is not set. The values put in are appended to
+    `expanded` (they are secrets kept out of the file: masked by value everywhere). `data` itself is not
+    modified."""
     errors: list[str] = []
     out = dict(data)
     for section in ("hosts", "variants"):
@@ -84,6 +88,8 @@ def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str]) -> tuple[
                     continue
                 if m.group(1) in environ:
                     env[key] = environ[m.group(1)]
+                    if expanded is not None:
+                        expanded.append(environ[m.group(1)])
                 else:
                     errors.append(f"{section}.{name}.env.{key}: environment variable {m.group(1)} is not set")
             new_entries[name] = {**entry, "env": env}
@@ -119,10 +125,12 @@ def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
                     errors.append(f"{section}.{name}: name must be 1-63 letters, digits, '.', '_' or '-', "
                                   "starting with a letter or digit")
     # Secrets are looked for in the file as written; references are expanded only afterwards.
-    data, env_errors = _expand_env_refs(data, environ)
+    expanded: list[str] = []
+    data, env_errors = _expand_env_refs(data, environ, expanded)
     errors.extend(env_errors)
     try:
         cfg = Config.model_validate(data)
+        cfg._expanded_env_values = tuple(expanded)
     except ValidationError as e:
         problems = _format_pydantic(e, Config, {loc for loc, _ in secrets})
         raise ConfigError(list(dict.fromkeys(errors + problems))) from None

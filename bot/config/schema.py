@@ -15,6 +15,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     Strict,
     ValidationError,
     field_validator,
@@ -175,6 +176,7 @@ class ParamSpec(_Model):
     min: Number | None = None
     max: Number | None = None
     description: str | None = None
+    secret: bool = False
 
     @field_validator("min", "max")
     @classmethod
@@ -419,6 +421,9 @@ class Config(_Model):
     hosts: dict[str, HostConfig] = Field(default_factory=dict)
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
     permissions: Permissions = Field(default_factory=Permissions)
+    #: The values the loader put in for `${NAME}` references of env maps (secrets kept out of the file):
+    #: masked by value in everything posted, stored or logged. Not a config key.
+    _expanded_env_values: tuple[str, ...] = PrivateAttr(default=())
     watch: WatchPolicy = Field(default_factory=WatchPolicy)
     slack: SlackSettings = Field(default_factory=SlackSettings)
     state_dir: str = "~/.local/state/gpubot"
@@ -455,6 +460,12 @@ class Config(_Model):
     def host_names(self) -> list[str]:
         """Configured host names, in file order."""
         return list(self.hosts)
+
+    @property
+    def expanded_env_values(self) -> tuple[str, ...]:
+        """The values the loader put in for `${NAME}` references of `hosts.*.env` / `variants.*.env` (empty
+        for a config not made by the loader)."""
+        return self._expanded_env_values
 
     def resolved_variant(self, name: str) -> VariantConfig:
         """The variant with `extends` applied (child keys win; params, env and watch (with its phase_grace_s)

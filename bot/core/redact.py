@@ -84,7 +84,8 @@ _FORM_START = (
 )
 # ...nor is a bare None/null/... or an empty quoted string a secret (`api_key=None` tells the reader that no
 # key was given).
-_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$))"
+_WRAPPED = r"(?:\[[ \t]*|Some\([ \t]*)"  # a value in a list (`['KEY']`, vLLM) or Rust's `Some("KEY")` (TGI)
+_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$)|{_WRAPPED}[\"']{_MASK_RE})"
 
 
 def _run(char: str) -> str:
@@ -148,6 +149,9 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
     (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-)(?P<val>{_QUOTED}|{_ANY})"),
      _name_value),
+    # 'api_key': ['KEY'] (vLLM's non-default args), api_key: Some("KEY") (TGI's Args): the quoted value inside
+    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}(?P<val>{_QUOTED})"),
+     _name_value),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
     # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
     (re.compile(rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
@@ -173,11 +177,13 @@ _B64_RUN = 3
 
 
 def _redact_line(line: str, extra: Iterable[re.Pattern[str]]) -> str:
-    """Apply every single-line pattern, then the `extra` ones, to one line (no line breaks inside)."""
-    for pat, repl in _PATTERNS:
-        line = pat.sub(repl, line)
+    """Apply the `extra` patterns (configured ones, known secret values), then every built-in one, to one line
+    (no line breaks inside). Known values go first: a built-in form that masks only part of a value it
+    does not fully understand (`'api_key': ['KEY']`) must not leave the rest for them to miss."""
     for pat in extra:
         line = pat.sub(MASK, line)
+    for pat, repl in _PATTERNS:
+        line = pat.sub(repl, line)
     return line
 
 
@@ -328,24 +334,45 @@ def redact_then_cut(text: str, width: int, extra: Iterable[re.Pattern[str]] = ()
     return out if len(out) <= width else out[: width - 1] + _ELLIPSIS
 
 
+#: Known secret values shorter than this are not masked by value (they would mask ordinary words).
+MIN_SECRET_VALUE_LEN = 6
+
+
 class Redactor:
     """The built-in rules plus configured extra patterns (the config's `redact_patterns`: Python regexes
-    whose whole matches are masked), as one object built once and passed to whatever posts, stores or logs
-    text. Raises re.error for an invalid pattern (the config validates them first). Immutable."""
+    whose whole matches are masked) plus the secret VALUES the bot knows (Slack tokens, `${NAME}` values of
+    the config's env maps, secret params of launches: `add_values`), masked wherever they appear, whatever
+    flag, quote, list or format carries them. One object, built once and passed to whatever posts, stores
+    or logs text. Raises re.error for an invalid pattern (the config validates them first). The patterns
+    are fixed; the known values only grow."""
 
-    def __init__(self, patterns: Iterable[str] = ()):
-        self.patterns: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in patterns)
+    def __init__(self, patterns: Iterable[str] = (), values: Iterable[str] = ()):
+        self._configured: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in patterns)
+        self._values: set[str] = set()
+        self.patterns: tuple[re.Pattern[str], ...] = self._configured
+        self.add_values(values)
+
+    def add_values(self, values: Iterable[Any]) -> None:
+        """Mask these secret values (their str, stripped, at least MIN_SECRET_VALUE_LEN characters) from now
+        on, as whole matches anywhere in a line."""
+        new = {str(v).strip() for v in values if v is not None and len(str(v).strip()) >= MIN_SECRET_VALUE_LEN}
+        new = {v for v in new if "\n" not in v and v != MASK} - self._values
+        if not new:
+            return
+        self._values |= new
+        alternation = "|".join(re.escape(v) for v in sorted(self._values, key=len, reverse=True))
+        self.patterns = (*self._configured, re.compile(alternation))
 
     def __call__(self, text: str) -> str:
-        """`redact(text)` with the configured patterns too. Never raises for str input."""
+        """`redact(text)` with the configured patterns and known values too. Never raises for str input."""
         return redact(text, self.patterns)
 
     def lines(self, lines: list[str]) -> list[str]:
-        """`redact_lines(lines)` with the configured patterns too: a new list of the same length."""
+        """`redact_lines(lines)` with the configured patterns and values too: a new list of the same length."""
         return redact_lines(lines, self.patterns)
 
     def then_cut(self, text: str, width: int) -> str:
-        """`redact_then_cut(text, width)` with the configured patterns too."""
+        """`redact_then_cut(text, width)` with the configured patterns and values too."""
         return redact_then_cut(text, width, self.patterns)
 
     def mapping(self, values: dict) -> dict:

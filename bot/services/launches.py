@@ -9,6 +9,7 @@ writer with the Slack user ID, args and result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shlex
 import time
@@ -223,6 +224,17 @@ class LaunchService:
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
         return out
 
+    def learn_secrets(self, variant: str, params: dict[str, Any]) -> None:
+        """Teach the shared redactor the values of `params` that are secrets (secret-named, or `secret: true`
+        in the variant), so they are masked by value wherever they turn up (a command line under an
+        ordinary flag such as `--key`, a log line, an error)."""
+        specs: dict[str, Any] = {}
+        if variant in self.config.variants:
+            with contextlib.suppress(KeyError):
+                specs = dict(self.config.resolved_variant(variant).params or {})
+        self._redactor.add_values(str(v) for k, v in params.items()
+                                  if SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))
+
     def params_for_record(self, params: dict) -> dict:
         """Params as recorded anywhere (audit trail, launches table): secret-named params masked, the rest
         redacted."""
@@ -235,6 +247,7 @@ class LaunchService:
         """Check, record, open the incident thread (unless `thread_ts` continues one) and start one launch.
         Raises LaunchError for bad input (audited as invalid; nothing recorded); never raises for remote
         failures (they are in the outcome and the audit trail)."""
+        self.learn_secrets(variant, params)  # before anything is recorded, posted or logged
         try:
             preview = render_launch(self.config, variant, params, launch_id=0, host=host)
         except LaunchError as e:

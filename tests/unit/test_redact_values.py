@@ -1,0 +1,46 @@
+"""Secrets masked by value (the bot's own, the config's `${NAME}` values, launch params) and the list and
+Rust `Some(...)` forms engines log."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.config import parse_config
+from bot.core.redact import MASK, Redactor, redact
+from bot.wiring import known_secret_values
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("INFO non-default args: {'model': 'x', 'api_key': ['k3yV4lue0001']}",
+     "INFO non-default args: {'model': 'x', 'api_key': ['[REDACTED]']}"),
+    ('Args { model_id: "x", api_key: Some("k3yV4lue0001"), port: 80 }',
+     'Args { model_id: "x", api_key: Some("[REDACTED]"), port: 80 }'),
+    ("hf_token: Some('k3yV4lue0001')", "hf_token: Some('[REDACTED]')"),
+    ("api_key: None", "api_key: None"),
+])
+def test_list_and_some_forms_are_masked_whole(line, want):
+    assert redact(line) == want and redact(want) == want
+
+
+def test_a_known_value_is_masked_in_any_form_and_short_ones_are_not():
+    r = Redactor(values=["OpaqueVal9876xyzQ", "abc", None, ""])
+    assert r("python -m x --key OpaqueVal9876xyzQ --port 1") == f"python -m x --key {MASK} --port 1"
+    assert r("served as 'OpaqueVal9876xyzQ'.") == f"served as '{MASK}'."
+    assert r("abc is a word") == "abc is a word"  # too short to mask by value
+    r.add_values(["L8rSecretValue"])
+    assert r("then L8rSecretValue") == f"then {MASK}" and r(r("then L8rSecretValue")) == f"then {MASK}"
+    assert r.deep({"a": ["OpaqueVal9876xyzQ"]}) == {"a": [MASK]}
+
+
+def test_the_bot_knows_its_slack_tokens_and_the_config_s_env_values():
+    cfg = parse_config({
+        "hosts": {"h": {"local": True, "env": {"DB_URL": "${DB_URL}", "HF_TOKEN": "${HF_TOKEN}"}}},
+        "variants": {"v": {"host": "h", "command": "serve", "env": {"OPENAI_BASE": "${OPENAI_BASE}"},
+                           "params": {"key": {"secret": True, "default": "DefaultKey12345"},
+                                      "model": {"default": "llama-3-70b"}}}},
+    }, environ={"DB_URL": "postgres://u:pw@db/x", "OPENAI_BASE": "https://api.internal/v1",
+                "HF_TOKEN": "hf_from_the_environment_1234"})
+    values = known_secret_values(cfg, {"SLACK_BOT_TOKEN": "xoxb-bot-token-value", "SLACK_APP_TOKEN": ""})
+    assert set(values) == {"xoxb-bot-token-value", "postgres://u:pw@db/x", "https://api.internal/v1",
+                           "hf_from_the_environment_1234", "DefaultKey12345"}
+    assert "llama-3-70b" not in values
