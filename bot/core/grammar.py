@@ -55,10 +55,22 @@ def _split(text: str) -> list[str]:
     text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
     # Smart quotes typed in Slack clients.
     text = text.translate(str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"}))
+    text = show_invisible(text)
     try:
         return shlex.split(text, posix=True)
     except ValueError as e:
         raise CommandParseError(f"could not parse the command: {e} (check your quotes)") from None
+
+
+#: Bidi embedding/override/isolate controls and zero-width characters: they make typed text read other than
+#: it is (a value that displays reversed, an invisible character inside a name).
+_INVISIBLE_RE = re.compile("[\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+
+
+def show_invisible(text: str) -> str:
+    """`text` with every bidi control and zero-width character written out visibly as `<U+202E>` (pure).
+    Applied to everything typed, so what is echoed back, audited or matched is what it really is."""
+    return _INVISIBLE_RE.sub(lambda m: f"<U+{ord(m.group(0)):04X}>", text)
 
 
 def _build(name: str, words: list[str], raw: str, *, word: str | None = None) -> CommandCall:
@@ -129,7 +141,7 @@ class Grammar:
         try:
             return self._parse_slash(command, text)
         except CommandParseError as e:
-            e.raw = f"{command} {text or ''}".strip()
+            e.raw = show_invisible(f"{command} {text or ''}".strip())
             raise
 
     def _parse_slash(self, command: str, text: str) -> CommandCall:
@@ -138,7 +150,7 @@ class Grammar:
         slash = self.vocabulary.slash.get(cmd)
         if slash is None:
             raise CommandParseError(f"unknown slash command {cmd[:40]}")
-        raw = f"{cmd} {text or ''}".strip()  # as typed, with its slash command (audit, "asked: ...")
+        raw = show_invisible(f"{cmd} {text or ''}".strip())  # as typed, with its slash command (audit, "asked")
         if slash.router:
             return self._routed(slash.default, words, raw)
         return _build(slash.default, words, raw)
@@ -166,7 +178,7 @@ class Grammar:
     def parse_command(self, body: str, *, raw: str | None = None) -> CommandCall:
         """Parse command text without a prefix (`probe h1 pgid=1`, `gpu status`, a button's command). Empty
         text is `help`. Raises CommandParseError."""
-        raw = body if raw is None else raw
+        raw = show_invisible(body if raw is None else raw)
         try:
             return self._parse_command(body, raw)
         except CommandParseError as e:

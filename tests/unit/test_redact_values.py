@@ -44,3 +44,41 @@ def test_the_bot_knows_its_slack_tokens_and_the_config_s_env_values():
     assert set(values) == {"xoxb-bot-token-value", "postgres://u:pw@db/x", "https://api.internal/v1",
                            "hf_from_the_environment_1234", "DefaultKey12345"}
     assert "llama-3-70b" not in values
+
+
+def test_bidi_and_zero_width_controls_in_typed_text_are_shown_not_obeyed():
+    from bot.config import Config
+    from bot.core.grammar import show_invisible
+    from handlers.derive import grammar
+
+    g = grammar(Config())
+    call = g.parse_slash("/gpu", "probe gpu\u202e1-tsoh log=/data/\u200bx.log")
+    assert "\u202e" not in call.raw and "<U+202E>" in call.raw
+    assert all("\u200b" not in v and "\u202e" not in v for v in [*call.args, *call.kwargs.values()])
+    assert show_invisible("a\u2066b\ufeffc") == "a<U+2066>b<U+FEFF>c" and show_invisible("plain") == "plain"
+
+
+def test_log_records_are_redacted_debug_included():
+    import io
+    import logging
+
+    from bot.wiring import RedactingFilter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter(Redactor(values=["OpaqueVal9876xyzQ"])))
+    logger = logging.getLogger("gpubot.test.redaction")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        logger.debug("payload %s", {"text": "/launch base api_key=OpaqueVal9876xyzQ",
+                                    "token": "xoxb-1234-5678-abcdefgh"})
+        try:
+            raise ValueError("bad key OpaqueVal9876xyzQ")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(handler)
+    out = stream.getvalue()
+    assert "OpaqueVal9876xyzQ" not in out and "xoxb-1234" not in out and "[REDACTED]" in out
+    assert "Traceback" in out and "ValueError" in out
