@@ -96,6 +96,14 @@ class Dispatcher:
             call = e
         return await self.run(request, call)
 
+    async def ignored(self, request: Request, raw: str, why: str) -> Reply:
+        """An attempt that is not run (an edited command message): audited as `ignored` (what was typed,
+        redacted) and answered to its author alone with `why`."""
+        ctx = Context(request, self.services, self.commands)
+        reply = Reply(self.services.renderer.error("Not run", why, None), audit="ignored", detail=why[:300],
+                      private_to=request.user_id)
+        return self._finish(ctx, "edit", raw, reply)
+
     async def click(self, request: Request, action_id: str, value: str) -> Reply:
         """A button click: the command its button stands for (`confirm 12`, `relaunch 7`), run like a typed
         one with `request.source` BUTTON. A forged or garbled click is audited as invalid and not answered."""

@@ -136,3 +136,26 @@ async def test_a_refused_private_answer_comes_through_the_response_url(slack):
     (body,) = [b for _r, b in slack.fake.responses if "frobnicate" in str(b)]
     assert body.get("response_type") == "ephemeral" and "Unknown host or command" in body.get("text", "")
     assert not [c for c in slack.fake.calls_for("chat.postMessage") if "frobnicate" in text_of(c)]
+
+
+async def test_an_edited_command_is_not_run_but_audited_and_answered_to_its_author(slack):
+    env_id = await slack.fake.push_event({
+        "type": "message", "subtype": "message_changed", "channel": "C1", "event_ts": "1700000300.000500",
+        "message": {"type": "message", "user": "U2", "ts": "1700000300.000400", "text": "!kill 1 --yes"},
+        "previous_message": {"type": "message", "user": "U2", "ts": "1700000300.000400", "text": "!kil 1"},
+    })
+    await slack.fake.wait_for_ack(env_id, 20)
+    note = await wait_until(lambda: next((e for e in slack.fake.ephemerals if "edited message" in (e["text"] or "")),
+                                         None), 20, what="the note to the edit's author")
+    assert note["user"] == "U2" and note["channel"] == "C1"
+    event = await wait_until(lambda: next(iter(slack.runtime.audit.events(action="command:edit")), None), 20,
+                             what="the audit row of the edit")
+    assert (event.result, event.user_id, event.channel) == ("ignored", "U2", "C1")
+    assert event.args["text"] == "!kill 1 --yes"
+    assert not slack.runtime.audit.events(action="command:kill")  # nothing ran
+    # an edit of ordinary chat is chat: nothing answered, nothing audited
+    chat = await slack.fake.push_event({
+        "type": "message", "subtype": "message_changed", "channel": "C1", "event_ts": "1700000301.000500",
+        "message": {"type": "message", "user": "U2", "ts": "1700000301.000400", "text": "lunch at noon?"}})
+    await slack.settled(env_id, chat)
+    assert len(slack.runtime.audit.events(action="command:edit")) == 1

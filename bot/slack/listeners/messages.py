@@ -54,6 +54,21 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
         await handle(message, context, Source.PREFIX)
 
     @app.event("message")
-    async def on_other_message(event):
-        """Any other message."""
-        return None  # every other channel message: nothing to do (keeps Bolt from logging "unhandled")
+    async def on_other_message(event, context):
+        """Any other message: an edit that makes (or keeps) a command is not run, but audited and answered to
+        its author; everything else is chat (handled here so Bolt does not log "unhandled")."""
+        if event.get("subtype") != "message_changed":
+            return None
+        edited = event.get("message") or {}
+        text, user, channel = edited.get("text") or "", edited.get("user"), event.get("channel")
+        if not user or not channel or edited.get("bot_id"):
+            return None
+        addressed = grammar.addresses(text, prefix, bot.config.hosts) or (
+            context.get("bot_user_id") and f"<@{context.get('bot_user_id')}>" in text)
+        if not addressed or not bot.seen.first(f"edit:{channel}:{edited.get('ts')}:{event.get('event_ts')}"):
+            return None
+        why = "an edited message is not run as a command; send it again as a new message"
+        bot.spawn(bot.run(user_id=user, channel_id=channel, source=Source.PREFIX,
+                          thread_ts=edited.get("thread_ts") or edited.get("ts"), word="edit",
+                          work=lambda r: bot.dispatcher.ignored(r, text, why)))
+        return None
