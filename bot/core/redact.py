@@ -26,7 +26,8 @@ What counts as a secret (names match case-insensitively and must END in a secret
 - URL credentials `scheme://user:password@host` (also an empty user, `redis://:pw@host`).
 - Well-known token formats anywhere: `hf_`, `sk-` (also `sk-proj-`, `sk-ant-`), `github_pat_`, `ghp_`/
   `gho_`/`ghu_`/`ghs_`/`ghr_`, `glpat-` (and the other GitLab prefixes), `nvapi-`, Slack `xox?-`/`xapp-`,
-  AWS `AKIA`/`ASIA` key ids, GCP `AIza` keys, JWTs.
+  AWS `AKIA`/`ASIA` key ids, GCP `AIza` keys, Google OAuth `ya29.` tokens, Stripe `sk_live_`/`sk_test_`/
+  `rk_`/`pk_` keys, JWTs, and the path of Slack incoming-webhook URLs.
 - PEM private keys: from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----`.
 
 Deliberately NOT secrets (documented trade-offs):
@@ -141,6 +142,11 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}"), MASK),
     (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"), MASK),
     (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
+    (re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}"), MASK),  # Google OAuth access token
+    (re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}"), MASK),  # Stripe keys
+    # Slack incoming-webhook URLs: the path is the credential
+    (re.compile(r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}"),
+     rf"\1{MASK}"),
     (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
     # Authorization: [scheme] value
     (re.compile(rf"(?i)(?<![\w-])(?:proxy-)?authorization[ \t]*:[ \t]*"

@@ -82,3 +82,16 @@ def test_log_records_are_redacted_debug_included():
     out = stream.getvalue()
     assert "OpaqueVal9876xyzQ" not in out and "xoxb-1234" not in out and "[REDACTED]" in out
     assert "Traceback" in out and "ValueError" in out
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("token ya29.a0AfH6SMBx3k9Q-abcdefghijklmnop used", "token [REDACTED] used"),
+    ("STRIPE=sk_live_51H8abcdefghijklmnopqrst", "STRIPE=[REDACTED]"),
+    ("key rk_test_abcdefghijklmnop1234 set", "key [REDACTED] set"),
+    ("post to https://hooks.slack.com/services/T0AAA/B0BBB/xyzXYZ0123456789abcdef now",
+     "post to https://hooks.slack.com/services/[REDACTED] now"),
+    ("see https://hooks.slack.com/ for docs", "see https://hooks.slack.com/ for docs"),
+    ("the sk_live_ prefix marks a live key", "the sk_live_ prefix marks a live key"),
+])
+def test_more_well_known_token_formats(text, want):
+    assert redact(text) == want and redact(want) == want
