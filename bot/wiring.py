@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from bot.adapters import scheduler as scheduler_adapter
+from bot.adapters.logs import redact_logs
 from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
@@ -98,37 +99,6 @@ class Runtime:
         if self.outbox is not None:
             await self.outbox.flush(flush_s)
             await self.outbox.stop()
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that passes every record's message (and traceback text) through a Redactor, so no
-    log line, DEBUG included (raw Slack payloads, what users typed), carries a secret. Always keeps the
-    record."""
-
-    def __init__(self, redactor: Redactor):
-        super().__init__()
-        self.redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Redact `record` in place; returns True."""
-        try:
-            record.msg, record.args = self.redactor(record.getMessage()), None
-        except Exception:  # a broken format string stays as it was: logging reports it itself
-            return True
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = self.redactor(record.exc_text)
-        return True
-
-
-def redact_logs(redactor: Redactor) -> None:
-    """Put a RedactingFilter with `redactor` on every handler of the root logger (replacing one an earlier
-    runtime of this process put there)."""
-    for handler in logging.getLogger().handlers:
-        for f in [f for f in handler.filters if isinstance(f, RedactingFilter)]:
-            handler.removeFilter(f)
-        handler.addFilter(RedactingFilter(redactor))
 
 
 #: Environment variables of the bot whose values are secrets (Slack credentials), masked by value.

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import Config, HostConfig, WatchPolicy
+from bot.core.models import Launch, LaunchState
 from bot.demo.fakegpu import FakeGpu, install_fake_gpu
 from tests.support.procs import FAKE_SERVER, free_port
 
@@ -81,3 +82,14 @@ def launch_config(ssh_server: Any, fake_gpu: FakeGpu, tmp_path: Path, *, variant
         "permissions": permissions or {"operators": [OPERATOR, OTHER_OPERATOR], "viewers": [VIEWER]},
         "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10, **(lifecycle or {})},
     })
+
+
+def launch_row(**overrides: Any) -> Launch:
+    """A running `base#3` on host `h` (pid 100 in process group = session 99, GPU 0, tag `3-abc`, created at
+    epoch 1000 s by U1 in C1), with `overrides` applied: for the pure tests of observe/serving."""
+    fields: dict[str, Any] = dict(id=3, host="h", variant="base", params={}, command="", log_path="/l", port=None,
+                                  gpus=[0], pid=100, pgid=99, sid=99, state=LaunchState.RUNNING, state_detail=None,
+                                  created_by="U1", created_at=1000.0, ended_at=None, channel="C1", thread_ts="1.1",
+                                  tag="3-abc")
+    fields.update(overrides)
+    return Launch(**fields)

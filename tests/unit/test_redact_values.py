@@ -62,7 +62,7 @@ def test_log_records_are_redacted_debug_included():
     import io
     import logging
 
-    from bot.wiring import RedactingFilter
+    from bot.adapters.logs import RedactingFilter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -12,14 +12,12 @@ from bot.core.lifecycle import Started, parse_launch_output, scope_unit, signal_
 from bot.core.models import Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import own_processes, remember_processes
 from bot.core.probe import parse_launch_tags
+from tests.support.builders import launch_row
 
 
 def launch(**kw) -> Launch:
-    fields = dict(id=3, host="h", variant="base", params={}, command="", log_path="/l", port=None, gpus=[0],
-                  pid=100, pgid=99, sid=99, state=LaunchState.RUNNING, state_detail=None, created_by="U1",
-                  created_at=1000.0, ended_at=None, channel="C1", thread_ts="1.1", tag="3-abc")
-    fields.update(kw)
-    return Launch(**fields)
+    """The shared running launch (tests.support.builders.launch_row) with `kw` applied."""
+    return launch_row(**kw)
 
 
 def test_a_process_in_the_launch_scope_carries_its_tag_whatever_its_environment_says():

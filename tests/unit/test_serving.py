@@ -20,10 +20,11 @@ from bot.core.lifecycle import (
     launch_script,
     parse_launch_output,
 )
-from bot.core.models import GpuReading, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.models import GpuReading, Launch, ProcessInfo, Snapshot
 from bot.core.observe import is_news, judge, observation_from_snapshot
 from bot.core.serving import ended_verdict, failing_streak, judge_serving
 from bot.present.render import Message, slack_text
+from tests.support.builders import launch_row
 
 READY_LOG = ["[2026-12-01 10:00:00] The server is fired up and ready to roll!"]
 
@@ -106,11 +107,8 @@ def test_cpu_time_alone_never_leaves_silent_hang():
 
 
 def launch(**kw) -> Launch:
-    fields = dict(id=3, host="h", variant="base", params={}, command="", log_path="/l", port=None, gpus=[0],
-                  pid=100, pgid=99, sid=99, state=LaunchState.RUNNING, state_detail=None, created_by="U1",
-                  created_at=1000.0, ended_at=None, channel="C1", thread_ts="1.1", tag="3-abc")
-    fields.update(kw)
-    return Launch(**fields)
+    """The shared running launch (tests.support.builders.launch_row) with `kw` applied."""
+    return launch_row(**kw)
 
 
 def snap(cpu: int, clock: float, *, others: bool = False) -> Snapshot:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from bot.core.models import GpuProcess, GpuReading, GpuSection, GpuSource
-from bot.core.parse.log import strip_control
+from bot.core.parse.log import no_mentions, strip_control
 
 __all__ = [
     "APPS_QUERY_FIELDS",
@@ -160,7 +160,7 @@ def _parse_text(token: str) -> str | None:
 def _name(token: str) -> str | None:
     """A process name from nvidia-smi (the host's text): `_parse_text` with Slack mention openers broken."""
     value = _parse_text(token)
-    return None if value is None else re.sub(r"<(?=[@#!])", "<\u2060", value)
+    return None if value is None else no_mentions(value)
 
 
 def _parse_int(token: str) -> int | None:
