@@ -145,7 +145,9 @@ async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path
     rc, text, err = await cli("console", "--config", str(d / "config.yaml"),
                               stdin=b"/launch demo\n/gpu status\n/kill demo --yes\n")
     assert rc == 0, err
-    assert "Launched demo#1" in text and text.count("[demo#1]") == 2
+    # (whether the ranks already hold GPU memory at `/gpu status` depends on the machine's load: the holder
+    # attribution is checked by the demo test, which waits until the server is ready)
+    assert "Launched demo#1" in text and "GPU status: 1 host" in text
     assert "Killed demo#1" in text and "released" in text
     # the root message's new state, without a message id the console never showed
     assert "[earlier message updated] demo#1 on local: killed" in text, text
