@@ -161,7 +161,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     outbox = None
     if transport is not None:
         outbox = Outbox(store.outbox, transport, min_interval_s=config.slack.post_interval_s,
-                        on_posted=store.launches.replace_thread_ts, **dict(outbox_options or {}))
+                        on_posted=store.launches.replace_thread_ts, redactor=redactor,
+                        **dict(outbox_options or {}))
         surface = surface_factory(outbox) if surface_factory is not None else OutboxSurface(outbox)
     assert surface is not None
     threads = IncidentThreads(store.launches, surface, renderer)

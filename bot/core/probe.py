@@ -236,7 +236,7 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
             f"printf '%s %s %s\\n' \"$(stat -L -c %s {fd})\" \"$m\" \"$(timeout -k 1 5 cat {fd} | wc -l)\"; r=0; "
             "fi; fi; e log_stat $r",
             f'b log_tail; if [ "$OK" = 1 ]; then tail -c {LOG_TAIL_BYTES} {fd} '
-            f"| tail -n {int(req.tail_lines)}; r=$?; else r=2; fi; e log_tail $r",
+            f"| tail -n {int(req.tail_lines) + 1}; r=$?; else r=2; fi; e log_tail $r",
             "exec 3<&-",
         ]
     lines.append("exit 0")
@@ -441,8 +441,11 @@ def assemble_snapshot(
             info.size_bytes, info.mtime, info.lines = log_parse.parse_log_stat(_text(st))
             tail = sections.get("log_tail")
             if tail is not None:
+                # one line more than shown is read (context for the redactor: a name on the line above its value);
+                # fewer than that from a file longer than the window: the window starts inside its first line
+                cut = (info.size_bytes or 0) > LOG_TAIL_BYTES and tail.body.rstrip(b"\n").count(b"\n") < req.tail_lines
                 info.tail = log_parse.clean_log_lines(tail.body, max_lines=req.tail_lines, max_width=MAX_LINE_WIDTH,
-                                                      redactor=redactor.lines)
+                                                      redactor=redactor.lines, starts_mid_line=cut)
         snap.log = info
 
     # Port and health

@@ -54,15 +54,22 @@ __all__ = ["MASK", "SECRET_NAME_RE", "Redactor", "redact", "redact_lines", "reda
 MASK = "[REDACTED]"
 _ELLIPSIS = "…"
 
-# The word a secret NAME ends in.
+# The word a secret NAME ends in. KEY and PWD count only as the last part of a longer name (AZURE_OPENAI_KEY,
+# Ocp-Apim-Subscription-Key, MYSQL_PWD: a bare `key` or `PWD=/home/x` is not a secret); PASS, DSN and BEARER
+# only as a whole part (DB_PASS, --db-pass, SENTRY_DSN; not `bypass`).
 _WORD = (
-    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
-    r"|CREDENTIALS?)"
+    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
+    r"|ACCOUNT[_-]?KEY|CREDENTIALS?|COOKIE|SIGNATURE|(?:AUTH|ACCESS|API|BEARER|REFRESH)[_-]?TOKENS"
+    r"|(?<![A-Za-z0-9])(?:PASS|DSN|BEARER)|(?<=[A-Za-z0-9][_-])(?:KEY|PWD))"
 )
 # Tokenizer special tokens are vocabulary entries, not credentials (`"eos_token": "</s>"`).
 _SPECIAL_TOKENS = ("bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "im_start", "im_end")
+# Names ending in KEY that name a lookup key, not a credential (`primary_key`, `sort_key`, `cache_key`...).
+_PLAIN_KEYS = ("primary", "foreign", "sort", "partition", "routing", "cache", "hash", "public", "host", "group",
+               "dict", "lookup", "index", "row", "column", "shard", "map", "order", "unique", "composite")
 # A secret name: word characters and hyphens ending in the secret word (X-Api-Key, AWS_SECRET_ACCESS_KEY).
-_NAME = rf"[A-Za-z0-9_-]*{_WORD}" + "".join(rf"(?<!{t}_token)(?<!{t}-token)" for t in _SPECIAL_TOKENS)
+_NAME = (rf"[A-Za-z0-9_-]*{_WORD}" + "".join(rf"(?<!{t}_token)(?<!{t}-token)" for t in _SPECIAL_TOKENS)
+         + "".join(rf"(?<!{k}_key)(?<!{k}-key)" for k in _PLAIN_KEYS))
 # NAME = / NAME: / NAME == / NAME := / NAME => (spaces and tabs only: never across a line break).
 _SEP = r"[ \t]*(?:=>|==?|:=?)[ \t]*"
 
@@ -79,7 +86,7 @@ _NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"|'{_NAME}'|(?<!#){_NAME}){_SEP}"
 _FORM_START = (
     rf"{_NAME_FORM}"
     rf"|--?{_NAME}(?:[ \t]*=|[ \t])"
-    r"|(?:proxy-)?authorization[ \t]*:"
+    r"|[\"']?(?:proxy-)?authorization[\"']?[ \t]*[:=]"
     rf"|bearer[ \t]+(?:{_B64URL}{{8}}|{_MASK_RE})"
     r"|(?:machine|login|account|default)[ \t]"
 )
@@ -97,12 +104,14 @@ def _run(char: str) -> str:
 
 
 _ANY = _run(r"\S")  # flag, header and netrc values: up to whitespace
-_KV = _run(r"[^\s'\",)]")  # NAME=value: also up to a quote, `,` or `)` (`f(api_key=x, port=1)`)
+_KV = _run(r"(?:[^\s'\",)]|,(?=[^\s'\",)]))")  # NAME=value: also up to a quote, `)` or a `,` before a space
 _QS = _run(r"[^\s&#'\"]")  # ?name=value: up to the next parameter or the fragment
 # A quoted value (masked whole, quotes kept). An unterminated quote runs to the end of the line, and a quote
 # that opens another form (`token=" {"api_key": ...`) is not taken as the closing one.
 _DQ_RUN = _run(r'(?:[^"\\\r\n]|\\.)')
 _SQ_RUN = _run(r"(?:[^'\\\r\n]|\\.)")
+#: A quoted string with no named groups (for repeated use inside one pattern).
+_ANY_QUOTED = r"(?:\"(?:[^\"\\\r\n]|\\.)*\"|'(?:[^'\\\r\n]|\\.)*')"
 _QUOTED = rf"\"{_DQ_RUN}(?:(?!{_FORM_START})(?P<dq>\"))?|'{_SQ_RUN}(?:(?!{_FORM_START})(?P<sq>'))?"
 
 
@@ -116,11 +125,51 @@ def _name_value(m: re.Match[str]) -> str:
     return head + q + MASK + (m.group("dq") or m.group("sq") or "")
 
 
+def _wrapped_value(m: re.Match[str]) -> str:
+    """Replacement for a list or `Some(...)` value: the first quoted element as `_name_value` masks it, and every
+    further quoted element of the list masked too (`['A', 'B']` -> `['[REDACTED]', '[REDACTED]']`)."""
+    more = re.sub(_ANY_QUOTED, lambda q: q.group(0)[0] + MASK + q.group(0)[0], m.group("more"))
+    return _name_value(m) + more
+
+
+def _keep_head(m: re.Match[str]) -> str:
+    """Replacement that keeps everything before group `val` and masks the value."""
+    return m.group(0)[: m.start("val") - m.start(0)] + MASK + m.group(0)[m.end("val") - m.start(0):]
+
+
 _PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
 _PEM_BEGIN_RE = rf"(?<!-)-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
 _PEM_END_RE = rf"(?<!-)-{{2,}}[ \t]*END{_PEM_KEY}"
 _PEM_BEGIN = re.compile(_PEM_BEGIN_RE, re.IGNORECASE)
 _PEM_END = re.compile(_PEM_END_RE, re.IGNORECASE)
+
+#: Programs that take a password by a short flag: (program names regex, flag, what may come between the flag and
+#: the value). mysql's `-p` takes its value attached (`-p` alone prompts; `-P` is the port); docker's `-p` is a
+#: password only after `login` (`docker run -p 8080:80` publishes a port).
+_PROGRAM_FLAGS: tuple[tuple[str, str, str], ...] = (
+    (r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mysqlcheck|mariadb|mariadb-dump)(?![\w.-])", "-p", ""),
+    (r"sshpass(?![\w.-])", "-p", "[ \t]*"),
+    (r"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm[ \t]+registry)[ \t]+login(?![\w.-])", "-p", "[ \t]+"),
+    (r"twine(?![\w.-])", "-p", "[ \t]+"),
+    (r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
+    (r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
+    (r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]+"),
+)
+#: How far after the program's name its password flag is looked for (characters; bounds the scan of long lines).
+_FLAG_REACH = 400
+#: Words that follow "password" in ordinary prose ("password authentication failed", "password is wrong"): the
+#: prose form keeps them; any other word after "password" is taken for the password.
+_PROSE_WORDS = "|".join((
+    "is", "was", "to", "of", "for", "and", "or", "the", "a", "an", "in", "on", "at", "by", "with", "from", "as",
+    "has", "have", "had", "will", "would", "can", "cannot", "could", "must", "should", "may", "not", "no", "none",
+    "null", "empty", "blank", "required", "incorrect", "invalid", "wrong", "expired", "expires", "changed",
+    "change", "reset", "policy", "length", "mismatch", "missing", "authentication", "auth", "login", "prompt",
+    "file", "hash", "hashed", "manager", "field", "protected", "based", "less", "set", "entry", "needed", "needs",
+    "failed", "fails", "failure", "too", "does", "did", "do", "be", "been", "if", "when", "then", "please", "you",
+    "your", "see", "via", "using", "use", "used", "this", "that", "it", "here", "ok", "correct", "accepted",
+    "rejected", "denied", "again", "also", "updated", "update", "saved", "stored", "provided", "given", "sent",
+    "user", "for", "protection", "strength", "complexity", "history", "rotation", "expiry", "recovery",
+))
 
 _Repl = str | Callable[[re.Match[str]], str]
 
@@ -144,20 +193,43 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
     (re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}"), MASK),  # Google OAuth access token
     (re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}"), MASK),  # Stripe keys
+    (re.compile(r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}"), MASK),  # PyPI API token
+    (re.compile(r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}"), MASK),  # npm access token
+    (re.compile(r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}"), MASK),  # Docker Hub access token
+    (re.compile(r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"), MASK),  # SendGrid API key
+    (re.compile(r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])"), MASK),  # Databricks token
     # Slack incoming-webhook URLs: the path is the credential
     (re.compile(r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}"),
      rf"\1{MASK}"),
     (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
+    # a password given to a program by a short flag (mysql -pX, sshpass -p X, docker login -p X: _PROGRAM_FLAGS)
+    *((re.compile(rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
+                  rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)"), _keep_head) for progs, flag, gap in _PROGRAM_FLAGS),
+    # curl -u USER:PASSWORD (the user is kept)
+    (re.compile(rf"(?<![\w.-])(?:curl|wget|lftp)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:-u|--user)"
+                r"(?:[ \t]+|=)[\"']?[^\s:'\"]*:(?P<val>[^\s'\"]+)"), _keep_head),
+    # Cookie: / Set-Cookie: headers (every cookie in them: the rest of the line, or the quoted value)
+    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)"),
+     _name_value),
+    # Pwd=VALUE (ODBC connection strings), pwd: VALUE; a path (`PWD=/home/x`, the working directory) is kept
+    (re.compile(rf"(?i)(?<![\w-])pwd[ \t]*[:=][ \t]*(?![/~.$]|{_MASK_RE})(?P<val>[^\s;'\",)}}]+)"), _keep_head),
+    # query parameters that carry a credential under a short name (?sig=... SAS signatures, ?key=..., ?code=...)
+    (re.compile(rf"(?i)(?<=[?&;])(?:sig|key|code|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)"),
+     _keep_head),
+    # JSON inside a string, quotes escaped: {\"password\": \"VALUE\"}
+    (re.compile(rf"(?i)\\+(?P<eq>[\"'])(?<!#){_NAME}\\+(?P=eq){_SEP}\\+(?P=eq)(?!{_MASK_RE})(?P<val>(?:(?!\\[\"']).)+)"),
+     _keep_head),
     # Authorization: [scheme] value
-    (re.compile(rf"(?i)(?<![\w-])(?:proxy-)?authorization[ \t]*:[ \t]*"
+    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
                 rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
      _name_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
-    (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-)(?P<val>{_QUOTED}|{_ANY})"),
+    (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})"),
      _name_value),
     # 'api_key': ['KEY'] (vLLM's non-default args), api_key: Some("KEY") (TGI's Args): the quoted value inside
-    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}(?P<val>{_QUOTED})"),
-     _name_value),
+    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}"
+                rf"(?P<val>{_QUOTED})(?P<more>(?:[ \t]*,[ \t]*{_ANY_QUOTED})*)"),
+     _wrapped_value),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
     # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
     (re.compile(rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
@@ -168,6 +240,9 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(rf"(?i)(?<![\w-])(?:(?:machine|login|account)[ \t]+\S+[ \t]+|default[ \t]+)"
                 rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+){{0,3}}(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
      _name_value),
+    # prose: `password X`, `the password is X`, `passphrase 'X'` (an ordinary word after it is kept: _PROSE_WORDS)
+    (re.compile(rf"(?i)(?<![\w-])(?:password|passwd|passphrase)(?:[ \t]+(?:is|was|to|of))?[ \t]+{_GUARD}"
+                rf"(?!(?:{_PROSE_WORDS}|{_MASK_RE})(?![\w-]))(?P<val>{_QUOTED}|[^\s,;]+)"), _name_value),
     # Bearer VALUE anywhere
     (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})"),
      _name_value),
@@ -274,6 +349,53 @@ def _after_block(out: list[str], i: int) -> int:
     return i
 
 
+# A line that ends in a secret's name and its separator with the value still to come: `password:`, `api_key: |`,
+# `"client_secret":`, `--api-key \` (a shell continuation), `Authorization:`, also quoted in Slack code (`password:`).
+# The value is on the next line.
+_DANGLING = re.compile(
+    rf"(?i)(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization|(?:set-)?cookie)"
+    rf"(?P=q)[ \t]*(?:=>|==?|:=?))[ \t]*(?:[|>][-+]?[0-9]?|\\+)?[ \t]*`?[ \t]*$")
+
+
+# A line that starts a new record rather than carrying a value: a log line's prefix (a bracket, a timestamp, a
+# severity), a table's `|`, a `key: value` or `key=value` pair, a flag. Taken for the value on the line above only
+# when it is indented deeper than that line's name.
+_RECORD_START = re.compile(
+    r"[ \t]*(?:[\[|({}<#]|//|(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE)\b"
+    r"|\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d|\d\d-\d\d[ T]\d\d:|[A-Za-z_][\w.-]*[ \t]*(?::[ \t]|:$|=)|--?[A-Za-z])")
+
+
+def _indent(line: str) -> int:
+    """Leading spaces and tabs of `line` (inside a Slack code quote: after its opening backtick)."""
+    body = line[1:] if line.startswith("`") else line
+    return len(body) - len(body.lstrip(" \t"))
+
+
+def _next_line_plan(lines: list[str], out: list[str]) -> None:
+    """Mask (in `out`) the values that sit on the line after their name (`_DANGLING`): the next non-blank line
+    (unless it is no deeper than the name's line and starts a record of its own: `_RECORD_START`), and the lines
+    after it that are indented deeper than the name's line (a YAML block or nested mapping, a pretty-printed
+    JSON value)."""
+    n = len(lines)
+    for i, line in enumerate(lines):
+        if not line or not _DANGLING.search(line):
+            continue
+        j = i + 1
+        while j < n and not lines[j].strip():
+            j += 1
+        if j >= n or _DANGLING.search(lines[j]):
+            continue
+        base = _indent(line)
+        if _indent(lines[j]) <= base and _RECORD_START.match(lines[j]):
+            continue
+        out[j] = _mask_whole(out[j])
+        k = j + 1
+        while k < n and (not lines[k].strip() or _indent(lines[k]) > base) and _indent(lines[j]) > base:
+            if lines[k].strip():
+                out[k] = _mask_whole(out[k])
+            k += 1
+
+
 def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
     """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`.
 
@@ -287,7 +409,16 @@ def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> lis
     whole match is masked. Returns a new list of the same length. Never raises for a list of str.
     """
     patterns = tuple(extra)
-    return [_redact_line(line, patterns) if line else line for line in _pem_plan(list(lines))]
+    lines = list(lines)
+    planned = _pem_plan(lines)
+    _next_line_plan(lines, planned)
+    for i, line in enumerate(planned):
+        if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
+            parts = line.split("\\n")
+            masked = list(parts)
+            _next_line_plan(parts, masked)
+            planned[i] = "\\n".join(masked)
+    return [_redact_line(line, patterns) if line else line for line in planned]
 
 
 def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
@@ -386,11 +517,16 @@ class Redactor:
         return {k: self(v) if isinstance(v, str) else v for k, v in redact_mapping(values).items()}
 
     def deep(self, obj: Any) -> Any:
-        """`obj` (str, dict, list or tuple, nested) with every string redacted; other values as they are."""
+        """`obj` (str, dict, list or tuple, nested) with every string redacted; other values as they are. A list
+        (or tuple) of one-line strings is redacted as consecutive lines (`lines`: a log tail, evidence lines,
+        argument tokens), so a name on one line masks its value on the next; other lists and tuples element by
+        element (a tuple comes back as a list)."""
         if isinstance(obj, str):
             return self(obj)
         if isinstance(obj, dict):
             return {k: self.deep(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
+            if obj and all(isinstance(v, str) and "\n" not in v and "\r" not in v for v in obj):
+                return self.lines(list(obj))
             return [self.deep(v) for v in obj]
         return obj

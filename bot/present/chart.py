@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from bot.core.models import Launch
+from bot.core.redact import redact as redact_text
 
 __all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "launch_timeline_png", "timeline_png"]
 
@@ -260,9 +261,11 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def launch_timeline_png(la: Launch, records: list[dict[str, Any]]) -> bytes:
+def launch_timeline_png(la: Launch, records: list[dict[str, Any]],
+                        redact: Callable[[str], str] = redact_text) -> bytes:
     """The launch's timeline: per-GPU memory and utilization and log lines over its life, with
-    phase starts and verdict changes marked. Returns PNG bytes."""
+    phase starts and verdict changes marked. Every label drawn (title, phase and verdict names) passes through
+    `redact` first (the bot's Redactor; default: the built-in rules). Returns PNG bytes."""
     points, phases, verdicts = [], [], []
     seen_phases: set[str] = set()
     last_verdict = None
@@ -280,8 +283,8 @@ def launch_timeline_png(la: Launch, records: list[dict[str, Any]]) -> bytes:
         ph = rec.get("phase")
         if ph and ph not in seen_phases:
             seen_phases.add(ph)
-            phases.append((rel, ph))
+            phases.append((rel, redact(str(ph))))
         if rec.get("verdict") and rec.get("verdict") != last_verdict:
             last_verdict = rec["verdict"]
-            verdicts.append((rel, last_verdict))
-    return timeline_png(points, title=f"{la.name} on {la.host}", phases=phases, verdicts=verdicts)
+            verdicts.append((rel, redact(str(last_verdict))))
+    return timeline_png(points, title=redact(f"{la.name} on {la.host}"), phases=phases, verdicts=verdicts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -235,9 +236,11 @@ class Renderer:
 
         Returns a Message whose blocks fit Slack's limits and whose text is at most 40 000 characters. When
         anything had to be cut, the full plain text is attached as `gpubot-NAME.txt` (Message.files) and the
-        cut places say "(truncated, full output attached)". Everything is redacted (`self.redactor`).
+        cut places say "(truncated, full output attached)". Everything is redacted (`self.redactor`): the context's
+        strings before rendering (a list of lines as lines: `Redactor.deep`), then the rendered text and blocks.
         Raises jinja2.TemplateError on a template bug (the dispatcher turns it into an error answer).
         """
+        context = self.redactor.deep(context)  # the data first, with its lines' context (a name above its value)
         full_text = self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
         raw = self._redact_blocks(json.loads(self.env.get_template(f"{name}.blocks.j2").render(**context)))
         blocks = fit_blocks(raw)
@@ -250,7 +253,8 @@ class Renderer:
         return msg
 
     def text(self, name: str, /, **context: Any) -> str:
-        """Render only the plain-text template `templates/NAME.txt.j2`, redacted."""
+        """Render only the plain-text template `templates/NAME.txt.j2`, redacted (its context first, as `render`)."""
+        context = self.redactor.deep(context)
         return self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
 
     def error(self, title: str, detail: str, hint: str | None = None) -> Message:
@@ -258,15 +262,22 @@ class Renderer:
         return self.render("error", title=title, detail=detail, hint=hint)
 
     def _redact_blocks(self, obj: Any) -> Any:
-        """Apply the redactor to every string inside a Block Kit structure (a safety net after the views)."""
-        if isinstance(obj, str):
-            return self.redactor(obj)
-        if isinstance(obj, list):
-            return [self._redact_blocks(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: (self._redact_blocks(v) if k in ("text", "elements", "fields", "blocks")
-                        or isinstance(v, (list, dict)) else v) for k, v in obj.items()}
-        return obj
+        """Apply the redactor to the texts of a Block Kit structure (a safety net after the views)."""
+        return redact_blocks(obj, self.redactor)
+
+
+def redact_blocks(obj: Any, redact: Callable[[str], str]) -> Any:
+    """A Block Kit structure (decoded JSON: lists, dicts, strings) with `redact` applied to every string under a
+    `text`, `elements`, `fields` or `blocks` key, or inside a nested list or dict; other values (a button's
+    `value` and `action_id`, which the bot made) are kept as they are."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, list):
+        return [redact_blocks(x, redact) for x in obj]
+    if isinstance(obj, dict):
+        return {k: (redact_blocks(v, redact) if k in ("text", "elements", "fields", "blocks")
+                    or isinstance(v, (list, dict)) else v) for k, v in obj.items()}
+    return obj
 
 
 def rename_commands(message: Message, renames: dict[str, str]) -> Message:

@@ -50,7 +50,8 @@ class AlertPoster:
             msg.files.append((f"{la.variant}-{la.id}-evidence.txt",
                               self._render.text("alert_evidence", **view).encode("utf-8", "replace")))
         try:
-            msg.files.append((f"{la.variant}-{la.id}-timeline.png", launch_timeline_png(la, records)))
+            png = launch_timeline_png(la, records, self._render.redactor)
+            msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
         except Exception:
             log.exception("timeline chart of %s failed", la.name)
         ts = await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)

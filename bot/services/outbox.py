@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.adapters.store.outbox import DONE_STATES, OutboxRepository
-from bot.present.render import Message
+from bot.present.render import Message, redact_blocks
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,10 @@ MAX_RETRY_AFTER_S = 300.0
 PURGE_EVERY_S = 3600.0
 #: The metadata lookup starts this many seconds before the row was written (clock differences).
 LOOKUP_SKEW_S = 300.0
+
+
+#: The first bytes of every PNG file (a chart): binary, never redacted as text.
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def ref(row_id: int) -> str:
@@ -142,14 +146,19 @@ class Outbox:
     """The persisted queue and its sender (see the module docstring).
 
     `transport` makes the calls (it must not retry on its own: the outbox retries). `on_posted(ref, ts)` is
-    called after a post is sent. Database errors propagate from the enqueue methods (a broken database is
+    called after a post is sent. `redactor` (bot.core.redact.Redactor) is the last gate before Slack and the
+    database: every text, every string in the blocks and every text attachment (not a PNG) is redacted once
+    more when it is queued, so nothing reaches a channel or the `outbox` table unredacted, whichever code
+    built the message. Database errors propagate from the enqueue methods (a broken database is
     not hidden); transport errors never do.
     """
 
     def __init__(self, rows: OutboxRepository, transport: Transport, *, min_interval_s: float = 1.0,
                  backoff_base_s: float = 1.0, backoff_max_s: float = 30.0, give_up_after_s: float = 24 * 3600,
-                 retention_s: float = 7 * 24 * 3600, on_posted: Callable[[str, str], Any] | None = None):
+                 retention_s: float = 7 * 24 * 3600, on_posted: Callable[[str, str], Any] | None = None,
+                 redactor: Callable[[str], str] | None = None):
         self.rows = rows
+        self._redact = redactor
         self.transport = transport
         self.min_interval_s = min_interval_s
         self.backoff_base_s = backoff_base_s
@@ -168,9 +177,24 @@ class Outbox:
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
+        if self._redact is not None:
+            fields = self._redacted(fields)
         row_id = self.rows.add(**fields)
         self._kick()
         return row_id
+
+    def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """`fields` of a new row with its text, the strings of its blocks and a text file's content redacted."""
+        assert self._redact is not None
+        out = dict(fields)
+        if out.get("text"):
+            out["text"] = self._redact(out["text"])
+        if out.get("blocks_json"):
+            out["blocks_json"] = json.dumps(redact_blocks(json.loads(out["blocks_json"]), self._redact))
+        content = out.get("content")
+        if content and not content.startswith(_PNG_SIGNATURE):
+            out["content"] = self._redact(content.decode("utf-8", "replace")).encode("utf-8")
+        return out
 
     def post(self, channel: str, message: Message, *, thread_ts: str | None = None) -> int:
         """Queue `message` for posting in `channel` (in `thread_ts`, a ts or a `q:` reference); its files are

@@ -133,7 +133,7 @@ class Watcher:
     def timeline(self, la: Launch) -> tuple[bytes, int]:
         """The launch's timeline chart (PNG bytes) and how many checks it shows."""
         records = self._observations.list(la.id)
-        return launch_timeline_png(la, records), len(records)
+        return launch_timeline_png(la, records, self._render.redactor), len(records)
 
     async def check(self, launch_id: int) -> CheckResult:
         """Probe, record, diagnose; post the verdict when it changed. One check of a launch at a time (the

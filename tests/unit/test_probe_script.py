@@ -271,7 +271,7 @@ def test_script_sections_follow_request():
         assert f"b {name};" not in minimal
     no_health = script_for(port=8000, health_path=None)
     assert "b tcp4;" in no_health and "b health;" not in no_health
-    assert "tail -n 37" in script_for(log_path="/x", tail_lines=37)
+    assert "tail -n 38" in script_for(log_path="/x", tail_lines=37)  # one line of context more than shown
     assert "timeout -k 2 3 " in script_for(nvidia_smi_timeout_s=3.2)
     assert "curl -sS -o /dev/null -m 7 " in script_for(port=8000, health_timeout_s=7.4)
 

@@ -185,9 +185,14 @@ def test_harmless_look_alikes_are_untouched(text):
     assert redact_lines([text]) == [text]
 
 
-def test_separators_and_values_never_cross_a_line_break():
-    for text in ("token:\nnot-a-secret", "api_key =\r\nvalue", "--api-key\nnext-line", "password\nhunter2",
-                 "Authorization:\nBearer-ish", "x?token=\nabc"):
+def test_a_value_on_the_line_after_its_name_is_masked_and_nothing_else_crosses_lines():
+    for text in ("token:\nnot-a-secret", "api_key =\r\nvalue", "--api-key\nnext-line", "Authorization:\nBearer-ish",
+                 "x?token=\nabc", "--api-key \\\n   s3cr3tv4lue \\"):
+        head, brk, _tail = text.partition("\r\n") if "\r\n" in text else text.partition("\n")
+        assert redact(text).startswith(head + brk), text
+        assert redact(text).splitlines()[1].strip() == MASK, text
+    # no separator: not a name/value pair, and a line that is itself a name/value pair is its own business
+    for text in ("password\nhunter2", "token:\napi_key: [REDACTED]", "login:\n  bob"):
         assert redact(text) == text, text
 
 

@@ -37,6 +37,8 @@ _CONTROL_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\
 
 _ELLIPSIS = "…"
 _REDACTED = "[REDACTED]"
+#: What a log window's first line becomes when the window starts inside it (see clean_log_lines).
+CUT_LINE = f"{_ELLIPSIS} {_REDACTED} (line cut by the read window)"
 
 
 def strip_control(text: str) -> str:
@@ -82,6 +84,7 @@ def clean_log_lines(
     max_lines: int = 20,
     max_width: int = 400,
     redactor: Callable[[list[str]], list[str]] | None = None,
+    starts_mid_line: bool = False,
 ) -> list[str]:
     """Return the last `max_lines` display-safe lines of a log tail.
 
@@ -99,6 +102,10 @@ def clean_log_lines(
     Redacting happens BEFORE cutting, because a secret cut in half ("sk-ABCDEFGHIJ…") is no longer
     recognisable.
 
+    `starts_mid_line`: `raw` is a window that may begin inside a line (`tail -c N` of a longer file). That first,
+    partial line is shown as `… [REDACTED] (line cut by the read window)`: its start, where a secret's NAME
+    may have been (`DB_PASSWORD=s3...`), is gone, so nothing can tell whether the rest is a secret value.
+
     Mention openers are broken (`no_mentions`): a log line never pings anyone in Slack.
     Last, a line longer than `max_width` characters is cut to `max_width - 1` characters plus "…" (so
     every line is at most `max_width` characters; `max_width` < 1 is treated as 1). Returns [] for empty
@@ -112,6 +119,8 @@ def clean_log_lines(
         text = text[:-1]
     parts = text.split("\n") if redactor is not None else text.rsplit("\n", max_lines)[-max_lines:]
     lines = [strip_control(_last_segment(part)).rstrip() for part in parts]
+    if starts_mid_line and lines and len(parts) == len(text.split("\n")):
+        lines[0] = CUT_LINE
     if redactor is not None:
         redacted = list(redactor(list(lines)))
         if len(redacted) != len(lines):
