@@ -643,3 +643,26 @@ def test_classify_sorts_slack_failures():
     assert isinstance(classify(aiohttp.ClientConnectionError("reset")), DeliveryRetry)
     assert isinstance(classify(ValueError("bug")), DeliveryFailed)
     assert ref_id(ref(12)) == 12 and ref_id("1700000000.000100") is None and ref_id(None) is None
+
+
+# ----------------------------------------------------------------------------------------- the last redaction gate
+
+
+async def test_the_outbox_redacts_text_blocks_and_text_files_but_not_charts(store, transport):
+    from bot.core.redact import Redactor
+
+    known = "Gz7xKq2mVb9pLw4t"  # a secret the bot knows by value (no shape)
+    png = b"\x89PNG\r\n\x1a\n" + known.encode()  # binary: never rewritten
+    raw = msg(f"HF_TOKEN=Qm7vR2xPz9LkW4tN and {known}",
+              files=[("evidence.txt", f"password:\n  Nl4iNe5vAl6u\n{known}\n".encode()), ("chart.png", png)])
+    async with outbox_with(store, transport, redactor=Redactor(values=[known])) as ob:
+        row = ob.post("C1", raw)
+        await sent(ob, row)
+        assert await ob.flush(WAIT_S)
+    (post,) = transport.calls_for("post", "C1")
+    uploads = {u["filename"]: u["content"] for u in transport.uploads}
+    shown = post.args["text"] + repr(post.args["blocks"]) + uploads["evidence.txt"].decode()
+    for secret in ("Qm7vR2xPz9LkW4tN", "Nl4iNe5vAl6u", known):
+        assert secret not in shown
+    assert "HF_TOKEN=[REDACTED]" in post.args["text"] and "password:" in uploads["evidence.txt"].decode()
+    assert uploads["chart.png"] == png

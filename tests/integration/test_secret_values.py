@@ -46,3 +46,72 @@ async def test_a_secret_param_under_an_ordinary_flag_is_masked_everywhere(make_b
     leaks = [s for s in seen if SECRET in s]
     assert not leaks, leaks[:2]
     assert any("[REDACTED]" in s for s in seen)  # the places it would have been say so
+
+
+async def test_the_whole_secret_corpus_in_a_real_log_reaches_no_answer_alert_file_audit_row_or_log_line(
+        make_bot, ssh_server, fake_gpu, tmp_path, caplog):
+    """Every shape of tests/fixtures/secrets/shapes.yaml written into a real server's log, then an OOM so the
+    alert quotes the log; /gpu status, /probe, !logs (attached), the kill preview and the kill: no 8-character
+    piece of any secret in any post, block, attached file, audit row or log record of the bot."""
+    import yaml
+
+    from tests.support.paths import FIXTURES
+    from tests.unit.test_secret_corpus import pieces
+
+    corpus = yaml.safe_load((FIXTURES / "secrets" / "shapes.yaml").read_text(encoding="utf-8"))
+    known = [v for e in corpus for v in e.get("known", [])]
+    caplog.set_level("DEBUG")
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    base = cfg.variants["base"].model_dump(exclude_unset=True)
+    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ api_key }}",
+             "params": {**base["params"], "api_key": {"type": "str", "default": "none-given", "secret": True}}}
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
+    bot.runtime.redactor.add_values(known[1:])  # the bot knows these (Slack tokens, ${NAME} values, ...)
+    launched = await bot.chat.say(f"/launch keyed mode=ready workers=1 api_key={known[0]}")
+    assert "Launched keyed#1" in launched.text, launched.text
+    la = bot.launch(1)
+    await wait_alert(bot, 1, {"ready"})
+    with open(la.log_path, "a") as f:
+        for e in corpus:
+            f.write(e["text"] + "\n")
+        f.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    await wait_alert(bot, 1, {"oom"}, timeout=60)
+    thread = la.thread_ts
+    for text in ("/gpu status", "/probe 1", "!logs 400", "/kill 1"):
+        await bot.chat.say(text, thread=thread if text.startswith("!") else None)
+    await bot.chat.say("/kill 1 --yes")
+    seen = []
+    for p in bot.chat.posts:
+        seen += [p.text, json.dumps(p.blocks)]
+        seen += [data.decode("utf-8", "replace") for _, data in p.files if not data.startswith(b"\x89PNG")]
+        seen += [e.text + json.dumps(e.blocks) for e in getattr(p, "edits", [])]
+    seen += [json.dumps([e.args, e.detail]) for e in bot.events()]
+    seen += [caplog.text]
+    blob = "\n".join(seen)
+    assert "CUDA out of memory" in blob and any(name.endswith(".log.txt") for p in bot.chat.posts
+                                                  for name, _ in p.files)  # the log was read and attached
+    leaks = [(e["id"], s) for e in corpus for s in e["secrets"] if any(piece in blob for piece in pieces(s))]
+    assert not leaks, leaks[:5]
+
+
+async def test_a_log_window_that_starts_inside_a_secret_shows_none_of_it(make_bot, ssh_server, fake_gpu, tmp_path):
+    """The probe reads the last 256 KiB of a log; when that window starts inside `DB_PASSWORD=...`, the cut line
+    (its name gone) is shown as cut, not as a bare value."""
+    from bot.core.parse.log import CUT_LINE
+    from bot.core.probe import LOG_TAIL_BYTES
+
+    secret = "Wn4dOw5sTa6rTi7nSi8dEx9sEc0rEt1x"
+    log = tmp_path / "cut.log"
+    head = "DB_PASSWORD="
+    # the window (the last LOG_TAIL_BYTES bytes) starts 6 characters into the secret
+    tail = "INFO ready\n"
+    body = secret + "y" * (LOG_TAIL_BYTES - len(secret) - 1 + 6 - len(tail)) + "\n"
+    log.write_text(head + body + tail)
+    assert log.stat().st_size - LOG_TAIL_BYTES == len(head) + 6
+    bot = await make_bot(launch_config(ssh_server, fake_gpu, tmp_path))
+    answer = await bot.chat.say(f"/probe log={log}")
+    shown = answer.text + json.dumps(answer.post.blocks)
+    assert "INFO ready" in shown, answer.text
+    assert CUT_LINE.split(" (")[0] in shown
+    assert not [p for p in {secret[i:i + 8] for i in range(len(secret) - 7)} if p in shown]
