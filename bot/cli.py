@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from bot.adapters.statelock import StateDirLocked
+from bot.adapters.store.db import DatabaseUnavailable
 from bot.config import ConfigError, load_config
 
 
@@ -33,15 +34,32 @@ def _load(path: str):
         sys.exit(2)
 
 
+def _state_hint(reason: str) -> str:
+    """What to do about a database or state directory that cannot be used, by the database's own words."""
+    r = reason.lower()
+    if "not a database" in r or "malformed" in r:
+        return "the database is corrupted: move it aside and the bot starts a new one, or restore a backup"
+    if "full" in r:
+        return "the disk is full: free space, then start again"
+    if "directory" in r:
+        return "point state_dir at a directory this user can write"
+    return "check the file's permissions and the disk, then start again"
+
+
 class _Group(click.Group):
-    """The command group; a state directory held by another running bot is a clear error (exit 2)."""
+    """The command group; a state directory held by another running bot, or a database or state directory that
+    cannot be used (corrupted, unwritable, disk full), is one clear line on stderr and exit status 2."""
 
     def invoke(self, ctx: click.Context) -> object:
-        """Run the subcommand; StateDirLocked becomes `error: ...` naming the PID, exit status 2."""
+        """Run the subcommand; StateDirLocked (naming the PID) and DatabaseUnavailable (naming the file) become
+        `error: ...` on stderr, exit status 2."""
         try:
             return super().invoke(ctx)
         except StateDirLocked as e:
             click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except DatabaseUnavailable as e:
+            click.echo(f"error: cannot use the bot's state at {e.path}: {e.reason} ({_state_hint(e.reason)})", err=True)
             sys.exit(2)
 
 

@@ -19,7 +19,7 @@ from bot.adapters.logs import redact_logs
 from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
-from bot.adapters.store import Store, default_url
+from bot.adapters.store import DatabaseUnavailable, Store, default_url
 from bot.config import Config, ConfigError, WatchPolicy
 from bot.core.redact import SECRET_NAME_RE, Redactor
 from bot.present.render import Renderer
@@ -122,6 +122,20 @@ def known_secret_values(config: Config, environ: Mapping[str, str] | None = None
     return [x for x in values if x]
 
 
+def _state_url(state_dir: str) -> str:
+    """`default_url(state_dir)`; raises DatabaseUnavailable naming the directory when it cannot be created."""
+    try:
+        return default_url(state_dir)
+    except OSError as e:
+        raise _dir_unusable(state_dir, e) from e
+
+
+def _dir_unusable(path: str, e: OSError) -> DatabaseUnavailable:
+    """The DatabaseUnavailable for a state directory that cannot be created or written (`e` from mkdir/open)."""
+    why = "it is not a directory" if isinstance(e, FileExistsError | NotADirectoryError) else (e.strerror or str(e))
+    return DatabaseUnavailable(path, f"the state directory cannot be used: {why}")
+
+
 def build_runtime(config: Config, *, surface: Surface | None = None, transport: Transport | None = None,
                   store: Store | None = None, executors: Mapping[str, Executor] | None = None,
                   nvml_reader: NvmlReader | None = None, extra_path: list[str] | None = None,
@@ -138,7 +152,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     at a launch. Launches a previous run left `stopping` become `kill_failed`. Without a `store` it takes the
     state directory's lock (one bot per state directory; released by `Runtime.close`). Raises ConfigError
     (see `config_problems`), StateDirLocked when another bot holds the state directory, ValueError without
-    a surface or transport, and sqlalchemy/OSError for an unusable database or state directory.
+    a surface or transport, and DatabaseUnavailable (naming the file or directory) for an unusable database or
+    state directory.
     """
     check_config(config)
     if surface is None and transport is None:
@@ -147,10 +162,13 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     redact_logs(redactor)
     renderer = Renderer(redactor)
     lock = StateLock.for_database(config.database_url, config.state_dir) if store is None else None
-    if lock is not None:
-        lock.acquire()
     try:
-        store = store or Store(config.database_url or default_url(config.state_dir))
+        if lock is not None:
+            lock.acquire()
+    except OSError as e:
+        raise _dir_unusable(str(lock.dir), e) from e
+    try:
+        store = store or Store(config.database_url or _state_url(config.state_dir))
     except BaseException:
         if lock is not None:
             lock.release()

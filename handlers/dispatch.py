@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
+from bot.adapters.store import DatabaseUnavailable
 from bot.config import NAME_RE
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
@@ -80,6 +81,13 @@ class Dispatcher:
             reply = await spec.handler(call, ctx)
         except UserError as e:
             reply = self._error(ctx, e)
+        except DatabaseUnavailable as e:
+            log.error("command %s: the database refused: %s", spec.name, e)
+            reply = Reply(self.services.renderer.error(
+                "Database unavailable", f"{spec.name} was not finished: the bot's database refused ({e.reason}).",
+                "Nothing the bot already recorded is lost. Try again in a minute; if it says the disk is full, "
+                "free space on the bot's machine. Check the host with `/gpu status` before repeating a launch or "
+                "a kill."), audit="error", detail=f"database: {e.reason}"[:300])
         except Exception as e:
             log.exception("command %s failed", spec.name)
             reply = Reply(self.services.renderer.error(

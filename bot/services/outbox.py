@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 REF_PREFIX = "q:"
 #: Seconds between retries while the database is unavailable.
 DB_RETRY_S = 1.0
+#: Tries of a message sent straight to Slack (its row could not be written) before it is given up.
+DIRECT_TRIES = 6
 #: Tries (over about RECORD_TRIES**2 / 10 seconds) to record a row's result before giving up.
 RECORD_TRIES = 8
 #: Longest Retry-After honoured (seconds); Slack's are far shorter, a larger one is a bug or an attack.
@@ -69,8 +72,13 @@ def ref(row_id: int) -> str:
 
 
 def ref_id(ts: str | None) -> int | None:
-    """The outbox row id of a `q:<id>` reference; None for a real Slack ts (or None)."""
-    if ts and ts.startswith(REF_PREFIX) and ts[len(REF_PREFIX):].isascii() and ts[len(REF_PREFIX):].isdigit():
+    """The outbox row id of a `q:<id>` reference (negative: a message sent straight to Slack, see
+    `Outbox.post`); None for a real Slack ts (or None)."""
+    if not ts or not ts.startswith(REF_PREFIX):
+        return None
+    digits = ts[len(REF_PREFIX):]
+    digits = digits[1:] if digits.startswith("-") else digits
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18:
         return int(ts[len(REF_PREFIX):])
     return None
 
@@ -149,8 +157,12 @@ class Outbox:
     called after a post is sent. `redactor` (bot.core.redact.Redactor) is the last gate before Slack and the
     database: every text, every string in the blocks and every text attachment (not a PNG) is redacted once
     more when it is queued, so nothing reaches a channel or the `outbox` table unredacted, whichever code
-    built the message. Database errors propagate from the enqueue methods (a broken database is
-    not hidden); transport errors never do.
+    built the message.
+
+    A row that cannot be written (disk full, a lock held past the busy timeout, a corrupted database) is not
+    lost: the message goes straight to Slack (in order with the other direct ones of its channel, retried as
+    Slack asks, DIRECT_TRIES times), the failure is logged, and its negative id works with `delivery`, `wait`
+    and `ref` like a row's. Neither database nor transport errors propagate from the enqueue methods.
     """
 
     def __init__(self, rows: OutboxRepository, transport: Transport, *, min_interval_s: float = 1.0,
@@ -174,14 +186,78 @@ class Outbox:
         self._last_sent: dict[str, float] = {}
         self._inflight: set[asyncio.Task] = set()
         self._done_waiters: dict[int, list[asyncio.Future]] = {}
+        # messages whose row could not be written, sent straight to Slack: negative ids, kept in memory
+        self._direct: dict[int, Delivery] = {}
+        self._direct_tail: dict[str, asyncio.Task] = {}
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
         if self._redact is not None:
             fields = self._redacted(fields)
-        row_id = self.rows.add(**fields)
+        try:
+            row_id = self.rows.add(**fields)
+        except Exception as e:  # disk full, locked past the busy timeout, corrupted: the answer goes anyway
+            return self._add_direct(fields, e)
         self._kick()
         return row_id
+
+    def _add_direct(self, fields: dict[str, Any], error: Exception) -> int:
+        """Send a message whose row could not be written straight to Slack, after the earlier direct ones of its
+        channel (in order); returns its negative id (`delivery`, `wait` and `ref` work with it)."""
+        row_id = min(self._direct, default=0) - 1
+        channel = fields.get("channel") or ""
+        log.error("outbox: cannot queue a %s to %s in the database (%s); sending it straight to Slack",
+                  fields.get("kind"), channel, error)
+        self._direct[row_id] = Delivery(row_id, "sending")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            log.error("outbox: no event loop to send the %s to %s: it is lost", fields.get("kind"), channel)
+            self._direct[row_id] = Delivery(row_id, "failed", error=f"not queued: {error}"[:500])
+            return row_id
+        row = {"id": row_id, "key": secrets.token_hex(12), "created_at": time.time(), "needs_lookup": 0,
+               "thread_ts": None, "target_ts": None, "text": None, "blocks_json": None, "user_id": None,
+               "filename": None, "content": None, **fields}
+        task = loop.create_task(self._send_direct(row, self._direct_tail.get(channel)))
+        self._direct_tail[channel] = task
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return row_id
+
+    async def _send_direct(self, row: dict[str, Any], before: asyncio.Task | None) -> None:
+        """One direct send (see `_add_direct`): retries what Slack asks to retry, DIRECT_TRIES times at most."""
+        if before is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(before)
+        row_id, delivery = row["id"], self._direct[row["id"]]
+        for attempt in range(1, DIRECT_TRIES + 1):
+            delivery.attempts = attempt
+            try:
+                values = await self._deliver(row)
+            except DeliveryRetry as r:
+                delivery.error = r.error[:500]
+                row["needs_lookup"] = 1 if r.ambiguous and row["kind"] == "post" else 0
+                delay = r.delay_s if r.delay_s is not None else self.backoff_base_s * 2 ** (attempt - 1)
+                await asyncio.sleep(min(max(0.0, delay), self.backoff_max_s))
+                continue
+            except DeliveryFailed as p:
+                delivery.state, delivery.error = "failed", str(p)[:500]
+                log.warning("outbox: the direct %s to %s failed for good: %s", row["kind"], row["channel"], p)
+                break
+            except Exception as e:  # a database read inside (a thread's ts): post at channel level next time
+                delivery.error = type(e).__name__
+                log.exception("outbox: direct %s to %s", row["kind"], row["channel"])
+                row["thread_ts"] = None if ref_id(row.get("thread_ts")) is not None else row.get("thread_ts")
+                continue
+            delivery.state, delivery.ts, delivery.error = "sent", values.get("result_ts"), None
+            if row["kind"] == "post" and self.on_posted is not None:
+                with contextlib.suppress(Exception):
+                    self.on_posted(ref(row_id), values["result_ts"])
+            break
+        else:
+            delivery.state = "failed"
+            log.error("outbox: gave up on the direct %s to %s: %s", row["kind"], row["channel"], delivery.error)
+        self._wake_waiters(row_id)
 
     def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
         """`fields` of a new row with its text, the strings of its blocks and a text file's content redacted."""
@@ -236,6 +312,8 @@ class Outbox:
     # -- queries ------------------------------------------------------------------------------------
     def delivery(self, row_id: int) -> Delivery | None:
         """The current Delivery of row `row_id`, or None when there is no such row."""
+        if row_id < 0:
+            return self._direct.get(row_id)
         row = self.rows.get(row_id)
         if row is None:
             return None
@@ -251,8 +329,13 @@ class Outbox:
         return d.ts if d is not None and d.state == "sent" else None
 
     def pending(self, channel: str | None = None) -> int:
-        """How many rows are still to send (pending or sending), in `channel` or everywhere."""
-        return self.rows.pending_count(channel)
+        """How many rows are still to send (pending or sending), in `channel` or everywhere; messages sent
+        straight to Slack (their row could not be written) count while they are on their way."""
+        direct = sum(1 for d in self._direct.values() if not d.done)
+        try:
+            return self.rows.pending_count(channel) + direct
+        except Exception:  # the database cannot be read: only what is in memory is known
+            return direct
 
     async def wait(self, row_id: int, timeout_s: float) -> Delivery:
         """Wait up to `timeout_s` seconds for row `row_id` to be sent (or to fail). Returns its Delivery

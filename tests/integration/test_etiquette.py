@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -98,3 +99,52 @@ async def test_a_bare_wait_in_the_console_gets_its_usage(gpu_config):
         assert out.getvalue().count("usage: wait SECONDS") == 3 and "Unknown" not in out.getvalue()
     finally:
         await rt.close()
+
+
+@pytest.mark.parametrize("fault", ["corrupted database", "state_dir is a file", "state_dir under a file"])
+def test_an_unusable_database_or_state_directory_is_one_clear_line_and_exit_2(tmp_path, fault):
+    import subprocess
+    import sys
+
+    from bot.demo.run import write_try_config
+
+    config = write_try_config(str(tmp_path / "try"))
+    state = tmp_path / "try" / "state"
+    state.parent.mkdir(exist_ok=True)
+    if fault == "corrupted database":
+        state.mkdir()
+        (state / "gpubot.db").write_bytes(os.urandom(40_000))
+        named = str(state / "gpubot.db")
+    elif fault == "state_dir is a file":
+        state.write_text("not a directory\n")
+        named = str(state)
+    else:
+        state.write_text("a file\n")
+        text = Path(config).read_text().replace(f"state_dir: {state}", f"state_dir: {state}/inner")
+        Path(config).write_text(text)
+        named = f"{state}/inner"
+    assert f"state_dir: {state}" in Path(config).read_text()
+    proc = subprocess.run([sys.executable, "-m", "bot.cli", "console", "--config", str(config)], input="/help\n",
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+async def test_a_launch_while_the_database_is_locked_says_so_and_starts_nothing(make_bot, gpu_config):
+    import sqlite3
+
+    bot = await make_bot(gpu_config)
+    holder = sqlite3.connect(bot.runtime.store.db.path, timeout=0, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        answer = await bot.chat.say("/launch base workers=1")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert answer.text.startswith("Database unavailable"), answer.text
+    assert "database is locked" in answer.text and "Try again" in answer.text
+    assert bot.runtime.store.launches.get(1) is None  # nothing recorded, so nothing was started
+    again = await bot.chat.say("/launch base workers=1")
+    assert "Launched base#1" in again.text, again.text

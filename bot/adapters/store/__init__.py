@@ -9,17 +9,18 @@ services use it (bot.services); `url` is also the APScheduler job store's URL.
 from __future__ import annotations
 
 from bot.adapters.store.confirmations import ConfirmationRepository
-from bot.adapters.store.db import Database, default_url
+from bot.adapters.store.db import Database, DatabaseUnavailable, default_url
 from bot.adapters.store.events import EventRepository
 from bot.adapters.store.launches import LaunchRepository
 from bot.adapters.store.observations import ObservationRepository
 from bot.adapters.store.outbox import OutboxRepository
 
-__all__ = ["Store", "default_url"]
+__all__ = ["DatabaseUnavailable", "Store", "default_url"]
 
 
 class Store:
-    """The database of one bot and its repositories. Raises sqlalchemy errors for a broken database."""
+    """The database of one bot and its repositories. Raises DatabaseUnavailable for a database that cannot be
+    opened (see Database); the repositories raise it when a read or write is refused."""
 
     def __init__(self, url: str):
         self.db = Database(url)

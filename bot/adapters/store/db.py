@@ -16,9 +16,33 @@ from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.engine.url import make_url
+from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from bot.adapters.store.migrations import add_missing_columns
+
+
+class DatabaseUnavailable(Exception):
+    """The database (or the state directory that holds it) refused: locked longer than the busy timeout, disk
+    full, not a database (corrupted), read-only, or not openable. `path` is the file (or the URL without its
+    password), `reason` the database's own words (`database is locked`, `database or disk is full`, `file is
+    not a database`). str(): `PATH: REASON`."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _reason(e: BaseException) -> str:
+    """The driver's own message of a sqlalchemy error (`database is locked`), on one line."""
+    orig = getattr(e, "orig", None) or e
+    return " ".join(str(orig).split())[:300] or type(orig).__name__
+
+
+#: Seconds SQLite's busy handler keeps retrying (with its own backoff: 1, 2, 5, 10 ... 100 ms) to take a lock
+#: another connection holds before the statement fails with `database is locked`.
+BUSY_TIMEOUT_S = 2.0
 
 
 class Base(DeclarativeBase):
@@ -35,15 +59,24 @@ def default_url(state_dir: str) -> str:
 
 class Database:
     """An engine on `url` with every table created (and older databases brought up to date). `transaction()`
-    is the only way in for the repositories. Raises sqlalchemy errors for a broken database."""
+    is the only way in for the repositories. Raises DatabaseUnavailable for a database that cannot be opened
+    or read (corrupted, unreadable, a directory that cannot be written)."""
 
     def __init__(self, url: str):
         self.url = url
+        parsed = make_url(url)
+        #: The file of an SQLite database, else the URL with its password hidden (for messages).
+        self.path = parsed.database if parsed.drivername.startswith("sqlite") and parsed.database else \
+            parsed.render_as_string(hide_password=True)
         self.engine: Engine = create_engine(url, future=True)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
-        add_missing_columns(self.engine, Base.metadata)
+        try:
+            Base.metadata.create_all(self.engine)
+            add_missing_columns(self.engine, Base.metadata)
+        except (OperationalError, DatabaseError) as e:
+            self.engine.dispose()
+            raise DatabaseUnavailable(self.path, _reason(e)) from e
         if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
             try:  # launches hold params and commands: readable by the bot's user only
                 os.chmod(url[len("sqlite:///"):], 0o600)
@@ -53,9 +86,17 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """A session whose work is committed on exit (rolled back on an exception)."""
-        with self._sessions.begin() as s:
-            yield s
+        """A session whose work is committed on exit (rolled back on an exception). A lock another connection
+        holds is waited for up to BUSY_TIMEOUT_S (SQLite's busy handler, with backoff). Raises
+        DatabaseUnavailable when the database refuses (still locked after that, disk full, corrupted,
+        read-only); other errors (a constraint, a bug) as they are."""
+        try:
+            with self._sessions.begin() as s:
+                yield s
+        except (OperationalError, DatabaseError) as e:
+            if type(e) not in (OperationalError, DatabaseError):  # IntegrityError & co.: the caller's business
+                raise
+            raise DatabaseUnavailable(self.path, _reason(e)) from e
 
     def close(self) -> None:
         """Dispose of the engine's connections."""
@@ -67,5 +108,5 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=2000")
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
     cur.close()
