@@ -225,13 +225,17 @@ class Outbox:
         return row_id
 
     async def _send_direct(self, row: dict[str, Any], before: asyncio.Task | None) -> None:
-        """One direct send (see `_add_direct`): retries what Slack asks to retry, DIRECT_TRIES times at most."""
+        """One direct send (see `_add_direct`), paced like the queue (`min_interval_s` per channel): retries what
+        Slack asks to retry, DIRECT_TRIES times at most."""
         if before is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(before)
-        row_id, delivery = row["id"], self._direct[row["id"]]
+        row_id, delivery, channel = row["id"], self._direct[row["id"]], row["channel"]
         for attempt in range(1, DIRECT_TRIES + 1):
             delivery.attempts = attempt
+            # paced like the queue: at least min_interval_s after the channel's last message
+            await asyncio.sleep(max(0.0, self._last_sent.get(channel, 0.0) + self.min_interval_s - time.time()))
+            self._last_sent[channel] = time.time()
             try:
                 values = await self._deliver(row)
             except DeliveryRetry as r:

@@ -41,8 +41,10 @@ def _reason(e: BaseException) -> str:
 
 
 #: Seconds SQLite's busy handler keeps retrying (with its own backoff: 1, 2, 5, 10 ... 100 ms) to take a lock
-#: another connection holds before the statement fails with `database is locked`.
-BUSY_TIMEOUT_S = 2.0
+#: another connection holds before the statement fails with `database is locked`. Short, because the database
+#: is used on the event loop: a write lock held longer blocks the loop this long per write, and the answer
+#: then goes around the database (bot.services.outbox).
+BUSY_TIMEOUT_S = 1.0
 
 
 class Base(DeclarativeBase):
