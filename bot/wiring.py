@@ -13,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from bot.adapters import scheduler as scheduler_adapter
 from bot.adapters.logs import redact_logs
@@ -131,9 +132,14 @@ def _state_url(state_dir: str) -> str:
 
 
 def _dir_unusable(path: str, e: OSError) -> DatabaseUnavailable:
-    """The DatabaseUnavailable for a state directory that cannot be created or written (`e` from mkdir/open)."""
-    why = "it is not a directory" if isinstance(e, FileExistsError | NotADirectoryError) else (e.strerror or str(e))
-    return DatabaseUnavailable(path, f"the state directory cannot be used: {why}")
+    """The DatabaseUnavailable for a state directory that cannot be created or written (`e` from mkdir/open),
+    naming the file in the way when a part of the path is a file."""
+    if isinstance(e, FileExistsError | NotADirectoryError):
+        p = Path(os.path.expanduser(path))
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        return DatabaseUnavailable(path, f"the state directory cannot be used: {p} is not a directory")
+    return DatabaseUnavailable(path, f"the state directory cannot be used: {e.strerror or e}")
 
 
 def build_runtime(config: Config, *, surface: Surface | None = None, transport: Transport | None = None,

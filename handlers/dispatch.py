@@ -33,6 +33,26 @@ PRIVATE_RESULTS = frozenset({"denied", "invalid"})
 log = logging.getLogger(__name__)
 
 
+#: Commands that change a host: after a database fault, what they did is worth checking before a repeat.
+_ACTS_ON_HOSTS = frozenset({"launch", "kill", "relaunch", "confirm"})
+
+
+def database_hint(command: str, reason: str) -> str:
+    """What to do after the database refused a command, by the database's own words (`reason`): a corrupted
+    file needs an operator, a lock or a full disk passes or needs space."""
+    r = reason.lower()
+    if "malformed" in r or "not a database" in r or "corrupt" in r:
+        hint = ("The database file is corrupted: an operator should stop the bot, move the file aside (or restore a "
+                "backup) and start it again.")
+    elif "full" in r:
+        hint = "The disk is full: free space on the bot's machine, then try again."
+    else:
+        hint = "Nothing the bot already recorded is lost. Try again in a minute."
+    if command in _ACTS_ON_HOSTS:
+        hint += " Check the host with `/gpu status` before repeating it."
+    return hint
+
+
 class Dispatcher:
     """Runs commands for every front end. `filters` run in order before every handler; `audit` is the one
     writer of the `command:*` rows."""
@@ -85,9 +105,7 @@ class Dispatcher:
             log.error("command %s: the database refused: %s", spec.name, e)
             reply = Reply(self.services.renderer.error(
                 "Database unavailable", f"{spec.name} was not finished: the bot's database refused ({e.reason}).",
-                "Nothing the bot already recorded is lost. Try again in a minute; if it says the disk is full, "
-                "free space on the bot's machine. Check the host with `/gpu status` before repeating a launch or "
-                "a kill."), audit="error", detail=f"database: {e.reason}"[:300])
+                database_hint(spec.name, e.reason)), audit="error", detail=f"database: {e.reason}"[:300])
         except Exception as e:
             log.exception("command %s failed", spec.name)
             reply = Reply(self.services.renderer.error(

@@ -101,7 +101,8 @@ async def test_a_bare_wait_in_the_console_gets_its_usage(gpu_config):
         await rt.close()
 
 
-@pytest.mark.parametrize("fault", ["corrupted database", "state_dir is a file", "state_dir under a file"])
+@pytest.mark.parametrize("fault", ["corrupted database", "a malformed page", "state_dir is a file",
+                                   "state_dir under a file"])
 def test_an_unusable_database_or_state_directory_is_one_clear_line_and_exit_2(tmp_path, fault):
     import subprocess
     import sys
@@ -115,6 +116,19 @@ def test_an_unusable_database_or_state_directory_is_one_clear_line_and_exit_2(tm
         state.mkdir()
         (state / "gpubot.db").write_bytes(os.urandom(40_000))
         named = str(state / "gpubot.db")
+    elif fault == "a malformed page":  # a real database with one of its pages overwritten
+        from bot.adapters.store import Store
+
+        state.mkdir()
+        store = Store(f"sqlite:///{state / 'gpubot.db'}")
+        for i in range(300):
+            store.events.add(user_id="U1", action="command:status", args={"i": i, "pad": "x" * 200}, result="ok",
+                             detail=None, launch_id=None, host=None, channel="C1")
+        store.close()
+        with open(state / "gpubot.db", "r+b") as f:
+            f.seek(4096 * 3)
+            f.write(b"\xff" * 4096)
+        named = str(state / "gpubot.db")
     elif fault == "state_dir is a file":
         state.write_text("not a directory\n")
         named = str(state)
@@ -122,7 +136,7 @@ def test_an_unusable_database_or_state_directory_is_one_clear_line_and_exit_2(tm
         state.write_text("a file\n")
         text = Path(config).read_text().replace(f"state_dir: {state}", f"state_dir: {state}/inner")
         Path(config).write_text(text)
-        named = f"{state}/inner"
+        named = f"{state} is not a directory"  # the file in the way, not the directory that cannot be made
     assert f"state_dir: {state}" in Path(config).read_text()
     proc = subprocess.run([sys.executable, "-m", "bot.cli", "console", "--config", str(config)], input="/help\n",
                           capture_output=True, text=True, timeout=120)

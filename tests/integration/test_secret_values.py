@@ -66,7 +66,8 @@ async def test_the_whole_secret_corpus_in_a_real_log_reaches_no_answer_alert_fil
     keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ api_key }}",
              "params": {**base["params"], "api_key": {"type": "str", "default": "none-given", "secret": True}}}
     cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
-    bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
+    # checks every 0.5 s after ready too (FAST_WATCH leaves the serving interval at its 60 s default)
+    bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH.model_copy(update={"serving_interval_s": 0.5}))
     bot.runtime.redactor.add_values(known[1:])  # the bot knows these (Slack tokens, ${NAME} values, ...)
     launched = await bot.chat.say(f"/launch keyed mode=ready workers=1 api_key={known[0]}")
     assert "Launched keyed#1" in launched.text, launched.text

@@ -61,8 +61,9 @@ def default_url(state_dir: str) -> str:
 
 class Database:
     """An engine on `url` with every table created (and older databases brought up to date). `transaction()`
-    is the only way in for the repositories. Raises DatabaseUnavailable for a database that cannot be opened
-    or read (corrupted, unreadable, a directory that cannot be written)."""
+    is the only way in for the repositories. An SQLite file is checked when it is opened (`PRAGMA
+    quick_check`). Raises DatabaseUnavailable for a database that cannot be opened or read, or that the check
+    finds corrupted (a malformed page), or in a directory that cannot be written."""
 
     def __init__(self, url: str):
         self.url = url
@@ -76,9 +77,13 @@ class Database:
         try:
             Base.metadata.create_all(self.engine)
             add_missing_columns(self.engine, Base.metadata)
+            problem = _integrity_problem(self.engine) if url.startswith("sqlite") else None
         except (OperationalError, DatabaseError) as e:
             self.engine.dispose()
             raise DatabaseUnavailable(self.path, _reason(e)) from e
+        if problem is not None:
+            self.engine.dispose()
+            raise DatabaseUnavailable(self.path, f"database disk image is malformed ({problem})")
         if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
             try:  # launches hold params and commands: readable by the bot's user only
                 os.chmod(url[len("sqlite:///"):], 0o600)
@@ -103,6 +108,14 @@ class Database:
     def close(self) -> None:
         """Dispose of the engine's connections."""
         self.engine.dispose()
+
+
+def _integrity_problem(engine: Engine) -> str | None:
+    """SQLite's `PRAGMA quick_check` (every page and index entry readable; linear in the file's size): None
+    when it says ok, else its first complaint (`*** in database main *** Page 5: ...`), on one line."""
+    with engine.connect() as c:
+        rows = [str(r[0]) for r in c.exec_driver_sql("PRAGMA quick_check(3)")]
+    return None if rows == ["ok"] else " ".join(" ".join(rows).split())[:200]
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
