@@ -19,6 +19,7 @@ from bot.adapters import scheduler as scheduler_adapter
 from bot.adapters.logs import redact_logs
 from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
+from bot.adapters.secretbox import SecretBox, SecretBoxError
 from bot.adapters.statelock import StateLock
 from bot.adapters.store import DatabaseUnavailable, Store, default_url
 from bot.config import Config, ConfigError, WatchPolicy
@@ -131,6 +132,19 @@ def _state_url(state_dir: str) -> str:
         raise _dir_unusable(state_dir, e) from e
 
 
+def _secret_box(store: Store, config: Config) -> SecretBox | None:
+    """The SecretBox of this bot: its key in GPUBOT_SECRET_KEY, else `secret.key` beside the SQLite database
+    (the state directory for another database). None, with a warning, when there is no usable key: secret
+    params are then masked by value only until the bot restarts."""
+    path = Path(store.db.path)
+    directory = path.parent if store.url.startswith("sqlite") and path.name else Path(config.state_dir)
+    try:
+        return SecretBox.for_directory(directory)
+    except SecretBoxError as e:
+        log.warning("secret param values will not survive a restart: %s", e)
+        return None
+
+
 def _dir_unusable(path: str, e: OSError) -> DatabaseUnavailable:
     """The DatabaseUnavailable for a state directory that cannot be created or written (`e` from mkdir/open),
     naming the file in the way when a part of the path is a file."""
@@ -191,7 +205,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     assert surface is not None
     threads = IncidentThreads(store.launches, surface, renderer)
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
-                             start_check_s=start_check_s)
+                             start_check_s=start_check_s, secretbox=_secret_box(store, config))
+    launches.relearn_secrets()
     launches.recover_interrupted_kills()
     stacks = StackService(hosts, launches, audit)
     confirmations = ConfirmationService(store.confirmations, launches)

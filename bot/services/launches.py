@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from bot.adapters.remote import RemoteError
+from bot.adapters.secretbox import SecretBox, SecretBoxError
 from bot.adapters.store import Store
 from bot.config import Config, render_launch
 from bot.core.lifecycle import (
@@ -59,12 +60,15 @@ EarlyExitHook = Callable[[Launch], Awaitable[Any]]
 class LaunchService:
     """Launch/kill/relaunch for every configured host. Timings in seconds, memory in MiB; the lifecycle
     policy (GPU free threshold, kill grace, release timeout, /dev/shm minimum) comes from `config.lifecycle`.
-    `poll_s` is how often a kill looks again, `start_check_s` when a new launch is first looked at."""
+    `poll_s` is how often a kill looks again, `start_check_s` when a new launch is first looked at. With a
+    `secretbox`, a launch's secret param values are kept sealed in its row: a restarted bot masks them again
+    (`relearn_secrets`) and a relaunch reuses them."""
 
     def __init__(self, config: Config, hosts: HostService, store: Store, audit: Audit, threads: IncidentThreads, *,
                  redactor: Redactor | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
-                 sigkill_wait_s: float = 5.0):
+                 sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
         self.config = config
+        self._box = secretbox
         self.hosts = hosts
         self._launches = store.launches
         self._audit = audit
@@ -224,16 +228,55 @@ class LaunchService:
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
         return out
 
-    def learn_secrets(self, variant: str, params: dict[str, Any]) -> None:
-        """Teach the shared redactor the values of `params` that are secrets (secret-named, or `secret: true`
-        in the variant), so they are masked by value wherever they turn up (a command line under an
-        ordinary flag such as `--key`, a log line, an error)."""
+    def secret_params(self, variant: str, params: dict[str, Any]) -> dict[str, str]:
+        """The params among `params` that are secrets (secret-named, or `secret: true` in the variant), as
+        {name: value} strings (empty values left out)."""
         specs: dict[str, Any] = {}
         if variant in self.config.variants:
             with contextlib.suppress(KeyError):
                 specs = dict(self.config.resolved_variant(variant).params or {})
-        self._redactor.add_values(str(v) for k, v in params.items()
-                                  if SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))
+        return {str(k): str(v) for k, v in params.items() if str(v) and v != MASK
+                and (SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))}
+
+    def learn_secrets(self, variant: str, params: dict[str, Any]) -> None:
+        """Teach the shared redactor the values of `params` that are secrets (`secret_params`), so they are
+        masked by value wherever they turn up (a command line under an ordinary flag such as `--key`, a log
+        line, an error)."""
+        self._redactor.add_values(self.secret_params(variant, params).values())
+
+    def relearn_secrets(self) -> int:
+        """Teach the redactor the sealed secret values of the newest launches (a restart: the live servers
+        still show them). Returns how many launches' values were learned; values this key cannot open (the key
+        changed) are skipped with one warning. Never raises for a database or key problem (logged)."""
+        if self._box is None:
+            return 0
+        try:
+            rows = self._launches.sealed_secrets()
+        except Exception as e:
+            log.warning("cannot read the sealed secrets of earlier launches: %s", e)
+            return 0
+        learned, failed = 0, 0
+        for _launch_id, token in rows:
+            try:
+                self._redactor.add_values(self._box.unseal(token).values())
+                learned += 1
+            except SecretBoxError:
+                failed += 1
+        if failed:
+            log.warning("the secret values of %d earlier launches cannot be opened with this key (GPUBOT_SECRET_KEY "
+                        "or secret.key changed): they are masked by name and shape only", failed)
+        return learned
+
+    def _sealed_params(self, la: Launch) -> dict[str, str]:
+        """The secret param values sealed in `la`'s row ({} without a box, or when they cannot be opened)."""
+        if self._box is None:
+            return {}
+        try:
+            rows = self._launches.sealed_secrets(la.id)
+            return self._box.unseal(rows[0][1]) if rows else {}
+        except Exception as e:
+            log.warning("cannot open the secret params of %s: %s", la.name, e)
+            return {}
 
     def params_for_record(self, params: dict) -> dict:
         """Params as recorded anywhere (audit trail, launches table): secret-named params masked, the rest
@@ -288,9 +331,11 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", args=args, result="refused",
                                detail="; ".join(checks.problems), host=host, channel=channel)
             return LaunchOutcome(None, checks=checks, host=host)
+        secret = self.secret_params(variant, preview.params)
         la = self._launches.create(host=host, variant=variant, params=self.params_for_record(preview.params),
                                    command="", log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
-                                   channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
+                                   channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of,
+                                   sealed_secrets=self._box.seal(secret) if self._box is not None and secret else None)
         r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
         command = r.command
         for k, v in r.params.items():  # values of secret-named params never reach the database
@@ -568,7 +613,8 @@ class LaunchService:
         outcome is None when the kill did not complete. Raises LaunchError for bad params (before killing)
         or while another kill of `la` runs."""
         merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
-                  if v != MASK}  # a secret param was never stored: it falls back to its default, or must be given
+                  if v != MASK}  # a secret param is stored masked: its sealed value, else its default, or given
+        merged.update({k: v for k, v in self._sealed_params(la).items() if la.params.get(k) == MASK})
         merged.update(params)
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         current = self._launches.get(la.id) or la

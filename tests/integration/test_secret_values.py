@@ -116,3 +116,38 @@ async def test_a_log_window_that_starts_inside_a_secret_shows_none_of_it(make_bo
     assert "INFO ready" in shown, answer.text
     assert CUT_LINE.split(" (")[0] in shown
     assert not [p for p in {secret[i:i + 8] for i in range(len(secret) - 7)} if p in shown]
+
+
+async def test_a_restarted_bot_still_masks_a_launch_s_secret_and_relaunches_with_it(make_bot, ssh_server, fake_gpu,
+                                                                                     tmp_path):
+    """The secret param's value is in the database only sealed (bot.adapters.secretbox): after a restart the
+    live server's command line and log are still masked by value, and /relaunch passes the real value again."""
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    base = cfg.variants["base"].model_dump(exclude_unset=True)
+    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
+             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    first = await make_bot(cfg)
+    launched = await first.chat.say(f"/launch keyed mode=ready workers=1 key={SECRET}")
+    assert "Launched keyed#1" in launched.text, launched.text
+    la = first.launch(1)
+    with open(la.log_path, "a") as f:
+        f.write(f"serving as {SECRET}\n")
+    await first.runtime.close()
+    state = tmp_path / "state"
+    stored = b"".join(p.read_bytes() for p in state.iterdir() if p.name.startswith("gpubot.db"))
+    assert SECRET.encode() not in stored  # only sealed, never in clear
+
+    second = await make_bot(cfg, surface=first.surface)
+    shown = []
+    for text in ("/gpu status", "/probe 1", "/logs 1"):
+        answer = await second.chat.say(text)
+        shown += [answer.text, json.dumps(answer.post.blocks)]
+    assert not [s for s in shown if SECRET in s], [s for s in shown if SECRET in s][:1]
+    assert any("[REDACTED]" in s for s in shown)
+    relaunched = await second.chat.say("/relaunch 1")
+    assert "Launched keyed#2" in relaunched.text, relaunched.text
+    new = second.launch(2)
+    await wait_log(new.log_path, "tp_size")  # the server started and logged its args
+    with open(f"/proc/{new.pid}/cmdline", "rb") as f:
+        assert SECRET.encode() in f.read()  # the real value, not "[REDACTED]" nor the default

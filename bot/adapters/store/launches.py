@@ -48,6 +48,8 @@ class LaunchRow(Base):
     seen_pids_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     unit: Mapped[str | None] = mapped_column(String(128), nullable=True)
     unit_manager: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: The launch's secret param values, encrypted (bot.adapters.secretbox); None when it had none.
+    sealed_secrets: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 def _launch(row: LaunchRow) -> Launch:
@@ -89,19 +91,30 @@ class LaunchRepository:
 
     def create(self, *, host: str, variant: str, params: dict[str, Any], command: str, log_path: str | None,
                port: int | None, gpus: list[int], created_by: str, channel: str | None = None,
-               thread_ts: str | None = None, relaunch_of: int | None = None) -> Launch:
+               thread_ts: str | None = None, relaunch_of: int | None = None,
+               sealed_secrets: str | None = None) -> Launch:
         """Insert a launch in state `starting` with a fresh tag `<id>-<12 hex>` (unique across bots and
-        databases: the id alone repeats in a fresh state_dir) and return it."""
+        databases: the id alone repeats in a fresh state_dir) and return it. `sealed_secrets`: its secret param
+        values, already encrypted (bot.adapters.secretbox)."""
         with self._db.transaction() as s:
             row = LaunchRow(host=host, variant=variant, params_json=json.dumps(params, sort_keys=True),
                             command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
                             created_by=created_by, created_at=time.time(), channel=channel,
-                            thread_ts=thread_ts, relaunch_of=relaunch_of, state=LaunchState.STARTING.value)
+                            thread_ts=thread_ts, relaunch_of=relaunch_of, state=LaunchState.STARTING.value,
+                            sealed_secrets=sealed_secrets)
             s.add(row)
             s.flush()
             row.tag = f"{row.id}-{secrets.token_hex(6)}"
             s.flush()
             return _launch(row)
+
+    def sealed_secrets(self, launch_id: int | None = None, limit: int = 2000) -> list[tuple[int, str]]:
+        """(launch id, sealed secrets) of launch `launch_id`, or of the newest `limit` launches that have them."""
+        with self._db.transaction() as s:
+            q = select(LaunchRow.id, LaunchRow.sealed_secrets).where(LaunchRow.sealed_secrets.is_not(None))
+            if launch_id is not None:
+                q = q.where(LaunchRow.id == launch_id)
+            return [(int(i), str(t)) for i, t in s.execute(q.order_by(LaunchRow.id.desc()).limit(limit))]
 
     def update(self, launch_id: int, **fields: Any) -> Launch:
         """Set columns of a launch (`params`/`gpus`/`seen_pids` are JSON-encoded; entering a terminal state sets

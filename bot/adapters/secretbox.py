@@ -1,0 +1,84 @@
+"""Secret param values sealed for the database, so a restarted bot still masks them by value.
+
+A launch's secret params (`api_key`, a param marked `secret: true`) are stored masked in `launches.params`;
+their values are needed again after a restart, to mask them wherever they still turn up (the live server's
+command line and log) and to relaunch with them. They are kept in `launches.sealed_secrets`, encrypted with
+Fernet (the `cryptography` library: AES-128-CBC and HMAC-SHA256, with a timestamp) under a key that is NOT in
+the database: `GPUBOT_SECRET_KEY` from the environment when set (a Fernet key: 32 url-safe base64 bytes, made
+by `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"`), else the file
+`secret.key` beside the SQLite database (mode 0600, created on first use). A database copied without its key
+holds no readable secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+__all__ = ["KEY_ENV", "KEY_FILE", "SecretBox", "SecretBoxError"]
+
+#: Environment variable holding the Fernet key (wins over the key file).
+KEY_ENV = "GPUBOT_SECRET_KEY"
+#: Name of the key file in the key directory.
+KEY_FILE = "secret.key"
+
+
+class SecretBoxError(Exception):
+    """A key that is not a Fernet key, a key file that cannot be read or made, or a sealed value that this key
+    did not seal (the key changed) or that is damaged. The message says which."""
+
+
+class SecretBox:
+    """Seals and unseals a launch's secret values ({param name: value}) with one Fernet key."""
+
+    def __init__(self, key: bytes):
+        try:
+            self._fernet = Fernet(key)
+        except (ValueError, TypeError) as e:
+            raise SecretBoxError(f"not a Fernet key (32 url-safe base64-encoded bytes): {e}") from None
+
+    @classmethod
+    def for_directory(cls, directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> SecretBox:
+        """The box of a bot whose database lives in `directory`: the key from KEY_ENV when set, else from
+        `directory/secret.key`, which is created (mode 0600, exclusively) when missing. Raises SecretBoxError
+        for a bad key or a key file that cannot be read or written."""
+        env = os.environ if environ is None else environ
+        if env.get(KEY_ENV):
+            return cls(env[KEY_ENV].strip().encode())
+        path = Path(os.path.expanduser(str(directory))) / KEY_FILE
+        try:
+            return cls(path.read_bytes().strip())
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise SecretBoxError(f"cannot read {path}: {e.strerror or e}") from None
+        key = Fernet.generate_key()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first: use theirs
+            return cls(path.read_bytes().strip())
+        except OSError as e:
+            raise SecretBoxError(f"cannot create {path}: {e.strerror or e}") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(key + b"\n")
+        return cls(key)
+
+    def seal(self, values: Mapping[str, str]) -> str:
+        """`values` ({param name: value}, strings) encrypted: an ASCII Fernet token."""
+        return self._fernet.encrypt(json.dumps(dict(values), sort_keys=True).encode("utf-8")).decode("ascii")
+
+    def unseal(self, token: str) -> dict[str, str]:
+        """The {param name: value} that `seal` turned into `token`. Raises SecretBoxError when this key did not
+        seal it or it is damaged."""
+        try:
+            data = json.loads(self._fernet.decrypt(token.encode("ascii")))
+        except (InvalidToken, ValueError, UnicodeError) as e:
+            raise SecretBoxError("a sealed value this key cannot open (the key changed, or the value is "
+                                 f"damaged): {type(e).__name__}") from None
+        if not isinstance(data, dict):
+            raise SecretBoxError("a sealed value that is not a mapping")
+        return {str(k): str(v) for k, v in data.items()}

@@ -1,0 +1,36 @@
+"""bot.adapters.secretbox: sealed secret values open only with their key; the key file is private."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from cryptography.fernet import Fernet
+
+from bot.adapters.secretbox import KEY_ENV, KEY_FILE, SecretBox, SecretBoxError
+
+
+def test_a_sealed_value_opens_with_the_same_key_file_and_hides_the_value(tmp_path):
+    box = SecretBox.for_directory(tmp_path, environ={})
+    token = box.seal({"api_key": "Zq8vT3kLm9Rp", "ctl": "x y"})
+    assert "Zq8vT3kLm9Rp" not in token
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+    assert SecretBox.for_directory(tmp_path, environ={}).unseal(token) == {"api_key": "Zq8vT3kLm9Rp", "ctl": "x y"}
+
+
+def test_the_environment_key_wins_and_another_key_cannot_open_it(tmp_path):
+    key = Fernet.generate_key().decode()
+    token = SecretBox.for_directory(tmp_path, environ={KEY_ENV: key}).seal({"k": "v"})
+    assert not (tmp_path / KEY_FILE).exists()  # the environment's key: no file made
+    with pytest.raises(SecretBoxError, match="key changed"):
+        SecretBox.for_directory(tmp_path, environ={}).unseal(token)
+    with pytest.raises(SecretBoxError, match="damaged"):
+        SecretBox(key.encode()).unseal(token[:-4] + "AAAA")
+
+
+def test_a_bad_key_is_a_clear_error(tmp_path):
+    with pytest.raises(SecretBoxError, match="not a Fernet key"):
+        SecretBox.for_directory(tmp_path, environ={KEY_ENV: "short"})
+    (tmp_path / "sub").write_text("a file")
+    with pytest.raises(SecretBoxError, match="cannot"):
+        SecretBox.for_directory(tmp_path / "sub", environ={})
