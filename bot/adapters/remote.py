@@ -319,6 +319,10 @@ class LocalExecutor:
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             raise RemoteTimeout(self.name, f"command did not finish within {budget:g} s on {self.name}") from None
+        except asyncio.CancelledError:  # the caller gave up (shutdown): the command must not outlive it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
         rc = proc.returncode
         sig = None
         if rc is not None and rc < 0:

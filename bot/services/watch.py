@@ -74,11 +74,14 @@ class Watcher:
         self.scheduler = scheduler
         self.policy = policy or config.watch
         self._locks: dict[int, asyncio.Lock] = {}
+        self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
+        self._stopping = False
 
     async def start(self) -> None:
         """Start the scheduler (inside the running loop), follow every live launch (also the ones an earlier
         run watched: their jobs come back from the database), and schedule the digest when
         `watch.digest_cron` and `watch.digest_channel` are set."""
+        self._stopping = False
         self.scheduler.start(self)
         digest = self.config.watch
         self.scheduler.set_digest(digest.digest_cron if digest.digest_cron and digest.digest_channel else None)
@@ -90,9 +93,17 @@ class Watcher:
             if not self.scheduler.is_watched(la.id):
                 self.watch(la)
 
-    async def stop(self) -> None:
-        """Stop the scheduler without running pending jobs; the jobs stay in the database."""
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the scheduler without running pending jobs (they stay in the database), then cancel the checks
+        still in flight and wait up to `timeout_s` seconds for them to end (their remote commands are
+        stopped), so nothing outlives the bot's shutdown."""
+        self._stopping = True
         self.scheduler.shutdown(self)
+        running = [t for t in self._running if t is not asyncio.current_task() and not t.done()]
+        for t in running:
+            t.cancel()
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
 
     def policy_for(self, la: Launch) -> WatchPolicy:
         """The watch policy of `la`: this watcher's, with the keys its variant's own `watch:` sets replaced
@@ -139,12 +150,23 @@ class Watcher:
         """Probe, record, diagnose; post the verdict when it changed. One check of a launch at a time (the
         scheduled one and an early-exit one never race). Never raises."""
         lock = self._locks.setdefault(launch_id, asyncio.Lock())
-        async with lock:
-            try:
-                return await self._check(launch_id)
-            except Exception as e:  # a bug in one check must not kill the job or the loop
-                log.exception("check of launch %s failed", launch_id)
-                return CheckResult(None, False, self._launch_rows.get(launch_id), error=type(e).__name__)
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.add(task)
+        try:
+            async with lock:
+                try:
+                    return await self._check(launch_id)
+                except Exception as e:  # a bug in one check must not kill the job or the loop
+                    log.exception("check of launch %s failed", launch_id)
+                    return CheckResult(None, False, self._launch_rows.get(launch_id), error=type(e).__name__)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            log.info("check of launch %s stopped: the bot is shutting down", launch_id)
+            return CheckResult(None, False, None, error="shutting down")
+        finally:
+            self._running.discard(task)
 
     async def _check(self, launch_id: int) -> CheckResult:
         la = self._launch_rows.get(launch_id)
