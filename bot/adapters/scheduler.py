@@ -90,11 +90,30 @@ def config_problems(config: Config) -> list[str]:
     return out
 
 
+#: Seconds until the scheduler looks at its jobs again after the job store failed (a locked or full database).
+JOBSTORE_RETRY_S = 2.0
+
+
+class _ResilientScheduler(AsyncIOScheduler):
+    """AsyncIOScheduler whose wake-up survives a job store error. APScheduler 3 catches a failure to READ the
+    due jobs, but not one to write a job's next run time (`update_job`): that error escapes the event loop's
+    timer callback and no timer is set again, so every check stops for good. Here it is logged and the
+    scheduler looks again after JOBSTORE_RETRY_S (the job, not updated, is still due then)."""
+
+    def _process_jobs(self) -> float | None:
+        try:
+            return super()._process_jobs()
+        except Exception:
+            log.exception("scheduler: the job store failed; looking again in %.0f s", JOBSTORE_RETRY_S)
+            return JOBSTORE_RETRY_S
+
+
 class Scheduler:
-    """An AsyncIOScheduler on the database at `db_url` (any SQLAlchemy URL), in UTC."""
+    """An AsyncIOScheduler on the database at `db_url` (any SQLAlchemy URL), in UTC, that survives job store
+    errors (`_ResilientScheduler`)."""
 
     def __init__(self, db_url: str, *, misfire_grace_s: float = MISFIRE_GRACE_S):
-        self._aps = AsyncIOScheduler(
+        self._aps = _ResilientScheduler(
             jobstores={"default": SQLAlchemyJobStore(url=db_url, tablename="apscheduler_jobs")},
             job_defaults={"misfire_grace_time": int(misfire_grace_s), "coalesce": True, "max_instances": 1},
             timezone=dt.UTC,

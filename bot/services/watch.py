@@ -13,12 +13,14 @@ bot.adapters.scheduler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from bot.adapters.scheduler import Scheduler
-from bot.adapters.store import Store
+from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Verdict
 from bot.core.models import HostFailure, Launch, LaunchState
@@ -75,6 +77,7 @@ class Watcher:
         self.policy = policy or config.watch
         self._locks: dict[int, asyncio.Lock] = {}
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
+        self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
         self._stopping = False
 
     async def start(self) -> None:
@@ -168,6 +171,16 @@ class Watcher:
         finally:
             self._running.discard(task)
 
+    @contextlib.contextmanager
+    def _unless_refused(self, la: Launch, what: str) -> Iterator[None]:
+        """Go on with the check when the database refuses to write `what` (logged): the verdict still counts."""
+        try:
+            yield
+        except Exception as e:  # DatabaseUnavailable, or the job store's own (sqlalchemy) error
+            if not isinstance(e, DatabaseUnavailable) and "sqlalchemy" not in type(e).__module__:
+                raise
+            log.error("check of %s: cannot record %s: %s", la.name, what, e)
+
     async def _check(self, launch_id: int) -> CheckResult:
         la = self._launch_rows.get(launch_id)
         if la is None or not la.live:
@@ -186,7 +199,8 @@ class Watcher:
         seen = {p.pid for p in obs.processes or []}
         remembered = remember_processes(la, snap, obs.processes or [])
         if remembered is not None:
-            la = self._launch_rows.update(la.id, seen_pids=remembered)
+            with self._unless_refused(la, "the processes it remembers"):
+                la = self._launch_rows.update(la.id, seen_pids=remembered)
         if la.pid is not None and seen and snap.table and la.pid not in seen:
             # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
             # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
@@ -203,11 +217,14 @@ class Watcher:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
-        self._observations.add(la.id, record)
+        with self._unless_refused(la, "this check's record"):
+            self._observations.add(la.id, record)
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
             return CheckResult(verdict, False, current)
+        if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
+            current = replace(current, alert_state=self._unrecorded[la.id])
         # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
         # survives (a caught allocation failure), and a live launch must stay watched
         ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
@@ -231,17 +248,25 @@ class Watcher:
             fields.setdefault("state_detail", verdict.summary[:300])
         if fields:
             # record first: a crash or restart after this line never posts the same alert twice
-            la = self._launch_rows.update(la.id, **fields)
+            try:
+                la = self._launch_rows.update(la.id, **fields)
+                self._unrecorded.pop(la.id, None)
+            except DatabaseUnavailable as e:  # the alert goes anyway (remembered here, so it is posted once)
+                log.error("check of %s: cannot record %s (%s); posting the verdict anyway", la.name,
+                          sorted(fields), e)
+                la = replace(current, **fields)  # type: ignore[arg-type]
+                self._unrecorded[la.id] = la.alert_state
         alerted = False
         if news:
             recovered = serving and verdict.verdict == "ready"
             alerted = await self._alerts.post(la, verdict, record, recovered=recovered)  # the root shows it too
         elif fields:
             await self._threads.show(la, verdict if news or ended else None)
-        if ended:
-            self.unwatch(la.id)
-        elif "ready_at" in fields:
-            self.watch(la)  # from now on: liveness checks at the serving interval
+        with self._unless_refused(la, "its schedule"):  # the job store is in the same database
+            if ended:
+                self.unwatch(la.id)
+            elif "ready_at" in fields:
+                self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckResult(verdict, alerted, la)
 
     async def _host_unreachable(self, la: Launch, reason: str) -> None:

@@ -236,3 +236,44 @@ async def test_a_child_with_a_cleared_environment_in_its_own_session_is_killed(m
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+async def test_the_watch_survives_a_locked_database_and_alerts_while_it_refuses_writes(serving, caplog):
+    """A write lock held past the busy timeout makes the scheduler's job store fail (APScheduler 3 would stop
+    waking up): the checks go on once it is gone. While the database refuses every write, a crash still gets its
+    alert, once, and the launch's end is recorded when the database is back."""
+    import sqlite3
+
+    caplog.set_level("INFO")
+    db = serving.runtime.store.db
+
+    def refused(text: str) -> int:
+        return sum(text in r.getMessage() for r in caplog.records)
+
+    await wait_checks(serving, 1, 2)
+    holder = sqlite3.connect(db.path, timeout=0, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        await wait_until(lambda: refused("cannot record") or refused("job store failed"),
+                         what="a check refused by the locked database")
+    finally:
+        holder.rollback()
+    await wait_checks(serving, 1, 3)  # the scheduler still wakes up
+
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for pid in pids_of_launch(serving.launch(1)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        ended = lambda: alerts(serving, "crashed") + alerts(serving, "exited")  # noqa: E731
+        await wait_until(ended, 90, what="the crash alert while writes are refused")
+        assert holder.in_transaction and refused("posting the verdict anyway")
+        seen = refused("check of base#1: cannot record")
+        await wait_until(lambda: refused("check of base#1: cannot record") >= seen + 2, 90,
+                         what="more checks refused by the database")
+        assert len(ended()) == 1  # posted once, not at every refused check
+    finally:
+        holder.rollback()
+        holder.close()
+    await wait_until(lambda: not serving.launch(1).live, 90, what="the end recorded")
+    assert len(ended()) == 1
