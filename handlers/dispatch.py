@@ -159,7 +159,10 @@ class Dispatcher:
             reply.edits = [(ts, rename_commands(m, renames)) for ts, m in reply.edits]
         launch_id = reply.launch_id
         if launch_id is None:
-            la = self.services.launches.thread_launch(r.channel_id, r.thread_ts)
+            try:
+                la = self.services.launches.thread_launch(r.channel_id, r.thread_ts)
+            except DatabaseUnavailable:  # the answer matters more than the audit row's launch id
+                la = None
             launch_id = la.id if la is not None else None
         self.audit.record(user_id=r.user_id, action=f"command:{name}", result=reply.audit, detail=reply.detail,
                           args={"text": raw[:500], "source": str(r.source)}, launch_id=launch_id,

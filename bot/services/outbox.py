@@ -189,6 +189,7 @@ class Outbox:
         # messages whose row could not be written, sent straight to Slack: negative ids, kept in memory
         self._direct: dict[int, Delivery] = {}
         self._direct_tail: dict[str, asyncio.Task] = {}
+        self._direct_seq = 0
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
@@ -204,7 +205,11 @@ class Outbox:
     def _add_direct(self, fields: dict[str, Any], error: Exception) -> int:
         """Send a message whose row could not be written straight to Slack, after the earlier direct ones of its
         channel (in order); returns its negative id (`delivery`, `wait` and `ref` work with it)."""
-        row_id = min(self._direct, default=0) - 1
+        # unique across runs too (a `q:` reference may be stored, e.g. as a launch's thread): -(ms * 1000 + n)
+        self._direct_seq = (self._direct_seq + 1) % 1000
+        row_id = -(int(time.time() * 1000) * 1000 + self._direct_seq)
+        while row_id in self._direct:
+            row_id -= 1
         channel = fields.get("channel") or ""
         log.error("outbox: cannot queue a %s to %s in the database (%s); sending it straight to Slack",
                   fields.get("kind"), channel, error)
@@ -299,7 +304,12 @@ class Outbox:
     def update(self, channel: str, ts: str, message: Message) -> int:
         """Queue an edit of message `ts` (a ts or `q:` reference); an older queued edit of the same message is
         superseded. Files of `message` go as uploads into the message's thread. Returns the row id."""
-        for old_id in self.rows.supersede_updates(channel, ts):
+        try:
+            superseded = self.rows.supersede_updates(channel, ts)
+        except Exception as e:  # the database refuses: both edits go, the newer one last
+            log.warning("outbox: cannot supersede the queued edits of %s: %s", ts, e)
+            superseded = []
+        for old_id in superseded:
             self._wake_waiters(old_id)
         row_id = self._add(channel=channel, kind="update", target_ts=ts, text=message.text,
                            blocks_json=json.dumps(message.blocks) if message.blocks is not None else None)

@@ -132,9 +132,16 @@ class SlackBot:
             ts = await deliver(self.surface, reply)
         except Exception:  # e.g. the database refused the outbox row: say so privately rather than vanish
             log.exception("answering %s of %s in %s failed", word, user_id, channel_id)
+            text = (f"gpubot could not answer `{word}`: it failed while answering (the bot logged the details); "
+                    "try again")
             if respond is not None:
-                await self._respond_text(respond, f"gpubot could not answer `{word}`: it failed while answering "
-                                                  "(the bot logged the details); try again")
+                await self._respond_text(respond, text)
+            else:  # a message or a click: tell its author where they asked
+                try:
+                    await self.surface.post_ephemeral(channel_id, user_id, self.runtime.renderer.error(
+                        "Internal error", text, None), thread_ts=thread_ts)
+                except Exception:
+                    log.exception("could not tell %s that %s failed", user_id, word)
             return None
         if ts is None and reply.message is not None and respond is not None:
             await self._respond_privately(respond, reply)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 
 import pytest
@@ -86,3 +87,31 @@ async def test_a_full_database_loses_no_answer(slack, caplog):
         event.remove(db.engine, "connect", cap)
         db.engine.dispose()
         filler.close()
+
+
+async def test_a_database_that_cannot_be_read_any_more_still_answers_a_thread_command(slack, caplog):
+    """The file is overwritten while the bot runs (a corrupted database): a command typed in a thread (which looks
+    up the thread's launch) is still answered in that thread."""
+    import shutil
+
+    db = slack.runtime.store.db
+    db.engine.dispose()
+    with sqlite3.connect(db.path) as c:  # everything into the main file, so that it alone can be put back
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    backup = db.path + ".bak"
+    shutil.copyfile(db.path, backup)
+    try:
+        with open(db.path, "r+b") as f:
+            f.write(b"\xff" * 4096)  # the header page: "file is not a database" for every new connection
+        db.engine.dispose()
+        await slack.fake.push_event({"type": "message", "channel": "C1", "user": "U2", "ts": "1700000100.000300",
+                                     "thread_ts": "1700000000.000100", "text": "!gpu help"})
+        call = await slack.fake.wait_for_answer(lambda c: "help" in text_of(c).lower() or "unavailable" in text_of(c),
+                                                timeout=60)
+        assert call["params"].get("thread_ts") == "1700000000.000100"
+    finally:
+        db.engine.dispose()
+        for extra in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(db.path + extra)
+        shutil.copyfile(backup, db.path)
