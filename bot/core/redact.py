@@ -49,7 +49,8 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["MASK", "SECRET_NAME_RE", "Redactor", "redact", "redact_lines", "redact_mapping", "redact_then_cut"]
+__all__ = ["MASK", "REDACT_REACH", "SECRET_NAME_RE", "Redactor", "redact", "redact_lines", "redact_mapping",
+           "redact_then_cut"]
 
 MASK = "[REDACTED]"
 _ELLIPSIS = "…"
@@ -201,7 +202,8 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     # Slack incoming-webhook URLs: the path is the credential
     (re.compile(r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}"),
      rf"\1{MASK}"),
-    (re.compile(r"(?<![A-Za-z0-9])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),  # JWT
+    # JWT (a start inside a run of token characters is no JWT's start: keeps `-eyJ-eyJ...` linear)
+    (re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),
     # a password given to a program by a short flag (mysql -pX, sshpass -p X, docker login -p X: _PROGRAM_FLAGS)
     *((re.compile(rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
                   rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)"), _keep_head) for progs, flag, gap in _PROGRAM_FLAGS),
@@ -217,7 +219,8 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(rf"(?i)(?<=[?&;])(?:sig|key|code|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)"),
      _keep_head),
     # JSON inside a string, quotes escaped: {\"password\": \"VALUE\"}
-    (re.compile(rf"(?i)\\+(?P<eq>[\"'])(?<!#){_NAME}\\+(?P=eq){_SEP}\\+(?P=eq)(?!{_MASK_RE})(?P<val>(?:(?!\\[\"']).)+)"),
+    (re.compile(rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
+                rf"(?P<val>(?:(?!\\[\"']).)+)"),
      _keep_head),
     # Authorization: [scheme] value
     (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
@@ -464,12 +467,18 @@ def redact_then_cut(text: str, width: int, extra: Iterable[re.Pattern[str]] = ()
     """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).
 
     Redacting first matters: cutting first can leave the start of a secret that no pattern recognises any
-    more (`sk-ABCDEFGHIJ…`). `width` < 1 is treated as 1. Never raises for str input.
+    more (`sk-ABCDEFGHIJ…`). Only the first max(REDACT_REACH, 8 * width) characters are redacted (the rest is
+    never shown). `width` < 1 is treated as 1. Never raises for str input.
     """
     width = max(1, width)
-    out = redact(text or "", extra)
+    out = redact((text or "")[: max(REDACT_REACH, 8 * width)], extra)
     return out if len(out) <= width else out[: width - 1] + _ELLIPSIS
 
+
+#: Characters of a line that `redact_then_cut` (and the log tail, bot.core.parse.log) redact before cutting it
+#: for display: the shown part and far more context than any secret form needs; bounds the time a hostile
+#: megabyte-long line costs.
+REDACT_REACH = 16_384
 
 #: Known secret values shorter than this are not masked by value (they would mask ordinary words).
 MIN_SECRET_VALUE_LEN = 6

@@ -415,10 +415,14 @@ PATHOLOGICAL: dict[str, tuple[Callable[[int], str], Callable[[str], str]]] = {
     "quotes": (lambda k: 'token="' + 'a, ,"' * k, lambda line: 'token="' + MASK + line[len('token="a, ,'):]),
     "pem-begin": (lambda k: "-----BEGIN " + "A " * k, str),
     "url": (lambda k: "https://u:" * k, str),
+    # review: the escaped-JSON form and the JWT format were quadratic on these (8 s for 20 000 backslashes)
+    "backslashes": (lambda k: "\\" * k, str),
+    "-eyJ": (lambda k: "-eyJ" * k, str),
 }
 #: Periods of each line for 64 KiB (the size that once took seconds).
 _64K = {"a.": 32768, "x-": 32768, "dashes": 65536, "dashes-token": 32768, "login": 8192, "sk-": 21845,
-        "--token": 8192, "query": 7281, "quotes": 13107, "pem-begin": 32768, "url": 6553}
+        "--token": 8192, "query": 7281, "quotes": 13107, "pem-begin": 32768, "url": 6553, "backslashes": 65536,
+        "-eyJ": 16384}
 
 
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
