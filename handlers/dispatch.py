@@ -74,6 +74,9 @@ class Dispatcher:
         """Run `call` (or answer its parse error) for `request`. Returns the Reply placed in a channel and
         thread, audited once. Never raises for user input or a failing handler."""
         ctx = Context(request, self.services, self.commands)
+        # secret params typed in the command are masked by value from here on: also when it is denied, refused,
+        # misspelled or malformed, before anything is audited or posted
+        self.services.launches.learn_typed_secrets(call.raw)
         if isinstance(call, CommandParseError):
             reply = self._error(ctx, UserError("Bad command", str(call), "Try `/gpu help`.", audit="invalid"))
             return self._finish(ctx, "?", call.raw, reply)

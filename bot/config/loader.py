@@ -8,7 +8,6 @@ number of values and the file size are capped, so a hostile or broken file canno
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,10 @@ from pydantic import ValidationError
 from bot.config.checks import _cross_checks
 from bot.config.errors import ConfigError, _format_pydantic, _Index, _loc
 from bot.config.schema import ENV_REF_RE, NAME_RE, Config
+from bot.core.redact import SECRET_NAME_RE
 
 #: Keys whose NAME ends in a secret word (slack_token, signing_secret, api_key, HF_TOKEN); not max_tokens, tokenizer.
-SECRET_KEY_RE = re.compile(
-    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key"
-    r"|secret[_-]?key)$",
-    re.IGNORECASE,
-)
+SECRET_KEY_RE = SECRET_NAME_RE  # one rule for what names a secret (bot.core.redact)
 
 #: Limits on the YAML file: a config is a few KiB with a handful of anchors.
 MAX_CONFIG_BYTES = 1024 * 1024

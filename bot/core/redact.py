@@ -441,12 +441,10 @@ def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
     return "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
 
 
-#: A key that names a secret: ends in token/secret/password/api_key/... (HF_TOKEN, api_key, signing_secret).
-SECRET_NAME_RE = re.compile(
-    r"(?:^|[_-])(?:token|secret|password|passwd|passphrase|api[_-]?key|access[_-]?key|private[_-]?key"
-    r"|secret[_-]?key|credentials?)$",
-    re.IGNORECASE,
-)
+#: A key that names a secret: the same names the text rules mask a value after (ends in TOKEN, SECRET, PASSWORD,
+#: API_KEY, CREDENTIALS, COOKIE, ...; in `_KEY`/`_PASS`/`_PWD` after a prefix: `openai_key`, `db_pass`,
+#: `mysql_pwd`; not `pad_token`, `primary_key`, `bypass`). Use `.search(name)`: it is anchored at both ends.
+SECRET_NAME_RE = re.compile(rf"^{_NAME}$", re.IGNORECASE)
 
 
 def redact_mapping(values: dict) -> dict:

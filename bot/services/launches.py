@@ -238,6 +238,27 @@ class LaunchService:
         return {str(k): str(v) for k, v in params.items() if str(v) and v != MASK
                 and (SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))}
 
+    def secret_param_names(self) -> set[str]:
+        """Names of the params that are secrets in any variant (`secret: true`, or secret-named)."""
+        names: set[str] = set()
+        for name in self.config.variants:
+            with contextlib.suppress(KeyError, ValueError):
+                for k, spec in (self.config.resolved_variant(name).params or {}).items():
+                    if getattr(spec, "secret", False) or SECRET_NAME_RE.search(k):
+                        names.add(k)
+        return names
+
+    def learn_typed_secrets(self, text: str) -> None:
+        """Teach the redactor the values of `NAME=VALUE` words of a typed command whose NAME is a secret param of
+        any variant or secret-named (quotes around VALUE dropped), whatever the command turns out to be."""
+        names = self.secret_param_names()
+        values = []
+        for word in (text or "").split():
+            name, sep, value = word.partition("=")
+            if sep and value and (name in names or SECRET_NAME_RE.search(name)):
+                values.append(value.strip("'\""))
+        self._redactor.add_values(values)
+
     def learn_secrets(self, variant: str, params: dict[str, Any]) -> None:
         """Teach the shared redactor the values of `params` that are secrets (`secret_params`), so they are
         masked by value wherever they turn up (a command line under an ordinary flag such as `--key`, a log

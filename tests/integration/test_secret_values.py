@@ -151,3 +151,25 @@ async def test_a_restarted_bot_still_masks_a_launch_s_secret_and_relaunches_with
     await wait_log(new.log_path, "tp_size")  # the server started and logged its args
     with open(f"/proc/{new.pid}/cmdline", "rb") as f:
         assert SECRET.encode() in f.read()  # the real value, not "[REDACTED]" nor the default
+
+
+async def test_a_secret_param_in_a_denied_misspelled_or_malformed_launch_is_never_recorded(make_bot, ssh_server,
+                                                                                          fake_gpu, tmp_path):
+    """The value of a `secret: true` param is masked from the moment it is typed, not only once a launch
+    starts: a viewer's /launch (denied), a misspelled variant, a bad param and a syntax error."""
+    from tests.support.builders import VIEWER
+
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    base = cfg.variants["base"].model_dump(exclude_unset=True)
+    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
+             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    bot = await make_bot(cfg)
+    typed = [(f"/launch keyed key={SECRET}", VIEWER), (f"/launch keyedd key={SECRET}", None),
+             (f"/launch keyed workers=zero key={SECRET}", None), (f'/launch keyed key={SECRET} "unclosed', None)]
+    answers = [await (bot.chat.say(text, user=user) if user else bot.chat.say(text)) for text, user in typed]
+    assert all(a.text for a in answers)
+    seen = [a.text + json.dumps(a.post.blocks if a.post else None) for a in answers]
+    seen += [json.dumps([e.args, e.detail]) for e in bot.events()]
+    assert len(bot.events()) >= len(typed)
+    assert not [s for s in seen if SECRET in s], [s for s in seen if SECRET in s][:1]
