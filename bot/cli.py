@@ -43,6 +43,8 @@ def _state_hint(reason: str) -> str:
         return "the disk is full: free space, then start again"
     if "directory" in r:
         return "point state_dir at a directory this user can write"
+    if "driver" in r or "url" in r:
+        return "fix database_url in the config"
     return "check the file's permissions and the disk, then start again"
 
 

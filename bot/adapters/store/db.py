@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from bot.adapters.store.migrations import add_missing_columns
@@ -67,11 +67,18 @@ class Database:
 
     def __init__(self, url: str):
         self.url = url
-        parsed = make_url(url)
+        try:
+            parsed = make_url(url)
+        except ArgumentError as e:
+            raise DatabaseUnavailable(url.split("@")[-1], f"not a database URL: {e}") from e
         #: The file of an SQLite database, else the URL with its password hidden (for messages).
         self.path = parsed.database if parsed.drivername.startswith("sqlite") and parsed.database else \
             parsed.render_as_string(hide_password=True)
-        self.engine: Engine = create_engine(url, future=True)
+        try:
+            self.engine: Engine = create_engine(url, future=True)
+        except (ImportError, NoSuchModuleError, ArgumentError) as e:
+            raise DatabaseUnavailable(self.path, f"no database driver for {parsed.drivername!r} ({e}); install it "
+                                      "(e.g. pip install psycopg for postgresql) or use the SQLite default") from e
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
