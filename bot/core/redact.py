@@ -45,7 +45,10 @@ Separators and values never cross a line break: multi-line text is split into li
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -59,9 +62,11 @@ _ELLIPSIS = "…"
 # Ocp-Apim-Subscription-Key, MYSQL_PWD: a bare `key` or `PWD=/home/x` is not a secret); PASS, DSN and BEARER
 # only as a whole part (DB_PASS, --db-pass, SENTRY_DSN; not `bypass`).
 _WORD = (
-    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
-    r"|ACCOUNT[_-]?KEY|CREDENTIALS?|COOKIE|SIGNATURE|(?:AUTH|ACCESS|API|BEARER|REFRESH)[_-]?TOKENS"
-    r"|(?<![A-Za-z0-9])(?:PASS|DSN|BEARER)|(?<=[A-Za-z0-9][_-])(?:KEY|PWD))"
+    r"(?:(?:TOKEN|SECRETS?|PASSWORDS?|PASSWD|PASSPHRASE|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
+    r"|ACCOUNT[_-]?KEY|CREDENTIALS?|COOKIE|SIGNATURE|(?:AUTH|ACCESS|API|BEARER|REFRESH|HF)[_-]?TOKENS|BASIC[_-]?AUTH"
+    r"|(?<![A-Za-z0-9])(?:PASS|DSN|BEARER|_?AUTH)|(?<=[A-Za-z0-9][_-])(?:KEY|PWD))"
+    # a numbered or per-environment copy: API_KEY_2, OPENAI_API_KEY_PROD, SECRET_KEY_BASE
+    r"(?:[_-](?:[0-9]{1,3}|PROD|PRD|DEV|STAGING|STG|TEST|QA|BASE|LIVE|OLD|NEW|PRIMARY|SECONDARY|CURRENT|NEXT))?)"
 )
 # Tokenizer special tokens are vocabulary entries, not credentials (`"eos_token": "</s>"`).
 _SPECIAL_TOKENS = ("bos", "eos", "pad", "unk", "sep", "cls", "mask", "eot", "im_start", "im_end")
@@ -72,7 +77,7 @@ _PLAIN_KEYS = ("primary", "foreign", "sort", "partition", "routing", "cache", "h
 _NAME = (rf"[A-Za-z0-9_-]*{_WORD}" + "".join(rf"(?<!{t}_token)(?<!{t}-token)" for t in _SPECIAL_TOKENS)
          + "".join(rf"(?<!{k}_key)(?<!{k}-key)" for k in _PLAIN_KEYS))
 # NAME = / NAME: / NAME == / NAME := / NAME => (spaces and tabs only: never across a line break).
-_SEP = r"[ \t]*(?:=>|==?|:=?)[ \t]*"
+_SEP = r"[ \t]*(?:=>|==?|:=?|\|(?!\|))[ \t]*"  # also a table's column bar (`| SecretAccessKey | v |`)
 
 # A bearer credential's characters (RFC 6750 b64token), and an already masked value (so that a second pass
 # over redacted text takes the same decisions as the first: `redact` is idempotent).
@@ -94,7 +99,11 @@ _FORM_START = (
 # ...nor is a bare None/null/... or an empty quoted string a secret (`api_key=None` tells the reader that no
 # key was given).
 _WRAPPED = r"(?:\[[ \t]*|Some\([ \t]*)"  # a value in a list (`['KEY']`, vLLM) or Rust's `Some("KEY")` (TGI)
-_GUARD = rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$)|{_WRAPPED}[\"']{_MASK_RE})"
+_GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$)|{_WRAPPED}[\"']{_MASK_RE}"
+          # references and vocabulary, not secrets: a tokenizer's special token (`'<|image_pad|>'`), an absolute
+          # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
+          rf"|[\"']?<\|?[^<>\s'\"]{{1,40}}\|?>[\"']?(?:[\s,;)]|$)|[\"']?/[\w.@+-]+/[\w./@+-]*[\"']?(?:[\s,;)]|$)"
+          rf"|[A-Za-z_][\w.]*\()")
 
 
 def _run(char: str) -> str:
@@ -154,7 +163,14 @@ _PROGRAM_FLAGS: tuple[tuple[str, str, str], ...] = (
     (r"twine(?![\w.-])", "-p", "[ \t]+"),
     (r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
     (r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
-    (r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]+"),
+    (r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]*"),
+    (r"(?:az|oc|argocd|cf|docker|podman|nerdctl)[ \t]+login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
+    (r"ssh-keygen(?![\w.-])", "-N", "[ \t]+"),
+    (r"openssl(?![\w.-])", "-k", "[ \t]+"),
+    (r"(?:7z|7za|7zr)(?![\w.-])", "-p", ""),
+    (r"unzip(?![\w.-])", "-P", "[ \t]+"),
+    (r"smbclient(?![\w.-])", "-U[ \t]*[^\\s%]+%", ""),
+    (r"wandb[ \t]+login(?![\w.-])", "", "(?!-)"),
 )
 #: How far after the program's name its password flag is looked for (characters; bounds the scan of long lines).
 _FLAG_REACH = 400
@@ -170,6 +186,7 @@ _PROSE_WORDS = "|".join((
     "your", "see", "via", "using", "use", "used", "this", "that", "it", "here", "ok", "correct", "accepted",
     "rejected", "denied", "again", "also", "updated", "update", "saved", "stored", "provided", "given", "sent",
     "user", "for", "protection", "strength", "complexity", "history", "rotation", "expiry", "recovery",
+    "attempt", "attempts", "expiration", "prompted", "changed", "length", "characters",
 ))
 
 _Repl = str | Callable[[re.Match[str]], str]
@@ -179,7 +196,9 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(rf"{_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", re.IGNORECASE), MASK),
     # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
     # first, so no name/value form takes `scheme` or `user:` for a value
-    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^\s/?#]+@"), rf"\1{MASK}@"),
+    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:]*:)[^\s/?]+@"), rf"\1{MASK}@"),
+    # a long opaque user and no password: a token (https://TOKEN@git.host/x.git)
+    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[A-Za-z0-9_-]{20,}@"), rf"\1{MASK}@"),
     # Well-known token formats. Like the two above, these run before the forms below: those decide where a
     # value ends by looking at what follows, and must see the same text when run again on their output.
     (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
@@ -195,6 +214,13 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}"), MASK),  # Google OAuth access token
     (re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}"), MASK),  # Stripe keys
     (re.compile(r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}"), MASK),  # PyPI API token
+    (re.compile(r"(?<![A-Za-z0-9])hv[sbr]\.[A-Za-z0-9_-]{20,}"), MASK),  # HashiCorp Vault token
+    (re.compile(r"(?<![A-Za-z0-9])(?:r8_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}"
+                r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}|glsa_[A-Za-z0-9_]{30,})"), MASK),  # Replicate Groq xAI LangSmith
+    # (and Grafana service-account tokens)
+    (re.compile(r"(?<![A-Za-z0-9])AGE-SECRET-KEY-1[0-9A-Z]{40,}"), MASK),  # age private key
+    (re.compile(r"(?i)(https?://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/)[A-Za-z0-9_-]{20,}"),
+     rf"\1{MASK}"),  # Discord webhook URL
     (re.compile(r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}"), MASK),  # npm access token
     (re.compile(r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}"), MASK),  # Docker Hub access token
     (re.compile(r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"), MASK),  # SendGrid API key
@@ -215,13 +241,38 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
      _name_value),
     # Pwd=VALUE (ODBC connection strings), pwd: VALUE; a path (`PWD=/home/x`, the working directory) is kept
     (re.compile(rf"(?i)(?<![\w-])pwd[ \t]*[:=][ \t]*(?![/~.$]|{_MASK_RE})(?P<val>[^\s;'\",)}}]+)"), _keep_head),
-    # query parameters that carry a credential under a short name (?sig=... SAS signatures, ?key=..., ?code=...)
-    (re.compile(rf"(?i)(?<=[?&;])(?:sig|key|code|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)"),
+    # query parameters that carry a credential under a short name (?sig=... SAS signatures, ?auth=...); not ?key=
+    # (an S3 object key) nor ?code= (a status code)
+    (re.compile(rf"(?i)(?<=[?&;])(?:sig|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)"),
      _keep_head),
     # JSON inside a string, quotes escaped: {\"password\": \"VALUE\"}
     (re.compile(rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
                 rf"(?P<val>(?:(?!\\[\"']).)+)"),
      _keep_head),
+    # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`)
+    (re.compile(rf"(?i)([\"']name[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"'][ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
+                rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})"), _keep_head),
+    # ('api_key', 'v') pairs, also bytes: (b'x-api-key', b'v'); b'Authorization': b'Basic ...'
+    (re.compile(rf"(?i)\([ \t]*b?([\"'])(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})"), _keep_head),
+    (re.compile(rf"(?i)b([\"'])(?:{_NAME}|authorization)\1[ \t]*:[ \t]*b(?P<val>{_ANY_QUOTED})"), _keep_head),
+    # XML: <password>v</password>, <add key="ApiKey" value="v"/>
+    (re.compile(rf"(?i)<({_NAME})>(?P<val>[^<\n]+)</\1>"), _keep_head),
+    (re.compile(rf"(?i)\b(?:key|name)=([\"']){_NAME}\1[ \t]+value=(?P<val>{_ANY_QUOTED})"), _keep_head),
+    # SQL `IDENTIFIED BY 'pw'`, redis `requirepass pw` / `masterauth pw`, `AUTH pw` at a redis prompt
+    (re.compile(rf"(?i)\bIDENTIFIED[ \t]+(?:WITH[ \t]+\S+[ \t]+)?BY[ \t]+(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)"),
+     _keep_head),
+    (re.compile(r"(?i)(?<![\w-])(?:requirepass|masterauth)[ \t]+(?!\[REDACTED\])(?P<val>\S+)"), _keep_head),
+    (re.compile(r"(?:^|(?<=> ))AUTH[ \t]+(?:\S+[ \t]+)?(?!\[REDACTED\])(?P<val>\S+)[ \t]*$"), _keep_head),
+    # setx NAME value (Windows), set -x NAME value (fish), aws configure set NAME value
+    (re.compile(rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
+                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)"), _keep_head),
+    # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
+    (re.compile(rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q){_SEP}(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)"),
+     _keep_head),
+    # a whole line `NAME: value with spaces` / `NAME = a b c` (YAML, INI): the rest of the line (not `NAME=v cmd`)
+    (re.compile(rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
+                rf"(?![\"'\[{{(]|{_MASK_RE}|(?:none|null|nil|true|false|undefined|~)[ \t]*$){_GUARD}"
+                rf"(?P<val>\S[^\n]*?\s\S[^\n]*?)[ \t]*$"), _keep_head),
     # Authorization: [scheme] value
     (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
                 rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
@@ -244,7 +295,7 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
                 rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+){{0,3}}(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
      _name_value),
     # prose: `password X`, `the password is X`, `passphrase 'X'` (an ordinary word after it is kept: _PROSE_WORDS)
-    (re.compile(rf"(?i)(?<![\w-])(?:password|passwd|passphrase)(?:[ \t]+(?:is|was|to|of))?[ \t]+{_GUARD}"
+    (re.compile(rf"(?i)(?<![\w-])(?:password|passwd|passphrase)(?:[ \t]+(?:is|was|to|of))?[ \t]+(?![=:|]){_GUARD}"
                 rf"(?!(?:{_PROSE_WORDS}|{_MASK_RE})(?![\w-]))(?P<val>{_QUOTED}|[^\s,;]+)"), _name_value),
     # Bearer VALUE anywhere
     (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})"),
@@ -357,7 +408,9 @@ def _after_block(out: list[str], i: int) -> int:
 # The value is on the next line.
 _DANGLING = re.compile(
     rf"(?i)(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization|(?:set-)?cookie)"
-    rf"(?P=q)[ \t]*(?:=>|==?|:=?))[ \t]*(?:[|>][-+]?[0-9]?|\\+)?[ \t]*`?[ \t]*$")
+    rf"(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
+    # then nothing, a YAML block indicator, a shell continuation, an auth scheme, or an opening bracket
+    rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$")
 
 
 # A line that starts a new record rather than carrying a value: a log line's prefix (a bracket, a timestamp, a
@@ -366,6 +419,9 @@ _DANGLING = re.compile(
 _RECORD_START = re.compile(
     r"[ \t]*(?:[\[|({}<#]|//|(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE)\b"
     r"|\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d|\d\d-\d\d[ T]\d\d:|[A-Za-z_][\w.-]*[ \t]*(?::[ \t]|:$|=)|--?[A-Za-z])")
+
+
+_LIST_ITEM = re.compile(r"`?[ \t]*-[ \t]+\S")  # a YAML list item (also inside a Slack code quote)
 
 
 def _indent(line: str) -> int:
@@ -389,10 +445,14 @@ def _next_line_plan(lines: list[str], out: list[str]) -> None:
         if j >= n or _DANGLING.search(lines[j]):
             continue
         base = _indent(line)
-        if _indent(lines[j]) <= base and _RECORD_START.match(lines[j]):
+        if _indent(lines[j]) <= base and _RECORD_START.match(lines[j]) and not _LIST_ITEM.match(lines[j]):
             continue
         out[j] = _mask_whole(out[j])
         k = j + 1
+        if _LIST_ITEM.match(lines[j]):  # a YAML list under the name: its other items at the same indent too
+            while k < n and _LIST_ITEM.match(lines[k]) and _indent(lines[k]) == _indent(lines[j]):
+                out[k] = _mask_whole(out[k])
+                k += 1
         while k < n and (not lines[k].strip() or _indent(lines[k]) > base) and _indent(lines[j]) > base:
             if lines[k].strip():
                 out[k] = _mask_whole(out[k])
@@ -498,9 +558,20 @@ class Redactor:
 
     def add_values(self, values: Iterable[Any]) -> None:
         """Mask these secret values (their str, stripped, at least MIN_SECRET_VALUE_LEN characters) from now
-        on, as whole matches anywhere in a line."""
-        new = {str(v).strip() for v in values if v is not None and len(str(v).strip()) >= MIN_SECRET_VALUE_LEN}
-        new = {v for v in new if "\n" not in v and v != MASK} - self._values
+        on, as whole matches anywhere in a line; a value with line breaks line by line, and each also in its
+        URL-encoded, JSON-escaped, shell-quoted and backslash-escaped forms."""
+        new = set()
+        for v in values:
+            text = str(v).strip() if v is not None else ""
+            # a value with line breaks: each of its lines; and the forms a value takes when it is quoted for a
+            # URL, a JSON or Python string, or a shell
+            for part in text.splitlines() or [""]:
+                part = part.strip()
+                escaped = json.dumps(part)[1:-1]
+                new |= {part, urllib.parse.quote(part, safe=""), escaped, json.dumps(escaped)[1:-1],
+                        escaped.encode("unicode_escape").decode("ascii"), shlex.quote(part),
+                        part.encode("unicode_escape").decode("ascii")}
+        new = {v for v in new if len(v) >= MIN_SECRET_VALUE_LEN and v != MASK} - self._values
         if not new:
             return
         self._values |= new

@@ -509,3 +509,11 @@ def test_bad_redact_patterns_are_config_errors(bad):
 
     with pytest.raises(ValidationError, match="redact_patterns"):
         Config(redact_patterns=[bad])
+
+
+def test_a_config_line_s_unquoted_multi_word_value_is_masked_whole():
+    assert redact("passphrase: correct horse battery staple") == "passphrase: [REDACTED]"
+    assert redact("  password = Iw1oRd2sXy hunter3xyz") == "  password = [REDACTED]"
+    # an environment prefix on a command line is not a config line: the command stays
+    assert redact("MYSQL_PWD=Hy6tGf4dSa2q mysql -u root") == "MYSQL_PWD=[REDACTED] mysql -u root"
+    assert redact("password = hunter2xyz") == "password = [REDACTED]"  # no separator taken for a value
