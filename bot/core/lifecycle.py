@@ -20,6 +20,7 @@ import shlex
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
@@ -203,26 +204,43 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
 
 
 def _open_log_lines(r: RenderedLaunch) -> list[str]:
-    """Shell lines that create the launch's log exclusively as fd 4, race-free: the log directory is made,
-    entered with `cd -P` and its real path checked under `r.log_dirs` (the log's own directory when none),
-    then the name is created in it with noclobber (`set -C`: O_EXCL, so an existing file or any symlink,
-    even a dangling one, is refused and nothing outside the directories is ever written). Exits 3 with
-    the reason. The script's working directory is restored afterwards."""
+    """Shell lines that create the launch's log exclusively as fd 4, race-free: the deepest existing part of
+    the log directory's path is resolved and checked first (inside or above `r.log_dirs`, the log's own
+    directory when none), so `mkdir -p` never follows a symlink out; the directory is then made, entered
+    with `cd -P` and its real path checked under `r.log_dirs`; an existing name or symlink is refused, then
+    the name is created with noclobber (`set -C`) and the open file checked to be a regular file at that
+    path (`/proc/self/fd/4`). Nothing outside the directories is ever written. Exits 3 with the reason. The
+    script's working directory is restored afterwards."""
     d, n = os.path.split(r.log_path)
     d = d or "/"
     dirs = [x.rstrip("/") or "/" for x in (r.log_dirs or [d])]
     allowed = " | ".join("/*" if x == "/" else f"{shlex.quote(x)} | {shlex.quote(x)}/*" for x in dirs)
     qd, qn = shlex.quote(d), shlex.quote("./" + n)
+    # the directories above an allowed one (where `mkdir -p` may start creating it)
+    parents = sorted({str(p) for x in dirs if x != "/" for p in PurePosixPath(x).parents})
+    above = " | ".join([allowed, *map(shlex.quote, parents)])
     exists = shlex.quote(f"the log file {r.log_path} already exists (or is a symbolic link, or cannot be "
                          "created): refusing to overwrite it")
+    outside = ('echo "the log directory resolves outside the allowed log directories: refusing to write there"; '
+               "exit 3")
     return [
         'wd0=$(pwd)',
+        # before anything is created: the deepest part of the path that exists must resolve inside (or above)
+        # the allowed directories, so `mkdir -p` never follows a symlink out of them
+        f't={qd}; while [ ! -d "$t" ]; do t=$(dirname -- "$t"); done',
+        'cd -P -- "$t" || { echo \'cannot enter the log directory\'; exit 3; }',
+        f'case "$(pwd -P)" in {above}) ;; *) {outside} ;; esac',
+        'cd -- "$wd0" 2>/dev/null || cd /',
         f"mkdir -p -- {qd} || {{ echo 'cannot create the log directory'; exit 3; }}",
         f"cd -P -- {qd} || {{ echo 'cannot enter the log directory'; exit 3; }}",
-        f'case "$(pwd -P)" in {allowed}) ;; *) echo "the log directory resolves outside the allowed log '
-        'directories: refusing to write there"; exit 3 ;; esac',
+        f'case "$(pwd -P)" in {allowed}) ;; *) {outside} ;; esac',
+        # noclobber refuses an existing regular file; a symlink to a device or FIFO it would open: refused here
+        f"if [ -e {qn} ] || [ -L {qn} ]; then echo {exists}; exit 3; fi",
         "set -C",
         f"if ! {{ command exec 4> {qn}; }} 2>/dev/null; then echo {exists}; exit 3; fi",
+        f'if [ ! -f /proc/self/fd/4 ] || [ "$(readlink /proc/self/fd/4)" != "$(pwd -P)/{n}" ]; then '
+        f"exec 4>&-; echo {exists}; exit 3; fi" if "'" not in n and '"' not in n and "$" not in n and "`" not in n
+        and "\\" not in n else f"if [ ! -f /proc/self/fd/4 ]; then exec 4>&-; echo {exists}; exit 3; fi",
         "set +C",
         'cd -- "$wd0" 2>/dev/null || cd /',
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,30 @@ def test_launches_racing_a_symlink_flipper_write_nothing_outside_the_log_dirs(tm
     assert victim.read_text() == "keep me\n" and victim.stat().st_mtime_ns == before.st_mtime_ns
     assert sorted(p.name for p in outside.iterdir()) == ["victim"]  # 0 files written outside log_dirs
     assert outcomes["created"] > 0
+
+
+@pytest.mark.parametrize("shape", ["a symlinked subdirectory", "a symlink to a device", "a symlink to a fifo"])
+def test_a_launch_creates_nothing_through_a_symlink_out_of_the_log_dirs(tmp_path, shape):
+    """`mkdir -p` would follow a symlink inside log_dirs and create directories outside; a symlink named like
+    the log would be opened by noclobber when it points at a device or FIFO. Both are refused first."""
+    from bot.core.lifecycle import RenderedLaunch, launch_script, parse_launch_output
+
+    logs, outside = tmp_path / "logs", tmp_path / "outside"
+    logs.mkdir()
+    outside.mkdir()
+    if shape == "a symlinked subdirectory":
+        (logs / "link").symlink_to(outside)
+        path = logs / "link" / "made" / "by" / "bot" / "x.log"
+    elif shape == "a symlink to a device":
+        path = logs / "x.log"
+        path.symlink_to("/dev/null")
+    else:
+        os.mkfifo(outside / "pipe")
+        path = logs / "x.log"
+        path.symlink_to(outside / "pipe")
+    r = RenderedLaunch(variant="base", host="h", command="echo started", log_path=str(path), port=None, gpus=[],
+                       env={"GPUBOT_LAUNCH": "1-abcdef123456"}, workdir=None, params={}, log_dirs=[str(logs)])
+    res = subprocess.run(["sh", "-s"], input=launch_script(r), capture_output=True, text=True, timeout=30)
+    assert parse_launch_output(res.stdout) is None and res.returncode == 3, res.stdout + res.stderr
+    assert "refusing" in res.stdout
+    assert sorted(p.name for p in outside.iterdir()) == ([] if shape != "a symlink to a fifo" else ["pipe"])
