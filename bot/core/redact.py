@@ -29,6 +29,21 @@ What counts as a secret (names match case-insensitively and must END in a secret
   AWS `AKIA`/`ASIA` key ids, GCP `AIza` keys, Google OAuth `ya29.` tokens, Stripe `sk_live_`/`sk_test_`/
   `rk_`/`pk_` keys, JWTs, and the path of Slack incoming-webhook URLs.
 - PEM private keys: from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----`.
+- More names: also ending in COOKIE, SIGNATURE, DSN, BASIC_AUTH, SECRETS/PASSWORDS, API_KEYS/AUTH_TOKENS, in
+  `_KEY`/`_PWD` after a prefix (`AZURE_OPENAI_KEY`, `MYSQL_PWD`; not `primary_key`, `PWD=/home/x`), in a
+  whole-part PASS/AUTH (`DB_PASS`, `"auth"`), with a numbered or per-environment suffix (`API_KEY_2`,
+  `OPENAI_API_KEY_PROD`). `SECRET_NAME_RE` is the same rule for params and config keys.
+- More forms: lists (`['A', 'B']`), TGI's `Some("...")`, escaped JSON (`{\"password\": \"...\"}`), Python
+  tuples and bytes, `{"name": "HF_TOKEN", "value": "..."}`, XML elements, a table column (`| Key | v |`),
+  `Cookie:`/`Set-Cookie:` (whole), URL signatures (`?sig=`, `X-Amz-Signature=`), a commented-out assignment,
+  a config line's multi-word value, SQL `IDENTIFIED BY`, redis `requirepass`, `setx NAME v`; programs'
+  password flags (`_PROGRAM_FLAGS`: `mysql -pX`, `sshpass -p`, `docker login -p`, `curl -u u:X`, ...);
+  prose `password X` (unless X is an ordinary word, `_PROSE_WORDS`).
+- Across lines: a value on the line after its name (`password:` then the value; a YAML block or list, a
+  pretty-printed JSON value or array, TGI's pretty `Some(`, a `--api-key \\` continuation, `Bearer` then the
+  token), also inside escaped line breaks (a backslash-n in a repr).
+- Kept although secret-named: a tokenizer special token value (`'<|image_pad|>'`), an absolute path
+  (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`).
 
 Deliberately NOT secrets (documented trade-offs):
 - Names that only CONTAIN a secret word are references, not secrets: `password_file=/etc/x`,
