@@ -8,6 +8,7 @@ number of values and the file size are capped, so a hostile or broken file canno
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,11 +62,21 @@ def _find_secret_keys(data: Any) -> list[tuple[str, str]]:
     return out
 
 
+_TOKEN_LIKE = re.compile(r"(?=[^\s]*[A-Za-z])(?=[^\s]*[0-9])[A-Za-z0-9_+=.-]{16,}")
+
+
+def _masked_by_value(key: str, ref: str, value: str) -> bool:
+    """Whether a `${REF}` value put into env key `key` is masked by value: when the key or the variable names
+    a secret, or the value looks like a token (16+ letters and digits, no `/`, `:`, `,` or space). A path, a
+    model id, a device list or an interface (`/data/hf-cache`, `0,1,2,3`, `eth0:10.0.0.1`) is not."""
+    return bool(SECRET_NAME_RE.search(key) or SECRET_NAME_RE.search(ref) or _TOKEN_LIKE.fullmatch(value))
+
+
 def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str],
                      expanded: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """A copy of `data` with every `hosts.*.env` / `variants.*.env` value that is exactly `${NAME}` replaced
-    by environ[NAME], and an error for each NAME that is not set. The values put in are appended to
-    `expanded` (they are secrets kept out of the file: masked by value everywhere). `data` itself is not
+    by environ[NAME], and an error for each NAME that is not set. The values put in that may be secrets
+    (`_masked_by_value`) are appended to `expanded` (masked by value everywhere). `data` itself is not
     modified."""
     errors: list[str] = []
     out = dict(data)
@@ -84,8 +95,8 @@ def _expand_env_refs(data: dict[str, Any], environ: Mapping[str, str],
                     continue
                 if m.group(1) in environ:
                     env[key] = environ[m.group(1)]
-                    if expanded is not None:
-                        expanded.append(environ[m.group(1)])
+                    if expanded is not None and _masked_by_value(key, m.group(1), env[key]):
+                        expanded.append(env[key])
                 else:
                     errors.append(f"{section}.{name}.env.{key}: environment variable {m.group(1)} is not set")
             new_entries[name] = {**entry, "env": env}

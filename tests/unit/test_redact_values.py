@@ -34,16 +34,19 @@ def test_a_known_value_is_masked_in_any_form_and_short_ones_are_not():
 
 def test_the_bot_knows_its_slack_tokens_and_the_config_s_env_values():
     cfg = parse_config({
-        "hosts": {"h": {"local": True, "env": {"DB_URL": "${DB_URL}", "HF_TOKEN": "${HF_TOKEN}"}}},
+        "hosts": {"h": {"local": True, "env": {"DB_URL": "${DB_URL}", "HF_TOKEN": "${HF_TOKEN}",
+                                               "OPAQUE": "${OPAQUE}", "CACHE": "${HF_HOME}"}}},
         "variants": {"v": {"host": "h", "command": "serve", "env": {"OPENAI_BASE": "${OPENAI_BASE}"},
                            "params": {"key": {"secret": True, "default": "DefaultKey12345"},
                                       "model": {"default": "llama-3-70b"}}}},
     }, environ={"DB_URL": "postgres://u:pw@db/x", "OPENAI_BASE": "https://api.internal/v1",
-                "HF_TOKEN": "hf_from_the_environment_1234"})
+                "HF_TOKEN": "hf_from_the_environment_1234", "OPAQUE": "Zq8vT3kLm9RpXy2W", "HF_HOME": "/data/hf-cache"})
     values = known_secret_values(cfg, {"SLACK_BOT_TOKEN": "xoxb-bot-token-value", "SLACK_APP_TOKEN": ""})
-    assert set(values) == {"xoxb-bot-token-value", "postgres://u:pw@db/x", "https://api.internal/v1",
-                           "hf_from_the_environment_1234", "DefaultKey12345"}
-    assert "llama-3-70b" not in values
+    # a secret-named key or a token-like value is masked by value; a path or a URL without credentials is not
+    # (the URL's password is masked by its shape anyway)
+    assert set(values) == {"xoxb-bot-token-value", "hf_from_the_environment_1234", "Zq8vT3kLm9RpXy2W",
+                           "DefaultKey12345"}
+    assert "llama-3-70b" not in values and "/data/hf-cache" not in values
 
 
 def test_bidi_and_zero_width_controls_in_typed_text_are_shown_not_obeyed():
