@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -30,6 +31,30 @@ KEY_FILE = "secret.key"
 class SecretBoxError(Exception):
     """A key that is not a Fernet key, a key file that cannot be read or made, or a sealed value that this key
     did not seal (the key changed) or that is damaged. The message says which."""
+
+
+def _read_key(path: Path) -> bytes | None:
+    """The key in the regular file `path`, or None when there is no such file. Never follows a symlink and
+    never blocks (a FIFO there is refused). Raises SecretBoxError for a file that is not a regular file, cannot
+    be read, or is empty."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # a symlink (ELOOP), no permission, ...
+        raise SecretBoxError(f"cannot read {path}: {e.strerror or e} (it must be a regular file)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SecretBoxError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(4096).strip()
+    except OSError as e:
+        raise SecretBoxError(f"cannot read {path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if not data:
+        raise SecretBoxError(f"{path} is empty")
+    return data
 
 
 class SecretBox:
@@ -50,21 +75,24 @@ class SecretBox:
         if env.get(KEY_ENV):
             return cls(env[KEY_ENV].strip().encode())
         path = Path(os.path.expanduser(str(directory))) / KEY_FILE
-        try:
-            return cls(path.read_bytes().strip())
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise SecretBoxError(f"cannot read {path}: {e.strerror or e}") from None
+        key = _read_key(path)
+        if key is not None:
+            return cls(key)
         key = Fernet.generate_key()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process made it first: use theirs
-            return cls(path.read_bytes().strip())
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:  # another process made it first (or a dangling link is in the way)
+            key = _read_key(path)
+            if key is None:
+                raise SecretBoxError(f"{path} exists but cannot be read as a key file") from None
+            return cls(key)
         except OSError as e:
             raise SecretBoxError(f"cannot create {path}: {e.strerror or e}") from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(key + b"\n")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(key + b"\n")
+        except OSError as e:
+            raise SecretBoxError(f"cannot write {path}: {e.strerror or e}") from None
         return cls(key)
 
     def seal(self, values: Mapping[str, str]) -> str:

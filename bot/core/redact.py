@@ -282,7 +282,7 @@ _PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
     (re.compile(rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
                 rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)"), _keep_head),
     # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
-    (re.compile(rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q){_SEP}(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)"),
+    (re.compile(rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)"),
      _keep_head),
     # a whole line `NAME: value with spaces` / `NAME = a b c` (YAML, INI): the rest of the line (not `NAME=v cmd`)
     (re.compile(rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"

@@ -248,14 +248,21 @@ class LaunchService:
                         names.add(k)
         return names
 
-    def learn_typed_secrets(self, text: str) -> None:
-        """Teach the redactor the values of `NAME=VALUE` words of a typed command whose NAME is a secret param of
-        any variant or secret-named (quotes around VALUE dropped), whatever the command turns out to be."""
-        names = self.secret_param_names()
-        values = []
+    def learn_typed_secrets(self, text: str, kwargs: dict[str, str] | None = None) -> None:
+        """Teach the redactor the values of a typed command's secret params, whatever the command turns out to
+        be: the parsed `kwargs` (names as the grammar normalises them) and the raw `NAME=VALUE` words of `text`
+        (quotes dropped), where NAME, lower-cased with `-` as `_`, is a secret param of any variant or
+        secret-named."""
+        names = {n.lower().replace("-", "_") for n in self.secret_param_names()}
+
+        def secret(name: str) -> bool:
+            norm = name.lower().replace("-", "_")
+            return norm in names or bool(SECRET_NAME_RE.search(norm))
+
+        values = [str(v) for k, v in (kwargs or {}).items() if secret(str(k))]
         for word in (text or "").split():
             name, sep, value = word.partition("=")
-            if sep and value and (name in names or SECRET_NAME_RE.search(name)):
+            if sep and value and secret(name):
                 values.append(value.strip("'\""))
         self._redactor.add_values(values)
 
@@ -635,8 +642,16 @@ class LaunchService:
         or while another kill of `la` runs."""
         merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
                   if v != MASK}  # a secret param is stored masked: its sealed value, else its default, or given
-        merged.update({k: v for k, v in self._sealed_params(la).items() if la.params.get(k) == MASK})
+        sealed = self._sealed_params(la)
+        merged.update({k: v for k, v in sealed.items() if la.params.get(k) == MASK})
         merged.update(params)
+        lost = sorted(k for k, v in la.params.items() if MASK in str(v) and k not in params
+                      and not (v == MASK and k in sealed))
+        if lost:  # a value stored masked that cannot be restored: never relaunch with "[REDACTED]" or a default
+            given = " ".join(f"{k}=..." for k in lost)
+            raise LaunchError(f"{la.name}'s {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} stored masked and "
+                              f"cannot be reused here (its sealed copy is missing or its key changed): give "
+                              f"{'it' if len(lost) == 1 else 'them'} again, e.g. /relaunch {la.id} {given}")
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:

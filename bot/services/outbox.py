@@ -233,8 +233,14 @@ class Outbox:
         """One direct send (see `_add_direct`), paced like the queue (`min_interval_s` per channel): retries what
         Slack asks to retry, DIRECT_TRIES times at most."""
         if before is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
+            try:
                 await asyncio.shield(before)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # this send itself is cancelled (stop): so be it
+                    raise
+            except Exception as e:  # the one before failed: this one goes anyway
+                log.debug("outbox: the direct send before row %s failed: %s", row["id"], e)
         row_id, delivery, channel = row["id"], self._direct[row["id"]], row["channel"]
         for attempt in range(1, DIRECT_TRIES + 1):
             delivery.attempts = attempt

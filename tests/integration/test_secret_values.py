@@ -166,10 +166,31 @@ async def test_a_secret_param_in_a_denied_misspelled_or_malformed_launch_is_neve
     cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
     bot = await make_bot(cfg)
     typed = [(f"/launch keyed key={SECRET}", VIEWER), (f"/launch keyedd key={SECRET}", None),
-             (f"/launch keyed workers=zero key={SECRET}", None), (f'/launch keyed key={SECRET} "unclosed', None)]
+             (f"/launch keyed workers=zero key={SECRET}", None), (f'/launch keyed key={SECRET} "unclosed', None),
+             # the grammar lower-cases names; a quoted value with spaces; a no-break space inside a value
+             (f"/launch keyed KEY={SECRET}", VIEWER), (f'/launch keyed key="ab {SECRET}"', VIEWER),
+             (f"/launch keyed Key=ab\u00a0{SECRET}", VIEWER)]
     answers = [await (bot.chat.say(text, user=user) if user else bot.chat.say(text)) for text, user in typed]
     assert all(a.text for a in answers)
     seen = [a.text + json.dumps(a.post.blocks if a.post else None) for a in answers]
     seen += [json.dumps([e.args, e.detail]) for e in bot.events()]
     assert len(bot.events()) >= len(typed)
     assert not [s for s in seen if SECRET in s], [s for s in seen if SECRET in s][:1]
+
+
+async def test_a_relaunch_whose_secret_cannot_be_restored_is_refused_not_run_with_a_default(make_bot, ssh_server,
+                                                                                            fake_gpu, tmp_path):
+    """Without its sealed copy (no key, or the key changed) a secret param stored masked is asked for again."""
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    base = cfg.variants["base"].model_dump(exclude_unset=True)
+    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
+             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    bot = await make_bot(cfg)
+    assert "Launched keyed#1" in (await bot.chat.say(f"/launch keyed mode=ready workers=1 key={SECRET}")).text
+    bot.runtime.store.launches.update(1, sealed_secrets=None)  # as if sealed by a key that is gone
+    refused = await bot.chat.say("/relaunch 1")
+    assert "cannot be reused" in refused.text and "key=" in refused.text, refused.text
+    assert bot.runtime.store.launches.get(2) is None and bot.launch(1).live  # nothing killed, nothing started
+    again = await bot.chat.say(f"/relaunch 1 key={SECRET}")
+    assert "Launched keyed#2" in again.text, again.text

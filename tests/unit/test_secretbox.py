@@ -34,3 +34,20 @@ def test_a_bad_key_is_a_clear_error(tmp_path):
     (tmp_path / "sub").write_text("a file")
     with pytest.raises(SecretBoxError, match="cannot"):
         SecretBox.for_directory(tmp_path / "sub", environ={})
+
+
+@pytest.mark.parametrize("shape", ["a dangling symlink", "a fifo", "an empty file", "a directory"])
+def test_a_key_file_that_is_not_a_key_is_a_clear_error_never_a_hang(tmp_path, shape):
+    import os
+
+    path = tmp_path / KEY_FILE
+    if shape == "a dangling symlink":
+        path.symlink_to(tmp_path / "nowhere")
+    elif shape == "a fifo":
+        os.mkfifo(path)
+    elif shape == "an empty file":
+        path.write_bytes(b"")
+    else:
+        path.mkdir()
+    with pytest.raises(SecretBoxError):
+        SecretBox.for_directory(tmp_path, environ={})
