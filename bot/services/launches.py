@@ -69,6 +69,7 @@ class LaunchService:
                  sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
         self.config = config
         self._box = secretbox
+        self._secret_names: set[str] | None = None
         self.hosts = hosts
         self._launches = store.launches
         self._audit = audit
@@ -239,13 +240,17 @@ class LaunchService:
                 and (SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))}
 
     def secret_param_names(self) -> set[str]:
-        """Names of the params that are secrets in any variant (`secret: true`, or secret-named)."""
+        """Names of the params that are secrets in any variant (`secret: true`, or secret-named); worked out once
+        (the config does not change while the bot runs)."""
+        if self._secret_names is not None:
+            return self._secret_names
         names: set[str] = set()
         for name in self.config.variants:
             with contextlib.suppress(KeyError, ValueError):
                 for k, spec in (self.config.resolved_variant(name).params or {}).items():
                     if getattr(spec, "secret", False) or SECRET_NAME_RE.search(k):
                         names.add(k)
+        self._secret_names = names
         return names
 
     def learn_typed_secrets(self, text: str, kwargs: dict[str, str] | None = None) -> None:

@@ -17,12 +17,19 @@ pytestmark = pytest.mark.timeout(180)
 SECRET = "OpaqueVal9876xyzQ"  # no known token shape: only its value can find it
 
 
-async def test_a_secret_param_under_an_ordinary_flag_is_masked_everywhere(make_bot, ssh_server, fake_gpu, tmp_path):
+def keyed_config(ssh_server, fake_gpu, tmp_path, param: str, *, secret: bool = False):
+    """The test config plus variant `keyed`: the fake server with str param `param` (`secret: true` when
+    `secret`) passed under an ordinary flag, `--served-model-name {{ param }}`."""
     cfg = launch_config(ssh_server, fake_gpu, tmp_path)
     base = cfg.variants["base"].model_dump(exclude_unset=True)
-    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ api_key }}",
-             "params": {**base["params"], "api_key": {"type": "str", "default": "none-given"}}}
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    spec = {"type": "str", "default": "none-given", **({"secret": True} if secret else {})}
+    keyed = {**base, "port": free_port(), "command": base["command"] + f" --served-model-name {{{{ {param} }}}}",
+             "params": {**base["params"], param: spec}}
+    return launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+
+
+async def test_a_secret_param_under_an_ordinary_flag_is_masked_everywhere(make_bot, ssh_server, fake_gpu, tmp_path):
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "api_key")
     bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
     launched = await bot.chat.say(f"/launch keyed mode=ready workers=1 api_key={SECRET}")
     assert "Launched keyed#1" in launched.text, launched.text
@@ -61,11 +68,7 @@ async def test_the_whole_secret_corpus_in_a_real_log_reaches_no_answer_alert_fil
     corpus = yaml.safe_load((FIXTURES / "secrets" / "shapes.yaml").read_text(encoding="utf-8"))
     known = [v for e in corpus for v in e.get("known", [])]
     caplog.set_level("DEBUG")
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    base = cfg.variants["base"].model_dump(exclude_unset=True)
-    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ api_key }}",
-             "params": {**base["params"], "api_key": {"type": "str", "default": "none-given", "secret": True}}}
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "api_key", secret=True)
     # checks every 0.5 s after ready too (FAST_WATCH leaves the serving interval at its 60 s default)
     bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH.model_copy(update={"serving_interval_s": 0.5}))
     bot.runtime.redactor.add_values(known[1:])  # the bot knows these (Slack tokens, ${NAME} values, ...)
@@ -122,11 +125,7 @@ async def test_a_restarted_bot_still_masks_a_launch_s_secret_and_relaunches_with
                                                                                      tmp_path):
     """The secret param's value is in the database only sealed (bot.adapters.secretbox): after a restart the
     live server's command line and log are still masked by value, and /relaunch passes the real value again."""
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    base = cfg.variants["base"].model_dump(exclude_unset=True)
-    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
-             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "key", secret=True)
     first = await make_bot(cfg)
     launched = await first.chat.say(f"/launch keyed mode=ready workers=1 key={SECRET}")
     assert "Launched keyed#1" in launched.text, launched.text
@@ -159,11 +158,7 @@ async def test_a_secret_param_in_a_denied_misspelled_or_malformed_launch_is_neve
     starts: a viewer's /launch (denied), a misspelled variant, a bad param and a syntax error."""
     from tests.support.builders import VIEWER
 
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    base = cfg.variants["base"].model_dump(exclude_unset=True)
-    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
-             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "key", secret=True)
     bot = await make_bot(cfg)
     typed = [(f"/launch keyed key={SECRET}", VIEWER), (f"/launch keyedd key={SECRET}", None),
              (f"/launch keyed workers=zero key={SECRET}", None), (f'/launch keyed key={SECRET} "unclosed', None),
@@ -181,11 +176,7 @@ async def test_a_secret_param_in_a_denied_misspelled_or_malformed_launch_is_neve
 async def test_a_relaunch_whose_secret_cannot_be_restored_is_refused_not_run_with_a_default(make_bot, ssh_server,
                                                                                             fake_gpu, tmp_path):
     """Without its sealed copy (no key, or the key changed) a secret param stored masked is asked for again."""
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    base = cfg.variants["base"].model_dump(exclude_unset=True)
-    keyed = {**base, "port": free_port(), "command": base["command"] + " --served-model-name {{ key }}",
-             "params": {**base["params"], "key": {"type": "str", "default": "none-given", "secret": True}}}
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"keyed": keyed})
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "key", secret=True)
     bot = await make_bot(cfg)
     assert "Launched keyed#1" in (await bot.chat.say(f"/launch keyed mode=ready workers=1 key={SECRET}")).text
     bot.runtime.store.launches.update(1, sealed_secrets=None)  # as if sealed by a key that is gone
