@@ -212,7 +212,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     confirmations = ConfirmationService(store.confirmations, launches)
     alerts = AlertPoster(surface, renderer, threads, store.observations)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
-                      policy=watch_policy)
+                      policy=watch_policy, stacks=stacks)
     services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,
                         confirmations=confirmations, watcher=watcher)
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,

@@ -201,13 +201,17 @@ class WatchPolicy(_Model):
     silence tolerated: `silence_after_s`, or `phase_grace_s` per phase); once ready, a liveness check every
     `serving_interval_s` (process alive, health endpoint, log, GPUs) that alerts after `health_failures`
     failed health checks in a row; with the log silent for `phase_grace_s.serving` (default
-    `serving_interval_s`) and idle or spinning GPUs, failing health checks that time out are a serving hang."""
+    `serving_interval_s`) and idle or spinning GPUs, failing health checks that time out are a serving hang.
+    On a new `silent_hang` the watcher dumps every rank's stack with py-spy (`stack_dump_on_hang`; with C frames
+    when `stack_dump_native`), says where the ranks wait in the alert and attaches the dump."""
 
     interval_s: Number = 30.0
     silence_after_s: Number = 300.0
     phase_grace_s: dict[str, Number] = Field(default_factory=dict)
     serving_interval_s: Number = 60.0
     health_failures: int = Field(default=3, ge=1, le=100)
+    stack_dump_on_hang: bool = True
+    stack_dump_native: bool = False
     digest_cron: str | None = None
     digest_channel: str | None = None
 

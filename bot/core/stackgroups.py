@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 
 from bot.core.stackdump import Frame, ProcessDump, ThreadDump
 
-__all__ = ["FRAME_RULES", "CrossRankSummary", "RankPlace", "StackGroup", "rank_place", "summarize_ranks"]
+__all__ = [
+    "FRAME_RULES",
+    "RANK_LABELS",
+    "CrossRankSummary",
+    "RankPlace",
+    "StackGroup",
+    "rank_label",
+    "rank_place",
+    "summarize_ranks",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,26 @@ FRAME_RULES: tuple[FrameRule, ...] = (
               "weight loading", "weight_loading", "loading weights", False),
     FrameRule(r"^(?:sleep|clock_nanosleep|nanosleep)$", "sleep", None, "sleeping", False),
 )
+
+
+#: How a process's command line (ps `args`, with the process title an engine sets) names its rank, most specific
+#: first: (regex with a `n` group, label format). SGLang `sglang::scheduler_TP3` / `..._DP0_TP3`, vLLM V1
+#: `VLLM::Worker_TP3` / `VllmWorker-3`, TensorRT-LLM / torchrun `--rank 3` / `--local-rank=3`, the demo server's
+#: `--worker-rank 3`.
+RANK_LABELS: tuple[tuple[str, str], ...] = (
+    (r"(?:^|[\s_:])TP(?P<n>\d{1,4})(?!\d)", "TP{n}"),
+    (r"\bVllmWorker[-_ ](?:rank=)?(?P<n>\d{1,4})\b", "TP{n}"),
+    (r"--(?:worker[-_])?rank[= ](?P<n>\d{1,4})\b", "rank {n}"),
+    (r"--local[-_]rank[= ](?P<n>\d{1,4})\b", "local rank {n}"),
+)
+
+
+def rank_label(args: str) -> str | None:
+    """The rank a process is, from its command line (`TP3`, `rank 3`), by RANK_LABELS; None when it names none."""
+    for pattern, fmt in RANK_LABELS:
+        if m := re.search(pattern, args or ""):
+            return fmt.format(n=int(m.group("n")))
+    return None
 
 
 @dataclass

@@ -53,9 +53,44 @@ def register(state, pid, gpu, mib):
         f.write(f"{gpu} {mib}\n")
 
 
+def _create_c10d_store():
+    """Stands for torch.distributed's rendezvous: waits for ranks that never come (py-spy shows this frame)."""
+    threading.Event().wait()
+
+
+def init_process_group():
+    """Stands for torch.distributed.init_process_group: the rendezvous first."""
+    _create_c10d_store()
+
+
+def all_reduce():
+    """Stands for torch.distributed.all_reduce: waits for a rank that never enters it."""
+    threading.Event().wait()
+
+
+def hang_loop(args):
+    """A hung rank: sleep (or poll, `--poll-cpu`) forever."""
+    while True:
+        if args.poll_cpu > 0:  # a hung rank whose progress thread polls: CPU time, no progress
+            end = time.monotonic() + 0.1 * args.poll_cpu
+            while time.monotonic() < end:
+                pass
+            time.sleep(0.1 * (1 - args.poll_cpu))
+        else:
+            time.sleep(3600)
+
+
 def worker(args):
-    """A TP rank: load weights (fake GPU memory), then hang, crash, OOM or finish start-up by --mode."""
+    """A TP rank: load weights (fake GPU memory), then hang, crash, OOM or finish start-up by --mode. With
+    `--hang-in rendezvous` every rank but the last waits in `init_process_group` before loading; with
+    `--hang-in collective` every rank but the last waits in `all_reduce` after loading; the last rank sleeps."""
     rank = args.worker_rank
+    odd = rank == args.workers - 1
+    if args.mode == "hang" and args.hang_in == "rendezvous":
+        log("Init torch distributed begin.", rank)
+        if odd:
+            hang_loop(args)
+        init_process_group()
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else [0]
     gpu = gpus[rank % len(gpus)]
     log("Load weight begin. avail mem=139.00 GB", rank)
@@ -68,15 +103,10 @@ def worker(args):
     register(args.gpu_state, os.getpid(), gpu, args.mem_mib)
     log(f"Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16, avail mem={139 - args.mem_mib / 1024:.2f} GB, "
         f"mem usage={args.mem_mib / 1024:.2f} GB.", rank)
+    if args.mode == "hang" and args.hang_in == "collective" and not odd:
+        all_reduce()
     if args.mode in ("hang", "heartbeat"):
-        while True:
-            if args.poll_cpu > 0:  # a hung rank whose progress thread polls: CPU time, no progress
-                end = time.monotonic() + 0.1 * args.poll_cpu
-                while time.monotonic() < end:
-                    pass
-                time.sleep(0.1 * (1 - args.poll_cpu))
-            else:
-                time.sleep(3600)
+        hang_loop(args)
     if args.mode == "oom" and rank == 0:
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
               "capacity of 139.81 GiB of which 1.19 GiB is free.", file=sys.stderr, flush=True)
@@ -230,6 +260,9 @@ def main():
     p.add_argument("--cleared-env-child", action="store_true")
     p.add_argument("--poll-cpu", type=float, default=0.0,
                    help="fraction of a core each hung rank spins (0..1), like a polling progress thread")
+    p.add_argument("--hang-in", choices=["sleep", "rendezvous", "collective"], default="sleep",
+                   help="where --mode hang hangs: every rank asleep after loading, or all but the last rank in "
+                        "init_process_group (before loading) or in all_reduce (after loading)")
     p.add_argument("--control", default=None, help="a directory of switch files (health-503, oom)")
     p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
     p.add_argument("--worker-rank", type=int, default=None)

@@ -30,11 +30,13 @@ class AlertPoster:
         self._threads = threads
         self._observations = observations
 
-    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any], *, recovered: bool = False) -> bool:
+    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any], *, recovered: bool = False,
+                   files: list[tuple[str, bytes]] | None = None) -> bool:
         """Post the alert for `verdict` in `la`'s thread: short (headline, key evidence, buttons, next steps),
         with the full evidence (when longer) and the timeline PNG attached (a chart failure never costs the
         alert), and show the verdict on the root message. `recovered`: the one message after a problem while
-        serving. Returns True when the alert was posted or queued; False without a channel or when refused."""
+        serving. `files`: more attachments (name, bytes), e.g. the ranks' stack dump. Returns True when the alert was
+        posted or queued; False without a channel or when refused."""
         if not la.channel:
             return False
         # the records' times are the host's clock, created_at the bot's: the time since the launch is the
@@ -49,6 +51,7 @@ class AlertPoster:
         if view["more_evidence"]:
             msg.files.append((f"{la.variant}-{la.id}-evidence.txt",
                               self._render.text("alert_evidence", **view).encode("utf-8", "replace")))
+        msg.files.extend(files or [])
         try:
             png = launch_timeline_png(la, records, self._render.redactor)
             msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))

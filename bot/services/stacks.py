@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from bot.adapters.remote import RemoteError
 from bot.core.models import HostFailure, Launch
 from bot.core.stackdump import MAX_PIDS, ProcessDump, check_pids, dump_script, finish_dumps, script_budget_s
+from bot.core.stackgroups import CrossRankSummary, rank_label, summarize_ranks
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.launches import LaunchService
@@ -18,11 +19,23 @@ class StackDumpError(Exception):
 
 @dataclass
 class StackDump:
-    """A taken dump: the host, the pids asked for (at most MAX_PIDS) and one ProcessDump per pid."""
+    """A taken dump: the host, the pids asked for (at most MAX_PIDS), one ProcessDump per pid, and the rank each
+    pid's command line names (`labels`, pid -> `TP3`; see bot.core.stackgroups.rank_label)."""
 
     host: str
     pids: list[int]
     dumps: list[ProcessDump] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+
+    def ranks(self) -> list[tuple[str, ProcessDump]]:
+        """(label, dump) of every rank: the processes whose command line names a rank; when none does, every
+        dumped process, labelled `pid N`."""
+        named = [(self.labels[d.pid], d) for d in self.dumps if d.pid in self.labels]
+        return named or [(f"pid {d.pid}", d) for d in self.dumps]
+
+    def summary(self) -> CrossRankSummary:
+        """The cross-rank summary of the ranks (bot.core.stackgroups.summarize_ranks)."""
+        return summarize_ranks(self.ranks())
 
     @property
     def ok(self) -> bool:
@@ -60,6 +73,7 @@ class StackService:
             out = await self.dump_pids(la.host, pids, native=native, timeout_s=timeout_s)
         finally:
             self._launches.note_activity(la.id)
+        out.labels = {p.pid: label for p in procs if p.pid in out.pids and (label := rank_label(p.args))}
         self._audit.record(user_id=user, action="stack_dump", args={"launch": la.name, "pids": out.pids},
                            result="ok" if out.ok else "error", launch_id=la.id, host=la.host, channel=channel)
         return out

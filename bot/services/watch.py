@@ -23,6 +23,7 @@ from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Verdict
+from bot.core.diagnose.stacks import with_stacks
 from bot.core.models import HostFailure, Launch, LaunchState
 from bot.core.observe import (
     FINAL_VERDICTS,
@@ -34,11 +35,13 @@ from bot.core.observe import (
     remember_processes,
 )
 from bot.core.serving import judge_serving
+from bot.core.stackdump import ProcessDump, full_text
 from bot.present.chart import launch_timeline_png
 from bot.present.render import Renderer, fmt_duration
 from bot.present.views import status_view
 from bot.services.alerts import AlertPoster
 from bot.services.launches import LaunchService
+from bot.services.stacks import StackDumpError, StackService
 from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
 
@@ -60,11 +63,12 @@ class CheckResult:
 
 class Watcher:
     """Schedules and runs readiness checks, and the `/gpu status` digest. `policy` overrides the config's
-    `watch:` (a variant's own `watch:` still wins)."""
+    `watch:` (a variant's own `watch:` still wins). With `stacks`, a new silent_hang takes the ranks' stack dumps
+    itself (`stack_dump_on_hang`)."""
 
     def __init__(self, config: Config, launches: LaunchService, store: Store, alerts: AlertPoster,
                  threads: IncidentThreads, surface: Surface, renderer: Renderer, scheduler: Scheduler, *,
-                 policy: WatchPolicy | None = None):
+                 policy: WatchPolicy | None = None, stacks: StackService | None = None):
         self.config = config
         self.launches = launches
         self._launch_rows = store.launches
@@ -75,6 +79,7 @@ class Watcher:
         self._render = renderer
         self.scheduler = scheduler
         self.policy = policy or config.watch
+        self._stacks = stacks
         self._locks: dict[int, asyncio.Lock] = {}
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
@@ -216,6 +221,9 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
+        dump_files: list[tuple[str, bytes]] = []
+        if verdict.verdict != la.alert_state and not (la.snoozed_until and time.time() < la.snoozed_until):
+            verdict, dump_files = await self._stack_evidence(la, verdict, policy)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         with self._unless_refused(la, "this check's record"):
             self._observations.add(la.id, record)
@@ -259,7 +267,8 @@ class Watcher:
         alerted = False
         if news:
             recovered = serving and verdict.verdict == "ready"
-            alerted = await self._alerts.post(la, verdict, record, recovered=recovered)  # the root shows it too
+            alerted = await self._alerts.post(la, verdict, record, recovered=recovered,  # the root shows it too
+                                              files=dump_files)
         elif fields:
             await self._threads.show(la, verdict if news or ended else None)
         with self._unless_refused(la, "its schedule"):  # the job store is in the same database
@@ -268,6 +277,26 @@ class Watcher:
             elif "ready_at" in fields:
                 self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckResult(verdict, alerted, la)
+
+    async def _stack_evidence(self, la: Launch, verdict: Verdict,
+                              policy: WatchPolicy) -> tuple[Verdict, list[tuple[str, bytes]]]:
+        """A new silent_hang with the ranks' stacks: the verdict with where each rank waits (with_stacks) and the
+        full dump as a file to attach. Any other verdict, no StackService or `stack_dump_on_hang` off: unchanged.
+        A dump that fails is one evidence line; it never costs the alert."""
+        if verdict.verdict != "silent_hang" or self._stacks is None or not policy.stack_dump_on_hang:
+            return verdict, []
+        try:
+            dump = await self._stacks.dump(la, native=policy.stack_dump_native, user="watcher", channel=la.channel)
+        except StackDumpError as e:
+            return with_stacks(verdict, [("launch", ProcessDump(la.pid or 0, False, error=str(e)))])[0], []
+        except Exception:
+            log.exception("stack dump of %s failed", la.name)
+            return verdict, []
+        verdict, _ = with_stacks(verdict, dump.ranks())
+        if not dump.ok:
+            return verdict, []
+        text = self._render.redactor(full_text(dump.dumps))
+        return verdict, [(f"{la.variant}-{la.id}-stackdump.txt", text.encode("utf-8", "replace"))]
 
     async def _host_unreachable(self, la: Launch, reason: str) -> None:
         """Tell the launch's thread once that its host cannot be reached (after two failed checks in a row,

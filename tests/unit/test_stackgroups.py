@@ -49,3 +49,48 @@ def test_a_rank_that_could_not_be_dumped_is_its_own_group():
                          ("TP1", ProcessDump(pid=2, ok=False, error="py-spy: permission denied"))])
     assert any(g.where == "not dumped" for g in s.groups)
     assert summarize_ranks([]).line == "no rank could be dumped"
+
+
+# --- what the stacks add to a verdict (bot.core.diagnose.stacks) and rank labels ---------------------------
+
+from bot.core.diagnose import Verdict  # noqa: E402
+from bot.core.diagnose.stacks import with_stacks  # noqa: E402
+from bot.core.stackgroups import rank_label  # noqa: E402
+
+
+def _hang(phase=None) -> Verdict:
+    return Verdict(verdict="silent_hang", phase=phase, evidence=["no log progress for 10m", "GPU 0: 74 GiB"],
+                   next_steps=["Dump every rank's Python stack: `py-spy dump --pid PID`", "Look at dmesg"],
+                   summary="Alive but no progress for 10m in a phase the evidence does not show.")
+
+
+def test_stacks_in_init_process_group_set_comm_init_on_a_hang_whose_log_showed_no_phase():
+    v, s = with_stacks(_hang(), [("TP0", dump("init_missing_rank-rank0.json"))])
+    assert s is not None and v.phase == "comm_init"
+    assert v.evidence[0] == "no log progress for 10m"
+    assert v.evidence[1].startswith("stacks (py-spy, 1 rank): TP0 is in _create_c10d_store"), v.evidence
+    assert "so the phase is comm_init, not unknown" in v.summary
+    assert not any("py-spy" in step for step in v.next_steps)  # done already
+    assert any("/dev/shm" in step for step in v.next_steps)     # the comm_init steps instead
+
+
+def test_stacks_in_a_collective_keep_the_log_s_phase_and_name_the_odd_rank():
+    ranks = [("TP0", dump("allreduce_skipped-rank0.json")), ("TP1", dump("allreduce_skipped-rank1.json"))]
+    v, _ = with_stacks(_hang("weight_loading"), ranks)
+    assert v.phase == "weight_loading"
+    assert "TP1 is in " in v.evidence[1] and "while TP0 waits in all_reduce" in v.evidence[1]
+
+
+def test_stacks_change_no_other_verdict_and_a_failed_dump_is_one_line():
+    crashed = Verdict(verdict="crashed", phase=None, evidence=["x"], next_steps=[], summary="s")
+    assert with_stacks(crashed, [("TP0", dump("init_missing_rank-rank0.json"))]) == (crashed, None)
+    v, s = with_stacks(_hang(), [("TP0", ProcessDump(1, False, error="py-spy is not installed on the host"))])
+    assert s is None and v.phase is None
+    assert v.evidence[1] == "stacks (py-spy): not taken: py-spy is not installed on the host"
+
+
+def test_rank_labels_come_from_each_engine_s_process_titles_and_flags():
+    assert [rank_label(a) for a in ("sglang::scheduler_TP3", "sglang::scheduler_DP0_TP5_EP5", "VLLM::Worker_TP7",
+                                    "python x.py --worker-rank 1", "torchrun --local-rank=2 t.py",
+                                    "python -m sglang.launch_server --tp 8", "xTP3")] == \
+        ["TP3", "TP5", "TP7", "rank 1", "local rank 2", None, None]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.core.models import GpuProcess, GpuReading, ProcessInfo
+from bot.core.stackdump import ProcessDump
 
 __all__ = [
     "HEALTH_STATES",
@@ -113,6 +114,8 @@ class Observation:
       `probe_lines` the raw text of a probe (commands and what they printed), judged when `health` is None.
     - `dmesg_lines`, `stack_lines` (`/proc/PID/stack`), `shm_segments` (`ipcs -m`), `containers`
       (`docker ps`): host evidence.
+    - `rank_stacks`: py-spy dumps of the ranks, (label, ProcessDump) per rank (`("TP0", dump)`); a hang's
+      verdict then says where each rank waits (bot.core.diagnose.stacks).
     - `notes`: problems met while collecting (an unreadable file, bad JSON), shown with the evidence.
     """
 
@@ -141,6 +144,7 @@ class Observation:
     stack_lines: list[str] | None = None
     shm_segments: list[ShmSegment] | None = None
     containers: list[ContainerObs] | None = None
+    rank_stacks: list[tuple[str, ProcessDump]] | None = None
     notes: list[str] = field(default_factory=list)
 
 

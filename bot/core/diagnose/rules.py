@@ -29,6 +29,7 @@ from bot.core.diagnose.evidence import (
 from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
+from bot.core.diagnose.stacks import with_stacks
 
 __all__ = ["diagnose", "format_verdict"]
 
@@ -290,8 +291,27 @@ def diagnose(
       to no current launch. `gpu_free_mib`: a GPU using at most this many MiB counts as free.
     - `signatures`: a compiled signature set (default: the bundled `SIGNATURES`).
 
+    With `obs.rank_stacks`, a `silent_hang` also says where each rank waits (bot.core.diagnose.stacks).
     Returns a Verdict whose evidence quotes what it relied on.
     """
+    verdict = _diagnose(obs, history=history, grace_s=grace_s, silence_after_s=silence_after_s,
+                        orphan_age_s=orphan_age_s, gpu_free_mib=gpu_free_mib, signatures=signatures)
+    if obs.rank_stacks:
+        verdict, _ = with_stacks(verdict, obs.rank_stacks, signatures)
+    return verdict
+
+
+def _diagnose(
+    obs: Observation,
+    *,
+    history: Sequence[Observation] = (),
+    grace_s: Mapping[str, float] | None = None,
+    silence_after_s: float | None = None,
+    orphan_age_s: float = 86400.0,
+    gpu_free_mib: float = 1024.0,
+    signatures: Signatures | None = None,
+) -> Verdict:
+    """diagnose() without the stacks."""
     sig = signatures or SIGNATURES
     obs = _sanitized(obs)
     obs = _with_trends(obs, history, sig)

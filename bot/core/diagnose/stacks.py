@@ -1,0 +1,56 @@
+"""What the ranks' stacks add to a hang verdict (pure): the cross-rank summary as one evidence line, the phase the
+frames show, and next steps that fit it.
+
+Both the watcher (dumps it takes itself on a `silent_hang`) and `gpubot diagnose` (the `py-spy/` dumps of a
+bundle) call `with_stacks`, so a hang diagnosed live and its bundle diagnosed offline read the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bot.core.diagnose.observation import Verdict
+from bot.core.diagnose.signatures import SIGNATURES, Signatures
+from bot.core.stackdump import ProcessDump
+from bot.core.stackgroups import CrossRankSummary, summarize_ranks
+
+__all__ = ["STACK_EVIDENCE_PREFIX", "with_stacks"]
+
+STACK_EVIDENCE_PREFIX = "stacks (py-spy"
+"""How the stack evidence line starts: `stacks (py-spy, 2 ranks): TP1 is in ... while TP0 waits in ...`."""
+
+#: Verdicts the stacks explain: the process is alive and not moving.
+_STACK_VERDICTS = ("silent_hang",)
+
+
+def _dump_error(ranks: list[tuple[str, ProcessDump]]) -> str:
+    errors = sorted({d.error for _, d in ranks if not d.ok and d.error})
+    return errors[0] if errors else "no process could be dumped"
+
+
+def with_stacks(verdict: Verdict, ranks: list[tuple[str, ProcessDump]] | None,
+                signatures: Signatures | None = None) -> tuple[Verdict, CrossRankSummary | None]:
+    """`verdict` with what the ranks' stack dumps show, and the summary (None when nothing was dumped).
+
+    Only a `silent_hang` is changed. `ranks`: (label, dump) per rank, e.g. ("TP0", dump). With at least one
+    rank dumped, the summary line becomes the second evidence line (after the silence itself), the summary
+    gains one sentence, and the frames' phase replaces the log's when they show one: live stacks outrank old log
+    lines (a rank inside init_process_group is in comm_init, whatever the last log line said). The next steps
+    are those of the new phase, without the "dump the stacks" step. With no rank dumped, one evidence line says
+    why (py-spy missing, ptrace refused). Never raises."""
+    if verdict.verdict not in _STACK_VERDICTS or not ranks:
+        return verdict, None
+    if not any(d.ok for _, d in ranks):
+        line = f"{STACK_EVIDENCE_PREFIX}): not taken: {_dump_error(ranks)}"
+        return replace(verdict, evidence=[*verdict.evidence[:1], line, *verdict.evidence[1:]]), None
+    summary = summarize_ranks(ranks)
+    dumped = sum(1 for _, d in ranks if d.ok)
+    line = f"{STACK_EVIDENCE_PREFIX}, {dumped} rank{'s' if dumped != 1 else ''}): {summary.line}"
+    phase = summary.phase or verdict.phase
+    sig = signatures or SIGNATURES
+    steps = [s for s in sig.next_steps.get(f"silent_hang.{phase}", []) if phase] if phase != verdict.phase else []
+    steps += [s for s in verdict.next_steps if "py-spy" not in s and s not in steps]
+    moved = f" (so the phase is {phase}, not {verdict.phase or 'unknown'})" if phase != verdict.phase else ""
+    text = f"{verdict.summary.rstrip()} Stacks: {summary.line}{moved}."
+    evidence = [*verdict.evidence[:1], line, *verdict.evidence[1:]]
+    return replace(verdict, phase=phase, evidence=evidence, next_steps=steps, summary=text), summary
