@@ -1,4 +1,4 @@
-"""`gpubot` command line (click): run | serve-http | console | demo | try-config | check-config | diagnose |
+"""`gpubot` command line (click): run | serve-http | console | demo | try-config | check-config | diagnose | bundle |
 manifest."""
 
 from __future__ import annotations
@@ -202,6 +202,49 @@ def diagnose(directory: str, as_json: bool) -> None:
         click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
     else:
         click.echo(format_verdict(verdict), nl=False)
+
+
+@main.command()
+@click.argument("target")
+@click.argument("directory", type=click.Path())
+@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+def bundle(target: str, directory: str, config_path: str) -> None:
+    """Collect a bundle of TARGET (a launch: `12`, `base#12`, a variant's live launch; or a configured host)
+    into DIRECTORY (new or empty), in the format `gpubot diagnose` reads: log tail, ps, nvidia-smi table and CSV,
+    listening sockets, health, dmesg when readable, py-spy dumps of a live launch's ranks, observed.json from two
+    probes a few seconds apart; redacted. Runs beside a running bot (it does not take the state directory's
+    lock). Exit 0; exit 2 for an unknown target, an unreachable host or a directory that cannot be written."""
+    from bot.adapters.store import Store
+    from bot.console import ConsoleSurface
+    from bot.services.bundles import BundleError
+    from bot.services.launches import LaunchError
+    from bot.wiring import build_runtime, state_url
+
+    config = _load(config_path)
+    store = Store(config.database_url or state_url(config.state_dir))
+    runtime = build_runtime(config, surface=ConsoleSurface(sys.stderr), store=store, recover=False)
+
+    async def collect():
+        try:
+            if target in config.hosts:
+                return await runtime.services.bundles.collect(host=target, user="cli")
+            la = runtime.launches.find(target, allow_only_live=False)
+            return await runtime.services.bundles.collect(launch=la, user="cli")
+        finally:
+            await runtime.hosts.close()
+
+    try:
+        collected = asyncio.run(collect())
+        root = collected.write(directory)
+    except (BundleError, LaunchError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except OSError as e:
+        click.echo(f"error: cannot write the bundle to {directory}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    finally:
+        store.close()
+    click.echo(f"{root}: {len(collected.files)} files; read it with `gpubot diagnose {root}`")
 
 
 @main.command()

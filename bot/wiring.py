@@ -27,6 +27,7 @@ from bot.core.redact import SECRET_NAME_RE, Redactor
 from bot.present.render import Renderer
 from bot.services.alerts import AlertPoster
 from bot.services.audit import Audit
+from bot.services.bundles import BundleService
 from bot.services.confirmations import ConfirmationService
 from bot.services.hosts import HostService, NvmlReader
 from bot.services.launches import LaunchService
@@ -124,7 +125,7 @@ def known_secret_values(config: Config, environ: Mapping[str, str] | None = None
     return [x for x in values if x]
 
 
-def _state_url(state_dir: str) -> str:
+def state_url(state_dir: str) -> str:
     """`default_url(state_dir)`; raises DatabaseUnavailable naming the directory when it cannot be created."""
     try:
         return default_url(state_dir)
@@ -161,7 +162,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
                   nvml_reader: NvmlReader | None = None, extra_path: list[str] | None = None,
                   watch_policy: WatchPolicy | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
                   outbox_options: Mapping[str, float] | None = None,
-                  surface_factory: Callable[[Outbox], Surface] | None = None) -> Runtime:
+                  surface_factory: Callable[[Outbox], Surface] | None = None, recover: bool = True) -> Runtime:
     """Wire a bot for `config`.
 
     Answers go to `surface`, or, with a `transport` (Slack), through an Outbox in the database
@@ -169,7 +170,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     OutboxSurface (or `surface_factory(outbox)`). `store` defaults to the config's database
     (`database_url`, else `state_dir/gpubot.db`); `executors` replace hosts' executors (tests);
     `watch_policy` overrides the config's `watch:`; `poll_s`/`start_check_s` time kills and the first look
-    at a launch. Launches a previous run left `stopping` become `kill_failed`. Without a `store` it takes the
+    at a launch. Launches a previous run left `stopping` become `kill_failed` (unless `recover` is False: a
+    one-shot command beside a running bot, such as `gpubot bundle`, leaves them to it). Without a `store` it takes the
     state directory's lock (one bot per state directory; released by `Runtime.close`). Raises ConfigError
     (see `config_problems`), StateDirLocked when another bot holds the state directory, ValueError without
     a surface or transport, and DatabaseUnavailable (naming the file or directory) for an unusable database or
@@ -188,7 +190,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     except OSError as e:
         raise _dir_unusable(str(lock.dir), e) from e
     try:
-        store = store or Store(config.database_url or _state_url(config.state_dir))
+        store = store or Store(config.database_url or state_url(config.state_dir))
     except BaseException:
         if lock is not None:
             lock.release()
@@ -207,14 +209,16 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
                              start_check_s=start_check_s, secretbox=_secret_box(store, config))
     launches.relearn_secrets()
-    launches.recover_interrupted_kills()
+    if recover:
+        launches.recover_interrupted_kills()
     stacks = StackService(hosts, launches, audit)
     confirmations = ConfirmationService(store.confirmations, launches)
     alerts = AlertPoster(surface, renderer, threads, store.observations)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       policy=watch_policy, stacks=stacks)
+    bundles = BundleService(hosts, launches, stacks, audit, redactor, policy_for=watcher.policy_for)
     services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,
-                        confirmations=confirmations, watcher=watcher)
+                        bundles=bundles, confirmations=confirmations, watcher=watcher)
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
                    surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,

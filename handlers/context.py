@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from bot.config import Config, Permissions
 from bot.core.models import Launch
 from bot.present.render import Message, Renderer
+from bot.services.bundles import BundleService
 from bot.services.confirmations import ConfirmationService
 from bot.services.hosts import HostService
 from bot.services.launches import LaunchService
@@ -80,6 +81,7 @@ class Services:
     hosts: HostService
     launches: LaunchService
     stacks: StackService
+    bundles: BundleService
     confirmations: ConfirmationService
     watcher: Watcher
 

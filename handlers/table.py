@@ -4,7 +4,7 @@ it (handlers.vocabulary)."""
 
 from __future__ import annotations
 
-from handlers import cancel, chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
+from handlers import bundle, cancel, chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
 from handlers.spec import CommandSpec
 
 COMMANDS: tuple[CommandSpec, ...] = (
@@ -15,6 +15,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     kill.COMMAND,
     relaunch.COMMAND,
     stack.COMMAND,
+    bundle.COMMAND,
     chart.COMMAND,
     snooze.COMMAND,
     confirm.COMMAND,

@@ -7,16 +7,15 @@ the pure `bot.core.bundle.observation_from_texts`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-from bot.core.bundle import BUNDLE_FILES, observation_from_texts
+from bot.core.bundle import BUNDLE_FILES, STACK_DIR, observation_from_files
 from bot.core.diagnose import Observation
 
 __all__ = ["BundleError", "read_bundle"]
 
 _MAX_FILE_BYTES = 2 * 1024 * 1024  # a bigger file is read from its end (logs) or its start (others)
+_MAX_STACK_FILES = 64
 
 
 class BundleError(Exception):
@@ -43,39 +42,35 @@ def read_bundle(directory: str | Path) -> Observation:
     Raises BundleError when the directory does not exist, is not a directory, holds none of the bundle files,
     or a file in it cannot be read.
     Files over 2 MiB are cut (a log keeps its end). A malformed observed.json is not fatal: it is ignored and
-    a note says so.
+    a note says so; a missing one leaves the facts to what the files' times and contents tell (with a note).
+    `py-spy/*.json` (at most 64) are the ranks' stack dumps.
     """
     root = Path(directory)
     if not root.exists():
         raise BundleError(f"{directory}: no such directory")
     if not root.is_dir():
         raise BundleError(f"{directory}: not a directory")
-    texts: dict[str, str] = {}
-    observed: Any = None
-    bad_json = False
     try:
         names = {p.name for p in root.iterdir()}
     except OSError as e:
         raise BundleError(f"{directory}: cannot list: {e.strerror or e}") from e
-    if not names & set(BUNDLE_FILES):
+    if not names & {*BUNDLE_FILES, STACK_DIR}:
         raise BundleError(f"{directory}: no bundle files here (expected some of: {', '.join(BUNDLE_FILES)}); "
                           "see tests/fixtures/cases/README.md for the format")
-    for name in BUNDLE_FILES:
-        if name not in names:
-            continue
-        path = root / name
+    paths = [root / name for name in BUNDLE_FILES if name in names]
+    stack_dir = root / STACK_DIR
+    try:
+        if STACK_DIR in names and stack_dir.is_dir():
+            paths += sorted(stack_dir.glob("*.json"))[:_MAX_STACK_FILES]
+    except OSError as e:
+        raise BundleError(f"{stack_dir}: cannot list: {e.strerror or e}") from e
+    files: dict[str, str] = {}
+    mtimes: dict[str, float] = {}
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
         try:
-            text = _read_text(path, from_end=name == "server.log")
+            files[rel] = _read_text(path, from_end=rel == "server.log")
+            mtimes[rel] = path.stat().st_mtime
         except OSError as e:
             raise BundleError(f"{path}: cannot read: {e.strerror or e}") from e
-        if name == "observed.json":
-            try:
-                observed = json.loads(text) if text.strip() else {}
-            except ValueError:
-                bad_json = True
-        else:
-            texts[name] = text
-    obs = observation_from_texts(texts, observed)
-    if bad_json:
-        obs.notes.append("observed.json is not valid JSON; ignored")
-    return obs
+    return observation_from_files(files, mtimes)

@@ -14,6 +14,7 @@ detected from the shape of the rows (column count and what each cell looks like)
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,11 +24,14 @@ from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.parse.log import strip_control
 from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
 from bot.core.parse.ps import parse_ps
+from bot.core.stackdump import ProcessDump, parse_stack_json
 
 __all__ = [
     "BUNDLE_FILES",
+    "STACK_DIR",
     "detect_ps_layout",
     "guess_port",
+    "observation_from_files",
     "observation_from_texts",
     "parse_docker_ps",
     "parse_gpu_csv",
@@ -435,6 +439,15 @@ def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
             out[key] = v
         elif v is not None:
             notes.append(f"observed.json: {key} is not true/false; ignored")
+    grace = data.get("grace_s")
+    if isinstance(grace, Mapping):
+        ok = {str(k): float(v) for k, v in grace.items()
+              if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
+        if ok:
+            out["policy_grace_s"] = ok
+    v = data.get("silence_after_s")
+    if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
+        out["policy_silence_after_s"] = float(v)
     v = data.get("health")
     if isinstance(v, str) and (v in _HEALTH or re.fullmatch(r"http_\d{3}", v)):
         out["health"] = v
@@ -447,10 +460,72 @@ def _lines(text: str | None) -> list[str] | None:
     return None if text is None else text.splitlines()
 
 
-def observation_from_texts(texts: Mapping[str, str], observed: Any = None) -> Observation:
+STACK_DIR = "py-spy"
+"""The bundle's folder of py-spy dumps, `py-spy/LABEL-pid-N.json`, one per rank (bot.core.collect writes them)."""
+#: `py-spy/LABEL-pid-N.json`: one rank's py-spy dump (bot.core.collect writes them).
+_STACK_NAME_RE = re.compile(r"(?P<label>.+?)-pid-(?P<pid>\d{1,9})\.json")
+#: Seconds server.log must be older than the bundle's newest other file before its file time says "silent".
+FILE_TIME_SILENCE_S = 60.0
+
+
+def _rank_stacks(stacks: Mapping[str, str]) -> list[tuple[str, ProcessDump]]:
+    out = []
+    for name in sorted(stacks):
+        m = _STACK_NAME_RE.fullmatch(name)
+        label = m.group("label").replace("_", " ") if m else name.removesuffix(".json")
+        pid = int(m.group("pid")) if m else 0
+        threads = parse_stack_json(stacks[name])
+        out.append((label, ProcessDump(pid, threads is not None, threads or [],
+                                       None if threads is not None else "not py-spy JSON")))
+    return out
+
+
+def _inferred(obs: Observation, texts: Mapping[str, str], mtimes: Mapping[str, float], notes: list[str]) -> None:
+    """Without observed.json: what the files' times and contents can still tell (the log's silence when the log
+    was last written well before the other captures), and a note naming what stays unknown."""
+    log_time = mtimes.get("server.log")
+    others = [t for name, t in mtimes.items() if name != "server.log"]
+    if log_time is not None and others and max(others) - log_time >= FILE_TIME_SILENCE_S:
+        obs.log_silent_s = max(others) - log_time
+        notes.append(f"observed.json is missing: the log's silence ({obs.log_silent_s:.0f} s) is inferred from file "
+                     "times (server.log last written that long before the newest other file)")
+    unknown = [k for k, v in (("whether the log is silent", obs.log_silent_s),
+                              ("whether the process is alive", obs.process_alive),
+                              ("whether the port is open", obs.port_open)) if v is None]
+    if unknown:
+        notes.append("observed.json is missing, so these are not known: " + ", ".join(unknown))
+
+
+def observation_from_files(files: Mapping[str, str], mtimes: Mapping[str, float] | None = None) -> Observation:
+    """An Observation from a bundle's files as read (relative path -> text, `py-spy/*.json` included;
+    `mtimes` relative path -> epoch seconds), whether from a directory (bot.adapters.bundle) or from a bundle
+    just collected in memory (`!bundle`). observed.json is parsed here: a malformed one is ignored with a note,
+    a missing one leaves the facts to the files' times and contents. Pure; never raises."""
+    texts = {n: t for n, t in files.items() if n in BUNDLE_FILES and n != "observed.json"}
+    stacks = {n.split("/", 1)[1]: t for n, t in files.items() if n.startswith(f"{STACK_DIR}/")}
+    observed: Any = None
+    bad_json = False
+    if "observed.json" in files:
+        try:
+            observed = json.loads(files["observed.json"]) if files["observed.json"].strip() else {}
+        except (ValueError, RecursionError):
+            observed, bad_json = {}, True
+    obs = observation_from_texts(texts, observed, stacks=stacks,
+                                 mtimes={n: t for n, t in (mtimes or {}).items() if n in texts})
+    if bad_json:
+        obs.notes.append("observed.json is not valid JSON; ignored")
+    return obs
+
+
+def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
+                           stacks: Mapping[str, str] | None = None,
+                           mtimes: Mapping[str, float] | None = None) -> Observation:
     """Build an Observation from a bundle's file texts (keyed by file name) and parsed observed.json. Pure.
 
-    A file absent from `texts` leaves its fields None (unknown); an empty file gives empty lists.
+    A file absent from `texts` leaves its fields None (unknown); an empty file gives empty lists. `stacks`: the
+    texts of `py-spy/*.json` keyed by file name (`TP0-pid-123.json`), read as the ranks' stacks. `observed`
+    None means observed.json is absent: `mtimes` (file name -> epoch seconds) may then tell the log's silence,
+    and a note names what is not known.
     """
     notes: list[str] = []
     obs = Observation(notes=notes)
@@ -483,6 +558,8 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None) -> Ob
     facts = _observed(observed, notes) if observed is not None else {}
     for key, value in facts.items():
         setattr(obs, key, value)
+    if stacks:
+        obs.rank_stacks = _rank_stacks(stacks)
     obs.port = guess_port(obs.probe_lines, obs.containers, obs.log_lines, obs.processes)
     if obs.port_open is None and obs.port is not None and obs.listening is not None:
         obs.port_open = any(s.port == obs.port for s in obs.listening)
@@ -493,4 +570,6 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None) -> Ob
         elif m := re.match(r"Exited \((-?\d+)\)", status):
             obs.process_alive = False
             obs.exit_code = int(m.group(1))
+    if observed is None:
+        _inferred(obs, texts, mtimes or {}, notes)
     return obs

@@ -373,6 +373,13 @@ def full_text(dumps: list[ProcessDump]) -> str:
 # --------------------------------------------------------------------------------------------- result
 
 
+def parse_stack_json(text: str) -> list[ThreadDump] | None:
+    """`py-spy dump --json` output (py-spy 0.3/0.4: a list of threads with thread_name, os_thread_id, active,
+    owns_gil and frames of name / filename / short_filename / line) -> threads sorted by OS thread id; None when
+    the text is not that JSON. Never raises."""
+    return _parse_json(text)
+
+
 def check_pids(pids: Any) -> list[int]:
     """The distinct pids of `pids` in order. Raises ValueError for a pid that is not an int in 1..MAX_PID,
     an empty list, or more than MAX_PIDS pids."""

@@ -62,8 +62,9 @@ PURGE_EVERY_S = 3600.0
 LOOKUP_SKEW_S = 300.0
 
 
-#: The first bytes of every PNG file (a chart): binary, never redacted as text.
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The first bytes of the binary attachments, never redacted as text: a PNG (a chart) and a gzip file (a bundle's
+#: tar.gz, whose files were redacted before they were packed).
+_BINARY_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\x1f\x8b")
 
 
 def ref(row_id: int) -> str:
@@ -155,7 +156,7 @@ class Outbox:
 
     `transport` makes the calls (it must not retry on its own: the outbox retries). `on_posted(ref, ts)` is
     called after a post is sent. `redactor` (bot.core.redact.Redactor) is the last gate before Slack and the
-    database: every text, every string in the blocks and every text attachment (not a PNG) is redacted once
+    database: every text, every string in the blocks and every text attachment (not a PNG or gzip) is redacted once
     more when it is queued, so nothing reaches a channel or the `outbox` table unredacted, whichever code
     built the message.
 
@@ -283,7 +284,7 @@ class Outbox:
         if out.get("blocks_json"):
             out["blocks_json"] = json.dumps(redact_blocks(json.loads(out["blocks_json"]), self._redact))
         content = out.get("content")
-        if content and not content.startswith(_PNG_SIGNATURE):
+        if content and not content.startswith(_BINARY_SIGNATURES):
             out["content"] = self._redact(content.decode("utf-8", "replace")).encode("utf-8")
         return out
 

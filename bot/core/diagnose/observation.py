@@ -116,6 +116,8 @@ class Observation:
       (`docker ps`): host evidence.
     - `rank_stacks`: py-spy dumps of the ranks, (label, ProcessDump) per rank (`("TP0", dump)`); a hang's
       verdict then says where each rank waits (bot.core.diagnose.stacks).
+    - `policy_grace_s`, `policy_silence_after_s`: the watch policy the observer judged under (seconds; a bundle
+      gpubot collected carries them, so it diagnoses offline as it did live); `diagnose`'s own arguments win.
     - `notes`: problems met while collecting (an unreadable file, bad JSON), shown with the evidence.
     """
 
@@ -145,6 +147,8 @@ class Observation:
     shm_segments: list[ShmSegment] | None = None
     containers: list[ContainerObs] | None = None
     rank_stacks: list[tuple[str, ProcessDump]] | None = None
+    policy_grace_s: dict[str, float] | None = None
+    policy_silence_after_s: float | None = None
     notes: list[str] = field(default_factory=list)
 
 

@@ -316,7 +316,10 @@ def _diagnose(
     obs = _sanitized(obs)
     obs = _with_trends(obs, history, sig)
     grace = dict(sig.default_grace_s)
+    grace.update(obs.policy_grace_s or {})
     grace.update({k: float(v) for k, v in (grace_s or {}).items()})
+    if silence_after_s is None:
+        silence_after_s = obs.policy_silence_after_s
     silence_default = float(silence_after_s if silence_after_s is not None else sig.silence_after_s)
     scan = scan_log(obs.log_lines, sig)
 

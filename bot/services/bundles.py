@@ -1,0 +1,152 @@
+"""Collect a bundle in the diagnose format from a live host (`gpubot bundle`, `!bundle`): two probes a few seconds
+apart, the extras (nvidia-smi table and CSV, listening sockets, dmesg), py-spy dumps of the launch's ranks, all
+redacted; written to a directory or packed as a tar.gz. The files themselves are bot.core.collect."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.adapters.remote import RemoteError
+from bot.config import WatchPolicy
+from bot.core.collect import bundle_files, extras_script, observed_from_probes, parse_extras
+from bot.core.diagnose import SIGNATURES
+from bot.core.models import HostFailure, Launch
+from bot.core.probe import ProbeRequest
+from bot.core.redact import Redactor
+from bot.services.audit import Audit
+from bot.services.hosts import HostService
+from bot.services.launches import LaunchService
+from bot.services.stacks import StackDumpError, StackService
+
+#: Seconds between the two probes: long enough for a moving log or GPU memory to show it.
+PROBE_GAP_S = 3.0
+
+
+class BundleError(Exception):
+    """The bundle could not be collected at all (host unreachable at the first probe); str() is user-facing."""
+
+
+@dataclass
+class Bundle:
+    """A collected bundle: `name` (`base-12-20261201T2130Z`), `files` (relative path -> bytes, redacted), and
+    the target it came from (`host`, `launch` or None for a host bundle)."""
+
+    name: str
+    host: str
+    launch: Launch | None
+    files: dict[str, bytes]
+
+    def write(self, directory: str | Path) -> Path:
+        """Write the files under `directory` (created, also `py-spy/`); returns the directory. Refuses (raises
+        FileExistsError) a directory that already holds bundle files, so no earlier bundle is overwritten;
+        raises OSError when it cannot be written."""
+        root = Path(directory)
+        if root.exists() and any(root.iterdir()):
+            raise FileExistsError(f"{root} is not empty: name a new directory for the bundle")
+        root.mkdir(parents=True, exist_ok=True)
+        for rel, data in self.files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "xb") as f:
+                f.write(data)
+        return root
+
+    def tar_gz(self) -> bytes:
+        """The bundle as a tar.gz (members under `name/`, mode 0644, the collection time as mtime)."""
+        buf = io.BytesIO()
+        now = int(time.time())
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for rel, data in sorted(self.files.items()):
+                info = tarfile.TarInfo(f"{self.name}/{rel}")
+                info.size, info.mode, info.mtime = len(data), 0o644, now
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+
+class BundleService:
+    """Collects bundles of a launch or of a host (py-spy dumps only for a live launch)."""
+
+    def __init__(self, hosts: HostService, launches: LaunchService, stacks: StackService, audit: Audit,
+                 redactor: Redactor, *, gap_s: float = PROBE_GAP_S,
+                 policy_for: Callable[[Launch], WatchPolicy] | None = None):
+        self._hosts = hosts
+        self._launches = launches
+        self._stacks = stacks
+        self._audit = audit
+        self._redact = redactor
+        self._gap_s = gap_s
+        self._policy_for = policy_for
+
+    async def collect(self, *, launch: Launch | None = None, host: str | None = None, user: str,
+                      channel: str | None = None, tail_lines: int = 500) -> Bundle:
+        """Collect a bundle of `launch` (its processes, log, port, health, ranks' stacks) or of `host` (its GPU
+        holders, GPUs, sockets, dmesg). Raises BundleError when the host cannot be probed; anything that
+        could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
+        if launch is not None:
+            host = launch.host
+            req = self._launches.launch_probe_request(launch, tail_lines=tail_lines)
+        else:
+            assert host is not None
+            req = ProbeRequest(tail_lines=1)
+        first = await self._hosts.probe(host, req)
+        if isinstance(first, HostFailure):
+            self._audit.record(user_id=user, action="bundle", args={"target": launch.name if launch else host},
+                               result="error", detail=first.reason, host=host, channel=channel,
+                               launch_id=launch.id if launch else None)
+            raise BundleError(f"{host} cannot be probed: {first.reason}")
+        extras_task = asyncio.ensure_future(self._extras(host))
+        await asyncio.sleep(self._gap_s)
+        second = await self._hosts.probe(host, req)
+        missing: list[str] = []
+        if isinstance(second, HostFailure):
+            missing.append(f"second probe failed ({second.reason}): observed.json holds what one probe shows")
+            second = first
+        extras, why = await extras_task
+        if why:
+            missing.append(why)
+        ranks = []
+        processes = list(second.processes)
+        if launch is not None:
+            own = self._launches.launch_processes_of(launch, second)
+            known = {p.pid for p in processes}
+            processes += [p for p in own if p.pid not in known]
+            if own:
+                try:
+                    dump = await self._stacks.dump(launch, native=False, user=user, channel=channel)
+                    ranks = dump.ranks()
+                except StackDumpError as e:
+                    missing.append(f"py-spy: {e}")
+            else:
+                missing.append("py-spy: no process of the launch is alive")
+        observed = observed_from_probes(first, second, pid=launch.pid if launch else None,
+                                        started_at=launch.created_at if launch else None,
+                                        heartbeat=lambda line: SIGNATURES.heartbeat.first(line) is not None)
+        if launch is not None and self._policy_for is not None:  # judged offline as the watcher judges it live
+            policy = self._policy_for(launch)
+            observed["grace_s"] = {**SIGNATURES.default_grace_s, **policy.phase_grace_s}
+            observed["silence_after_s"] = policy.silence_after_s
+        stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime())
+        target = f"{launch.name} on {host}" if launch else f"host {host}"
+        name = f"{launch.variant}-{launch.id}-{stamp}" if launch else f"{host}-{stamp}"
+        files = bundle_files(first, second, processes=processes, extras=extras, ranks=ranks, observed=observed,
+                             redact=self._redact, what=f"{target}, collected {stamp}", not_collected=missing)
+        self._audit.record(user_id=user, action="bundle", args={"target": launch.name if launch else host},
+                           result="ok", detail=f"{len(files)} files", host=host, channel=channel,
+                           launch_id=launch.id if launch else None)
+        return Bundle(name=name, host=host, launch=launch, files=files)
+
+    async def _extras(self, host: str) -> tuple[dict[str, tuple[str, int | None]], str | None]:
+        cfg = self._hosts.config.hosts[host]
+        script = extras_script(cfg.nvidia_smi, timeout_s=max(1, int(cfg.nvidia_smi_timeout_s)))
+        try:
+            res = await self._hosts.executor(host).run("sh -s", input=script.encode(), timeout_s=60)
+        except RemoteError as e:
+            return {}, f"nvidia-smi, sockets and dmesg: the host did not run them ({e})"
+        return parse_extras(res.stdout.decode("utf-8", "replace")), None
+
