@@ -17,6 +17,7 @@ from bot.core.parse.log import strip_control
 
 __all__ = ["LogScan", "scan_log"]
 
+_READY_RE = re.compile("ready")  # stands for a readiness line taken as the serving phase's marker
 _MAX_LINE = 4000  # longer log lines are cut before matching (bounds regex work per line)
 
 
@@ -162,6 +163,7 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
     grace: float | None = None
     last_meaningful_ts: tuple[str, float] | None = None
     run_first_ts: tuple[str, float] | None = None
+    last_marker: tuple[int, _Pat] | None = None
     for i in body:
         line = cleaned[i]
         if not line.strip():
@@ -210,7 +212,11 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
             label = _DIGITS_RE.sub("#", line[: counter.start()] if counter else line)[-60:]
             phase = best.phase if best is not None and best.marker == "progress" else None
             scan.progress.append(_Progress(i, line, phase, label, done, total))
+        is_ready = any(group.first(line) for group in ready_groups)
+        if best is None and is_ready and "serving" in order:  # a readiness line: serving from here on
+            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
         if best is not None and best.phase is not None:
+            last_marker = (i, best)
             k = order[best.phase]
             if k > furthest:
                 furthest, ended, grace = k, set(), None
@@ -221,7 +227,7 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
                     ended.add(rank or "*")
                 if best.grace_s is not None:
                     grace = max(grace or 0.0, best.grace_s)
-        if any(group.first(line) for group in ready_groups):
+        if is_ready:
             scan.ready.append(i)
         if sig.shutdown.first(line):
             scan.shutdown.append(i)
@@ -250,6 +256,12 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
             scan.finished_phase = phase
         else:
             scan.phase = phase
+    if last_marker is not None and last_marker[1].phase == "comm_init" and last_marker[1].marker == "begin" \
+            and (scan.phase_index is None or last_marker[0] >= scan.phase_index) and scan.phase != "serving":
+        # the newest step line starts a communicator (a new process group after loading, a second init):
+        # the launch is in comm_init, whatever phase came before
+        scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last_marker[0]
+        scan.phase_grace_s = None
     _drop_benign_tracebacks(scan, sig)
     return scan
 

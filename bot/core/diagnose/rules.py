@@ -101,6 +101,19 @@ _KIND_LABEL = {
 }
 
 
+def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> str | None:
+    """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
+    traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
+    in it). None when nothing says."""
+    after = [j for j in range(i + 1, min(len(scan.lines), i + 80))]
+    before = list(range(max(0, i - 40), i))
+    for j in [i, *reversed(after), *reversed(before)]:
+        for p in sig.phase_hints:
+            if p.regex.search(scan.lines[j]):
+                return p.phase
+    return None
+
+
 def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
     """The verdict from failure signatures in the log (and OOM kills in dmesg), or None."""
     hits = list(scan.failures)
@@ -188,6 +201,10 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if phase is None and scan.phase_index is None:
         implied = [h.phase for h in hits if h.phase and (h.kind == kind or root is None)]
         phase = implied[0] if implied else None
+    if phase is None and root is not None:
+        phase = _hinted_phase(scan, root.index, sig)
+    if kind == "port_in_use" and phase == "serving":
+        phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     where = f" during {phase}" if phase else ""
     label = {
         "host_oom": "Killed by the kernel OOM killer (host RAM)",

@@ -86,6 +86,7 @@ class Signatures:
     exception_line: re.Pattern[str]
     shutdown: _Group
     next_steps: dict[str, list[str]]
+    phase_hints: list[_Pat]
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -118,6 +119,15 @@ def _pats(specs: Any, where: str, engine: str, **attrs: Any) -> list[_Pat]:
     if not isinstance(specs, list):
         raise ValueError(f"signatures: {where}: expected a list")
     return [_compile(s, f"{where}[{i}]", engine, **attrs) for i, s in enumerate(specs)]
+
+
+def _hints(specs: Any, order: Sequence[str]) -> list[_Pat]:
+    """phase_hints: a list of {re, phase}; every phase must be known."""
+    pats = _pats(specs, "phase_hints", "generic")
+    for i, p in enumerate(pats):
+        if p.phase not in order:
+            raise ValueError(f"signatures: phase_hints[{i}]: unknown phase {p.phase!r}")
+    return pats
 
 
 def load_signatures(text: str | None = None) -> Signatures:
@@ -200,6 +210,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         exception_line=re.compile(str(data.get("exception_line") or r"^(\w+Error): ")),
         shutdown=_Group(_pats(data.get("shutdown"), "shutdown", "generic")),
         next_steps=steps,
+        phase_hints=_hints(data.get("phase_hints"), order),
     )
 
 
