@@ -29,6 +29,19 @@ def _q(text: str, limit: int = _QUOTE_MAX) -> str:
     return s[:head] + " … " + s[-(limit - head - 3) :]
 
 
+def _q_at(text: str, start: int, limit: int = _QUOTE_MAX) -> str:
+    """Text for a quote around position `start` of `text` (where a signature matched): an over-long line keeps
+    its head and the part from just before `start`, so the words that decided are always quoted."""
+    s = text.strip()
+    offset = len(text) - len(text.lstrip())
+    start = max(0, start - offset)
+    if len(s) <= limit or start + 120 <= (limit * 2) // 3:
+        return _q(s, limit)
+    head = limit // 3
+    begin = max(head, start - 40)
+    return s[:head] + " … " + s[begin:begin + limit - head - 3] + (" …" if begin + limit - head - 3 < len(s) else "")
+
+
 def _secs(s: float | None) -> str:
     """Human seconds: `900 s (15 min)`."""
     if s is None or not math.isfinite(s):

@@ -23,10 +23,11 @@ from bot.core.diagnose.evidence import (
     _is_spin,
     _probe_status,
     _q,
+    _q_at,
     _secs,
     _traceback_summary,
 )
-from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -101,17 +102,56 @@ _KIND_LABEL = {
 }
 
 
-def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> str | None:
+def _q_hit(h: _Hit, sig: Signatures) -> str:
+    """A failure line quoted around the words its signature matched."""
+    group = sig.failures.get(h.kind) if h.kind != "killed" else sig.killed
+    pat = group.first(h.line) if group is not None else None
+    m = pat.regex.search(h.line) if pat is not None else None
+    return _q_at(h.line, m.start()) if m else _q(h.line)
+
+
+def _is_error_part(line: str, sig: Signatures) -> bool:
+    """Whether a line belongs to a multi-line error block: an error-severity prefix, a traceback line (frame,
+    code, caret), or an exception line."""
+    body = line.strip()
+    return bool(body) and bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
+                               or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
+                               or line[:1] in (" ", "\t"))
+
+
+def _block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[int]:
+    """The message lines (not frames or code) of the multi-line error block around line `i`, other than line
+    `i` itself: the head that says what failed ("EngineCore failed to start.", "Engine background task
+    failed") when the decisive line is deeper in the block. At most `limit`, in log order."""
+    lo = i
+    while lo > 0 and i - lo < 80 and _is_error_part(scan.lines[lo - 1], sig):
+        lo -= 1
+    hi = i
+    while hi + 1 < len(scan.lines) and hi - i < 120 and _is_error_part(scan.lines[hi + 1], sig):
+        hi += 1
+    heads = []
+    for j in range(lo, hi + 1):
+        line = scan.lines[j]
+        if j == i or _FRAME_RE.search(line) or "Traceback (most recent call last)" in line:
+            continue
+        text = sig.error_severity.split(line)[-1].strip(" :]")
+        if sig.error_severity.search(line) and len(text) > 8 and not text.startswith(("File ", "^", "~")) \
+                and line.strip() != scan.lines[i].strip():
+            heads.append(j)
+    return heads[:1] + heads[-1:] if len(heads) > limit else heads
+
+
+def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, int | None]:
     """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
     traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
-    in it). None when nothing says."""
+    in it). Returns (phase, the line that names it), (None, None) when nothing says."""
     after = [j for j in range(i + 1, min(len(scan.lines), i + 80))]
     before = list(range(max(0, i - 40), i))
     for j in [i, *reversed(after), *reversed(before)]:
         for p in sig.phase_hints:
             if p.regex.search(scan.lines[j]):
-                return p.phase
-    return None
+                return p.phase, j
+    return None, None
 
 
 def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
@@ -131,6 +171,10 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
             later.append(scan.phase_index)
         if later:
             generic = []
+    if hits and alive is not False and scan.ready and scan.ready[-1] > hits[-1].index and not dmesg_oom:
+        # every failure came before a readiness line: the engine survived them (a caught allocation failure
+        # retried with a smaller setting, a failed warm-up probe) and went on to serve
+        return None
     root: _Hit | None = None
     kind: str | None = None
     if specific:
@@ -165,7 +209,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if first is not None and root is not None and first.index < root.index:
         ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
     if root is not None:
-        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{_q(root.line)}`")
+        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{_q_hit(root, sig)}`")
     same = [
         h
         for h in hits
@@ -182,6 +226,9 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         if h.line.strip() not in shown:
             shown.add(h.line.strip())
             ev.add(f"also (log line {h.index + 1}): `{_q(h.line)}`")
+    if root is not None:
+        for j in _block_heads(scan, root.index, sig):
+            ev.add(f"error block (log line {j + 1}): `{_q(scan.lines[j])}`")
     for anchor in [h for h in (first, root) if h is not None]:
         ev.add(_traceback_summary(scan, anchor.index, sig))
     if root is not None and not root.echo:
@@ -201,10 +248,13 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if phase is None and scan.phase_index is None:
         implied = [h.phase for h in hits if h.phase and (h.kind == kind or root is None)]
         phase = implied[0] if implied else None
+    phase_line = scan.phase_index if phase is not None and phase == scan.phase else None
     if phase is None and root is not None:
-        phase = _hinted_phase(scan, root.index, sig)
+        phase, phase_line = _hinted_phase(scan, root.index, sig)
     if kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
+    if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
+        ev.add(f"{phase} (log line {phase_line + 1}): `{_q(scan.lines[phase_line])}`")
     where = f" during {phase}" if phase else ""
     label = {
         "host_oom": "Killed by the kernel OOM killer (host RAM)",

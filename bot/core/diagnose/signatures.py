@@ -87,6 +87,7 @@ class Signatures:
     shutdown: _Group
     next_steps: dict[str, list[str]]
     phase_hints: list[_Pat]
+    error_severity: re.Pattern[str]
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -211,6 +212,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         shutdown=_Group(_pats(data.get("shutdown"), "shutdown", "generic")),
         next_steps=steps,
         phase_hints=_hints(data.get("phase_hints"), order),
+        error_severity=re.compile(str(data.get("error_severity") or r"\bERROR\b")),
     )
 
 
