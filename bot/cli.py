@@ -236,7 +236,10 @@ def bundle(target: str, directory: str, config_path: str) -> None:
     try:
         collected = asyncio.run(collect())
         root = collected.write(directory)
-    except (BundleError, LaunchError) as e:
+    except LaunchError as e:
+        click.echo(f"error: {e}; TARGET may also be a host: {', '.join(config.host_names())}", err=True)
+        sys.exit(2)
+    except BundleError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except OSError as e:

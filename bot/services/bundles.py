@@ -34,7 +34,7 @@ class BundleError(Exception):
 
 @dataclass
 class Bundle:
-    """A collected bundle: `name` (`base-12-20261201T2130Z`), `files` (relative path -> bytes, redacted), and
+    """A collected bundle: `name` (`base-12-20261201T213005Z`), `files` (relative path -> bytes, redacted), and
     the target it came from (`host`, `launch` or None for a host bundle)."""
 
     name: str
@@ -131,7 +131,7 @@ class BundleService:
             policy = self._policy_for(launch)
             observed["grace_s"] = {**SIGNATURES.default_grace_s, **policy.phase_grace_s}
             observed["silence_after_s"] = policy.silence_after_s
-        stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime())
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         target = f"{launch.name} on {host}" if launch else f"host {host}"
         name = f"{launch.variant}-{launch.id}-{stamp}" if launch else f"{host}-{stamp}"
         files = bundle_files(first, second, processes=processes, extras=extras, ranks=ranks, observed=observed,
