@@ -7,6 +7,9 @@ the pure `bot.core.bundle.observation_from_texts`.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 from bot.core.bundle import BUNDLE_FILES, STACK_DIR, observation_from_files
@@ -23,8 +26,16 @@ class BundleError(Exception):
 
 
 def _read_text(path: Path, from_end: bool) -> str:
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    """The file's text (at most 2 MiB; a log keeps its end). Opened without blocking (a FIFO cannot hang the
+    reader); raises OSError for anything that is not a regular file (a FIFO, a device such as /dev/zero, a
+    directory), also behind a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    size = st.st_size
+    with os.fdopen(fd, "rb") as f:
         if size > _MAX_FILE_BYTES:
             if from_end:
                 f.seek(size - _MAX_FILE_BYTES)
@@ -32,7 +43,7 @@ def _read_text(path: Path, from_end: bool) -> str:
             if from_end:  # the window starts inside a line: its start (a secret's name?) is gone, so is the line
                 data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
         else:
-            data = f.read()
+            data = f.read(_MAX_FILE_BYTES)
     return data.decode("utf-8", errors="replace")
 
 
@@ -59,9 +70,10 @@ def read_bundle(directory: str | Path) -> Observation:
                           "see tests/fixtures/cases/README.md for the format")
     paths = [root / name for name in BUNDLE_FILES if name in names]
     stack_dir = root / STACK_DIR
+    stack_paths: list[Path] = []
     try:
-        if STACK_DIR in names and stack_dir.is_dir():
-            paths += sorted(stack_dir.glob("*.json"))[:_MAX_STACK_FILES]
+        if STACK_DIR in names and stack_dir.is_dir() and not stack_dir.is_symlink():
+            stack_paths = [p for p in sorted(stack_dir.glob("*.json")) if p.is_file() and not p.is_symlink()]
     except OSError as e:
         raise BundleError(f"{stack_dir}: cannot list: {e.strerror or e}") from e
     files: dict[str, str] = {}
@@ -73,4 +85,9 @@ def read_bundle(directory: str | Path) -> Observation:
             mtimes[rel] = path.stat().st_mtime
         except OSError as e:
             raise BundleError(f"{path}: cannot read: {e.strerror or e}") from e
+    for path in stack_paths[:_MAX_STACK_FILES]:  # a rank's dump that cannot be read is left out, not fatal
+        try:
+            files[path.relative_to(root).as_posix()] = _read_text(path, from_end=False)
+        except OSError:
+            continue
     return observation_from_files(files, mtimes)

@@ -15,6 +15,7 @@ detected from the shape of the rows (column count and what each cell looks like)
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,6 +58,7 @@ BUNDLE_FILES: tuple[str, ...] = (
 )
 """The files `bot.adapters.bundle.read_bundle` reads (case.md and expected.json are deliberately absent)."""
 
+_MAX_LINE = 4000  # longer dmesg lines are cut before matching, as log lines are (bounds regex work per line)
 _HEALTH = {"ok", "http_503", "refused", "timeout", "empty", "connect_timeout"}
 
 
@@ -421,6 +423,21 @@ def guess_port(
 # --- observed.json --------------------------------------------------------------------------------------
 
 
+#: The largest number of seconds observed.json may give (ten years); more, inf and NaN are not facts.
+_MAX_SECONDS = 10 * 365 * 86400.0
+
+
+def _seconds(v: Any) -> float | None:
+    """A JSON number of seconds as a float in 0.._MAX_SECONDS, else None (bool, huge, inf, NaN, negative)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) and 0 <= x <= _MAX_SECONDS else None
+
+
 def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
     """The known keys of observed.json with their types checked; bad values become notes, not facts."""
     out: dict[str, Any] = {}
@@ -429,8 +446,8 @@ def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
         return out
     for key in ("elapsed_s", "log_silent_s"):
         v = data.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
-            out[key] = float(v)
+        if (x := _seconds(v)) is not None:
+            out[key] = x
         elif v is not None:
             notes.append(f"observed.json: {key} is not a non-negative number; ignored")
     for key in ("log_growing", "process_alive", "port_open", "gpu_mem_rising"):
@@ -441,13 +458,11 @@ def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
             notes.append(f"observed.json: {key} is not true/false; ignored")
     grace = data.get("grace_s")
     if isinstance(grace, Mapping):
-        ok = {str(k): float(v) for k, v in grace.items()
-              if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0}
+        ok = {str(k): x for k, v in grace.items() if (x := _seconds(v)) is not None}
         if ok:
             out["policy_grace_s"] = ok
-    v = data.get("silence_after_s")
-    if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0:
-        out["policy_silence_after_s"] = float(v)
+    if (x := _seconds(data.get("silence_after_s"))) is not None:
+        out["policy_silence_after_s"] = x
     v = data.get("health")
     if isinstance(v, str) and (v in _HEALTH or re.fullmatch(r"http_\d{3}", v)):
         out["health"] = v
@@ -549,7 +564,8 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
     if listen_texts:
         obs.listening = [s for t in listen_texts for s in parse_listening(t)]
     obs.probe_lines = _lines(texts.get("curl.txt"))
-    obs.dmesg_lines = _lines(texts.get("dmesg.txt"))
+    obs.dmesg_lines = [line[:_MAX_LINE] for line in _lines(texts.get("dmesg.txt")) or []] \
+        if "dmesg.txt" in texts else None
     obs.stack_lines = _lines(texts.get("proc-stack.txt"))
     if (ipcs := texts.get("ipcs-m.txt")) is not None:
         obs.shm_segments = parse_ipcs_m(ipcs)

@@ -24,15 +24,15 @@ from bot.core.models import ProcessInfo, Snapshot
 from bot.core.shell import quote
 from bot.core.stackdump import ProcessDump
 
-__all__ = ["EXTRAS_SCRIPT_SECTIONS", "bundle_files", "extras_script", "observed_from_probes", "parse_extras",
-           "ps_text", "stack_json"]
+__all__ = ["EXTRAS_SCRIPT_SECTIONS", "bundle_files", "extras_budget_s", "extras_script", "observed_from_probes",
+           "parse_extras", "ps_text", "stack_json"]
 
 #: Sections of the extras script, in order: (name, bundle file it fills).
 EXTRAS_SCRIPT_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("listen", "ss.txt"),
+    ("dmesg", "dmesg.txt"),  # before nvidia-smi: a wedged GPU hangs nvidia-smi, and its Xid lines are in dmesg
     ("nvidia-smi", "nvidia-smi.txt"),
     ("nvidia-smi-csv", "nvidia-smi.csv"),
-    ("listen", "ss.txt"),
-    ("dmesg", "dmesg.txt"),
 )
 _MARK = "@@BUNDLE"
 _CSV_FIELDS = "index,name,memory.used,memory.total,utilization.gpu,power.draw,power.limit,temperature.gpu,pstate"
@@ -40,11 +40,13 @@ _CSV_FIELDS = "index,name,memory.used,memory.total,utilization.gpu,power.draw,po
 RISING_MIB = 64.0
 
 
-def extras_script(nvidia_smi: str = "nvidia-smi", timeout_s: int = 10, dmesg_lines: int = 200) -> str:
+def extras_script(nvidia_smi: str = "nvidia-smi", timeout_s: int = 10, dmesg_lines: int = 200,
+                  env: Sequence[tuple[str, str]] = ()) -> str:
     """The POSIX sh script (run as `sh -s`) printing, per section of EXTRAS_SCRIPT_SECTIONS, a `@@BUNDLE name`
     line, the command's output (stdout and stderr) and `@@BUNDLE name rc=N`. Each command is bounded by
-    `timeout -k 2 timeout_s` (a hung nvidia-smi cannot hold the bundle); dmesg prints nothing when the user
-    may not read the kernel log. Only `shlex.quote`d values and integers reach the shell."""
+    `timeout -k 2 timeout_s` (a hung nvidia-smi cannot hold the bundle, and runs last); dmesg prints nothing
+    when the user may not read the kernel log. `env`: the host's `env:` (name, value), exported first as the
+    probe does. Only `shlex.quote`d values, checked names and integers reach the shell."""
     t = f"timeout -k 2 {int(timeout_s)}"
     smi = quote(nvidia_smi)
     cmds = {
@@ -53,10 +55,17 @@ def extras_script(nvidia_smi: str = "nvidia-smi", timeout_s: int = 10, dmesg_lin
         "listen": f"{t} ss -ltnp 2>/dev/null || {t} netstat -ltnp 2>/dev/null",
         "dmesg": f"{t} dmesg -T 2>/dev/null | tail -n {int(dmesg_lines)}",
     }
-    parts = ["exec 2>&1"]
+    parts = ["exec 2>&1", "export LC_ALL=C",
+             *(f"export {k}={quote(v)}" for k, v in env if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))]
     for name, _ in EXTRAS_SCRIPT_SECTIONS:
         parts.append(f"echo '{_MARK} {name}'; ( {cmds[name]} ) </dev/null; echo \"{_MARK} {name} rc=$?\"")
     return "\n".join(parts) + "\n"
+
+
+def extras_budget_s(timeout_s: int) -> int:
+    """Seconds the whole extras script may take: four commands at their timeout plus the kill grace, and a
+    margin."""
+    return 4 * (int(timeout_s) + 2) + 10
 
 
 def parse_extras(text: str) -> dict[str, tuple[str, int | None]]:
@@ -188,7 +197,13 @@ def bundle_files(first: Snapshot, second: Snapshot, *, processes: Sequence[Proce
         files["ps.txt"] = ps_text(processes)
     for section, name in EXTRAS_SCRIPT_SECTIONS:
         text, rc = extras.get(section, ("", None))
-        if name == "dmesg.txt" and not text.strip():
+        if rc is None and section in extras:
+            missing.append(f"{name}: cut short (the command did not finish in time)")
+            if text.strip():
+                files[name] = text
+        elif section not in extras:
+            missing.append(f"{name}: not run (the extras were cut short before it)")
+        elif name == "dmesg.txt" and not text.strip():
             missing.append("dmesg.txt: the kernel log is not readable by this user (or empty)")
         elif name == "ss.txt" and rc not in (0, None) and not text.strip():
             missing.append("ss.txt: neither ss nor netstat ran on the host")

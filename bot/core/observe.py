@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from bot.core.diagnose import Observation, Verdict, diagnose, scan_log
+from bot.core.diagnose import CPU_PROGRESS_CORES, Observation, Verdict, diagnose, scan_log
 from bot.core.lifecycle import EXIT_LINE_RE, exit_status, launch_processes
 from bot.core.models import Launch, ProcessInfo, Snapshot
 from bot.core.serving import ended_verdict
@@ -25,8 +25,6 @@ FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error",
                             "gpu_lost", "exited"})
 #: Verdicts of a wedged or failing server while serving; a swap between them needs two checks to be news.
 SERVING_TROUBLE = frozenset({"unhealthy", "silent_hang"})
-#: CPU time counts as progress only above this rate (CPU seconds per second, summed over the launch).
-CPU_PROGRESS_CORES = 0.1
 #: Verdicts that are not news by themselves (a change into `loading` is only posted when leaving a problem).
 QUIET_VERDICTS = frozenset({"loading", "unknown"})
 

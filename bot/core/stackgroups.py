@@ -63,19 +63,26 @@ FRAME_RULES: tuple[FrameRule, ...] = (
 #: first: (regex with a `n` group, label format). SGLang `sglang::scheduler_TP3` / `..._DP0_TP3`, vLLM V1
 #: `VLLM::Worker_TP3` / `VllmWorker-3`, TensorRT-LLM / torchrun `--rank 3` / `--local-rank=3`, the demo server's
 #: `--worker-rank 3`.
-RANK_LABELS: tuple[tuple[str, str], ...] = (
-    (r"(?:^|[\s_:])TP(?P<n>\d{1,4})(?!\d)", "TP{n}"),
-    (r"\bVllmWorker[-_ ](?:rank=)?(?P<n>\d{1,4})\b", "TP{n}"),
-    (r"--(?:worker[-_])?rank[= ](?P<n>\d{1,4})\b", "rank {n}"),
-    (r"--local[-_]rank[= ](?P<n>\d{1,4})\b", "local rank {n}"),
+RANK_LABELS: tuple[tuple[str, str, bool], ...] = (
+    # (regex with `dp`/`pp`/`n` groups, label format, searched in the process title only)
+    (r"^[\w.-]*::\w*?(?:DP(?P<dp>\d{1,4})_)?(?:PP(?P<pp>\d{1,4})_)?TP(?P<n>\d{1,4})(?!\d)", "TP{n}", True),
+    (r"^VllmWorker[-_ ](?:rank=)?(?P<n>\d{1,4})$", "TP{n}", True),
+    (r"(?:^|\s)--(?:worker[-_])?rank[= ](?P<n>\d{1,4})\b", "rank {n}", False),
+    (r"(?:^|\s)--local[-_]rank[= ](?P<n>\d{1,4})\b", "local rank {n}", False),
 )
 
 
 def rank_label(args: str) -> str | None:
-    """The rank a process is, from its command line (`TP3`, `rank 3`), by RANK_LABELS; None when it names none."""
-    for pattern, fmt in RANK_LABELS:
-        if m := re.search(pattern, args or ""):
-            return fmt.format(n=int(m.group("n")))
+    """The rank a process is, from its command line (`TP3`, `DP1 TP3`, `PP1 TP0`, `rank 3`), by RANK_LABELS: an
+    engine's process title (`sglang::scheduler_DP1_TP3`, `VLLM::Worker_PP1_TP0`; the first word, never a path
+    or a model name further on) or a rank flag. None when it names none."""
+    words = (args or "").split()
+    title = words[0] if words else ""
+    for pattern, fmt, title_only in RANK_LABELS:
+        if m := re.search(pattern, title if title_only else args or ""):
+            groups = m.groupdict()
+            prefix = "".join(f"{k.upper()}{int(groups[k])} " for k in ("dp", "pp") if groups.get(k))
+            return prefix + fmt.format(n=int(m.group("n")))
     return None
 
 

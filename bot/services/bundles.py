@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bot.adapters.remote import RemoteError
 from bot.config import WatchPolicy
-from bot.core.collect import bundle_files, extras_script, observed_from_probes, parse_extras
+from bot.core.collect import bundle_files, extras_budget_s, extras_script, observed_from_probes, parse_extras
 from bot.core.diagnose import SIGNATURES
 from bot.core.models import HostFailure, Launch
 from bot.core.probe import ProbeRequest
@@ -143,9 +143,11 @@ class BundleService:
 
     async def _extras(self, host: str) -> tuple[dict[str, tuple[str, int | None]], str | None]:
         cfg = self._hosts.config.hosts[host]
-        script = extras_script(cfg.nvidia_smi, timeout_s=max(1, int(cfg.nvidia_smi_timeout_s)))
+        timeout = max(1, int(cfg.nvidia_smi_timeout_s))
+        script = extras_script(cfg.nvidia_smi, timeout_s=timeout, env=list(cfg.env.items()))
         try:
-            res = await self._hosts.executor(host).run("sh -s", input=script.encode(), timeout_s=60)
+            res = await self._hosts.executor(host).run("sh -s", input=script.encode(),
+                                                       timeout_s=extras_budget_s(timeout))
         except RemoteError as e:
             return {}, f"nvidia-smi, sockets and dmesg: the host did not run them ({e})"
         return parse_extras(res.stdout.decode("utf-8", "replace")), None

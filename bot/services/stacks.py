@@ -52,12 +52,13 @@ class StackService:
         self._audit = audit
 
     async def dump(self, la: Launch, *, native: bool, user: str, channel: str | None = None,
-                   timeout_s: int = 20) -> StackDump:
+                   timeout_s: int = 20, ranks_only: bool = False) -> StackDump:
         """Dump the launch's processes but its wrapper shell (with `--native` C frames when `native`); the
         next readiness check does not count the CPU time of the dump as progress. Per-process failures
         (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
-        StackDumpError when the host cannot be read or no process of the launch is alive. Audited as
-        `stack_dump`."""
+        StackDumpError when the host cannot be read or no process of the launch is alive. `ranks_only`: only the
+        processes whose command line names a rank, when any does (the watcher's dump on a hang: fewer pauses,
+        a bounded delay). Audited as `stack_dump`."""
         req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)  # a wedged GPU must
         snap = await self._hosts.probe(la.host, req)  # not delay the dump of a hung server
         if isinstance(snap, HostFailure):
@@ -65,7 +66,10 @@ class StackService:
         procs = self._launches.launch_processes_of(la, snap)
         # the launch's wrapper shell (its process group leader, the server's parent) has no Python stack
         wrapper = la.pgid if la.pgid is not None and la.pgid != la.pid else None
-        pids = sorted({p.pid for p in procs if p.pid != wrapper})[:MAX_PIDS]
+        candidates = [p for p in procs if p.pid != wrapper]
+        if ranks_only and any(rank_label(p.args) for p in candidates):
+            candidates = [p for p in candidates if rank_label(p.args)]
+        pids = sorted({p.pid for p in candidates})[:MAX_PIDS]
         if not pids:
             raise StackDumpError("no process of this launch is alive")
         self._launches.note_activity(la.id)  # py-spy's own work is no progress of the launch

@@ -47,6 +47,9 @@ from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
 
+#: Seconds py-spy may take per rank when the watcher dumps a hang (a hung py-spy delays the alert by at most
+#: this plus the kill grace, per rank).
+HANG_DUMP_TIMEOUT_S = 10
 #: How many of a launch's newest check records one check reads (health streaks, the previous verdict).
 HISTORY_CHECKS = 60
 
@@ -286,7 +289,8 @@ class Watcher:
         if verdict.verdict != "silent_hang" or self._stacks is None or not policy.stack_dump_on_hang:
             return verdict, []
         try:
-            dump = await self._stacks.dump(la, native=policy.stack_dump_native, user="watcher", channel=la.channel)
+            dump = await self._stacks.dump(la, native=policy.stack_dump_native, user="watcher", channel=la.channel,
+                                           timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
         except StackDumpError as e:
             return with_stacks(verdict, [("launch", ProcessDump(la.pid or 0, False, error=str(e)))])[0], []
         except Exception:

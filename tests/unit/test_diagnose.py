@@ -601,3 +601,56 @@ def test_fuzz_observation_fields_never_raise(
 def test_fuzz_bundle_texts_never_raise(texts):
     obs = observation_from_texts(texts, {"process_alive": True})
     assert diagnose(obs).verdict in VERDICTS
+
+
+# --- rules by meaning: the adversarial review's false positives -------------------------------------------
+
+def test_tensorrt_tactic_memory_warnings_are_benign_and_never_outrank_a_real_failure():
+    tactic = ["[12/01/2025-10:00:01] [TRT] [W] Tactic Device request: 4224MB Available: 2560MB. Device memory is "
+              "insufficient to use tactic.",
+              "[12/01/2025-10:00:01] [TRT] [W] Skipping tactic 3 due to insufficient memory on requested size of "
+              "4429185024 detected for tactic 0x0000000000000004."]
+    loading = diagnose(Observation(log_lines=tactic, process_alive=True, log_silent_s=10))
+    assert loading.verdict == "loading", loading.summary
+    crash = tactic + ["[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+                      "unhandled system error"]
+    assert diagnose(Observation(log_lines=crash, process_alive=False)).verdict == "nccl_error"
+
+
+def test_a_barrier_warning_naming_init_process_group_starts_no_communicator():
+    lines = ["[2025-01-01 10:00:00 TP0] Load weight begin. avail mem=139.00 GB",
+             "[W1201 10:00:05.1 ProcessGroupNCCL.cpp:4115] [PG ID 0 PG GUID 0 Rank 0]  using GPU 0 to perform "
+             "barrier as devices used by this process are currently unknown. Specify device_ids in barrier() "
+             "or call init_process_group() with a device_id."]
+    assert scan_log(lines).phase == "weight_loading"
+    real = [*lines[:1], "[2025-01-01 10:00:09 TP0] Init torch distributed begin."]
+    assert scan_log(real).phase == "comm_init"  # the newest line starts a communicator: comm_init
+
+
+def test_the_memory_budget_is_read_by_meaning_in_each_engine_s_words():
+    for line in ("ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can "
+                 "be stored in KV cache (86432).",
+                 "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.",
+                 "ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired GPU memory "
+                 "utilization (0.95, 45.01 GiB).",
+                 "E0306 16:40:07.708802 117 backend_model.cc:691] maxTokensInPagedKvCache (29184) must be large "
+                 "enough to process at least 1 sequence",
+                 "llama_kv_cache_init: failed to allocate buffer for kv cache"):
+        v = diagnose(Observation(log_lines=[line], process_alive=False))
+        assert v.verdict == "oom", (line, v.summary)
+    for benign in ("INFO 05-01 10:00:00 [gpu_worker.py:1] GPU KV cache size: 1,048,576 tokens",
+                   "INFO 05-01 10:00:00 [executor_base.py:1] # cuda blocks: 16384, # CPU blocks: 4096",
+                   "[2025-01-01 10:00:00 TP0] KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB"):
+        assert diagnose(Observation(log_lines=[benign], process_alive=True, log_silent_s=5)).verdict == "loading"
+
+
+def test_a_phase_hint_is_read_from_the_failure_s_own_traceback_innermost_first():
+    lines = ["Traceback (most recent call last):",
+             '  File "/x/model_runner.py", line 9, in init_cuda_graphs',
+             '  File "/x/cuda_graph_runner.py", line 80, in capture',
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+             "",
+             "INFO skipping warmup cache flush"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("oom", "cuda_graph_capture")
+    assert any("init_cuda_graphs" in e or "capture" in e for e in v.evidence)

@@ -93,4 +93,8 @@ def test_rank_labels_come_from_each_engine_s_process_titles_and_flags():
     assert [rank_label(a) for a in ("sglang::scheduler_TP3", "sglang::scheduler_DP0_TP5_EP5", "VLLM::Worker_TP7",
                                     "python x.py --worker-rank 1", "torchrun --local-rank=2 t.py",
                                     "python -m sglang.launch_server --tp 8", "xTP3")] == \
-        ["TP3", "TP5", "TP7", "rank 1", "local rank 2", None, None]
+        ["TP3", "DP0 TP5", "TP7", "rank 1", "local rank 2", None, None]
+    # data-parallel and pipeline ranks stay apart; a model path or name naming "TP4" is no rank
+    assert [rank_label(a) for a in ("sglang::scheduler_DP1_TP0", "VLLM::Worker_PP1_TP0",
+                                    "python -m vllm serve /m/llama-70b_TP4", "python serve --name qwen:TP8")] == \
+        ["DP1 TP0", "PP1 TP0", None, None]

@@ -40,10 +40,11 @@ from bot.core.diagnose.observation import (
     ShmSegment,
     Verdict,
 )
-from bot.core.diagnose.rules import diagnose, format_verdict
+from bot.core.diagnose.rules import CPU_PROGRESS_CORES, diagnose, format_verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures, load_signatures
 
 __all__ = [
+    "CPU_PROGRESS_CORES",
     "HEALTH_STATES",
     "PHASES",
     "SIGNATURES",

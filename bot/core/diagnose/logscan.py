@@ -258,6 +258,7 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
             scan.phase = phase
     if last_marker is not None and last_marker[1].phase == "comm_init" and last_marker[1].marker == "begin" \
             and sig.comm_init_start.first(cleaned[last_marker[0]]) is not None \
+            and not sig.warning_severity.search(cleaned[last_marker[0]]) \
             and (scan.phase_index is None or last_marker[0] >= scan.phase_index) and scan.phase != "serving":
         # the newest step line starts a communicator (a new process group after loading, a second init):
         # the launch is in comm_init, whatever phase came before

@@ -35,6 +35,11 @@ from bot.core.diagnose.stacks import with_stacks
 __all__ = ["diagnose", "format_verdict"]
 
 
+#: A launch whose processes together use more than this many cores between two looks is working (the same rate
+#: as the watcher's, bot.core.observe).
+CPU_PROGRESS_CORES = 0.1
+
+
 def _finite(x: Any) -> float | None:
     """A finite, non-negative float, else None (NaN, inf, negative and non-numbers mean unknown)."""
     if isinstance(x, bool) or not isinstance(x, int | float):
@@ -61,11 +66,15 @@ def _with_trends(obs: Observation, history: Sequence[Observation], sig: Signatur
         changes["gpu_mem_rising"] = now > before + 64.0
     if obs.cpu_time_growing is None and obs.processes and prev.processes:
         before_cpu = {p.pid: p.cpu_time_s for p in prev.processes if p.cpu_time_s is not None}
-        grew = [
-            p.cpu_time_s > before_cpu[p.pid] for p in obs.processes if p.cpu_time_s is not None and p.pid in before_cpu
-        ]
-        if grew:
-            changes["cpu_time_growing"] = any(grew)
+        deltas = [p.cpu_time_s - before_cpu[p.pid] for p in obs.processes
+                  if p.cpu_time_s is not None and p.pid in before_cpu]
+        if deltas:
+            # ps TIME ticks in whole seconds: a tick or two is a polling thread, not work; with both looks'
+            # ages known, a rate of more than CPU_PROGRESS_CORES of a core counts
+            dt = (obs.elapsed_s or 0.0) - (prev.elapsed_s or 0.0)
+            total = sum(max(0, d) for d in deltas)
+            changes["cpu_time_growing"] = (total / dt > CPU_PROGRESS_CORES and max(deltas) > 1) if dt > 0 \
+                else total > 2
     if obs.progress_advancing is None and obs.log_lines and prev.log_lines:
         now_p = [p for p in scan_log(obs.log_lines, sig).progress if p.done is not None]
         before_p = [p for p in scan_log(prev.log_lines, sig).progress if p.done is not None]
@@ -145,9 +154,17 @@ def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, i
     """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
     traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
     in it). Returns (phase, the line that names it), (None, None) when nothing says."""
-    after = [j for j in range(i + 1, min(len(scan.lines), i + 80))]
-    before = list(range(max(0, i - 40), i))
-    for j in [i, *reversed(after), *reversed(before)]:
+    after = []
+    for j in range(i + 1, min(len(scan.lines), i + 80)):  # its own block only: the traceback that follows
+        if not _is_error_part(scan.lines[j], sig):
+            break
+        after.append(j)
+    before = []
+    for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first
+        if not _is_error_part(scan.lines[j], sig):
+            break
+        before.append(j)
+    for j in [i, *reversed(after), *before]:
         for p in sig.phase_hints:
             if p.regex.search(scan.lines[j]):
                 return p.phase, j
@@ -488,14 +505,15 @@ def _diagnose(
         progress.append("GPU memory in use is rising between samples")
     if obs.progress_advancing:
         progress.append("a progress counter advanced since the previous look")
-    if obs.cpu_time_growing:
+    if obs.cpu_time_growing:  # above a rate (the watcher's, or _with_trends'), never a tick of a polling thread
         progress.append("the launch's CPU time is growing")
     computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
     if computing:
         progress.append(f"{len(computing)} GPU(s) are computing (high utilization at high power draw)")
+    past_grace = silence is not None and silence >= threshold  # silence that reaches the grace period
     if silence is None and obs.log_growing and scan.heartbeat_run == 0:
         progress.append("the log is still growing with lines that are not heartbeats")
-    if scan.progress_advancing and (silence is None or silence <= threshold) and obs.log_growing is not False:
+    if scan.progress_advancing and (silence is None or silence < threshold) and obs.log_growing is not False:
         progress.append("a progress bar advances in the log")
     if phase:
         where = f"in {phase}"
@@ -512,11 +530,12 @@ def _diagnose(
             ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
         summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
         return _verdict(sig, "loading", phase, ev, summary, obs, scan)
-    if silence is not None and silence > threshold:
+    if past_grace:
         ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
         if obs.log_growing and scan.heartbeats:
             ev.add("the log still grows, but only with heartbeat lines")
-        parts = [f"Alive but no progress for {_secs(silence)} {where} (allowed: {grace_text})"]
+        lead = "Alive but no progress" if obs.process_alive else "No progress"
+        parts = [f"{lead} for {_secs(silence)} {where} (allowed: {grace_text})"]
         if spin:
             parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work")
         held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]

@@ -89,6 +89,7 @@ class Signatures:
     phase_hints: list[_Pat]
     error_severity: re.Pattern[str]
     comm_init_start: _Group
+    warning_severity: re.Pattern[str]
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -213,6 +214,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         shutdown=_Group(_pats(data.get("shutdown"), "shutdown", "generic")),
         next_steps=steps,
         phase_hints=_hints(data.get("phase_hints"), order),
+        warning_severity=re.compile(str(data.get("warning_severity") or r"\bWARN(?:ING)?\b")),
         comm_init_start=_Group(_pats(data.get("comm_init_start"), "comm_init_start", "generic")),
         error_severity=re.compile(str(data.get("error_severity") or r"\bERROR\b")),
     )
