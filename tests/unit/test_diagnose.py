@@ -612,8 +612,8 @@ def test_tensorrt_tactic_memory_warnings_are_benign_and_never_outrank_a_real_fai
               "4429185024 detected for tactic 0x0000000000000004."]
     loading = diagnose(Observation(log_lines=tactic, process_alive=True, log_silent_s=10))
     assert loading.verdict == "loading", loading.summary
-    crash = tactic + ["[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
-                      "unhandled system error"]
+    crash = [*tactic, "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+             "unhandled system error"]
     assert diagnose(Observation(log_lines=crash, process_alive=False)).verdict == "nccl_error"
 
 
