@@ -46,7 +46,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.adapters.bundle import read_bundle
 from bot.config import Config, WatchPolicy
+from bot.core.diagnose import diagnose
 from bot.core.models import LaunchState, Snapshot
 from tests.support.builders import ssh_host
 from tests.support.fakes.ssh_server import LoopbackSSHServer
@@ -218,7 +220,7 @@ def gpu_config(srv, tmp_path) -> Config:
             "workers": {"type": "int", "default": 2, "min": 1, "max": 8},
             "gib": {"type": "float", "default": 4.0, "min": 0.5, "max": 120},
             "kv_gib": {"type": "float", "default": 1.0, "min": 0, "max": 16},
-            "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang"]},
+            "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "init_hang"]},
         },
         "port": free_port(),
         "gpus": [0],
@@ -232,8 +234,10 @@ def gpu_config(srv, tmp_path) -> Config:
     if shm_free < Config().lifecycle.min_shm_free_mib:
         record(shm_note=f"/dev/shm has {shm_free:.0f} MiB free; the pre-launch /dev/shm check was lowered to 0")
         lifecycle["min_shm_free_mib"] = 0.0
+    py_spy = shutil.which("py-spy") or next((p for p in ("/tmp/site/bin/py-spy", "/tmp/pyspy/bin/py-spy")
+                                             if os.access(p, os.X_OK)), "py-spy")
     return Config.model_validate({
-        "hosts": {"gpu-host-1": ssh_host(srv, **smi).model_dump(),
+        "hosts": {"gpu-host-1": ssh_host(srv, **smi, py_spy=py_spy).model_dump(),
                   "local-nvml": {"local": True, "use_nvml": True, **smi},
                   "local-smi": {"local": True, "use_nvml": False, **smi}},
         "default_host": "gpu-host-1",
@@ -742,3 +746,40 @@ async def test_ready_server_with_a_stopped_worker_gets_a_serving_hang_alert(gpu_
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGCONT)
         record_log("serving_hang_log", launches)
+
+
+async def test_ranks_hung_in_init_process_group_get_comm_init_with_where_they_wait_and_the_bundle_agrees(
+        gpu_stack, tmp_path):
+    """Issue 13's acceptance: 2 ranks, one never joins init_process_group: a silent_hang alert in comm_init
+    whose evidence says where the ranks wait (py-spy, taken by the watcher itself); the bundle of the launch
+    (`/gpu bundle`, the `!bundle` handler) diagnosed offline gives the same verdict and phase."""
+    stack = await gpu_stack()  # stopped by the fixture, processes killed, even when the test fails
+    launches = stack.runtime.launches
+    try:
+        t0 = time.monotonic()
+        reply = await post_and_wait(stack, "/launch", "torch mode=init_hang gib=1",
+                                    lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
+        assert "Launched torch#1" in text_of(reply), text_of(reply)
+        la = launches.get(1)
+        await wait_ranks_logged(la, "Init torch distributed begin.", 2, timeout=150)
+        alert = await stack.fake.wait_for_call(
+            "chat.postMessage", predicate=lambda c: is_alert(text_of(c)) and ": silent_hang" in text_of(c),
+            timeout=POLICY.phase_grace_s["comm_init"] + 120)
+        text = text_of(alert)
+        blocks = json.dumps(alert["params"].get("blocks") or [])
+        record(init_hang_alert={"text": text, "seconds_launch_to_alert": round(time.monotonic() - t0, 1)})
+        assert "silent_hang in comm_init" in text.split("\n", 1)[0], text
+        assert "stacks (py-spy, 2 ranks)" in text + blocks, text
+        assert "rank 1 is in " in text + blocks and ("rank 0 waits in " in text + blocks), text
+        offline = await post_and_wait(stack, "/gpu", "bundle 1", lambda t: "Bundle of torch#1" in t, timeout=120)
+        record(init_hang_bundle={"text": text_of(offline)})
+        assert "diagnosed offline: silent_hang in comm_init" in text_of(offline), text_of(offline)
+        bundle = await stack.runtime.services.bundles.collect(launch=la, user=OPERATOR)
+        root = bundle.write(tmp_path / "bundle")
+        v = diagnose(read_bundle(root))
+        record(init_hang_offline={"verdict": v.verdict, "phase": v.phase, "evidence": v.evidence[:4],
+                                  "files": sorted(bundle.files)})
+        assert (v.verdict, v.phase) == ("silent_hang", "comm_init"), v.summary
+        assert any(e.startswith("stacks (py-spy, 2 ranks)") for e in v.evidence), v.evidence
+    finally:
+        record_log("init_hang_server_log", launches)

@@ -18,6 +18,9 @@ Then, by `--mode`:
 
 - hang:  nothing after `Load weight end` (the SGLang report of case 00): the processes stay alive and hold
   the memory, sleeping, so the GPU shows 0 % utilization; the port never opens.
+- init_hang: every rank but the last calls `torch.distributed.init_process_group` (NCCL, the TCPStore
+  rendezvous on `--port` + 1) after `Init torch distributed begin.`; the last rank never joins (it sleeps),
+  so the others wait in the rendezvous (natively `c10d::TCPStore::waitForWorkers`) for an hour.
 - ready: `KV Cache is allocated` (another `--kv-gib` GiB), `Memory pool end`, `Capture cuda graph begin`
   (a few real bf16 matrix products), `Capture cuda graph end`; once every rank is done the launcher logs
   `Uvicorn running on http://127.0.0.1:PORT` and `The server is fired up and ready to roll!` and serves
@@ -28,7 +31,7 @@ A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; t
 `Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
 action), and the driver frees the memory when the process is gone.
 
-Usage: python3 torch_server.py --workers 2 --gib 4 --port 8000 --mode hang|ready [--kv-gib 1]
+Usage: python3 torch_server.py --workers 2 --gib 4 --port 8000 --mode hang|init_hang|ready [--kv-gib 1]
 """
 
 from __future__ import annotations
@@ -79,6 +82,15 @@ def worker(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     torch.cuda.set_device(device)
     torch.zeros(1, device=device)  # the CUDA context
+    if args.mode == "init_hang":
+        if rank == args.workers - 1:
+            while True:  # the rank that never joins
+                time.sleep(3600)
+        import datetime
+
+        import torch.distributed as dist
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port + 1}", rank=rank,
+                                world_size=args.workers, timeout=datetime.timedelta(hours=1))
     free, _total = torch.cuda.mem_get_info(device)  # device-wide, like SGLang's `avail mem`
     log(f"Init torch distributed ends. avail mem={free / GIB:.2f} GB", rank)
     log(f"Load weight begin. avail mem={free / GIB:.2f} GB", rank)
@@ -198,12 +210,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-gib", type=float, default=1.0, help="GiB of 'KV cache' each rank adds (ready mode)")
     p.add_argument("--shards", type=int, default=8, help="weight shards (one progress line each)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--mode", choices=["ready", "hang"], default="ready")
+    p.add_argument("--mode", choices=["ready", "hang", "init_hang"], default="ready")
     p.add_argument("--device", default="cuda:0", help="every rank's device (the test machine has one GPU)")
     p.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not 1 <= args.workers <= 64 or args.gib < 0 or args.kv_gib < 0 or not 1 <= args.port <= 65535:
+    if not 1 <= args.workers <= 64 or args.gib < 0 or args.kv_gib < 0 or not 1 <= args.port <= 65534:
         p.error("need 1..64 workers, GiB >= 0 and a port in 1..65535")
     return args
 
