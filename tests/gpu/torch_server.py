@@ -21,6 +21,11 @@ Then, by `--mode`:
 - init_hang: every rank but the last calls `torch.distributed.init_process_group` (NCCL, the TCPStore
   rendezvous on `--port` + 1) after `Init torch distributed begin.`; the last rank never joins (it sleeps),
   so the others wait in the rendezvous (natively `c10d::TCPStore::waitForWorkers`) for an hour.
+- nccl_ready / collective_hang (one process per GPU: `--device per-rank` puts rank N on cuda:N): every rank
+  joins `init_process_group("nccl")` and runs one real `all_reduce` (`NCCL communicator ready` after it).
+  nccl_ready then goes on as ready; in collective_hang every rank but the last enters a second `all_reduce`
+  (with TORCH_NCCL_BLOCKING_WAIT=1 its Python frame stays inside `all_reduce` while it waits), and the last
+  rank sleeps instead: the others wait in the collective for an hour, holding their weights.
 - ready: `KV Cache is allocated` (another `--kv-gib` GiB), `Memory pool end`, `Capture cuda graph begin`
   (a few real bf16 matrix products), `Capture cuda graph end`; once every rank is done the launcher logs
   `Uvicorn running on http://127.0.0.1:PORT` and `The server is fired up and ready to roll!` and serves
@@ -31,7 +36,7 @@ A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; t
 `Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
 action), and the driver frees the memory when the process is gone.
 
-Usage: python3 torch_server.py --workers 2 --gib 4 --port 8000 --mode hang|init_hang|ready [--kv-gib 1]
+Usage: python3 torch_server.py --workers 2 --gib 4 --port 8000 --mode MODE [--kv-gib 1] [--device cuda:0|per-rank]
 """
 
 from __future__ import annotations
@@ -79,9 +84,20 @@ def worker(args: argparse.Namespace) -> int:
     log("Init torch distributed begin.", rank)
     import torch  # slow (seconds): the CPU time grows meanwhile, which the watcher counts as progress
 
-    device = torch.device(args.device)
+    device = torch.device(f"cuda:{rank}" if args.device == "per-rank" else args.device)
     torch.cuda.set_device(device)
     torch.zeros(1, device=device)  # the CUDA context
+    dist = None
+    if args.mode in ("nccl_ready", "collective_hang"):
+        import datetime
+
+        import torch.distributed as dist
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port + 1}", rank=rank,
+                                world_size=args.workers, timeout=datetime.timedelta(hours=1), device_id=device)
+        t = torch.ones(1, device=device)
+        dist.all_reduce(t)
+        torch.cuda.synchronize(device)
+        log(f"NCCL communicator ready: all_reduce of {args.workers} ranks gave {t.item():.0f}", rank)
     if args.mode == "init_hang":
         if rank == args.workers - 1:
             while True:  # the rank that never joins
@@ -107,6 +123,12 @@ def worker(args: argparse.Namespace) -> int:
     if args.mode == "hang":
         while True:  # `weights` stays referenced: memory held, nothing running on the GPU, nothing logged
             time.sleep(3600)
+    if args.mode == "collective_hang":
+        if rank == args.workers - 1:
+            while True:  # the rank that never enters the collective
+                time.sleep(3600)
+        t = torch.ones(1, device=device)
+        dist.all_reduce(t)  # blocks in all_reduce (TORCH_NCCL_BLOCKING_WAIT=1): the last rank never comes
     kv = _allocate(torch, device, args.kv_gib, 1)
     tokens = int(args.kv_gib * GIB) // (2 * 2 * 8 * 128 * 64)  # K and V, bf16, 8 heads x 128 dims x 64 layers
     log(f"KV Cache is allocated. #tokens: {tokens}, K size: {args.kv_gib / 2:.2f} GB, "
@@ -191,7 +213,7 @@ def launcher(args: argparse.Namespace) -> int:
                     if o.poll() is None:
                         o.terminate()
                 return 1
-        if args.mode == "ready" and not serving and len(os.listdir(ready_dir)) >= args.workers:
+        if args.mode in ("ready", "nccl_ready") and not serving and len(os.listdir(ready_dir)) >= args.workers:
             Health.ready_dir, Health.workers = ready_dir, args.workers
             srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
             srv.daemon_threads = True
@@ -210,8 +232,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-gib", type=float, default=1.0, help="GiB of 'KV cache' each rank adds (ready mode)")
     p.add_argument("--shards", type=int, default=8, help="weight shards (one progress line each)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--mode", choices=["ready", "hang", "init_hang"], default="ready")
-    p.add_argument("--device", default="cuda:0", help="every rank's device (the test machine has one GPU)")
+    p.add_argument("--mode", choices=["ready", "hang", "init_hang", "nccl_ready", "collective_hang"], default="ready")
+    p.add_argument("--device", default="cuda:0",
+                   help="every rank's device (one GPU), or `per-rank`: rank N on cuda:N (one process per GPU)")
     p.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -223,6 +246,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     """Run the launcher or, with --worker-rank, one TP rank."""
     args = parse_args()
+    if args.mode == "collective_hang":
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     if args.worker_rank is not None:
         return worker(args)
     return launcher(args)
