@@ -2,6 +2,7 @@
 
     python -m benchmarks.case_corpus              # the shared bundles and the rule-writing part, misses listed
     python -m benchmarks.case_corpus --held-out   # also the held-out third: counts only, no misses listed
+    python -m benchmarks.case_corpus --held-out-2 # also the second held-out set (76 and up), likewise
 
 Per part it prints how many bundles get the verdict right, the phase right, every evidence_must_mention quoted,
 and all three ("fully right"). The held-out third is measured once per issue and reported; its misses are not
@@ -17,7 +18,7 @@ from pathlib import Path
 from bot.adapters.bundle import read_bundle
 from bot.core.diagnose import diagnose
 from tests.support.paths import CASES
-from tests.support.split import split
+from tests.support.split import second_held_out, split
 
 
 def score(bundle: Path) -> dict[str, object]:
@@ -50,6 +51,7 @@ def main() -> None:
     """Parse the flags and print the report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--held-out", action="store_true", help="also measure the held-out third (counts only)")
+    ap.add_argument("--held-out-2", action="store_true", help="also measure the second held-out set (counts only)")
     ap.add_argument("--quiet", action="store_true", help="counts only, no misses listed")
     a = ap.parse_args()
     shared, rule_writing, held_out = split(sorted(p for p in CASES.iterdir() if p.is_dir()))
@@ -57,6 +59,8 @@ def main() -> None:
     report("rule-writing", rule_writing, not a.quiet)
     if a.held_out:
         report("held-out", held_out, False)
+    if a.held_out_2:
+        report("held-out 2", second_held_out(sorted(p for p in CASES.iterdir() if p.is_dir())), False)
 
 
 if __name__ == "__main__":

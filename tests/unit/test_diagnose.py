@@ -335,13 +335,16 @@ def test_oom_inside_a_traceback():
     assert "self.capture()" in _joined(v)
 
 
-def test_sigkill_without_dmesg_is_probably_host_oom_and_dmesg_can_overrule():
+def test_sigkill_is_a_host_oom_only_where_the_kernel_log_says_so():
     lines = ["Loading checkpoint shards:  75%|███ | 3/4 [00:08<00:02,  2.83s/it]Killed"]
-    v = diagnose(Observation(log_lines=lines, process_alive=False))
-    assert (v.verdict, v.phase) == ("host_oom", "weight_loading")
-    assert "no dmesg to confirm" in v.summary
+    v = diagnose(Observation(log_lines=lines, process_alive=False))  # no kernel log: the cause is not named
+    assert (v.verdict, v.phase) == ("crashed", "weight_loading")
+    assert "no kernel log to confirm it" in v.summary and "dmesg" in v.summary
     v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=["[1.0] usb 1-1: new device"]))
-    assert v.verdict == "crashed"
+    assert v.verdict == "crashed" and "shows no OOM kill" in v.summary
+    oom = ["[26002.1] Out of memory: Killed process 576419 (python) total-vm:78521468kB"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=oom))
+    assert (v.verdict, v.phase) == ("host_oom", "weight_loading")
 
 
 def test_dmesg_oom_kill_of_a_dead_launch_is_host_oom():

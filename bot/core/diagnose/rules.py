@@ -84,18 +84,28 @@ def _with_trends(obs: Observation, history: Sequence[Observation], sig: Signatur
     return replace(obs, **changes) if changes else obs
 
 
-def _steps(sig: Signatures, verdict: str, phase: str | None) -> list[str]:
-    steps = list(sig.next_steps.get(verdict, []))
+def _steps(sig: Signatures, verdict: str, phase: str | None, cause_text: str = "",
+           engines: Sequence[str] = ()) -> list[str]:
+    """Next steps: those of every cause (signatures.yaml `causes`) the failure's words show, with the engines'
+    own, then the verdict's phase steps, then the verdict's."""
+    steps: list[str] = []
+    for c in sig.causes if cause_text else []:
+        if (not c.verdicts or verdict in c.verdicts) and c.regex.search(cause_text):
+            for s in [*c.steps, *(s for e in engines for s in c.engine_steps.get(e, ()))]:
+                if s not in steps:
+                    steps.append(s)
     if phase:
         steps += [s for s in sig.next_steps.get(f"{verdict}.{phase}", []) if s not in steps]
+    steps += [s for s in sig.next_steps.get(verdict, []) if s not in steps]
     return steps
 
 
 def _verdict(
-    sig: Signatures, verdict: str, phase: str | None, ev: _Ev, summary: str, obs: Observation, scan: LogScan
+    sig: Signatures, verdict: str, phase: str | None, ev: _Ev, summary: str, obs: Observation, scan: LogScan,
+    cause_text: str = "",
 ) -> Verdict:
     _context_evidence(ev, obs, scan, sig)
-    steps = _steps(sig, verdict, phase)
+    steps = _steps(sig, verdict, phase, cause_text, scan.engines)
     return Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary)
 
 
@@ -212,13 +222,12 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     ev = _Ev()
     how = ""
     if kind == "killed":
-        if dmesg_oom or obs.dmesg_lines is None:
-            kind = "host_oom"
-            how = (
-                " (confirmed by dmesg)"
-                if dmesg_oom
-                else " (killed by SIGKILL, the kernel OOM killer's signal; no dmesg to confirm)"
-            )
+        if dmesg_oom:
+            kind, how = "host_oom", " (confirmed by dmesg)"
+        elif obs.dmesg_lines is None:  # a cause is named only where evidence shows it: no kernel log, no host OOM
+            kind = "crashed"
+            how = (" (killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to confirm it:"
+                   " `dmesg | grep -i 'killed process'` on the host tells)")
         else:
             kind = "crashed"
             how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
@@ -287,7 +296,8 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
     if root is not None and root.echo and first is not None and first is not root:
         summary += f" It follows an earlier failure: `{_q(first.line, 200)}`."
-    return _verdict(sig, kind, phase, ev, summary, obs, scan)
+    cause_text = "\n".join(h.line for h in (root, first) if h is not None) or quote
+    return _verdict(sig, kind, phase, ev, summary, obs, scan, cause_text)
 
 
 def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: float, gpu_free_mib: float) -> _Ev:

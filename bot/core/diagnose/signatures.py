@@ -61,6 +61,35 @@ class _Group:
         return [p for p in self.pats if p.regex.search(line)]
 
 
+@dataclass(frozen=True)
+class Cause:
+    """A cause of a failure, recognised in its own words (`regex` on the decisive and first failure lines), for
+    `verdicts` (empty: any), with the `steps` it adds and engine-specific ones (`engine_steps`, engine -> steps)."""
+
+    name: str
+    regex: re.Pattern[str]
+    verdicts: tuple[str, ...]
+    steps: tuple[str, ...]
+    engine_steps: dict[str, tuple[str, ...]]
+
+
+def _causes(specs: Any) -> list[Cause]:
+    """causes: a list of {name, re, verdicts, steps, engines}; a bad regex or shape names the entry."""
+    out: list[Cause] = []
+    for i, c in enumerate(specs or []):
+        where = f"causes[{i}]"
+        if not isinstance(c, Mapping) or not c.get("name") or not c.get("steps"):
+            raise ValueError(f"signatures: {where}: needs name, re and steps")
+        pat = _compile(c.get("re"), where, "generic")
+        engines = c.get("engines") or {}
+        if not isinstance(engines, Mapping):
+            raise ValueError(f"signatures: {where}.engines: expected a mapping")
+        out.append(Cause(str(c["name"]), pat.regex, tuple(str(v) for v in c.get("verdicts") or ()),
+                         tuple(str(s) for s in c["steps"]),
+                         {str(k): tuple(str(s) for s in v or ()) for k, v in engines.items()}))
+    return out
+
+
 @dataclass
 class Signatures:
     """signatures.yaml, compiled. Build it with `load_signatures`; the default set is `SIGNATURES`."""
@@ -89,6 +118,7 @@ class Signatures:
     phase_hints: list[_Pat]
     error_severity: re.Pattern[str]
     comm_init_start: _Group
+    causes: list[Cause]
     warning_severity: re.Pattern[str]
 
 
@@ -215,6 +245,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         next_steps=steps,
         phase_hints=_hints(data.get("phase_hints"), order),
         warning_severity=re.compile(str(data.get("warning_severity") or r"\bWARN(?:ING)?\b")),
+        causes=_causes(data.get("causes")),
         comm_init_start=_Group(_pats(data.get("comm_init_start"), "comm_init_start", "generic")),
         error_severity=re.compile(str(data.get("error_severity") or r"\bERROR\b")),
     )
