@@ -6,6 +6,7 @@ Log lines are in the real formats of SGLang, vLLM, NCCL and torch (see bot/core/
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -657,3 +658,43 @@ def test_a_phase_hint_is_read_from_the_failure_s_own_traceback_innermost_first()
     v = diagnose(Observation(log_lines=lines, process_alive=False))
     assert (v.verdict, v.phase) == ("oom", "cuda_graph_capture")
     assert any("init_cuda_graphs" in e or "capture" in e for e in v.evidence)
+
+
+def test_queued_requests_and_a_silent_log_are_a_serving_hang_even_while_health_answers():
+    stats = ("INFO 02-01 06:36:05 llm_engine.py:921] Avg prompt throughput: 382.6 tokens/s, Running: 35 reqs, "
+             "Swapped: 0 reqs, Pending: 115 reqs, GPU KV cache usage: 99.0%")
+    obs = Observation(log_lines=["INFO:     Application startup complete.", stats], process_alive=True,
+                      port_open=True, health="ok", log_silent_s=600)
+    v = diagnose(obs)
+    assert (v.verdict, v.phase) == ("silent_hang", "serving"), v.summary
+    assert "Pending: 115 reqs" in _joined(v)
+    idle = stats.replace("Running: 35", "Running: 0").replace("Pending: 115", "Pending: 0")
+    assert diagnose(replace(obs, log_lines=[obs.log_lines[0], idle])).verdict == "ready"  # idle and quiet: fine
+    assert diagnose(replace(obs, log_silent_s=20)).verdict == "ready"  # within the serving grace
+
+
+def test_a_failure_while_a_request_runs_is_in_serving_and_its_same_second_block_is_one_event():
+    lines = ["2024-12-19 21:40:35 WARNING 56542 [model_runner_base.py:143] Failed to pickle inputs of failed "
+             "execution: CUDA error: an illegal memory access was encountered",
+             "2024-12-19 21:40:35 WARNING 56542 [model_runner_base.py:143] For debugging consider passing "
+             "CUDA_LAUNCH_BLOCKING=1",
+             "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] Engine background task failed",
+             "2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] Traceback (most recent call last):"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("cuda_error", "serving")
+    assert "Engine background task failed" in _joined(v)  # the block's head line, quoted
+    assert any("A kernel faulted" in s for s in v.next_steps)  # the cause's own steps first
+    assert not any("compute_cap" in s for s in v.next_steps)  # not the wheel check of a missing kernel image
+
+
+def test_leftovers_of_an_ended_launch_are_orphans_whatever_their_names():
+    ps = ("  PID  PPID STAT %CPU COMMAND\n"
+          " 4242     1 Sl   99.0 /usr/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main(fd=7)\n"
+          " 4300     1 Rl   99.0 pt_main_thread\n")
+    smi = ("| Processes:                                                                              |\n"
+           "|    0   N/A  N/A      4300      C   pt_main_thread                              70000MiB |\n")
+    obs = observation_from_texts({"ps.txt": ps, "nvidia-smi.txt": smi}, {"process_alive": False})
+    v = diagnose(obs)
+    assert v.verdict == "orphans_hold_gpu", v.summary
+    joined = _joined(v)
+    assert "4242" in joined and "4300" in joined

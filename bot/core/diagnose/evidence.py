@@ -146,9 +146,12 @@ def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
     end = _traceback_end(scan, start, sig)
     stop = end if end is not None else min(len(scan.lines), start + 60)
     frame = None
+    names: list[str] = []
     for j in range(start + 1, stop):
-        if _FRAME_RE.search(scan.lines[j]):
+        if m := _FRAME_RE.search(scan.lines[j]):
             frame = j
+            if m.group(3) and m.group(3) != "<module>":
+                names.append(m.group(3))
     if frame is None:
         return None
     parts = [f"`{_q(scan.lines[frame])}`"]
@@ -157,7 +160,8 @@ def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
         parts.append(f"`{_q(scan.lines[code])}`")
     if end is not None:
         parts.append(f"`{_q(scan.lines[end])}`")
-    return "traceback, last frame: " + " → ".join(parts)
+    chain = f" (frames, innermost last: {' → '.join(names[-8:])})" if len(names) > 1 else ""
+    return "traceback, last frame: " + " → ".join(parts) + chain
 
 
 def _phase_evidence(ev: _Ev, scan: LogScan) -> None:

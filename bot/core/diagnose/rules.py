@@ -27,7 +27,7 @@ from bot.core.diagnose.evidence import (
     _secs,
     _traceback_summary,
 )
-from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, scan_log
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -129,24 +129,30 @@ def _q_hit(h: _Hit, sig: Signatures) -> str:
     return _q_at(h.line, m.start()) if m else _q(h.line)
 
 
-def _is_error_part(line: str, sig: Signatures) -> bool:
+def _is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = None) -> bool:
     """Whether a line belongs to a multi-line error block: an error-severity prefix, a traceback line (frame,
-    code, caret), or an exception line."""
+    code, caret), an exception line, or (with `event`, the failure line's timestamp) a line logged in the same
+    second, whatever its severity (a CUDA error logged as a WARNING block right before the ERROR block)."""
     body = line.strip()
-    return bool(body) and bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
-                               or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
-                               or line[:1] in (" ", "\t"))
+    if not body:
+        return False
+    if event is not None and _timestamp(line) == event:
+        return True
+    return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
+                or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
+                or line[:1] in (" ", "\t"))
 
 
 def _block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[int]:
     """The message lines (not frames or code) of the multi-line error block around line `i`, other than line
     `i` itself: the head that says what failed ("EngineCore failed to start.", "Engine background task
     failed") when the decisive line is deeper in the block. At most `limit`, in log order."""
+    event = _timestamp(scan.lines[i])
     lo = i
-    while lo > 0 and i - lo < 80 and _is_error_part(scan.lines[lo - 1], sig):
+    while lo > 0 and i - lo < 80 and _is_error_part(scan.lines[lo - 1], sig, event):
         lo -= 1
     hi = i
-    while hi + 1 < len(scan.lines) and hi - i < 120 and _is_error_part(scan.lines[hi + 1], sig):
+    while hi + 1 < len(scan.lines) and hi - i < 120 and _is_error_part(scan.lines[hi + 1], sig, event):
         hi += 1
     heads = []
     for j in range(lo, hi + 1):
@@ -164,16 +170,20 @@ def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, i
     """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
     traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
     in it). Returns (phase, the line that names it), (None, None) when nothing says."""
+    event = _timestamp(scan.lines[i])
     after = []
     for j in range(i + 1, min(len(scan.lines), i + 80)):  # its own block only: the traceback that follows
-        if not _is_error_part(scan.lines[j], sig):
+        if not _is_error_part(scan.lines[j], sig, event):
             break
         after.append(j)
     before = []
     for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first
-        if not _is_error_part(scan.lines[j], sig):
+        if not _is_error_part(scan.lines[j], sig, event):
             break
         before.append(j)
+    for j in [i, *after, *before]:
+        if sig.serving_evidence.first(scan.lines[j]):
+            return "serving", j
     for j in [i, *reversed(after), *before]:
         for p in sig.phase_hints:
             if p.regex.search(scan.lines[j]):
@@ -300,6 +310,30 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     return _verdict(sig, kind, phase, ev, summary, obs, scan, cause_text)
 
 
+def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s: float) -> Verdict | None:
+    """A serving hang the health endpoint does not see: the newest stats line shows requests running or
+    waiting, and the log has been silent for the serving grace since. None otherwise."""
+    silence = obs.log_silent_s
+    if silence is None or silence < grace_s:
+        return None
+    for i in range(len(scan.lines) - 1, max(-1, len(scan.lines) - 200), -1):
+        for rx in sig.queued_requests:
+            if m := rx.search(scan.lines[i]):
+                running, pending = int(m.group("running")), int(m.group("pending"))
+                if running + pending == 0:
+                    return None
+                ev = _Ev()
+                quoted = _q_at(scan.lines[i], m.start())
+                ev.add(f"requests queued at the newest stats line (log line {i + 1}): `{quoted}`")
+                ev.add(f"no log line for {_secs(silence)} since, beyond the {_secs(grace_s)} serving grace")
+                if obs.health == "ok":
+                    ev.add("the health endpoint still answers: it does not go through the stuck engine")
+                summary = (f"Serving hang: {running} request(s) running and {pending} waiting, and the log has been "
+                           f"silent for {_secs(silence)}; a serving engine with queued work logs every few seconds.")
+                return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+    return None
+
+
 def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: float, gpu_free_mib: float) -> _Ev:
     """Evidence that GPUs are held by processes no live launch owns (empty when there is none)."""
     ev = _Ev()
@@ -342,8 +376,14 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
                 )
     procs = obs.processes or []
     host_only = obs.log_lines is None and obs.process_alive is None
+    holders = {gp.pid for gp in obs.gpu_processes or []}
     for p in procs:
-        if not _is_engine_process(p, sig) or p.state in ("Z", "X"):
+        if p.state in ("Z", "X"):
+            continue
+        # an engine's process, or, once the launch ended, any process re-parented to init that still holds
+        # GPU memory: a leftover whatever its name
+        leftover = dead and p.ppid == 1 and p.pid in holders
+        if not _is_engine_process(p, sig) and not leftover:
             continue
         age = p.elapsed_s
         stale = False
@@ -474,6 +514,9 @@ def _diagnose(
         health in (None, "connect_timeout")
         and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
     ):
+        stuck = _queued_but_silent(obs, scan, sig, grace.get("serving", silence_default))
+        if stuck is not None:
+            return stuck
         ev = _Ev()
         if ready_line:
             ev.add(f"readiness line: `{_q(ready_line)}`")
