@@ -24,6 +24,8 @@ The package, by responsibility (a module imports only modules above it in this l
 - `signatures`: the compiled signature model and its loader (signatures.yaml -> Signatures);
 - `logscan`: the log scanner (scan_log -> LogScan);
 - `evidence`: evidence strings quoting what an observation and a scan show;
+- `blocks`: multi-line error blocks (their head lines, the phase their words and frames name);
+- `stacks`: what the ranks' py-spy dumps add to a hang (the cross-rank summary, the phase the frames show);
 - `rules`: the decision rules (diagnose) and the verdict's terminal text (format_verdict).
 
 Import the public names from here, `bot.core.diagnose`.

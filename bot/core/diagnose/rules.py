@@ -1,9 +1,14 @@
 """The decision rules: one `Observation` (and earlier ones) in, one `Verdict` out (`diagnose`), and its text.
 
 The rules, in order: a lost GPU; the first specific failure signature (a watchdog timeout is an echo, deciding
-only when nothing specific came first); GPUs held by processes no live launch owns; a launch that ended; a
-serving server; else progress or silence judged against the phase's grace period. Trends the caller left
-unset are derived from `history`; unusable numbers (NaN, inf, negative) are treated as unknown. Pure.
+only when nothing specific came first; failures all followed by a readiness line were survived; a SIGKILL is a
+host OOM only with the kernel's word); GPUs held by processes no live launch owns (an ended launch's leftovers
+whatever their names); a launch that ended; a serving server (unless requests are queued and the log went
+silent: a serving hang the health endpoint does not see); else progress or silence judged against the
+phase's grace period (silence that reaches it is silence). A failure's phase comes from the phase markers, else
+from its own block (a running request means serving; then the words and frames, bot.core.diagnose.blocks).
+Next steps come from the causes the failure's words show, then the verdict's. Trends the caller left unset are
+derived from `history`; unusable numbers (NaN, inf, negative) are treated as unknown. Pure.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from bot.core.diagnose.blocks import block_heads, hinted_phase, quote_hit
 from bot.core.diagnose.evidence import (
     _context_evidence,
     _Ev,
@@ -27,7 +33,7 @@ from bot.core.diagnose.evidence import (
     _secs,
     _traceback_summary,
 )
-from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp, scan_log
+from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -121,76 +127,6 @@ _KIND_LABEL = {
 }
 
 
-def _q_hit(h: _Hit, sig: Signatures) -> str:
-    """A failure line quoted around the words its signature matched."""
-    group = sig.failures.get(h.kind) if h.kind != "killed" else sig.killed
-    pat = group.first(h.line) if group is not None else None
-    m = pat.regex.search(h.line) if pat is not None else None
-    return _q_at(h.line, m.start()) if m else _q(h.line)
-
-
-def _is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = None) -> bool:
-    """Whether a line belongs to a multi-line error block: an error-severity prefix, a traceback line (frame,
-    code, caret), an exception line, or (with `event`, the failure line's timestamp) a line logged in the same
-    second, whatever its severity (a CUDA error logged as a WARNING block right before the ERROR block)."""
-    body = line.strip()
-    if not body:
-        return False
-    if event is not None and _timestamp(line) == event:
-        return True
-    return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
-                or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
-                or line[:1] in (" ", "\t"))
-
-
-def _block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[int]:
-    """The message lines (not frames or code) of the multi-line error block around line `i`, other than line
-    `i` itself: the head that says what failed ("EngineCore failed to start.", "Engine background task
-    failed") when the decisive line is deeper in the block. At most `limit`, in log order."""
-    event = _timestamp(scan.lines[i])
-    lo = i
-    while lo > 0 and i - lo < 80 and _is_error_part(scan.lines[lo - 1], sig, event):
-        lo -= 1
-    hi = i
-    while hi + 1 < len(scan.lines) and hi - i < 120 and _is_error_part(scan.lines[hi + 1], sig, event):
-        hi += 1
-    heads = []
-    for j in range(lo, hi + 1):
-        line = scan.lines[j]
-        if j == i or _FRAME_RE.search(line) or "Traceback (most recent call last)" in line:
-            continue
-        text = sig.error_severity.split(line)[-1].strip(" :]")
-        if sig.error_severity.search(line) and len(text) > 8 and not text.startswith(("File ", "^", "~")) \
-                and line.strip() != scan.lines[i].strip():
-            heads.append(j)
-    return heads[:1] + heads[-1:] if len(heads) > limit else heads
-
-
-def _hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, int | None]:
-    """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
-    traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
-    in it). Returns (phase, the line that names it), (None, None) when nothing says."""
-    event = _timestamp(scan.lines[i])
-    after = []
-    for j in range(i + 1, min(len(scan.lines), i + 80)):  # its own block only: the traceback that follows
-        if not _is_error_part(scan.lines[j], sig, event):
-            break
-        after.append(j)
-    before = []
-    for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first
-        if not _is_error_part(scan.lines[j], sig, event):
-            break
-        before.append(j)
-    for j in [i, *after, *before]:
-        if sig.serving_evidence.first(scan.lines[j]):
-            return "serving", j
-    for j in [i, *reversed(after), *before]:
-        for p in sig.phase_hints:
-            if p.regex.search(scan.lines[j]):
-                return p.phase, j
-    return None, None
-
-
 def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
     """The verdict from failure signatures in the log (and OOM kills in dmesg), or None."""
     hits = list(scan.failures)
@@ -245,7 +181,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if first is not None and root is not None and first.index < root.index:
         ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
     if root is not None:
-        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{_q_hit(root, sig)}`")
+        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{quote_hit(root, sig)}`")
     same = [
         h
         for h in hits
@@ -263,7 +199,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
             shown.add(h.line.strip())
             ev.add(f"also (log line {h.index + 1}): `{_q(h.line)}`")
     if root is not None:
-        for j in _block_heads(scan, root.index, sig):
+        for j in block_heads(scan, root.index, sig):
             ev.add(f"error block (log line {j + 1}): `{_q(scan.lines[j])}`")
     for anchor in [h for h in (first, root) if h is not None]:
         ev.add(_traceback_summary(scan, anchor.index, sig))
@@ -286,7 +222,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         phase = implied[0] if implied else None
     phase_line = scan.phase_index if phase is not None and phase == scan.phase else None
     if phase is None and root is not None:
-        phase, phase_line = _hinted_phase(scan, root.index, sig)
+        phase, phase_line = hinted_phase(scan, root.index, sig)
     if kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):

@@ -1,0 +1,87 @@
+"""Error blocks of a server log (pure): where a multi-line error starts and ends, the head lines that say
+what failed, the phase its words and frames name, and a failure line quoted around the words that decided.
+
+A block is the run of lines around a failure that belong to it: error-severity lines (signatures.yaml
+`error_severity`: Python logging, glog, torch c10, TensorRT-LLM, Rust tracing prefixes), traceback frames and
+code lines, exception lines, and whatever was logged in the same second (a CUDA error logged as a WARNING
+block right before the ERROR block of the same event).
+"""
+
+from __future__ import annotations
+
+from bot.core.diagnose.evidence import _q, _q_at
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp
+from bot.core.diagnose.signatures import Signatures
+
+__all__ = ["block_heads", "hinted_phase", "is_error_part", "quote_hit"]
+
+
+def quote_hit(h: _Hit, sig: Signatures) -> str:
+    """The failure line of `h` quoted (at most 400 characters) around the words its signature matched, so the
+    deciding words survive the cut of a long line."""
+    group = sig.failures.get(h.kind) if h.kind != "killed" else sig.killed
+    pat = group.first(h.line) if group is not None else None
+    m = pat.regex.search(h.line) if pat is not None else None
+    return _q_at(h.line, m.start()) if m else _q(h.line)
+
+
+def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = None) -> bool:
+    """Whether a line belongs to a multi-line error block: an error-severity prefix, a traceback line (frame,
+    code, caret), an exception line, or (with `event`, the failure line's timestamp) a line logged in the same
+    second, whatever its severity (a CUDA error logged as a WARNING block right before the ERROR block)."""
+    body = line.strip()
+    if not body:
+        return False
+    if event is not None and _timestamp(line) == event:
+        return True
+    return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
+                or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
+                or line[:1] in (" ", "\t"))
+
+
+def block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[int]:
+    """The message lines (not frames or code) of the multi-line error block around line `i`, other than line
+    `i` itself: the head that says what failed ("EngineCore failed to start.", "Engine background task
+    failed") when the decisive line is deeper in the block. At most `limit`, in log order."""
+    event = _timestamp(scan.lines[i])
+    lo = i
+    while lo > 0 and i - lo < 80 and is_error_part(scan.lines[lo - 1], sig, event):
+        lo -= 1
+    hi = i
+    while hi + 1 < len(scan.lines) and hi - i < 120 and is_error_part(scan.lines[hi + 1], sig, event):
+        hi += 1
+    heads = []
+    for j in range(lo, hi + 1):
+        line = scan.lines[j]
+        if j == i or _FRAME_RE.search(line) or "Traceback (most recent call last)" in line:
+            continue
+        text = sig.error_severity.split(line)[-1].strip(" :]")
+        if sig.error_severity.search(line) and len(text) > 8 and not text.startswith(("File ", "^", "~")) \
+                and line.strip() != scan.lines[i].strip():
+            heads.append(j)
+    return heads[:1] + heads[-1:] if len(heads) > limit else heads
+
+
+def hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, int | None]:
+    """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
+    traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
+    in it). Returns (phase, the line that names it), (None, None) when nothing says."""
+    event = _timestamp(scan.lines[i])
+    after = []
+    for j in range(i + 1, min(len(scan.lines), i + 80)):  # its own block only: the traceback that follows
+        if not is_error_part(scan.lines[j], sig, event):
+            break
+        after.append(j)
+    before = []
+    for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first
+        if not is_error_part(scan.lines[j], sig, event):
+            break
+        before.append(j)
+    for j in [i, *after, *before]:
+        if sig.serving_evidence.first(scan.lines[j]):
+            return "serving", j
+    for j in [i, *reversed(after), *before]:
+        for p in sig.phase_hints:
+            if p.regex.search(scan.lines[j]):
+                return p.phase, j
+    return None, None
