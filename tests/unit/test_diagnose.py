@@ -692,9 +692,60 @@ def test_leftovers_of_an_ended_launch_are_orphans_whatever_their_names():
           " 4242     1 Sl   99.0 /usr/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main(fd=7)\n"
           " 4300     1 Rl   99.0 pt_main_thread\n")
     smi = ("| Processes:                                                                              |\n"
-           "|    0   N/A  N/A      4300      C   pt_main_thread                              70000MiB |\n")
+           "|    0   N/A  N/A      4242      C   /usr/bin/python3                            70000MiB |\n"
+           "|    1   N/A  N/A      4300      C   pt_main_thread                              70000MiB |\n")
     obs = observation_from_texts({"ps.txt": ps, "nvidia-smi.txt": smi}, {"process_alive": False})
     v = diagnose(obs)
     assert v.verdict == "orphans_hold_gpu", v.summary
     joined = _joined(v)
     assert "4242" in joined and "4300" in joined
+
+
+# --- the second adversarial pass --------------------------------------------------------------------------
+
+def test_an_idle_sglang_server_whose_last_stats_line_shows_a_running_request_is_ready():
+    lines = ["[2025-09-09 08:32:09 TP0] The server is fired up and ready to roll!",
+             "[2025-09-09 08:32:10 TP0] Decode batch. #running-req: 1, #token: 2625, token usage: 0.01, "
+             "gen throughput (token/s): 40.49, #queue-req: 0, ",
+             '[2025-09-09 08:32:11] INFO:     127.0.0.1:5000 - "POST /generate HTTP/1.1" 200 OK']
+    v = diagnose(Observation(log_lines=lines, process_alive=True, port_open=True, health="ok", log_silent_s=1200))
+    assert v.verdict == "ready", v.summary
+
+
+def test_a_previous_run_s_queued_requests_do_not_make_a_fresh_run_hang():
+    old = "INFO 02-01 06:36:05 llm_engine.py:921] Running: 4 reqs, Swapped: 0 reqs, Pending: 9 reqs"
+    lines = [old, "INFO 02-01 07:00:00 api_server.py:1] vLLM API server version 0.6.0",
+             "INFO 02-01 07:00:01 api_server.py:1] args: Namespace(model='m')",
+             "INFO:     Application startup complete."]
+    v = diagnose(Observation(log_lines=lines, process_alive=True, port_open=True, health="ok", log_silent_s=1200))
+    assert scan_log(lines).start >= 1 and v.verdict == "ready", v.summary
+
+
+def test_cause_steps_need_the_cause_s_own_words():
+    watchdog = ("[rank0]:[E1201 10:00:00.1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+                "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, Timeout(ms)=600000) ran for 600010 ms")
+    v = diagnose(Observation(log_lines=[watchdog], process_alive=False))
+    assert v.verdict == "nccl_error" and not any("InfiniBand" in s for s in v.next_steps), v.next_steps
+    assert "some rank never entered it" in v.next_steps[0]
+    disk = ("OSError: [Errno 28] No space left on device: '/root/.cache/huggingface/hub/models--x/blobs/abc'")
+    assert not any("/dev/shm" in s for s in diagnose(Observation(log_lines=[disk], process_alive=False)).next_steps)
+    cpu = "Illegal instruction (core dumped)"
+    steps = diagnose(Observation(log_lines=[cpu], process_alive=False)).next_steps
+    assert not any("kernel faulted" in s for s in steps)
+
+
+def test_a_gpu_service_of_its_own_is_no_leftover_of_an_ended_launch():
+    ps = "  PID  PPID STAT %CPU COMMAND\n  900     1 Ssl   2.0 /usr/local/bin/ollama serve\n"
+    smi = ("| Processes:                                                                              |\n"
+           "|    1   N/A  N/A       900      C   /usr/local/bin/ollama                        4000MiB |\n")
+    obs = observation_from_texts({"ps.txt": ps, "nvidia-smi.txt": smi, "server.log": "Shutting down (requested).\n"},
+                                 {"process_alive": False})
+    assert diagnose(replace(obs, exit_code=0)).verdict == "exited"
+
+
+def test_an_unreadable_kernel_log_is_no_evidence_either_way():
+    lines = ["Loading checkpoint shards:  75%|███ | 3/4 [00:08<00:02,  2.83s/it]Killed"]
+    for dmesg in ([], ["dmesg: read kernel buffer failed: Operation not permitted"]):
+        v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=dmesg))
+        assert v.verdict == "crashed" and "no kernel log to confirm it" in v.summary, v.summary
+        assert any("SIGKILL" in s for s in v.next_steps)

@@ -14,6 +14,7 @@ derived from `history`; unusable numbers (NaN, inf, negative) are treated as unk
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -134,6 +135,8 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     dmesg_oom = (
         [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
     )
+    # a dmesg capture without a kernel line (empty, or "read kernel buffer failed") is no kernel log
+    kernel_log = obs.dmesg_lines is not None and any(_KERNEL_LINE.search(line) for line in obs.dmesg_lines)
     specific = [h for h in hits if h.kind != "crashed" and not h.echo and h.kind != "gpu_lost"]
     echoes = [h for h in hits if h.echo]
     generic = [h for h in hits if h.kind == "crashed"]
@@ -170,7 +173,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if kind == "killed":
         if dmesg_oom:
             kind, how = "host_oom", " (confirmed by dmesg)"
-        elif obs.dmesg_lines is None:  # a cause is named only where evidence shows it: no kernel log, no host OOM
+        elif not kernel_log:  # a cause is named only where evidence shows it: no kernel log, no host OOM
             kind = "crashed"
             how = (" (killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to confirm it:"
                    " `dmesg | grep -i 'killed process'` on the host tells)")
@@ -242,8 +245,13 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
     if root is not None and root.echo and first is not None and first is not root:
         summary += f" It follows an earlier failure: `{_q(first.line, 200)}`."
-    cause_text = "\n".join(h.line for h in (root, first) if h is not None) or quote
+    cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
+                           quote])
     return _verdict(sig, kind, phase, ev, summary, obs, scan, cause_text)
+
+
+#: A kernel log line: dmesg's `[12345.678901]` / `-T` `[Tue Dec  1 ...]` prefix, or journalctl's `kernel:`.
+_KERNEL_LINE = re.compile(r"^\s*\[\s*(?:\d+\.\d+|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d)|\bkernel: ")
 
 
 def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s: float) -> Verdict | None:
@@ -252,12 +260,12 @@ def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s
     silence = obs.log_silent_s
     if silence is None or silence < grace_s:
         return None
-    for i in range(len(scan.lines) - 1, max(-1, len(scan.lines) - 200), -1):
+    for i in range(len(scan.lines) - 1, max(scan.start - 1, len(scan.lines) - 200), -1):  # this run only
         for rx in sig.queued_requests:
             if m := rx.search(scan.lines[i]):
                 running, pending = int(m.group("running")), int(m.group("pending"))
-                if running + pending == 0:
-                    return None
+                if pending == 0:  # running only: the stats line may predate the request's end (SGLang logs
+                    return None   # every 40 decode steps); waiting requests are work the engine must take up
                 ev = _Ev()
                 quoted = _q_at(scan.lines[i], m.start())
                 ev.add(f"requests queued at the newest stats line (log line {i + 1}): `{quoted}`")
@@ -316,9 +324,12 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
     for p in procs:
         if p.state in ("Z", "X"):
             continue
-        # an engine's process, or, once the launch ended, any process re-parented to init that still holds
-        # GPU memory: a leftover whatever its name
-        leftover = dead and p.ppid == 1 and p.pid in holders
+        # an engine's process, or, once the launch ended, one of its children (a multiprocessing worker,
+        # torchrun's, Ray's) re-parented to init and still holding GPU memory: a leftover whatever its name
+        started_after = p.elapsed_s is not None and obs.elapsed_s is not None and p.elapsed_s <= obs.elapsed_s + 120
+        child_like = sig.leftover_processes.first(p.args) is not None
+        holder = p.pid in holders
+        leftover = dead and p.ppid == 1 and ((child_like and (holder or started_after)) or (holder and started_after))
         if not _is_engine_process(p, sig) and not leftover:
             continue
         age = p.elapsed_s

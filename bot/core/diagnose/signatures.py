@@ -121,6 +121,7 @@ class Signatures:
     causes: list[Cause]
     serving_evidence: _Group
     queued_requests: list[re.Pattern[str]]
+    leftover_processes: _Group
     warning_severity: re.Pattern[str]
 
 
@@ -248,6 +249,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         phase_hints=_hints(data.get("phase_hints"), order),
         warning_severity=re.compile(str(data.get("warning_severity") or r"\bWARN(?:ING)?\b")),
         causes=_causes(data.get("causes")),
+        leftover_processes=_Group(_pats(data.get("leftover_processes"), "leftover_processes", "generic")),
         queued_requests=[p.regex for p in _pats(data.get("queued_requests"), "queued_requests", "generic")],
         serving_evidence=_Group(_pats(data.get("serving_evidence"), "serving_evidence", "generic")),
         comm_init_start=_Group(_pats(data.get("comm_init_start"), "comm_init_start", "generic")),
