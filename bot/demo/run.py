@@ -85,19 +85,24 @@ def demo_config(tmpdir: Path) -> Config:
     server = str(resources.files("bot.demo") / "fake_server.py")
     params: dict = {"python": {"type": "path", "default": sys.executable},
                     "server": {"type": "path", "default": server},
-                    "load_s": {"type": "float", "default": 1.0, "min": 0, "max": 60}}
-    command = ("{{ python }} {{ server }} --workers 2 --gpus 0,1 --port {{ port }} --mode ready "
-               "--load-s {{ load_s }} --load-steps 4")
+                    "load_s": {"type": "float", "default": 1.0, "min": 0, "max": 60},
+                    # `/launch demo mode=hang hang_in=collective`: a hang to watch, with stacks to dump
+                    "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "crash", "oom"]},
+                    "hang_in": {"type": "str", "default": "sleep", "choices": ["sleep", "rendezvous", "collective"]}}
+    command = ("{{ python }} {{ server }} --workers 2 --gpus 0,1 --port {{ port }} --mode {{ mode }} "
+               "--hang-in {{ hang_in }} --load-s {{ load_s }} --load-steps 4")
+    # py-spy beside this Python (pip install py-spy puts it there) serves `!stack` and the dumps on a hang
+    py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
     lifecycle: dict = {"kill_grace_s": 5, "release_timeout_s": 15, "min_shm_free_mib": 0}
     if shutil.which("nvidia-smi") is None:
         fake = install_fake_gpu(tmpdir / "gpu", gpu_count=2)
         host = HostConfig(local=True, nvidia_smi=str(fake.nvidia_smi), use_nvml=False, gpu_note=REPLAY_NOTE,
-                          log_dirs=[str(tmpdir)])
+                          log_dirs=[str(tmpdir)], py_spy=py_spy)
         params["state"] = {"type": "path", "default": str(fake.state_dir)}
         command += " --gpu-state {{ state }}"
     else:
         # a real GPU machine: the demo server holds no real GPU memory, and other jobs may use the GPUs
-        host = HostConfig(local=True, log_dirs=[str(tmpdir)])
+        host = HostConfig(local=True, log_dirs=[str(tmpdir)], py_spy=py_spy)
         lifecycle["gpu_free_mib"] = 10_000_000
     variant = {"host": "local", "command": command, "params": params, "port": free_port(),
                "gpus": [0, 1], "log": str(tmpdir / "{{ variant }}-{{ launch_id }}.log"), "health": "/health"}
