@@ -105,8 +105,10 @@ def _check_pids(pids: Any) -> list[int]:
 
 def dump_script(pids: list[int], *, sudo: bool = False, native: bool = False, timeout_s: int = 20,
                 py_spy: str = "py-spy") -> str:
-    """Return a POSIX sh script (run it with `sh -s`, script on stdin) that dumps each pid in turn with
-    `timeout -k 5 TIMEOUT [sudo -n] PYSPY dump --pid PID --json [--native]`, between markers.
+    """Return a POSIX sh script (run it with `sh -s`, script on stdin) that dumps every pid AT ONCE with
+    `timeout -k 5 TIMEOUT [sudo -n] PYSPY dump --pid PID --json [--native]` (one background job per pid, its
+    output in a private temporary directory), then prints each pid's output between markers, in pid order. So
+    a hung py-spy costs the whole dump at most one timeout, whatever the number of ranks.
 
     `py_spy` is the command name or absolute path looked up with `command -v` (with sudo, the resolved
     absolute path is run, which is what a sudoers entry names). Raises ValueError for a pid that is not a
@@ -121,17 +123,23 @@ def dump_script(pids: list[int], *, sudo: bool = False, native: bool = False, ti
     if native:
         cmd += " --native"
     pids_text = ",".join(str(p) for p in pid_list)
+    pids_words = " ".join(str(p) for p in pid_list)
     lines = [
         "RUST_BACKTRACE=0; export RUST_BACKTRACE",
         f"echo '@@PYSPY START timeout={timeout_s} pids={pids_text}'",
         f"PYSPY=$(command -v {quote(py_spy)} 2>/dev/null) || PYSPY=",
         'if [ -z "$PYSPY" ]; then echo "@@PYSPY MISSING"; exit 127; fi',
-        f"for pid in {' '.join(str(p) for p in pid_list)}; do",
+        'd=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-pyspy.XXXXXX") || exit 1',
+        "trap 'rm -rf \"$d\"' EXIT",
+        f"for pid in {pids_words}; do",
+        f'  ( {cmd} </dev/null >"$d/$pid.out" 2>"$d/$pid.err"; echo $? >"$d/$pid.rc" ) &',
+        "done",
+        "wait",
+        f"for pid in {pids_words}; do",
         '  echo "@@PYSPY $pid BEGIN"',
-        # stdout (the JSON) goes straight out through fd 3; stderr is captured to be printed after a marker.
-        f"  {{ err=$({cmd} </dev/null 2>&1 1>&3 3>&-); rc=$?; }} 3>&1",
-        '  if [ -n "$err" ]; then echo "@@PYSPY $pid STDERR"; printf \'%s\\n\' "$err" | sed \'s/^/| /\'; fi',
-        '  echo "@@PYSPY $pid END rc=$rc"',
+        '  cat "$d/$pid.out" 2>/dev/null',
+        '  if [ -s "$d/$pid.err" ]; then echo "@@PYSPY $pid STDERR"; sed \'s/^/| /\' "$d/$pid.err"; fi',
+        '  echo "@@PYSPY $pid END rc=$(cat "$d/$pid.rc" 2>/dev/null || echo 1)"',
         "done",
         "exit 0",
     ]
@@ -139,8 +147,9 @@ def dump_script(pids: list[int], *, sudo: bool = False, native: bool = False, ti
 
 
 def script_budget_s(n_pids: int, timeout_s: int) -> int:
-    """Seconds the whole script may take: every dump at its timeout plus the kill grace, plus a margin."""
-    return max(1, n_pids) * (timeout_s + KILL_AFTER_S + 1) + SCRIPT_MARGIN_S
+    """Seconds the whole script may take: the dumps run at once, so one timeout plus the kill grace, plus a
+    margin (and a second per 8 pids for starting them)."""
+    return timeout_s + KILL_AFTER_S + 1 + SCRIPT_MARGIN_S + max(1, n_pids) // 8
 
 
 # --------------------------------------------------------------------------------------------- parsing

@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 from bot.adapters.remote import Executor, LocalExecutor
 from bot.config import Config
 from bot.core.models import Launch, LaunchState
+from bot.core.shell import KILL_AFTER_S
 from bot.core.stackdump import (
     MISSING_MSG,
     PTRACE_MSG,
+    SCRIPT_MARGIN_S,
     SUDO_REFUSED_MSG,
     Frame,
     ProcessDump,
@@ -405,6 +407,29 @@ async def test_hung_py_spy_is_killed_and_reported(stack_bot, hung_py_spy):
     assert not d.ok and d.error and d.error.startswith("py-spy did not finish within 1 s")
     pid = int(started.read_text())
     await wait_until(lambda: not alive(pid), what=f"the hung py-spy (pid {pid}) to be killed")
+
+
+async def test_hung_py_spys_of_many_ranks_cost_one_timeout_not_one_each(tmp_path):
+    """The dumps run at once: the script's budget is one timeout (script_budget_s), so twelve hung py-spys must
+    all be reported as timed out, not cut short by the budget, as one after another would be."""
+    bin_dir = tmp_path / "hung-bin"
+    fake_tool(bin_dir, "py-spy", "exec sleep 3600")
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in range(12)]
+    try:
+        pids = [p.pid for p in sleepers]
+        ex = LocalExecutor("me", extra_path=[str(bin_dir)])
+        script = dump_script(pids, timeout_s=2, py_spy=str(bin_dir / "py-spy"))
+        one_timeout = 2 + KILL_AFTER_S + 1 + SCRIPT_MARGIN_S + 1  # one after another would need 12 x 2 s
+        assert script_budget_s(len(pids), 2) <= one_timeout
+        res = await ex.run("sh -s", input=script.encode(), timeout_s=one_timeout)
+        dumps = finish_dumps(pids, res.stdout, res.stderr, res.exit_status, res.exit_signal)
+        assert [d.pid for d in dumps] == pids
+        assert all(d.error and d.error.startswith("py-spy did not finish within 2 s") for d in dumps), \
+            [d.error for d in dumps]
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
 
 
 async def test_non_json_output_is_reported(stack_bot, tmp_path):
