@@ -171,8 +171,10 @@ def _names(labels: list[str]) -> str:
 
 
 def _at(g: StackGroup) -> str:
-    """`TP0 waits in X` / `7 ranks (...) wait in X` / `TP2 is in X`."""
+    """`TP0 waits in X` / `7 ranks (...) wait in X` / `TP2 is in X` / `TP1 could not be dumped`."""
     one = len(g.labels) == 1
+    if g.where == "not dumped":  # py-spy could not attach (a stopped, a D-state or a vanished process)
+        return f"{_names(g.labels)} could not be dumped"
     verb = ("waits" if one else "wait") if g.waiting else ("is" if one else "are")
     return f"{_names(g.labels)} {verb} in {g.where}"
 
@@ -201,7 +203,8 @@ def summarize_ranks(ranks: list[tuple[str, ProcessDump]]) -> CrossRankSummary:
     odd = None
     if len(groups) > 1:
         smallest = min(len(g.labels) for g in groups)
-        candidates = [g for g in groups if len(g.labels) == smallest]
+        # at a tie, a rank py-spy could not attach to (stopped, in D state) is the odder one
+        candidates = sorted((g for g in groups if len(g.labels) == smallest), key=lambda g: g.where != "not dumped")
         not_waiting = [g for g in candidates if not g.waiting]
         if len(candidates) < len(groups) or not_waiting:
             odd = (not_waiting or candidates)[0]
@@ -217,7 +220,7 @@ def summarize_ranks(ranks: list[tuple[str, ProcessDump]]) -> CrossRankSummary:
     elif odd is not None:
         others = [g for g in groups if g is not odd]
         rest = "; ".join(_at(g) for g in others)
-        line = f"{_names(odd.labels)} is in {odd.where} while {rest}"
+        line = f"{_at(odd) if odd.where == 'not dumped' else _names(odd.labels) + ' is in ' + odd.where} while {rest}"
     else:
         line = "; ".join(_at(g) for g in groups)
     return CrossRankSummary(groups=groups, odd=odd, phase=phase, cause=shown.cause, line=line)

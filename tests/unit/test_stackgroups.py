@@ -98,3 +98,9 @@ def test_rank_labels_come_from_each_engine_s_process_titles_and_flags():
     assert [rank_label(a) for a in ("sglang::scheduler_DP1_TP0", "VLLM::Worker_PP1_TP0",
                                     "python -m vllm serve /m/llama-70b_TP4", "python serve --name qwen:TP8")] == \
         ["DP1 TP0", "PP1 TP0", None, None]
+
+
+def test_a_rank_py_spy_could_not_attach_to_is_named_as_such():
+    s = summarize_ranks([("TP0", dump("allreduce_skipped-rank1.json")),
+                         ("TP1", ProcessDump(pid=2, ok=False, error="py-spy did not finish within 10 s"))])
+    assert s.line.startswith("TP1 could not be dumped while TP0 is in "), s.line
