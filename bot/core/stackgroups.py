@@ -183,7 +183,8 @@ def summarize_ranks(ranks: list[tuple[str, ProcessDump]]) -> CrossRankSummary:
     """Group `ranks` ((label, dump) pairs, e.g. ("TP0", dump)) by where they are and name the odd one out.
 
     The odd group is the smallest one; at a tie, the one that is not waiting on the others (a rank that never
-    entered a collective, while the rest wait in it), a rank py-spy could not attach to first. Returns a CrossRankSummary; `line` reads like
+    entered a collective, while the rest wait in it), a rank py-spy could not attach to first. Returns a
+    CrossRankSummary; `line` reads like
     "TP1 is in sleep (<string>:18) while TP0 waits in all_reduce (torch/distributed/distributed_c10d.py:3075)" or
     "all 8 ranks wait in all_reduce (...): waiting on a collective ...". Never raises."""
     places = [rank_place(label, dump) for label, dump in ranks]
