@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -34,6 +35,12 @@ def _load(path: str):
         sys.exit(2)
 
 
+def _fail(message: str) -> NoReturn:
+    """Print `error: MESSAGE` on stderr and exit with status 2 (bad input, an unusable state, a refused target)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
 def _state_hint(reason: str) -> str:
     """What to do about a database or state directory that cannot be used, by the database's own words."""
     r = reason.lower()
@@ -58,11 +65,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except StateDirLocked as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            _fail(str(e))
         except DatabaseUnavailable as e:
-            click.echo(f"error: cannot use the bot's state at {e.path}: {e.reason} ({_state_hint(e.reason)})", err=True)
-            sys.exit(2)
+            _fail(f"cannot use the bot's state at {e.path}: {e.reason} ({_state_hint(e.reason)})")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -83,8 +88,7 @@ def run(config_path: str) -> None:
     try:
         asyncio.run(run_socket_mode(config))
     except MissingSecret as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail(str(e))
 
 
 @main.command("serve-http")
@@ -99,8 +103,7 @@ def serve_http(config_path: str, port: int, bind: str) -> None:
     try:
         asyncio.run(run_http(config, port=port, host=bind))
     except MissingSecret as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail(str(e))
 
 
 @main.command()
@@ -140,14 +143,12 @@ def try_config(directory: str, force: bool) -> None:
 
     existing = Path(directory) / "config.yaml"
     if existing.exists() and not force:
-        click.echo(f"error: {existing} exists; use it (gpubot console --config {existing}), choose another "
-                   "directory, or pass --force to overwrite it", err=True)
-        sys.exit(2)
+        _fail(f"{existing} exists; use it (gpubot console --config {existing}), choose another "
+              "directory, or pass --force to overwrite it")
     try:
         path = write_try_config(directory)
     except OSError as e:
-        click.echo(f"error: cannot write {directory}: {e}", err=True)
-        sys.exit(2)
+        _fail(f"cannot write {directory}: {e}")
     click.echo(f"wrote {path}\nnow try:  printf '/launch demo\\nwait 4\\n/gpu status\\n/kill demo --yes\\n' | "
                f"gpubot console --config {path}\n(or interactively: gpubot console --config {path}; from a checkout, "
                "run gpubot as ./dev gpubot)")
@@ -195,8 +196,7 @@ def diagnose(directory: str, as_json: bool) -> None:
     try:
         observation = read_bundle(directory)
     except BundleError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail(str(e))
     verdict = run_diagnosis(observation)
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
@@ -216,7 +216,7 @@ def bundle(target: str, directory: str, config_path: str) -> None:
     lock). Exit 0; exit 2 for an unknown target, an unreachable host or a directory that cannot be written."""
     from bot.adapters.store import Store
     from bot.console import ConsoleSurface
-    from bot.services.bundles import BundleError
+    from bot.services.bundles import CollectError
     from bot.services.launches import LaunchError
     from bot.wiring import build_runtime, state_url
 
@@ -237,14 +237,11 @@ def bundle(target: str, directory: str, config_path: str) -> None:
         collected = asyncio.run(collect())
         root = collected.write(directory)
     except LaunchError as e:
-        click.echo(f"error: {e}; TARGET may also be a host: {', '.join(config.host_names())}", err=True)
-        sys.exit(2)
-    except BundleError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail(f"{e}; TARGET may also be a host: {', '.join(config.host_names())}")
+    except CollectError as e:
+        _fail(str(e))
     except OSError as e:
-        click.echo(f"error: cannot write the bundle to {directory}: {e.strerror or e}", err=True)
-        sys.exit(2)
+        _fail(f"cannot write the bundle to {directory}: {e.strerror or e}")
     finally:
         store.close()
     click.echo(f"{root}: {len(collected.files)} files; read it with `gpubot diagnose {root}`")
@@ -262,8 +259,7 @@ def manifest(config_path: str | None, request_url: str | None) -> None:
     from handlers import manifest as build_manifest
 
     if request_url is not None and not request_url.startswith("https://"):
-        click.echo("error: --request-url must be an https:// URL (Slack only calls HTTPS)", err=True)
-        sys.exit(2)
+        _fail("--request-url must be an https:// URL (Slack only calls HTTPS)")
     config = _load(config_path) if config_path else Config()
     click.echo(yaml.safe_dump(build_manifest(config, request_url=request_url), sort_keys=False), nl=False)
 

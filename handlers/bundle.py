@@ -7,7 +7,7 @@ from __future__ import annotations
 from bot.core.bundle import observation_from_files
 from bot.core.diagnose import diagnose
 from bot.core.grammar import CommandCall
-from bot.services.bundles import Bundle, BundleError
+from bot.services.bundles import Bundle, CollectError
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
@@ -31,7 +31,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     la = args.launch(ctx, call.args[0] if call.args else None, USAGE, allow_only_live=False)
     try:
         bundle = await ctx.services.bundles.collect(launch=la, user=ctx.user, channel=ctx.channel)
-    except BundleError as e:
+    except CollectError as e:
         raise UserError(f"Bundle of {la.name}", str(e), audit="error", thread_ts=ctx.thread_for(la),
                         launch_id=la.id) from None
     verdict, phase = offline_verdict(bundle)

@@ -495,7 +495,7 @@ def _rank_stacks(stacks: Mapping[str, str]) -> list[tuple[str, ProcessDump]]:
     return out
 
 
-def _inferred(obs: Observation, texts: Mapping[str, str], mtimes: Mapping[str, float], notes: list[str]) -> None:
+def _inferred(obs: Observation, mtimes: Mapping[str, float], notes: list[str]) -> None:
     """Without observed.json: what the files' times and contents can still tell (the log's silence when the log
     was last written well before the other captures), and a note naming what stays unknown."""
     log_time = mtimes.get("server.log")
@@ -587,5 +587,5 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
             obs.process_alive = False
             obs.exit_code = int(m.group(1))
     if observed is None:
-        _inferred(obs, texts, mtimes or {}, notes)
+        _inferred(obs, mtimes or {}, notes)
     return obs

@@ -103,9 +103,10 @@ def ps_text(processes: Sequence[ProcessInfo]) -> str:
     head = f"{'PID':>7} {'PPID':>7} {'PGID':>7} {'SID':>7} STAT {'%CPU':>5} {'RSS':>9} {'ELAPSED':>8} {'TIME':>11} " \
            f"{'WCHAN':<32} COMMAND"
     rows = [head]
+    def n(v: Any) -> str:
+        return "-" if v is None else str(v)
+
     for p in sorted(processes, key=lambda p: p.pid):
-        def n(v: Any) -> str:
-            return "-" if v is None else str(v)
         rows.append(f"{p.pid:>7} {n(p.ppid):>7} {n(p.pgid):>7} {n(p.sid):>7} {p.stat or '-':<4} "
                     f"{n(p.pcpu):>5} {n(p.rss_kib):>9} {n(p.elapsed_s):>8} {_ps_time(p.cpu_time_s):>11} "
                     f"{(p.wchan or '-')[:32]:<32} {p.args}")

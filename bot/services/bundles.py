@@ -28,7 +28,7 @@ from bot.services.stacks import StackDumpError, StackService
 PROBE_GAP_S = 3.0
 
 
-class BundleError(Exception):
+class CollectError(Exception):
     """The bundle could not be collected at all (host unreachable at the first probe); str() is user-facing."""
 
 
@@ -86,7 +86,7 @@ class BundleService:
     async def collect(self, *, launch: Launch | None = None, host: str | None = None, user: str,
                       channel: str | None = None, tail_lines: int = 500) -> Bundle:
         """Collect a bundle of `launch` (its processes, log, port, health, ranks' stacks) or of `host` (its GPU
-        holders, GPUs, sockets, dmesg). Raises BundleError when the host cannot be probed; anything that
+        holders, GPUs, sockets, dmesg). Raises CollectError when the host cannot be probed; anything that
         could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
         if launch is not None:
             host = launch.host
@@ -99,7 +99,7 @@ class BundleService:
             self._audit.record(user_id=user, action="bundle", args={"target": launch.name if launch else host},
                                result="error", detail=first.reason, host=host, channel=channel,
                                launch_id=launch.id if launch else None)
-            raise BundleError(f"{host} cannot be probed: {first.reason}")
+            raise CollectError(f"{host} cannot be probed: {first.reason}")
         extras_task = asyncio.ensure_future(self._extras(host))
         await asyncio.sleep(self._gap_s)
         second = await self._hosts.probe(host, req)
@@ -118,7 +118,8 @@ class BundleService:
             processes += [p for p in own if p.pid not in known]
             if own:
                 try:
-                    dump = await self._stacks.dump(launch, native=False, user=user, channel=channel)
+                    dump = await self._stacks.dump_processes(launch, own, native=False, user=user,
+                                                             channel=channel)
                     ranks = dump.ranks()
                 except StackDumpError as e:
                     missing.append(f"py-spy: {e}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bot.adapters.remote import RemoteError
-from bot.core.models import HostFailure, Launch
+from bot.core.models import HostFailure, Launch, ProcessInfo
 from bot.core.stackdump import MAX_PIDS, ProcessDump, check_pids, dump_script, finish_dumps, script_budget_s
 from bot.core.stackgroups import CrossRankSummary, rank_label, summarize_ranks
 from bot.services.audit import Audit
@@ -53,17 +53,26 @@ class StackService:
 
     async def dump(self, la: Launch, *, native: bool, user: str, channel: str | None = None,
                    timeout_s: int = 20, ranks_only: bool = False) -> StackDump:
-        """Dump the launch's processes but its wrapper shell (with `--native` C frames when `native`); the
-        next readiness check does not count the CPU time of the dump as progress. Per-process failures
-        (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
-        StackDumpError when the host cannot be read or no process of the launch is alive. `ranks_only`: only the
-        processes whose command line names a rank, when any does (the watcher's dump on a hang: fewer pauses,
-        a bounded delay). Audited as `stack_dump`."""
-        req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)  # a wedged GPU must
-        snap = await self._hosts.probe(la.host, req)  # not delay the dump of a hung server
+        """Probe the launch's processes (no GPUs, no port: a wedged GPU must not delay the dump of a hung
+        server), then `dump_processes`. Raises StackDumpError when the host cannot be read or no process of
+        the launch is alive."""
+        req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)
+        snap = await self._hosts.probe(la.host, req)
         if isinstance(snap, HostFailure):
             raise StackDumpError(snap.reason)
-        procs = self._launches.launch_processes_of(la, snap)
+        return await self.dump_processes(la, self._launches.launch_processes_of(la, snap), native=native,
+                                         user=user, channel=channel, timeout_s=timeout_s, ranks_only=ranks_only)
+
+    async def dump_processes(self, la: Launch, procs: list[ProcessInfo], *, native: bool, user: str,
+                             channel: str | None = None, timeout_s: int = 20,
+                             ranks_only: bool = False) -> StackDump:
+        """Dump `procs` (the launch's live processes, from a probe just taken) but its wrapper shell, with
+        `--native` C frames when `native`, each under a `timeout_s`-second py-spy timeout, all at once; the
+        next readiness check does not count the CPU time of the dump as progress. Per-process failures
+        (py-spy missing, no ptrace permission, sudo refused, py-spy timeout) are in the ProcessDumps; raises
+        StackDumpError when no process is left or the host cannot run the script. `ranks_only`: only the
+        processes whose command line names a rank, when any does (the watcher's dump on a hang). Audited as
+        `stack_dump`."""
         # the launch's wrapper shell (its process group leader, the server's parent) has no Python stack
         wrapper = la.pgid if la.pgid is not None and la.pgid != la.pid else None
         candidates = [p for p in procs if p.pid != wrapper]

@@ -24,7 +24,7 @@ from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Verdict
 from bot.core.diagnose.stacks import with_stacks
-from bot.core.models import HostFailure, Launch, LaunchState
+from bot.core.models import HostFailure, Launch, LaunchState, Snapshot
 from bot.core.observe import (
     FINAL_VERDICTS,
     QUIET_VERDICTS,
@@ -35,7 +35,7 @@ from bot.core.observe import (
     remember_processes,
 )
 from bot.core.serving import judge_serving
-from bot.core.stackdump import ProcessDump, full_text
+from bot.core.stackdump import full_text
 from bot.present.chart import launch_timeline_png
 from bot.present.render import Renderer, fmt_duration
 from bot.present.views import status_view
@@ -226,7 +226,7 @@ class Watcher:
                             posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
         dump_files: list[tuple[str, bytes]] = []
         if verdict.verdict != la.alert_state and not (la.snoozed_until and time.time() < la.snoozed_until):
-            verdict, dump_files = await self._stack_evidence(la, verdict, policy)
+            verdict, dump_files = await self._stack_evidence(la, verdict, policy, snap)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         with self._unless_refused(la, "this check's record"):
             self._observations.add(la.id, record)
@@ -281,18 +281,21 @@ class Watcher:
                 self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckResult(verdict, alerted, la)
 
-    async def _stack_evidence(self, la: Launch, verdict: Verdict,
-                              policy: WatchPolicy) -> tuple[Verdict, list[tuple[str, bytes]]]:
+    async def _stack_evidence(self, la: Launch, verdict: Verdict, policy: WatchPolicy,
+                              snap: Snapshot) -> tuple[Verdict, list[tuple[str, bytes]]]:
         """A new silent_hang with the ranks' stacks: the verdict with where each rank waits (with_stacks) and the
-        full dump as a file to attach. Any other verdict, no StackService or `stack_dump_on_hang` off: unchanged.
-        A dump that fails is one evidence line; it never costs the alert."""
+        full dump as a file to attach. The ranks are those of `snap`, the check's own probe (no second probe).
+        Any other verdict, no StackService or `stack_dump_on_hang` off: unchanged. A dump that fails is one
+        evidence line; it never costs the alert."""
         if verdict.verdict != "silent_hang" or self._stacks is None or not policy.stack_dump_on_hang:
             return verdict, []
         try:
-            dump = await self._stacks.dump(la, native=policy.stack_dump_native, user="watcher", channel=la.channel,
-                                           timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
+            dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
+                                                     native=policy.stack_dump_native, user="watcher",
+                                                     channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
+                                                     ranks_only=True)
         except StackDumpError as e:
-            return with_stacks(verdict, [("launch", ProcessDump(la.pid or 0, False, error=str(e)))])[0], []
+            return with_stacks(verdict, None, unavailable=str(e))[0], []
         except Exception:
             log.exception("stack dump of %s failed", la.name)
             return verdict, []

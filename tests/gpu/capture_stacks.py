@@ -46,12 +46,14 @@ time.sleep(3600)
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def main() -> int:
+    """Run each hang scenario, dump its ranks with py-spy (plain and --native) into OUT; returns exit status 0."""
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--pyspy", default="py-spy")

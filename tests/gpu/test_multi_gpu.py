@@ -22,6 +22,7 @@ import time
 import pytest
 
 from bot.config import Config
+from tests.gpu import test_real_gpu
 from tests.gpu.test_real_gpu import (
     IDLE_SLACK_MIB,
     POLICY,
@@ -30,10 +31,10 @@ from tests.gpu.test_real_gpu import (
     gpu_config,
     is_alert,
     kill_launch,
+    launch_torch,
     nvml_read,
     parse_status_text,
     post_and_wait,
-    real_ssh,  # noqa: F401  (the fixture)
     record,
     record_log,
     text_of,
@@ -41,9 +42,11 @@ from tests.gpu.test_real_gpu import (
 )
 from tests.support.builders import VIEWER
 from tests.support.procs import pids_of_launch, wait_until
-from tests.support.slack import SlackStack, start_stack
 
 GPUS = int(TORCH_INFO.get("count") or 0)
+# test_real_gpu's fixtures: the loopback SSH server and the stack factory (given multi_config below)
+real_ssh = test_real_gpu.real_ssh
+gpu_stack = test_real_gpu.gpu_stack
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,32 +70,9 @@ def multi_config(srv, tmp_path) -> Config:
     return Config.model_validate(base)
 
 
-@pytest.fixture
-async def multi_stack(real_ssh, tmp_path):  # noqa: F811
-    """Factory like test_real_gpu's gpu_stack, on multi_config; every stack is stopped at teardown (the processes
-    its launches left are killed by launch tag), even when the test failed."""
-    stacks: list[SlackStack] = []
-
-    async def start() -> SlackStack:
-        stack = await start_stack(multi_config(real_ssh, tmp_path), watch=True, watch_policy=POLICY)
-        stacks.append(stack)
-        return stack
-
-    yield start
-    for stack in reversed(stacks):
-        await stack.stop()
-
-
 def used_per_gpu() -> dict[int, float]:
     """MiB in use on every GPU (NVML)."""
     return {g["index"]: g["used_mib"] for g in nvml_read()["gpus"]}
-
-
-async def _launch(stack, mode: str, gib: float = 2.0):
-    reply = await post_and_wait(stack, "/launch", f"torchn mode={mode} gib={gib:g}",
-                                lambda t: "torchn#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
-    assert "Launched torchn#1" in text_of(reply), text_of(reply)
-    return stack.runtime.launches.get(1)
 
 
 async def _status_holds_every_gpu(stack, la, gib: float) -> None:
@@ -122,10 +102,10 @@ async def _kill_frees_every_gpu(stack, la, idle: dict[int, float]) -> None:
     assert not workers & set(pids_of_launch(la))
 
 
-async def test_nccl_server_on_every_gpu_becomes_ready_and_kill_frees_every_gpu(multi_stack):
+async def test_nccl_server_on_every_gpu_becomes_ready_and_kill_frees_every_gpu(gpu_stack):
     idle = await asyncio.to_thread(used_per_gpu)
-    stack = await multi_stack()
-    la = await _launch(stack, "nccl_ready")
+    stack = await gpu_stack(multi_config)
+    la = await launch_torch(stack, "mode=nccl_ready gib=2", "torchn")
     try:
         await wait_ranks_logged(la, "NCCL communicator ready", GPUS, timeout=180)
         alert = await stack.fake.wait_for_call(
@@ -142,10 +122,10 @@ async def test_nccl_server_on_every_gpu_becomes_ready_and_kill_frees_every_gpu(m
     ("init_hang", "Init torch distributed begin.", "comm_init", "_create_c10d_store"),
 ])
 async def test_a_rank_that_never_comes_is_named_in_the_hang_alert_and_kill_frees_every_gpu(
-        multi_stack, mode, marker, phase, waits_in):
+        gpu_stack, mode, marker, phase, waits_in):
     idle = await asyncio.to_thread(used_per_gpu)
-    stack = await multi_stack()
-    la = await _launch(stack, mode)
+    stack = await gpu_stack(multi_config)
+    la = await launch_torch(stack, f"mode={mode} gib=2", "torchn")
     odd = f"rank {GPUS - 1}"
     try:
         await wait_ranks_logged(la, marker, GPUS, timeout=180)

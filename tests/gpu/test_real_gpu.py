@@ -250,13 +250,14 @@ def gpu_config(srv, tmp_path) -> Config:
 
 @pytest.fixture
 async def gpu_stack(real_ssh, tmp_path):
-    """Factory: `await gpu_stack()` starts start_stack (real Bolt + fake Slack) on `gpu_config` with the
-    readiness watcher on POLICY. Every stack is stopped at teardown, even when the test failed: the processes
-    its launches left are killed (by launch tag), then the checks, the outbox and the SSH connections stop."""
+    """Factory: `await gpu_stack()` starts start_stack (real Bolt + fake Slack) on `gpu_config` (or on
+    `make_config(srv, tmp_path)`) with the readiness watcher on POLICY. Every stack is stopped at teardown, even
+    when the test failed: the processes its launches left are killed (by launch tag), then the checks, the
+    outbox and the SSH connections stop."""
     stacks: list[SlackStack] = []
 
-    async def start() -> SlackStack:
-        stack = await start_stack(gpu_config(real_ssh, tmp_path), watch=True, watch_policy=POLICY)
+    async def start(make_config=gpu_config) -> SlackStack:
+        stack = await start_stack(make_config(real_ssh, tmp_path), watch=True, watch_policy=POLICY)
         stacks.append(stack)
         return stack
 
@@ -299,6 +300,14 @@ async def post_and_wait(stack, command: str, text: str, predicate, *, user=OPERA
     seen = {id(c) for c in stack.fake.calls}
     await stack.fake.push_slash_command(command, text, user_id=user, channel_id=CHANNEL)
     return await new_answer(stack, seen, predicate, timeout)
+
+
+async def launch_torch(stack, params: str, variant: str = "torch"):
+    """`/launch VARIANT PARAMS` through fake Slack as the operator; asserts it launched and returns launch 1."""
+    reply = await post_and_wait(stack, "/launch", f"{variant} {params}",
+                                lambda t: f"{variant}#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
+    assert f"Launched {variant}#1" in text_of(reply), text_of(reply)
+    return stack.runtime.launches.get(1)
 
 
 KILL_ASK = re.compile(r"Kill torch#1 on gpu-host-1\?")
@@ -531,10 +540,7 @@ async def test_hang_gets_silent_hang_with_real_gpu_evidence_and_kill_frees_the_m
     launches = stack.runtime.launches
     try:
         t0, t0_wall = time.monotonic(), time.time()
-        reply = await post_and_wait(stack, "/launch", f"torch mode=hang gib={gib:g}",
-                                    lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
-        assert "Launched torch#1" in text_of(reply), text_of(reply)
-        la = launches.get(1)
+        la = await launch_torch(stack, f"mode=hang gib={gib:g}")
         await wait_ranks_logged(la, "Load weight end", 2, timeout=150)
         loaded_s = time.monotonic() - t0
         held = await wait_gpu_settled()
@@ -620,10 +626,7 @@ async def test_ready_variant_reaches_ready_and_kill_frees_the_memory(gpu_stack):
     launches = stack.runtime.launches
     try:
         t0 = time.monotonic()
-        reply = await post_and_wait(stack, "/launch", "torch mode=ready gib=4 kv_gib=1",
-                                    lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
-        assert "Launched torch#1" in text_of(reply), text_of(reply)
-        la = launches.get(1)
+        la = await launch_torch(stack, "mode=ready gib=4 kv_gib=1")
         alert = await stack.fake.wait_for_call(
             "chat.postMessage", predicate=lambda c: is_alert(text_of(c)), timeout=180)
         text = text_of(alert)
@@ -665,12 +668,9 @@ async def test_ready_variant_reaches_ready_and_kill_frees_the_memory(gpu_stack):
 async def ready_torch(stack, launches) -> tuple:
     """Launch `torch mode=ready` (2 ranks, 2 GiB + 0.5 GiB each) and wait for its ready alert. Returns the
     launch and its worker PIDs."""
-    reply = await post_and_wait(stack, "/launch", "torch mode=ready gib=2 kv_gib=0.5",
-                                lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
-    assert "Launched torch#1" in text_of(reply), text_of(reply)
+    la = await launch_torch(stack, "mode=ready gib=2 kv_gib=0.5")
     await stack.fake.wait_for_call("chat.postMessage", predicate=lambda c: is_alert(text_of(c))
                                    and ": ready" in text_of(c).split("\n", 1)[0], timeout=180)
-    la = launches.get(1)
     await wait_until(lambda: launches.get(1).ready_at is not None, 30, what="torch#1 recorded as ready")
     workers = sorted(set(pids_of_launch(la)) - {la.pid, la.pgid})
     assert len(workers) == 2, (la.pid, la.pgid, workers)
@@ -757,10 +757,7 @@ async def test_ranks_hung_in_init_process_group_get_comm_init_with_where_they_wa
     launches = stack.runtime.launches
     try:
         t0 = time.monotonic()
-        reply = await post_and_wait(stack, "/launch", "torch mode=init_hang gib=1",
-                                    lambda t: "torch#1" in t and ("Launched" in t or "refused" in t or "Cannot" in t))
-        assert "Launched torch#1" in text_of(reply), text_of(reply)
-        la = launches.get(1)
+        la = await launch_torch(stack, "mode=init_hang gib=1")
         await wait_ranks_logged(la, "Init torch distributed begin.", 2, timeout=150)
         alert = await stack.fake.wait_for_call(
             "chat.postMessage", predicate=lambda c: is_alert(text_of(c)) and ": silent_hang" in text_of(c),

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from bot.cli import main
 from bot.core.bundle import observation_from_files, parse_ps_text
-from bot.core.collect import extras_budget_s, extras_script, parse_extras, ps_text, stack_json
-from bot.core.models import ProcessInfo
+from bot.core.collect import extras_budget_s, extras_script, observed_from_probes, parse_extras, ps_text, stack_json
+from bot.core.models import GpuReading, GpuSection, HealthResult, LogInfo, ProcessInfo, Snapshot
 from bot.core.stackdump import ProcessDump, parse_stack_json
 from tests.support.paths import FIXTURES
 
@@ -84,3 +84,23 @@ def test_a_fifo_or_a_device_in_a_bundle_neither_hangs_nor_crashes_diagnose(tmp_p
     os.mkfifo(d / "dmesg.txt")  # a bundle file that is no regular file: a clear error, exit 2
     result = CliRunner().invoke(main, ["diagnose", str(d)])
     assert result.exit_code == 2 and "not a regular file" in result.output
+
+
+def test_observed_json_from_two_probes():
+    def snap(clock, size, lines, tail, mib, pids):
+        return Snapshot(host="h", clock=clock, local_clock=clock,
+                        log=LogInfo(path="/l", exists=True, size_bytes=size, mtime=1000.0, lines=lines, tail=tail),
+                        gpu=GpuSection(ok=True, gpus=[GpuReading(index=0, memory_used_mib=mib)]),
+                        table=[ProcessInfo(pid=p) for p in pids], port_listening=False,
+                        health=HealthResult(url="http://127.0.0.1:1/health", status="refused"))
+
+    a = snap(1900.0, 500, 10, ["Load weight end"], 1000.0, [7])
+    b = snap(1903.0, 500, 10, ["Load weight end"], 9000.0, [7])
+    assert observed_from_probes(a, b, pid=7, started_at=1800.0) == {
+        "elapsed_s": 103.0, "log_silent_s": 903.0, "log_growing": False, "process_alive": True,
+        "port_open": False, "health": "refused", "gpu_mem_rising": True}
+    beat = "(APIServer pid=1) DEBUG Waiting for 1 local, 0 remote core engine proc(s) to start."
+    c = snap(1903.0, 600, 11, ["Load weight end", beat], 1000.0, [99])
+    got = observed_from_probes(a, c, pid=7, heartbeat=lambda line: "Waiting for" in line)
+    assert got["log_growing"] is True and got["process_alive"] is False and got["gpu_mem_rising"] is False
+    assert "log_silent_s" not in got  # the log moved for a heartbeat only: its mtime says nothing of progress

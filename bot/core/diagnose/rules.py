@@ -113,7 +113,8 @@ def _verdict(
 ) -> Verdict:
     _context_evidence(ev, obs, scan, sig)
     steps = _steps(sig, verdict, phase, cause_text, scan.engines)
-    return Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary)
+    out = Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary)
+    return with_stacks(out, obs.rank_stacks, sig)[0] if obs.rank_stacks else out
 
 
 _KIND_LABEL = {
@@ -375,24 +376,6 @@ def diagnose(
     With `obs.rank_stacks`, a `silent_hang` also says where each rank waits (bot.core.diagnose.stacks).
     Returns a Verdict whose evidence quotes what it relied on.
     """
-    verdict = _diagnose(obs, history=history, grace_s=grace_s, silence_after_s=silence_after_s,
-                        orphan_age_s=orphan_age_s, gpu_free_mib=gpu_free_mib, signatures=signatures)
-    if obs.rank_stacks:
-        verdict, _ = with_stacks(verdict, obs.rank_stacks, signatures)
-    return verdict
-
-
-def _diagnose(
-    obs: Observation,
-    *,
-    history: Sequence[Observation] = (),
-    grace_s: Mapping[str, float] | None = None,
-    silence_after_s: float | None = None,
-    orphan_age_s: float = 86400.0,
-    gpu_free_mib: float = 1024.0,
-    signatures: Signatures | None = None,
-) -> Verdict:
-    """diagnose() without the stacks."""
     sig = signatures or SIGNATURES
     obs = _sanitized(obs)
     obs = _with_trends(obs, history, sig)

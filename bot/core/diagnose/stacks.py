@@ -29,7 +29,8 @@ def _dump_error(ranks: list[tuple[str, ProcessDump]]) -> str:
 
 
 def with_stacks(verdict: Verdict, ranks: list[tuple[str, ProcessDump]] | None,
-                signatures: Signatures | None = None) -> tuple[Verdict, CrossRankSummary | None]:
+                signatures: Signatures | None = None, *,
+                unavailable: str | None = None) -> tuple[Verdict, CrossRankSummary | None]:
     """`verdict` with what the ranks' stack dumps show, and the summary (None when nothing was dumped).
 
     Only a `silent_hang` is changed. `ranks`: (label, dump) per rank, e.g. ("TP0", dump). With at least one
@@ -37,11 +38,12 @@ def with_stacks(verdict: Verdict, ranks: list[tuple[str, ProcessDump]] | None,
     gains one sentence, and the frames' phase replaces the log's when they show one: live stacks outrank old log
     lines (a rank inside init_process_group is in comm_init, whatever the last log line said). The next steps
     are those of the new phase, without the "dump the stacks" step. With no rank dumped, one evidence line says
-    why (py-spy missing, ptrace refused). Never raises."""
-    if verdict.verdict not in _STACK_VERDICTS or not ranks:
+    why (py-spy missing, ptrace refused); so does `unavailable`, the reason no dump could be taken at all (the
+    host unreachable). Never raises."""
+    if verdict.verdict not in _STACK_VERDICTS or not (ranks or unavailable):
         return verdict, None
-    if not any(d.ok for _, d in ranks):
-        line = f"{STACK_EVIDENCE_PREFIX}): not taken: {_dump_error(ranks)}"
+    if not any(d.ok for _, d in ranks or []):
+        line = f"{STACK_EVIDENCE_PREFIX}): not taken: {unavailable or _dump_error(ranks or [])}"
         return replace(verdict, evidence=[*verdict.evidence[:1], line, *verdict.evidence[1:]]), None
     summary = summarize_ranks(ranks)
     dumped = sum(1 for _, d in ranks if d.ok)
