@@ -89,31 +89,81 @@ class GpuSection:
     processes_error: str | None = None
 
 
-@dataclass
 class ProcessInfo:
     """One row of `ps -eo pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args` (procps-ng).
 
     `rss_kib` is KiB as ps prints it, `elapsed_s` seconds since start, `cpu_time_s` cumulative CPU
     seconds (parsed from ps `TIME`, `[[DD-]HH:]MM:SS`), `pcpu` percent of one core averaged over the
     process lifetime. Fields ps could not print are None.
+
+    `args` is the command line. A parser may hand it over unredacted with the function that redacts it
+    (`pending_redaction`): it is then redacted the first time it is read (or pickled, or compared), so a probe pays
+    for the rows it shows or keeps, never for the rows it filters out, and no unredacted command line can be
+    read. A plain class with slots (not a dataclass): a host's table holds thousands of rows.
     """
 
-    pid: int
-    ppid: int | None = None
-    pgid: int | None = None
-    sid: int | None = None
-    stat: str = ""
-    pcpu: float | None = None
-    rss_kib: int | None = None
-    elapsed_s: int | None = None
-    cpu_time_s: int | None = None
-    wchan: str | None = None
-    args: str = ""
+    __slots__ = ("_args", "_redact", "cpu_time_s", "elapsed_s", "pcpu", "pgid", "pid", "ppid", "rss_kib", "sid",
+                 "stat", "wchan")
+    FIELDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss_kib", "elapsed_s", "cpu_time_s", "wchan", "args")
+
+    def __init__(self, pid: int, ppid: int | None = None, pgid: int | None = None, sid: int | None = None,
+                 stat: str = "", pcpu: float | None = None, rss_kib: int | None = None,
+                 elapsed_s: int | None = None, cpu_time_s: int | None = None, wchan: str | None = None,
+                 args: str = ""):
+        self.pid = pid
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        self.stat = stat
+        self.pcpu = pcpu
+        self.rss_kib = rss_kib
+        self.elapsed_s = elapsed_s
+        self.cpu_time_s = cpu_time_s
+        self.wchan = wchan
+        self._args = args
+        self._redact: Any = None
+
+    @property
+    def args(self) -> str:
+        """The command line (redacted, when the row was parsed with a redactor)."""
+        redact = self._redact
+        if redact is not None:
+            self._redact = None
+            self._args = redact(self._args)
+        return self._args
+
+    @args.setter
+    def args(self, value: str) -> None:
+        self._args = value
+        self._redact = None
+
+    def pending_redaction(self, redact: Any) -> ProcessInfo:
+        """Have `args` redacted by `redact` (str -> str) when it is first read; returns self."""
+        self._redact = redact
+        return self
 
     @property
     def state(self) -> str:
         """The one-letter process state (R, S, D, Z, T, ...), first letter of STAT; '?' if empty."""
         return self.stat[:1] or "?"
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProcessInfo):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS)
+        return f"ProcessInfo({inner})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with its command line redacted (never the raw one, never the redactor)."""
+        return (ProcessInfo, self._values())
 
 
 @dataclass

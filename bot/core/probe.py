@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bot.core.models import GpuSection, LogInfo, Snapshot
@@ -344,6 +345,16 @@ def parse_df_available_mib(text: str) -> float | None:
     return None
 
 
+def shown_command(redactor: Redactor) -> Callable[[str], str]:
+    """What a command line from `ps` becomes before anyone reads it: redacted, cut to 4 * MAX_LINE_WIDTH + 1
+    characters, Slack mentions broken."""
+
+    def shown(args: str) -> str:
+        return log_parse.no_mentions(redactor.then_cut(args, 4 * MAX_LINE_WIDTH + 1))
+
+    return shown
+
+
 def _text(sec: Section | None) -> str:
     return "" if sec is None else sec.body.decode("utf-8", errors="replace")
 
@@ -394,11 +405,11 @@ def assemble_snapshot(
 
     # Processes: every GPU holder plus the selectors, with descendants.
     ps_sec = sections.get("ps")
-    procs = ps_parse.parse_ps(_text(ps_sec)) if ps_sec is not None else []
+    # each command line is redacted (before it is cut, so a cut can never leave half a secret visible) when it is
+    # first read: a row that is filtered out, never shown or kept, costs no redaction
+    procs = ps_parse.parse_ps(_text(ps_sec), redact=shown_command(redactor)) if ps_sec is not None else []
     if ps_sec is None or not procs:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
-    for p in procs:  # redact before cutting, so a cut can never leave half a secret visible
-        p.args = log_parse.no_mentions(redactor.then_cut(p.args, 4 * MAX_LINE_WIDTH + 1))
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process

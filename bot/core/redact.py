@@ -56,6 +56,15 @@ Over-redaction we accept: any value after a secret-looking name is masked even w
 (`token: 5` in prose, `--api-key $OPENAI_API_KEY`), and any `sk-` word of 16+ token characters is masked.
 
 Separators and values never cross a line break: multi-line text is split into lines first.
+
+Cost (it runs on every shown row of every probe of every host, and on every log line a check reads): every rule
+carries keywords (`_Rule`), the literals one of which each of its matches contains, and ONE Aho-Corasick pass
+(pyahocorasick) over the lower-cased line says which rules can match it; only those run, most lines run none. A
+secret NAME counts only where what follows it fits a name/value form (`_name_follows`), so `max_tokens=` or
+`tokens/s` runs nothing; the three costliest rules are tried only where such a name starts (`_rule`'s `at`).
+Rules compile on first use (importing this module compiles nothing), and a Redactor remembers what it made of
+each text and line up to CACHE_MAX_CHARS. tests/unit/test_redact_speed.py checks that none of this changes a
+single result against every rule run over every whole line.
 """
 
 from __future__ import annotations
@@ -64,14 +73,52 @@ import json
 import re
 import shlex
 import urllib.parse
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 __all__ = ["MASK", "REDACT_REACH", "SECRET_NAME_RE", "Redactor", "redact", "redact_lines", "redact_mapping",
            "redact_then_cut"]
 
 MASK = "[REDACTED]"
 _ELLIPSIS = "…"
+
+
+class _LazyPattern:
+    """A regex compiled on first use (compiling every rule at import took about a second): `search`, `match`,
+    `fullmatch`, `finditer` and `sub` as on `re.Pattern`; `pattern` is its source."""
+
+    __slots__ = ("_compiled", "flags", "pattern")
+
+    def __init__(self, source: str, flags: int = 0):
+        self.pattern = source
+        self.flags = flags
+        self._compiled: re.Pattern[str] | None = None
+
+    def compiled(self) -> re.Pattern[str]:
+        """The compiled regex (compiled now when it was not yet)."""
+        if self._compiled is None:
+            self._compiled = re.compile(self.pattern, self.flags)
+        return self._compiled
+
+    def search(self, text: str, *args: int) -> re.Match[str] | None:
+        """`re.Pattern.search`."""
+        return (self._compiled or self.compiled()).search(text, *args)
+
+    def match(self, text: str, *args: int) -> re.Match[str] | None:
+        """`re.Pattern.match`."""
+        return (self._compiled or self.compiled()).match(text, *args)
+
+    def fullmatch(self, text: str, *args: int) -> re.Match[str] | None:
+        """`re.Pattern.fullmatch`."""
+        return (self._compiled or self.compiled()).fullmatch(text, *args)
+
+    def finditer(self, text: str, *args: int) -> Iterator[re.Match[str]]:
+        """`re.Pattern.finditer`."""
+        return (self._compiled or self.compiled()).finditer(text, *args)
+
+    def sub(self, repl: Any, text: str, count: int = 0) -> str:
+        """`re.Pattern.sub`."""
+        return (self._compiled or self.compiled()).sub(repl, text, count)
 
 # The word a secret NAME ends in. KEY and PWD count only as the last part of a longer name (AZURE_OPENAI_KEY,
 # Ocp-Apim-Subscription-Key, MYSQL_PWD: a bare `key` or `PWD=/home/x` is not a secret); PASS, DSN and BEARER
@@ -165,27 +212,30 @@ def _keep_head(m: re.Match[str]) -> str:
 _PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
 _PEM_BEGIN_RE = rf"(?<!-)-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
 _PEM_END_RE = rf"(?<!-)-{{2,}}[ \t]*END{_PEM_KEY}"
-_PEM_BEGIN = re.compile(_PEM_BEGIN_RE, re.IGNORECASE)
-_PEM_END = re.compile(_PEM_END_RE, re.IGNORECASE)
+_PEM_BEGIN = _LazyPattern(_PEM_BEGIN_RE, re.IGNORECASE)
+_PEM_END = _LazyPattern(_PEM_END_RE, re.IGNORECASE)
 
-#: Programs that take a password by a short flag: (program names regex, flag, what may come between the flag and
-#: the value). mysql's `-p` takes its value attached (`-p` alone prompts; `-P` is the port); docker's `-p` is a
-#: password only after `login` (`docker run -p 8080:80` publishes a port).
-_PROGRAM_FLAGS: tuple[tuple[str, str, str], ...] = (
-    (r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mysqlcheck|mariadb|mariadb-dump)(?![\w.-])", "-p", ""),
-    (r"sshpass(?![\w.-])", "-p", "[ \t]*"),
-    (r"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm[ \t]+registry)[ \t]+login(?![\w.-])", "-p", "[ \t]+"),
-    (r"twine(?![\w.-])", "-p", "[ \t]+"),
-    (r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
-    (r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
-    (r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]*"),
-    (r"(?:az|oc|argocd|cf|docker|podman|nerdctl)[ \t]+login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
-    (r"ssh-keygen(?![\w.-])", "-N", "[ \t]+"),
-    (r"openssl(?![\w.-])", "-k", "[ \t]+"),
-    (r"(?:7z|7za|7zr)(?![\w.-])", "-p", ""),
-    (r"unzip(?![\w.-])", "-P", "[ \t]+"),
-    (r"smbclient(?![\w.-])", "-U[ \t]*[^\\s%]+%", ""),
-    (r"wandb[ \t]+login(?![\w.-])", "", "(?!-)"),
+#: Programs that take a password by a short flag: (keywords, program names regex, flag, what may come between the
+#: flag and the value); the keywords are what a line must contain for the rule to run (see `_Rule`). mysql's `-p`
+#: takes its value attached (`-p` alone prompts; `-P` is the port); docker's `-p` is a password only after `login`
+#: (`docker run -p 8080:80` publishes a port).
+_PROGRAM_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
+    (("mysql", "mariadb"),
+     r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mysqlcheck|mariadb|mariadb-dump)(?![\w.-])", "-p", ""),
+    (("sshpass",), r"sshpass(?![\w.-])", "-p", "[ \t]*"),
+    (("login",), r"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm[ \t]+registry)[ \t]+login(?![\w.-])", "-p",
+     "[ \t]+"),
+    (("twine",), r"twine(?![\w.-])", "-p", "[ \t]+"),
+    (("redis-cli",), r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
+    (("mongo",), r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
+    (("ldap",), r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]*"),
+    (("login",), r"(?:az|oc|argocd|cf|docker|podman|nerdctl)[ \t]+login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
+    (("ssh-keygen",), r"ssh-keygen(?![\w.-])", "-N", "[ \t]+"),
+    (("openssl",), r"openssl(?![\w.-])", "-k", "[ \t]+"),
+    (("7z",), r"(?:7z|7za|7zr)(?![\w.-])", "-p", ""),
+    (("unzip",), r"unzip(?![\w.-])", "-P", "[ \t]+"),
+    (("smbclient",), r"smbclient(?![\w.-])", "-U[ \t]*[^\\s%]+%", ""),
+    (("wandb",), r"wandb[ \t]+login(?![\w.-])", "", "(?!-)"),
 )
 #: How far after the program's name its password flag is looked for (characters; bounds the scan of long lines).
 _FLAG_REACH = 400
@@ -206,135 +256,225 @@ _PROSE_WORDS = "|".join((
 
 _Repl = str | Callable[[re.Match[str]], str]
 
-_PATTERNS: list[tuple[re.Pattern[str], _Repl]] = [
+#: The keyword that stands for "a secret name (`_NAME`) followed by what a name/value form needs" in a rule's
+#: keywords: the line must contain one of _SECRET_WORDS (case-insensitively, see `_fold`), and right after it (after an
+#: optional numbered suffix, `API_KEY_2`) a separator, a quote, a backslash, `>`, the end of the line, or blanks then
+#: one of those; or blanks then anything when the name is a flag (`--api-key VALUE`) or the line sets a variable
+#: (`setx NAME VALUE`). See `_name_follows`.
+_NAME_KW = "<name>"
+#: The words a secret name ends in (`_WORD`), lower-case: the keywords behind _NAME_KW.
+_SECRET_WORDS: tuple[str, ...] = (
+    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "apikey", "apikeys", "api_key",
+    "api-key", "api_keys", "api-keys", "accesskey", "secretkey", "privatekey", "accountkey", "credential",
+    "credentials", "cookie", "signature", "pass", "dsn", "bearer", "auth", "_key", "-key", "_pwd", "-pwd",
+    *(f"{p}{sep}tokens" for p in ("auth", "access", "api", "bearer", "refresh", "hf") for sep in ("", "_", "-")),
+)
+#: The numbered or per-environment suffix a secret name may carry after its word (see `_WORD`).
+_SUFFIX = re.compile(r"[_-](?:[0-9]{1,3}|prod|prd|dev|staging|stg|test|qa|base|live|old|new|primary|secondary"
+                     r"|current|next)(?![a-z0-9])")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+#: What may follow a secret name (and its suffix) to the end of a line that `_DANGLING` matches: a closing quote, a
+#: separator, then a YAML block indicator, a continuation, an auth scheme or an opening bracket (folded text).
+_DANGLING_TAIL = re.compile(r"\\?[\"']?[ \t]*(?:(?:=>|==?|:=?)[ \t]*)?"
+                            r"(?:[|>][-+]?[0-9]?|\\+|bearer|basic|token|some\(|\[|\{|\()?[ \t]*`?[ \t]*$")
+
+
+def _dangling_follows(t: str, end: int) -> bool:
+    """Whether the secret name ending at t[:end] (t folded) can end a line `_DANGLING` matches (see _DANGLING_TAIL)."""
+    if end < len(t) and t[end] in "_-" and (m := _SUFFIX.match(t, end)):
+        end = m.end()
+    return _DANGLING_TAIL.match(t, end) is not None
+
+
+def _name_follows(t: str, start: int, end: int) -> bool:
+    """Whether the secret word at t[start:end] (t folded, see `_fold`) can end a secret name that one of the name/value
+    forms masks a value after: what comes after the word (and its suffix) is a separator (`=`, `:`, `|`), a quote, a
+    backslash, `>`, the end of the line, or blanks then one of those or the end; or blanks then anything when the
+    name is a flag (its run of name characters starts with `-`) or the line sets a variable (`set`). A superset of
+    where the forms match (tests/unit/test_redact_speed.py checks it against every rule run on every line)."""
+    n = len(t)
+    if end < n and t[end] in "_-" and (m := _SUFFIX.match(t, end)):
+        end = m.end()
+    if end >= n or t[end] in "\\\"'>=:|":
+        return True
+    if t[end] not in " \t":
+        return False
+    k = end
+    while k < n and t[k] in " \t":
+        k += 1
+    if k >= n or t[k] in "=:|":
+        return True
+    while start > 0 and t[start - 1] in _NAME_CHARS:
+        start -= 1
+    return t[start] == "-" or "set" in t
+
+
+class _Rule(NamedTuple):
+    """One built-in redaction rule: its regex `source` (compiled on first use), what replaces a match (`repl`),
+    and its `keywords`: lower-case literals of which every match contains at least one (case-insensitively), so
+    the rule only runs on lines that contain one (the gitleaks/trufflehog way: one multi-keyword pass decides).
+    `_NAME_KW` among them stands for a secret name followed by what a name/value form needs (`_name_follows`).
+    A keyword never contains `[` or `]`, so masking (`[REDACTED]`) cannot create one: a rule a line's keywords
+    rule out cannot match what the rules before it made of the line either."""
+
+    keywords: tuple[str, ...]
+    source: str
+    repl: _Repl
+    at: str = "scan"
+    requires: tuple[str, ...] = ()
+
+
+def _rule(keywords: tuple[str, ...], source: str, repl: _Repl, *, at: str = "scan",
+          requires: tuple[str, ...] = ()) -> _Rule:
+    """A `_Rule`. `at` says where its matches can start: "scan" anywhere (`re.sub` over the line), "name" only at a
+    secret name's first character (the start of its run of name characters, `_NAME_CHARS`) or one character
+    before it (a quote, `<`, `#`), "start" only at the start of the line; such a rule is tried only there
+    (`_sub_at`): scanned, the name/value rules cost about a third of a microsecond per character of every line
+    that holds a secret word. `requires`: the rule runs only on lines that also contain one of these (folded)."""
+    return _Rule(keywords, source, repl, at, requires)
+
+
+
+_RULES: tuple[_Rule, ...] = (
     # A PEM private key on one line (or its BEGIN line): BEGIN marker through END marker / end of line.
-    (re.compile(rf"{_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", re.IGNORECASE), MASK),
+    _rule(("private",), rf"(?i){_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", MASK),
     # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
     # first, so no name/value form takes `scheme` or `user:` for a value
-    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:]*:)[^\s/?]+@"), rf"\1{MASK}@"),
+    _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:]*:)[^\s/?]+@", rf"\1{MASK}@"),
     # a long opaque user and no password: a token (https://TOKEN@git.host/x.git)
-    (re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[A-Za-z0-9_-]{20,}@"), rf"\1{MASK}@"),
+    _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[A-Za-z0-9_-]{20,}@", rf"\1{MASK}@"),
     # Well-known token formats. Like the two above, these run before the forms below: those decide where a
     # value ends by looking at what follows, and must see the same text when run again on their output.
-    (re.compile(r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}"), MASK),
-    (re.compile(r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}"), MASK),  # Google OAuth access token
-    (re.compile(r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}"), MASK),  # Stripe keys
-    (re.compile(r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}"), MASK),  # PyPI API token
-    (re.compile(r"(?<![A-Za-z0-9])hv[sbr]\.[A-Za-z0-9_-]{20,}"), MASK),  # HashiCorp Vault token
-    (re.compile(r"(?<![A-Za-z0-9])(?:r8_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}"
-                r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}|glsa_[A-Za-z0-9_]{30,})"), MASK),  # Replicate Groq xAI LangSmith
+    _rule(("github_pat_",), r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}", MASK),
+    _rule(("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}", MASK),
+    _rule(("glpat-", "gldt-", "glrt-", "glptt-", "glft-", "glsoat-", "glcbt-", "glimt-", "gloas-"),
+          r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}", MASK),
+    _rule(("nvapi-",), r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}", MASK),
+    _rule(("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}", MASK),
+    _rule(("sk-",), r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}", MASK),
+    _rule(("xox",), r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}", MASK),
+    _rule(("xapp-",), r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}", MASK),
+    _rule(("akia", "asia"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])", MASK),
+    _rule(("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}", MASK),
+    _rule(("ya29.",), r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}", MASK),  # Google OAuth access token
+    _rule(("_live_", "_test_"), r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}", MASK),  # Stripe keys
+    _rule(("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}", MASK),  # PyPI API token
+    _rule(("hvs.", "hvb.", "hvr."), r"(?<![A-Za-z0-9])hv[sbr]\.[A-Za-z0-9_-]{20,}", MASK),  # HashiCorp Vault token
+    _rule(("r8_", "gsk_", "xai-", "lsv2_", "glsa_"),
+          r"(?<![A-Za-z0-9])(?:r8_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}"
+                r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}|glsa_[A-Za-z0-9_]{30,})", MASK),  # Replicate Groq xAI LangSmith
     # (and Grafana service-account tokens)
-    (re.compile(r"(?<![A-Za-z0-9])AGE-SECRET-KEY-1[0-9A-Z]{40,}"), MASK),  # age private key
-    (re.compile(r"(?i)(https?://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/)[A-Za-z0-9_-]{20,}"),
+    _rule(("age-secret-key-1",), r"(?<![A-Za-z0-9])AGE-SECRET-KEY-1[0-9A-Z]{40,}", MASK),  # age private key
+    _rule(("discord",), r"(?i)(https?://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/)[A-Za-z0-9_-]{20,}",
      rf"\1{MASK}"),  # Discord webhook URL
-    (re.compile(r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}"), MASK),  # npm access token
-    (re.compile(r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}"), MASK),  # Docker Hub access token
-    (re.compile(r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"), MASK),  # SendGrid API key
-    (re.compile(r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])"), MASK),  # Databricks token
+    _rule(("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}", MASK),  # npm access token
+    _rule(("dckr_",), r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}", MASK),  # Docker Hub access token
+    _rule(("sg.",), r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", MASK),  # SendGrid API key
+    _rule(("dapi",), r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
     # Slack incoming-webhook URLs: the path is the credential
-    (re.compile(r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}"),
+    _rule(("hooks.slack",),
+          r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}",
      rf"\1{MASK}"),
     # JWT (a start inside a run of token characters is no JWT's start: keeps `-eyJ-eyJ...` linear)
-    (re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}"), MASK),
+    _rule(("eyj",), r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}", MASK),
     # a password given to a program by a short flag (mysql -pX, sshpass -p X, docker login -p X: _PROGRAM_FLAGS)
-    *((re.compile(rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
-                  rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)"), _keep_head) for progs, flag, gap in _PROGRAM_FLAGS),
+    *(_rule(keywords, rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
+            rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)", _keep_head) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
     # curl -u USER:PASSWORD (the user is kept)
-    (re.compile(rf"(?<![\w.-])(?:curl|wget|lftp)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:-u|--user)"
-                r"(?:[ \t]+|=)[\"']?[^\s:'\"]*:(?P<val>[^\s'\"]+)"), _keep_head),
+    _rule(("curl", "wget", "lftp"),
+          rf"(?<![\w.-])(?:curl|wget|lftp)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:-u|--user)"
+                r"(?:[ \t]+|=)[\"']?[^\s:'\"]*:(?P<val>[^\s'\"]+)", _keep_head),
     # Cookie: / Set-Cookie: headers (every cookie in them: the rest of the line, or the quoted value)
-    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)"),
+    _rule(("cookie",),
+          rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)",
      _name_value),
     # Pwd=VALUE (ODBC connection strings), pwd: VALUE; a path (`PWD=/home/x`, the working directory) is kept
-    (re.compile(rf"(?i)(?<![\w-])pwd[ \t]*[:=][ \t]*(?![/~.$]|{_MASK_RE})(?P<val>[^\s;'\",)}}]+)"), _keep_head),
+    _rule(("pwd",), rf"(?i)(?<![\w-])pwd[ \t]*[:=][ \t]*(?![/~.$]|{_MASK_RE})(?P<val>[^\s;'\",)}}]+)", _keep_head),
     # query parameters that carry a credential under a short name (?sig=... SAS signatures, ?auth=...); not ?key=
     # (an S3 object key) nor ?code= (a status code)
-    (re.compile(rf"(?i)(?<=[?&;])(?:sig|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)"),
+    _rule(("sig=", "auth=", "pass=", "pwd=", "secret=", "signature="),
+          rf"(?i)(?<=[?&;])(?:sig|auth|pass|pwd|secret|signature)=(?!{_MASK_RE})(?P<val>[^&#;\s'\"]+)",
      _keep_head),
     # JSON inside a string, quotes escaped: {\"password\": \"VALUE\"}
-    (re.compile(rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
-                rf"(?P<val>(?:(?!\\[\"']).)+)"),
-     _keep_head),
+    _rule((_NAME_KW,),
+          rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
+                rf"(?P<val>(?:(?!\\[\"']).)+)",
+     _keep_head, requires=("\\",)),
     # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`)
-    (re.compile(rf"(?i)([\"']name[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"'][ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
-                rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})"), _keep_head),
+    _rule((_NAME_KW,),
+          rf"(?i)([\"']name[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"'][ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
+                rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})", _keep_head),
     # ('api_key', 'v') pairs, also bytes: (b'x-api-key', b'v'); b'Authorization': b'Basic ...'
-    (re.compile(rf"(?i)\([ \t]*b?([\"'])(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})"), _keep_head),
-    (re.compile(rf"(?i)b([\"'])(?:{_NAME}|authorization)\1[ \t]*:[ \t]*b(?P<val>{_ANY_QUOTED})"), _keep_head),
+    _rule((_NAME_KW, "authorization"),
+          rf"(?i)\([ \t]*b?([\"'])(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})", _keep_head),
+    _rule((_NAME_KW, "authorization"),
+          rf"(?i)b([\"'])(?:{_NAME}|authorization)\1[ \t]*:[ \t]*b(?P<val>{_ANY_QUOTED})", _keep_head),
     # XML: <password>v</password>, <add key="ApiKey" value="v"/>
-    (re.compile(rf"(?i)<({_NAME})>(?P<val>[^<\n]+)</\1>"), _keep_head),
-    (re.compile(rf"(?i)\b(?:key|name)=([\"']){_NAME}\1[ \t]+value=(?P<val>{_ANY_QUOTED})"), _keep_head),
+    _rule((_NAME_KW,), rf"(?i)<({_NAME})>(?P<val>[^<\n]+)</\1>", _keep_head, at="name"),
+    _rule((_NAME_KW,),
+          rf"(?i)\b(?:key|name)=([\"']){_NAME}\1[ \t]+value=(?P<val>{_ANY_QUOTED})", _keep_head,
+          requires=("key=", "name=")),
     # SQL `IDENTIFIED BY 'pw'`, redis `requirepass pw` / `masterauth pw`, `AUTH pw` at a redis prompt
-    (re.compile(rf"(?i)\bIDENTIFIED[ \t]+(?:WITH[ \t]+\S+[ \t]+)?BY[ \t]+(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)"),
+    _rule(("identified",),
+          rf"(?i)\bIDENTIFIED[ \t]+(?:WITH[ \t]+\S+[ \t]+)?BY[ \t]+(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)",
      _keep_head),
-    (re.compile(r"(?i)(?<![\w-])(?:requirepass|masterauth)[ \t]+(?!\[REDACTED\])(?P<val>\S+)"), _keep_head),
-    (re.compile(r"(?:^|(?<=> ))AUTH[ \t]+(?:\S+[ \t]+)?(?!\[REDACTED\])(?P<val>\S+)[ \t]*$"), _keep_head),
+    _rule(("requirepass", "masterauth"),
+          r"(?i)(?<![\w-])(?:requirepass|masterauth)[ \t]+(?!\[REDACTED\])(?P<val>\S+)", _keep_head),
+    _rule(("auth",), r"(?:^|(?<=> ))AUTH[ \t]+(?:\S+[ \t]+)?(?!\[REDACTED\])(?P<val>\S+)[ \t]*$", _keep_head),
     # setx NAME value (Windows), set -x NAME value (fish), aws configure set NAME value
-    (re.compile(rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
-                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)"), _keep_head),
+    _rule((_NAME_KW,),
+          rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
+                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)", _keep_head, requires=("set",)),
     # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
-    (re.compile(rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)"),
-     _keep_head),
+    _rule((_NAME_KW,),
+          rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)",
+     _keep_head, at="name"),
     # a whole line `NAME: value with spaces` / `NAME = a b c` (YAML, INI): the rest of the line (not `NAME=v cmd`)
-    (re.compile(rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
+    _rule((_NAME_KW,), rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
                 rf"(?![\"'\[{{(]|{_MASK_RE}|(?:none|null|nil|true|false|undefined|~)[ \t]*$){_GUARD}"
-                rf"(?P<val>\S[^\n]*?\s\S[^\n]*?)[ \t]*$"), _keep_head),
+                rf"(?P<val>\S[^\n]*?\s\S[^\n]*?)[ \t]*$", _keep_head, at="start"),
     # Authorization: [scheme] value
-    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
-                rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})"),
+    _rule(("authorization",), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
+                rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})",
      _name_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
-    (re.compile(rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})"),
-     _name_value),
+    _rule((_NAME_KW,),
+          rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})",
+     _name_value, at="name"),
     # 'api_key': ['KEY'] (vLLM's non-default args), api_key: Some("KEY") (TGI's Args): the quoted value inside
-    (re.compile(rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}"
-                rf"(?P<val>{_QUOTED})(?P<more>(?:[ \t]*,[ \t]*{_ANY_QUOTED})*)"),
-     _wrapped_value),
+    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}"
+                rf"(?P<val>{_QUOTED})(?P<more>(?:[ \t]*,[ \t]*{_ANY_QUOTED})*)",
+     _wrapped_value, at="name"),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
     # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
-    (re.compile(rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
+    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
                 rf"(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}"
-                rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))"),
-     _name_value),
+                rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))",
+     _name_value, at="name"),
     # netrc: machine HOST login USER password VALUE (also `login USER password VALUE`)
-    (re.compile(rf"(?i)(?<![\w-])(?:(?:machine|login|account)[ \t]+\S+[ \t]+|default[ \t]+)"
-                rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+){{0,3}}(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})"),
+    _rule(("password", "passwd"), rf"(?i)(?<![\w-])(?:(?:machine|login|account)[ \t]+\S+[ \t]+|default[ \t]+)"
+                rf"(?:(?:login|account|port)[ \t]+\S+[ \t]+){{0,3}}(?:password|passwd)[ \t]+{_GUARD}(?P<val>{_ANY})",
      _name_value),
     # prose: `password X`, `the password is X`, `passphrase 'X'` (an ordinary word after it is kept: _PROSE_WORDS)
-    (re.compile(rf"(?i)(?<![\w-])(?:password|passwd|passphrase)(?:[ \t]+(?:is|was|to|of))?[ \t]+(?![=:|]){_GUARD}"
-                rf"(?!(?:{_PROSE_WORDS}|{_MASK_RE})(?![\w-]))(?P<val>{_QUOTED}|[^\s,;]+)"), _name_value),
+    _rule(("password", "passwd", "passphrase"),
+          rf"(?i)(?<![\w-])(?:password|passwd|passphrase)(?:[ \t]+(?:is|was|to|of))?[ \t]+(?![=:|]){_GUARD}"
+                rf"(?!(?:{_PROSE_WORDS}|{_MASK_RE})(?![\w-]))(?P<val>{_QUOTED}|[^\s,;]+)", _name_value),
     # Bearer VALUE anywhere
-    (re.compile(rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})"),
+    _rule(("bearer",), rf"(?i)(?<![\w-])bearer[ \t]+{_GUARD}(?P<val>(?={_B64URL}{{8}}){_run(_B64URL)}|{_MASK_RE})",
      _name_value),
-]
+)
 
 # A line that looks like PEM body (base64, no spaces). A "long" one is what a full body line looks like.
-_B64_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]+[ \t]*")
-_B64_LONG = re.compile(r"[ \t]*[A-Za-z0-9+/=]{60,}[ \t]*")
-_HEX_ONLY = re.compile(r"[ \t]*[0-9A-Fa-f=]+[ \t]*")
-_PEM_HEADER = re.compile(r"(?i)[ \t]*(?:Proc-Type|DEK-Info|Comment)[ \t]*:.*")
+_B64_LINE = _LazyPattern(r"[ \t]*[A-Za-z0-9+/=]+[ \t]*")
+_B64_LONG = _LazyPattern(r"[ \t]*[A-Za-z0-9+/=]{60,}[ \t]*")
+_HEX_ONLY = _LazyPattern(r"[ \t]*[0-9A-Fa-f=]+[ \t]*")
+_PEM_HEADER = _LazyPattern(r"(?i)[ \t]*(?:Proc-Type|DEK-Info|Comment)[ \t]*:.*")
 # Fewer than this many consecutive long base64 lines with no PEM marker at all are left alone.
 _B64_RUN = 3
-
-
-def _redact_line(line: str, extra: Iterable[re.Pattern[str]]) -> str:
-    """Apply the `extra` patterns (configured ones, known secret values), then every built-in one, to one line
-    (no line breaks inside). Known values go first: a built-in form that masks only part of a value it
-    does not fully understand (`'api_key': ['KEY']`) must not leave the rest for them to miss."""
-    for pat in extra:
-        line = pat.sub(MASK, line)
-    for pat, repl in _PATTERNS:
-        line = pat.sub(repl, line)
-    return line
+#: The shortest line `_B64_LONG` can match (what it takes to be part of key material with no marker in view).
+_B64_LONG_MIN = 60
 
 
 def _mask_whole(line: str) -> str:
@@ -359,10 +499,10 @@ def _opens(line: str) -> bool:
     return bool(begins) and _PEM_END.search(line, begins[-1].end()) is None
 
 
-def _pem_plan(lines: list[str]) -> list[str]:
-    """Mask the PEM private-key material that needs context across lines; single-line forms (a BEGIN line,
-    a key on one line) are left to `_redact_line`. Returns a new list of the same length."""
-    out = list(lines)
+def _pem_blocks(lines: list[str], out: list[str]) -> None:
+    """Mask (in `out`) the PEM private-key material around BEGIN/END markers that needs context across lines;
+    single-line forms (a BEGIN line, a key on one line) are left to the rules. Only called when some line
+    contains "private" (both markers need it)."""
     n = len(lines)
     i = 0
     while i < n:
@@ -397,17 +537,21 @@ def _pem_plan(lines: list[str]) -> list[str]:
                 out[k] = _mask_whole(lines[k])
             k += 1
         i = k
-    # Key material with no marker in sight (a window inside a long key): a run of long base64 lines.
+
+
+def _b64_runs(out: list[str]) -> None:
+    """Mask (in `out`) key material with no marker in sight (a window inside a long key): a run of _B64_RUN or
+    more long base64 lines that are not all hex."""
+    n = len(out)
     i = 0
     while i < n:
         j = i
-        while j < n and _B64_LONG.fullmatch(out[j]):
+        while j < n and len(out[j]) >= _B64_LONG_MIN and _B64_LONG.fullmatch(out[j]):
             j += 1
         if j - i >= _B64_RUN and any(not _HEX_ONLY.fullmatch(out[k]) for k in range(i, j)):
             for k in range(i, j):
                 out[k] = _mask_whole(out[k])
         i = max(j, i + 1)
-    return out
 
 
 def _after_block(out: list[str], i: int) -> int:
@@ -420,8 +564,8 @@ def _after_block(out: list[str], i: int) -> int:
 
 # A line that ends in a secret's name and its separator with the value still to come: `password:`, `api_key: |`,
 # `"client_secret":`, `--api-key \` (a shell continuation), `Authorization:`, also quoted in Slack code (`password:`).
-# The value is on the next line.
-_DANGLING = re.compile(
+# The value is on the next line. Every match contains a secret name that `_name_follows`, "authorization" or "cookie".
+_DANGLING = _LazyPattern(
     rf"(?i)(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization|(?:set-)?cookie)"
     rf"(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
     # then nothing, a YAML block indicator, a shell continuation, an auth scheme, or an opening bracket
@@ -431,12 +575,12 @@ _DANGLING = re.compile(
 # A line that starts a new record rather than carrying a value: a log line's prefix (a bracket, a timestamp, a
 # severity), a table's `|`, a `key: value` or `key=value` pair, a flag. Taken for the value on the line above only
 # when it is indented deeper than that line's name.
-_RECORD_START = re.compile(
+_RECORD_START = _LazyPattern(
     r"[ \t]*(?:[\[|({}<#]|//|(?:INFO|WARN(?:ING)?|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE)\b"
     r"|\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d|\d\d-\d\d[ T]\d\d:|[A-Za-z_][\w.-]*[ \t]*(?::[ \t]|:$|=)|--?[A-Za-z])")
 
 
-_LIST_ITEM = re.compile(r"`?[ \t]*-[ \t]+\S")  # a YAML list item (also inside a Slack code quote)
+_LIST_ITEM = _LazyPattern(r"`?[ \t]*-[ \t]+\S")  # a YAML list item (also inside a Slack code quote)
 
 
 def _indent(line: str) -> int:
@@ -445,19 +589,19 @@ def _indent(line: str) -> int:
     return len(body) - len(body.lstrip(" \t"))
 
 
-def _next_line_plan(lines: list[str], out: list[str]) -> None:
+def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool]) -> None:
     """Mask (in `out`) the values that sit on the line after their name (`_DANGLING`): the next non-blank line
     (unless it is no deeper than the name's line and starts a record of its own: `_RECORD_START`), and the lines
     after it that are indented deeper than the name's line (a YAML block or nested mapping, a pretty-printed
-    JSON value)."""
+    JSON value). `dangling[i]` says whether line i can match `_DANGLING` at all (its keywords)."""
     n = len(lines)
     for i, line in enumerate(lines):
-        if not line or not _DANGLING.search(line):
+        if not dangling[i] or not line or not _DANGLING.search(line):
             continue
         j = i + 1
         while j < n and not lines[j].strip():
             j += 1
-        if j >= n or _DANGLING.search(lines[j]):
+        if j >= n or (dangling[j] and _DANGLING.search(lines[j])):
             continue
         base = _indent(line)
         if _indent(lines[j]) <= base and _RECORD_START.match(lines[j]) and not _LIST_ITEM.match(lines[j]):
@@ -474,79 +618,10 @@ def _next_line_plan(lines: list[str], out: list[str]) -> None:
             k += 1
 
 
-def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
-    """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`.
-
-    Every line gets what `redact` does to one line. On top of that, PEM private keys are tracked across
-    lines: every line from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----` inclusive
-    is masked (text before BEGIN on the first line and after END on the last is kept), and so are:
-    long base64 lines (60+ characters of `[A-Za-z0-9+/=]`, no spaces) directly following such a block;
-    the base64 lines above an END whose BEGIN is not in `lines` (a log tail that starts inside a key);
-    the base64 lines after a BEGIN whose END is not in `lines`; and a run of 3+ long base64 lines that
-    are not all hex (key material with neither marker in view). `extra` are configured patterns whose
-    whole match is masked. Returns a new list of the same length. Never raises for a list of str.
-    """
-    patterns = tuple(extra)
-    lines = list(lines)
-    planned = _pem_plan(lines)
-    _next_line_plan(lines, planned)
-    for i, line in enumerate(planned):
-        if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
-            parts = line.split("\\n")
-            masked = list(parts)
-            _next_line_plan(parts, masked)
-            planned[i] = "\\n".join(masked)
-    return [_redact_line(line, patterns) if line else line for line in planned]
-
-
-def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
-    """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
-
-    `text` may be one line (a process command line, one log line) or a multi-line text; multi-line text
-    is split on line breaks (which are kept as they were) and passed through `redact_lines`, so PEM
-    private-key blocks are masked across lines and no pattern ever spans a line break. `extra` are
-    configured patterns whose whole match is masked (applied line by line). Idempotent:
-    `redact(redact(t)) == redact(t)`. Never raises for str input.
-    """
-    if not text:
-        return text
-    parts = text.splitlines(keepends=True)
-    bodies = [p.splitlines()[0] for p in parts]
-    redacted = redact_lines(bodies, extra)
-    return "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
-
-
 #: A key that names a secret: the same names the text rules mask a value after (ends in TOKEN, SECRET, PASSWORD,
 #: API_KEY, CREDENTIALS, COOKIE, ...; in `_KEY`/`_PASS`/`_PWD` after a prefix: `openai_key`, `db_pass`,
 #: `mysql_pwd`; not `pad_token`, `primary_key`, `bypass`). Use `.search(name)`: it is anchored at both ends.
-SECRET_NAME_RE = re.compile(rf"^{_NAME}$", re.IGNORECASE)
-
-
-def redact_mapping(values: dict) -> dict:
-    """Copy of `values` with every value whose KEY names a secret replaced by `[REDACTED]`, and every
-    other string value passed through `redact` (so opaque secrets in secret-named params never leak)."""
-    out = {}
-    for k, v in values.items():
-        if isinstance(k, str) and SECRET_NAME_RE.search(k):
-            out[k] = MASK
-        elif isinstance(v, str):
-            out[k] = redact(v)
-        else:
-            out[k] = v
-    return out
-
-
-def redact_then_cut(text: str, width: int, extra: Iterable[re.Pattern[str]] = ()) -> str:
-    """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).
-
-    Redacting first matters: cutting first can leave the start of a secret that no pattern recognises any
-    more (`sk-ABCDEFGHIJ…`). Only the first max(REDACT_REACH, 8 * width) characters are redacted (the rest is
-    never shown). `width` < 1 is treated as 1. Never raises for str input.
-    """
-    width = max(1, width)
-    out = redact((text or "")[: max(REDACT_REACH, 8 * width)], extra)
-    return out if len(out) <= width else out[: width - 1] + _ELLIPSIS
-
+SECRET_NAME_RE = _LazyPattern(rf"^{_NAME}$", re.IGNORECASE)
 
 #: Characters of a line that `redact_then_cut` (and the log tail, bot.core.parse.log) redact before cutting it
 #: for display: the shown part and far more context than any secret form needs; bounds the time a hostile
@@ -556,6 +631,69 @@ REDACT_REACH = 16_384
 #: Known secret values shorter than this are not masked by value (they would mask ordinary words).
 MIN_SECRET_VALUE_LEN = 6
 
+#: Texts up to this many characters have their redaction remembered (`Redactor`): command lines and log lines
+#: repeat from probe to probe; longer ones are rare and are not kept (the memory stays small).
+CACHE_MAX_CHARS = 4096
+#: Remembered texts per Redactor (and per kind: whole texts, single lines); the memory is forgotten at once when
+#: full, so a cache costs at most about CACHE_ENTRIES * CACHE_MAX_CHARS * 2 characters.
+CACHE_ENTRIES = 4096
+
+# Case folding for the keyword pass: what the rules' (?i) matches as an ASCII letter, lower-cased. `str.lower` does
+# it for every character but these three (Python's re also takes dotless i and long s for i and s, and the dotted
+# capital I lower-cases to two characters); tests/unit/test_redact_speed.py checks every code point.
+_FOLD_FIXES = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
+
+
+def _fold(text: str) -> str:
+    """`text` lower-cased for the keyword pass (see _FOLD_FIXES)."""
+    return text.lower() if text.isascii() else text.translate(_FOLD_FIXES).lower()
+
+
+#: Bits beyond the rules' own (rule i is bit i) in the keyword pass's answer.
+_VALUE_BIT = 1 << len(_RULES)  # a known secret value may be on the line
+_PEM_BIT = 1 << (len(_RULES) + 1)  # a PEM marker may be on the line
+_DANGLING_BIT = 1 << (len(_RULES) + 2)  # the line may end in a secret's name (`_DANGLING`)
+_COMPILED: list[re.Pattern[str] | None] = [None] * len(_RULES)
+#: The rules tried only where a secret name starts, and at the start of the line (`_rule`'s `at`).
+_AT_NAME = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "name")
+_AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
+#: The rules that also need one of their `requires` on the line.
+_REQUIRING = tuple((1 << i, rule.requires) for i, rule in enumerate(_RULES) if rule.requires)
+
+
+def _compiled(i: int) -> re.Pattern[str]:
+    """Rule i's regex, compiled on first use."""
+    pat = _COMPILED[i]
+    if pat is None:
+        pat = _COMPILED[i] = re.compile(_RULES[i].source)
+    return pat
+
+
+def _keyword_table() -> dict[str, tuple[int, int, int]]:
+    """Keyword -> (the bits its mere presence turns on, the bits it turns on when a secret name can end with it:
+    the name/value rules' when `_name_follows`, the dangling-name check's when `_dangling_follows`; its length).
+    Rule i is bit i; then the known values, PEM and dangling-name checks."""
+    table: dict[str, list[int]] = {}
+
+    def add(kw: str, bits: int, checked: int) -> None:
+        entry = table.setdefault(kw, [0, 0])
+        entry[0] |= bits
+        entry[1] |= checked
+
+    named = 0
+    for i, rule in enumerate(_RULES):
+        for kw in rule.keywords:
+            if kw == _NAME_KW:
+                named |= 1 << i
+            else:
+                add(kw, 1 << i, 0)
+    for word in _SECRET_WORDS:
+        add(word, 0, named | _DANGLING_BIT)
+    add("private", _PEM_BIT, 0)
+    for kw in ("authorization", "cookie"):  # `_DANGLING` also ends in these names
+        add(kw, 0, _DANGLING_BIT)
+    return {kw: (bits, checked, len(kw)) for kw, (bits, checked) in table.items()}
+
 
 class Redactor:
     """The built-in rules plus configured extra patterns (the config's `redact_patterns`: Python regexes
@@ -563,13 +701,28 @@ class Redactor:
     the config's env maps, secret params of launches: `add_values`), masked wherever they appear, whatever
     flag, quote, list or format carries them. One object, built once and passed to whatever posts, stores
     or logs text. Raises re.error for an invalid pattern (the config validates them first). The patterns
-    are fixed; the known values only grow."""
+    are fixed; the known values only grow.
+
+    How it stays cheap (a few microseconds for a line with no secret in it): every rule carries keywords, and
+    ONE multi-keyword pass over the lower-cased line (an Aho-Corasick automaton, pyahocorasick) tells which rules
+    can match it; only those run (most lines contain no keyword at all). The known values are keywords too. Rules
+    are compiled on first use, and the redaction of each text and line up to CACHE_MAX_CHARS is remembered
+    (CACHE_ENTRIES of them), since command lines and log lines repeat from check to check. Thread-safe."""
 
     def __init__(self, patterns: Iterable[str] = (), values: Iterable[str] = ()):
         self._configured: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in patterns)
         self._values: set[str] = set()
-        self.patterns: tuple[re.Pattern[str], ...] = self._configured
+        self._values_re: re.Pattern[str] | None = None
+        self._values_always = False  # a value whose lower-casing depends on context (a Greek capital sigma)
+        self._automaton: Any = None
+        self._texts: dict[str, str] = {}
+        self._lines: dict[str, str] = {}
         self.add_values(values)
+
+    @property
+    def patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The configured patterns, then the known values' pattern (when there are values)."""
+        return (*self._configured, self._values_re) if self._values_re is not None else self._configured
 
     def add_values(self, values: Iterable[Any]) -> None:
         """Mask these secret values (their str, stripped, at least MIN_SECRET_VALUE_LEN characters) from now
@@ -591,23 +744,186 @@ class Redactor:
             return
         self._values |= new
         alternation = "|".join(re.escape(v) for v in sorted(self._values, key=len, reverse=True))
-        self.patterns = (*self._configured, re.compile(alternation))
+        self._values_re = re.compile(alternation)
+        self._values_always = any("\u03a3" in v for v in self._values)
+        # what was remembered did not know these values; the automaton is built again with them on next use
+        self._automaton = None
+        self._texts = {}
+        self._lines = {}
 
-    def __call__(self, text: str) -> str:
-        """`redact(text)` with the configured patterns and known values too. Never raises for str input."""
-        return redact(text, self.patterns)
+    def _build_automaton(self) -> Any:
+        import ahocorasick  # pyahocorasick
+
+        automaton = ahocorasick.Automaton()
+        table = _keyword_table()
+        for value in self._values:
+            kw = _fold(value)
+            bits, checked, _n = table.get(kw, (0, 0, len(kw)))
+            table[kw] = (bits | _VALUE_BIT, checked, len(kw))
+        for kw, entry in table.items():
+            automaton.add_word(kw, entry)
+        automaton.make_automaton()
+        self._automaton = automaton
+        return automaton
+
+    def _bits(self, line: str) -> int:
+        """Which rules (bit i: rule i) and checks can match `line`: the OR of its keywords' bits."""
+        automaton = self._automaton or self._build_automaton()
+        bits = _VALUE_BIT if self._values_always else 0
+        folded = _fold(line)
+        for last, (always, checked, n) in automaton.iter(folded):
+            bits |= always
+            if not checked or bits & checked == checked:
+                continue
+            named = checked & ~_DANGLING_BIT
+            if named and bits & named != named and _name_follows(folded, last + 1 - n, last + 1):
+                bits |= named
+            if checked & _DANGLING_BIT and not bits & _DANGLING_BIT and _dangling_follows(folded, last + 1):
+                bits |= _DANGLING_BIT
+        for bit, requires in _REQUIRING:
+            if bits & bit and not any(r in folded for r in requires):
+                bits &= ~bit
+        return bits
+
+    def _name_starts(self, line: str) -> list[int]:
+        """Where the secret names that `_name_follows` start in `line` (the starts of their runs of name
+        characters), and one character before each, in order: the only places where the match of a rule `at`
+        "name" can start."""
+        automaton = self._automaton or self._build_automaton()
+        folded = _fold(line)
+        starts = set()
+        for last, (_always, checked, n) in automaton.iter(folded):
+            if checked & ~_DANGLING_BIT and _name_follows(folded, last + 1 - n, last + 1):
+                start = last + 1 - n
+                while start > 0 and folded[start - 1] in _NAME_CHARS:
+                    start -= 1
+                starts.add(start)
+                if start > 0:
+                    starts.add(start - 1)
+        return sorted(starts)
+
+    def _apply(self, line: str, bits: int) -> str:
+        """The rules `bits` allows, in order, on one line (no line breaks inside): the configured patterns and the
+        known values first (a built-in form that masks only part of a value it does not fully understand, like
+        `'api_key': ['KEY']`, must not leave the rest for them to miss), then the built-in rules; an anchored rule
+        only where a secret name starts (`_sub_at`), which gives what its `sub` over the whole line gives."""
+        for pat in self._configured:
+            line = pat.sub(MASK, line)
+        if bits & _VALUE_BIT and self._values_re is not None:
+            line = self._values_re.sub(MASK, line)
+        rules = bits & (_VALUE_BIT - 1)
+        starts_of: tuple[str, list[int]] | None = None
+        while rules:
+            low = rules & -rules
+            i = low.bit_length() - 1
+            rules ^= low
+            if low & _AT_NAME:
+                if starts_of is None or starts_of[0] is not line:
+                    starts_of = (line, self._name_starts(line))
+                line = _sub_at(_compiled(i), _RULES[i].repl, line, starts_of[1])
+            elif low & _AT_START:
+                line = _sub_at(_compiled(i), _RULES[i].repl, line, [0])
+            else:
+                line = _compiled(i).sub(_RULES[i].repl, line)
+        return line
+
+    def _line(self, line: str, bits: int) -> str:
+        """`_apply(line, bits)`, remembered for lines up to CACHE_MAX_CHARS."""
+        if not line:
+            return line
+        if len(line) > CACHE_MAX_CHARS:
+            return self._apply(line, bits)
+        done = self._lines.get(line)
+        if done is None:
+            done = self._apply(line, bits)
+            if len(self._lines) >= CACHE_ENTRIES:
+                self._lines = {}
+            self._lines[line] = done
+        return done
 
     def lines(self, lines: list[str]) -> list[str]:
-        """`redact_lines(lines)` with the configured patterns and values too: a new list of the same length."""
-        return redact_lines(lines, self.patterns)
+        """Return `lines` (each without its line break) with secrets replaced by `[REDACTED]`: a new list of the
+        same length. Never raises for a list of str.
+
+        Every line gets what `__call__` does to one line. On top of that, PEM private keys are tracked across
+        lines: every line from `-----BEGIN ... PRIVATE KEY-----` to `-----END ... PRIVATE KEY-----` inclusive
+        is masked (text before BEGIN on the first line and after END on the last is kept), and so are:
+        long base64 lines (60+ characters of `[A-Za-z0-9+/=]`, no spaces) directly following such a block;
+        the base64 lines above an END whose BEGIN is not in `lines` (a log tail that starts inside a key);
+        the base64 lines after a BEGIN whose END is not in `lines`; and a run of 3+ long base64 lines that
+        are not all hex (key material with neither marker in view). A value on the line after its name
+        (`_next_line_plan`) is masked too, also across the escaped line breaks of a repr.
+        """
+        lines = list(lines)
+        bits = [self._bits(line) if line else 0 for line in lines]
+        planned = list(lines)
+        if any(b & _PEM_BIT for b in bits):
+            _pem_blocks(lines, planned)
+        if len(lines) >= _B64_RUN:
+            _b64_runs(planned)
+        if any(b & _DANGLING_BIT for b in bits):
+            _next_line_plan(lines, planned, [bool(b & _DANGLING_BIT) for b in bits])
+        for i, line in enumerate(planned):
+            if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
+                parts = line.split("\\n")
+                dangling = [bool(self._bits(p) & _DANGLING_BIT) for p in parts]
+                if any(dangling):
+                    masked = list(parts)
+                    _next_line_plan(parts, masked, dangling)
+                    planned[i] = "\\n".join(masked)
+        return [self._line(p, b if p is line else self._bits(p)) for p, line, b in zip(planned, lines, bits,
+                                                                                       strict=True)]
+
+    def __call__(self, text: str) -> str:
+        """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
+
+        `text` may be one line (a process command line, one log line) or a multi-line text; multi-line text
+        is split on line breaks (which are kept as they were) and passed through `lines`, so PEM private-key
+        blocks are masked across lines and no pattern ever spans a line break. Idempotent:
+        `r(r(t)) == r(t)`. Never raises for str input.
+        """
+        if not text:
+            return text
+        if len(text) <= CACHE_MAX_CHARS:
+            done = self._texts.get(text)
+            if done is not None:
+                return done
+        parts = text.splitlines(keepends=True)
+        if len(parts) == 1 and parts[0] == text:  # one line, no line break: the common case
+            done = self.lines([text])[0]
+        else:
+            bodies = [p.splitlines()[0] for p in parts]
+            redacted = self.lines(bodies)
+            done = "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
+        if len(text) <= CACHE_MAX_CHARS:
+            if len(self._texts) >= CACHE_ENTRIES:
+                self._texts = {}
+            self._texts[text] = done
+        return done
 
     def then_cut(self, text: str, width: int) -> str:
-        """`redact_then_cut(text, width)` with the configured patterns and values too."""
-        return redact_then_cut(text, width, self.patterns)
+        """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).
+
+        Redacting first matters: cutting first can leave the start of a secret that no pattern recognises any
+        more (`sk-ABCDEFGHIJ…`). Only the first max(REDACT_REACH, 8 * width) characters are redacted (the rest
+        is never shown). `width` < 1 is treated as 1. Never raises for str input.
+        """
+        width = max(1, width)
+        out = self((text or "")[: max(REDACT_REACH, 8 * width)])
+        return out if len(out) <= width else out[: width - 1] + _ELLIPSIS
 
     def mapping(self, values: dict) -> dict:
-        """`redact_mapping(values)`, then the configured patterns over every string value."""
-        return {k: self(v) if isinstance(v, str) else v for k, v in redact_mapping(values).items()}
+        """Copy of `values` with every value whose KEY names a secret replaced by `[REDACTED]`, and every
+        other string value redacted (so opaque secrets in secret-named params never leak)."""
+        out = {}
+        for k, v in values.items():
+            if isinstance(k, str) and SECRET_NAME_RE.search(k):
+                out[k] = MASK
+            elif isinstance(v, str):
+                out[k] = self(v)
+            else:
+                out[k] = v
+        return out
 
     def deep(self, obj: Any) -> Any:
         """`obj` (str, dict, list or tuple, nested) with every string redacted; other values as they are. A list
@@ -623,3 +939,63 @@ class Redactor:
                 return self.lines(list(obj))
             return [self.deep(v) for v in obj]
         return obj
+
+
+def _sub_at(pattern: re.Pattern[str], repl: _Repl, line: str, starts: list[int]) -> str:
+    """`pattern.sub(repl, line)` for a pattern whose matches can only start at `starts` (sorted): tried there
+    alone, left to right, each after the end of the last match (as `sub` does); the same string back when nothing
+    matched."""
+    parts: list[str] = []
+    last = 0
+    for start in starts:
+        if start < last:
+            continue
+        m = pattern.match(line, start)
+        if m is None or m.end() == m.start():
+            continue
+        parts.append(line[last:m.start()])
+        parts.append(repl(m) if callable(repl) else m.expand(repl))
+        last = m.end()
+    if not parts:
+        return line
+    parts.append(line[last:])
+    return "".join(parts)
+
+
+_BY_EXTRA: dict[tuple[re.Pattern[str], ...], Redactor] = {}
+
+
+def _for(extra: Iterable[re.Pattern[str]]) -> Redactor:
+    """The Redactor of the built-in rules plus the compiled patterns `extra` (one per distinct tuple, made on first
+    use; the module functions' `extra`)."""
+    key = tuple(extra)
+    r = _BY_EXTRA.get(key)
+    if r is None:
+        if len(_BY_EXTRA) >= 64:
+            _BY_EXTRA.clear()
+        r = _BY_EXTRA[key] = Redactor()
+        r._configured = key
+    return r
+
+
+def redact_lines(lines: list[str], extra: Iterable[re.Pattern[str]] = ()) -> list[str]:
+    """`Redactor().lines(lines)`: the built-in rules, plus the compiled patterns `extra` (whole matches masked),
+    over consecutive lines (see `Redactor.lines`)."""
+    return _for(extra).lines(lines)
+
+
+def redact(text: str, extra: Iterable[re.Pattern[str]] = ()) -> str:
+    """`Redactor()(text)`: `text` with secrets replaced by `[REDACTED]` by the built-in rules, plus the compiled
+    patterns `extra` (whole matches masked; see `Redactor.__call__`). Idempotent; never raises for str input."""
+    return _for(extra)(text)
+
+
+def redact_mapping(values: dict) -> dict:
+    """`Redactor().mapping(values)`: secret-named keys' values masked, other strings redacted."""
+    return _for(()).mapping(values)
+
+
+def redact_then_cut(text: str, width: int, extra: Iterable[re.Pattern[str]] = ()) -> str:
+    """`Redactor().then_cut(text, width)`: redacted (the built-in rules plus `extra`), then cut to `width`
+    characters."""
+    return _for(extra).then_cut(text, width)

@@ -77,7 +77,7 @@ def no_mentions(text: str) -> str:
     """`text` from the host (a log line, a command line) with every Slack mention opener (`<@`, `<#`, `<!`)
     broken by a WORD JOINER (U+2060): it still reads `<@U123>`, but Slack never makes it a mention or a
     channel/group ping, however the message is later escaped. Never raises."""
-    return _MENTION_OPEN_RE.sub("<\u2060", text)
+    return _MENTION_OPEN_RE.sub("<\u2060", text) if "<" in text else text
 
 
 def clean_log_lines(
