@@ -1,39 +1,30 @@
 """GPU readings through NVML (the `pynvml` module of NVIDIA's `nvidia-ml-py`), for hosts where the bot runs
-on the GPU machine itself (`local: true`). Produces the same `GpuSection` model as the nvidia-smi parser.
-
-NVML facts (nvidia-ml-py 12/13, driver 580): memory from `nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)`
-in bytes, whose `used` excludes driver-reserved memory and so matches nvidia-smi's `memory.used`; power in
-milliwatts; utilization in percent; `NVMLError_NotSupported` for fields a GPU cannot report.
+on the GPU machine itself (`local: true`). Produces the same `GpuSection` model as the nvidia-smi parser: the
+reading is bot.adapters.nvml_reader's (the same code the bot keeps running on SSH hosts with `nvml_python`),
+turned into the model by bot.core.parse.nvml.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any
 
-from bot.core.models import GpuProcess, GpuReading, GpuSection, GpuSource
+from bot.adapters import nvml_reader
+from bot.core.models import GpuSection, GpuSource
+from bot.core.parse.nvml import gpu_section_from_reading
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
-
-
-def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call an NVML function; None when the field is not supported or not available."""
-    import pynvml
-
-    try:
-        return fn(*args, **kwargs)
-    except pynvml.NVMLError_NotSupported:
-        return None
-    except pynvml.NVMLError_NoPermission:
-        return None
+def _unavailable(error: str) -> GpuSection:
+    return GpuSection(ok=False, source=GpuSource.NVML, error=error)
 
 
 def read_nvml() -> GpuSection:
-    """Read every GPU and its compute processes through NVML (blocking; call it in a thread).
+    """Read every GPU and its compute processes through NVML once (blocking; call it in a thread): init, one
+    reading (bot.adapters.nvml_reader.read), shutdown.
 
     Returns GpuSection(source=NVML). ok=False with a clear `error` when the NVML library or driver is
     missing (NVMLError_LibraryNotFound / DriverNotLoaded) or a GPU is lost (NVMLError_GpuIsLost).
@@ -42,60 +33,57 @@ def read_nvml() -> GpuSection:
     try:
         import pynvml
     except ImportError:  # pragma: no cover - nvidia-ml-py is a hard dependency
-        return GpuSection(ok=False, source=GpuSource.NVML, error="pynvml (nvidia-ml-py) is not installed")
+        return _unavailable("pynvml (nvidia-ml-py) is not installed")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        return GpuSection(ok=False, source=GpuSource.NVML, error=f"NVML unavailable: {e}")
+        return _unavailable(f"NVML unavailable: {e}")
     try:
-        gpus: list[GpuReading] = []
-        procs: list[GpuProcess] = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _call(pynvml.nvmlDeviceGetUUID, h)
-            try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-            except (pynvml.NVMLError, TypeError, AttributeError):
-                mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
-            util = _call(pynvml.nvmlDeviceGetUtilizationRates, h)
-            power = _call(pynvml.nvmlDeviceGetPowerUsage, h)
-            limit = _call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-            clock = _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-            pstate = _call(pynvml.nvmlDeviceGetPerformanceState, h)
-            gpus.append(
-                GpuReading(
-                    index=i,
-                    uuid=uuid,
-                    name=_call(pynvml.nvmlDeviceGetName, h),
-                    memory_used_mib=None if mem is None else round(mem.used / MIB),
-                    memory_total_mib=None if mem is None else round(mem.total / MIB),
-                    utilization_gpu_pct=None if util is None else float(util.gpu),
-                    utilization_memory_pct=None if util is None else float(util.memory),
-                    temperature_c=_call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-                    power_draw_w=None if power is None else power / 1000.0,
-                    power_limit_w=None if limit is None else limit / 1000.0,
-                    pstate=None if pstate is None else f"P{int(pstate)}",
-                    clocks_sm_mhz=None if clock is None else float(clock),
-                )
-            )
-            for p in _call(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []:
-                used = getattr(p, "usedGpuMemory", None)
-                procs.append(
-                    GpuProcess(
-                        pid=int(p.pid),
-                        used_memory_mib=None if used is None else round(used / MIB),
-                        gpu_uuid=uuid,
-                        gpu_index=i,
-                    )
-                )
-        return GpuSection(ok=True, gpus=gpus, processes=procs, source=GpuSource.NVML)
+        return gpu_section_from_reading(nvml_reader.read(pynvml))
     except pynvml.NVMLError as e:
-        return GpuSection(ok=False, source=GpuSource.NVML, error=f"NVML error: {e}")
+        return _unavailable(f"NVML error: {e}")
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+class LocalNvml:
+    """NVML in the bot's own process for a host that is the bot's machine: initialised ONCE (80-300 ms on a GPU
+    host, far more than a reading), then each `read` is one reading (bot.adapters.nvml_reader.read). A failed
+    reading shuts NVML down so the next one initialises it again (a reloaded driver). Thread-safe; blocking
+    (call it in a thread: `read_async`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = False
+
+    def read(self) -> GpuSection:
+        """One reading as a GpuSection(source=NVML); ok False with the NVML error when there is no NVML or the
+        reading failed."""
+        try:
+            import pynvml
+        except ImportError:  # pragma: no cover - nvidia-ml-py is a hard dependency
+            return _unavailable("pynvml (nvidia-ml-py) is not installed")
+        with self._lock:
+            if not self._ready:
+                try:
+                    pynvml.nvmlInit()
+                except pynvml.NVMLError as e:
+                    return _unavailable(f"NVML unavailable: {e}")
+                self._ready = True
+            try:
+                return gpu_section_from_reading(nvml_reader.read(pynvml))
+            except pynvml.NVMLError as e:
+                self._ready = False
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlShutdown()
+                return _unavailable(f"NVML error: {e}")
+
+    async def read_async(self, timeout_s: float = 10.0) -> GpuSection:
+        """`read` in a worker thread with a deadline (see `read_nvml_async`)."""
+        return await read_nvml_async(timeout_s, reader=self.read)
 
 
 async def read_nvml_async(timeout_s: float = 10.0, reader: Callable[[], GpuSection] = read_nvml) -> GpuSection:

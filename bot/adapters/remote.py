@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import shlex
 import signal
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncssh
 
+from bot.adapters import nvml_reader
 from bot.config import HostConfig
+from bot.core import agent
 from bot.core.shell import KILL_AFTER_S, wrap_timeout
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,15 @@ class Executor(Protocol):
         """Run `command` (wrapped in `timeout -k`) with optional stdin bytes; raise RemoteError subclasses."""
         ...
 
+    async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
+        """Run the POSIX sh `script` (values already quoted) within `timeout_s`; as `run("sh -s", input=script)`
+        but an executor may use a shell it keeps running (the probe agent). Raises RemoteError subclasses."""
+        ...
+
+    def helper_pids(self) -> set[int]:
+        """PIDs of the bot's own long-lived helpers on the host (the probe agent), never shown in a probe."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -97,6 +111,160 @@ def _known_hosts_has_entry(path: Path, address: str, port: int) -> bool:
         return bool(trusted)
     except (OSError, ValueError, asyncssh.Error):
         return False
+
+
+#: Seconds before a probe agent that could not be started is tried again (meanwhile probes open their own channel).
+AGENT_RETRY_S = 60.0
+
+
+class AgentLost(Exception):
+    """The probe agent ended (or garbled its answer) while the connection stayed up: the script can go again over
+    a channel of its own."""
+
+
+class _ShellAgent:
+    """One probe agent (bot.core.agent) on one SSH connection: its process, its PID on the host, and whether a
+    request is running (`busy`: one at a time)."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess, pid: int):
+        self.conn = conn
+        self.process = process
+        self.pid = pid
+        self.busy = False
+        self.closed = False
+
+    @classmethod
+    async def start(cls, conn: asyncssh.SSHClientConnection, timeout_s: float) -> _ShellAgent:
+        """Start the agent on `conn` and read its PID. Raises AgentLost when it does not say it within
+        `timeout_s` seconds, asyncssh errors when the channel cannot be opened."""
+        process = await conn.create_process(agent.AGENT_COMMAND, encoding=None)
+        try:
+            process.stdin.write(agent.HELLO)
+            data = await asyncio.wait_for(process.stdout.readuntil(agent.HELLO_RE, agent.HELLO_MAX), timeout_s)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncssh.Error, OSError) as e:
+            process.close()
+            raise AgentLost(f"the probe agent did not start: {type(e).__name__}") from None
+        m = agent.HELLO_RE.search(data)
+        assert m is not None
+        return cls(conn, process, int(m.group(1)))
+
+    def alive_on(self, conn: asyncssh.SSHClientConnection | None) -> bool:
+        """True while the agent runs on `conn` (the executor's current connection)."""
+        return not self.closed and conn is self.conn and not conn.is_closed()
+
+    async def run(self, script: str, budget_s: float, host: str) -> CommandResult:
+        """Run `script` with `budget_s` seconds and return its output (stderr merged into stdout). The caller set
+        `busy`; it is cleared here. Raises RemoteTimeout (the agent is then closed), ConnectionDropped, AgentLost.
+        A cancelled request closes the agent too: its output would be in the way of the next one."""
+        token = agent.new_token()
+        pattern = agent.done_re(token)
+        start = time.monotonic()
+        done = False
+        try:
+            self.process.stdin.write(agent.request(script, budget_s, token))
+            data = await asyncio.wait_for(self.process.stdout.readuntil(pattern, agent.DONE_MAX),
+                                          budget_s + KILL_AFTER_S + CLIENT_MARGIN_S)
+            done = True
+        except TimeoutError:
+            raise RemoteTimeout(host, f"command did not finish within {budget_s:g} s on {host}") from None
+        except (asyncio.IncompleteReadError, asyncssh.Error, BrokenPipeError, ConnectionError, OSError) as e:
+            if self.conn.is_closed():
+                raise ConnectionDropped(host, f"SSH connection to {host} was lost: {e}") from None
+            raise AgentLost(f"the probe agent ended: {type(e).__name__}") from None
+        finally:
+            self.busy = False
+            if not done:
+                self.close()
+        m = pattern.search(data, max(0, len(data) - agent.DONE_MAX - 2))
+        if m is None:  # pragma: no cover - readuntil returned without its separator
+            self.close()
+            raise AgentLost("the probe agent's answer had no end marker")
+        return CommandResult(int(m.group(1)), data[: m.start()], b"", time.monotonic() - start)
+
+    def close(self) -> None:
+        """End the agent (its channel is closed; the host's shell gets EOF or SIGHUP)."""
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.process.close()
+
+
+#: The NVML reader's source, sent to the host's Python (bot.adapters.nvml_reader).
+NVML_READER_SOURCE = (resources.files("bot.adapters") / "nvml_reader.py").read_text()
+#: Seconds before an NVML reader that could not start (no pynvml, no driver) is tried again.
+NVML_RETRY_S = 600.0
+
+
+class NvmlUnavailable(Exception):
+    """The NVML reader could not start or answer; str() says why (pynvml missing, no driver, no answer in N s)."""
+
+
+class _NvmlReader:
+    """The NVML reader (bot.adapters.nvml_reader) kept running on one SSH connection: one JSON line per request."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess, pid: int):
+        self.conn = conn
+        self.process = process
+        self.pid = pid
+        self.closed = False
+        self.lock = asyncio.Lock()
+
+    @classmethod
+    async def start(cls, conn: asyncssh.SSHClientConnection, python: str, timeout_s: float) -> _NvmlReader:
+        """Start the reader with the host's `python` and read its hello. Raises NvmlUnavailable (with the reader's
+        own words when it said why), asyncssh errors when the channel cannot be opened."""
+        process = await conn.create_process(nvml_reader_command(python), encoding=None)
+        try:
+            process.stdin.write(json.dumps(NVML_READER_SOURCE).encode() + b"\n")
+            hello = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout_s) or b"null")
+        except (TimeoutError, ValueError, asyncssh.Error, OSError) as e:
+            process.close()
+            raise NvmlUnavailable(f"the NVML reader did not start ({type(e).__name__})") from None
+        if not isinstance(hello, dict) or not isinstance(hello.get("hello"), int):
+            process.close()
+            raise NvmlUnavailable(f"the NVML reader did not start with {python} (is it a Python 3?)")
+        if hello.get("error"):
+            process.close()
+            raise NvmlUnavailable(f"NVML reader: {str(hello['error'])[:200]}")
+        return cls(conn, process, hello["hello"])
+
+    def alive_on(self, conn: asyncssh.SSHClientConnection | None) -> bool:
+        """True while the reader runs on `conn` (the executor's current connection)."""
+        return not self.closed and conn is self.conn and not conn.is_closed()
+
+    async def ask(self, timeout_s: float) -> Any:
+        """One reading (the decoded JSON answer). Raises NvmlUnavailable (the reader is then closed) when it does
+        not answer within `timeout_s` seconds or its answer is not JSON."""
+        async with self.lock:
+            try:
+                self.process.stdin.write(b"\n")
+                line = await asyncio.wait_for(self.process.stdout.readline(), timeout_s)
+                if not line.endswith(b"\n"):
+                    raise ValueError("the reader ended")
+                return json.loads(line)
+            except TimeoutError:
+                self.close()
+                raise NvmlUnavailable(f"NVML did not answer in {timeout_s:g} s") from None
+            except (ValueError, asyncssh.Error, OSError) as e:
+                self.close()
+                raise NvmlUnavailable(f"the NVML reader failed ({type(e).__name__})") from None
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """End the reader (its channel closes; the Python gets EOF and exits)."""
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.process.close()
+
+
+def nvml_reader_command(python: str) -> str:
+    """What the reader's channel runs: `python` reading the reader's source as its first stdin line (so its
+    arguments stay short in `ps`), its stderr dropped (the JSON lines are the only output)."""
+    boot = "import sys,json;exec(json.loads(sys.stdin.readline()))"
+    return f"exec {shlex.quote(python)} -u -c {shlex.quote(boot)} {nvml_reader.NAME} 2>/dev/null"
 
 
 class SSHExecutor:
@@ -117,7 +285,18 @@ class SSHExecutor:
         self.keepalive_count_max = keepalive_count_max
         self._conn: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
-        self._sem = asyncio.Semaphore(cfg.max_channels)
+        # the probe agent keeps one channel open for good: the other commands share the rest
+        self._use_agent = cfg.probe_agent and cfg.max_channels >= 2
+        self._sem = asyncio.Semaphore(cfg.max_channels - (1 if self._use_agent else 0))
+        self._agent: _ShellAgent | None = None
+        self._agent_lock = asyncio.Lock()
+        self._agent_retry_at = 0.0
+        self.agent_starts = 0
+        self._nvml: _NvmlReader | None = None
+        self._nvml_lock = asyncio.Lock()
+        self._nvml_retry_at = 0.0
+        #: Why the NVML reader is not used now (None while it works or was never tried).
+        self.nvml_problem: str | None = None
         self.connects = 0
         self.execs = 0
         self._known_hosts_path = Path(os.path.expanduser(cfg.known_hosts))
@@ -267,8 +446,89 @@ class SSHExecutor:
                 sig = res.exit_signal[0] if res.exit_signal else None
                 return CommandResult(res.exit_status, stdout, stderr, duration, sig)
 
+    async def _idle_agent(self) -> _ShellAgent | None:
+        """The probe agent, marked busy for the caller, or None when it is busy, cannot be started now (tried
+        again after AGENT_RETRY_S) or is not used. Starts it (connecting first) when there is none. Raises
+        RemoteError subclasses when the host cannot be reached."""
+        async with self._agent_lock:
+            conn = await self._connection()
+            current = self._agent
+            if current is not None and not current.alive_on(conn):
+                current.close()
+                current = self._agent = None
+            if current is None:
+                if time.monotonic() < self._agent_retry_at:
+                    return None
+                try:
+                    current = await _ShellAgent.start(conn, self.cfg.connect_timeout_s)
+                except (AgentLost, asyncssh.Error, OSError) as e:
+                    log.info("host %s: probe agent unavailable (%s); probes open their own channels for %.0f s",
+                             self.name, e, AGENT_RETRY_S)
+                    self._agent_retry_at = time.monotonic() + AGENT_RETRY_S
+                    return None
+                self._agent = current
+                self.agent_starts += 1
+            if current.busy:
+                return None
+            current.busy = True
+            return current
+
+    async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
+        """Run the POSIX sh `script` on the probe agent (bot.core.agent) when the host keeps one (`probe_agent`)
+        and it is idle: no new channel, no login shell. Otherwise, or when the agent ends during the script, over
+        a channel of its own (`run("sh -s", input=script)`). The output's stderr is merged into stdout on the
+        agent. Raises RemoteError subclasses, as `run`."""
+        budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
+        worker = await self._idle_agent() if self._use_agent else None
+        if worker is not None:
+            try:
+                self.execs += 1
+                return await worker.run(script, budget, self.name)
+            except AgentLost as e:
+                log.info("host %s: %s; running the script over its own channel", self.name, e)
+        return await self.run("sh -s", input=script.encode(), timeout_s=budget)
+
+    def helper_pids(self) -> set[int]:
+        """The PIDs of the probe agent and the NVML reader on the host while they run (never shown in a probe)."""
+        return {h.pid for h in (self._agent, self._nvml) if h is not None and not h.closed}
+
+    def nvml_ready(self) -> bool:
+        """False while an NVML reader that could not start waits to be tried again (NVML_RETRY_S)."""
+        return time.monotonic() >= self._nvml_retry_at
+
+    async def nvml_reading(self, python: str, timeout_s: float) -> Any:
+        """One reading of every GPU by the NVML reader kept on the connection (bot.adapters.nvml_reader), started
+        with the host's `python` on first use: the decoded JSON answer (bot.core.parse.nvml reads it). Raises
+        NvmlUnavailable when the reader cannot start (then not tried again for NVML_RETRY_S) or answer (started
+        again next time), RemoteError subclasses when the host cannot be reached."""
+        async with self._nvml_lock:
+            conn = await self._connection()
+            reader = self._nvml
+            if reader is not None and not reader.alive_on(conn):
+                reader.close()
+                reader = self._nvml = None
+            if reader is None:
+                if not self.nvml_ready():
+                    raise NvmlUnavailable(self.nvml_problem or "the NVML reader is not available")
+                try:
+                    reader = await _NvmlReader.start(conn, python, timeout_s)
+                except (NvmlUnavailable, asyncssh.Error, OSError) as e:
+                    self.nvml_problem = str(e) if isinstance(e, NvmlUnavailable) else f"NVML reader: {e}"
+                    self._nvml_retry_at = time.monotonic() + NVML_RETRY_S
+                    log.warning("host %s: %s; GPU readings come from nvidia-smi for %.0f s", self.name,
+                                self.nvml_problem, NVML_RETRY_S)
+                    raise NvmlUnavailable(self.nvml_problem) from None
+                self._nvml = reader
+                self.nvml_problem = None
+        return await reader.ask(timeout_s)
+
     async def close(self) -> None:
-        """Close the pooled connection (if any) and wait for it to finish closing (bounded, 5 s)."""
+        """Close the probe agent and the pooled connection (if any) and wait for it to finish closing (bounded,
+        5 s)."""
+        for helper in (self._agent, self._nvml):
+            if helper is not None:
+                helper.close()
+        self._agent = self._nvml = None
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -329,6 +589,14 @@ class LocalExecutor:
             sig = signal.Signals(-rc).name.removeprefix("SIG")
             rc = None
         return CommandResult(rc, out, err, time.monotonic() - start, sig)
+
+    async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
+        """`run("sh -s", input=script)`: a local shell starts in a millisecond."""
+        return await self.run("sh -s", input=script.encode(), timeout_s=timeout_s)
+
+    def helper_pids(self) -> set[int]:
+        """No long-lived helpers on the local host."""
+        return set()
 
     async def close(self) -> None:
         """Nothing to release for local commands."""

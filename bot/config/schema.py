@@ -72,7 +72,12 @@ class HostConfig(_Model):
     (0, 3600]; `keepalive_interval_s` seconds in [0, 3600] (0: no keepalives); `max_channels` concurrent SSH
     session channels per connection (keep below the server's MaxSessions, OpenSSH default 10).
     Integers must be YAML integers (`port: true` is an error); every duration must be finite.
-    `known_hosts` is required for SSH hosts: host keys are always verified. `systemd: auto` runs each launch
+    `known_hosts` is required for SSH hosts: host keys are always verified. `probe_agent` (default true) keeps one
+    shell running on each SSH connection that takes the probes, so a probe opens no new SSH channel (one round
+    trip, no shell start-up); false opens a channel per probe. `nvml_python`: the path of a Python on the host that
+    can `import pynvml` (nvidia-ml-py); GPU readings then come from a small reader kept running on the connection
+    (NVML initialised once, one request and answer per probe) instead of two nvidia-smi runs per probe, and
+    nvidia-smi is used whenever the reader cannot answer. `systemd: auto` runs each launch
     in its own transient systemd scope where the host's systemd allows it (root, or a user with lingering
     on), so a kill stops its whole cgroup; `off` never does.
     """
@@ -87,6 +92,8 @@ class HostConfig(_Model):
     command_timeout_s: Number = 30.0
     keepalive_interval_s: Number = 15.0
     max_channels: Int = 8
+    probe_agent: bool = True
+    nvml_python: str | None = None
     nvidia_smi: str = "nvidia-smi"
     nvidia_smi_timeout_s: Number = 10.0
     use_nvml: bool = True

@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from bot.core.agent import PROBE_NAME as AGENT_PROBE_NAME
 from bot.core.models import GpuSection, LogInfo, Snapshot
 from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
@@ -160,57 +161,109 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
-def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:
-    """Return the POSIX sh script for `req` on a host with `policy` (default: `HostPolicy()`). Every value
-    from a request is validated and shell-quoted.
-
-    Raises ProbeRequestError for invalid requests and for what the policy does not allow.
-    """
-    policy = policy or HostPolicy()
-    policy.check(req)
-    log_dirs = policy.allowed_log_dirs(req)
+def _preamble(policy: HostPolicy, nonce: str) -> list[str]:
+    """The lines every probe script starts with: the C locale, the host's env, the nonce and the section
+    markers' functions `b` (BEGIN) and `e` (END with the exit status)."""
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise ValueError("nonce must be hex")
-    nv = quote(policy.nvidia_smi)
-    nvt = max(1, round(policy.nvidia_smi_timeout_s))
-    lines = [
+    return [
         "export LC_ALL=C",
         *(f"export {k}={quote(v)}" for k, v in policy.env if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)),
         f"M={nonce}",
         "b() { printf '\\n@@%s BEGIN %s\\n' \"$M\" \"$1\"; }",
         "e() { printf '\\n@@%s END %s rc=%s\\n' \"$M\" \"$1\" \"$2\"; }",
+    ]
+
+
+def _gpu_jobs(policy: HostPolicy) -> list[str]:
+    """The shell functions `j_gpu` and `j_gpu_apps`: the two nvidia-smi CSV queries, each under its own
+    `timeout -k`, printing sections `gpu` and `gpu_apps`."""
+    nv = quote(policy.nvidia_smi)
+    nvt = max(1, round(policy.nvidia_smi_timeout_s))
+    gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
+    app_fields = ",".join(nvidia_smi.APPS_QUERY_FIELDS)
+    return [
+        f"j_{sec}() {{ b {sec}; if command -v {nv} >/dev/null 2>&1; then "
+        f"timeout -k 2 {nvt} {nv} {query} --format=csv,noheader,nounits 2>&1; r=$?; "
+        f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r; }}"
+        for sec, query in (("gpu", f"--query-gpu={gpu_fields}"), ("gpu_apps", f"--query-compute-apps={app_fields}"))
+    ]
+
+
+def build_gpu_script(nonce: str, policy: HostPolicy | None = None) -> str:
+    """A script of the GPU sections alone (`gpu`, `gpu_apps`: the two nvidia-smi queries at once), for a probe
+    whose GPU readings were to come from NVML and did not."""
+    policy = policy or HostPolicy()
+    return "\n".join([*_preamble(policy, nonce), *_gpu_jobs(policy), *_at_once("j_gpu", ["j_gpu_apps"]),
+                      "exit 0"]) + "\n"
+
+
+def _at_once(foreground: str, jobs: list[str]) -> list[str]:
+    """Lines that run the shell function `foreground` (its output straight to stdout) while the functions `jobs`
+    run beside it, each writing to a file of a private temporary directory (`mktemp -d`) printed after `wait` and
+    removed on exit (also when the budget's `timeout` kills the script: it signals the whole process group).
+    Without a usable temporary directory they run one after another."""
+    if not jobs:
+        return [foreground]
+    files = " ".join(f'"$D/{i}"' for i in range(len(jobs)))
+    return [
+        'D=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-probe.XXXXXX" 2>/dev/null) || D=',
+        'if [ -n "$D" ] && [ -d "$D" ]; then',
+        "trap 'rm -rf \"$D\"' EXIT; trap 'exit 143' HUP INT TERM",
+        *(f'{job} > "$D/{i}" 2>&1 &' for i, job in enumerate(jobs)),
+        f"{foreground}; wait",
+        f"cat {files} 2>/dev/null",
+        "else",
+        f"{foreground}; " + "; ".join(jobs),
+        "fi",
+    ]
+
+
+def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:
+    """Return the POSIX sh script for `req` on a host with `policy` (default: `HostPolicy()`). Every value
+    from a request is validated and shell-quoted.
+
+    The independent parts run at once (`_at_once`), so a probe takes about as long as its slowest part, not the
+    sum: the process table in the foreground, straight to the output (the biggest part), beside the GPU queries,
+    the launch tags, /dev/shm, and the listening sockets + health endpoint + log (in that order: a line written
+    before the health endpoint answered is in the tail). Raises ProbeRequestError for invalid requests and for
+    what the policy does not allow.
+    """
+    policy = policy or HostPolicy()
+    policy.check(req)
+    log_dirs = policy.allowed_log_dirs(req)
+    lines = [
+        *_preamble(policy, nonce),
         # sub-second clock (GNU date %N; busybox prints a literal N, then whole seconds are used)
         "b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock $?",
         "b hostname; uname -n; e hostname $?",
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
-        f"b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?",
+        f"j_ps() {{ b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?; }}",
     ]
+    jobs: list[str] = []  # the parts that run beside ps, each a shell function printing its own sections
     if req.gpu:
-        gpu_fields = ",".join(nvidia_smi.GPU_QUERY_FIELDS)
-        app_fields = ",".join(nvidia_smi.APPS_QUERY_FIELDS)
-        for sec, query in (("gpu", f"--query-gpu={gpu_fields}"), ("gpu_apps", f"--query-compute-apps={app_fields}")):
-            lines.append(
-                f"b {sec}; if command -v {nv} >/dev/null 2>&1; then "
-                f"timeout -k 2 {nvt} {nv} {query} --format=csv,noheader,nounits 2>&1; r=$?; "
-                f"else echo 'nvidia-smi: command not found'; r=127; fi; e {sec} $r"
-            )
+        lines += _gpu_jobs(policy)
+        jobs += ["j_gpu", "j_gpu_apps"]
     if req.tags or req.select_tag:
         # printf is a builtin and xargs batches: no argument list limit on a host with 100k processes
-        lines.append("b tags; printf '%s\\0' /proc/[0-9]*/environ | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' "
-                     "| tr '\\000' '\\n'; printf '%s\\0' /proc/[0-9]*/cgroup | "
-                     "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0")
+        lines.append("j_tags() { b tags; printf '%s\\0' /proc/[0-9]*/environ | xargs -0 grep -a -z -H -s "
+                     "'^GPUBOT_LAUNCH=' | tr '\\000' '\\n'; printf '%s\\0' /proc/[0-9]*/cgroup | "
+                     "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0; }")
+        jobs.append("j_tags")
     if req.shm:
-        lines.append("b shm; df -Pk /dev/shm 2>&1; e shm $?")
+        lines.append("j_shm() { b shm; df -Pk /dev/shm 2>&1; e shm $?; }")
+        jobs.append("j_shm")
+    net: list[str] = []
     if req.port is not None:
-        lines += [
+        net += [
             "b tcp4; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp 2>&1; e tcp4 $?",
             "b tcp6; awk 'NR==1 || $4==\"0A\"' /proc/net/tcp6 2>&1; e tcp6 $?",
         ]
         if req.health_path is not None:
             url = quote(f"http://127.0.0.1:{int(req.port)}{req.health_path}")
             ht = max(1, round(policy.health_timeout_s))
-            lines.append(
+            net.append(
                 "b health; if command -v curl >/dev/null 2>&1; then "
                 f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
                 "else echo 'curl: command not found'; r=127; fi; e health $r"
@@ -224,7 +277,7 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
         # directory is refused before the open, so the open never blocks on a FIFO without a writer.
         allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
         fd = "/proc/self/fd/3"
-        lines += [
+        net += [
             f"L={lp}; OK=0",
             'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
             'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
@@ -240,6 +293,10 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
             f"| tail -n {int(req.tail_lines) + 1}; r=$?; else r=2; fi; e log_tail $r",
             "exec 3<&-",
         ]
+    if net:
+        lines.append("j_net() {\n" + "\n".join(net) + "\n}")
+        jobs.append("j_net")
+    lines += _at_once("j_ps", jobs)
     lines.append("exit 0")
     return "\n".join(lines) + "\n"
 
@@ -277,16 +334,18 @@ def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
 MAX_PLAUSIBLE_ELAPSED_S = 10**9
 
 
-def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
+def _own_processes(procs: list, self_sec: Section | None, helpers: Collection[int] = ()) -> set[int]:
     """PIDs of the probe itself: its shell (`$$`, printed in the `self` section), every descendant of it
-    (`ps`, `cut`, nested `timeout`s) and the `timeout -k ... sh -s` wrappers above it. They are never shown
-    in a probe's process tree."""
+    (`ps`, `cut`, nested `timeout`s), the `timeout -k ... sh -s` wrapper above it (`sh -s gpubot-probe` on the
+    probe agent), and the bot's long-lived `helpers` on the host (the probe agent). They are never shown in a
+    probe's process tree."""
+    own = {pid for pid in helpers if isinstance(pid, int)}
     try:
         me = int(_text(self_sec).split()[0])
     except (ValueError, IndexError):
-        return set()
+        return own
     by_pid = {p.pid: p for p in procs}
-    own = {me}
+    own.add(me)
     grew = True
     while grew:
         grew = False
@@ -296,7 +355,8 @@ def _own_processes(procs: list, self_sec: Section | None) -> set[int]:
                 grew = True
     row = by_pid.get(me)
     parent = by_pid.get(row.ppid) if row is not None and row.ppid else None
-    while parent is not None and "timeout -k " in parent.args and parent.args.rstrip().endswith("sh -s"):
+    while parent is not None and parent.args.startswith("timeout -k ") and (
+            parent.args.rstrip().endswith(("sh -s", f"sh -s {AGENT_PROBE_NAME}"))):
         own.add(parent.pid)
         parent = by_pid.get(parent.ppid) if parent.ppid else None
     return own
@@ -368,12 +428,15 @@ def assemble_snapshot(
     gpu_override: GpuSection | None = None,
     gpu_note: str | None = None,
     redactor: Redactor | None = None,
+    helper_pids: Collection[int] = (),
 ) -> Snapshot:
     """Build a Snapshot from split sections (pure).
 
     `gpu_override` replaces the nvidia-smi sections (readings taken through NVML). Command lines and log
     lines are redacted with `redactor` (default: the built-in rules) BEFORE they are cut, so a cut never
-    leaves half a secret. Missing or failed sections become entries in `Snapshot.errors`, never exceptions.
+    leaves half a secret. `helper_pids` are the bot's own long-lived processes on the host (the probe agent),
+    left out like the probe's own. Missing or failed sections become entries in `Snapshot.errors`, never
+    exceptions.
     """
     policy = policy or HostPolicy()
     redactor = redactor or Redactor()
@@ -413,7 +476,7 @@ def assemble_snapshot(
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
             p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
-    own = _own_processes(procs, sections.get("self"))
+    own = _own_processes(procs, sections.get("self"), helper_pids)
     snap.table = [p for p in procs if p.pid not in own]
     snap.all_process_count = len(snap.table)
     tags_sec = sections.get("tags")

@@ -26,11 +26,14 @@ REPLAY_NOTE = "replayed sample GPU data (real NVIDIA H200 captures); this machin
 @dataclass
 class FakeGpu:
     """An installed fake: `bin_dir` (put it first on PATH), `nvidia_smi` (the wrapper's absolute path),
-    `state_dir` (where fake servers register `holders/<pid>` files), and `set_mode()` to misbehave."""
+    `state_dir` (where fake servers register `holders/<pid>` files), `python_nvml` (a Python whose `pynvml` is
+    the replaying fake, bot/demo/fake_pynvml: for a host's `nvml_python`), and `set_mode()` to misbehave (both
+    fakes act it out)."""
 
     bin_dir: Path
     nvidia_smi: Path
     state_dir: Path
+    python_nvml: Path | None = None
 
     @property
     def holders_dir(self) -> Path:
@@ -79,4 +82,9 @@ def install_fake_gpu(directory: str | os.PathLike[str], *, gpu_count: int = 1, p
     py, scr, st = (shlex.quote(x) for x in (python or sys.executable, str(script), str(state)))
     wrapper.write_text(f"#!/bin/sh\nexec {py} {scr} --state {st} \"$@\"\n")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return FakeGpu(bin_dir=bin_dir, nvidia_smi=wrapper, state_dir=state)
+    # a Python whose pynvml is the replaying fake (bot/demo/fake_pynvml), for `nvml_python:`
+    fake_nvml = shlex.quote(str(resources.files("bot.demo") / "fake_pynvml"))
+    python_nvml = bin_dir / "python-nvml"
+    python_nvml.write_text(f"#!/bin/sh\nGPUBOT_FAKE_GPU_STATE={st} PYTHONPATH={fake_nvml} exec {py} \"$@\"\n")
+    python_nvml.chmod(python_nvml.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return FakeGpu(bin_dir=bin_dir, nvidia_smi=wrapper, state_dir=state, python_nvml=python_nvml)

@@ -1,7 +1,9 @@
 """Host service: turns a host name and a ProbeRequest into a Snapshot (or a HostFailure).
 
 This is the I/O edge for probes: it picks the executor, reads NVML for local GPU hosts, sends the probe
-script in ONE command over ONE channel, and hands the output to the pure assembler in `bot.core.probe`.
+script in ONE command (on the host's probe agent, or over one channel), reads the GPUs through the host's NVML
+reader beside it when the host has one (`nvml_python`), and hands the output to the pure assembler in
+`bot.core.probe`.
 """
 
 from __future__ import annotations
@@ -12,11 +14,21 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from bot.adapters.nvml import read_nvml_async
-from bot.adapters.remote import Executor, RemoteError, build_executor
+from bot.adapters.nvml import LocalNvml
+from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
 from bot.core.models import GpuSection, HostFailure, Snapshot
-from bot.core.probe import HostPolicy, ProbeRequest, assemble_snapshot, build_script, new_nonce, split_sections
+from bot.core.parse.nvml import gpu_section_from_reading
+from bot.core.probe import (
+    HostPolicy,
+    ProbeRequest,
+    Section,
+    assemble_snapshot,
+    build_gpu_script,
+    build_script,
+    new_nonce,
+    split_sections,
+)
 from bot.core.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -55,7 +67,7 @@ class HostService:
         self.config = config
         self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
-        self._nvml_reader = nvml_reader or read_nvml_async
+        self._nvml_reader = nvml_reader or LocalNvml().read_async
         self._extra_path = extra_path
 
     def resolve_host(self, name: str | None) -> str:
@@ -83,7 +95,8 @@ class HostService:
         return ex
 
     async def probe(self, host: str, req: ProbeRequest) -> Snapshot | HostFailure:
-        """Take one snapshot of `host`: one command, one channel. Returns Snapshot or HostFailure.
+        """Take one snapshot of `host` in one round trip: one script (on the host's probe agent, or one channel),
+        and, on a host with `nvml_python`, one NVML reading beside it. Returns Snapshot or HostFailure.
 
         Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
         its log_dirs), before anything is sent. `req` is not modified.
@@ -91,36 +104,83 @@ class HostService:
         cfg = self.config.hosts[host]
         policy = host_policy(cfg)
         policy.check(req)
+        executor = self.executor(host)
         gpu_override = None
         if cfg.local and cfg.use_nvml and req.gpu:
             reading = await self._nvml_reader()
             if reading.ok:
                 gpu_override = reading
                 req = dataclasses.replace(req, gpu=False)
+        nvml_task = self._start_nvml(host, cfg, executor) if req.gpu else None
         nonce = new_nonce()
-        script = build_script(req, nonce, policy)
+        script = build_script(dataclasses.replace(req, gpu=False) if nvml_task else req, nonce, policy)
         start = time.monotonic()
         sent_at = time.time()
         try:
-            res = await self.executor(host).run("sh -s", input=script.encode(), timeout_s=cfg.command_timeout_s)
+            res = await executor.run_script(script, timeout_s=cfg.command_timeout_s)
         except RemoteError as e:
+            if nvml_task is not None:
+                nvml_task.cancel()
             log.warning("probe of %s failed: %s", host, e)
             return HostFailure(host=host, reason=str(e))
         sections = split_sections(res.stdout, nonce)
         if not sections:
-            err = res.stderr.decode("utf-8", "replace").strip()[:300]
+            if nvml_task is not None:
+                nvml_task.cancel()
+            err = (res.stderr or res.stdout).decode("utf-8", "replace").strip()[-300:]
             if res.exit_status in (124, 137):
                 reason = f"probe did not finish within {cfg.command_timeout_s:g} s"
             else:
                 reason = f"probe script failed (exit {res.exit_status}){': ' + err if err else ''}"
             return HostFailure(host=host, reason=reason)
+        gpu_note = cfg.gpu_note
+        if nvml_task is not None:
+            gpu_override, problem = await nvml_task
+            if gpu_override is None:  # the reader did not answer: nvidia-smi, as without it
+                sections.update(await self._nvidia_smi_sections(host, cfg, policy, executor))
+                gpu_note = gpu_note or f"from nvidia-smi: {problem}"
+            else:
+                req = dataclasses.replace(req, gpu=False)
         snap = assemble_snapshot(host, req, sections, policy=policy, gpu_override=gpu_override,
-                                 gpu_note=cfg.gpu_note, redactor=self.redactor)
+                                 gpu_note=gpu_note, redactor=self.redactor, helper_pids=executor.helper_pids())
         if res.exit_status in (124, 137):
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         snap.duration_s = time.monotonic() - start
         snap.local_clock = sent_at
         return snap
+
+    def _start_nvml(self, host: str, cfg: HostConfig, executor: Executor) -> asyncio.Task | None:
+        """The NVML reading of an SSH host with `nvml_python` (its reader ready), started now to run beside the
+        script: a task giving (GpuSection, None) when the reader answered with readings, (None, why) otherwise.
+        None when the host reads its GPUs with nvidia-smi."""
+        if cfg.local or not cfg.nvml_python or not isinstance(executor, SSHExecutor) or not executor.nvml_ready():
+            return None
+
+        async def read() -> tuple[GpuSection | None, str | None]:
+            try:
+                section = gpu_section_from_reading(await executor.nvml_reading(cfg.nvml_python or "",
+                                                                               cfg.nvidia_smi_timeout_s))
+            except NvmlUnavailable as e:
+                return None, str(e)
+            except RemoteError as e:
+                return None, f"the NVML reader could not be reached ({e})"
+            if not section.ok:  # a driver error: nvidia-smi says it in its own words, the reader starts again
+                return None, section.error
+            return section, None
+
+        return asyncio.ensure_future(read())
+
+    async def _nvidia_smi_sections(self, host: str, cfg: HostConfig, policy: HostPolicy,
+                                   executor: Executor) -> dict[str, Section]:
+        """The `gpu` and `gpu_apps` sections from nvidia-smi, in a second round trip (the NVML reader failed);
+        empty when that failed too (the snapshot then says the GPU readings are missing)."""
+        nonce = new_nonce()
+        try:
+            res = await executor.run_script(build_gpu_script(nonce, policy), timeout_s=cfg.command_timeout_s)
+        except RemoteError as e:
+            log.warning("GPU readings of %s failed: %s", host, e)
+            return {}
+        return split_sections(res.stdout, nonce)
 
     async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:
         """Probe `hosts` in parallel for GPU status (GPU table + GPU holders). One result per host, in order;

@@ -47,7 +47,8 @@ def h200_nvml(monkeypatch):
         gpu=int(gpu.utilization_gpu_pct), memory=int(gpu.utilization_memory_pct)))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", lambda h, s: int(gpu.temperature_c))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: int(gpu.power_draw_w * 1000))
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetEnforcedPowerLimit", lambda h: int(gpu.power_limit_w * 1000))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerManagementLimit", lambda h: int(gpu.power_limit_w * 1000))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEccErrors", lambda h, kind, counter: int(gpu.ecc_uncorrected))
     monkeypatch.setattr(pynvml, "nvmlDeviceGetClockInfo", not_supported)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetPerformanceState", lambda h: 0)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: [

@@ -6,11 +6,13 @@ The fake nvidia-smi replays the real H200 captures; the fake server's workers re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from bot.config import Config
+from bot.core.agent import AGENT_COMMAND
 from bot.core.models import HostFailure, Snapshot
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
@@ -33,10 +35,33 @@ def fixture_gpu_row():
     return {"name": cells[2], "total": float(cells[4]), "temp": float(cells[7]), "power": float(cells[8])}
 
 
-async def test_probe_is_one_channel_exec_and_sees_everything(ssh_server, ssh_config, start_fake_server):
+async def test_probes_go_to_the_agent_and_open_no_channel(ssh_server, ssh_config, start_fake_server):
+    """The first probe starts the probe agent (the one channel it keeps); the next ones open no channel at all, and
+    neither the agent nor the probe's own shell shows in the process table."""
     server = start_fake_server(mode="ready", workers=2)
     await asyncio.to_thread(server.wait_ready)
     svc = HostService(ssh_config)
+    req = ProbeRequest(pgid=server.pid, log_path=str(server.log_path), port=server.port)
+    try:
+        before = ssh_server.exec_count
+        first = await svc.probe("gpu-host-1", req)
+        assert ssh_server.exec_count - before == 1 and ssh_server.commands[-1] == "exec sh -s gpubot-agent 2>&1"
+        snap = await svc.probe("gpu-host-1", dataclasses.replace(req, match="gpubot"))
+        assert ssh_server.exec_count - before == 1, "a probe on the agent opens no SSH channel"
+        agent_pid = next(iter(svc.executor("gpu-host-1").helper_pids()))
+    finally:
+        await svc.close()
+    assert isinstance(first, Snapshot) and isinstance(snap, Snapshot), (first, snap)
+    # (other tests' agents run on this machine too: only this one's must be left out)
+    assert agent_pid not in {p.pid for p in snap.table}
+    assert not [p for p in snap.table if p.ppid == agent_pid], "the probe's own shell is never shown"
+    check_everything(first, server)
+
+
+async def test_without_the_agent_a_probe_is_one_channel_exec(ssh_server, start_fake_server):
+    server = start_fake_server(mode="ready", workers=2)
+    await asyncio.to_thread(server.wait_ready)
+    svc = HostService(Config(hosts={"gpu-host-1": ssh_host(ssh_server, probe_agent=False)}))
     try:
         before = ssh_server.exec_count
         snap = await svc.probe(
@@ -47,6 +72,11 @@ async def test_probe_is_one_channel_exec_and_sees_everything(ssh_server, ssh_con
     finally:
         await svc.close()
     assert isinstance(snap, Snapshot), snap
+    check_everything(snap, server)
+
+
+def check_everything(snap: Snapshot, server) -> None:
+    """The probe of the ready fake server saw its GPUs, processes, log, port and health."""
     # GPU table = replayed capture, memory = the two workers' fake holdings
     row = fixture_gpu_row()
     assert snap.gpu.ok, snap.gpu.error
@@ -211,12 +241,16 @@ async def test_shell_metacharacters_never_run(ssh_server, make_bot, tmp_path, te
     bot = await make_bot(bot_config(tmp_path, {"gpu-host-1": ssh_host(ssh_server)}, default_host="gpu-host-1"))
     slash = await bot.chat.say("/probe " + text, user="U1")
     typed = await bot.chat.say("!probe " + text, user="U1")
-    # every command the server ran has exited: nothing started by an injection can still be on its way
-    await wait_until(lambda: not ssh_server.running_pids(), what="the SSH server's commands to exit")
+    # every command the server ran has exited but the probe agent (whose probes have ended: the answers came):
+    # nothing started by an injection can still be on its way
+    await wait_until(lambda: set(ssh_server.running_commands()) <= {AGENT_COMMAND},
+                     what="the SSH server's commands to exit")
     assert not marker.exists(), f"injection ran: {text!r}"
     assert not Path("/tmp/pwned").exists()
-    # the only thing ever executed remotely is the wrapped probe shell
-    assert all(c.startswith("timeout -k ") and c.endswith(" sh -s") for c in ssh_server.commands)
+    # the only things ever executed remotely are the probe agent and the wrapped probe shell; the probes themselves
+    # went to the agent as here-documents (bot.core.agent)
+    assert all(c == AGENT_COMMAND or (c.startswith("timeout -k ") and c.endswith(" sh -s"))
+               for c in ssh_server.commands)
     assert slash is not None and typed is not None and slash.text and typed.text
 
 

@@ -187,6 +187,7 @@ class LoopbackSSHServer:
 
         self.exec_count = 0
         self.commands: list[str] = []
+        self._command_of: dict[int, str] = {}
         self.pids: list[int] = []
         self.refused_channels = 0
         self.connection_count = 0
@@ -342,6 +343,11 @@ class LoopbackSSHServer:
         """Pids of command subprocesses that have not exited yet."""
         return [pid for pid, p in self._live.items() if p.returncode is None]
 
+    def running_commands(self) -> list[str]:
+        """The commands of the subprocesses that have not exited yet (the bot's probe agent among them while its
+        connection is open)."""
+        return [self._command_of[pid] for pid in self.running_pids()]
+
     @property
     def open_sessions(self) -> int:
         """Session channels currently open, summed over all connections."""
@@ -404,6 +410,7 @@ class LoopbackSSHServer:
             session.proc = proc
             self.pids.append(proc.pid)
             self._live[proc.pid] = proc
+            self._command_of[proc.pid] = command
             self._pgids.add(proc.pid)
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
