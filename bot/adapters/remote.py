@@ -115,6 +115,8 @@ def _known_hosts_has_entry(path: Path, address: str, port: int) -> bool:
 
 #: Seconds before a probe agent that could not be started is tried again (meanwhile probes open their own channel).
 AGENT_RETRY_S = 60.0
+#: Probe agents per connection at most (a second one serves while the first waits on a slow health endpoint).
+MAX_AGENTS = 2
 
 
 class AgentLost(Exception):
@@ -153,9 +155,9 @@ class _ShellAgent:
         return not self.closed and conn is self.conn and not conn.is_closed()
 
     async def run(self, script: str, budget_s: float, host: str) -> CommandResult:
-        """Run `script` with `budget_s` seconds and return its output (stderr merged into stdout). The caller set
-        `busy`; it is cleared here. Raises RemoteTimeout (the agent is then closed), ConnectionDropped, AgentLost.
-        A cancelled request closes the agent too: its output would be in the way of the next one."""
+        """Run `script` with `budget_s` seconds and return its output (stderr merged into stdout); the caller holds
+        the agent (`busy`). Raises RemoteTimeout (the agent is then closed), ConnectionDropped, AgentLost. A
+        cancelled request closes the agent too: its output would be in the way of the next one."""
         token = agent.new_token()
         pattern = agent.done_re(token)
         start = time.monotonic()
@@ -172,7 +174,6 @@ class _ShellAgent:
                 raise ConnectionDropped(host, f"SSH connection to {host} was lost: {e}") from None
             raise AgentLost(f"the probe agent ended: {type(e).__name__}") from None
         finally:
-            self.busy = False
             if not done:
                 self.close()
         m = pattern.search(data, max(0, len(data) - agent.DONE_MAX - 2))
@@ -285,11 +286,12 @@ class SSHExecutor:
         self.keepalive_count_max = keepalive_count_max
         self._conn: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
-        # the probe agent keeps one channel open for good: the other commands share the rest
-        self._use_agent = cfg.probe_agent and cfg.max_channels >= 2
-        self._sem = asyncio.Semaphore(cfg.max_channels - (1 if self._use_agent else 0))
-        self._agent: _ShellAgent | None = None
-        self._agent_lock = asyncio.Lock()
+        # the probe agents and the NVML reader keep a channel each for good: the other commands share the rest
+        helpers = cfg.max_channels - 1 - (1 if cfg.nvml_python else 0)
+        self._max_agents = max(0, min(MAX_AGENTS, helpers)) if cfg.probe_agent else 0
+        self._sem = asyncio.Semaphore(max(1, cfg.max_channels - self._max_agents - (1 if cfg.nvml_python else 0)))
+        self._agents: list[_ShellAgent] = []
+        self._agent_cond = asyncio.Condition()
         self._agent_retry_at = 0.0
         self.agent_starts = 0
         self._nvml: _NvmlReader | None = None
@@ -446,51 +448,64 @@ class SSHExecutor:
                 sig = res.exit_signal[0] if res.exit_signal else None
                 return CommandResult(res.exit_status, stdout, stderr, duration, sig)
 
-    async def _idle_agent(self) -> _ShellAgent | None:
-        """The probe agent, marked busy for the caller, or None when it is busy, cannot be started now (tried
-        again after AGENT_RETRY_S) or is not used. Starts it (connecting first) when there is none. Raises
-        RemoteError subclasses when the host cannot be reached."""
-        async with self._agent_lock:
-            conn = await self._connection()
-            current = self._agent
-            if current is not None and not current.alive_on(conn):
-                current.close()
-                current = self._agent = None
-            if current is None:
-                if time.monotonic() < self._agent_retry_at:
+    async def _take_agent(self) -> _ShellAgent | None:
+        """A probe agent, held for the caller (`_give_back` it): an idle one, a new one while there are fewer than
+        MAX_AGENTS (connecting first when needed), else the first to be given back. None when no agent can run
+        now (it failed to start: tried again after AGENT_RETRY_S), or none is used. Raises RemoteError subclasses
+        when the host cannot be reached."""
+        if not self._max_agents:
+            return None
+        async with self._agent_cond:
+            while True:
+                conn = await self._connection()
+                for stale in [a for a in self._agents if not a.alive_on(conn)]:
+                    stale.close()
+                    self._agents.remove(stale)
+                idle = next((a for a in self._agents if not a.busy), None)
+                if idle is None and len(self._agents) < self._max_agents and time.monotonic() >= self._agent_retry_at:
+                    try:
+                        idle = await _ShellAgent.start(conn, self.cfg.connect_timeout_s)
+                    except (AgentLost, asyncssh.Error, OSError) as e:
+                        log.info("host %s: probe agent unavailable (%s); probes open their own channels for %.0f s",
+                                 self.name, e, AGENT_RETRY_S)
+                        self._agent_retry_at = time.monotonic() + AGENT_RETRY_S
+                    else:
+                        self._agents.append(idle)
+                        self.agent_starts += 1
+                if idle is not None:
+                    idle.busy = True
+                    return idle
+                if not self._agents:
                     return None
-                try:
-                    current = await _ShellAgent.start(conn, self.cfg.connect_timeout_s)
-                except (AgentLost, asyncssh.Error, OSError) as e:
-                    log.info("host %s: probe agent unavailable (%s); probes open their own channels for %.0f s",
-                             self.name, e, AGENT_RETRY_S)
-                    self._agent_retry_at = time.monotonic() + AGENT_RETRY_S
-                    return None
-                self._agent = current
-                self.agent_starts += 1
-            if current.busy:
-                return None
-            current.busy = True
-            return current
+                await self._agent_cond.wait()
+
+    async def _give_back(self, worker: _ShellAgent) -> None:
+        """End the caller's hold on `worker` and wake one caller waiting for an agent."""
+        worker.busy = False
+        async with self._agent_cond:
+            self._agent_cond.notify()
 
     async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
-        """Run the POSIX sh `script` on the probe agent (bot.core.agent) when the host keeps one (`probe_agent`)
-        and it is idle: no new channel, no login shell. Otherwise, or when the agent ends during the script, over
-        a channel of its own (`run("sh -s", input=script)`). The output's stderr is merged into stdout on the
-        agent. Raises RemoteError subclasses, as `run`."""
+        """Run the POSIX sh `script` on a probe agent (bot.core.agent) when the host keeps them (`probe_agent`):
+        no new channel, no login shell; MAX_AGENTS per connection, a script waiting for one while all are busy.
+        Otherwise, or when the agent ends during the script, over a channel of its own (`run("sh -s",
+        input=script)`). The output's stderr is merged into stdout on an agent. Raises RemoteError subclasses, as
+        `run`."""
         budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
-        worker = await self._idle_agent() if self._use_agent else None
+        worker = await self._take_agent()
         if worker is not None:
             try:
                 self.execs += 1
                 return await worker.run(script, budget, self.name)
             except AgentLost as e:
                 log.info("host %s: %s; running the script over its own channel", self.name, e)
+            finally:
+                await self._give_back(worker)
         return await self.run("sh -s", input=script.encode(), timeout_s=budget)
 
     def helper_pids(self) -> set[int]:
-        """The PIDs of the probe agent and the NVML reader on the host while they run (never shown in a probe)."""
-        return {h.pid for h in (self._agent, self._nvml) if h is not None and not h.closed}
+        """The PIDs of the probe agents and the NVML reader on the host while they run (never shown in a probe)."""
+        return {h.pid for h in (*self._agents, self._nvml) if h is not None and not h.closed}
 
     def nvml_ready(self) -> bool:
         """False while an NVML reader that could not start waits to be tried again (NVML_RETRY_S)."""
@@ -525,10 +540,10 @@ class SSHExecutor:
     async def close(self) -> None:
         """Close the probe agent and the pooled connection (if any) and wait for it to finish closing (bounded,
         5 s)."""
-        for helper in (self._agent, self._nvml):
+        for helper in (*self._agents, self._nvml):
             if helper is not None:
                 helper.close()
-        self._agent = self._nvml = None
+        self._agents, self._nvml = [], None
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()

@@ -267,3 +267,18 @@ async def test_quoted_log_path_reaches_remote_as_data(ssh_server, ssh_config, tm
     assert isinstance(snap, Snapshot) and snap.log is not None
     assert snap.log.error == "no such file" and snap.log.path == evil
     assert not marker.exists()
+
+
+async def test_concurrent_probes_share_at_most_two_agents_and_open_no_other_channel(ssh_server, ssh_config):
+    svc = HostService(ssh_config)
+    try:
+        assert isinstance(await svc.probe("gpu-host-1", ProbeRequest()), Snapshot)
+        before = ssh_server.exec_count
+        snaps = await asyncio.gather(*(svc.probe("gpu-host-1", ProbeRequest()) for _ in range(6)))
+        ex = svc.executor("gpu-host-1")
+        agents = len(ex.helper_pids())
+    finally:
+        await svc.close()
+    assert all(isinstance(s, Snapshot) and s.gpu.ok for s in snaps), snaps
+    assert ex.agent_starts == agents == 2, "a second agent serves while the first is busy; no third"
+    assert ssh_server.commands[before:] == ["exec sh -s gpubot-agent 2>&1"], "no probe opened a channel of its own"
