@@ -90,7 +90,7 @@ def main() -> int:
             results.append((name, tree, rc, took))
     print("\nsummary:")
     for name, tree, rc, took in results:
-        print(f"  {name:<14} {str(tree):<30} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {took:6.0f} s")
+        print(f"  {name:<14} {tree!s:<30} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {took:6.0f} s")
     load = os.getloadavg()
     print(f"  total {sum(r[3] for r in results):.0f} s; load now {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0 if all(r[2] == 0 for r in results) else 1
