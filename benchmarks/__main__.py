@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 #: The suite, in the order it runs by default.
 SUITE = ["row_cost", "probe_speed", "fleet", "big_log", "startup"]
 #: Modules of this folder that are not benchmarks.
-NOT_BENCHMARKS = {"__init__", "__main__", "_bootstrap", "support", "delay_proxy", "health_server", "loopback_host"}
+NOT_BENCHMARKS = {"__init__", "__main__", "_bootstrap", "support", "delay_proxy", "health_server", "loopback_host",
+                  "subreaper"}
 
 
 def available() -> list[str]:

@@ -39,7 +39,7 @@ BENCH_USER = "gpubot-bench"
 #: Words in a live child process's command line that mark it as a gpubot worker (its CPU is the bot's).
 WORKER_MARKERS = ("gpubot-worker", "gpubot worker")
 #: Helper processes of the benchmarks themselves (never counted as the bot's CPU).
-HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py")
+HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py", "subreaper.py")
 
 
 # ---------------------------------------------------------------------------------------------- header, figures
@@ -333,7 +333,9 @@ def delay_proxy(target_port: int, rtt_ms: float) -> Iterator[int]:
 class BenchHost:
     """The loopback SSH host the benchmarks probe, with what `tests.support.builders.ssh_host` reads (host, port,
     username, client_key_path, known_hosts_path) plus `kind`, `shell`, `host_pub_key`, `server_pid` (the process
-    whose reaped children are the host side's CPU) and `python` (an interpreter the login user can run)."""
+    whose reaped children are the host side's CPU: sshd's subreaper, or the asyncssh server's process),
+    `idle_children` (how many descendants it has with no connection open) and `python` (an interpreter the
+    login user can run)."""
 
     kind: str
     host: str
@@ -345,15 +347,17 @@ class BenchHost:
     host_pub_key: str
     server_pid: int
     python: str
+    idle_children: int = 0
 
     def host_cpu_s(self) -> float:
-        """CPU seconds of the server process and its reaped children (sessions count once their connection
-        closed and sshd reaped them)."""
-        return proc_cpu_s(self.server_pid, children=True)
+        """CPU seconds of the server side: the server process and its direct children (the sshd listener), each
+        with its reaped children. A session counts once its connection closed and it was reaped."""
+        return proc_cpu_s(self.server_pid, children=True) + sum(
+            proc_cpu_s(c, children=True) for c in _children(self.server_pid))
 
     def live_children(self) -> int:
-        """How many processes the server process has now (connections sshd has not reaped yet)."""
-        return len(_descendants(self.server_pid))
+        """How many processes serve connections now (0 once every closed connection was reaped)."""
+        return len(_descendants(self.server_pid)) - self.idle_children
 
     def known_hosts_for(self, port: int, directory: Path) -> Path:
         """A known_hosts file (in `directory`) naming this host's key on `127.0.0.1:port` too (a proxy's port)."""
@@ -448,6 +452,12 @@ def bench_host(tmp: Path, *, max_sessions: int = 10, max_startups: int = 100) ->
         user = ensure_bench_user()
         extra = [f"MaxStartups {int(max_startups)}"]
         srv = _open_sshd(tmp / "sshd", username=user, extra_config=extra, max_sessions=max_sessions)
+        # sshd runs under benchmarks/subreaper.py: OpenSSH's monitor exits without reaping the session
+        # process, whose CPU (the commands') would otherwise be lost to init
+        wrapper = tmp / "sshd-under-subreaper"
+        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'subreaper.py'} {srv.sshd} \"$@\"\n")
+        wrapper.chmod(0o755)
+        srv.sshd = str(wrapper)
         try:
             srv.start()
         except OpenSSHUnavailable as e:
@@ -458,7 +468,7 @@ def bench_host(tmp: Path, *, max_sessions: int = 10, max_startups: int = 100) ->
                 host = BenchHost(kind="OpenSSH sshd on 127.0.0.1", host=srv.host, port=srv.port,
                                  username=srv.username, shell=shell, client_key_path=Path(srv.client_key_path),
                                  known_hosts_path=Path(srv.known_hosts_path), host_pub_key=srv.host_pub_key,
-                                 server_pid=srv.pid, python=_python_for(srv.username))
+                                 server_pid=srv.pid, python=_python_for(srv.username), idle_children=1)
                 print(f"   host: {host.kind} (MaxSessions {max_sessions}, MaxStartups {max_startups}), "
                       f"login {host.username} (shell {host.shell})", flush=True)
                 yield host
@@ -485,6 +495,36 @@ def fake_gpu(directory: Path, host: BenchHost) -> Any:
     from bot.demo.fakegpu import install_fake_gpu
 
     return install_fake_gpu(directory, gpu_count=1, python=host.python)
+
+
+def query_fields() -> tuple[str, str]:
+    """The nvidia-smi fields the tree's probe queries (--query-gpu, --query-compute-apps), comma-joined; a
+    typical set where the tree does not name them."""
+    try:
+        from bot.core.parse import nvidia_smi
+
+        return ",".join(nvidia_smi.GPU_QUERY_FIELDS), ",".join(nvidia_smi.APPS_QUERY_FIELDS)
+    except (ImportError, AttributeError):
+        return ("index,uuid,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw",
+                "pid,process_name,gpu_uuid,used_memory")
+
+
+def static_gpu_stub(directory: Path, fake: Any) -> Path:
+    """A `sh` stand-in for nvidia-smi that prints what the replaying fake (`fake`, from `fake_gpu`) printed
+    once for the probe's two queries: the same rows at a few milliseconds of host CPU instead of a Python
+    start-up per call (for benchmarks where one machine plays hundreds of hosts). Returns its path."""
+    gpu, apps = query_fields()
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, query in (("gpu.csv", f"--query-gpu={gpu}"), ("apps.csv", f"--query-compute-apps={apps}")):
+        out = run_local([str(fake.nvidia_smi), query, "--format=csv,noheader,nounits"], timeout=60)
+        (directory / name).write_bytes(out.stdout)
+    stub = directory / "nvidia-smi"
+    stub.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                    f"  *--query-compute-apps*) exec cat {directory / 'apps.csv'} ;;\n"
+                    f"  *--query-gpu*) exec cat {directory / 'gpu.csv'} ;;\n"
+                    "esac\necho 'stub nvidia-smi: unsupported arguments' >&2; exit 2\n")
+    stub.chmod(0o755)
+    return stub
 
 
 async def timed(coro_fn: Callable[[], Any], rounds: int) -> list[float]:
