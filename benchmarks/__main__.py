@@ -89,6 +89,9 @@ def main() -> int:
             print(f"\n##### {name} @ {tree}", flush=True)
             rc, took = run_one(name, tree, extra)
             results.append((name, tree, rc, took))
+            if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM):
+                print("benchmarks: interrupted; the rest is not run", file=sys.stderr)
+                return 130
     print("\nsummary:")
     for name, tree, rc, took in results:
         print(f"  {name:<14} {tree!s:<30} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {took:6.0f} s")
@@ -98,4 +101,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbenchmarks: interrupted", file=sys.stderr)
+        sys.exit(130)

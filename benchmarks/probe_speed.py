@@ -30,6 +30,7 @@ from pathlib import Path
 from benchmarks.support import (
     BenchHost,
     bench_host,
+    cleanup,
     delay_proxy,
     fake_gpu,
     figure,
@@ -90,10 +91,8 @@ def control_master(host: BenchHost, path: Path, port: int, known_hosts: Path) ->
     """ssh options for an OpenSSH ControlMaster at `path` (warmed: the master is up), stopped at the end."""
     opts = ("-o", "ControlMaster=auto", "-o", f"ControlPath={path}", "-o", "ControlPersist=60")
     argv = host.ssh_argv(*opts, port=port, known_hosts=known_hosts)
-    try:
-        _ssh_all(argv, ["true"])
-        yield argv
-    finally:
+
+    def stop() -> None:
         check = run_local(host.ssh_argv("-o", f"ControlPath={path}", "-O", "check", port=port,
                                         known_hosts=known_hosts), timeout=10)
         m = re.search(rb"pid=(\d+)", check.stderr + check.stdout)
@@ -102,6 +101,10 @@ def control_master(host: BenchHost, path: Path, port: int, known_hosts: Path) ->
         if m:  # the master left running despite -O exit: stop exactly it
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(m.group(1)), signal.SIGTERM)
+
+    with cleanup(stop):
+        _ssh_all(argv, ["true"])
+        yield argv
 
 
 async def _warm_connection(svc: HostService, req: ProbeRequest, rounds: int,

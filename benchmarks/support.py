@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import itertools
 import json
 import os
 import pwd
@@ -73,7 +74,10 @@ def _commit(tree: Path) -> str:
 
 def header(name: str, what: str) -> float:
     """Print the benchmark's header (what it measures, the load, where `bot` came from) and return its start
-    time. Exits (status 2) when `GPUBOT_BENCH_TREE` names a tree that `import bot` did not come from."""
+    time; from here on SIGINT and SIGTERM run the registered cleanups (see `cleanup`) and exit. Exits (status 2)
+    when `GPUBOT_BENCH_TREE` names a tree that `import bot` did not come from."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupted)
     print(f"== {name}: {what}", flush=True)
     print(f"   before: {_load()}")
     print(f"   bot from {Path(bot.__file__).resolve()}  [{_commit(TREE)}]")
@@ -114,6 +118,36 @@ def ms(seconds: float) -> str:
 def ratio(a: float, b: float) -> str:
     """a / b as `x1.23` (n/a when b is 0 or nan)."""
     return f"x{a / b:.2f}" if b and b == b and a == a else "n/a"
+
+
+# ------------------------------------------------------------------------------------------------- cleanup
+
+_CLEANUPS: dict[int, Callable[[], object]] = {}
+_keys = itertools.count()
+
+
+@contextlib.contextmanager
+def cleanup(fn: Callable[[], object]) -> Iterator[None]:
+    """Run `fn` when the block ends, however it ends; also when the benchmark is interrupted (SIGINT or SIGTERM
+    after `header`: the handler runs every registered `fn`, newest first, then exits), since code under test
+    may swallow the cancellation that asyncio.run turns Ctrl-C into. `fn` must be safe to run twice."""
+    key = next(_keys)
+    _CLEANUPS[key] = fn
+    try:
+        yield
+    finally:
+        _CLEANUPS.pop(key, None)
+        fn()
+
+
+def _interrupted(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the cleanup
+    print(f"\n   interrupted ({signal.Signals(signum).name}): cleaning up", flush=True)
+    for fn in reversed(list(_CLEANUPS.values())):
+        with contextlib.suppress(Exception):
+            fn()
+    sys.stdout.flush()
+    os._exit(128 + signum)
 
 
 # ----------------------------------------------------------------------------------------------- CPU clocks
@@ -223,11 +257,9 @@ def shared_tmpdir(prefix: str) -> Iterator[Path]:
     """A temporary directory readable by every user (the host's login user reads logs and the fake GPU from
     it), removed at the end."""
     d = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
+    with cleanup(lambda: shutil.rmtree(d, ignore_errors=True)):
         d.chmod(0o755)
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def free_disk_bytes(path: Path) -> int:
@@ -283,11 +315,9 @@ def sleepers(n: int, seconds: int = 100000) -> Iterator[int]:
     script = f"s={int(seconds)}; i=0; while [ $i -lt {int(n)} ]; do sleep $s & i=$((i+1)); done; wait"
     proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             start_new_session=True)
-    try:
+    with cleanup(lambda: _kill_group(proc)):
         wait_for(lambda: _group_count(proc.pid, "sleep") >= n, 120, f"{n} sleeping processes", step_s=0.1)
         yield proc.pid
-    finally:
-        _kill_group(proc)
 
 
 def _helper(script: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
@@ -309,10 +339,8 @@ def _helper(script: str, *args: str, env: dict[str, str] | None = None) -> tuple
 def health_server() -> Iterator[int]:
     """A tiny HTTP server on 127.0.0.1 (its own process) answering 200 on /health; yields its port."""
     proc, line = _helper("health_server.py")
-    try:
+    with cleanup(lambda: _stop(proc)):
         yield int(line)
-    finally:
-        _stop(proc)
 
 
 @contextlib.contextmanager
@@ -320,10 +348,8 @@ def delay_proxy(target_port: int, rtt_ms: float) -> Iterator[int]:
     """A TCP forwarder to 127.0.0.1:target_port delaying each direction by rtt_ms/2 (its own process, any number
     of connections); yields its port."""
     proc, line = _helper("delay_proxy.py", "--target-port", str(target_port), "--rtt-ms", str(rtt_ms))
-    try:
+    with cleanup(lambda: _stop(proc)):
         yield int(line)
-    finally:
-        _stop(proc)
 
 
 # ----------------------------------------------------------------------------------------------- the SSH host
@@ -428,7 +454,7 @@ def _open_sshd(tmp: Path, *, username: str | None, extra_config: list[str], max_
 def _loopback_host(tmp: Path, max_sessions: int) -> Iterator[BenchHost]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREE), os.environ.get("PYTHONPATH", "")]).rstrip(":"))
     proc, line = _helper("loopback_host.py", str(tmp), str(max_sessions), env=env)
-    try:
+    with cleanup(lambda: _stop(proc)):
         info = json.loads(line)
         user = pwd.getpwuid(os.getuid()).pw_name
         yield BenchHost(kind="asyncssh LoopbackSSHServer in its own process (sshd not installed)",
@@ -436,8 +462,6 @@ def _loopback_host(tmp: Path, max_sessions: int) -> Iterator[BenchHost]:
                         client_key_path=Path(info["client_key_path"]),
                         known_hosts_path=Path(info["known_hosts_path"]), host_pub_key=info["host_pub_key"],
                         server_pid=proc.pid, python=_python_for(user))
-    finally:
-        _stop(proc)
 
 
 @contextlib.contextmanager
@@ -458,12 +482,14 @@ def bench_host(tmp: Path, *, max_sessions: int = 10, max_startups: int = 100) ->
         wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'subreaper.py'} {srv.sshd} \"$@\"\n")
         wrapper.chmod(0o755)
         srv.sshd = str(wrapper)
-        try:
-            srv.start()
-        except OpenSSHUnavailable as e:
-            note(f"sshd did not start ({e}); using the asyncssh server instead")
-        else:
+        started = False
+        with cleanup(srv.stop):
             try:
+                srv.start()
+                started = True
+            except OpenSSHUnavailable as e:
+                note(f"sshd did not start ({e}); using the asyncssh server instead")
+            if started:
                 shell = pwd.getpwnam(srv.username).pw_shell
                 host = BenchHost(kind="OpenSSH sshd on 127.0.0.1", host=srv.host, port=srv.port,
                                  username=srv.username, shell=shell, client_key_path=Path(srv.client_key_path),
@@ -472,8 +498,7 @@ def bench_host(tmp: Path, *, max_sessions: int = 10, max_startups: int = 100) ->
                 print(f"   host: {host.kind} (MaxSessions {max_sessions}, MaxStartups {max_startups}), "
                       f"login {host.username} (shell {host.shell})", flush=True)
                 yield host
-            finally:
-                srv.stop()
+        if started:
             return
     with _loopback_host(tmp / "loopback", max_sessions) as host:
         print(f"   host: {host.kind}, login {host.username} ({host.shell})", flush=True)
