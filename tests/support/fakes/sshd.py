@@ -12,6 +12,9 @@ Notes:
   user is ``root`` (``PermitRootLogin prohibit-password``). As root, sshd IGNORES client signal
   requests ("session signalling requires privilege separation").
 * As a non-root user sshd runs without privilege separation and can only log in that same user.
+* As root, ``username=`` logs in another existing user (e.g. one whose login shell is ``/bin/sh``, so
+  sessions do not pay for root's ``.bashrc``); the private directory is then made world-readable
+  (0755, the private keys stay 0600) so sshd, reading ``authorized_keys`` as that user, can open it.
 * Sessions run the user's login shell with sshd's default PATH, not the test's environment; use
   ``env={"PATH": ...}`` (written as ``SetEnv``) to put fake tools first on PATH.
 * Per-connection sshd children (and commands started without a PTY) are not killed when the
@@ -27,7 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,18 +88,22 @@ class OpenSSHServer:
     Args:
         tmp_path: directory for a private sub-directory with keys, config, pid and log file.
         max_sessions: ``MaxSessions`` (OpenSSH default 10).
+        username: the user to log in (default: the current user; another user needs root).
+        extra_config: further ``sshd_config`` lines appended as given (e.g. ``"MaxStartups 500"``; sshd keeps
+            the first value of a keyword, so use ``max_sessions`` for ``MaxSessions``).
         env: variables for every session, written as ``SetEnv NAME=value`` (overrides sshd's PATH).
         start_timeout_s: how long to wait for sshd to listen, per attempt.
         attempts: how many ports to try if sshd fails to bind the picked port.
 
-    Attributes (valid inside the ``with``): host, port, username (current user), client_key_path,
+    Attributes (valid inside the ``with``): host, port, username (the login user), client_key_path,
     known_hosts_path, known_hosts_line, host_pub_key (``"ssh-ed25519 AAAA..."``), log_path,
     config_path, pid, proc (the ``Popen``), sshd (absolute path).
     """
 
     def __init__(self, tmp_path: str | os.PathLike[str], max_sessions: int = 10,
                  env: Mapping[str, str] | None = None, start_timeout_s: float = 10.0,
-                 attempts: int = 5) -> None:
+                 attempts: int = 5, *, username: str | None = None,
+                 extra_config: Sequence[str] = ()) -> None:
         self.sshd = sshd_path()
         self.keygen = ssh_keygen_path()
         base = Path(tmp_path)
@@ -109,7 +116,12 @@ class OpenSSHServer:
 
         self.host = "127.0.0.1"
         self.port = 0
-        self.username = pwd.getpwuid(os.getuid()).pw_name
+        self.username = username or pwd.getpwuid(os.getuid()).pw_name
+        self.extra_config = [str(line) for line in extra_config]
+        if any(ch in line for line in self.extra_config for ch in "\n\r"):
+            raise ValueError("extra_config lines must be single lines")
+        if self.username != pwd.getpwuid(os.getuid()).pw_name:
+            os.chmod(self.dir, 0o755)  # sshd reads authorized_keys as the login user
         self.host_key_path = self.dir / "host_ed25519"
         self.client_key_path = self.dir / "client_ed25519"
         self.authorized_keys_path = self.dir / "authorized_keys"
@@ -241,6 +253,7 @@ class OpenSSHServer:
         ]
         if self.env:
             lines.append("SetEnv " + " ".join(_quote(f"{k}={v}") for k, v in self.env.items()))
+        lines += self.extra_config
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def _wait_listening(self) -> bool:
