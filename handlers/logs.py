@@ -39,7 +39,8 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     lines = view.get("tail", [])
     attach = len(lines) > LOGS_INLINE_MAX
     msg = ctx.render("logs", name=la.name, path=la.log_path, error=snap.log.error if snap.log else "not read",
-                     lines=lines, total=view.get("lines"), size=view.get("size_bytes"),
+                     lines=lines, total=view.get("lines"), total_exact=view.get("lines_exact", True),
+                     size=view.get("size_bytes"),
                      since=view.get("since_write_s"), attach=attach)
     if attach and not msg.files:
         msg.files.append((f"{la.variant}-{la.id}.log.txt", "\n".join(lines).encode()))

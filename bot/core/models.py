@@ -166,13 +166,40 @@ class ProcessInfo:
         return (ProcessInfo, self._values())
 
 
+@dataclass(frozen=True)
+class LogCursor:
+    """Where a reading of a log stopped: the first `offset` bytes of the file `dev`/`inode` (stat's `%d %i`) hold
+    `lines` newlines. A probe given a cursor counts lines from there on (the same file, grown) instead of from the
+    start, and can read what was written after it (`ProbeRequest.log_since`). Immutable."""
+
+    dev: int
+    inode: int
+    offset: int
+    lines: int
+
+    def as_list(self) -> list[int]:
+        """[dev, inode, offset, lines], for a JSON record."""
+        return [self.dev, self.inode, self.offset, self.lines]
+
+    @classmethod
+    def from_list(cls, value: Any) -> LogCursor | None:
+        """The cursor `as_list` wrote, or None for anything else (a record from an older bot)."""
+        if (isinstance(value, list) and len(value) == 4
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)):
+            return cls(*value)
+        return None
+
+
 @dataclass
 class LogInfo:
     """Stat and tail of a log file.
 
-    `size_bytes` bytes, `mtime` seconds since the epoch (remote clock), `lines` newline count
-    (`wc -l`), `tail` the last lines (decoded with replacement, each cut to a bounded width).
-    `error` is set when the file could not be read (missing, permission denied).
+    `size_bytes` bytes, `mtime` seconds since the epoch (remote clock), `lines` newline count, exact when
+    `lines_exact`, else a lower bound (the count stops at a read budget per probe and goes on from `cursor` at
+    the next one: "at least N lines"); `cursor` where the count stopped. `tail` the last lines (decoded with
+    replacement, each cut to a bounded width), or, when `since` is set, the lines written after byte `since` (a
+    check that asked for what is new: `ProbeRequest.log_since`). `error` is set when the file could not be read
+    (missing, permission denied).
     """
 
     path: str
@@ -182,6 +209,9 @@ class LogInfo:
     lines: int | None = None
     tail: list[str] = field(default_factory=list)
     error: str | None = None
+    lines_exact: bool = True
+    cursor: LogCursor | None = None
+    since: int | None = None
 
     def seconds_since_write(self, now: float | None) -> float | None:
         """Seconds between the last write and `now` (remote clock, epoch seconds); None if unknown."""

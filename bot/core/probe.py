@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from bot.core.agent import PROBE_NAME as AGENT_PROBE_NAME
-from bot.core.models import GpuSection, LogInfo, Snapshot
+from bot.core.models import GpuSection, LogCursor, LogInfo, Snapshot
 from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
 from bot.core.parse import nvidia_smi, proc_net
@@ -35,6 +35,11 @@ from bot.core.shell import MAX_PID, is_pid, quote
 
 #: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
 LOG_TAIL_BYTES = 262_144
+#: Most bytes of a log whose lines one probe counts (at about a gigabyte per second, a few milliseconds); a longer
+#: log is counted on from its cursor by the next probes, its count meanwhile "at least N".
+LOG_COUNT_BYTES = 8 * 1024 * 1024
+#: Most PIDs a probe of chosen processes (`ps_pids`) names.
+MAX_PS_PIDS = 4096
 #: Widest command line shown, characters.
 MAX_LINE_WIDTH = 400
 
@@ -59,7 +64,12 @@ class ProbeRequest:
     that left its session); `shm` measures free space in /dev/shm (`df -Pk`).
     `gpu` False skips nvidia-smi (used when GPU readings come from NVML). `own_log` says `log_path` is a
     launch's own log, rendered by the bot from the config (not typed by a user): on a host without
-    `log_dirs`, its own directory is allowed. Immutable: derive variants with `dataclasses.replace`.
+    `log_dirs`, its own directory is allowed. `processes` False skips the process table (a log read);
+    `ps_pids` lists the only processes to read (a watched launch's own: `ps -p`, their tags too), instead of
+    every process on the host. `log_cursor`: where an earlier reading of this log stopped (bot.core.models
+    .LogCursor): lines are counted from there when the file is the same, grown; with `log_since`, the tail is
+    what was written after it (at most LOG_TAIL_BYTES) instead of the last `tail_lines` lines.
+    Immutable: derive variants with `dataclasses.replace`.
     """
 
     pid: int | None = None
@@ -75,6 +85,10 @@ class ProbeRequest:
     select_tag: str | None = None
     shm: bool = False
     own_log: bool = False
+    processes: bool = True
+    ps_pids: tuple[int, ...] | None = None
+    log_cursor: LogCursor | None = None
+    log_since: bool = False
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -103,6 +117,12 @@ class ProbeRequest:
             raise ProbeRequestError("health path must look like /health")
         if not 1 <= self.tail_lines <= 500:
             raise ProbeRequestError("tail lines must be 1..500")
+        if self.ps_pids is not None and (len(self.ps_pids) > MAX_PS_PIDS or not all(is_pid(p) for p in self.ps_pids)):
+            raise ProbeRequestError(f"ps_pids must be at most {MAX_PS_PIDS} process ids")
+        c = self.log_cursor
+        if c is not None and not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+                                     for v in (c.dev, c.inode, c.offset, c.lines)):
+            raise ProbeRequestError("log cursor values must be non-negative integers")
 
 
 @dataclass(frozen=True)
@@ -190,6 +210,57 @@ def _gpu_jobs(policy: HostPolicy) -> list[str]:
     ]
 
 
+def _ps_part(req: ProbeRequest) -> str:
+    """The body of the shell function `j_ps`: the `ps` section (every process, or only `req.ps_pids`), or nothing
+    (`:`) when the request wants no process table."""
+    if not req.processes or req.ps_pids == ():
+        return ":;"
+    select = "-eww" if req.ps_pids is None else "-ww -p " + ",".join(str(int(p)) for p in req.ps_pids)
+    return f"b ps; timeout -k 1 10 ps {select} -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?;"
+
+
+def _log_part(req: ProbeRequest, log_dirs: list[str]) -> list[str]:
+    """The log's sections: `log_stat` (`SIZE MTIME -`, or why it cannot be read), `log_count` (`DEV INODE FROM
+    NEWLINES BYTES`: the newlines in the BYTES read from byte FROM, at most LOG_COUNT_BYTES: from the cursor when
+    the file is the cursor's and has not shrunk, else from 0), `log_window` (`since OFFSET` when the tail is what
+    was written after the cursor, else `tail`) and `log_tail`.
+
+    Race-free: the path is opened ONCE (fd 3) and everything after that reads the open file through /proc/self/fd/3
+    (the resolved path of what was opened, its type, size, mtime, identity, lines and tail), so a symlink swapped
+    in after the open can never make it read another file. A FIFO, device or directory is refused before the open,
+    so the open never blocks on a FIFO without a writer."""
+    assert req.log_path is not None
+    lp = quote(req.log_path)
+    allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
+    fd = "/proc/self/fd/3"
+    c = req.log_cursor
+    # K=1: the file is the cursor's (same device and inode) and has not shrunk below where the cursor stopped
+    same = (f'[ "$I" = "{int(c.dev)} {int(c.inode)}" ] && [ "$S" -ge {int(c.offset)} ] && F={int(c.offset)} && K=1; '
+            if c else "")
+    since = (f'[ "$K" = 1 ] && [ $((S - F)) -le {LOG_TAIL_BYTES} ] && V=1; ' if req.log_since and c else "")
+    return [
+        f"L={lp}; OK=0; S=0; F=0; K=0; V=0; I=",
+        'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
+        'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
+        'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
+        "elif ! { command exec 3< \"$L\"; } 2>/dev/null; then echo \"permission denied\"; r=13; "
+        f'else R=$(readlink {fd} 2>/dev/null); case "$R" in {allowed}) OK=1;; esac; '
+        'if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
+        f'elif [ ! -f {fd} ]; then OK=0; echo "not a regular file"; r=22; '
+        f"else m=$(date -r {fd} +%s.%N 2>/dev/null); case \"$m\" in \"\"|*N*) m=$(stat -L -c %Y {fd});; esac; "
+        f"S=$(stat -L -c %s {fd}); I=$(stat -L -c '%d %i' {fd}); printf '%s %s -\\n' \"$S\" \"$m\"; r=0; "
+        "fi; fi; e log_stat $r",
+        f'if [ "$OK" = 1 ]; then {same}{since}N=$((S - F)); [ "$N" -gt {LOG_COUNT_BYTES} ] && N={LOG_COUNT_BYTES}; '
+        f"b log_count; printf '%s %s ' \"$I\" \"$F\"; tail -c +$((F + 1)) {fd} | head -c \"$N\" | wc -lc; "
+        "e log_count $?; "
+        'b log_window; if [ "$V" = 1 ]; then echo "since $F"; else echo tail; fi; e log_window 0; fi',
+        f'b log_tail; if [ "$OK" != 1 ]; then r=2; elif [ "$V" = 1 ]; then tail -c +$((F + 1)) {fd} '
+        f"| head -c $((S - F)); r=$?; else tail -c {LOG_TAIL_BYTES} {fd} | tail -n {int(req.tail_lines) + 1}; "
+        "r=$?; fi; e log_tail $r",
+        "exec 3<&-",
+    ]
+
+
 def build_gpu_script(nonce: str, policy: HostPolicy | None = None) -> str:
     """A script of the GPU sections alone (`gpu`, `gpu_apps`: the two nvidia-smi queries at once), for a probe
     whose GPU readings were to come from NVML and did not."""
@@ -239,16 +310,21 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
         "b hostname; uname -n; e hostname $?",
         "b self; echo $$; e self 0",
         # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
-        f"j_ps() {{ b ps; timeout -k 1 10 ps -eww -o {ps_parse.PS_COLUMNS} 2>&1 | cut -c1-4096; e ps $?; }}",
+        f"j_ps() {{ {_ps_part(req)} }}",
     ]
     jobs: list[str] = []  # the parts that run beside ps, each a shell function printing its own sections
     if req.gpu:
         lines += _gpu_jobs(policy)
         jobs += ["j_gpu", "j_gpu_apps"]
-    if req.tags or req.select_tag:
+    if req.processes and (req.tags or req.select_tag) and req.ps_pids != ():
         # printf is a builtin and xargs batches: no argument list limit on a host with 100k processes
-        lines.append("j_tags() { b tags; printf '%s\\0' /proc/[0-9]*/environ | xargs -0 grep -a -z -H -s "
-                     "'^GPUBOT_LAUNCH=' | tr '\\000' '\\n'; printf '%s\\0' /proc/[0-9]*/cgroup | "
+        if req.ps_pids is None:
+            envs, cgroups = "/proc/[0-9]*/environ", "/proc/[0-9]*/cgroup"
+        else:
+            envs = " ".join(f"/proc/{int(p)}/environ" for p in req.ps_pids)
+            cgroups = " ".join(f"/proc/{int(p)}/cgroup" for p in req.ps_pids)
+        lines.append(f"j_tags() {{ b tags; printf '%s\\0' {envs} | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' "
+                     f"| tr '\\000' '\\n'; printf '%s\\0' {cgroups} | "
                      "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0; }")
         jobs.append("j_tags")
     if req.shm:
@@ -270,33 +346,14 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
             )
     # the log last: a line written before the health endpoint answered is in the tail (no stale evidence)
     if req.log_path is not None:
-        lp = quote(req.log_path)
-        # Race-free: the path is opened ONCE (fd 3) and everything after that reads the open file through
-        # /proc/self/fd/3 (the resolved path of what was opened, its type, size, mtime, lines and tail), so a
-        # symlink swapped in after the open can never make it read another file. A FIFO, device or
-        # directory is refused before the open, so the open never blocks on a FIFO without a writer.
-        allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
-        fd = "/proc/self/fd/3"
-        net += [
-            f"L={lp}; OK=0",
-            'b log_stat; if [ ! -e "$L" ]; then echo "no such file"; r=2; '
-            'elif [ -d "$L" ]; then echo "is a directory"; r=21; '
-            'elif [ ! -f "$L" ]; then echo "not a regular file"; r=22; '
-            "elif ! { command exec 3< \"$L\"; } 2>/dev/null; then echo \"permission denied\"; r=13; "
-            f'else R=$(readlink {fd} 2>/dev/null); case "$R" in {allowed}) OK=1;; esac; '
-            'if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
-            f'elif [ ! -f {fd} ]; then OK=0; echo "not a regular file"; r=22; '
-            f"else m=$(date -r {fd} +%s.%N 2>/dev/null); case \"$m\" in \"\"|*N*) m=$(stat -L -c %Y {fd});; esac; "
-            f"printf '%s %s %s\\n' \"$(stat -L -c %s {fd})\" \"$m\" \"$(timeout -k 1 5 cat {fd} | wc -l)\"; r=0; "
-            "fi; fi; e log_stat $r",
-            f'b log_tail; if [ "$OK" = 1 ]; then tail -c {LOG_TAIL_BYTES} {fd} '
-            f"| tail -n {int(req.tail_lines) + 1}; r=$?; else r=2; fi; e log_tail $r",
-            "exec 3<&-",
-        ]
+        net += _log_part(req, log_dirs)
     if net:
         lines.append("j_net() {\n" + "\n".join(net) + "\n}")
         jobs.append("j_net")
-    lines += _at_once("j_ps", jobs)
+    if req.processes and req.ps_pids != ():
+        lines += _at_once("j_ps", jobs)
+    elif jobs:  # no process table: the first part in the foreground
+        lines += _at_once(jobs[0], jobs[1:])
     lines.append("exit 0")
     return "\n".join(lines) + "\n"
 
@@ -415,6 +472,29 @@ def shown_command(redactor: Redactor) -> Callable[[str], str]:
     return shown
 
 
+def _count_lines(info: LogInfo, sec: Section | None, cursor: LogCursor | None) -> None:
+    """Fill `info.lines`, `lines_exact` and `cursor` from the `log_count` section (`DEV INODE FROM NEWLINES BYTES`,
+    bot.core.parse.log.parse_log_count) and the cursor the probe was given: the lines before FROM are the
+    cursor's when the count went on from it, none when it started at 0. The count is exact when it reached the size
+    `log_stat` read; else `lines` is a lower bound. A missing or unreadable section leaves the count unknown (None),
+    never a wrong number."""
+    got = log_parse.parse_log_count(_text(sec)) if sec is not None and sec.complete and sec.rc == 0 else None
+    if got is None:
+        info.lines = None
+        return
+    dev, inode, start, newlines, nbytes = got
+    if start == 0:
+        before = 0
+    elif cursor is not None and (cursor.dev, cursor.inode, cursor.offset) == (dev, inode, start):
+        before = cursor.lines
+    else:
+        info.lines = None
+        return
+    info.cursor = LogCursor(dev, inode, start + nbytes, before + newlines)
+    info.lines = before + newlines
+    info.lines_exact = info.size_bytes is not None and start + nbytes >= info.size_bytes
+
+
 def _text(sec: Section | None) -> str:
     return "" if sec is None else sec.body.decode("utf-8", errors="replace")
 
@@ -471,7 +551,7 @@ def assemble_snapshot(
     # each command line is redacted (before it is cut, so a cut can never leave half a secret visible) when it is
     # first read: a row that is filtered out, never shown or kept, costs no redaction
     procs = ps_parse.parse_ps(_text(ps_sec), redact=shown_command(redactor)) if ps_sec is not None else []
-    if ps_sec is None or not procs:
+    if (ps_sec is None or not procs) and req.processes and req.ps_pids is None:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
     for p in procs:
         if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
@@ -513,8 +593,15 @@ def assemble_snapshot(
         else:
             info.exists = True
             info.size_bytes, info.mtime, info.lines = log_parse.parse_log_stat(_text(st))
+            _count_lines(info, sections.get("log_count"), req.log_cursor)
+            window = _text(sections.get("log_window")).split()
+            if window[:1] == ["since"] and len(window) == 2 and window[1].isdigit():
+                info.since = int(window[1])
             tail = sections.get("log_tail")
-            if tail is not None:
+            if tail is not None and info.since is not None:  # what was written after the cursor, all of it
+                info.tail = log_parse.clean_log_lines(tail.body, max_lines=10**6, max_width=MAX_LINE_WIDTH,
+                                                      redactor=redactor.lines)
+            elif tail is not None:
                 # one line more than shown is read (context for the redactor: a name on the line above its value);
                 # fewer than that from a file longer than the window: the window starts inside its first line
                 cut = (info.size_bytes or 0) > LOG_TAIL_BYTES and tail.body.rstrip(b"\n").count(b"\n") < req.tail_lines

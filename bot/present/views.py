@@ -131,6 +131,7 @@ def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = No
             "exists": lg.exists,
             "error": lg.error,
             "lines": lg.lines,
+            "lines_exact": lg.lines_exact,
             "size_bytes": lg.size_bytes,
             "since_write_s": lg.seconds_since_write(snap.clock),
             "tail": redact_lines(list(lg.tail)),

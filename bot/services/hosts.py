@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
-from bot.core.models import GpuSection, HostFailure, Snapshot
+from bot.core.models import GpuSection, HostFailure, LogCursor, Snapshot
 from bot.core.parse.nvml import gpu_section_from_reading
 from bot.core.probe import (
     HostPolicy,
@@ -34,6 +34,8 @@ from bot.core.redact import Redactor
 log = logging.getLogger(__name__)
 
 NvmlReader = Callable[[], Awaitable[GpuSection]]
+#: Logs whose line count's cursor a HostService keeps (see `HostService._remember_cursor`).
+LOG_CURSORS = 4096
 
 
 class UnknownHost(KeyError):
@@ -67,6 +69,8 @@ class HostService:
         self.config = config
         self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
+        # where the line count of each log read so far stopped: the next probe counts on from there
+        self._log_cursors: dict[tuple[str, str], LogCursor] = {}
         self._nvml_reader = nvml_reader or LocalNvml().read_async
         self._extra_path = extra_path
 
@@ -111,6 +115,8 @@ class HostService:
             if reading.ok:
                 gpu_override = reading
                 req = dataclasses.replace(req, gpu=False)
+        if req.log_path is not None and req.log_cursor is None:
+            req = dataclasses.replace(req, log_cursor=self._log_cursors.get((host, req.log_path)))
         nvml_task = self._start_nvml(host, cfg, executor) if req.gpu else None
         nonce = new_nonce()
         script = build_script(dataclasses.replace(req, gpu=False) if nvml_task else req, nonce, policy)
@@ -145,9 +151,19 @@ class HostService:
                                  gpu_note=gpu_note, redactor=self.redactor, helper_pids=executor.helper_pids())
         if res.exit_status in (124, 137):
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
+        if snap.log is not None and snap.log.cursor is not None:
+            self._remember_cursor(host, snap.log.path, snap.log.cursor)
         snap.duration_s = time.monotonic() - start
         snap.local_clock = sent_at
         return snap
+
+    def _remember_cursor(self, host: str, path: str, cursor: LogCursor) -> None:
+        """Keep where the line count of `path` on `host` stopped (at most LOG_CURSORS of them: the oldest go)."""
+        key = (host, path)
+        self._log_cursors.pop(key, None)
+        self._log_cursors[key] = cursor
+        while len(self._log_cursors) > LOG_CURSORS:
+            self._log_cursors.pop(next(iter(self._log_cursors)))
 
     def _start_nvml(self, host: str, cfg: HostConfig, executor: Executor) -> asyncio.Task | None:
         """The NVML reading of an SSH host with `nvml_python` (its reader ready), started now to run beside the

@@ -285,7 +285,7 @@ def test_hostile_values_appear_only_quoted():
     hostile_env = "$(touch /tmp/pwned)`id`'\"\n"
     script = script_for(log_path=HOSTILE, env={"HOSTILE": hostile_env}, nvidia_smi="nvidia-smi;id",
                         port=8000, health_path="/h")
-    assert f"L={shlex.quote(HOSTILE)}; OK=0\n" in script
+    assert f"L={shlex.quote(HOSTILE)}; OK=0;" in script
     assert f"export HOSTILE={shlex.quote(hostile_env)}\n" in script
     assert f"command -v {shlex.quote('nvidia-smi;id')} " in script
     rest = _outside_quotes(_outside_quotes(_outside_quotes(script, HOSTILE), hostile_env), "nvidia-smi;id")
@@ -507,8 +507,8 @@ def e2e(tmp_path_factory):
 
 def test_e2e_all_sections_complete(e2e):
     secs = e2e["secs"]
-    assert set(secs) == {"clock", "hostname", "self", "ps", "tags", "gpu", "gpu_apps", "log_stat",
-                         "log_tail", "tcp4", "tcp6"}
+    assert set(secs) == {"clock", "hostname", "self", "ps", "tags", "gpu", "gpu_apps", "log_stat", "log_count",
+                         "log_window", "log_tail", "tcp4", "tcp6"}
     for name, sec in secs.items():
         assert sec.complete, name
         assert sec.rc == 0, (name, sec)

@@ -135,6 +135,20 @@ def clean_log_lines(
     return [line[: width - 1] + _ELLIPSIS if len(line) > width else line for line in lines]
 
 
+def parse_log_count(text: str) -> tuple[int, int, int, int, int] | None:
+    """Parse the probe's `log_count` section, `DEV INODE FROM NEWLINES BYTES` (stat's `%d %i`, the byte the count
+    started at, then `wc -lc` of what was read from there: newlines and bytes), into those five non-negative ints;
+    None for anything else (an error message, a count cut short). Never raises."""
+    tokens = (text or "").split()
+    if len(tokens) != 5:
+        return None
+    values = [_int_or_none(t) for t in tokens]
+    if any(v is None for v in values):
+        return None
+    dev, inode, start, newlines, nbytes = values  # type: ignore[misc]
+    return dev, inode, start, newlines, nbytes
+
+
 def _int_or_none(token: str) -> int | None:
     """Return `token` as a non-negative int, or None (also for more than 20 digits: no size or line count is
     that big, and `int()` refuses strings of over 4300 digits)."""
