@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.adapters import scheduler as scheduler_adapter
+from bot.adapters.cpu import CpuPool
 from bot.adapters.logs import redact_logs
 from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
@@ -29,6 +30,7 @@ from bot.services.alerts import AlertPoster
 from bot.services.audit import Audit
 from bot.services.bundles import BundleService
 from bot.services.confirmations import ConfirmationService
+from bot.services.history import CheckHistory
 from bot.services.hosts import HostService, NvmlReader
 from bot.services.launches import LaunchService
 from bot.services.outbox import Outbox, Transport
@@ -67,6 +69,7 @@ class Runtime:
     store: Store
     audit: Audit
     hosts: HostService
+    history: CheckHistory
     surface: Surface
     outbox: Outbox | None
     threads: IncidentThreads
@@ -89,7 +92,7 @@ class Runtime:
     async def close(self, *, flush_s: float = 5.0) -> None:
         """Stop the checks, give the outbox `flush_s` seconds to send what is queued (the rest stays queued
         in the database), close SSH connections and the database. Never raises."""
-        for step in (self.watcher.stop, lambda: self._stop_outbox(flush_s), self.hosts.close):
+        for step in (self.watcher.stop, self.history.close, lambda: self._stop_outbox(flush_s), self.hosts.close):
             try:
                 await step()
             except Exception:
@@ -213,13 +216,15 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         launches.recover_interrupted_kills()
     stacks = StackService(hosts, launches, audit)
     confirmations = ConfirmationService(store.confirmations, launches)
-    alerts = AlertPoster(surface, renderer, threads, store.observations)
+    history = CheckHistory(store.observations)
+    cpu = CpuPool()
+    alerts = AlertPoster(surface, renderer, threads, history, cpu)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
-                      policy=watch_policy, stacks=stacks)
+                      history=history, cpu=cpu, policy=watch_policy, stacks=stacks)
     bundles = BundleService(hosts, launches, stacks, audit, redactor, policy_for=watcher.policy_for)
     services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,
                         bundles=bundles, confirmations=confirmations, watcher=watcher)
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
-                   surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
+                   history=history, surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,
                    dispatcher=Dispatcher(services, audit), lock=lock)

@@ -32,7 +32,8 @@ from matplotlib.ticker import MaxNLocator
 from bot.core.models import Launch
 from bot.core.redact import redact as redact_text
 
-__all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "launch_timeline_png", "timeline_png"]
+__all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "draw_timeline", "launch_timeline_png", "timeline_inputs",
+           "timeline_png"]
 
 #: Width and height of the timeline PNG in inches; at `DPI` that is 1000 x 700 pixels.
 FIGSIZE_IN = (10.0, 7.0)
@@ -261,11 +262,12 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def launch_timeline_png(la: Launch, records: list[dict[str, Any]],
-                        redact: Callable[[str], str] = redact_text) -> bytes:
-    """The launch's timeline: per-GPU memory and utilization and log lines over its life, with
-    phase starts and verdict changes marked. Every label drawn (title, phase and verdict names) passes through
-    `redact` first (the bot's Redactor; default: the built-in rules). Returns PNG bytes."""
+def timeline_inputs(la: Launch, records: list[dict[str, Any]],
+                    redact: Callable[[str], str] = redact_text) -> dict[str, Any]:
+    """What `timeline_png` draws for a launch (its keyword arguments): per-GPU memory and utilization and log lines
+    over the launch's life from its check `records`, with phase starts and verdict changes marked. Every label
+    (title, phase and verdict names) passes through `redact` first (the bot's Redactor; default: the built-in
+    rules). Cheap and picklable, so the drawing can happen in another process."""
     points, phases, verdicts = [], [], []
     seen_phases: set[str] = set()
     last_verdict = None
@@ -287,4 +289,16 @@ def launch_timeline_png(la: Launch, records: list[dict[str, Any]],
         if rec.get("verdict") and rec.get("verdict") != last_verdict:
             last_verdict = rec["verdict"]
             verdicts.append((rel, redact(str(last_verdict))))
-    return timeline_png(points, title=redact(f"{la.name} on {la.host}"), phases=phases, verdicts=verdicts)
+    return {"points": points, "title": redact(f"{la.name} on {la.host}"), "phases": phases, "verdicts": verdicts}
+
+
+def draw_timeline(inputs: dict[str, Any]) -> bytes:
+    """`timeline_png(**inputs)`: the PNG bytes (a module-level function of one picklable argument, for a process
+    pool)."""
+    return timeline_png(**inputs)
+
+
+def launch_timeline_png(la: Launch, records: list[dict[str, Any]],
+                        redact: Callable[[str], str] = redact_text) -> bytes:
+    """The launch's timeline (see `timeline_inputs`), drawn here. Returns PNG bytes."""
+    return draw_timeline(timeline_inputs(la, records, redact))

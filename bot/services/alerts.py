@@ -7,13 +7,14 @@ import logging
 import time
 from typing import Any
 
-from bot.adapters.store.observations import ObservationRepository
+from bot.adapters.cpu import CpuPool
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
 from bot.core.observe import phase_times
-from bot.present.chart import launch_timeline_png
+from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer
 from bot.present.views import alert_view
+from bot.services.history import CheckHistory
 from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
 
@@ -21,14 +22,16 @@ log = logging.getLogger(__name__)
 
 
 class AlertPoster:
-    """Posts one alert per verdict change (the watcher decides when)."""
+    """Posts one alert per verdict change (the watcher decides when); its chart is drawn by `cpu` (off the event
+    loop)."""
 
-    def __init__(self, surface: Surface, renderer: Renderer, threads: IncidentThreads,
-                 observations: ObservationRepository):
+    def __init__(self, surface: Surface, renderer: Renderer, threads: IncidentThreads, history: CheckHistory,
+                 cpu: CpuPool):
         self._surface = surface
         self._render = renderer
         self._threads = threads
-        self._observations = observations
+        self._history = history
+        self._cpu = cpu
 
     async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any], *, recovered: bool = False,
                    files: list[tuple[str, bytes]] | None = None) -> bool:
@@ -43,7 +46,11 @@ class AlertPoster:
         # bot's, the phases are the host's, with the launch's start moved onto the host's clock
         bot_now = time.time()
         host_now = record.get("t", bot_now)
-        records = self._observations.list(la.id)
+        try:
+            records = await self._history.all(la.id)
+        except Exception:  # the database refused: the alert goes without the phases and the chart
+            log.exception("the records of %s could not be read for its alert", la.name)
+            records = self._history.kept(la.id)
         view = alert_view(la, verdict, elapsed_s=max(0.0, bot_now - la.created_at),
                           phases=phase_times(records, la.created_at + (host_now - bot_now), host_now),
                           recovered=recovered)
@@ -53,7 +60,7 @@ class AlertPoster:
                               self._render.text("alert_evidence", **view).encode("utf-8", "replace")))
         msg.files.extend(files or [])
         try:
-            png = launch_timeline_png(la, records, self._render.redactor)
+            png = await self._cpu.run(draw_timeline, timeline_inputs(la, records, self._render.redactor))
             msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
         except Exception:
             log.exception("timeline chart of %s failed", la.name)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from bot.adapters.cpu import CpuPool
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
@@ -36,10 +37,11 @@ from bot.core.observe import (
 )
 from bot.core.serving import judge_serving
 from bot.core.stackdump import full_text
-from bot.present.chart import launch_timeline_png
+from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer, fmt_duration
 from bot.present.views import status_view
 from bot.services.alerts import AlertPoster
+from bot.services.history import HISTORY_CHECKS, CheckHistory
 from bot.services.launches import LaunchService
 from bot.services.stacks import StackDumpError, StackService
 from bot.services.surface import Surface
@@ -50,8 +52,6 @@ log = logging.getLogger(__name__)
 #: Seconds py-spy may take per rank when the watcher dumps a hang (a hung py-spy delays the alert by at most
 #: this plus the kill grace, per rank).
 HANG_DUMP_TIMEOUT_S = 10
-#: How many of a launch's newest check records one check reads (health streaks, the previous verdict).
-HISTORY_CHECKS = 60
 
 
 @dataclass
@@ -71,11 +71,13 @@ class Watcher:
 
     def __init__(self, config: Config, launches: LaunchService, store: Store, alerts: AlertPoster,
                  threads: IncidentThreads, surface: Surface, renderer: Renderer, scheduler: Scheduler, *,
-                 policy: WatchPolicy | None = None, stacks: StackService | None = None):
+                 history: CheckHistory, cpu: CpuPool, policy: WatchPolicy | None = None,
+                 stacks: StackService | None = None):
         self.config = config
         self.launches = launches
         self._launch_rows = store.launches
-        self._observations = store.observations
+        self._history = history
+        self._cpu = cpu
         self._alerts = alerts
         self._threads = threads
         self._surface = surface
@@ -130,8 +132,9 @@ class Watcher:
         self.scheduler.watch(la.id, policy.serving_interval_s if la.ready_at is not None else policy.interval_s)
 
     def unwatch(self, launch_id: int) -> None:
-        """Stop checking launch `launch_id`."""
+        """Stop checking launch `launch_id` (its records stay in the database)."""
         self.scheduler.unwatch(launch_id)
+        self._history.forget(launch_id)
 
     async def early_exit(self, la: Launch) -> None:
         """A launch gone at its first look (LaunchService hook): check it now, so a crash or an OOM gets its
@@ -152,10 +155,11 @@ class Watcher:
             log.exception("the digest failed")
             return False
 
-    def timeline(self, la: Launch) -> tuple[bytes, int]:
-        """The launch's timeline chart (PNG bytes) and how many checks it shows."""
-        records = self._observations.list(la.id)
-        return launch_timeline_png(la, records, self._render.redactor), len(records)
+    async def timeline(self, la: Launch) -> tuple[bytes, int]:
+        """The launch's timeline chart (PNG bytes, drawn off the event loop) and how many checks it shows. Raises
+        what the database raises."""
+        records = await self._history.all(la.id)
+        return await self._cpu.run(draw_timeline, timeline_inputs(la, records, self._render.redactor)), len(records)
 
     async def check(self, launch_id: int) -> CheckResult:
         """Probe, record, diagnose; post the verdict when it changed. One check of a launch at a time (the
@@ -196,12 +200,12 @@ class Watcher:
             return CheckResult(None, False, la)
         snap = await self.launches.probe_launch(la, tail_lines=200)
         if isinstance(snap, HostFailure):
-            self._observations.add(la.id, {"t": time.time(), "error": snap.reason})
+            self._history.add(la.id, {"t": time.time(), "error": snap.reason})
             await self._host_unreachable(la, snap.reason)
             return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=snap.reason)
         if la.unreachable_since is not None:
             la = await self._host_back(la)
-        history = self._observations.list(la.id, limit=HISTORY_CHECKS)  # bounded: a launch may serve for weeks
+        history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
         prev = next((r for r in reversed(history) if not r.get("error")), None)
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
         seen = {p.pid for p in obs.processes or []}
@@ -228,8 +232,7 @@ class Watcher:
         if verdict.verdict != la.alert_state and not (la.snoozed_until and time.time() < la.snoozed_until):
             verdict, dump_files = await self._stack_evidence(la, verdict, policy, snap)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
-        with self._unless_refused(la, "this check's record"):
-            self._observations.add(la.id, record)
+        self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
@@ -310,7 +313,7 @@ class Watcher:
         so one dropped connection is no news)."""
         if la.unreachable_since is not None or not la.channel:
             return
-        recent = self._observations.list(la.id, limit=2)
+        recent = await self._history.recent(la.id, 2)
         if len(recent) < 2 or not all(r.get("error") for r in recent):
             return
         la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", time.time()))

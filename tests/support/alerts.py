@@ -21,10 +21,15 @@ def alerts(bot: Any, verdict: str | None = None) -> list:
 
 
 async def wait_alert(bot: Any, launch_id: int, verdicts: set[str], timeout: float = 90.0):
-    """Wait until launch `launch_id`'s posted verdict is one of `verdicts`; returns the launch."""
+    """Wait until launch `launch_id`'s posted verdict is one of `verdicts` and its alert is in the thread (the
+    verdict is recorded before the alert is posted, and the alert's chart is drawn in another process); returns
+    the launch."""
     def posted():
         la = bot.launch(launch_id)
-        return la if la.alert_state in verdicts else None
+        if la.alert_state not in verdicts:
+            return None
+        quiet = la.alert_state in ("loading", "unknown")  # news without an alert of their own
+        return la if quiet or any(is_alert(p, la.alert_state) for p in bot.chat.posts) else None
 
     return await wait_until(posted, timeout, what=f"a {verdicts} alert for launch {launch_id}")
 

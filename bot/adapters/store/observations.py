@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, Text, select
+from sqlalchemy import Float, ForeignKey, Integer, Text, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
@@ -32,8 +32,16 @@ class ObservationRepository:
 
     def add(self, launch_id: int, data: dict[str, Any]) -> None:
         """Append one check's record for a launch."""
+        self.add_many([(launch_id, data)])
+
+    def add_many(self, records: list[tuple[int, dict[str, Any]]]) -> None:
+        """Append (launch id, record) pairs in one transaction (one INSERT statement run for all of them)."""
+        if not records:
+            return
+        now = time.time()
+        rows = [{"launch_id": lid, "at": now, "data_json": json.dumps(data, default=str)} for lid, data in records]
         with self._db.transaction() as s:
-            s.add(ObservationRow(launch_id=launch_id, at=time.time(), data_json=json.dumps(data, default=str)))
+            s.execute(insert(ObservationRow), rows)
 
     def list(self, launch_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
         """The launch's records, oldest first (at most the newest `limit`)."""
