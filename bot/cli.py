@@ -1,9 +1,13 @@
 """`gpubot` command line (click): run | serve-http | console | demo | try-config | check-config | diagnose | bundle |
-manifest."""
+manifest.
+
+Start-up is kept short: this module imports only click and two light exception modules; each command imports
+what it uses when it runs (`gpubot --version` loads no pydantic, `diagnose` no config, database, SSH or Slack
+library, `check-config` no database, SSH, chart or Slack library).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -12,8 +16,7 @@ from typing import NoReturn
 import click
 
 from bot.adapters.statelock import StateDirLocked
-from bot.adapters.store.db import DatabaseUnavailable
-from bot.config import ConfigError, load_config
+from bot.adapters.store.errors import DatabaseUnavailable
 
 
 def _setup_logging(level: str) -> None:
@@ -24,6 +27,7 @@ def _setup_logging(level: str) -> None:
 def _load(path: str):
     """The config at `path`, checked by the schema and by the parts that only the wiring sees (digest cron,
     slash command names); on errors print every one and exit 2."""
+    from bot.config import ConfigError, load_config
     from bot.wiring import check_config
 
     try:
@@ -82,6 +86,8 @@ def main(log_level: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
 def run(config_path: str) -> None:
     """Connect to Slack over Socket Mode (needs SLACK_BOT_TOKEN and SLACK_APP_TOKEN)."""
+    import asyncio
+
     from bot.slack.runner import MissingSecret, run_socket_mode
 
     config = _load(config_path)
@@ -97,6 +103,8 @@ def run(config_path: str) -> None:
 @click.option("--host", "bind", default="0.0.0.0", show_default=True, help="address to listen on")
 def serve_http(config_path: str, port: int, bind: str) -> None:
     """Serve Slack's HTTP requests at /slack/events (needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)."""
+    import asyncio
+
     from bot.slack.runner import MissingSecret, run_http
 
     config = _load(config_path)
@@ -110,6 +118,8 @@ def serve_http(config_path: str, port: int, bind: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
 def console(config_path: str) -> None:
     """The same commands in a terminal; reads one command per line when stdin is not a terminal."""
+    import asyncio
+
     from bot.console import run_console, run_interactive
 
     config = _load(config_path)
@@ -214,6 +224,8 @@ def bundle(target: str, directory: str, config_path: str) -> None:
     listening sockets, health, dmesg when readable, py-spy dumps of a live launch's ranks, observed.json from two
     probes a few seconds apart; redacted. Runs beside a running bot (it does not take the state directory's
     lock). Exit 0; exit 2 for an unknown target, an unreachable host or a directory that cannot be written."""
+    import asyncio
+
     from bot.adapters.store import Store
     from bot.console import ConsoleSurface
     from bot.services.bundles import CollectError

@@ -5,6 +5,10 @@ Who gets what: one Redactor (built-in rules plus the config's `redact_patterns`)
 audit writer, the host service and the launch service; one Store (the database) whose repositories only
 services use; one Surface where answers go (the outbox over a transport for Slack, or the caller's own,
 e.g. the console's); one Scheduler for the watcher; one Dispatcher for every route.
+
+Importing this module is cheap: `check_config` (run by every gpubot command that reads a config, such as
+`check-config`) needs only the config, the scheduler adapter and the command table; `build_runtime` imports the
+services (and with them the database, SSH and the charts) when it wires them.
 """
 
 from __future__ import annotations
@@ -14,32 +18,33 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bot.adapters import scheduler as scheduler_adapter
-from bot.adapters.cpu import CpuPool
-from bot.adapters.logs import redact_logs
-from bot.adapters.remote import Executor
 from bot.adapters.scheduler import Scheduler
-from bot.adapters.secretbox import SecretBox, SecretBoxError
 from bot.adapters.statelock import StateLock
-from bot.adapters.store import DatabaseUnavailable, Store, default_url
-from bot.config import Config, ConfigError, WatchPolicy
-from bot.core.redact import SECRET_NAME_RE, Redactor
-from bot.present.render import Renderer
-from bot.services.alerts import AlertPoster
-from bot.services.audit import Audit
-from bot.services.bundles import BundleService
-from bot.services.confirmations import ConfirmationService
-from bot.services.history import CheckHistory
-from bot.services.hosts import HostService, NvmlReader
-from bot.services.launches import LaunchService
-from bot.services.outbox import Outbox, Transport
-from bot.services.stacks import StackService
-from bot.services.surface import OutboxSurface, Surface
-from bot.services.threads import IncidentThreads
-from bot.services.watch import Watcher
-from handlers import Dispatcher, Services
+from bot.adapters.store import DatabaseUnavailable
+from bot.config import Config, ConfigError
 from handlers import derive as handler_derive
+
+if TYPE_CHECKING:
+    from bot.adapters.remote import Executor
+    from bot.adapters.secretbox import SecretBox
+    from bot.adapters.store import Store
+    from bot.config import WatchPolicy
+    from bot.core.redact import Redactor
+    from bot.present.render import Renderer
+    from bot.services.audit import Audit
+    from bot.services.confirmations import ConfirmationService
+    from bot.services.history import CheckHistory
+    from bot.services.hosts import HostService, NvmlReader
+    from bot.services.launches import LaunchService
+    from bot.services.outbox import Outbox, Transport
+    from bot.services.stacks import StackService
+    from bot.services.surface import Surface
+    from bot.services.threads import IncidentThreads
+    from bot.services.watch import Watcher
+    from handlers import Dispatcher, Services
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +120,8 @@ def known_secret_values(config: Config, environ: Mapping[str, str] | None = None
     """The secret values the bot knows at start-up, masked by value wherever they appear: its Slack
     credentials (SECRET_ENV_NAMES), the `${NAME}` values the config loader put into env maps, env values
     whose name says secret, and defaults of params that are `secret: true` or secret-named."""
+    from bot.core.redact import SECRET_NAME_RE
+
     env = os.environ if environ is None else environ
     values = [env.get(n, "") for n in SECRET_ENV_NAMES]
     values += list(config.expanded_env_values)
@@ -130,6 +137,8 @@ def known_secret_values(config: Config, environ: Mapping[str, str] | None = None
 
 def state_url(state_dir: str) -> str:
     """`default_url(state_dir)`; raises DatabaseUnavailable naming the directory when it cannot be created."""
+    from bot.adapters.store import default_url
+
     try:
         return default_url(state_dir)
     except OSError as e:
@@ -140,6 +149,8 @@ def _secret_box(store: Store, config: Config) -> SecretBox | None:
     """The SecretBox of this bot: its key in GPUBOT_SECRET_KEY, else `secret.key` beside the SQLite database
     (the state directory for another database). None, with a warning, when there is no usable key: secret
     params are then masked by value only until the bot restarts."""
+    from bot.adapters.secretbox import SecretBox, SecretBoxError
+
     path = Path(store.db.path)
     directory = path.parent if store.url.startswith("sqlite") and path.name else Path(config.state_dir)
     try:
@@ -180,6 +191,25 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     a surface or transport, and DatabaseUnavailable (naming the file or directory) for an unusable database or
     state directory.
     """
+    from bot.adapters.cpu import CpuPool
+    from bot.adapters.logs import redact_logs
+    from bot.adapters.store import Store
+    from bot.core.redact import Redactor
+    from bot.present.render import Renderer
+    from bot.services.alerts import AlertPoster
+    from bot.services.audit import Audit
+    from bot.services.bundles import BundleService
+    from bot.services.confirmations import ConfirmationService
+    from bot.services.history import CheckHistory
+    from bot.services.hosts import HostService
+    from bot.services.launches import LaunchService
+    from bot.services.outbox import Outbox
+    from bot.services.stacks import StackService
+    from bot.services.surface import OutboxSurface
+    from bot.services.threads import IncidentThreads
+    from bot.services.watch import Watcher
+    from handlers import Dispatcher, Services
+
     check_config(config)
     if surface is None and transport is None:
         raise ValueError("build_runtime needs a surface or a transport")

@@ -7,7 +7,6 @@ from bot.core.grammar import CommandCall
 from bot.core.lifecycle import LaunchError
 from bot.core.models import Launch
 from bot.core.shell import MAX_PID, parse_pid
-from bot.services.hosts import UnknownHost
 from handlers.context import Context, Source
 from handlers.reply import UserError
 
@@ -48,6 +47,8 @@ def pid(text: str, usage: str) -> int:
 def host(ctx: Context, name: str | None) -> str:
     """A configured host: `name`, else the default host, else the only host. UserError listing the known
     hosts otherwise (the one "unknown host" answer)."""
+    from bot.services.hosts import UnknownHost  # here: bot.services.hosts imports the SSH library (asyncssh)
+
     try:
         return ctx.services.hosts.resolve_host(name)
     except UnknownHost as e:

@@ -4,20 +4,25 @@ redacted, attached to the thread as a tar.gz, with the verdict `gpubot diagnose`
 
 from __future__ import annotations
 
-from bot.core.bundle import observation_from_files
-from bot.core.diagnose import diagnose
+from typing import TYPE_CHECKING
+
 from bot.core.grammar import CommandCall
-from bot.services.bundles import Bundle, CollectError
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from bot.services.bundles import Bundle
 
 USAGE = "!bundle [LAUNCH]"
 
 
 def offline_verdict(bundle: Bundle) -> tuple[str, str | None]:
     """(verdict, phase) `gpubot diagnose` gives on the bundle's files, read from memory as it reads them from disk."""
+    from bot.core.bundle import observation_from_files  # here: the diagnosis compiles its signatures on import
+    from bot.core.diagnose import diagnose
+
     v = diagnose(observation_from_files({n: d.decode("utf-8", "replace") for n, d in bundle.files.items()}))
     return v.verdict, v.phase
 
@@ -25,6 +30,8 @@ def offline_verdict(bundle: Bundle) -> tuple[str, str | None]:
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Collect the bundle (a few seconds: two probes apart), attach it as `NAME.tar.gz`; an unreachable host is a
     clear error in the thread."""
+    from bot.services.bundles import CollectError  # here: the services import the SSH library and the database
+
     args.no_kwargs(call, USAGE)
     if len(call.args) > 1:
         raise args.bad("name at most one launch", USAGE)

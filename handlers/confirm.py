@@ -3,14 +3,18 @@ wins; later ones are told who decided. The console can type it. The helpers here
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bot.core.grammar import CommandCall
-from bot.present.render import Message
-from bot.services.confirmations import Decision
 from handlers import args
 from handlers.context import Context, Role
 from handlers.kill import kill_result
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from bot.present.render import Message
+    from bot.services.confirmations import Decision
 
 CONFIRM_USAGE = "confirm ID (the [Kill] button of a typed /kill)"
 #: Largest confirmation id accepted.
@@ -45,6 +49,8 @@ def not_decided(ctx: Context, d: Decision, conf_id: int) -> UserError:
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Confirm and run the kill (a launch, or one pid whose command line must still be the one shown)."""
+    from bot.services.confirmations import Decision  # here: the services import the SSH library and the database
+
     cid = conf_id(call, CONFIRM_USAGE)
     result = await ctx.services.confirmations.confirm(cid, user=ctx.user, channel=ctx.channel)
     if isinstance(result, Decision):

@@ -6,18 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.config import Config, Permissions
 from bot.core.models import Launch
-from bot.present.render import Message, Renderer
-from bot.services.bundles import BundleService
-from bot.services.confirmations import ConfirmationService
-from bot.services.hosts import HostService
-from bot.services.launches import LaunchService
-from bot.services.stacks import StackService
-from bot.services.watch import Watcher
 from handlers.reply import SAME, Reply
+
+if TYPE_CHECKING:  # annotations only: the command table (handlers.table) loads without the services' libraries
+    from bot.present.render import Message, Renderer
+    from bot.services.bundles import BundleService
+    from bot.services.confirmations import ConfirmationService
+    from bot.services.hosts import HostService
+    from bot.services.launches import LaunchService
+    from bot.services.stacks import StackService
+    from bot.services.watch import Watcher
 
 #: The user id of the console's operator (an admin: the console runs where the bot's config is).
 CONSOLE_USER = "console"

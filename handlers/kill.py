@@ -4,16 +4,20 @@ host, process group, processes, GPUs and GiB, with [Kill] [Cancel] (the first op
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import KillOutcome
 from bot.core.models import Launch, LaunchState
 from bot.present.actions import ActionId
 from bot.present.views import kill_confirm_view, kill_view
-from bot.services.confirmations import KillRequest
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
+
+if TYPE_CHECKING:
+    from bot.services.confirmations import KillRequest
 
 USAGE = "/kill [LAUNCH|VARIANT] [--yes] | /kill pid=N [host=HOST] [--yes]"
 

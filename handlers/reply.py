@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from bot.present.render import Message
-from bot.services.surface import Surface
+if TYPE_CHECKING:  # annotations only (bot.services.surface imports the outbox and the database)
+    from bot.present.render import Message
+    from bot.services.surface import Surface
 
 
 class _Same:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from bot.core.grammar import CommandCall
-from bot.services.launches import MAX_SNOOZE_MIN
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply
@@ -14,6 +13,8 @@ USAGE = "!snooze [LAUNCH] [MINUTES] (in a launch thread; default 15)"
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Hold back the launch's alerts for MINUTES (1..1440, default 15); changes are posted after."""
+    from bot.services.launches import MAX_SNOOZE_MIN  # here: the services import the SSH library and the database
+
     args.no_kwargs(call, USAGE)
     ref, minutes_text = args.launch_and_number(call, USAGE)
     minutes = args.count(minutes_text or "15", 1, MAX_SNOOZE_MIN, "minutes", USAGE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from bot.core.grammar import CommandCall
 from bot.present.stackdump import stack_dump_message
-from bot.services.stacks import StackDumpError
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
@@ -17,6 +16,8 @@ USAGE = "!stack [LAUNCH] [--native]"
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Dump the launch's processes; missing py-spy, missing ptrace permission and sudo refusals each get a
     clear message per process."""
+    from bot.services.stacks import StackDumpError  # here: the services import the SSH library and the database
+
     args.no_kwargs(call, USAGE)
     if len(call.args) > 1:
         raise args.bad("name at most one launch", USAGE)

@@ -19,7 +19,6 @@ import datetime as dt
 import logging
 from typing import Any, Protocol
 
-from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
@@ -113,6 +112,9 @@ class Scheduler:
     errors (`_ResilientScheduler`)."""
 
     def __init__(self, db_url: str, *, misfire_grace_s: float = MISFIRE_GRACE_S):
+        # imported here: SQLAlchemy is only needed by a running scheduler, not to check a crontab (check-config)
+        from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+
         self._aps = _ResilientScheduler(
             jobstores={"default": SQLAlchemyJobStore(url=db_url, tablename="apscheduler_jobs")},
             job_defaults={"misfire_grace_time": int(misfire_grace_s), "coalesce": True, "max_instances": 1},

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bot.core.diagnose import Verdict
 from bot.core.lifecycle import is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
 from bot.core.redact import redact, redact_lines
 from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId
 from bot.present.render import mrkdwn_escape
+
+if TYPE_CHECKING:  # an annotation only: importing bot.core.diagnose compiles its signatures
+    from bot.core.diagnose import Verdict
 
 COMMAND_WIDTH = 90
 

@@ -4,18 +4,31 @@
 `launches` (launches and their incident threads), `events` (the audit trail), `observations` (readiness
 check records), `confirmations` (typed kills waiting for a click) and `outbox` (messages to Slack). Only
 services use it (bot.services); `url` is also the APScheduler job store's URL.
+
+Importing this package does not import SQLAlchemy: `DatabaseUnavailable` comes from the light `errors` module,
+`default_url` is imported on first use (PEP 562 `__getattr__`) and `Store` imports the repositories when one is
+built. So a command that only catches DatabaseUnavailable (`gpubot --version`, `diagnose`) starts fast.
 """
 
 from __future__ import annotations
 
-from bot.adapters.store.confirmations import ConfirmationRepository
-from bot.adapters.store.db import Database, DatabaseUnavailable, default_url
-from bot.adapters.store.events import EventRepository
-from bot.adapters.store.launches import LaunchRepository
-from bot.adapters.store.observations import ObservationRepository
-from bot.adapters.store.outbox import OutboxRepository
+from typing import TYPE_CHECKING, Any
+
+from bot.adapters.store.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from bot.adapters.store.db import default_url
 
 __all__ = ["DatabaseUnavailable", "Store", "default_url"]
+
+
+def __getattr__(name: str) -> Any:
+    """`default_url`, from bot.adapters.store.db (which imports SQLAlchemy), on first use."""
+    if name == "default_url":
+        from bot.adapters.store.db import default_url
+
+        return default_url
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Store:
@@ -23,6 +36,13 @@ class Store:
     opened (see Database); the repositories raise it when a read or write is refused."""
 
     def __init__(self, url: str):
+        from bot.adapters.store.confirmations import ConfirmationRepository
+        from bot.adapters.store.db import Database
+        from bot.adapters.store.events import EventRepository
+        from bot.adapters.store.launches import LaunchRepository
+        from bot.adapters.store.observations import ObservationRepository
+        from bot.adapters.store.outbox import OutboxRepository
+
         self.db = Database(url)
         self.url = url
         self.launches = LaunchRepository(self.db)

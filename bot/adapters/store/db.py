@@ -20,18 +20,8 @@ from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from bot.adapters.store.errors import DatabaseUnavailable  # defined there so that catching it needs no SQLAlchemy
 from bot.adapters.store.migrations import add_missing_columns
-
-
-class DatabaseUnavailable(Exception):
-    """The database (or the state directory that holds it) refused: locked longer than the busy timeout, disk
-    full, not a database (corrupted), read-only, or not openable. `path` is the file (or the URL without its
-    password), `reason` the database's own words (`database is locked`, `database or disk is full`, `file is
-    not a database`). str(): `PATH: REASON`."""
-
-    def __init__(self, path: str, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path, self.reason = path, reason
 
 
 def _reason(e: BaseException) -> str:

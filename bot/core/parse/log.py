@@ -12,8 +12,6 @@ import math
 import re
 from collections.abc import Callable
 
-from bot.core.redact import REDACT_REACH
-
 __all__ = ["clean_log_lines", "parse_log_stat", "strip_control"]
 
 # ECMA-48 escape sequences, as emitted by terminals, colour loggers (rich, colorlog, tqdm):
@@ -122,6 +120,9 @@ def clean_log_lines(
     parts = text.split("\n") if redactor is not None else text.rsplit("\n", max_lines)[-max_lines:]
     lines = [strip_control(_last_segment(part)).rstrip() for part in parts]
     if redactor is not None:  # the redactor sees what can be shown and far more context; never a megabyte
+        # imported here: only a caller that redacts needs the redaction rules (diagnose only strips controls)
+        from bot.core.redact import REDACT_REACH
+
         reach = max(REDACT_REACH, 8 * width)
         lines = [line[:reach] for line in lines]
     if starts_mid_line and lines and len(parts) == len(text.split("\n")):
