@@ -67,8 +67,11 @@ def build_app(runtime: Runtime, client: AsyncWebClient, *,
                                        bot_token=client.token)
         return AuthorizeResult.from_auth_test_response(auth_test_response=identity["auth"], bot_token=client.token)
 
+    # process_before_response: the listeners are short (they ack, then hand the work to SlackBot.run), so Bolt
+    # runs each to its end before answering, without polling for its ack every 10 ms; a Socket Mode envelope's
+    # Bolt task then ends once its work is spawned (bot.slack.socket)
     app = AsyncApp(client=client, signing_secret=signing_secret, authorize=authorize,
-                   request_verification_enabled=signing_secret is not None)
+                   request_verification_enabled=signing_secret is not None, process_before_response=True)
     bot = SlackBot(runtime, client)
     listeners.register(app, bot)
     return app, bot
