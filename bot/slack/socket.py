@@ -155,9 +155,12 @@ class SocketModeThread:
         asyncio.set_event_loop(loop)
         try:
             loop.run_forever()
-            for task in asyncio.all_tasks(loop):
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
                 task.cancel()
-            loop.run_until_complete(asyncio.sleep(0))
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=CLOSE_WAIT_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
 
