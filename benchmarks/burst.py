@@ -344,7 +344,12 @@ def report(out: Figures, args: argparse.Namespace) -> None:
           f"{sum(out.gc) * 1000:.0f} ms in all, longest {max(out.gc, default=0.0) * 1000:.0f} ms")
     if out.load is not None:
         print("  load average (1, 5, 15 min): start {:.2f} {:.2f} {:.2f}, end {:.2f} {:.2f} {:.2f}".format(
-            *out.load[0], *out.load[1]))
+            *out.load[0], *out.load[1]) + f"; {_process_count()} processes on this machine at the end")
+
+
+def _process_count() -> int:
+    """How many processes this machine runs now (each is a row the probe parses and redacts)."""
+    return sum(1 for name in os.listdir("/proc") if name.isdigit())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -369,6 +374,7 @@ async def amain(args: argparse.Namespace) -> None:
     handler = "SocketModeThread" if importlib.util.find_spec("bot.slack.socket") else "AsyncSocketModeHandler"
     print(f"gpubot burst benchmark: bot from {TREE}/bot (Socket Mode: {handler}); "
           f"{os.cpu_count()} CPUs; " + "load average at start {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    print(f"processes on this machine (rows of each probe's process table): {_process_count()}")
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         report(await run_variant(variant, args), args)
     print("\nload average at end {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
