@@ -20,6 +20,11 @@ and is sometimes down for minutes; the bot restarts. The outbox makes delivery s
   `thread_ts` or update target is such a reference are sent with the real ts once it is known, and
   `on_posted(ref, ts)` lets the store replace the reference (a launch's incident thread).
 * `chat.update` is throttled: a newer update of a message supersedes one still queued.
+* A post still only queued can be changed instead of followed by an edit or a deletion (`replace_queued_post`,
+  `withdraw_queued_post`): a placeholder whose answer is ready before its turn goes as the answer, one call
+  instead of two. Only a row that is pending and that no attempt may have reached Slack with is changed, in
+  one conditional write, so the sender either sends the new text or had already claimed the row (the caller
+  then edits or deletes it as usual). A message sent straight to Slack (below) is never changed.
 
 The Slack calls are a `Transport` (bot.slack.transport.SlackTransport in production; a fake in tests): it
 makes one call per row and sorts its failures into `DeliveryRetry` and `DeliveryFailed`. The rows are the
@@ -324,6 +329,41 @@ class Outbox:
             self.upload(channel, name, data, thread_ts=ts)
         return row_id
 
+    def replace_queued_post(self, row_id: int, channel: str, message: Message) -> bool:
+        """Put `message` in place of post `row_id` of `channel` while that post is still only queued (pending, and no
+        attempt of it may have reached Slack): the row keeps its id and place in the queue, so `ref(row_id)` and
+        thread_ts values pointing at it stay valid, and it is sent carrying `message` (redacted like any row).
+        The files of `message` are queued as uploads into the post's thread (its own when it starts one).
+        Returns False, changing nothing, when the row is claimed by the sender, done, was sent straight to Slack
+        (a negative id), or the database refuses: edit the post instead."""
+        fields: dict[str, Any] = {"text": message.text,
+                                  "blocks_json": json.dumps(message.blocks) if message.blocks is not None else None}
+        row = self._change_queued_post(row_id, channel, self._redacted(fields) if self._redact else fields)
+        if row is None:
+            return False
+        for name, data in message.files:
+            self.upload(channel, name, data, thread_ts=row["thread_ts"] or ref(row_id))
+        return True
+
+    def withdraw_queued_post(self, row_id: int, channel: str) -> bool:
+        """Drop post `row_id` of `channel` while it is still only queued (see `replace_queued_post`): it is never
+        sent, its state becomes `superseded`, and whoever waits for it is woken. Returns False, changing nothing,
+        when that is too late or the database refuses: delete the post instead."""
+        if self._change_queued_post(row_id, channel, {"state": "superseded"}) is None:
+            return False
+        self._wake_waiters(row_id)
+        return True
+
+    def _change_queued_post(self, row_id: int, channel: str, values: dict[str, Any]) -> dict[str, Any] | None:
+        """`rows.change_queued_post` for a row of the database; None for a direct send or a refusing database."""
+        if row_id < 0:  # sent straight to Slack: already on its way, there is no queued row to change
+            return None
+        try:
+            return self.rows.change_queued_post(row_id, channel, **values)
+        except Exception as e:
+            log.warning("outbox: cannot change queued post %s (%s); it goes as it is", row_id, e)
+            return None
+
     def upload(self, channel: str, filename: str, content: bytes, *, thread_ts: str | None = None,
                title: str | None = None) -> int:
         """Queue an upload of `content` (bytes) as `filename` into `thread_ts`. Returns the row id."""
@@ -491,10 +531,12 @@ class Outbox:
         return False
 
     async def _send(self, row_id: int, channel: str) -> None:
+        called = True  # the channel's pacing counts from now, unless no call was made at all
         try:
             try:
                 snapshot = self.rows.claim(row_id)
-                if snapshot is None:
+                if snapshot is None:  # changed since it was picked (superseded, withdrawn): nothing was sent
+                    called = False
                     return
             except Exception:  # database unavailable: the row stays pending, the channel waits a little
                 log.exception("outbox: cannot claim row %s; retrying in %.0f s", row_id, DB_RETRY_S)
@@ -524,7 +566,8 @@ class Outbox:
                         log.exception("outbox: on_posted hook failed for row %s", row_id)
         finally:
             self._busy.discard(channel)
-            self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), time.time())
+            if called:
+                self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), time.time())
             self._wake.set()
 
     def _retry_values(self, row: dict[str, Any], r: DeliveryRetry) -> dict[str, Any]:
@@ -545,14 +588,14 @@ class Outbox:
 
     # -- one transport call per row -----------------------------------------------------------------
     def _target(self, ts: str | None) -> tuple[str | None, bool]:
-        """(real ts or None, ok): ok is False when `ts` is a reference to a post that failed."""
+        """(real ts or None, ok): ok is False when `ts` is a reference to a post that failed or was withdrawn."""
         rid = ref_id(ts)
         if rid is None:
             return ts, True
         d = self.delivery(rid)
         if d is not None and d.state == "sent":
             return d.ts, True
-        if d is None or d.state == "failed":
+        if d is None or d.done:  # failed, or a post withdrawn before it was sent
             return None, False
         raise DeliveryRetry(f"waiting for message {rid}", 0.2, ambiguous=False)
 

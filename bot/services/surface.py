@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from bot.present.render import Message
-from bot.services.outbox import Outbox, ref
+from bot.services.outbox import Outbox, ref, ref_id
 
 
 class Surface(Protocol):
@@ -48,7 +48,8 @@ class OutboxSurface:
     `post` waits up to `wait_s` seconds for the message to be sent: it returns the Slack ts when it was,
     None when Slack refused it for good (`last_error` says why, e.g. `not_in_channel`), and otherwise a
     `q:<id>` reference that stands for the ts (usable as thread_ts and for `update`) until it is sent.
-    `update` and `upload` queue and return True.
+    `update` and `upload` queue and return True. A post still only queued can take another message
+    (`take_place`) or be dropped unsent (`withdraw`) instead of being edited or deleted after it was sent.
     """
 
     def __init__(self, outbox: Outbox, *, wait_s: float = 5.0):
@@ -60,6 +61,10 @@ class OutboxSurface:
                    wait_s: float | None = None) -> str | None:
         """Queue a post (files follow as uploads). Returns ts, None (refused) or a `q:` reference."""
         row_id = self.outbox.post(channel, message, thread_ts=thread_ts)
+        return await self._posted(row_id, wait_s)
+
+    async def _posted(self, row_id: int, wait_s: float | None) -> str | None:
+        """What `post` returns for post `row_id`, after waiting up to `wait_s` (default the surface's) seconds."""
         d = await self.outbox.wait(row_id, self.wait_s if wait_s is None else wait_s)
         if d.state == "sent":
             return d.ts
@@ -67,6 +72,27 @@ class OutboxSurface:
             self.last_error = d.error
             return None
         return ref(row_id)
+
+    def take_place(self, channel: str, ts: str, message: Message) -> bool:
+        """Make the post `ts` (a `q:` reference) carry `message` instead while it is still only queued, so that
+        one post goes instead of a post and its edit; references to `ts` stay valid, and the files of `message`
+        follow as uploads into its thread (bot.services.outbox.Outbox.replace_queued_post). Returns False when it
+        is too late (the post is on its way or sent, or went straight to Slack) or `ts` is a Slack ts: edit it."""
+        rid = ref_id(ts)
+        return rid is not None and self.outbox.replace_queued_post(rid, channel, message)
+
+    def withdraw(self, channel: str, ts: str) -> bool:
+        """Drop the post `ts` (a `q:` reference) while it is still only queued: it is never sent. Returns False
+        when it is too late (see `take_place`): delete it."""
+        rid = ref_id(ts)
+        return rid is not None and self.outbox.withdraw_queued_post(rid, channel)
+
+    async def settled(self, ts: str, *, wait_s: float | None = None) -> str | None:
+        """What `post` would have returned for the post `ts` (a `q:` reference, e.g. after `take_place`): the
+        Slack ts once sent within `wait_s` seconds (default the surface's), None when Slack refused it for good
+        (`last_error` says why), else `ts` itself."""
+        rid = ref_id(ts)
+        return ts if rid is None else await self._posted(rid, wait_s)
 
     async def update(self, channel: str, ts: str, message: Message) -> bool:
         """Queue an edit of `ts` (a ts or `q:` reference); a queued older edit of it is dropped. True."""

@@ -49,26 +49,38 @@ def build_app(runtime: Runtime, client: AsyncWebClient, *,
     identity: dict[str, Any] = {}
     quick = sender_client(client)
 
+    async def identify() -> None:
+        """One quick auth.test (no SDK retries, 1 s at most): its answer is kept; after a failure it is not
+        tried again for AUTH_RETRY_S."""
+        try:
+            identity["auth"] = await asyncio.wait_for(quick.auth_test(), 1.0)
+        except Exception as e:
+            identity["failed_at"] = time.monotonic()
+            log.warning("auth.test failed (%s); handling requests without the bot's identity for now",
+                        type(e).__name__)
+
     async def authorize(enterprise_id, team_id, user_id) -> AuthorizeResult:
         """The bot's identity from auth.test, cached after the first success. While Slack's Web API is
         down, requests are still handled with the token alone (answers wait in the outbox) instead of
         Bolt's default, which refuses every request whose auth.test call fails."""
         if "auth" not in identity:
-            # runs before the ack: one quick try (no SDK retries), then not again for AUTH_RETRY_S
+            # runs before the listener (in Socket Mode after the ack: bot.slack.socket); requests arriving
+            # together wait for one auth.test, not one each
             if time.monotonic() - identity.get("failed_at", -AUTH_RETRY_S) >= AUTH_RETRY_S:
-                try:
-                    identity["auth"] = await asyncio.wait_for(quick.auth_test(), 1.0)
-                except Exception as e:
-                    identity["failed_at"] = time.monotonic()
-                    log.warning("auth.test failed (%s); handling requests without the bot's identity for now",
-                                type(e).__name__)
+                asking = identity.get("asking")
+                if asking is None or asking.done():
+                    asking = identity["asking"] = asyncio.ensure_future(identify())
+                await asyncio.shield(asking)
             if "auth" not in identity:
                 return AuthorizeResult(enterprise_id=enterprise_id, team_id=team_id, user_id=user_id,
                                        bot_token=client.token)
         return AuthorizeResult.from_auth_test_response(auth_test_response=identity["auth"], bot_token=client.token)
 
+    # process_before_response: the listeners are short (they ack, then hand the work to SlackBot.run), so Bolt
+    # runs each to its end before answering, without polling for its ack every 10 ms; a Socket Mode envelope's
+    # Bolt task then ends once its work is spawned (bot.slack.socket)
     app = AsyncApp(client=client, signing_secret=signing_secret, authorize=authorize,
-                   request_verification_enabled=signing_secret is not None)
+                   request_verification_enabled=signing_secret is not None, process_before_response=True)
     bot = SlackBot(runtime, client)
     listeners.register(app, bot)
     return app, bot

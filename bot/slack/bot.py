@@ -109,9 +109,11 @@ class SlackBot:
                   respond: Any = None) -> str | None:
         """Build the request (with the user's groups), run `work` (a dispatcher call) and deliver its Reply.
         A command slower than `slack.progress_after_s` gets a placeholder message at once, edited into the
-        answer (or into a pointer to the launch's thread). When Slack refuses the answer for good (e.g.
-        not_in_channel), a slash command's user gets it privately through `respond`. Returns the answer's ts
-        (a `q:` reference while queued; None if there was none or it was refused)."""
+        answer (or deleted, with a pointer to the launch's thread for its user). A placeholder still waiting in
+        the outbox when the answer is ready is never sent: the answer takes its place (one Slack call instead of
+        two), or it is dropped. When Slack refuses the answer for good (e.g. not_in_channel), a slash command's
+        user gets it privately through `respond`. Returns the answer's ts (a `q:` reference while queued; None
+        if there was none or it was refused)."""
         async def answer() -> Reply:  # the user-group lookup counts as the command's time (it may be slow)
             groups = await self.user_groups_of(user_id) if self._configured_groups() else frozenset()
             return await work(Request(user_id=user_id, channel_id=channel_id, thread_ts=thread_ts, source=source,
@@ -125,11 +127,14 @@ class SlackBot:
                 progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
                 placeholder = await self._post_now(channel_id, progress, thread_ts)
             reply = await task
-            if placeholder is not None and not await self._placeholder_alive(placeholder):
-                placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
-            if placeholder is not None:
-                return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
-            ts = await deliver(self.surface, reply)
+            if placeholder is not None and self._absorbed(reply, placeholder, thread_ts):
+                ts = await self._deliver_absorbed(reply, placeholder, thread_ts)
+            else:
+                if placeholder is not None and not await self._placeholder_alive(placeholder):
+                    placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
+                if placeholder is not None:
+                    return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
+                ts = await deliver(self.surface, reply)
         except Exception:  # e.g. the database refused the outbox row: say so privately rather than vanish
             log.exception("answering %s of %s in %s failed", word, user_id, channel_id)
             text = (f"gpubot could not answer `{word}`: it failed while answering (the bot logged the details); "
@@ -161,8 +166,41 @@ class SlackBot:
             return True
         return (await self.surface.outbox.wait(rid, wait_s)).state != "failed"
 
+    @staticmethod
+    def _for_placeholder(reply: Reply, thread_ts: str | None) -> bool:
+        """True when `reply` is a public message for the request's own thread: the placeholder's place."""
+        return not reply.private_to and reply.message is not None and (
+            reply.thread_ts is SAME or reply.thread_ts == thread_ts)
+
+    def _absorbed(self, reply: Reply, placeholder: str, thread_ts: str | None) -> bool:
+        """Take a placeholder that is still only queued out of the answer's way, so that the answer costs one
+        Slack call: an answer for its place takes its row over (OutboxSurface.take_place), any other (for one
+        person, or for the launch's thread) drops it unsent (OutboxSurface.withdraw). Returns False, changing
+        nothing, when the placeholder is already on its way to Slack (it is then edited or deleted)."""
+        if not isinstance(self.surface, OutboxSurface):
+            return False
+        channel = reply.channel or ""
+        if self._for_placeholder(reply, thread_ts):
+            assert reply.message is not None
+            return self.surface.take_place(channel, placeholder, reply.message)
+        return self.surface.withdraw(channel, placeholder)
+
+    async def _deliver_absorbed(self, reply: Reply, placeholder: str, thread_ts: str | None) -> str | None:
+        """Deliver `reply` after `_absorbed`: its edits and the answer in the placeholder's row, waited for like
+        any post (returns its ts, a `q:` reference, or None when Slack refused it); or, the placeholder dropped,
+        the reply as if there had been none (returns what `deliver` returns)."""
+        if not self._for_placeholder(reply, thread_ts):
+            return await deliver(self.surface, reply)
+        assert isinstance(self.surface, OutboxSurface)
+        for ts, message in reply.edits:  # queued after the answer's row: they go right after it
+            await self.surface.update(reply.channel or "", ts, message)
+        return await self.surface.settled(placeholder)
+
     async def _into_placeholder(self, reply: Reply, placeholder: str, thread_ts: str | None, word: str,
                                 user_id: str) -> str | None:
+        """Deliver `reply` through a placeholder already on its way to Slack: edited into the answer (files follow
+        as uploads into its thread), or deleted when the answer is for one person or for another thread (its user
+        then gets a pointer). Returns the answer's ts, as `run`."""
         channel = reply.channel or ""
         if reply.private_to:  # an answer for one person never goes into the public placeholder
             await self.surface.delete(channel, placeholder)

@@ -14,11 +14,11 @@ import signal
 
 import aiohttp
 from aiohttp import web
-from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
 from bot.config import Config
 from bot.slack.app import build_app, slack_runtime
 from bot.slack.client import make_client
+from bot.slack.socket import SocketModeThread
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ async def _wait_for_stop(stop: asyncio.Event) -> None:
 
 @contextlib.asynccontextmanager
 async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None = None):
-    """Yield the Bolt app wired (bot.wiring) to a shared aiohttp session and the Slack client; on exit wait
-    (bounded) for running commands, stop the checks, flush the outbox, close SSH connections and the session."""
+    """Yield the Bolt app and its SlackBot, wired (bot.wiring) to a shared aiohttp session and the Slack client; on
+    exit wait (bounded) for running commands, stop the checks, flush the outbox, close SSH connections and the
+    session."""
     session = aiohttp.ClientSession()
     try:
         client = make_client(bot_token, _api_url(config), session=session)
@@ -60,7 +61,7 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
         app, bot = build_app(runtime, client, signing_secret=signing_secret)
         await runtime.start()  # the outbox sender first: what an earlier run left queued goes out first
         try:
-            yield app
+            yield app, bot
         finally:
             await bot.drain()
             await runtime.close()
@@ -72,7 +73,7 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
 PING_INTERVAL_S = 5.0
 
 
-async def socket_watchdog(handler: AsyncSocketModeHandler, every_s: float = 10.0, misses: int = 2) -> None:
+async def socket_watchdog(handler: SocketModeThread, every_s: float = 10.0, misses: int = 2) -> None:
     """Keep Socket Mode connected: after `misses` checks `every_s` seconds apart that found no open
     websocket, clear the client's websocket URL so that its next reconnect asks Slack for a fresh one.
 
@@ -82,27 +83,24 @@ async def socket_watchdog(handler: AsyncSocketModeHandler, every_s: float = 10.0
     down = 0
     while True:
         await asyncio.sleep(every_s)
-        try:
-            connected = await handler.client.is_connected()
-        except Exception:
-            connected = False
-        down = 0 if connected else down + 1
+        down = 0 if await handler.connected() else down + 1
         if down >= misses:
             log.warning("Socket Mode has been disconnected for %.0f s; asking Slack for a new websocket URL",
                         down * every_s)
-            handler.client.wss_uri = None
+            handler.forget_url()
             down = 0
 
 
 async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
-    """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set).
+    """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set). The websocket and the acks
+    live on a thread of their own (bot.slack.socket), so acks never wait behind the bot's work.
 
     Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_APP_TOKEN is missing.
     """
     bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
     stop = stop or asyncio.Event()
-    async with _bolt_app(config, bot_token) as app:
-        handler = AsyncSocketModeHandler(app, app_token=app_token, ping_interval=PING_INTERVAL_S)
+    async with _bolt_app(config, bot_token) as (app, bot):
+        handler = SocketModeThread(app, app_token, ping_interval=PING_INTERVAL_S, spawn=bot.spawn)
         watchdog = asyncio.get_running_loop().create_task(socket_watchdog(handler))
         try:
             await handler.connect_async()
@@ -126,7 +124,7 @@ async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: as
     """
     bot_token, secret = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_SIGNING_SECRET")
     stop = stop or asyncio.Event()
-    async with _bolt_app(config, bot_token, secret) as app:
+    async with _bolt_app(config, bot_token, secret) as (app, _bot):
         web_app = app.web_app(path="/slack/events")
         web_app.router.add_get("/healthz", _healthz)
         runner = web.AppRunner(web_app)

@@ -666,3 +666,127 @@ async def test_the_outbox_redacts_text_blocks_and_text_files_but_not_charts(stor
         assert secret not in shown
     assert "HF_TOKEN=[REDACTED]" in post.args["text"] and "password:" in uploads["evidence.txt"].decode()
     assert uploads["chart.png"] == png
+
+
+# ------------------------------------------------------------------------------------ a queued post changed in place
+
+
+async def _queued_behind_a_call_in_flight(ob: Outbox, transport: FakeTransport, **post: Any) -> int:
+    """A post of C1 that stays queued: the channel's call before it is held in flight. Returns the post's row id."""
+    transport.hold("C1")
+    ob.post("C1", msg("blocker"))
+    await wait_until(lambda: transport.calls_for("post", "C1"), WAIT_S, what="the blocker in flight")
+    return ob.post("C1", post.pop("message", msg("Working on status...")), **post)
+
+
+async def test_a_queued_post_takes_the_answer_in_its_place_and_goes_once(store, transport):
+    """The answer takes the queued placeholder's row: one post carrying the answer (redacted like any row), no
+    edit; what was queued against the placeholder's reference (a reply in its thread) and the answer's files
+    follow into its thread."""
+    from bot.core.redact import Redactor
+
+    known = "Gz7xKq2mVb9pLw4t"
+    async with outbox_with(store, transport, redactor=Redactor(values=[known])) as ob:
+        surface = OutboxSurface(ob, wait_s=WAIT_S)
+        rid = await _queued_behind_a_call_in_flight(ob, transport)
+        key = store.outbox.get(rid)["key"]
+        reply = ob.post("C1", msg("a reply in its thread"), thread_ts=ref(rid))
+        answer = msg(f"GPU status with {known}", files=[("full.txt", b"the whole table")])
+        assert surface.take_place("C1", ref(rid), answer)
+        transport.release("C1")
+        ts = await surface.settled(ref(rid))
+        assert await ob.flush(WAIT_S)
+        assert ob.delivery(rid).ts == ts and ob.delivery(reply).state == "sent"
+    _blocker, post, in_thread = transport.calls_for("post", "C1")
+    assert post.args["text"] == "GPU status with [REDACTED]" and known not in repr(post.args["blocks"])
+    assert post.args["key"] == key and post.args["thread_ts"] is None  # the same row, at channel level
+    assert in_thread.args["thread_ts"] == ts and not transport.calls_for("update")
+    (upload,) = transport.uploads
+    assert upload["filename"] == "full.txt" and upload["thread_ts"] == ts  # into the answer's own thread
+
+
+async def test_a_post_the_sender_has_claimed_or_sent_is_not_changed(store, transport):
+    """Atomic with respect to the sender: once a post is claimed (in flight) or sent, neither take_place nor
+    withdraw changes it; the edit then goes as before (a post, then its chat.update)."""
+    async with outbox_with(store, transport) as ob:
+        surface = OutboxSurface(ob, wait_s=WAIT_S)
+        transport.hold("C1")
+        rid = ob.post("C1", msg("Working on status..."))
+        await wait_until(lambda: transport.calls_for("post", "C1"), WAIT_S, what="the placeholder in flight")
+        assert store.outbox.get(rid)["state"] == "sending"
+        assert not surface.take_place("C1", ref(rid), msg("answer"))
+        assert not surface.withdraw("C1", ref(rid))
+        assert store.outbox.get(rid)["text"] == "Working on status..."
+        transport.release("C1")
+        d = await sent(ob, rid)
+        assert not surface.take_place("C1", ref(rid), msg("answer")) and not surface.take_place("C1", d.ts, msg("x"))
+        await surface.update("C1", ref(rid), msg("answer"))
+        assert await ob.flush(WAIT_S)
+    (update,) = transport.calls_for("update")
+    assert update.args["ts"] == d.ts and transport.message(d.ts)["text"] == "answer"
+
+
+async def test_a_post_an_earlier_attempt_may_have_delivered_is_not_changed(store, transport):
+    """A queued post whose earlier attempt may have reached Slack (a 5xx after storing, a restart mid-send:
+    `needs_lookup`) may already show the old text: it is not changed (the lookup would record the old message
+    as the answer), nor one of another channel."""
+    async with outbox_with(store, transport) as ob:
+        surface = OutboxSurface(ob, wait_s=WAIT_S)
+        rid = await _queued_behind_a_call_in_flight(ob, transport)
+        assert not surface.take_place("C2", ref(rid), msg("answer"))
+        store.outbox.set(rid, needs_lookup=1)
+        assert not surface.take_place("C1", ref(rid), msg("answer")) and not surface.withdraw("C1", ref(rid))
+        assert store.outbox.get(rid)["text"] == "Working on status..."
+
+
+async def test_a_withdrawn_post_is_never_sent_and_nothing_waits_for_it(store, transport):
+    async with outbox_with(store, transport) as ob:
+        surface = OutboxSurface(ob, wait_s=WAIT_S)
+        rid = await _queued_behind_a_call_in_flight(ob, transport)
+        waiter = asyncio.ensure_future(ob.wait(rid, 3600))
+        await asyncio.sleep(0)  # the wait has started
+        assert surface.withdraw("C1", ref(rid))
+        assert (await asyncio.wait_for(waiter, WAIT_S)).state == "superseded"  # the channel is still held
+        edit = ob.update("C1", ref(rid), msg("too late"))
+        after = ob.post("C1", msg("next"))
+        transport.release("C1")
+        await sent(ob, after)
+        assert (await ob.wait(edit, WAIT_S)).state == "failed"  # an edit of it fails at once, never waits
+    assert [c.args["text"] for c in transport.calls_for("post")] == ["blocker", "next"]
+    assert not transport.calls_for("update")
+
+
+async def test_a_post_sent_straight_to_slack_or_a_refusing_database_leaves_the_edit_as_before(store, transport,
+                                                                                              monkeypatch):
+    """The database refused the placeholder's row, so it went straight to Slack (a negative id, already on its
+    way): it is never changed, and its edit goes after it. The database refusing the change itself: the
+    placeholder stays queued as it was and is edited after it is sent."""
+    add = store.outbox.add
+
+    def refused(**fields: Any) -> int:
+        raise OperationalError("INSERT", {}, Exception("database or disk is full"))
+
+    async with outbox_with(store, transport) as ob:
+        surface = OutboxSurface(ob, wait_s=WAIT_S)
+        monkeypatch.setattr(store.outbox, "add", refused)
+        direct = ob.post("C1", msg("Working on status..."))
+        assert direct < 0
+        assert not surface.take_place("C1", ref(direct), msg("answer")) and not surface.withdraw("C1", ref(direct))
+        monkeypatch.setattr(store.outbox, "add", add)  # the database is back for the edit
+        await surface.update("C1", ref(direct), msg("answer"))
+        assert await ob.flush(WAIT_S)
+        rid = await _queued_behind_a_call_in_flight(ob, transport)
+
+        def down(*args: Any, **kw: Any) -> None:
+            raise OperationalError("UPDATE", {}, Exception("database is locked"))
+
+        monkeypatch.setattr(store.outbox, "change_queued_post", down)
+        assert not surface.take_place("C1", ref(rid), msg("answer 2"))
+        await surface.update("C1", ref(rid), msg("answer 2"))
+        transport.release("C1")
+        assert await ob.flush(WAIT_S)
+    first, _blocker, second = transport.posted("C1")
+    assert (first["text"], second["text"]) == ("answer", "answer 2")  # each placeholder edited into its answer
+    assert [len(m["edits"]) for m in (first, second)] == [1, 1]
+    assert [c.args["text"] for c in transport.calls_for("post")] == ["Working on status...", "blocker",
+                                                                     "Working on status..."]

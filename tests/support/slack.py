@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 
 from bot.adapters.store import Store
@@ -21,6 +20,7 @@ from bot.config import Config
 from bot.slack.app import build_app, slack_runtime
 from bot.slack.bot import SlackBot
 from bot.slack.client import make_client
+from bot.slack.socket import SocketModeThread
 from bot.wiring import Runtime
 from tests.support.builders import ssh_host
 from tests.support.fakes.slack_server import FakeSlack
@@ -36,13 +36,13 @@ class SlackStack:
     bot: SlackBot
     runtime: Runtime
     session: aiohttp.ClientSession
-    handler: AsyncSocketModeHandler | None = None
+    handler: SocketModeThread | None = None
     tmpdir: str | None = None
 
     async def settled(self, *env_ids: str) -> None:
-        """The bot is done with these envelopes (and everything before them): each is acked (a listener
-        starts its work before it acks), every task the bot started has finished, and the outbox has sent (or
-        given up on) everything. What a test checks after this cannot still be on its way."""
+        """The bot is done with these envelopes (and everything before them): each is acked (the bot takes an
+        envelope before its ack goes out: bot.slack.socket), every task the bot started has finished, and the
+        outbox has sent (or given up on) everything. What a test checks after this cannot still be on its way."""
         for env_id in env_ids:
             await self.fake.wait_for_ack(env_id, 20)
 
@@ -87,7 +87,7 @@ async def start_stack(config: Config, *, socket_mode: bool = True, signing_secre
     stack = SlackStack(fake, app, bot, runtime, session, tmpdir=tmpdir)
     await runtime.start(watch=watch)
     if socket_mode:
-        stack.handler = AsyncSocketModeHandler(app, app_token="xapp-test", ping_interval=5)
+        stack.handler = SocketModeThread(app, "xapp-test", ping_interval=5, spawn=bot.spawn)  # as `gpubot run`
         await stack.handler.connect_async()
         await fake.wait_connected(5)
     return stack

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from bot.adapters.store.db import Base, Database
 
 #: Row states: pending -> sending -> sent, or failed (a permanent error) or superseded (an edit replaced
-#: by a newer edit of the same message).
+#: by a newer edit of the same message, or a queued post withdrawn before it was sent).
 DONE_STATES = ("sent", "failed", "superseded")
 
 
@@ -77,6 +77,20 @@ class OutboxRepository:
             if old:
                 s.execute(update(OutboxRow).where(OutboxRow.id.in_(old)).values(state="superseded"))
             return old
+
+    def change_queued_post(self, row_id: int, channel: str, **values: Any) -> dict[str, Any] | None:
+        """Write `values` (column -> value) to post `row_id` of `channel` only while it is still just queued: pending,
+        and no earlier attempt of it may have reached Slack (`needs_lookup` 0). One conditional UPDATE, so a row the
+        sender has claimed (`sending`), sent, failed or superseded is left as it is. Returns the row's columns after
+        the change, or None when it was not changed."""
+        with self._db.transaction() as s:
+            res = s.execute(update(OutboxRow).where(
+                OutboxRow.id == row_id, OutboxRow.channel == channel, OutboxRow.kind == "post",
+                OutboxRow.state == "pending", OutboxRow.needs_lookup == 0).values(**values))
+            if (res.rowcount or 0) != 1:
+                return None
+            row = s.get(OutboxRow, row_id)
+            return None if row is None else _snapshot(row)
 
     def get(self, row_id: int) -> dict[str, Any] | None:
         """The row's columns, or None."""
