@@ -38,7 +38,7 @@ TREE = Path(bot.__file__).resolve().parents[1]
 #: The login user of the benchmark host when running as root (root's login shell, bash, reads a .bashrc).
 BENCH_USER = "gpubot-bench"
 #: Words in a live child process's command line that mark it as a gpubot worker (its CPU is the bot's).
-WORKER_MARKERS = ("gpubot-worker", "gpubot worker")
+WORKER_MARKERS = ("gpubot-worker", "gpubot worker", "bot.adapters.cpu_worker")
 #: Helper processes of the benchmarks themselves (never counted as the bot's CPU).
 HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py", "subreaper.py")
 
