@@ -4,7 +4,9 @@ compact record stored for history and charts; phase durations from those records
 A record is a JSON-ready dict with keys: `t` (remote clock, epoch s), `marker` (the newest meaningful log
 line), `last_progress_t` (epoch s), `log_bytes`, `log_lines`, `gpu_mem_mib` / `gpu_util_pct` / `gpu_power_w`
 (per GPU index as a string: MiB, percent, W), `cpu_s` (per pid: CPU seconds), `alive`, `port_open`,
-`health`, `exit_status` (what the launch wrapper logged when the server ended, else None), and after diagnosis
+`health`, `exit_status` (what the launch wrapper logged when the server ended, else None), `log_cursor` (where the
+log's line count stopped: bot.core.models.LogCursor.as_list; the next check reads what was written after it), and
+after diagnosis
 `verdict` and `phase`; a failed check is `{"t": ..., "error": reason}`.
 """
 
@@ -68,10 +70,13 @@ def is_news(verdict: str, posted: str | None, *, previous: str | None = None, se
 
 
 def new_log_lines(snap: Snapshot, prev: dict[str, Any] | None) -> list[str]:
-    """The lines of the snapshot's log tail written since the check `prev` (by the log's line count; the
-    whole tail when the log shrank or was replaced, none when the count is unknown)."""
+    """The lines of the snapshot's log tail written since the check `prev`: all of them when the probe read only
+    what was written after the cursor of `prev` (`LogInfo.since`), else by the log's line count (the whole tail
+    when the log shrank or was replaced, none when the count is unknown)."""
     if snap.log is None or not snap.log.tail:
         return []
+    if snap.log.since is not None:
+        return list(snap.log.tail)
     tail = list(snap.log.tail)
     now, before = snap.log.lines, (prev or {}).get("log_lines")
     if now is None or before is None:
@@ -113,8 +118,9 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     rc = exit_status(raw)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     scan = scan_log(lines)
-    marker = lines[scan.meaningful[-1]] if scan.meaningful else None
     prev = prev or {}
+    window = snap.log is not None and snap.log.since is not None  # only what was written since `prev`
+    marker = lines[scan.meaningful[-1]] if scan.meaningful else (prev.get("marker") if window else None)
     last_progress = prev.get("last_progress_t")
     if marker is not None and marker != prev.get("marker"):
         # new progress: when the newest line IS that progress line, the log's mtime is when it was written
@@ -166,6 +172,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         "port_open": snap.port_listening,
         "health": snap.health.status if snap.health else None,
         "exit_status": rc,
+        "log_cursor": snap.log.cursor.as_list() if snap.log and snap.log.cursor else None,
     }
     return obs, record
 

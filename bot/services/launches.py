@@ -201,9 +201,11 @@ class LaunchService:
             return self.config.resolved_variant(la.variant).health or "/health"
         return "/health"
 
-    async def probe_launch(self, la: Launch, *, tail_lines: int = 20) -> Snapshot | HostFailure:
-        """One probe of the launch (see launch_probe_request)."""
-        return await self.hosts.probe(la.host, self.launch_probe_request(la, tail_lines=tail_lines))
+    async def probe_launch(self, la: Launch, *, tail_lines: int = 20,
+                           request: ProbeRequest | None = None) -> Snapshot | HostFailure:
+        """One probe of the launch: `request` (a launch_probe_request, perhaps narrowed to what a liveness check
+        needs), by default launch_probe_request with `tail_lines`."""
+        return await self.hosts.probe(la.host, request or self.launch_probe_request(la, tail_lines=tail_lines))
 
     async def read_log(self, la: Launch, lines: int) -> Snapshot | HostFailure:
         """The last `lines` (1..500) lines of the launch's log with its stat, in one probe (no GPUs, no port).

@@ -18,14 +18,15 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bot.adapters.cpu import CpuPool
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
-from bot.core.diagnose import Verdict
+from bot.core.diagnose import Observation, Verdict
 from bot.core.diagnose.stacks import with_stacks
-from bot.core.models import HostFailure, Launch, LaunchState, Snapshot
+from bot.core.models import HostFailure, Launch, LaunchState, LogCursor, Snapshot
 from bot.core.observe import (
     FINAL_VERDICTS,
     QUIET_VERDICTS,
@@ -35,6 +36,7 @@ from bot.core.observe import (
     observation_from_snapshot,
     remember_processes,
 )
+from bot.core.probe import ProbeRequest
 from bot.core.serving import judge_serving
 from bot.core.stackdump import full_text
 from bot.present.chart import draw_timeline, timeline_inputs
@@ -52,6 +54,23 @@ log = logging.getLogger(__name__)
 #: Seconds py-spy may take per rank when the watcher dumps a hang (a hung py-spy delays the alert by at most
 #: this plus the kill grace, per rank).
 HANG_DUMP_TIMEOUT_S = 10
+
+
+#: A serving launch gets a full look (every process on its host, its log's last lines) at least every this many
+#: checks; the checks in between are cheap (`Watcher._liveness_request`) while it stays fine.
+FULL_CHECK_EVERY = 10
+
+
+@dataclass
+class _Look:
+    """One probe of a launch and what the rules made of it: the launch (its processes remembered), the snapshot,
+    the Observation, the record to store and the verdict."""
+
+    la: Launch
+    snap: Snapshot
+    obs: Observation
+    record: dict[str, Any]
+    verdict: Verdict
 
 
 @dataclass
@@ -88,6 +107,7 @@ class Watcher:
         self._locks: dict[int, asyncio.Lock] = {}
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
+        self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
         self._stopping = False
 
     async def start(self) -> None:
@@ -135,6 +155,7 @@ class Watcher:
         """Stop checking launch `launch_id` (its records stay in the database)."""
         self.scheduler.unwatch(launch_id)
         self._history.forget(launch_id)
+        self._cheap.pop(launch_id, None)
 
     async def early_exit(self, la: Launch) -> None:
         """A launch gone at its first look (LaunchService hook): check it now, so a crash or an OOM gets its
@@ -193,20 +214,31 @@ class Watcher:
                 raise
             log.error("check of %s: cannot record %s: %s", la.name, what, e)
 
-    async def _check(self, launch_id: int) -> CheckResult:
-        la = self._launch_rows.get(launch_id)
-        if la is None or not la.live:
-            self.unwatch(launch_id)
-            return CheckResult(None, False, la)
-        snap = await self.launches.probe_launch(la, tail_lines=200)
+    def _liveness_request(self, la: Launch, prev: dict[str, Any] | None) -> ProbeRequest | None:
+        """The cheap check of a launch that serves and was fine last time: only its own processes (`ps -p`, their
+        tags), what its log got since the last check (from that check's cursor), its port, health endpoint and
+        GPUs; not every process on the host nor the log's last 200 lines. None when a full look is due: while it
+        starts, after trouble, without a previous record to go on, or every FULL_CHECK_EVERY checks (to see new
+        processes of the launch)."""
+        cursor = LogCursor.from_list((prev or {}).get("log_cursor"))
+        own = {int(p) for p in (prev or {}).get("cpu_s", {}) if str(p).isdigit() and len(str(p)) <= 7}
+        pids = sorted(own | ({la.pid} if la.pid else set()))
+        n = self._cheap.get(la.id, 0)
+        if (la.ready_at is None or la.alert_state != "ready" or la.unreachable_since is not None or prev is None
+                or not pids or (la.log_path and cursor is None) or n >= FULL_CHECK_EVERY):
+            self._cheap[la.id] = 0
+            return None
+        self._cheap[la.id] = n + 1
+        req = self.launches.launch_probe_request(la, tail_lines=200)
+        return replace(req, ps_pids=tuple(pids), log_cursor=cursor, log_since=cursor is not None)
+
+    async def _look(self, la: Launch, req: ProbeRequest, history: list[dict[str, Any]],
+                    prev: dict[str, Any] | None) -> _Look | HostFailure:
+        """Probe the launch with `req`, and judge what it saw: the readiness rules while it starts, the liveness
+        rules once it was ready. Remembers the launch's processes (its row) as a side effect."""
+        snap = await self.launches.probe_launch(la, request=req)
         if isinstance(snap, HostFailure):
-            self._history.add(la.id, {"t": time.time(), "error": snap.reason})
-            await self._host_unreachable(la, snap.reason)
-            return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=snap.reason)
-        if la.unreachable_since is not None:
-            la = await self._host_back(la)
-        history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
-        prev = next((r for r in reversed(history) if not r.get("error")), None)
+            return snap
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
         seen = {p.pid for p in obs.processes or []}
         remembered = remember_processes(la, snap, obs.processes or [])
@@ -219,8 +251,7 @@ class Watcher:
             obs = replace(obs, process_alive=False)
             record["alive"] = False
         policy = self.policy_for(la)
-        serving = la.ready_at is not None
-        if serving:
+        if la.ready_at is not None:
             since_ready = [r for r in history if not r.get("error") and r.get("t", 0) >= (la.ready_at or 0)]
             verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready, record],
                                     failures_needed=policy.health_failures, hang_silence_s=policy.serving_silence_s,
@@ -228,6 +259,33 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
+        return _Look(la, snap, obs, record, verdict)
+
+    async def _check(self, launch_id: int) -> CheckResult:
+        la = self._launch_rows.get(launch_id)
+        if la is None or not la.live:
+            self.unwatch(launch_id)
+            return CheckResult(None, False, la)
+        history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
+        prev = next((r for r in reversed(history) if not r.get("error")), None)
+        looked: _Look | HostFailure | None = None
+        cheap = self._liveness_request(la, prev)
+        if cheap is not None:
+            looked = await self._look(la, cheap, history, prev)
+            if not isinstance(looked, _Look) or looked.verdict.verdict != "ready":
+                looked = None  # something changed (or the host did not answer): the full look decides
+                self._cheap[la.id] = 0
+        if looked is None:
+            looked = await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
+        if isinstance(looked, HostFailure):
+            self._history.add(la.id, {"t": time.time(), "error": looked.reason})
+            await self._host_unreachable(la, looked.reason)
+            return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
+        la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
+        if la.unreachable_since is not None:
+            la = await self._host_back(la)
+        policy = self.policy_for(la)
+        serving = la.ready_at is not None
         dump_files: list[tuple[str, bytes]] = []
         if verdict.verdict != la.alert_state and not (la.snoozed_until and time.time() < la.snoozed_until):
             verdict, dump_files = await self._stack_evidence(la, verdict, policy, snap)

@@ -277,3 +277,28 @@ async def test_the_watch_survives_a_locked_database_and_alerts_while_it_refuses_
         holder.close()
     await wait_until(lambda: not serving.launch(1).live, 90, what="the end recorded")
     assert len(ended()) == 1
+
+
+async def test_a_fine_serving_launch_gets_cheap_checks_and_trouble_gets_a_full_look(serving, control):
+    """While it serves fine, a check reads only the launch's own processes and what its log got since the last
+    check (no host-wide process table, no 200-line tail); the check that sees trouble looks at everything."""
+    requests = []
+    real = serving.runtime.hosts.probe
+
+    async def spy(host, req):
+        requests.append(req)
+        return await real(host, req)
+
+    serving.runtime.hosts.probe = spy
+    await wait_checks(serving, 1, 5)
+    cheap = [r for r in requests if r.ps_pids is not None]
+    assert len(cheap) >= len(requests) // 2 > 0, [(r.ps_pids, r.log_since) for r in requests]
+    la = serving.launch(1)
+    assert all(la.pid in r.ps_pids and r.log_since and r.log_cursor is not None for r in cheap)
+    before = len(requests)
+    (control / "oom").touch()
+    await wait_alert(serving, 1, {"oom"}, timeout=30)
+    after = requests[before:]
+    assert any(r.ps_pids is None for r in after), "the alert came from a full look"
+    (alert,) = alerts(serving, "oom")
+    assert "CUDA out of memory" in alert.text

@@ -114,13 +114,23 @@ class GatedHost:
         bin_dir = directory / "bin"
         bin_dir.mkdir(parents=True)
         self.gate = directory / "open"
+        self.calls = directory / "sh-calls"
         sh = bin_dir / "sh"
-        sh.write_text(f"#!/bin/sh\nwhile [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
+        sh.write_text(f"#!/bin/sh\necho \"$*\" >> {shlex.quote(str(self.calls))}\n"
+                      f"while [ ! -e {shlex.quote(str(self.gate))} ]; do sleep 0.05; done\n"
                       'exec /bin/sh "$@"\n')
         sh.chmod(0o755)
         self.path = f"{bin_dir}:{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         self.server: Any = None
         self.opened_at: float | None = None
+
+    def script_runs(self) -> int:
+        """How many scripts the bot ran on this host (`sh -s`, over a channel of its own or on the probe agent)."""
+        try:
+            lines = self.calls.read_text().splitlines()
+        except FileNotFoundError:
+            return 0
+        return sum(1 for line in lines if line.strip() in ("-s", "-s gpubot-probe"))
 
     def open(self) -> None:
         """Let every waiting and later command run."""
