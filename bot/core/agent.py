@@ -53,6 +53,13 @@ def request(script: str, budget_s: float, token: str) -> bytes:
             f"printf '\\n@@%s DONE %s\\n' {token} \"$?\"\n").encode()
 
 
-def done_re(token: str) -> re.Pattern[bytes]:
-    """The DONE line of `token`; group 1 is the exit status."""
-    return re.compile(rb"\n@@" + re.escape(token.encode()) + rb" DONE (-?[0-9]{1,4})\n")
+#: A DONE line of any token: group 1 the token, group 2 the exit status (one regex for every request: compiling one
+#: per token cost more than the rest of a request). Only the line with the request's own token ends its output.
+DONE_RE = re.compile(rb"\n@@([0-9a-f]{8,64}) DONE (-?[0-9]{1,4})\n")
+
+
+def done(data: bytes, token: str) -> re.Match[bytes] | None:
+    """The DONE line of `token` at the end of `data` (what a read up to a DONE_RE match returned), or None when
+    the line there is another token's (a line of the output that looks like one)."""
+    m = DONE_RE.search(data, max(0, len(data) - DONE_MAX - 2))
+    return m if m is not None and m.group(1) == token.encode() and m.end() == len(data) else None

@@ -270,22 +270,21 @@ def build_gpu_script(nonce: str, policy: HostPolicy | None = None) -> str:
 
 
 def _at_once(foreground: str, jobs: list[str]) -> list[str]:
-    """Lines that run the shell function `foreground` (its output straight to stdout) while the functions `jobs`
-    run beside it, each writing to a file of a private temporary directory (`mktemp -d`) printed after `wait` and
-    removed on exit (also when the budget's `timeout` kills the script: it signals the whole process group).
-    Without a usable temporary directory they run one after another."""
-    if not jobs:
-        return [foreground]
+    """Lines that run the shell function `foreground` while the functions `jobs` run beside it, everything written
+    to files of a private temporary directory (`mktemp -d`) and printed by ONE `cat` after `wait` (a few large
+    writes: every write of a shell is an SSH packet, and each costs the bot a decryption), the directory removed on
+    exit (also when the budget's `timeout` kills the script: it signals the whole process group). Without a usable
+    temporary directory they run one after another, straight to stdout."""
     files = " ".join(f'"$D/{i}"' for i in range(len(jobs)))
     return [
         'D=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-probe.XXXXXX" 2>/dev/null) || D=',
         'if [ -n "$D" ] && [ -d "$D" ]; then',
         "trap 'rm -rf \"$D\"' EXIT; trap 'exit 143' HUP INT TERM",
         *(f'{job} > "$D/{i}" 2>&1 &' for i, job in enumerate(jobs)),
-        f"{foreground}; wait",
-        f"cat {files} 2>/dev/null",
+        f'{foreground} > "$D/out" 2>&1; wait',
+        f'cat "$D/out" {files} 2>/dev/null',
         "else",
-        f"{foreground}; " + "; ".join(jobs),
+        "; ".join([foreground, *jobs]),
         "fi",
     ]
 
@@ -305,12 +304,11 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
     log_dirs = policy.allowed_log_dirs(req)
     lines = [
         *_preamble(policy, nonce),
-        # sub-second clock (GNU date %N; busybox prints a literal N, then whole seconds are used)
-        "b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock $?",
-        "b hostname; uname -n; e hostname $?",
-        "b self; echo $$; e self 0",
-        # ps can block on a process stuck in the kernel: bounded like every other tool; lines capped.
-        f"j_ps() {{ {_ps_part(req)} }}",
+        # the host's clock first (sub-second: GNU date %N; busybox prints a literal N, then whole seconds), right
+        # before ps (start times are clock - etimes), then ps, which can block on a process stuck in the kernel:
+        # bounded like every other tool; lines capped
+        "j_ps() { b clock; d=$(date +%s.%N); case \"$d\" in *N*) date +%s;; *) echo \"$d\";; esac; e clock $?; "
+        f"b hostname; uname -n; e hostname $?; b self; echo $$; e self 0; {_ps_part(req)} }}",
     ]
     jobs: list[str] = []  # the parts that run beside ps, each a shell function printing its own sections
     if req.gpu:
@@ -350,12 +348,13 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
     if net:
         lines.append("j_net() {\n" + "\n".join(net) + "\n}")
         jobs.append("j_net")
-    if req.processes and req.ps_pids != ():
-        lines += _at_once("j_ps", jobs)
-    elif jobs:  # no process table: the first part in the foreground
-        lines += _at_once(jobs[0], jobs[1:])
+    lines += _at_once("j_ps", jobs)
     lines.append("exit 0")
     return "\n".join(lines) + "\n"
+
+
+#: A section marker of any nonce (compiled once; `split_sections` keeps those of its own nonce).
+_MARKER_RE = re.compile(rb"\n?@@([0-9a-f]{8,64}) (BEGIN|END) ([a-z0-9_]+)(?: rc=(-?\d*))?\n?")
 
 
 def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
@@ -364,18 +363,20 @@ def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
     A section whose END marker is missing (script killed mid-way) is returned with rc None and
     complete False, holding whatever came before the next marker. Never raises.
     """
-    marker = re.compile(rb"\n?@@" + re.escape(nonce.encode()) + rb" (BEGIN|END) ([a-z0-9_]+)(?: rc=(-?\d*))?\n?")
+    ours = nonce.encode()
     out: dict[str, Section] = {}
     current: str | None = None
     start = 0
-    for m in marker.finditer(output):
-        kind, name = m.group(1).decode(), m.group(2).decode()
+    for m in _MARKER_RE.finditer(output):
+        if m.group(1) != ours:  # another nonce: a line of the output (a log line) that looks like a marker
+            continue
+        kind, name = m.group(2).decode(), m.group(3).decode()
         if kind == "BEGIN":
             if current is not None:
                 out[current] = Section(output[start : m.start()], None, False)
             current, start = name, m.end()
         elif current == name:
-            rc_text = m.group(3) or b""
+            rc_text = m.group(4) or b""
             try:
                 rc: int | None = int(rc_text)
             except ValueError:

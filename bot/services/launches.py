@@ -70,6 +70,7 @@ class LaunchService:
         self.config = config
         self._box = secretbox
         self._secret_names: set[str] | None = None
+        self._health_paths: dict[str, str] = {}
         self.hosts = hosts
         self._launches = store.launches
         self._audit = audit
@@ -197,9 +198,14 @@ class LaunchService:
                             tail_lines=max(1, min(500, tail_lines)), gpu=gpu)
 
     def _health(self, la: Launch) -> str | None:
-        if la.variant in self.config.variants:
-            return self.config.resolved_variant(la.variant).health or "/health"
-        return "/health"
+        """The health endpoint of the launch's variant (worked out once per variant: the config is fixed)."""
+        path = self._health_paths.get(la.variant)
+        if path is None:
+            path = "/health"
+            if la.variant in self.config.variants:
+                path = self.config.resolved_variant(la.variant).health or "/health"
+            self._health_paths[la.variant] = path
+        return path
 
     async def probe_launch(self, la: Launch, *, tail_lines: int = 20,
                            request: ProbeRequest | None = None) -> Snapshot | HostFailure:

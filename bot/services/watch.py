@@ -108,6 +108,7 @@ class Watcher:
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
         self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
+        self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
 
     async def start(self) -> None:
@@ -122,9 +123,9 @@ class Watcher:
             self.launches.started_hooks.append(self.watch)
         if self.early_exit not in self.launches.early_exit_hooks:
             self.launches.early_exit_hooks.append(self.early_exit)
-        for la in self._launch_rows.live():
-            if not self.scheduler.is_watched(la.id):
-                self.watch(la)
+        unwatched = [la for la in self._launch_rows.live() if not self.scheduler.is_watched(la.id)]
+        for k, la in enumerate(unwatched):  # spread over one interval: not all due at the same instant
+            self.watch(la, spread=(k + 1) / len(unwatched))
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the scheduler without running pending jobs (they stay in the database), then cancel the checks
@@ -140,16 +141,23 @@ class Watcher:
 
     def policy_for(self, la: Launch) -> WatchPolicy:
         """The watch policy of `la`: this watcher's, with the keys its variant's own `watch:` sets replaced
-        (key by key; phase_grace_s entries merged)."""
-        if la.variant in self.config.variants:
-            return self.policy.overridden_by(self.config.resolved_variant(la.variant).watch)
-        return self.policy
+        (key by key; phase_grace_s entries merged). Worked out once per variant (the config does not change while
+        the bot runs)."""
+        policy = self._policies.get(la.variant)
+        if policy is None:
+            policy = self.policy
+            if la.variant in self.config.variants:
+                policy = self.policy.overridden_by(self.config.resolved_variant(la.variant).watch)
+            self._policies[la.variant] = policy
+        return policy
 
-    def watch(self, la: Launch) -> None:
+    def watch(self, la: Launch, *, spread: float = 1.0) -> None:
         """Check `la` every `interval_s` seconds of its policy while it starts, every `serving_interval_s` once it
-        was ready; the first time one interval from now."""
+        was ready; the first time `spread` (0..1) of an interval from now (one interval by default: many launches
+        watched at once get spread over it, so their checks, and their writes, do not all come due together)."""
         policy = self.policy_for(la)
-        self.scheduler.watch(la.id, policy.serving_interval_s if la.ready_at is not None else policy.interval_s)
+        interval = policy.serving_interval_s if la.ready_at is not None else policy.interval_s
+        self.scheduler.watch(la.id, interval, interval * min(1.0, max(0.0, spread)))
 
     def unwatch(self, launch_id: int) -> None:
         """Stop checking launch `launch_id` (its records stay in the database)."""

@@ -7,10 +7,13 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text, select, update
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import Float, ForeignKey, Integer, String, Text, bindparam, select, update
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from bot.adapters.store.db import Base, Database
 from bot.core.models import LIVE_STATES, TERMINAL_STATES, Launch, LaunchState
@@ -52,7 +55,11 @@ class LaunchRow(Base):
     sealed_secrets: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
-def _launch(row: LaunchRow) -> Launch:
+#: One launch by id (SQLAlchemy Core: the row's columns by name, as `_launch` reads them).
+_GET_BY_ID = select(LaunchRow.__table__).where(LaunchRow.__table__.c.id == bindparam("id"))
+
+
+def _launch(row: Any) -> Launch:
     return Launch(
         id=row.id, host=row.host, variant=row.variant, params=json.loads(row.params_json or "{}"),
         command=row.command, log_path=row.log_path, port=row.port, gpus=json.loads(row.gpus_json or "[]"),
@@ -88,6 +95,22 @@ class LaunchRepository:
 
     def __init__(self, db: Database):
         self._db = db
+        # `get` answers from memory while this process wrote no launch since it read one: a watch check reads its
+        # launch twice, hundreds of times a minute, and launches change rarely. Every write moves the generation.
+        # (One bot process per database: the state directory's lock. Several bots on one database need an
+        # expiring cache instead.)
+        self._generation = 0
+        self._rows: dict[int, tuple[int, Launch]] = {}
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        """A write transaction; the launches read before it are read again afterwards (`get`)."""
+        self._generation += 1
+        try:
+            with self._db.transaction() as s:
+                yield s
+        finally:
+            self._generation += 1
 
     def create(self, *, host: str, variant: str, params: dict[str, Any], command: str, log_path: str | None,
                port: int | None, gpus: list[int], created_by: str, channel: str | None = None,
@@ -96,7 +119,7 @@ class LaunchRepository:
         """Insert a launch in state `starting` with a fresh tag `<id>-<12 hex>` (unique across bots and
         databases: the id alone repeats in a fresh state_dir) and return it. `sealed_secrets`: its secret param
         values, already encrypted (bot.adapters.secretbox)."""
-        with self._db.transaction() as s:
+        with self._writing() as s:
             row = LaunchRow(host=host, variant=variant, params_json=json.dumps(params, sort_keys=True),
                             command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
                             created_by=created_by, created_at=time.time(), channel=channel,
@@ -119,7 +142,7 @@ class LaunchRepository:
     def update(self, launch_id: int, **fields: Any) -> Launch:
         """Set columns of a launch (`params`/`gpus`/`seen_pids` are JSON-encoded; entering a terminal state sets
         `ended_at` once) and return the new version. Raises KeyError for an unknown id."""
-        with self._db.transaction() as s:
+        with self._writing() as s:
             row = s.get(LaunchRow, launch_id)
             if row is None:
                 raise KeyError(launch_id)
@@ -144,7 +167,7 @@ class LaunchRepository:
         `pid`) and the systemd scope `unit` it runs in (with its `unit_manager`), if any. The state becomes
         `running` only if it is still `starting` (compare-and-set): a launch cancelled meanwhile keeps its
         state. Raises KeyError."""
-        with self._db.transaction() as s:
+        with self._writing() as s:
             row = s.get(LaunchRow, launch_id)
             if row is None:
                 raise KeyError(launch_id)
@@ -156,15 +179,27 @@ class LaunchRepository:
             return _launch(row)
 
     def get(self, launch_id: int) -> Launch | None:
-        """The launch with this id, or None."""
-        with self._db.transaction() as s:
-            row = s.get(LaunchRow, launch_id)
-            return _launch(row) if row else None
+        """The launch with this id, or None: a copy of what this process last read, when it wrote no launch since
+        (see `__init__`), else read (a Core read: every watch check looks at its launch twice)."""
+        cached = self._rows.get(launch_id)
+        if cached is not None and cached[0] == self._generation:
+            return replace(cached[1])
+        generation = self._generation
+        with self._db.reading() as c:
+            row = c.execute(_GET_BY_ID, {"id": launch_id}).first()
+        if row is None:
+            self._rows.pop(launch_id, None)
+            return None
+        la = _launch(row)
+        if len(self._rows) >= 10_000:
+            self._rows.clear()
+        self._rows[launch_id] = (generation, la)
+        return replace(la)
 
     def replace_thread_ts(self, old: str, new: str) -> int:
         """Point launches whose incident thread is `old` (an outbox reference `q:<id>`) at the real Slack ts
         `new`. Returns how many launches changed."""
-        with self._db.transaction() as s:
+        with self._writing() as s:
             res = s.execute(update(LaunchRow).where(LaunchRow.thread_ts == old).values(thread_ts=new))
             return int(res.rowcount or 0)
 

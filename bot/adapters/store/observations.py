@@ -40,8 +40,8 @@ class ObservationRepository:
             return
         now = time.time()
         rows = [{"launch_id": lid, "at": now, "data_json": json.dumps(data, default=str)} for lid, data in records]
-        with self._db.transaction() as s:
-            s.execute(insert(ObservationRow), rows)
+        with self._db.writing() as c:  # Core: no ORM unit of work for plain inserts
+            c.execute(insert(ObservationRow.__table__), rows)
 
     def list(self, launch_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
         """The launch's records, oldest first (at most the newest `limit`)."""

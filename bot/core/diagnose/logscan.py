@@ -130,12 +130,31 @@ def _benign(line: str, lines: Sequence[str], i: int, sig: Signatures) -> bool:
     return False
 
 
+#: Scans remembered (a check scans the same lines twice: for its observation and for its verdict; a full look's
+#: 200-line tail is mostly the last one's): then forgotten all at once.
+_SCANS_KEPT = 256
+_scans: dict[tuple[int, tuple[str, ...]], LogScan] = {}
+
+
 def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogScan:
-    """Classify every line of a server log against the signatures. Pure; never raises for any text.
+    """Classify every line of a server log against the signatures. Pure; never raises for any text. The result is
+    shared by calls with the same lines: treat it as read-only.
 
     Only the last run is judged: scanning starts at the last run-start line (`server_args=ServerArgs(`,
     `vLLM API server version`, ...) so a crash-loop's earlier attempts do not count.
     """
+    key = (id(sig), tuple(lines or ()))
+    done = _scans.get(key)
+    if done is None:
+        done = _scan(key[1], sig)
+        if len(_scans) >= _SCANS_KEPT:
+            _scans.clear()
+        _scans[key] = done
+    return done
+
+
+def _scan(lines: Sequence[str], sig: Signatures) -> LogScan:
+    """`scan_log` without the memory."""
     cleaned = _clean_lines(lines or [])
     scan = LogScan(lines=cleaned)
     n = len(cleaned)

@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover (PyYAML without libyaml)
     from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 from bot.core.diagnose.observation import PHASES
+from bot.core.literals import KeywordIndex
 
 __all__ = ["SIGNATURES", "Signatures", "load_signatures"]
 
@@ -43,27 +44,49 @@ class _Pat:
 
 
 class _Group:
-    """Several patterns searched as one: a joined alternation answers "any match?" fast; `first` finds which."""
+    """Several patterns searched as one. Only the patterns the signature set's keyword index (bot.core.literals:
+    the literals each pattern's matches must contain, one Aho-Corasick pass per line, shared by every group) says
+    can match a line are searched; `first` finds the first that does, `all` every one."""
 
     def __init__(self, pats: Sequence[_Pat]):
         self.pats = list(pats)
-        joinable = [p.regex.pattern for p in self.pats if not p.regex.groupindex]
-        self._any = re.compile("|".join(f"(?:{s})" for s in joinable)) if len(joinable) == len(self.pats) else None
+        self._index: KeywordIndex | None = None
+        self._position: dict[int, int] = {}
+        self._by_ids: dict[frozenset[int], list[_Pat]] = {}
+
+    def indexed(self, index: KeywordIndex, keys: list[int]) -> None:
+        """Use `index` (of the whole signature set), in which this group's patterns are `keys`."""
+        self._index, self._position = index, {k: i for i, k in enumerate(keys)}
+
+    def _candidates(self, line: str) -> list[_Pat]:
+        """This group's patterns that can match `line`, in file order (worked out once per set of candidates: lines
+        with the same keywords share it)."""
+        if self._index is None:
+            return self.pats
+        ids = self._index.candidates(line)
+        done = self._by_ids.get(ids)
+        if done is None:
+            position = self._position
+            done = [self.pats[i] for i in sorted(position[k] for k in ids if k in position)]
+            if len(self._by_ids) >= 4096:
+                self._by_ids.clear()
+            self._by_ids[ids] = done
+        return done
 
     def first(self, line: str) -> _Pat | None:
         """The first pattern (in file order) found in `line`, or None."""
-        if not self.pats or (self._any is not None and not self._any.search(line)):
+        if not self.pats:
             return None
-        for p in self.pats:
+        for p in self._candidates(line):
             if p.regex.search(line):
                 return p
         return None
 
     def all(self, line: str) -> list[_Pat]:
         """Every pattern found in `line`, in file order."""
-        if not self.pats or (self._any is not None and not self._any.search(line)):
+        if not self.pats:
             return []
-        return [p for p in self.pats if p.regex.search(line)]
+        return [p for p in self._candidates(line) if p.regex.search(line)]
 
 
 @dataclass(frozen=True)
@@ -229,7 +252,7 @@ def load_signatures(text: str | None = None) -> Signatures:
     grace = {str(k): float(v) for k, v in (data.get("default_grace_s") or {}).items()}
     context = {str(k): _Group(_pats(v, f"context.{k}", "generic")) for k, v in (data.get("context") or {}).items()}
     steps = {str(k): [str(s) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()}
-    return Signatures(
+    return _indexed(Signatures(
         phase_order=order,
         default_grace_s=grace,
         silence_after_s=float(data.get("silence_after_s") or 300.0),
@@ -259,7 +282,25 @@ def load_signatures(text: str | None = None) -> Signatures:
         serving_evidence=_Group(_pats(data.get("serving_evidence"), "serving_evidence", "generic")),
         comm_init_start=_Group(_pats(data.get("comm_init_start"), "comm_init_start", "generic")),
         error_severity=re.compile(str(data.get("error_severity") or r"\bERROR\b")),
-    )
+    ))
+
+
+def _indexed(sig: Signatures) -> Signatures:
+    """`sig` with one keyword index over the patterns of all its groups (see `_Group`)."""
+    groups = [g for g in vars(sig).values() if isinstance(g, _Group)]
+    groups += [g for v in vars(sig).values() if isinstance(v, dict) for g in v.values() if isinstance(g, _Group)]
+    keyed: list[tuple[int, re.Pattern[str]]] = []
+    keys_of: list[list[int]] = []
+    for g in groups:
+        keys = []
+        for p in g.pats:
+            keys.append(len(keyed))
+            keyed.append((len(keyed), p.regex))
+        keys_of.append(keys)
+    index = KeywordIndex(keyed)
+    for g, keys in zip(groups, keys_of, strict=True):
+        g.indexed(index, keys)
+    return sig
 
 
 SIGNATURES: Signatures = load_signatures()
