@@ -37,8 +37,6 @@ HERE = Path(__file__).resolve().parent
 TREE = Path(bot.__file__).resolve().parents[1]
 #: The login user of the benchmark host when running as root (root's login shell, bash, reads a .bashrc).
 BENCH_USER = "gpubot-bench"
-#: Words in a live child process's command line that mark it as a gpubot worker (its CPU is the bot's).
-WORKER_MARKERS = ("gpubot-worker", "gpubot worker", "bot.adapters.cpu_worker")
 #: Helper processes of the benchmarks themselves (never counted as the bot's CPU).
 HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py", "subreaper.py")
 
@@ -206,22 +204,21 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+def worker_pids() -> list[int]:
+    """PIDs of the bot's own worker processes alive now: its CPU worker (bot.adapters.cpu, in trees that have
+    one). Read from the bot's own state, not by walking the process tree: a walk over the benchmarks' thousand
+    sleeping children would itself cost more than what it measures."""
+    try:
+        from bot.adapters import cpu  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    worker = getattr(cpu, "_worker", None)
+    return [worker.pid] if worker is not None and worker.poll() is None else []
+
+
 def worker_cpu_s() -> float:
-    """CPU seconds of the live descendants of this process that are gpubot workers: their command line names a
-    WORKER_MARKERS word, or they run this interpreter and are no benchmark helper (a process pool's workers).
-    0.0 while the bot has none."""
-    total = 0.0
-    exe = os.path.realpath(sys.executable)
-    for pid in _descendants(os.getpid()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            same_python = os.path.realpath(f"/proc/{pid}/exe") == exe
-        except OSError:
-            continue
-        if any(m in cmdline for m in WORKER_MARKERS) or (
-                same_python and not any(h in cmdline for h in HELPER_SCRIPTS)):
-            total += proc_cpu_s(pid)
-    return total
+    """CPU seconds of the bot's live worker processes (`worker_pids`); 0.0 while it has none."""
+    return sum(proc_cpu_s(pid) for pid in worker_pids())
 
 
 def bot_cpu_s() -> float:

@@ -154,7 +154,7 @@ def run_interactive(config: Config) -> int:
         pass
     loop = asyncio.new_event_loop()
     runtime = console_runtime(config, sys.stdout)
-    loop.run_until_complete(runtime.start())
+    loop.run_until_complete(runtime.start(settle_heap=True))
     print("gpubot console: type `help`, `quit` or Ctrl-D to leave.")
     try:
         while True:

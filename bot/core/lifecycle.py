@@ -60,6 +60,8 @@ class RenderedLaunch:
 EXIT_LINE_FORMAT = "[gpubot] the server process exited with status {rc}"
 EXIT_LINE_RE = re.compile(r"^\[gpubot\] the server process exited with status (\d{1,3})\s*$")
 _WRAPPER_FIRST_LINE = "exec 3>&2 2>/dev/null"
+#: How a launch's wrapper shell shows in `ps` (is_launch_wrapper).
+_WRAPPER_ARGS = f"sh -c {_WRAPPER_FIRST_LINE}"
 #: How long the launch script waits for the server's PID file, in 50 ms steps (10 s).
 _PID_WAIT_STEPS = 200
 #: Transient systemd scope units of launches are named `gpubot-<tag>.scope`.
@@ -248,7 +250,7 @@ def _open_log_lines(r: RenderedLaunch) -> list[str]:
 
 def is_launch_wrapper(args: str) -> bool:
     """Whether a `ps` command line (args) is a launch's wrapper shell (see launch_script)."""
-    return args.startswith(f"sh -c {_WRAPPER_FIRST_LINE}")
+    return args.startswith(_WRAPPER_ARGS)
 
 
 def parse_launch_output(text: str) -> Started | None:

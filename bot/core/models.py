@@ -96,14 +96,16 @@ class ProcessInfo:
     seconds (parsed from ps `TIME`, `[[DD-]HH:]MM:SS`), `pcpu` percent of one core averaged over the
     process lifetime. Fields ps could not print are None.
 
-    `args` is the command line. A parser may hand it over unredacted with the function that redacts it
-    (`pending_redaction`): it is then redacted the first time it is read (or pickled, or compared), so a probe pays
-    for the rows it shows or keeps, never for the rows it filters out, and no unredacted command line can be
-    read. A plain class with slots (not a dataclass): a host's table holds thousands of rows.
+    A host's table holds thousands of rows and a probe keeps only a few, so a parser may hand a row over half
+    read: `pid`, `ppid`, `pgid`, `sid` and `stat` (what selecting and walking the tree need), with the function
+    that reads the rest from the row's text (`pending_rest`) the first time one of the other fields is read; and
+    `args` unredacted with the function that redacts it (`pending_redaction`), applied the first time it is read.
+    Either way the fields read like plain attributes, a row filtered out costs neither, and no unredacted command
+    line can be read (pickling or comparing a row reads it). A plain class with slots, not a dataclass.
     """
 
-    __slots__ = ("_args", "_redact", "cpu_time_s", "elapsed_s", "pcpu", "pgid", "pid", "ppid", "rss_kib", "sid",
-                 "stat", "wchan")
+    __slots__ = ("_args", "_cpu_time_s", "_elapsed_s", "_pcpu", "_redact", "_rest", "_rss_kib", "_wchan", "pgid",
+                 "pid", "ppid", "sid", "stat")
     FIELDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss_kib", "elapsed_s", "cpu_time_s", "wchan", "args")
 
     def __init__(self, pid: int, ppid: int | None = None, pgid: int | None = None, sid: int | None = None,
@@ -115,17 +117,113 @@ class ProcessInfo:
         self.pgid = pgid
         self.sid = sid
         self.stat = stat
-        self.pcpu = pcpu
-        self.rss_kib = rss_kib
-        self.elapsed_s = elapsed_s
-        self.cpu_time_s = cpu_time_s
-        self.wchan = wchan
+        self._pcpu = pcpu
+        self._rss_kib = rss_kib
+        self._elapsed_s = elapsed_s
+        self._cpu_time_s = cpu_time_s
+        self._wchan = wchan
         self._args = args
         self._redact: Any = None
+        self._rest: Any = None
+
+    def pending_rest(self, fill: Any, *args: Any) -> ProcessInfo:
+        """Have `fill(self, *args)` set the fields after `stat` (with `set_rest`) when one is first read; returns
+        self."""
+        self._rest = (fill, *args)
+        return self
+
+    @classmethod
+    def half_read(cls, pid: int, ppid: int, pgid: int, sid: int, stat: str, rest: tuple[Any, ...],
+                  redact: Any) -> ProcessInfo:
+        """A row whose fields after `stat` are still to be read: `rest` is `(fill, *args)` as `pending_rest` takes
+        them, `redact` what `pending_redaction` takes (or None). What a parser makes of each of a table's thousands
+        of rows: the other fields are only set when one is read."""
+        self = cls.__new__(cls)
+        self.pid, self.ppid, self.pgid, self.sid, self.stat = pid, ppid, pgid, sid, stat
+        self._rest, self._redact, self._args = rest, redact, ""
+        return self
+
+    def set_rest(self, pcpu: float | None, rss_kib: int | None, elapsed_s: int | None, cpu_time_s: int | None,
+                 wchan: str | None, args: str) -> None:
+        """Set the fields after `stat` (a parser's `pending_rest` function does); a pending redaction stays."""
+        self._pcpu, self._rss_kib, self._elapsed_s, self._cpu_time_s, self._wchan = (
+            pcpu, rss_kib, elapsed_s, cpu_time_s, wchan)
+        self._args = args
+
+    def _read_rest(self) -> None:
+        rest, self._rest = self._rest, None
+        rest[0](self, *rest[1:])
+
+    @property
+    def pcpu(self) -> float | None:
+        """Percent of one core over the process's life."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._pcpu
+
+    @pcpu.setter
+    def pcpu(self, value: float | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._pcpu = value
+
+    @property
+    def rss_kib(self) -> int | None:
+        """Resident memory, KiB."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._rss_kib
+
+    @rss_kib.setter
+    def rss_kib(self, value: int | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._rss_kib = value
+
+    @property
+    def elapsed_s(self) -> int | None:
+        """Seconds since the process started."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._elapsed_s
+
+    @elapsed_s.setter
+    def elapsed_s(self, value: int | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._elapsed_s = value
+
+    @property
+    def cpu_time_s(self) -> int | None:
+        """Cumulative CPU seconds."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._cpu_time_s
+
+    @cpu_time_s.setter
+    def cpu_time_s(self, value: int | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._cpu_time_s = value
+
+    @property
+    def wchan(self) -> str | None:
+        """The kernel function the process sleeps in, or None."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._wchan
+
+    @wchan.setter
+    def wchan(self, value: str | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._wchan = value
 
     @property
     def args(self) -> str:
         """The command line (redacted, when the row was parsed with a redactor)."""
+        if self._rest is not None:
+            self._read_rest()
         redact = self._redact
         if redact is not None:
             self._redact = None
@@ -134,6 +232,8 @@ class ProcessInfo:
 
     @args.setter
     def args(self, value: str) -> None:
+        if self._rest is not None:
+            self._read_rest()
         self._args = value
         self._redact = None
 
@@ -162,7 +262,7 @@ class ProcessInfo:
         return f"ProcessInfo({inner})"
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled with its command line redacted (never the raw one, never the redactor)."""
+        """Pickled with every field read and its command line redacted (never the raw one, never the redactor)."""
         return (ProcessInfo, self._values())
 
 

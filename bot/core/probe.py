@@ -353,43 +353,51 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
     return "\n".join(lines) + "\n"
 
 
-#: A section marker of any nonce (compiled once; `split_sections` keeps those of its own nonce).
-_MARKER_RE = re.compile(rb"\n?@@([0-9a-f]{8,64}) (BEGIN|END) ([a-z0-9_]+)(?: rc=(-?\d*))?\n?")
+#: The rest of a marker after `@@<nonce> ` (its kind, name and exit status); the optional line break after it is
+#: part of the marker.
+_MARKER_TAIL_RE = re.compile(rb"(BEGIN|END) ([a-z0-9_]+)(?: rc=(-?\d*))?\n?")
 
 
 def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
     """Split raw script output into sections keyed by name.
 
     A section whose END marker is missing (script killed mid-way) is returned with rc None and
-    complete False, holding whatever came before the next marker. Never raises.
+    complete False, holding whatever came before the next marker. Never raises. The markers are found with
+    `bytes.find` of `@@<nonce> ` (a process table is hundreds of kilobytes: a regex trying every position cost
+    milliseconds), a line break right before one belonging to it.
     """
-    ours = nonce.encode()
+    needle = b"@@" + nonce.encode() + b" "
     out: dict[str, Section] = {}
     current: str | None = None
     start = 0
-    for m in _MARKER_RE.finditer(output):
-        if m.group(1) != ours:  # another nonce: a line of the output (a log line) that looks like a marker
+    pos = output.find(needle)
+    while pos >= 0:
+        m = _MARKER_TAIL_RE.match(output, pos + len(needle))
+        if m is None:
+            pos = output.find(needle, pos + 1)
             continue
-        kind, name = m.group(2).decode(), m.group(3).decode()
+        begin = pos - 1 if pos > 0 and output[pos - 1:pos] == b"\n" else pos
+        kind, name = m.group(1).decode(), m.group(2).decode()
         if kind == "BEGIN":
             if current is not None:
-                out[current] = Section(output[start : m.start()], None, False)
+                out[current] = Section(output[start:begin], None, False)
             current, start = name, m.end()
         elif current == name:
-            rc_text = m.group(4) or b""
+            rc_text = m.group(3) or b""
             try:
                 rc: int | None = int(rc_text)
             except ValueError:
                 rc = None
-            out[name] = Section(output[start : m.start()], rc, True)
+            out[name] = Section(output[start:begin], rc, True)
             current = None
+        pos = output.find(needle, m.end())
     if current is not None:
         out[current] = Section(output[start:], None, False)
     return out
 
 
-#: An `etimes` above this (about 30 years) is a procps glitch, not an age.
-MAX_PLAUSIBLE_ELAPSED_S = 10**9
+#: An `etimes` above this (about 30 years) is a procps glitch, not an age (bot.core.parse.ps drops it).
+MAX_PLAUSIBLE_ELAPSED_S = ps_parse.MAX_PLAUSIBLE_ELAPSED_S
 
 
 def _own_processes(procs: list, self_sec: Section | None, helpers: Collection[int] = ()) -> set[int]:
@@ -554,9 +562,6 @@ def assemble_snapshot(
     procs = ps_parse.parse_ps(_text(ps_sec), redact=shown_command(redactor)) if ps_sec is not None else []
     if (ps_sec is None or not procs) and req.processes and req.ps_pids is None:
         snap.errors.append("process table unavailable (ps failed or printed nothing)")
-    for p in procs:
-        if p.elapsed_s is not None and not 0 <= p.elapsed_s < MAX_PLAUSIBLE_ELAPSED_S:
-            p.elapsed_s = None  # procps sometimes prints garbage etimes for a just-started process
     own = _own_processes(procs, sections.get("self"), helper_pids)
     snap.table = [p for p in procs if p.pid not in own]
     snap.all_process_count = len(snap.table)

@@ -543,10 +543,15 @@ def _b64_runs(out: list[str]) -> None:
     """Mask (in `out`) key material with no marker in sight (a window inside a long key): a run of _B64_RUN or
     more long base64 lines that are not all hex."""
     n = len(out)
+    # a line with a blank inside its text is no base64 line: most lines are ruled out without the regex
+    long = [len(line) >= _B64_LONG_MIN and " " not in line.strip(" \t") and "\t" not in line.strip(" \t")
+            and _B64_LONG.fullmatch(line) is not None for line in out]
+    if long.count(True) < _B64_RUN:
+        return
     i = 0
     while i < n:
         j = i
-        while j < n and len(out[j]) >= _B64_LONG_MIN and _B64_LONG.fullmatch(out[j]):
+        while j < n and long[j]:
             j += 1
         if j - i >= _B64_RUN and any(not _HEX_ONLY.fullmatch(out[k]) for k in range(i, j)):
             for k in range(i, j):
@@ -589,11 +594,14 @@ def _indent(line: str) -> int:
     return len(body) - len(body.lstrip(" \t"))
 
 
-def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool]) -> None:
+def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool],
+                    redacted: Callable[[int], str] | None = None) -> None:
     """Mask (in `out`) the values that sit on the line after their name (`_DANGLING`): the next non-blank line
-    (unless it is no deeper than the name's line and starts a record of its own: `_RECORD_START`), and the lines
-    after it that are indented deeper than the name's line (a YAML block or nested mapping, a pretty-printed
-    JSON value). `dangling[i]` says whether line i can match `_DANGLING` at all (its keywords)."""
+    (unless it is no deeper than the name's line and starts a record of its own: `_RECORD_START`, or it is a
+    name with its value still to come itself, redacted or not: `redacted(j)` gives line j redacted on its own, so
+    that redacting the result again masks nothing more), and the lines after it that are indented deeper than the
+    name's line (a YAML block or nested mapping, a pretty-printed JSON value). `dangling[i]` says whether line i
+    can match `_DANGLING` at all (its keywords)."""
     n = len(lines)
     for i, line in enumerate(lines):
         if not dangling[i] or not line or not _DANGLING.search(line):
@@ -601,7 +609,8 @@ def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool]) -> N
         j = i + 1
         while j < n and not lines[j].strip():
             j += 1
-        if j >= n or (dangling[j] and _DANGLING.search(lines[j])):
+        if j >= n or (dangling[j] and _DANGLING.search(lines[j])
+                      and (redacted is None or _DANGLING.search(redacted(j)))):
             continue
         base = _indent(line)
         if _indent(lines[j]) <= base and _RECORD_START.match(lines[j]) and not _LIST_ITEM.match(lines[j]):
@@ -695,6 +704,15 @@ def _keyword_table() -> dict[str, tuple[int, int, int]]:
     return {kw: (bits, checked, len(kw)) for kw, (bits, checked) in table.items()}
 
 
+class RedactedLines(list):
+    """Lines a view made only of what was redacted already and of what cannot hold a secret (numbers, states): a
+    process table whose commands were redacted when their rows were read. `Redactor.deep` passes them as they are;
+    what a template renders from them is redacted with the rest of the message all the same (bot.present.render),
+    so this only spares a second pass over a table of thousands of lines."""
+
+    __slots__ = ()
+
+
 class Redactor:
     """The built-in rules plus configured extra patterns (the config's `redact_patterns`: Python regexes
     whose whole matches are masked) plus the secret VALUES the bot knows (Slack tokens, `${NAME}` values of
@@ -717,6 +735,7 @@ class Redactor:
         self._automaton: Any = None
         self._texts: dict[str, str] = {}
         self._lines: dict[str, str] = {}
+        self._line_bits: dict[str, int] = {}
         self.add_values(values)
 
     @property
@@ -750,6 +769,7 @@ class Redactor:
         self._automaton = None
         self._texts = {}
         self._lines = {}
+        self._line_bits = {}
 
     def _build_automaton(self) -> Any:
         import ahocorasick  # pyahocorasick
@@ -783,6 +803,18 @@ class Redactor:
         for bit, requires in _REQUIRING:
             if bits & bit and not any(r in folded for r in requires):
                 bits &= ~bit
+        return bits
+
+    def _bits_of(self, line: str) -> int:
+        """`_bits(line)`, remembered for lines up to CACHE_MAX_CHARS (a rendered table's lines are redacted as the
+        view's data, then in the message's text and again in its blocks)."""
+        bits = self._line_bits.get(line)
+        if bits is None:
+            bits = self._bits(line)
+            if len(line) <= CACHE_MAX_CHARS:
+                if len(self._line_bits) >= CACHE_ENTRIES:
+                    self._line_bits = {}
+                self._line_bits[line] = bits
         return bits
 
     def _name_starts(self, line: str) -> list[int]:
@@ -855,24 +887,27 @@ class Redactor:
         (`_next_line_plan`) is masked too, also across the escaped line breaks of a repr.
         """
         lines = list(lines)
-        bits = [self._bits(line) if line else 0 for line in lines]
+        bits_of = self._bits_of
+        bits = [bits_of(line) if line else 0 for line in lines]
         planned = list(lines)
         if any(b & _PEM_BIT for b in bits):
             _pem_blocks(lines, planned)
         if len(lines) >= _B64_RUN:
             _b64_runs(planned)
         if any(b & _DANGLING_BIT for b in bits):
-            _next_line_plan(lines, planned, [bool(b & _DANGLING_BIT) for b in bits])
+            _next_line_plan(lines, planned, [bool(b & _DANGLING_BIT) for b in bits],
+                            lambda j: self._line(lines[j], bits[j]))
         for i, line in enumerate(planned):
             if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
                 parts = line.split("\\n")
-                dangling = [bool(self._bits(p) & _DANGLING_BIT) for p in parts]
+                part_bits = [bits_of(p) for p in parts]
+                dangling = [bool(b & _DANGLING_BIT) for b in part_bits]
                 if any(dangling):
                     masked = list(parts)
-                    _next_line_plan(parts, masked, dangling)
+                    _next_line_plan(parts, masked, dangling, lambda j, ps=parts, pb=part_bits: self._line(ps[j], pb[j]))
                     planned[i] = "\\n".join(masked)
-        return [self._line(p, b if p is line else self._bits(p)) for p, line, b in zip(planned, lines, bits,
-                                                                                       strict=True)]
+        return [self._line(p, b if p is line else bits_of(p)) for p, line, b in zip(planned, lines, bits,
+                                                                                     strict=True)]
 
     def __call__(self, text: str) -> str:
         """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
@@ -929,7 +964,9 @@ class Redactor:
         """`obj` (str, dict, list or tuple, nested) with every string redacted; other values as they are. A list
         (or tuple) of one-line strings is redacted as consecutive lines (`lines`: a log tail, evidence lines,
         argument tokens), so a name on one line masks its value on the next; other lists and tuples element by
-        element (a tuple comes back as a list)."""
+        element (a tuple comes back as a list). `RedactedLines` come back as they are."""
+        if isinstance(obj, RedactedLines):
+            return obj
         if isinstance(obj, str):
             return self(obj)
         if isinstance(obj, dict):

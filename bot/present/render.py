@@ -156,6 +156,12 @@ def chunk_lines(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[st
     return chunks
 
 
+def code_chunks(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[str]:
+    """`chunk_lines` of the lines escaped for a code block (`code_escape`): one filter call for a whole table (a
+    Jinja2 `map` costs microseconds per line)."""
+    return chunk_lines([code_escape(line) for line in lines], limit)
+
+
 def _template_env() -> jinja2.Environment:
     loader = jinja2.FileSystemLoader(str(resources.files("templates")))
     env = jinja2.Environment(
@@ -176,6 +182,7 @@ def _template_env() -> jinja2.Environment:
         bytes=fmt_bytes,
         cut=cut,
         chunk_lines=chunk_lines,
+        code_chunks=code_chunks,
     )
     env.globals["actions"] = ActionId  # button action ids: `actions.KILL`, defined once in bot.present.actions
     return env

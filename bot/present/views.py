@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from bot.core.lifecycle import is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
-from bot.core.redact import redact, redact_lines
+from bot.core.redact import RedactedLines, redact, redact_lines
 from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId
-from bot.present.render import mrkdwn_escape
+from bot.present.render import fmt_duration, mrkdwn_escape
 
 if TYPE_CHECKING:  # an annotation only: importing bot.core.diagnose compiles its signatures
     from bot.core.diagnose import Verdict
@@ -105,25 +105,48 @@ def status_view(results: list[Snapshot | HostFailure],
     return {"hosts": hosts, "failed": sum(1 for h in hosts if h["failed"])}
 
 
+#: The process table's columns (templates/probe.*): pid, ppid, state, %CPU, CPU time, RSS MiB, elapsed, command.
+TABLE_FORMAT = "%7s %7s %-4s %5s %8s %7s %8s  %s"
+TABLE_HEADER = TABLE_FORMAT % ("PID", "PPID", "STAT", "%CPU", "CPU time", "RSS MiB", "Elapsed", "Command")
+
+
+def process_rows(processes: list[ProcessInfo]) -> list[tuple[ProcessInfo, str]]:
+    """The processes in tree order (parents before their children, bot.core.parse.ps.process_tree), each with the
+    command to show: shortened (`short_command`), indented two spaces per level of depth (at most 6 levels),
+    never wider than COMMAND_WIDTH."""
+    out = []
+    for depth, p in process_tree(processes):
+        d = min(depth, 6)
+        out.append((p, "  " * d + short_command(p.args, COMMAND_WIDTH - 2 * d)))
+    return out
+
+
+def process_table(processes: list[ProcessInfo]) -> list[str]:
+    """The process table as text lines, TABLE_HEADER first, one line per process (`process_rows`): pid, ppid,
+    state ('?' when unknown), %CPU (one decimal), CPU time and elapsed (fmt_duration), RSS in MiB (whole), the
+    command (redacted: `short_command`); '-' for a value ps did not give. RedactedLines: the renderer redacts them
+    once, in the message. Formatted here, not in the template: a table may have thousands of
+    lines, each costing a few microseconds this way and tens through a Jinja2 macro."""
+    lines = RedactedLines([TABLE_HEADER])
+    fmt = TABLE_FORMAT
+    durations: dict[int | None, str] = {}  # ages and CPU times repeat within a table
+    for p, command in process_rows(processes):
+        pcpu, rss, cpu, age = p.pcpu, p.rss_kib, p.cpu_time_s, p.elapsed_s
+        cpu_text = durations.get(cpu)
+        if cpu_text is None:
+            cpu_text = durations[cpu] = fmt_duration(cpu)
+        age_text = durations.get(age)
+        if age_text is None:
+            age_text = durations[age] = fmt_duration(age)
+        lines.append(fmt % (p.pid, "-" if p.ppid is None else p.ppid, p.stat or "?",
+                            "-" if pcpu is None or pcpu != pcpu else f"{pcpu:.1f}", cpu_text,
+                            "-" if rss is None else f"{rss / 1024.0:.0f}", age_text, command))
+    return lines
+
+
 def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = None) -> dict[str, Any]:
-    """Context for templates/probe.*: host, selector text, process tree rows (depth-indented command,
-    pid, ppid, stat, pcpu, cpu_time_s, rss_mib, elapsed_s), log, gpu, port/health."""
-    rows = []
-    for depth, p in process_tree(snap.processes):
-        rows.append(
-            {
-                "pid": p.pid,
-                "ppid": p.ppid,
-                "pgid": p.pgid,
-                "stat": p.stat or "?",
-                "pcpu": p.pcpu,
-                "cpu_time_s": p.cpu_time_s,
-                "rss_mib": None if p.rss_kib is None else p.rss_kib / 1024.0,
-                "elapsed_s": p.elapsed_s,
-                "wchan": p.wchan,
-                "command": "  " * min(depth, 6) + short_command(p.args, COMMAND_WIDTH - 2 * min(depth, 6)),
-            }
-        )
+    """Context for templates/probe.*: host, selector text, the process table (`table`: text lines, header
+    first, see `process_table`; `process_count` processes), log, gpu, port/health."""
     by_pid = {p.pid: p for p in snap.processes}
     log = None
     if snap.log is not None:
@@ -146,8 +169,8 @@ def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = No
         "host": snap.host,
         "hostname": snap.hostname,
         "selector": selector,
-        "rows": rows,
-        "process_count": len(rows),
+        "table": process_table(snap.processes) if snap.processes else [],
+        "process_count": len(snap.processes),
         "all_process_count": snap.all_process_count,
         "log": log,
         "gpu": gpu_view(snap.gpu, by_pid, owners),

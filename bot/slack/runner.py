@@ -59,7 +59,7 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
         client = make_client(bot_token, _api_url(config), session=session)
         runtime = slack_runtime(config, client)
         app, bot = build_app(runtime, client, signing_secret=signing_secret)
-        await runtime.start()  # the outbox sender first: what an earlier run left queued goes out first
+        await runtime.start(settle_heap=True)  # the outbox sender first: what an earlier run left queued goes first
         try:
             yield app, bot
         finally:

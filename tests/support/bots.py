@@ -57,12 +57,13 @@ class TestBot:
 
 
 async def start_bot(config: Config, *, watch: bool = False, surface: RecordingSurface | None = None,
-                    **options: Any) -> TestBot:
+                    settle_heap: bool = False, **options: Any) -> TestBot:
     """Build and start a bot for `config` (see bot.wiring.build_runtime for `options`); with `watch` the
-    readiness checks run. Quick kill polling by default."""
+    readiness checks run; with `settle_heap` its start-up heap is frozen as the service's is (benchmarks; see
+    bot.wiring.settle_heap_now). Quick kill polling by default."""
     surface = surface or RecordingSurface()
     options.setdefault("poll_s", 0.2)
     options.setdefault("start_check_s", 0.8)
     runtime = build_runtime(config, surface=surface, **options)
-    await runtime.start(watch=watch)
+    await runtime.start(watch=watch, settle_heap=settle_heap)
     return TestBot(runtime, surface, Chat(runtime, surface), watching=watch)

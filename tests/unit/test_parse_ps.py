@@ -302,3 +302,41 @@ def test_fuzz_tree_and_selection_cover_every_row(pairs: list[tuple[int, int | No
     assert sorted(id(p) for _, p in tree) == sorted(id(p) for p in rows)
     selected = select_processes(rows, pgid=0)
     assert len({r.pid for r in selected}) == len(selected)
+
+
+# --- the probe layout's fast path reads what the careful path reads -----------------------------------
+
+_CELL = st.one_of(st.from_regex(r"\A[0-9]{1,20}\Z"), st.sampled_from(["-", "0.0", "12.5", "x", "1-02:03:04", "00:00:09",
+                                                                       "99:59:59", "10:60:00", "1:02", "\ufffd"]))
+_ROW = st.tuples(
+    st.lists(_CELL, min_size=4, max_size=4),
+    st.sampled_from(["S", "Ss", "Sl+", "Z", "-", "R<"]),
+    st.one_of(_CELL, st.sampled_from(["0.0", "100.0", "1e3", "nan", "1.2345"])),
+    _CELL, _CELL,
+    st.one_of(_CELL, st.sampled_from(["00:00:00", "23:59:59", "100:00:00", "1-00:00:01"])),
+    st.sampled_from(["-", "do_wait", "futex_wait_queue", ""]),
+    st.one_of(st.just(""), st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s)),
+)
+
+
+def _fields(info: ProcessInfo | None) -> tuple | None:
+    return None if info is None else tuple(getattr(info, f) for f in ProcessInfo.FIELDS)
+
+
+@FUZZ
+@given(_ROW, st.sampled_from([" ", "  ", "\t", " \t "]))
+def test_fuzz_probe_row_fast_path_equals_careful_path(row: tuple, gap: str) -> None:
+    from bot.core.parse.ps import _probe_row, _probe_row_split
+
+    ids, stat, pcpu, rss, etimes, cputime, wchan, args = row
+    line = "  " + gap.join([*ids, stat, pcpu, rss, etimes, cputime, wchan or "-"]) + (gap + args if args else "")
+    assert _fields(_probe_row(line)) == _fields(_probe_row_split(line))
+
+
+@FUZZ
+@given(fuzz_text)
+def test_fuzz_probe_row_fast_path_equals_careful_path_on_any_line(text: str) -> None:
+    from bot.core.parse.ps import _probe_row, _probe_row_split
+
+    for line in text.splitlines():
+        assert _fields(_probe_row(line)) == _fields(_probe_row_split(line)), line

@@ -29,11 +29,13 @@ from bot.present.render import Renderer
 from bot.present.views import (
     COMMAND_WIDTH,
     STATE_EMOJI,
+    TABLE_HEADER,
     alert_view,
     gpu_view,
     kill_confirm_view,
     launch_view,
     probe_view,
+    process_rows,
     short_command,
     status_view,
     user_mention,
@@ -221,16 +223,16 @@ def test_probe_view_hung_capture():
     v = probe_view(hung_snapshot(), "pgid=566")
     assert (v["host"], v["hostname"], v["selector"]) == ("gpu-host-1", "h200-box", "pgid=566")
     assert v["process_count"] == 4 and v["all_process_count"] == 187
-    rows = v["rows"]
-    assert [r["pid"] for r in rows] == [566, 568, 569, 570]
+    rows = process_rows(hung_snapshot().processes)
+    assert [p.pid for p, _ in rows] == [566, 568, 569, 570]
     # depth indentation: the parent at depth 0, its children indented by two spaces
-    assert rows[0]["command"] == "python3 fake_server.py 2"
-    assert rows[1]["command"].startswith("  python3 -B -c from multiprocessing.resource_tracker")
-    assert all(len(r["command"]) <= COMMAND_WIDTH for r in rows)
-    r569 = rows[2]
-    assert (r569["ppid"], r569["pgid"], r569["stat"], r569["pcpu"]) == (566, 566, "Sl", 20.2)
-    assert r569["rss_mib"] == pytest.approx(628504 / 1024)
-    assert (r569["elapsed_s"], r569["cpu_time_s"], r569["wchan"]) == (20, 4, "hrtimer_nanosleep")
+    assert rows[0][1] == "python3 fake_server.py 2"
+    assert rows[1][1].startswith("  python3 -B -c from multiprocessing.resource_tracker")
+    assert all(len(c) <= COMMAND_WIDTH for _, c in rows)
+    # the table: a header, then one line per row in the same order, every column in its place
+    assert v["table"][0] == TABLE_HEADER and len(v["table"]) == 5
+    assert v["table"][3].split() == ["569", "566", "Sl", "20.2", "4s", "614", "20s", *rows[2][1].split()]
+    assert [int(line.split()[0]) for line in v["table"][1:]] == [566, 568, 569, 570]
     log = v["log"]
     assert log["path"] == "/data/logs/server.log" and log["exists"] is True and log["error"] is None
     assert (log["lines"], log["size_bytes"]) == (41, 8600)
@@ -247,18 +249,20 @@ def test_probe_view_deep_tree_indent_is_bounded():
     procs = [ProcessInfo(pid=1, ppid=0, args="/sbin/init")]
     procs += [ProcessInfo(pid=i, ppid=i - 1, args=f"/bin/child{i} " + "x" * 200) for i in range(2, 15)]
     v = probe_view(Snapshot(host="h", processes=procs), "pid=1")
-    assert [r["pid"] for r in v["rows"]] == list(range(1, 15))
-    assert v["rows"][0]["command"] == "init"
-    assert v["rows"][1]["command"].startswith("  child2 ")
-    deepest = v["rows"][-1]["command"]
+    rows = process_rows(procs)
+    assert [p.pid for p, _ in rows] == list(range(1, 15))
+    assert rows[0][1] == "init"
+    assert rows[1][1].startswith("  child2 ")
+    deepest = rows[-1][1]
     assert deepest.startswith(" " * 12 + "child14 ") and not deepest.startswith(" " * 13)
-    assert all(len(r["command"]) <= COMMAND_WIDTH for r in v["rows"])
+    assert all(len(c) <= COMMAND_WIDTH for _, c in rows)
+    assert [int(line.split()[0]) for line in v["table"][1:]] == list(range(1, 15))
 
 
 def test_probe_view_missing_values():
     v = probe_view(Snapshot(host="h", processes=[ProcessInfo(pid=9, args="")]), "GPU holders")
-    (row,) = v["rows"]
-    assert row["command"] == "?" and row["stat"] == "?" and row["rss_mib"] is None and row["ppid"] is None
+    _, line = v["table"]
+    assert line.split() == ["9", "-", "?", "-", "-", "-", "-", "?"]
     assert v["log"] is None and v["health"] is None and v["port"] is None and v["port_listening"] is None
     assert v["gpu"]["ok"] is False and v["gpu"]["error"] == "not probed"
 

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Integer, String, Text, select
+from sqlalchemy import Float, ForeignKey, Integer, String, Text, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
@@ -30,6 +30,9 @@ class EventRow(Base):
     channel: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+_INSERT = insert(EventRow.__table__)
+
+
 def _event(row: EventRow) -> Event:
     return Event(id=row.id, at=row.at, user_id=row.user_id, action=row.action,
                  args=json.loads(row.args_json or "{}"), result=row.result, detail=row.detail,
@@ -45,14 +48,15 @@ class EventRepository:
 
     def add(self, *, user_id: str, action: str, args: dict[str, Any], result: str, detail: str | None,
             launch_id: int | None, host: str | None, channel: str | None) -> Event:
-        """Append one row (args as JSON) and return it."""
-        with self._db.transaction() as s:
-            row = EventRow(at=time.time(), user_id=user_id, action=action,
-                           args_json=json.dumps(args, sort_keys=True, default=str), result=result, detail=detail,
-                           launch_id=launch_id, host=host, channel=channel)
-            s.add(row)
-            s.flush()
-            return _event(row)
+        """Append one row (args as JSON) and return it. One Core insert (every command writes one: an ORM
+        session costs several times as much)."""
+        args_json = json.dumps(args, sort_keys=True, default=str)
+        values = dict(at=time.time(), user_id=user_id, action=action, args_json=args_json, result=result,
+                      detail=detail, launch_id=launch_id, host=host, channel=channel)
+        with self._db.writing() as c:
+            key = c.execute(_INSERT, values).inserted_primary_key
+        return Event(id=key[0], at=values["at"], user_id=user_id, action=action, args=json.loads(args_json),
+                     result=result, detail=detail, launch_id=launch_id, host=host, channel=channel)
 
     def list(self, *, launch_id: int | None = None, action: str | None = None, limit: int = 1000) -> list[Event]:
         """Rows in time order (the first `limit`), optionally of one launch and/or one action."""

@@ -101,6 +101,7 @@ class LaunchRepository:
         # expiring cache instead.)
         self._generation = 0
         self._rows: dict[int, tuple[int, Launch]] = {}
+        self._recent: tuple[int, int, list[Launch]] | None = None  # (generation, limit, launches): `recent`
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
@@ -227,6 +228,13 @@ class LaunchRepository:
             return [_launch(r) for r in s.scalars(q)]
 
     def recent(self, limit: int = 20) -> list[Launch]:
-        """The newest `limit` launches, newest first."""
+        """The newest `limit` launches, newest first: copies of what this process last read, when it wrote no
+        launch since (see `__init__`; every `/gpu status` attributes GPU holders to them), else read."""
+        cached = self._recent
+        if cached is not None and cached[0] == self._generation and cached[1] == limit:
+            return [replace(la) for la in cached[2]]
+        generation = self._generation
         with self._db.transaction() as s:
-            return [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]
+            launches = [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]
+        self._recent = (generation, limit, launches)
+        return [replace(la) for la in launches]

@@ -82,6 +82,9 @@ _SPEC_KINDS: dict[str, str] = {
     "ucomm": "args",
 }
 
+#: An ELAPSED above this (about 30 years) is a procps glitch (a just-started process), not an age: None.
+MAX_PLAUSIBLE_ELAPSED_S = 10**9
+
 _DURATION_RE = re.compile(r"^(?:(?:(\d{1,6})-)?(\d{1,4}):)?(\d{1,9}):(\d{1,2})$")
 _MAX_LINE = 256 * 1024  # `ps -ww` prints full command lines; Linux caps them near 128 KiB of args
 
@@ -171,9 +174,53 @@ def _clock(text: str) -> int | None:
     return _duration(text)
 
 
-def _probe_row(line: str) -> ProcessInfo | None:
+#: The start of a row of the probe's layout: pid, ppid, pgid, sid (ASCII digits) and stat, separated by spaces;
+#: the rest is read when a field of it is first read (`_read_rest`). `\S` as `str.split` sees whitespace (not
+#: re.ASCII), so the cells are the ones `_probe_row_split` finds.
+_PROBE_HEAD_RE = re.compile(r" *([0-9]{1,18}) +([0-9]{1,18}) +([0-9]{1,18}) +([0-9]{1,18}) +(\S+) +")
+
+
+def _probe_row(line: str, redact: Callable[[str], str] | None = None) -> ProcessInfo | None:
     """One row in the probe's layout (PS_COLUMNS), or None when it does not fit: what `_row` gives for that
-    layout, at a few microseconds (every row of every probe passes here)."""
+    layout. A row of the common shape is read up to its state at once (a microsecond or two: every row of every
+    probe passes here) and the rest when a field of it is first read (`ProcessInfo.half_read`, `_read_rest`); any
+    other row the careful way (`_probe_row_split`). With `redact`, its command line is redacted when first read."""
+    m = _PROBE_HEAD_RE.match(line)
+    if m is None:
+        info = _probe_row_split(line)
+        return info if info is None or redact is None else info.pending_redaction(redact)
+    pid, ppid, pgid, sid, stat = m.groups()
+    return ProcessInfo.half_read(int(pid), int(ppid), int(pgid), int(sid), stat if stat != "-" else "",
+                                 (_read_rest, line, m.end()), redact)
+
+
+def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
+    """Set the fields after `stat` of `info` from its row `line` (they start at `start`): what
+    `_probe_row_split` reads from them, split the same way, with the common cells (whole numbers for RSS and
+    ELAPSED) taken at once and any other row read by `_probe_row_split` itself."""
+    parts = line[start:].split(None, 5)
+    if len(parts) >= 5:
+        pcpu, rss, elapsed, cpu, wchan = parts[0], parts[1], parts[2], parts[3], parts[4]
+        if (rss.isdigit() and elapsed.isdigit() and rss.isascii() and elapsed.isascii() and len(rss) <= 18
+                and len(elapsed) <= 12):
+            el = int(elapsed)
+            info.set_rest(_float(pcpu), int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, _clock(cpu),
+                          None if wchan == "-" else wchan, parts[5].rstrip() if len(parts) == 6 else "")
+            return
+    full = _probe_row_split(line)  # an unusual row: every field checked one by one
+    if full is None:  # cannot happen for a row whose start matched; keep what is known
+        info.set_rest(None, None, None, None, None, "")
+        return
+    info.set_rest(full.pcpu, full.rss_kib, full.elapsed_s, full.cpu_time_s, full.wchan, full.args)
+
+
+def _plausible(elapsed: int | None) -> int | None:
+    """`elapsed` (seconds), or None when it is a glitch (MAX_PLAUSIBLE_ELAPSED_S or more)."""
+    return elapsed if elapsed is None or elapsed < MAX_PLAUSIBLE_ELAPSED_S else None
+
+
+def _probe_row_split(line: str) -> ProcessInfo | None:
+    """`_probe_row` for any row: split into cells, each checked."""
     parts = line.split(None, 10)
     if len(parts) < 11:
         if len(parts) != 10:
@@ -190,7 +237,7 @@ def _probe_row(line: str) -> ProcessInfo | None:
         stat if stat != "-" else "",
         _float(pcpu_s),
         int(rss_s) if rss_s.isdigit() and rss_s.isascii() and len(rss_s) <= 18 else None,
-        int(el_s) if el_s.isdigit() and el_s.isascii() and len(el_s) <= 12 else _duration(el_s),
+        _plausible(int(el_s) if el_s.isdigit() and el_s.isascii() and len(el_s) <= 12 else _duration(el_s)),
         _clock(cpu_s),
         None if wchan in ("-", "") else wchan,
         args.rstrip(),
@@ -227,7 +274,8 @@ def _row(kinds: Sequence[str | None], line: str) -> ProcessInfo | None:
     if "rss" in values:
         info.rss_kib = _int(values["rss"])
     if "elapsed" in values:
-        info.elapsed_s = parse_etime(values["elapsed"])
+        elapsed = parse_etime(values["elapsed"])
+        info.elapsed_s = elapsed if elapsed is None or elapsed < MAX_PLAUSIBLE_ELAPSED_S else None
     if "cputime" in values:
         info.cpu_time_s = parse_cputime(values["cputime"])
     if "wchan" in values:
@@ -271,7 +319,16 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
             return []
     out: list[ProcessInfo] = []
     fast = kinds is not None and tuple(kinds) == _PROBE_KINDS
+    row_head = _PROBE_HEAD_RE.match
+    half_read = ProcessInfo.half_read
     for line in text.splitlines():
+        if fast:  # the probe's layout: a row of the common shape in a few operations (a header never matches)
+            m = row_head(line)
+            if m is not None and len(line) <= _MAX_LINE:
+                pid, ppid, pgid, sid, stat = m.groups()
+                out.append(half_read(int(pid), int(ppid), int(pgid), int(sid), stat if stat != "-" else "",
+                                     (_read_rest, line, m.end()), redact))
+                continue
         if not line.strip() or len(line) > _MAX_LINE:
             continue
         if columns is None:
@@ -284,10 +341,13 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
                 kinds = [_spec_kind(s) for s in PS_COLUMNS.split(",")]
                 fast = True
         assert kinds is not None
-        info = _probe_row(line) if fast else _row(kinds, line)
-        if info is not None:
-            if redact is not None:
+        if fast:
+            info = _probe_row(line, redact)
+        else:
+            info = _row(kinds, line)
+            if info is not None and redact is not None:
                 info.pending_redaction(redact)
+        if info is not None:
             out.append(info)
     return out
 
