@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 NvmlReader = Callable[[], Awaitable[GpuSection]]
 #: Logs whose line count's cursor a HostService keeps (see `HostService._remember_cursor`).
 LOG_CURSORS = 4096
+#: Seconds a probe may take beyond its host's timeouts before it is given up (`HostService.probe_deadline_s`).
+PROBE_MARGIN_S = 5.0
 
 
 class UnknownHost(KeyError):
@@ -73,6 +75,9 @@ class HostService:
         self._log_cursors: dict[tuple[str, str], LogCursor] = {}
         self._nvml_reader = nvml_reader or LocalNvml().read_async
         self._extra_path = extra_path
+        self._slots = asyncio.Semaphore(config.probe_concurrency)
+        # status probes in flight, by host: a burst of `/gpu status` shares them (`_shared_status`)
+        self._status_in_flight: dict[str, asyncio.Future[Snapshot | HostFailure]] = {}
 
     def resolve_host(self, name: str | None) -> str:
         """Return a configured host name: `name`, else the default host, else the only host.
@@ -98,9 +103,17 @@ class HostService:
             self._executors[host] = ex
         return ex
 
+    def probe_deadline_s(self, host: str) -> float:
+        """Seconds a probe of `host` may take in all: its connect, command and nvidia-smi timeouts (a probe whose
+        NVML reader fails asks nvidia-smi in a second round trip) and PROBE_MARGIN_S."""
+        cfg = self.config.hosts[host]
+        return cfg.connect_timeout_s + cfg.command_timeout_s + cfg.nvidia_smi_timeout_s + PROBE_MARGIN_S
+
     async def probe(self, host: str, req: ProbeRequest) -> Snapshot | HostFailure:
         """Take one snapshot of `host` in one round trip: one script (on the host's probe agent, or one channel),
-        and, on a host with `nvml_python`, one NVML reading beside it. Returns Snapshot or HostFailure.
+        and, on a host with `nvml_python`, one NVML reading beside it. Returns Snapshot or HostFailure; a
+        HostFailure too when the host has not answered within `probe_deadline_s`. At most `probe_concurrency`
+        probes run at once (the config); the others wait for a slot first.
 
         Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
         its log_dirs), before anything is sent. `req` is not modified.
@@ -108,6 +121,17 @@ class HostService:
         cfg = self.config.hosts[host]
         policy = host_policy(cfg)
         policy.check(req)
+        limit = self.probe_deadline_s(host)
+        async with self._slots:
+            try:
+                return await asyncio.wait_for(self._probe(host, cfg, policy, req), limit)
+            except TimeoutError:
+                log.warning("probe of %s: no answer within %g s", host, limit)
+                return HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")
+
+    async def _probe(self, host: str, cfg: HostConfig, policy: HostPolicy,
+                     req: ProbeRequest) -> Snapshot | HostFailure:
+        """`probe` once it has its slot, without its deadline."""
         executor = self.executor(host)
         gpu_override = None
         if cfg.local and cfg.use_nvml and req.gpu:
@@ -200,16 +224,38 @@ class HostService:
 
     async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:
         """Probe `hosts` in parallel for GPU status (GPU table + GPU holders). One result per host, in order;
-        a failing host yields a HostFailure while the others still answer."""
+        a failing host yields a HostFailure while the others still answer. A host whose status probe is already
+        running (another `/gpu status` of a burst) answers from that probe: one started within a round trip,
+        as fresh as a new one (`_shared_status`)."""
 
         async def one(h: str) -> Snapshot | HostFailure:
             try:
-                return await self.probe(h, ProbeRequest())
+                return await self._shared_status(h)
             except Exception as e:  # a bug for one host must not hide the others
                 log.exception("status of %s failed", h)
                 return HostFailure(host=h, reason=f"internal error: {type(e).__name__}")
 
         return list(await asyncio.gather(*(one(h) for h in hosts)))
+
+    async def _shared_status(self, host: str) -> Snapshot | HostFailure:
+        """The status probe of `host` running now, or a new one; each caller gets its own Snapshot (a shallow
+        copy with its own lists), and one caller giving up (cancelled) stops nobody else's answer."""
+        running = self._status_in_flight.get(host)
+        if running is None:
+            running = asyncio.ensure_future(self.probe(host, ProbeRequest()))
+            self._status_in_flight[host] = running
+
+            def done(fut: asyncio.Future[Snapshot | HostFailure], host: str = host) -> None:
+                if self._status_in_flight.get(host) is fut:
+                    del self._status_in_flight[host]
+
+            running.add_done_callback(done)
+        result = await asyncio.shield(running)
+        if isinstance(result, Snapshot):
+            return dataclasses.replace(result, processes=list(result.processes), table=list(result.table),
+                                       errors=list(result.errors), listening=list(result.listening),
+                                       tagged_pids=list(result.tagged_pids), launch_tags=dict(result.launch_tags))
+        return result
 
     async def close(self) -> None:
         """Close every executor (SSH connections)."""
