@@ -247,15 +247,24 @@ def _log_part(req: ProbeRequest, log_dirs: list[str]) -> list[str]:
         f'else R=$(readlink {fd} 2>/dev/null); case "$R" in {allowed}) OK=1;; esac; '
         'if [ "$OK" != 1 ]; then echo "resolves outside the allowed log directories"; r=13; '
         f'elif [ ! -f {fd} ]; then OK=0; echo "not a regular file"; r=22; '
+        # one `stat` for size, mtime (ns) and identity where it can (GNU coreutils); else one call per field
+        f"else X=$(stat -L -c '%s %.9Y %d %i' {fd} 2>/dev/null); "
+        'case "$X" in *[!0-9.\\ ]*|"") X=;; esac; set -- $X; '
+        f'if [ $# = 4 ]; then S=$1; m=$2; I="$3 $4"; '
         f"else m=$(date -r {fd} +%s.%N 2>/dev/null); case \"$m\" in \"\"|*N*) m=$(stat -L -c %Y {fd});; esac; "
-        f"S=$(stat -L -c %s {fd}); I=$(stat -L -c '%d %i' {fd}); printf '%s %s -\\n' \"$S\" \"$m\"; r=0; "
+        f"S=$(stat -L -c %s {fd}); I=$(stat -L -c '%d %i' {fd}); fi; printf '%s %s -\\n' \"$S\" \"$m\"; r=0; "
         "fi; fi; e log_stat $r",
         f'if [ "$OK" = 1 ]; then {same}{since}N=$((S - F)); [ "$N" -gt {LOG_COUNT_BYTES} ] && N={LOG_COUNT_BYTES}; '
-        f"b log_count; printf '%s %s ' \"$I\" \"$F\"; tail -c +$((F + 1)) {fd} | head -c \"$N\" | wc -lc; "
+        # nothing new: no reader at all; else one `dd` reading the N bytes from F where it can (GNU, BusyBox)
+        f"b log_count; printf '%s %s ' \"$I\" \"$F\"; if [ \"$N\" -le 0 ]; then echo '0 0'; "
+        "elif dd if=/dev/null iflag=skip_bytes,count_bytes count=0 2>/dev/null; then "
+        f'dd if={fd} bs=65536 iflag=skip_bytes,count_bytes skip="$F" count="$N" 2>/dev/null | wc -lc; '
+        f'else tail -c +$((F + 1)) {fd} | head -c "$N" | wc -lc; fi; '
         "e log_count $?; "
         'b log_window; if [ "$V" = 1 ]; then echo "since $F"; else echo tail; fi; e log_window 0; fi',
-        f'b log_tail; if [ "$OK" != 1 ]; then r=2; elif [ "$V" = 1 ]; then tail -c +$((F + 1)) {fd} '
-        f"| head -c $((S - F)); r=$?; else tail -c {LOG_TAIL_BYTES} {fd} | tail -n {int(req.tail_lines) + 1}; "
+        f'b log_tail; if [ "$OK" != 1 ]; then r=2; elif [ "$V" = 1 ] && [ "$S" -le "$F" ]; then r=0; '
+        f'elif [ "$V" = 1 ]; then tail -c +$((F + 1)) {fd} | head -c $((S - F)); r=$?; '
+        f"else tail -c {LOG_TAIL_BYTES} {fd} | tail -n {int(req.tail_lines) + 1}; "
         "r=$?; fi; e log_tail $r",
         "exec 3<&-",
     ]

@@ -105,3 +105,43 @@ async def test_a_check_reads_only_what_was_written_after_its_cursor(svc, tmp_pat
     write_lines(log, 0, 5, mode="w")
     fresh = await log_of(svc, dataclasses.replace(req, log_cursor=info.cursor, log_since=True))
     assert fresh.since is None and len(fresh.tail) == 5 and fresh.lines == 5
+
+
+@pytest.fixture
+def plain_tools(tmp_path) -> str:
+    """A PATH whose `stat` refuses `%.9Y` and whose `dd` refuses `iflag=` (as older or smaller coreutils, e.g.
+    BusyBox builds, do): the probe falls back to one `stat` per field and to `tail | head`. Returns that PATH."""
+    bin_dir = tmp_path / "plain-bin"
+    bin_dir.mkdir()
+    for name, refuse in (("stat", "*%.9Y*"), ("dd", "*iflag=*")):
+        real = next(p for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+                    if os.access(p := os.path.join(d, name), os.X_OK))
+        (bin_dir / name).write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in {refuse}) '
+                                    f'echo "{name}: invalid argument" >&2; exit 1;; esac; done\nexec {real} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    return f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+@pytest.mark.parametrize("tools", ["gnu", "plain"])
+async def test_counts_and_windows_are_the_same_with_plain_stat_and_dd(tmp_path, fake_gpu, plain_tools, tools,
+                                                                      monkeypatch):
+    env = {"PATH": plain_tools} if tools == "plain" else {}
+    svc = HostService(Config(hosts={"me": HostConfig(local=True, use_nvml=False, env=env, log_dirs=[str(tmp_path)],
+                                                     nvidia_smi=str(fake_gpu.nvidia_smi))}))
+    monkeypatch.setattr(probe_module, "LOG_COUNT_BYTES", 16384)
+    log = tmp_path / "server.log"
+    write_lines(log, 0, 1000)  # about 80 KiB: five budgets
+    req = ProbeRequest(log_path=str(log), gpu=False, processes=False, tail_lines=5)
+    seen = []
+    for _ in range(12):
+        info = await log_of(svc, req)
+        seen.append((info.lines, info.lines_exact))
+        if info.lines_exact:
+            break
+    assert seen[0][1] is False and seen[-1] == (1000, True), seen
+    assert info.size_bytes == log.stat().st_size and info.mtime == pytest.approx(log.stat().st_mtime, abs=1.0)
+    assert info.cursor.inode == log.stat().st_ino and info.cursor.offset == log.stat().st_size
+    write_lines(log, 1000, 2)
+    grown = await log_of(svc, dataclasses.replace(req, log_cursor=info.cursor, log_since=True))
+    assert (grown.lines, grown.lines_exact) == (1002, True)
+    assert [line.split("] ")[1].split(" of")[0] for line in grown.tail] == ["line 1000", "line 1001"]
