@@ -1,7 +1,7 @@
 """The benchmark suite of issue 21 (`./dev bench`): runs the selected benchmarks, each in its own subprocess, one
 after another, and prints everything they print (figures, never assertions) plus a summary.
 
-    python -m benchmarks                               # the whole suite against this checkout (a few minutes)
+    python -m benchmarks                               # the whole suite on this checkout (about 10 minutes)
     python -m benchmarks row_cost probe_speed --quick  # some of them, fewer rounds
     python -m benchmarks --tree /work/baseline         # the same benchmark code against another checkout
     python -m benchmarks --tree . --tree /work/baseline  # side by side: each benchmark on each tree in turn
@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: The suite, in the order it runs by default.
-SUITE = ["row_cost", "probe_speed", "fleet", "big_log", "startup"]
+SUITE = ["row_cost", "probe_speed", "fleet", "big_log", "startup", "watch_load", "burst"]
 #: Modules of this folder that are not benchmarks.
 NOT_BENCHMARKS = {"__init__", "__main__", "_bootstrap", "support", "delay_proxy", "health_server", "loopback_host",
                   "subreaper"}

@@ -151,9 +151,10 @@ async def _run(args: argparse.Namespace) -> None:
                 await _wait(lambda: len(stats.checked) >= n, 4 * INTERVAL_S + n * 0.2, "every launch's first check")
                 note(f"every launch had its first check {time.monotonic() - t0:.1f} s after the start")
                 stats.reset()
-                c0, w0 = bot_cpu_s(), time.monotonic()
+                c0, w0, m0 = bot_cpu_s(), time.monotonic(), _machine_busy()
                 await asyncio.sleep(window)
                 cpu, wall = bot_cpu_s() - c0, time.monotonic() - w0
+                m1 = _machine_busy()
                 snapshot = stats.copy()
                 states = Counter(f"{la.state.value}/{la.alert_state}" for la in (store.launches.get(r.id)
                                                                                  for r in rows) if la)
@@ -163,6 +164,12 @@ async def _run(args: argparse.Namespace) -> None:
         expected = n * wall / INTERVAL_S
         figure(f"{n} launches on {hosts} hosts", f"{100 * cpu / wall:.1f} % of a core",
                f"bot CPU over {wall:.0f} s ({cpu:.2f} s; {1000 * cpu / max(1, snapshot['runs']):.2f} ms per check)")
+        per_check = cpu / max(1, snapshot["runs"])
+        figure("projected, every due check run", f"{100 * per_check * expected / wall:.1f} % of a core",
+               f"{1000 * per_check:.2f} ms per check x {expected / wall:.1f} checks due per s")
+        busy = (m1[0] - m0[0]) / max(1e-9, m1[1] - m0[1])
+        figure("machine busy", f"{100 * busy:.0f} % of its {os.cpu_count()} CPUs",
+               "bot, sshd, the launches and their checks' commands (every host is this machine)")
         figure("RSS", f"{_vm('VmRSS'):.0f} MB now, {_vm('VmHWM'):.0f} MB peak",
                f"ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
         lag = snapshot["lag"]
@@ -178,6 +185,14 @@ async def _run(args: argparse.Namespace) -> None:
         if snapshot["durations"]:
             figure("check duration", f"median {median(snapshot['durations']) * 1000:.0f} ms",
                    "submitted to executed (probe round trip included)")
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot, from the first line of /proc/stat (proc(5))."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return float(sum(fields[:8]) - idle), float(sum(fields[:8]))
 
 
 async def _wait(cond: Any, timeout_s: float, what: str) -> None:
