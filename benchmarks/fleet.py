@@ -134,6 +134,9 @@ def _print(runs: list[Run], label: str) -> None:
             floor = r.n * r.host_cpu_per_probe_s / (os.cpu_count() or 1)
             figure(f"{r.n} host(s): host CPU per probe", ms(r.host_cpu_per_probe_s),
                    f"sshd and its sessions; x{r.n} / {os.cpu_count()} cores = {ms(floor)}: a floor here only")
+            if r.n != runs[0].n:
+                figure(f"{r.n} host(s) less that floor / {runs[0].n}", ratio(max(wall - floor, one), one),
+                       "an estimate of what fanning out adds where every host has its own CPUs")
 
 
 async def main(args: argparse.Namespace) -> None:
