@@ -104,6 +104,10 @@ class Executor(Protocol):
         """PIDs of the bot's own long-lived helpers on the host (the probe agent), never shown in a probe."""
         ...
 
+    def script_slots(self) -> int:
+        """How many `run_script` calls this host runs at once (the others wait inside it): at least 1."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -293,7 +297,8 @@ class SSHExecutor:
         # the probe agents and the NVML reader keep a channel each for good: the other commands share the rest
         helpers = cfg.max_channels - 1 - (1 if cfg.nvml_python else 0)
         self._max_agents = max(0, min(MAX_AGENTS, helpers)) if cfg.probe_agent else 0
-        self._sem = asyncio.Semaphore(max(1, cfg.max_channels - self._max_agents - (1 if cfg.nvml_python else 0)))
+        self._channel_slots = max(1, cfg.max_channels - self._max_agents - (1 if cfg.nvml_python else 0))
+        self._sem = asyncio.Semaphore(self._channel_slots)
         self._agents: list[_ShellAgent] = []
         self._agent_cond = asyncio.Condition()
         self._agent_retry_at = 0.0
@@ -508,6 +513,10 @@ class SSHExecutor:
                 await self._give_back(worker)
         return await self.run("sh -s", input=script.encode(), timeout_s=budget)
 
+    def script_slots(self) -> int:
+        """Scripts run at once: one per probe agent (MAX_AGENTS at most), else the channels left to commands."""
+        return self._max_agents or self._channel_slots
+
     def helper_pids(self) -> set[int]:
         """The PIDs of the probe agents and the NVML reader on the host while they run (never shown in a probe)."""
         return {h.pid for h in (*self._agents, self._nvml) if h is not None and not h.closed}
@@ -617,6 +626,10 @@ class LocalExecutor:
     def helper_pids(self) -> set[int]:
         """No long-lived helpers on the local host."""
         return set()
+
+    def script_slots(self) -> int:
+        """Scripts run at once: the host's `max_channels` (local processes are cheap; this bounds a burst)."""
+        return max(1, self.cfg.max_channels)
 
     async def close(self) -> None:
         """Nothing to release for local commands."""

@@ -266,28 +266,41 @@ class ProcessInfo:
         return (ProcessInfo, self._values())
 
 
+#: Bytes a LogCursor keeps of what comes right before its offset (its `mark`), to tell the same file grown from
+#: one truncated (or copied over) and written past the old offset again.
+LOG_MARK_BYTES = 16
+
+
 @dataclass(frozen=True)
 class LogCursor:
     """Where a reading of a log stopped: the first `offset` bytes of the file `dev`/`inode` (stat's `%d %i`) hold
-    `lines` newlines. A probe given a cursor counts lines from there on (the same file, grown) instead of from the
-    start, and can read what was written after it (`ProbeRequest.log_since`). Immutable."""
+    `lines` newlines, and end with `mark` (the last LOG_MARK_BYTES of them, or fewer; empty when unknown). A probe
+    given a cursor counts lines from there on (the same file, grown, and still ending in `mark` there: not
+    truncated and written again, not copied over, not a new file on a reused inode) instead of from the start, and
+    can read what was written after it (`ProbeRequest.log_since`). Immutable."""
 
     dev: int
     inode: int
     offset: int
     lines: int
+    mark: bytes = b""
 
-    def as_list(self) -> list[int]:
-        """[dev, inode, offset, lines], for a JSON record."""
-        return [self.dev, self.inode, self.offset, self.lines]
+    def as_list(self) -> list[int | str]:
+        """[dev, inode, offset, lines, mark as hex], for a JSON record."""
+        return [self.dev, self.inode, self.offset, self.lines, self.mark.hex()]
 
     @classmethod
     def from_list(cls, value: Any) -> LogCursor | None:
-        """The cursor `as_list` wrote, or None for anything else (a record from an older bot)."""
-        if (isinstance(value, list) and len(value) == 4
-                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)):
-            return cls(*value)
-        return None
+        """The cursor `as_list` wrote (or an older bot's, without its mark), or None for anything else."""
+        if not isinstance(value, list) or len(value) not in (4, 5):
+            return None
+        ints, mark = value[:4], value[4] if len(value) == 5 else ""
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in ints):
+            return None
+        if (not isinstance(mark, str) or len(mark) > 2 * LOG_MARK_BYTES or len(mark) % 2
+                or any(ch not in "0123456789abcdef" for ch in mark)):
+            return None
+        return cls(*ints, mark=bytes.fromhex(mark))
 
 
 @dataclass

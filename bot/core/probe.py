@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from bot.core.agent import PROBE_NAME as AGENT_PROBE_NAME
-from bot.core.models import GpuSection, LogCursor, LogInfo, Snapshot
+from bot.core.models import LOG_MARK_BYTES, GpuSection, LogCursor, LogInfo, Snapshot
 from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
 from bot.core.parse import nvidia_smi, proc_net
@@ -38,6 +38,9 @@ LOG_TAIL_BYTES = 262_144
 #: Most bytes of a log whose lines one probe counts (at about a gigabyte per second, a few milliseconds); a longer
 #: log is counted on from its cursor by the next probes, its count meanwhile "at least N".
 LOG_COUNT_BYTES = 8 * 1024 * 1024
+#: Bytes read before a `log_since` window's start (bytes): the redactor sees the line that the window starts in,
+#: and the line above it (a secret's name there, its value in the window), never the window alone.
+LOG_SINCE_CONTEXT_BYTES = 4096
 #: Most PIDs a probe of chosen processes (`ps_pids`) names.
 MAX_PS_PIDS = 4096
 #: Widest command line shown, characters.
@@ -234,9 +237,17 @@ def _log_part(req: ProbeRequest, log_dirs: list[str]) -> list[str]:
     allowed = " | ".join(f"{quote(d.rstrip('/'))}/*" if d.rstrip("/") else "/*" for d in log_dirs)
     fd = "/proc/self/fd/3"
     c = req.log_cursor
-    # K=1: the file is the cursor's (same device and inode) and has not shrunk below where the cursor stopped
-    same = (f'[ "$I" = "{int(c.dev)} {int(c.inode)}" ] && [ "$S" -ge {int(c.offset)} ] && F={int(c.offset)} && K=1; '
-            if c else "")
+    # K=1: the file is the cursor's (same device and inode), has not shrunk below where the cursor stopped, and still
+    # holds the cursor's mark right before it (`cmp`: 1 = differs; 2 = no cmp or an error: the inode test stands)
+    same = ""
+    if c:
+        verify = ""
+        if c.mark and len(c.mark) <= c.offset:
+            octal = "".join(f"\\{b:03o}" for b in c.mark)
+            verify = (f"printf '{octal}' | cmp -s -n {len(c.mark)} - {fd} 0 {int(c.offset) - len(c.mark)} "
+                      "2>/dev/null; [ $? = 1 ] && F=0 && K=0; ")
+        same = (f'if [ "$I" = "{int(c.dev)} {int(c.inode)}" ] && [ "$S" -ge {int(c.offset)} ]; then '
+                f"F={int(c.offset)}; K=1; {verify}fi; ")
     since = (f'[ "$K" = 1 ] && [ $((S - F)) -le {LOG_TAIL_BYTES} ] && V=1; ' if req.log_since and c else "")
     return [
         f"L={lp}; OK=0; S=0; F=0; K=0; V=0; I=",
@@ -256,14 +267,20 @@ def _log_part(req: ProbeRequest, log_dirs: list[str]) -> list[str]:
         "fi; fi; e log_stat $r",
         f'if [ "$OK" = 1 ]; then {same}{since}N=$((S - F)); [ "$N" -gt {LOG_COUNT_BYTES} ] && N={LOG_COUNT_BYTES}; '
         # nothing new: no reader at all; else one `dd` reading the N bytes from F where it can (GNU, BusyBox)
-        f"b log_count; printf '%s %s ' \"$I\" \"$F\"; if [ \"$N\" -le 0 ]; then echo '0 0'; "
-        "elif dd if=/dev/null iflag=skip_bytes,count_bytes count=0 2>/dev/null; then "
+        f"b log_count; printf '%s %s ' \"$I\" \"$F\"; DD=0; if [ \"$N\" -le 0 ]; then echo '0 0'; "
+        "elif dd if=/dev/null iflag=skip_bytes,count_bytes count=0 2>/dev/null; then DD=1; "
         f'dd if={fd} bs=65536 iflag=skip_bytes,count_bytes skip="$F" count="$N" 2>/dev/null | wc -lc; '
         f'else tail -c +$((F + 1)) {fd} | head -c "$N" | wc -lc; fi; '
         "e log_count $?; "
-        'b log_window; if [ "$V" = 1 ]; then echo "since $F"; else echo tail; fi; e log_window 0; fi',
+        # the last bytes counted: the new cursor's mark (none when nothing new was counted)
+        f'E=$((F + N)); MB={LOG_MARK_BYTES}; [ "$E" -lt "$MB" ] && MB=$E; b log_mark; '
+        f'if [ "$N" -gt 0 ] && [ "$MB" -gt 0 ]; then if [ "$DD" = 1 ]; then dd if={fd} bs={LOG_MARK_BYTES} '
+        'iflag=skip_bytes,count_bytes skip=$((E - MB)) count="$MB" 2>/dev/null; '
+        f'else tail -c +$((E - MB + 1)) {fd} | head -c "$MB"; fi; fi; e log_mark 0; '
+        f'B=0; [ "$F" -gt {LOG_SINCE_CONTEXT_BYTES} ] && B=$((F - {LOG_SINCE_CONTEXT_BYTES})); '
+        'b log_window; if [ "$V" = 1 ]; then echo "since $F $B"; else echo tail; fi; e log_window 0; fi',
         f'b log_tail; if [ "$OK" != 1 ]; then r=2; elif [ "$V" = 1 ] && [ "$S" -le "$F" ]; then r=0; '
-        f'elif [ "$V" = 1 ]; then tail -c +$((F + 1)) {fd} | head -c $((S - F)); r=$?; '
+        f'elif [ "$V" = 1 ]; then tail -c +$((B + 1)) {fd} | head -c $((S - B)); r=$?; '
         f"else tail -c {LOG_TAIL_BYTES} {fd} | tail -n {int(req.tail_lines) + 1}; "
         "r=$?; fi; e log_tail $r",
         "exec 3<&-",
@@ -288,7 +305,8 @@ def _at_once(foreground: str, jobs: list[str]) -> list[str]:
     return [
         'D=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-probe.XXXXXX" 2>/dev/null) || D=',
         'if [ -n "$D" ] && [ -d "$D" ]; then',
-        "trap 'rm -rf \"$D\"' EXIT; trap 'exit 143' HUP INT TERM",
+        # cut short (the budget's `timeout` signals the whole group): what every part wrote so far still comes back
+        f"trap 'rm -rf \"$D\"' EXIT; trap 'cat \"$D/out\" {files} 2>/dev/null; exit 143' HUP INT TERM",
         *(f'{job} > "$D/{i}" 2>&1 &' for i, job in enumerate(jobs)),
         f'{foreground} > "$D/out" 2>&1; wait',
         f'cat "$D/out" {files} 2>/dev/null',
@@ -331,7 +349,8 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
             envs = " ".join(f"/proc/{int(p)}/environ" for p in req.ps_pids)
             cgroups = " ".join(f"/proc/{int(p)}/cgroup" for p in req.ps_pids)
         lines.append(f"j_tags() {{ b tags; printf '%s\\0' {envs} | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' "
-                     f"| tr '\\000' '\\n'; printf '%s\\0' {cgroups} | "
+                     # a newline INSIDE a value becomes a space: a value can never forge a line of its own
+                     f"| tr '\\n\\000' ' \\n'; printf '%s\\0' {cgroups} | "
                      "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0; }")
         jobs.append("j_tags")
     if req.shm:
@@ -453,15 +472,32 @@ def _clock(section: Section | None) -> float | None:
     return value
 
 
+def _since_lines(body: bytes, since: int, start: int, redactor: Redactor) -> list[str]:
+    """The display-safe lines of a `log_since` window: `body` is the file from byte `start` (up to
+    LOG_SINCE_CONTEXT_BYTES before the cursor at `since`) to its end. The lines from the one holding byte `since`
+    on are returned, that first one whole (its start before the cursor too), each redacted with the lines above
+    it as context; a line that starts before `start` is shown as cut by the read window."""
+    context = body[: since - start]
+    keep_from = context.count(b"\n")  # the line holding byte `since`: whole lines of context come before it
+    text = body[:-1] if body.endswith(b"\n") else body
+    total = text.count(b"\n") + 1 if body else 0
+    if total <= keep_from:
+        return []
+    return log_parse.clean_log_lines(body, max_lines=total - keep_from, max_width=MAX_LINE_WIDTH,
+                                     redactor=redactor.lines, starts_mid_line=start > 0)
+
+
 def parse_launch_tags(text: str) -> dict[int, str]:
     """PID -> launch tag from two GNU grep outputs: `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ |
-    tr '\\0' '\\n'` (lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`) and `grep -H -o
+    tr '\\n\\0' ' \\n'` (lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`; a newline inside a value became a space,
+    so no value makes a line of its own) and `grep -H -o
     '/gpubot-[A-Za-z0-9_-]*[.]scope$' /proc/[0-9]*/cgroup` (lines `/proc/PID/cgroup:/gpubot-TAG.scope`: the
     process is in the launch's systemd scope, cgroup v1 or v2, whatever its environment says). The
-    environment wins where both name a tag. Malformed lines are skipped."""
+    environment wins where both name a tag. Malformed lines are skipped. Lines end at `\\n` only (a `\\r` or
+    another Unicode line break inside a value does not start a line)."""
     env: dict[int, str] = {}
     scope: dict[int, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         line = line.strip()
         if m := _TAG_LINE_RE.match(line):
             env[int(m.group(1))] = m.group(2)
@@ -490,12 +526,13 @@ def shown_command(redactor: Redactor) -> Callable[[str], str]:
     return shown
 
 
-def _count_lines(info: LogInfo, sec: Section | None, cursor: LogCursor | None) -> None:
+def _count_lines(info: LogInfo, sec: Section | None, cursor: LogCursor | None, mark: Section | None) -> None:
     """Fill `info.lines`, `lines_exact` and `cursor` from the `log_count` section (`DEV INODE FROM NEWLINES BYTES`,
     bot.core.parse.log.parse_log_count) and the cursor the probe was given: the lines before FROM are the
     cursor's when the count went on from it, none when it started at 0. The count is exact when it reached the size
     `log_stat` read; else `lines` is a lower bound. A missing or unreadable section leaves the count unknown (None),
-    never a wrong number."""
+    never a wrong number. The new cursor's mark is the `log_mark` section (the last bytes counted), or the given
+    cursor's when nothing new was counted."""
     got = log_parse.parse_log_count(_text(sec)) if sec is not None and sec.complete and sec.rc == 0 else None
     if got is None:
         info.lines = None
@@ -508,7 +545,15 @@ def _count_lines(info: LogInfo, sec: Section | None, cursor: LogCursor | None) -
     else:
         info.lines = None
         return
-    info.cursor = LogCursor(dev, inode, start + nbytes, before + newlines)
+    end = start + nbytes
+    tail_bytes = bytes(mark.body) if mark is not None and mark.complete else b""
+    if nbytes and len(tail_bytes) == min(LOG_MARK_BYTES, end):
+        kept = tail_bytes
+    elif not nbytes and cursor is not None and start == cursor.offset:
+        kept = cursor.mark
+    else:
+        kept = b""
+    info.cursor = LogCursor(dev, inode, end, before + newlines, kept)
     info.lines = before + newlines
     info.lines_exact = info.size_bytes is not None and start + nbytes >= info.size_bytes
 
@@ -603,19 +648,21 @@ def assemble_snapshot(
         st = sections.get("log_stat")
         if st is None:
             info.error = "log stat missing from the probe output"
+        elif not st.complete:
+            info.error = "the log could not be read in time (a FIFO swapped in, or a hung file system?)"
         elif st.rc != 0:
             info.error = _text(st).strip().splitlines()[0] if _text(st).strip() else f"stat failed (rc={st.rc})"
         else:
             info.exists = True
             info.size_bytes, info.mtime, info.lines = log_parse.parse_log_stat(_text(st))
-            _count_lines(info, sections.get("log_count"), req.log_cursor)
+            _count_lines(info, sections.get("log_count"), req.log_cursor, sections.get("log_mark"))
             window = _text(sections.get("log_window")).split()
-            if window[:1] == ["since"] and len(window) == 2 and window[1].isdigit():
-                info.since = int(window[1])
+            since = window[1:] if window[:1] == ["since"] and len(window) == 3 else []
+            if since and all(w.isdigit() for w in since) and int(since[1]) <= int(since[0]):
+                info.since = int(since[0])
             tail = sections.get("log_tail")
             if tail is not None and info.since is not None:  # what was written after the cursor, all of it
-                info.tail = log_parse.clean_log_lines(tail.body, max_lines=10**6, max_width=MAX_LINE_WIDTH,
-                                                      redactor=redactor.lines)
+                info.tail = _since_lines(tail.body, info.since, int(since[1]), redactor)
             elif tail is not None:
                 # one line more than shown is read (context for the redactor: a name on the line above its value);
                 # fewer than that from a file longer than the window: the window starts inside its first line

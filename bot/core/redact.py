@@ -643,6 +643,8 @@ MIN_SECRET_VALUE_LEN = 6
 #: Texts up to this many characters have their redaction remembered (`Redactor`): command lines and log lines
 #: repeat from probe to probe; longer ones are rare and are not kept (the memory stays small).
 CACHE_MAX_CHARS = 4096
+#: Passes of the rules over a line that the last pass changed, at most (`Redactor._settled`).
+SETTLE_PASSES = 3
 #: Remembered texts per Redactor (and per kind: whole texts, single lines); the memory is forgotten at once when
 #: full, so a cache costs at most about CACHE_ENTRIES * CACHE_MAX_CHARS * 2 characters.
 CACHE_ENTRIES = 4096
@@ -859,15 +861,26 @@ class Redactor:
                 line = _compiled(i).sub(_RULES[i].repl, line)
         return line
 
+    def _settled(self, line: str, bits: int) -> str:
+        """`_apply(line, bits)`, applied again to what it returned while that changes (at most SETTLE_PASSES
+        times): one rule's mask can make another rule's keyword appear next to a value (`hf_...--api-key v`),
+        and the keyword pass looked at the line before it. Lines without a secret take one pass."""
+        done = self._apply(line, bits)
+        for _ in range(SETTLE_PASSES):
+            if done == line:
+                break
+            line, done = done, self._apply(done, self._bits_of(done))
+        return done
+
     def _line(self, line: str, bits: int) -> str:
-        """`_apply(line, bits)`, remembered for lines up to CACHE_MAX_CHARS."""
+        """`_settled(line, bits)`, remembered for lines up to CACHE_MAX_CHARS."""
         if not line:
             return line
         if len(line) > CACHE_MAX_CHARS:
-            return self._apply(line, bits)
+            return self._settled(line, bits)
         done = self._lines.get(line)
         if done is None:
-            done = self._apply(line, bits)
+            done = self._settled(line, bits)
             if len(self._lines) >= CACHE_ENTRIES:
                 self._lines = {}
             self._lines[line] = done

@@ -38,6 +38,9 @@ NvmlReader = Callable[[], Awaitable[GpuSection]]
 LOG_CURSORS = 4096
 #: Seconds a probe may take beyond its host's timeouts before it is given up (`HostService.probe_deadline_s`).
 PROBE_MARGIN_S = 5.0
+#: Seconds a running `/gpu status` probe of a host may have been started before a new caller joins it instead of
+#: starting another (`HostService._shared_status`): an answer is never older than that when it is asked for.
+STATUS_SHARE_S = 0.25
 
 
 class UnknownHost(KeyError):
@@ -76,8 +79,10 @@ class HostService:
         self._nvml_reader = nvml_reader or LocalNvml().read_async
         self._extra_path = extra_path
         self._slots = asyncio.Semaphore(config.probe_concurrency)
-        # status probes in flight, by host: a burst of `/gpu status` shares them (`_shared_status`)
-        self._status_in_flight: dict[str, asyncio.Future[Snapshot | HostFailure]] = {}
+        # per host, as many probes as its executor runs at once: the others queue here, before their deadline runs
+        self._host_slots: dict[str, asyncio.Semaphore] = {}
+        # status probes in flight, by host, with when they started: a burst of `/gpu status` shares them
+        self._status_in_flight: dict[str, tuple[asyncio.Future[Snapshot | HostFailure], float]] = {}
 
     def resolve_host(self, name: str | None) -> str:
         """Return a configured host name: `name`, else the default host, else the only host.
@@ -112,8 +117,9 @@ class HostService:
     async def probe(self, host: str, req: ProbeRequest) -> Snapshot | HostFailure:
         """Take one snapshot of `host` in one round trip: one script (on the host's probe agent, or one channel),
         and, on a host with `nvml_python`, one NVML reading beside it. Returns Snapshot or HostFailure; a
-        HostFailure too when the host has not answered within `probe_deadline_s`. At most `probe_concurrency`
-        probes run at once (the config); the others wait for a slot first.
+        HostFailure too when the host has not answered within `probe_deadline_s` of its start. At most
+        `probe_concurrency` probes run at once (the config), and on one host no more than it runs at once (its
+        probe agents): the others wait for a slot first, and their deadline starts once they have it.
 
         Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
         its log_dirs), before anything is sent. `req` is not modified.
@@ -122,7 +128,10 @@ class HostService:
         policy = host_policy(cfg)
         policy.check(req)
         limit = self.probe_deadline_s(host)
-        async with self._slots:
+        host_slots = self._host_slots.get(host)
+        if host_slots is None:
+            host_slots = self._host_slots[host] = asyncio.Semaphore(max(1, self.executor(host).script_slots()))
+        async with host_slots, self._slots:
             try:
                 return await asyncio.wait_for(self._probe(host, cfg, policy, req), limit)
             except TimeoutError:
@@ -224,9 +233,8 @@ class HostService:
 
     async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:
         """Probe `hosts` in parallel for GPU status (GPU table + GPU holders). One result per host, in order;
-        a failing host yields a HostFailure while the others still answer. A host whose status probe is already
-        running (another `/gpu status` of a burst) answers from that probe: one started within a round trip,
-        as fresh as a new one (`_shared_status`)."""
+        a failing host yields a HostFailure while the others still answer. A host whose status probe started at
+        most STATUS_SHARE_S ago (another `/gpu status` of a burst) answers from that probe (`_shared_status`)."""
 
         async def one(h: str) -> Snapshot | HostFailure:
             try:
@@ -238,15 +246,19 @@ class HostService:
         return list(await asyncio.gather(*(one(h) for h in hosts)))
 
     async def _shared_status(self, host: str) -> Snapshot | HostFailure:
-        """The status probe of `host` running now, or a new one; each caller gets its own Snapshot (a shallow
-        copy with its own lists), and one caller giving up (cancelled) stops nobody else's answer."""
-        running = self._status_in_flight.get(host)
-        if running is None:
+        """The status probe of `host` started at most STATUS_SHARE_S ago, or a new one; each caller gets its own
+        Snapshot (a shallow copy with its own lists), and one caller giving up (cancelled) stops nobody else's
+        answer."""
+        now = asyncio.get_running_loop().time()
+        entry = self._status_in_flight.get(host)
+        if entry is not None and now - entry[1] <= STATUS_SHARE_S:
+            running = entry[0]
+        else:
             running = asyncio.ensure_future(self.probe(host, ProbeRequest()))
-            self._status_in_flight[host] = running
+            self._status_in_flight[host] = (running, now)
 
             def done(fut: asyncio.Future[Snapshot | HostFailure], host: str = host) -> None:
-                if self._status_in_flight.get(host) is fut:
+                if (got := self._status_in_flight.get(host)) is not None and got[0] is fut:
                     del self._status_in_flight[host]
 
             running.add_done_callback(done)

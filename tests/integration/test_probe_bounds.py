@@ -134,3 +134,55 @@ async def test_probes_that_are_not_status_are_never_shared():
     assert counter["started"] == 3
     assert all(isinstance(r, Snapshot) for r in results), results
     assert len({id(r) for r in results}) == 3
+
+
+class TwoAgents(GatedLocal):
+    """A host that runs 2 scripts at once, the others waiting inside `run_script` (as an SSH host's 2 probe
+    agents), each script taking at least 0.5 s there (the host is slow)."""
+
+    def __init__(self, *args: object):
+        super().__init__(*args)
+        self.agents = asyncio.Semaphore(2)
+
+    def script_slots(self) -> int:
+        return 2
+
+    async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
+        async with self.agents:
+            return await super().run_script("sleep 0.5\n" + script, timeout_s=timeout_s)
+
+
+async def test_probes_queued_for_a_busy_host_do_not_spend_their_deadline_waiting(monkeypatch):
+    gate = asyncio.Event()
+    gate.set()
+    counter = {"started": 0, "running": 0, "peak": 0}
+    hc = HostConfig(local=True, use_nvml=False, nvidia_smi="/nonexistent/nvidia-smi", command_timeout_s=10)
+    svc = HostService(Config(hosts={"h0": hc}), {"h0": TwoAgents("h0", hc, gate, counter)})
+    monkeypatch.setattr(svc, "probe_deadline_s", lambda host: 2.5)
+    try:
+        # 10 probes of one host, 2 at a time, 0.5 s each: the last start after 2 s, within their own 2.5 s
+        results = await asyncio.gather(*(svc.probe("h0", ProbeRequest(match="sleep")) for _ in range(10)))
+    finally:
+        await svc.close()
+    assert all(isinstance(r, Snapshot) for r in results), [getattr(r, "reason", None) for r in results]
+    assert counter["peak"] == 2
+
+
+async def test_a_status_probe_started_too_long_ago_is_not_shared(monkeypatch):
+    """A caller arriving after the running probe read the host (past STATUS_SHARE_S) gets a probe of its own."""
+    monkeypatch.setattr(hosts_module, "STATUS_SHARE_S", 0.0)
+    gate = asyncio.Event()
+    svc, counter, _names = _service(1, gate)
+    first = second = None
+    try:
+        first = asyncio.ensure_future(svc.status(["h0"]))
+        await _until(lambda: counter["started"] == 1)
+        second = asyncio.ensure_future(svc.status(["h0"]))
+        await _until(lambda: counter["started"] == 2)
+        gate.set()
+        answers = [(await first)[0], (await second)[0]]
+    finally:
+        gate.set()
+        await asyncio.gather(*(t for t in (first, second) if t is not None), return_exceptions=True)
+        await svc.close()
+    assert all(isinstance(a, Snapshot) for a in answers), answers

@@ -340,3 +340,11 @@ def test_fuzz_probe_row_fast_path_equals_careful_path_on_any_line(text: str) -> 
 
     for line in text.splitlines():
         assert _fields(_probe_row(line)) == _fields(_probe_row_split(line)), line
+
+
+def test_a_last_row_cut_short_is_dropped_as_the_careful_path_drops_it():
+    """`ps` killed while it wrote: its last row lacks cells. The fast path keeps no row the careful one drops."""
+    full = "    1     0     1     1 Ss    0.0  1000     100 00:00:01 -  init\n"
+    cut = "  1234  1 1234 1234 Sl 0.0 100"
+    assert [p.pid for p in parse_ps(full + cut, PS_COLUMNS)] == [1]
+    assert [p.pid for p in parse_ps(full + full, PS_COLUMNS)] == [1, 1]

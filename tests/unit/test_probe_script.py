@@ -508,7 +508,7 @@ def e2e(tmp_path_factory):
 def test_e2e_all_sections_complete(e2e):
     secs = e2e["secs"]
     assert set(secs) == {"clock", "hostname", "self", "ps", "tags", "gpu", "gpu_apps", "log_stat", "log_count",
-                         "log_window", "log_tail", "tcp4", "tcp6"}
+                         "log_mark", "log_window", "log_tail", "tcp4", "tcp6"}
     for name, sec in secs.items():
         assert sec.complete, name
         assert sec.rc == 0, (name, sec)

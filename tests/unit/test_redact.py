@@ -391,6 +391,8 @@ def test_planted_secrets_never_survive_redact_or_redact_lines(before, secret, af
 @example(text="-----END RSA PRIVATE KEY----- --api_key x -----END RSA PRIVATE KEY-----")
 @example(text='token=" Bearer --max-tokens 100')
 @example(text='token=" redis://:Z00@host:6379 pip install sk-learnpasswordtoken:')
+@example(text="python serve.py hf_ABCDEFGHIJKLMNOPQRSTUV--api-key Z00Z00Z00")
+@example(text="|mysql -p''IDENTIFIED BY")
 @given(text=st.lists(st.one_of(st.text(max_size=30), st.sampled_from(_FRAGMENTS), _PLANTED), max_size=6)
        .map(" ".join))
 def test_redact_is_idempotent(text):
@@ -520,3 +522,11 @@ def test_a_config_line_s_unquoted_multi_word_value_is_masked_whole():
     # an environment prefix on a command line is not a config line: the command stays
     assert redact("MYSQL_PWD=Hy6tGf4dSa2q mysql -u root") == "MYSQL_PWD=[REDACTED] mysql -u root"
     assert redact("password = hunter2xyz") == "password = [REDACTED]"  # no separator taken for a value
+
+
+def test_a_mask_that_brings_a_keyword_next_to_a_value_is_followed_in_the_same_pass():
+    """One rule's mask puts `--api-key` right after `[REDACTED]`: its value is masked by the first call already
+    (the keyword pass runs again on what changed), as the rules one by one would."""
+    out = redact("python serve.py hf_ABCDEFGHIJKLMNOPQRSTUV--api-key s3cr3tPassw0rd")
+    assert "s3cr3tPassw0rd" not in out and "hf_ABCDEFGHIJ" not in out and out.endswith("--api-key [REDACTED]")
+    assert redact_lines(["x", "python serve.py hf_ABCDEFGHIJKLMNOPQRSTUV--api-key s3cr3tPassw0rd"])[1] == out

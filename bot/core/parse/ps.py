@@ -321,6 +321,7 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
     fast = kinds is not None and tuple(kinds) == _PROBE_KINDS
     row_head = _PROBE_HEAD_RE.match
     half_read = ProcessInfo.half_read
+    last_fast: str | None = None  # the line of the last row taken by the fast path
     for line in text.splitlines():
         if fast:  # the probe's layout: a row of the common shape in a few operations (a header never matches)
             m = row_head(line)
@@ -328,6 +329,7 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
                 pid, ppid, pgid, sid, stat = m.groups()
                 out.append(half_read(int(pid), int(ppid), int(pgid), int(sid), stat if stat != "-" else "",
                                      (_read_rest, line, m.end()), redact))
+                last_fast = line
                 continue
         if not line.strip() or len(line) > _MAX_LINE:
             continue
@@ -349,6 +351,10 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
                 info.pending_redaction(redact)
         if info is not None:
             out.append(info)
+        last_fast = None
+    # a `ps` cut short (killed while it wrote) leaves a last row without all its cells: the careful path drops it
+    if last_fast is not None and _probe_row_split(last_fast) is None:
+        out.pop()
     return out
 
 
