@@ -443,7 +443,14 @@ class Config(_Model):
     default_host: str | None = None
     #: Probes running at once at most (hosts probed in parallel by `/gpu status all`, watch checks, commands); the
     #: others wait for a slot. Each probe also has a deadline: its host's connect, command and nvidia-smi timeouts.
-    probe_concurrency: int = Field(default=32, ge=1, le=1024)
+    probe_concurrency: Int = 32
+
+    @field_validator("probe_concurrency")
+    @classmethod
+    def _probe_concurrency(cls, v: int) -> int:
+        if not 1 <= v <= 1024:
+            raise ValueError("must be 1..1024 (probes at once over all hosts)")
+        return v
     #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
     #: of the built-in rules (bot/core/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
     redact_patterns: list[str] = Field(default_factory=list, max_length=100)
