@@ -267,8 +267,9 @@ class ProcessInfo:
 
 
 #: Bytes a LogCursor keeps of what comes right before its offset (its `mark`), to tell the same file grown from
-#: one truncated (or copied over) and written past the old offset again.
-LOG_MARK_BYTES = 16
+#: one truncated (or copied over) and written past the old offset again: enough to reach into the line before in
+#: most logs (its time stamp, its numbers), so a constant line ending alone does not make two files look alike.
+LOG_MARK_BYTES = 64
 
 
 @dataclass(frozen=True)

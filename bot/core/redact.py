@@ -864,8 +864,11 @@ class Redactor:
     def _settled(self, line: str, bits: int) -> str:
         """`_apply(line, bits)`, applied again to what it returned while that changes (at most SETTLE_PASSES
         times): one rule's mask can make another rule's keyword appear next to a value (`hf_...--api-key v`),
-        and the keyword pass looked at the line before it. Lines without a secret take one pass."""
+        and the keyword pass looked at the line before it. Lines without a secret take one pass, and so do lines
+        longer than CACHE_MAX_CHARS (each pass over a long line full of secrets costs as much as the first)."""
         done = self._apply(line, bits)
+        if len(line) > CACHE_MAX_CHARS:  # a very long line (rare; hostile ones are full of masks) gets one pass
+            return done
         for _ in range(SETTLE_PASSES):
             if done == line:
                 break

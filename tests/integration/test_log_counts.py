@@ -255,7 +255,7 @@ def test_an_older_bots_cursor_without_a_mark_is_read_and_a_bad_one_refused():
     assert LogCursor.from_list([1, 2, 30, 4]) == LogCursor(1, 2, 30, 4, b"")
     c = LogCursor(1, 2, 30, 4, b"ab\n")
     assert LogCursor.from_list(c.as_list()) == c
-    for bad in ([1, 2, 30, 4, "zz"], [1, 2, 30, 4, "abc"], [1, 2, 30, 4, 5], [1, 2, 30, 4, "00" * 17], [1, 2, -1, 4]):
+    for bad in ([1, 2, 30, 4, "zz"], [1, 2, 30, 4, "abc"], [1, 2, 30, 4, 5], [1, 2, 30, 4, "00" * 65], [1, 2, -1, 4]):
         assert LogCursor.from_list(bad) is None, bad
 
 
@@ -276,3 +276,18 @@ async def test_a_log_read_that_hangs_loses_only_the_log(tmp_path, fake_gpu):
     assert snap.table and snap.gpu.ok, (len(snap.table), snap.gpu)
     assert snap.log is not None and "could not be read in time" in (snap.log.error or ""), snap.log
     assert any("cut short" in e for e in snap.errors), snap.errors
+
+
+async def test_a_rewritten_log_whose_lines_end_alike_is_still_counted_again(svc, tmp_path):
+    """Every line ends in the same constant text (fixed padding, a status suffix): a log truncated and written
+    past the old offset with other lines still differs in the mark's bytes, which reach into the line before."""
+    log = tmp_path / "padded.log"
+    log.write_text(("a" * 63 + " realistic width\n") * 100)
+    req = ProbeRequest(log_path=str(log), gpu=False, processes=False)
+    assert (await log_of(svc, req)).lines == 100
+    with open(log, "r+") as f:
+        f.truncate(0)
+    with open(log, "a") as f:
+        f.write(("b" * 143 + " realistic width\n") * 60)
+    again = await log_of(svc, req)
+    assert (again.lines, again.lines_exact) == (60, True)

@@ -25,8 +25,8 @@ EVERYTHING = ALL_RULES | redact_module._VALUE_BIT | redact_module._PEM_BIT | red
 
 
 class ReferenceRedactor(Redactor):
-    """The redactor with every shortcut off: every rule runs over every whole line (`re.sub`), the PEM and
-    next-line checks look at every line, nothing is remembered."""
+    """The redactor with every shortcut off: every rule runs over every whole line (`re.sub`), again while a pass
+    changes the line, the PEM and next-line checks look at every line, nothing is remembered."""
 
     def _bits(self, line: str) -> int:
         return EVERYTHING
@@ -41,7 +41,8 @@ class ReferenceRedactor(Redactor):
         return line
 
     def _line(self, line: str, bits: int) -> str:
-        return self._apply(line, bits) if line else line
+        # the same passes as the redactor: every rule again over what a pass changed (`Redactor._settled`)
+        return self._settled(line, bits) if line else line
 
     def __call__(self, text: str) -> str:
         self._texts = {}
