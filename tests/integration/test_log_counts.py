@@ -267,7 +267,7 @@ async def test_a_log_read_that_hangs_loses_only_the_log(tmp_path, fake_gpu):
     (bin_dir / "stat").write_text("#!/bin/sh\nexec sleep 1000\n")
     (bin_dir / "stat").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    svc = HostService(Config(hosts={"me": HostConfig(local=True, use_nvml=False, env=env, command_timeout_s=2,
+    svc = HostService(Config(hosts={"me": HostConfig(local=True, use_nvml=False, env=env, command_timeout_s=4,
                                                      log_dirs=[str(tmp_path)], nvidia_smi=str(fake_gpu.nvidia_smi))}))
     log = tmp_path / "server.log"
     write_lines(log, 0, 3)
