@@ -50,6 +50,15 @@ def _not_bool(v: Any) -> Any:
 
 #: An integer as YAML writes it: `true` is not 1, and "22" or 22.0 are not 22.
 Int = Annotated[int, Strict()]
+
+
+def _within(value: int, low: int, high: int, what: str = "") -> int:
+    """`value` when low <= value <= high; raises ValueError "must be LOW..HIGH" (plus `what`) otherwise."""
+    if not low <= value <= high:
+        raise ValueError(f"must be {low}..{high}{what}")
+    return value
+
+
 #: A number: ints are accepted, `true` / `false` are not.
 Number = Annotated[float, BeforeValidator(_not_bool)]
 
@@ -127,16 +136,12 @@ class HostConfig(_Model):
     @field_validator("port")
     @classmethod
     def _port(cls, v: int) -> int:
-        if not 1 <= v <= 65535:
-            raise ValueError("must be 1..65535")
-        return v
+        return _within(v, 1, 65535)
 
     @field_validator("max_channels")
     @classmethod
     def _channels(cls, v: int) -> int:
-        if not 1 <= v <= 64:
-            raise ValueError("must be 1..64")
-        return v
+        return _within(v, 1, 64)
 
     @field_validator("connect_timeout_s", "command_timeout_s", "nvidia_smi_timeout_s")
     @classmethod
@@ -313,9 +318,7 @@ class VariantConfig(_Model):
     @field_validator("port")
     @classmethod
     def _port(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= 65535:
-            raise ValueError("must be 1..65535")
-        return v
+        return None if v is None else _within(v, 1, 65535)
 
     @field_validator("gpus")
     @classmethod
@@ -448,9 +451,7 @@ class Config(_Model):
     @field_validator("probe_concurrency")
     @classmethod
     def _probe_concurrency(cls, v: int) -> int:
-        if not 1 <= v <= 1024:
-            raise ValueError("must be 1..1024 (probes at once over all hosts)")
-        return v
+        return _within(v, 1, 1024, " (probes at once over all hosts)")
     #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
     #: of the built-in rules (bot/core/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
     redact_patterns: list[str] = Field(default_factory=list, max_length=100)

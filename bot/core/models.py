@@ -6,7 +6,7 @@ memory in MiB, time in seconds, utilization in percent, power in watts, temperat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -393,6 +393,12 @@ class Snapshot:
     launch_tags: dict[int, str] = field(default_factory=dict)
     shm_free_mib: float | None = None
     table: list[ProcessInfo] = field(default_factory=list, repr=False)
+
+    def shallow_copy(self) -> Snapshot:
+        """A copy with lists and dicts of its own (their items shared): one caller of a shared probe may append to
+        its errors or sort its rows without changing another caller's answer."""
+        return replace(self, **{f.name: type(v)(v) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), list | dict)})
 
 
 @dataclass

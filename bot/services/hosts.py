@@ -264,9 +264,7 @@ class HostService:
             running.add_done_callback(done)
         result = await asyncio.shield(running)
         if isinstance(result, Snapshot):
-            return dataclasses.replace(result, processes=list(result.processes), table=list(result.table),
-                                       errors=list(result.errors), listening=list(result.listening),
-                                       tagged_pids=list(result.tagged_pids), launch_tags=dict(result.launch_tags))
+            return result.shallow_copy()
         return result
 
     async def close(self) -> None:

@@ -23,6 +23,18 @@ T = TypeVar("T")
 FAKE_SERVER = str(resources.files("bot.demo") / "fake_server.py")
 
 
+def terminate(proc: subprocess.Popen[Any], timeout_s: float = 5.0) -> None:
+    """Stop exactly `proc`: SIGTERM, wait up to `timeout_s` seconds, then SIGKILL and wait again; reaped either
+    way. Nothing when it already exited."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+
 def free_port() -> int:
     """An unused loopback TCP port."""
     with socket.socket() as s:

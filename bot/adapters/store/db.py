@@ -94,11 +94,17 @@ class Database:
         holds is waited for up to BUSY_TIMEOUT_S (SQLite's busy handler, with backoff). Raises
         DatabaseUnavailable when the database refuses (still locked after that, disk full, corrupted,
         read-only); other errors (a constraint, a bug) as they are."""
+        with self._refusals(), self._sessions.begin() as s:
+            yield s
+
+    @contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """Turn the database refusing (OperationalError, DatabaseError themselves) into DatabaseUnavailable;
+        IntegrityError and the other subclasses (the caller's business) pass as they are."""
         try:
-            with self._sessions.begin() as s:
-                yield s
+            yield
         except (OperationalError, DatabaseError) as e:
-            if type(e) not in (OperationalError, DatabaseError):  # IntegrityError & co.: the caller's business
+            if type(e) not in (OperationalError, DatabaseError):
                 raise
             raise DatabaseUnavailable(self.path, _reason(e)) from e
 
@@ -106,25 +112,15 @@ class Database:
     def reading(self) -> Iterator[Connection]:
         """A connection for reads with SQLAlchemy Core (no ORM session: a hot read, such as a watch check's look
         at its launch, costs a fifth). Raises DatabaseUnavailable as `transaction` does."""
-        try:
-            with self.engine.connect() as c:
-                yield c
-        except (OperationalError, DatabaseError) as e:
-            if type(e) not in (OperationalError, DatabaseError):
-                raise
-            raise DatabaseUnavailable(self.path, _reason(e)) from e
+        with self._refusals(), self.engine.connect() as c:
+            yield c
 
     @contextmanager
     def writing(self) -> Iterator[Connection]:
         """A connection in a transaction for writes with SQLAlchemy Core (committed on exit, rolled back on an
         exception). Raises DatabaseUnavailable as `transaction` does."""
-        try:
-            with self.engine.begin() as c:
-                yield c
-        except (OperationalError, DatabaseError) as e:
-            if type(e) not in (OperationalError, DatabaseError):
-                raise
-            raise DatabaseUnavailable(self.path, _reason(e)) from e
+        with self._refusals(), self.engine.begin() as c:
+            yield c
 
     def close(self) -> None:
         """Dispose of the engine's connections."""

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support.procs import terminate
+
 _SKIP_REASON = "OpenSSH sshd not installed (apt-get install openssh-server)"
 
 
@@ -193,15 +195,8 @@ class OpenSSHServer:
     def stop(self) -> None:
         """Terminate exactly the sshd PID we started (SIGTERM, wait, SIGKILL, wait)."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        if proc is not None:
+            terminate(proc)
 
     def log_text(self) -> str:
         """Contents of sshd's log file (LogLevel VERBOSE)."""
