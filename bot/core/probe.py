@@ -30,7 +30,7 @@ from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
 from bot.core.parse import nvidia_smi, proc_net
 from bot.core.parse import ps as ps_parse
-from bot.core.redact import Redactor
+from bot.core.redact import CACHE_ENTRIES, CACHE_MAX_CHARS, Redactor
 from bot.core.shell import MAX_PID, is_pid, quote
 
 #: Largest log tail read per probe, bytes (a huge or binary log cannot flood the bot).
@@ -520,8 +520,18 @@ def shown_command(redactor: Redactor) -> Callable[[str], str]:
     """What a command line from `ps` becomes before anyone reads it: redacted, cut to 4 * MAX_LINE_WIDTH + 1
     characters, Slack mentions broken."""
 
+    seen = redactor.memo("shown_command")  # command lines repeat within a table and from probe to probe
+    width = 4 * MAX_LINE_WIDTH + 1
+
     def shown(args: str) -> str:
-        return log_parse.no_mentions(redactor.then_cut(args, 4 * MAX_LINE_WIDTH + 1))
+        done = seen.get(args)
+        if done is None:
+            done = log_parse.no_mentions(redactor.then_cut(args, width))
+            if len(args) <= CACHE_MAX_CHARS:
+                if len(seen) >= CACHE_ENTRIES:
+                    seen.clear()
+                seen[args] = done
+        return done
 
     return shown
 

@@ -469,6 +469,10 @@ _RULES: tuple[_Rule, ...] = (
 # A line that looks like PEM body (base64, no spaces). A "long" one is what a full body line looks like.
 _B64_LINE = _LazyPattern(r"[ \t]*[A-Za-z0-9+/=]+[ \t]*")
 _B64_LONG = _LazyPattern(r"[ \t]*[A-Za-z0-9+/=]{60,}[ \t]*")
+#: A line of a multi-line text that could be one `_b64_runs` or `_after_block` masks (Redactor._untouched).
+_B64_LONG_START = _LazyPattern(r"(?m)^[ \t]*[A-Za-z0-9+/=]{60}")  # the start of one: enough to take the slow path
+#: A line break that `str.splitlines` splits on besides "\n" (Redactor._untouched).
+_ODD_BREAK = _LazyPattern(r"[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _HEX_ONLY = _LazyPattern(r"[ \t]*[0-9A-Fa-f=]+[ \t]*")
 _PEM_HEADER = _LazyPattern(r"(?i)[ \t]*(?:Proc-Type|DEK-Info|Comment)[ \t]*:.*")
 # Fewer than this many consecutive long base64 lines with no PEM marker at all are left alone.
@@ -738,6 +742,7 @@ class Redactor:
         self._texts: dict[str, str] = {}
         self._lines: dict[str, str] = {}
         self._line_bits: dict[str, int] = {}
+        self._memos: dict[str, dict[str, str]] = {}
         self.add_values(values)
 
     @property
@@ -772,6 +777,16 @@ class Redactor:
         self._texts = {}
         self._lines = {}
         self._line_bits = {}
+        self._memos = {}
+
+    def memo(self, name: str) -> dict[str, str]:
+        """A dict named `name` where a caller keeps what it made of redacted texts (a probe's shown command lines:
+        bot.core.probe.shown_command), emptied with this redactor's own caches when values are added. The caller
+        bounds it (CACHE_ENTRIES, texts up to CACHE_MAX_CHARS)."""
+        kept = self._memos.get(name)
+        if kept is None:
+            kept = self._memos[name] = {}
+        return kept
 
     def _build_automaton(self) -> Any:
         import ahocorasick  # pyahocorasick
@@ -939,10 +954,12 @@ class Redactor:
             done = self._texts.get(text)
             if done is not None:
                 return done
-        parts = text.splitlines(keepends=True)
-        if len(parts) == 1 and parts[0] == text:  # one line, no line break: the common case
+        if "\n" not in text and "\r" not in text and text.isprintable():  # one line: the common case
             done = self.lines([text])[0]
+        elif "\n" in text and self._untouched(text):  # a whole message or table with no keyword in it
+            done = text
         else:
+            parts = text.splitlines(keepends=True)
             bodies = [p.splitlines()[0] for p in parts]
             redacted = self.lines(bodies)
             done = "".join(r + p[len(b):] for r, p, b in zip(redacted, parts, bodies, strict=True))
@@ -951,6 +968,20 @@ class Redactor:
                 self._texts = {}
             self._texts[text] = done
         return done
+
+    def _untouched(self, text: str) -> bool:
+        """Whether `lines` would give every line of the multi-line `text` back unchanged, found in one pass over
+        the whole text instead of line by line: no configured pattern, no keyword of any rule, value or PEM marker
+        anywhere in it (the Aho-Corasick pass over the lower-cased text), no line that could be key material
+        (`_B64_LONG_START`), and no line break other than "\\n" (which `str.splitlines` would split on too)."""
+        if self._configured or self._values_always or _B64_LONG_START.search(text):
+            return False
+        if (any(c in text for c in "\r\x0b\x0c\x1c\x1d\x1e") if text.isascii() else _ODD_BREAK.search(text)):
+            return False
+        automaton = self._automaton or self._build_automaton()
+        for _hit in automaton.iter(_fold(text)):
+            return False
+        return True
 
     def then_cut(self, text: str, width: int) -> str:
         """Return `text` redacted and THEN cut to at most `width` characters (the last one "…" when cut).

@@ -145,7 +145,8 @@ def chunk_lines(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[st
     cur: list[str] = []
     size = 0
     for line in lines:
-        line = cut(line, limit)
+        if not isinstance(line, str) or len(line) > limit:
+            line = cut(line, limit)
         if cur and size + len(line) + 1 > limit:
             chunks.append("\n".join(cur))
             cur, size = [], 0
@@ -159,7 +160,15 @@ def chunk_lines(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[st
 def code_chunks(lines: list[str], limit: int = MAX_SECTION_TEXT - 20) -> list[str]:
     """`chunk_lines` of the lines escaped for a code block (`code_escape`): one filter call for a whole table (a
     Jinja2 `map` costs microseconds per line)."""
-    return chunk_lines([code_escape(line) for line in lines], limit)
+    if not lines:
+        return []
+    try:
+        text = "\n".join(lines)
+    except TypeError:  # not all text
+        return chunk_lines([code_escape(line) for line in lines], limit)
+    if text.count("\n") != len(lines) - 1:  # a line holds a break of its own: line by line
+        return chunk_lines([code_escape(line) for line in lines], limit)
+    return chunk_lines(code_escape(text).split("\n"), limit)  # one pass over the whole table
 
 
 def _template_env() -> jinja2.Environment:
@@ -198,12 +207,34 @@ def _cut_text_obj(obj: dict[str, Any], limit: int) -> None:
             obj["text"] = t[: limit - len(suffix)] + suffix
 
 
+def _too_long(block: dict[str, Any]) -> bool:
+    """Whether `fit_blocks` would cut a text of `block` (the limits it applies; a block that is no dict counts)."""
+    if not isinstance(block, dict):
+        return True
+    kind = block.get("type")
+    texts: list[Any] = []
+    limit = MAX_SECTION_TEXT
+    if kind == "header":
+        texts, limit = [block.get("text")], MAX_HEADER_TEXT
+    elif kind == "section":
+        texts = [block.get("text")]
+        if any(isinstance(f, dict) and isinstance(f.get("text"), str) and len(f["text"]) > 2000
+               for f in block.get("fields", []) or []):
+            return True
+    elif kind == "context":
+        texts = list(block.get("elements", []) or [])
+    return any(isinstance(t, dict) and isinstance(t.get("text"), str) and len(t["text"]) > limit for t in texts)
+
+
 def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Return blocks within Slack's limits: at most 50 blocks (the last one says how many were dropped),
     section/context texts at most 3000 characters, header texts at most 150."""
     out = []
     for b in blocks:
-        b = json.loads(json.dumps(b))
+        if not _too_long(b):
+            out.append(b)
+            continue
+        b = json.loads(json.dumps(b))  # a copy to cut
         if b.get("type") == "header" and isinstance(b.get("text"), dict):
             _cut_text_obj(b["text"], MAX_HEADER_TEXT)
         if b.get("type") == "section":
@@ -226,7 +257,7 @@ def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _tidy(text: str) -> str:
     """Collapse runs of blank lines to one and strip surrounding newlines."""
-    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+    return (re.sub(r"\n{3,}", "\n\n", text) if "\n\n\n" in text else text).strip("\n")
 
 
 class Renderer:

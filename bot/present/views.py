@@ -5,6 +5,7 @@ No formatting of units happens here beyond grouping and selection; templates for
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,17 @@ COMMAND_WIDTH = 90
 
 def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
     """A command line cut to `width` characters, with the program path shortened to its base name; a launch's
-    wrapper shell (bot.core.lifecycle.launch_script) is shown as `sh (gpubot launch wrapper)`."""
+    wrapper shell (bot.core.lifecycle.launch_script) is shown as `sh (gpubot launch wrapper)`. Remembered per
+    distinct (args, width) up to 4096 characters: command lines repeat within a table and from probe to probe."""
+    return _short_command(args, width) if len(args) <= 4096 else _shorten(args, width)
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_command(args: str, width: int) -> str:
+    return _shorten(args, width)
+
+
+def _shorten(args: str, width: int) -> str:
     if not args:
         return "?"
     if is_launch_wrapper(args):
@@ -125,11 +136,11 @@ def process_table(processes: list[ProcessInfo]) -> list[str]:
     """The process table as text lines, TABLE_HEADER first, one line per process (`process_rows`): pid, ppid,
     state ('?' when unknown), %CPU (one decimal), CPU time and elapsed (fmt_duration), RSS in MiB (whole), the
     command (redacted: `short_command`); '-' for a value ps did not give. RedactedLines: the renderer redacts them
-    once, in the message. Formatted here, not in the template: a table may have thousands of
-    lines, each costing a few microseconds this way and tens through a Jinja2 macro."""
-    lines = RedactedLines([TABLE_HEADER])
-    fmt = TABLE_FORMAT
+    once, in the message. Formatted here, not in the template, and all rows with one `%` (TABLE_FORMAT once per
+    row): a table may have thousands of lines."""
     durations: dict[int | None, str] = {}  # ages and CPU times repeat within a table
+    cells: list[Any] = []
+    add = cells.extend
     for p, command in process_rows(processes):
         pcpu, rss, cpu, age = p.pcpu, p.rss_kib, p.cpu_time_s, p.elapsed_s
         cpu_text = durations.get(cpu)
@@ -138,10 +149,17 @@ def process_table(processes: list[ProcessInfo]) -> list[str]:
         age_text = durations.get(age)
         if age_text is None:
             age_text = durations[age] = fmt_duration(age)
-        lines.append(fmt % (p.pid, "-" if p.ppid is None else p.ppid, p.stat or "?",
-                            "-" if pcpu is None or pcpu != pcpu else f"{pcpu:.1f}", cpu_text,
-                            "-" if rss is None else f"{rss / 1024.0:.0f}", age_text, command))
-    return lines
+        add((p.pid, "-" if p.ppid is None else p.ppid, p.stat or "?",
+             "-" if pcpu is None or pcpu != pcpu else f"{pcpu:.1f}", cpu_text,
+             "-" if rss is None else f"{rss / 1024.0:.0f}", age_text, command))
+    rows = len(cells) // 8
+    if not rows:
+        return RedactedLines([TABLE_HEADER])
+    text = "\n".join([TABLE_FORMAT] * rows) % tuple(cells)
+    lines = text.split("\n")
+    if len(lines) != rows:  # a command with a line break of its own (never from ps's args): row by row
+        lines = [TABLE_FORMAT % tuple(cells[i:i + 8]) for i in range(0, len(cells), 8)]
+    return RedactedLines([TABLE_HEADER, *lines])
 
 
 def probe_view(snap: Snapshot, selector: str, owners: dict[int, str] | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from bot.core.models import ProcessInfo
 
@@ -194,6 +195,22 @@ def _probe_row(line: str, redact: Callable[[str], str] | None = None) -> Process
                                  (_read_rest, line, m.end()), redact)
 
 
+#: %CPU and TIME cells already read, and what they gave: most rows of a table share a few (`0.0`, `00:00:00`), so
+#: a row costs a dictionary lookup for them instead of a parse. Bounded (`_remember`).
+_PCPU_SEEN: dict[str, float | None] = {}
+_CLOCK_SEEN: dict[str, int | None] = {}
+_SEEN_MAX = 4096
+_UNSEEN: Any = object()
+
+
+def _remember(seen: dict[str, Any], cell: str, value: Any) -> Any:
+    """Keep `cell` -> `value` in `seen` (emptied when it holds _SEEN_MAX cells); return `value`."""
+    if len(seen) >= _SEEN_MAX:
+        seen.clear()
+    seen[cell] = value
+    return value
+
+
 def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
     """Set the fields after `stat` of `info` from its row `line` (they start at `start`): what
     `_probe_row_split` reads from them, split the same way, with the common cells (whole numbers for RSS and
@@ -204,7 +221,13 @@ def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
         if (rss.isdigit() and elapsed.isdigit() and rss.isascii() and elapsed.isascii() and len(rss) <= 18
                 and len(elapsed) <= 12):
             el = int(elapsed)
-            info.set_rest(_float(pcpu), int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, _clock(cpu),
+            pcpu_value = _PCPU_SEEN.get(pcpu, _UNSEEN)
+            if pcpu_value is _UNSEEN:
+                pcpu_value = _remember(_PCPU_SEEN, pcpu, _float(pcpu))
+            cpu_s = _CLOCK_SEEN.get(cpu, _UNSEEN)
+            if cpu_s is _UNSEEN:
+                cpu_s = _remember(_CLOCK_SEEN, cpu, _clock(cpu))
+            info.set_rest(pcpu_value, int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, cpu_s,
                           None if wchan == "-" else wchan, parts[5].rstrip() if len(parts) == 6 else "")
             return
     full = _probe_row_split(line)  # an unusual row: every field checked one by one
@@ -425,34 +448,49 @@ def process_tree(procs: Iterable[ProcessInfo]) -> list[tuple[int, ProcessInfo]]:
     Roots (depth 0) are rows whose ppid is None, equal to their own pid, or not the pid of another row
     in `procs`. Every input row appears exactly once: rows caught in a ppid cycle (no root above them)
     are emitted as extra roots in input order. Iterative, so deep chains do not hit the recursion
-    limit. Pure; never raises.
+    limit. Pure; never raises. A table where no row's parent is another row of it (the common result of a
+    `match`) costs one pass.
     """
     rows = list(procs)
     present = {p.pid for p in rows}
-    children = _children_map(rows)
+    children: dict[int, list[int]] = {}  # ppid -> positions, for parents among the rows
+    roots: list[int] = []
+    for pos, p in enumerate(rows):
+        ppid = p.ppid
+        if ppid is None or ppid == p.pid or ppid not in present:
+            roots.append(pos)
+        else:
+            kids = children.get(ppid)
+            if kids is None:
+                children[ppid] = [pos]
+            else:
+                kids.append(pos)
+    if not children:
+        return [(0, p) for p in rows]
     out: list[tuple[int, ProcessInfo]] = []
-    visited: set[int] = set()  # positions
+    visited = [False] * len(rows)
     expanded: set[int] = set()  # pids whose children were pushed
 
     def walk(root: int) -> None:
         stack: list[tuple[int, int]] = [(root, 0)]
         while stack:
             pos, depth = stack.pop()
-            if pos in visited:
+            if visited[pos]:
                 continue
-            visited.add(pos)
+            visited[pos] = True
             row = rows[pos]
             out.append((depth, row))
-            if row.pid in expanded:
+            kids = children.get(row.pid)
+            if kids is None or row.pid in expanded:
                 continue
             expanded.add(row.pid)
-            kids = [c for c in children.get(row.pid, ()) if c not in visited]
-            stack.extend((c, depth + 1) for c in reversed(kids))
+            below = depth + 1
+            stack.extend((c, below) for c in reversed(kids) if not visited[c])
 
-    for pos, p in enumerate(rows):
-        if p.ppid is None or p.ppid == p.pid or p.ppid not in present:
-            walk(pos)
-    for pos in range(len(rows)):
-        if pos not in visited:
-            walk(pos)
+    for pos in roots:
+        walk(pos)
+    if len(out) < len(rows):
+        for pos in range(len(rows)):
+            if not visited[pos]:
+                walk(pos)
     return out
