@@ -6,7 +6,10 @@ Against the loopback SSH host (OpenSSH sshd, see benchmarks/support.py) with the
   1. on ONE warm connection (HostService's pooled one, each command wrapped in `timeout -k` as the probe is):
      the median wall of `true` (the floor), of each single host command the probe runs (ps; wc -l + tail of the
      log; nvidia-smi --query-gpu; nvidia-smi --query-compute-apps; curl of the health endpoint; the
-     /proc/*/environ tags grep) and of the full probe (HostService.probe with log= and port=: every section);
+     /proc/*/environ tags grep) and of the full probe (HostService.probe with log= and port=: every section),
+     also through the NVML fast path (the host's `nvml_python` a Python whose pynvml is the replaying fake: the
+     GPU readings from the reader kept on the connection, no nvidia-smi), compared with the slowest of the
+     commands that probe runs;
   2. at 0 ms and at 50 ms RTT (a TCP delay proxy, benchmarks/delay_proxy.py, RTT/2 each way; HostService connects
      through it too): the seed's way (the 4 checks ps, wc+tail, nvidia-smi with both queries, curl, as 4 fresh
      OpenSSH `ssh` processes one after another), the ControlMaster power user (the same 4 commands over an
@@ -107,15 +110,20 @@ def control_master(host: BenchHost, path: Path, port: int, known_hosts: Path) ->
         yield argv
 
 
-async def _warm_connection(svc: HostService, req: ProbeRequest, rounds: int,
-                           commands: dict[str, str]) -> dict[str, list[float]]:
+FAST = "full probe, NVML fast path"
+
+
+async def _warm_connection(svc: HostService, req: ProbeRequest, rounds: int, commands: dict[str, str],
+                           fast: HostService | None = None) -> dict[str, list[float]]:
     ex = svc.executor("bench")
     times: dict[str, list[float]] = {"true (the floor)": [], **{k: [] for k in commands}, "full probe": []}
+    if fast is not None:
+        times[FAST] = []
     for _ in range(rounds):
         for name in times:
             t = time.perf_counter()
-            if name == "full probe":
-                snap = await svc.probe("bench", req)
+            if name in ("full probe", FAST):
+                snap = await (svc if name == "full probe" else fast).probe("bench", req)  # type: ignore[union-attr]
                 if not hasattr(snap, "table"):
                     raise RuntimeError(f"probe failed: {snap}")
             else:
@@ -161,6 +169,12 @@ async def main(args: argparse.Namespace) -> None:
             req = ProbeRequest(log_path=str(log), port=hport)
             cfg = Config(hosts={"bench": host_config(host, nvidia_smi=smi, log_dirs=[str(tmp)])})
             svc = HostService(cfg)
+            # the same host with a Python that has pynvml (the replaying fake's): the GPU part through the NVML
+            # reader kept on the connection, as on a host with `nvml_python` (trees without the reader: skipped)
+            nvml_python = getattr(fake, "python_nvml", None)
+            fast = (HostService(Config(hosts={"bench": host_config(host, nvidia_smi=smi, log_dirs=[str(tmp)],
+                                                                   nvml_python=str(nvml_python))}))
+                    if nvml_python is not None else None)
             try:
                 snap = await svc.probe("bench", req)
                 if not hasattr(snap, "table"):
@@ -168,13 +182,22 @@ async def main(args: argparse.Namespace) -> None:
                 health = getattr(snap.health, "status", None)
                 note(f"probe sees {len(snap.table)} ps rows, GPU ok={snap.gpu.ok}, port listening="
                      f"{snap.port_listening}, health={health}, log lines={snap.log.lines if snap.log else None}")
-                times = await _warm_connection(svc, req, rounds, single_commands(smi, log, hport))
+                if fast is not None:
+                    fsnap = await fast.probe("bench", req)
+                    note(f"the fast path's probe: GPU ok={getattr(getattr(fsnap, 'gpu', None), 'ok', None)}, "
+                         f"source={getattr(getattr(getattr(fsnap, 'gpu', None), 'source', None), 'value', None)}")
+                times = await _warm_connection(svc, req, rounds, single_commands(smi, log, hport), fast)
             finally:
                 await svc.close()
+                if fast is not None:
+                    await fast.close()
             floor = median(times["true (the floor)"])
             probe = median(times["full probe"])
-            singles = {k: median(v) for k, v in times.items() if k not in ("true (the floor)", "full probe")}
+            fast_probe = median(times[FAST]) if FAST in times else None
+            singles = {k: median(v) for k, v in times.items() if k not in ("true (the floor)", "full probe", FAST)}
             slowest = max(singles, key=lambda k: singles[k])
+            no_smi = {k: v for k, v in singles.items() if not k.startswith("nvidia-smi")}
+            slowest_no_smi = max(no_smi, key=lambda k: no_smi[k])
             print(f"  one warm connection, median of {rounds} (each single command is its own exec, so it "
                   "includes one floor):")
             figure("true (the floor)", ms(floor), "one exec round trip on the warm connection")
@@ -186,6 +209,11 @@ async def main(args: argparse.Namespace) -> None:
                    f"slowest: {slowest}; acceptance: within x1.5")
             figure("probe / sum of singles", ratio(probe, sum(singles.values())),
                    "below x1: the probe saves the per-exec round trips; near x1: it runs them one after another")
+            if fast_probe is not None:
+                figure("full probe, NVML fast path", ms(fast_probe),
+                       "the same probe where the host has pynvml (`nvml_python`): no nvidia-smi run")
+                figure("fast probe / slowest single", ratio(fast_probe, no_smi[slowest_no_smi]),
+                       f"slowest of the commands it runs: {slowest_no_smi}; acceptance: within x1.5")
             seed = seed_commands(smi, log, hport)
             for rtt in (0.0, args.rtt_ms):
                 if rtt:
