@@ -13,8 +13,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bot.adapters.store import DatabaseUnavailable
 from bot.config import NAME_RE
+from bot.core.errors import DatabaseUnavailable
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
 from bot.present.render import rename_commands
