@@ -520,14 +520,17 @@ def shown_command(redactor: Redactor) -> Callable[[str], str]:
     """What a command line from `ps` becomes before anyone reads it: redacted, cut to 4 * MAX_LINE_WIDTH + 1
     characters, Slack mentions broken."""
 
-    seen = redactor.memo("shown_command")  # command lines repeat within a table and from probe to probe
+    memo = redactor.memo  # command lines repeat within a table and from probe to probe
     width = 4 * MAX_LINE_WIDTH + 1
 
     def shown(args: str) -> str:
+        # the memo is looked up at every call: values learnt meanwhile (`add_values`) start a new one, and what
+        # was redacted before they were known is not stored into it
+        seen = memo("shown_command")
         done = seen.get(args)
         if done is None:
             done = log_parse.no_mentions(redactor.then_cut(args, width))
-            if len(args) <= CACHE_MAX_CHARS:
+            if len(args) <= CACHE_MAX_CHARS and memo("shown_command") is seen:
                 if len(seen) >= CACHE_ENTRIES:
                     seen.clear()
                 seen[args] = done

@@ -27,6 +27,8 @@ def short_command(args: str, width: int = COMMAND_WIDTH) -> str:
     """A command line cut to `width` characters, with the program path shortened to its base name; a launch's
     wrapper shell (bot.core.lifecycle.launch_script) is shown as `sh (gpubot launch wrapper)`. Remembered per
     distinct (args, width) up to 4096 characters: command lines repeat within a table and from probe to probe."""
+    if not args:
+        return "?"
     return _short_command(args, width) if len(args) <= 4096 else _shorten(args, width)
 
 

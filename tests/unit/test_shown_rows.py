@@ -170,3 +170,19 @@ def test_the_shown_command_memo_keeps_long_lines_out() -> None:
     shown("x" * 5000)
     shown("short one")
     assert r.memo("shown_command") == {"short one": "short one"}
+
+
+def test_a_shown_command_closure_masks_values_learnt_after_it_was_made() -> None:
+    # the closure of one probe reads rows lazily: a value learnt between two reads of the same command line
+    r = Redactor()
+    shown = shown_command(r)
+    line = "serve --note tok-0123456789abcdef"
+    assert shown(line) == line
+    r.add_values(["tok-0123456789abcdef"])
+    assert shown(line) == f"serve --note {MASK}"
+
+
+def test_short_command_of_nothing_is_a_question_mark() -> None:
+    from bot.present.views import short_command
+
+    assert short_command("") == "?" and short_command(None) == "?"  # type: ignore[arg-type]
