@@ -42,7 +42,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise UserError(f"Bundle of {la.name}", str(e), audit="error", thread_ts=ctx.thread_for(la),
                         launch_id=la.id) from None
     verdict, phase = offline_verdict(bundle)
-    msg = ctx.services.renderer.error(
+    msg = ctx.services.renderer.notice(
         f"Bundle of {la.name}",
         f"{len(bundle.files)} files from {bundle.host}, redacted; diagnosed offline: {verdict}"
         + (f" in {phase}" if phase else "") + f". Unpack and run `gpubot diagnose {bundle.name}`.")

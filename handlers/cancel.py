@@ -20,8 +20,8 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise not_decided(ctx, d, cid)
     text = f":no_entry_sign: Nothing was stopped: kill of {d.what()} cancelled"
     edits = decided(ctx, text)
-    message = None if edits else ctx.services.renderer.error("Kill cancelled",
-                                                             f"kill of {d.what()}: nothing was stopped")
+    message = None if edits else ctx.services.renderer.notice(
+        "Kill cancelled", f"kill of {d.what()}: nothing was stopped", icon=":no_entry_sign:")
     return Reply(message, audit="cancelled", launch_id=d.confirmation.launch_id if d.confirmation else None,
                  edits=edits)
 

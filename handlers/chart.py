@@ -18,7 +18,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise args.bad("name at most one launch", USAGE)
     la = args.launch(ctx, call.args[0] if call.args else None, USAGE)
     png, checks = await ctx.services.watcher.timeline(la)
-    msg = ctx.services.renderer.error(f"Timeline of {la.name}", f"{checks} checks")
+    msg = ctx.services.renderer.notice(f"Timeline of {la.name}", f"{checks} checks", icon=":chart_with_upwards_trend:")
     msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
     return ctx.reply(msg, launch=la)
 

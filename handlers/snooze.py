@@ -20,7 +20,8 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     minutes = args.count(minutes_text or "15", 1, MAX_SNOOZE_MIN, "minutes", USAGE)
     la = args.launch(ctx, ref, USAGE, allow_only_live=False)
     la = ctx.services.launches.snooze(la, minutes, user=ctx.user, channel=ctx.channel)
-    return ctx.reply(ctx.services.renderer.error(f"Alerts of {la.name} snoozed", f"for {minutes} min; checks go on"),
+    return ctx.reply(ctx.services.renderer.notice(f"Alerts of {la.name} snoozed", f"for {minutes} min; checks go on",
+                                                 icon=":zzz:"),
                      launch=la)
 
 

@@ -295,6 +295,10 @@ class Renderer:
         context = self.redactor.deep(context)
         return self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
 
+    def notice(self, title: str, detail: str, icon: str = ":white_check_mark:", hint: str | None = None) -> Message:
+        """A success answer (templates/notice.*): `icon` (Slack emoji markup), then `title: detail`, and a hint."""
+        return self.render("notice", icon=icon, text=f"{title}: {detail}", hint=hint)
+
     def error(self, title: str, detail: str, hint: str | None = None) -> Message:
         """The error answer (templates/error.*): a title, what was wrong, and what to do."""
         return self.render("error", title=title, detail=detail, hint=hint)

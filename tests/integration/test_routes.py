@@ -5,6 +5,7 @@ launch it was made for."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -96,6 +97,8 @@ async def test_snooze_means_the_same_on_every_route(bot):
         before = bot.launch(1).snoozed_until or 0
         answer = await bot.chat.say(text, thread=where)
         assert f"Alerts of base#1 snoozed: for {minutes} min" in answer.text, (text, answer.text)
+        shown = json.dumps(answer.post.message.blocks)
+        assert ":zzz:" in shown and ":warning:" not in shown, shown  # a success, not an error
         after = bot.launch(1).snoozed_until
         assert after is not None and after > before, text
         assert answer.thread == thread, text  # answered in the launch's thread

@@ -668,3 +668,13 @@ def test_random_snapshots_always_fit_slack(seed, n_gpus, n_procs, n_lines, long_
         assert texts
         for s in texts:
             assert "<" not in s and ">" not in s, s
+
+
+def test_a_notice_is_a_success_with_its_icon_not_a_warning() -> None:
+    from bot.present.render import Renderer
+
+    msg = Renderer().notice("Kill cancelled", "kill of base#1: nothing was stopped <@U1>", icon=":no_entry_sign:")
+    assert msg.text == "Kill cancelled: kill of base#1: nothing was stopped <@U1>"
+    shown = msg.blocks[0]["text"]["text"]
+    assert shown.startswith(":no_entry_sign: Kill cancelled:") and ":warning:" not in shown
+    assert "&lt;@U1&gt;" in shown  # host or user text is escaped, never a mention
