@@ -83,7 +83,7 @@ WATCHDOG = (
 )
 
 
-# --- the rules DESIGN §6 names --------------------------------------------------------------------------
+# --- the rules the diagnose package lists (bot/core/diagnose/__init__.py) ------------------------------
 
 
 def test_benign_import_errors_are_not_crashes():

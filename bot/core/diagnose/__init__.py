@@ -1,10 +1,11 @@
 """The diagnosis engine: one `Observation` of a launch in, one `Verdict` out. Pure: no I/O.
 
 `diagnose(obs)` decides what state a GPU inference server launch is in (`loading`, `ready`, `silent_hang`,
-`crashed`, `oom`, ...; the vocabulary of `tests/fixtures/cases/README.md` and DESIGN §6), in which start-up
-phase, and quotes the evidence verbatim. Every engine-specific string it knows (phase markers, progress bars,
-heartbeats, failure signatures, known-benign warnings, readiness lines, next steps) is DATA in
-`bot/core/diagnose/signatures.yaml`, loaded once when this package is imported; the rules are engine-agnostic:
+`crashed`, `oom`, ...; the vocabulary of `tests/fixtures/cases/README.md` and of the README's "Diagnosing a
+stuck launch"), in which start-up phase, and quotes the evidence verbatim. Every engine-specific string it
+knows (phase markers, progress bars, heartbeats, failure signatures, known-benign warnings, readiness lines,
+next steps) is DATA in `bot/core/diagnose/signatures.yaml`, loaded once when this package is imported; the rules
+are engine-agnostic:
 
 - the FIRST specific failure decides the verdict, and the first failure of any kind is quoted; a watchdog
   timeout is an echo of an earlier failure, so it only decides the verdict when nothing specific came first;
