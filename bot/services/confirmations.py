@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from bot.adapters.store.confirmations import ConfirmationRepository
 from bot.core.lifecycle import KillOutcome, KillPreview
-from bot.core.models import Confirmation, ConfirmationState, Launch
+from bot.core.models import Confirmation, ConfirmationState, Launch, LaunchState
 from bot.present.views import user_mention
 from bot.services.launches import LaunchService
 
@@ -89,6 +89,15 @@ class ConfirmationService:
             why = f"expired (older than {self.ttl_s / 60:.0f} min); type the kill again"
         return Decision(conf, False, why)
 
+    def _ended_launch(self, conf_id: int) -> Launch | None:
+        """The launch of pending confirmation `conf_id` when it has ended (not live, and no kill is stopping it),
+        else None."""
+        pending = self._rows.get(conf_id)
+        if pending is None or pending.state != ConfirmationState.PENDING or pending.launch_id is None:
+            return None
+        la = self._launches.get(pending.launch_id)
+        return la if la is not None and not la.live and la.state != LaunchState.STOPPING else None
+
     def cancel(self, conf_id: int, *, user: str) -> Decision:
         """Decide confirmation `conf_id` as cancelled if it is still pending (nothing is stopped)."""
         return self._decide(conf_id, ConfirmationState.CANCELLED, user)
@@ -96,6 +105,13 @@ class ConfirmationService:
     async def confirm(self, conf_id: int, *, user: str, channel: str | None = None) -> Decision | ConfirmedKill:
         """Decide confirmation `conf_id` as confirmed and run its kill. Returns the Decision alone when this
         click did not decide it (unknown, already decided, expired), else the ConfirmedKill."""
+        ended = self._ended_launch(conf_id)
+        if ended is not None:  # killed meanwhile (`--yes`, another confirmation) or ended: nothing to confirm
+            d = self._decide(conf_id, ConfirmationState.CANCELLED, user)
+            if d.won:
+                return Decision(d.confirmation, False,
+                                f"not needed: {ended.name} already ended ({ended.state.value}); nothing was stopped")
+            return d
         d = self._decide(conf_id, ConfirmationState.CONFIRMED, user)
         if not d.won or d.confirmation is None:
             return d

@@ -51,6 +51,12 @@ class ConfirmationRepository:
             s.flush()
             return _confirmation(row)
 
+    def get(self, conf_id: int) -> Confirmation | None:
+        """Confirmation `conf_id` as it is now, or None when unknown."""
+        with self._db.transaction() as s:
+            row = s.get(ConfirmationRow, conf_id)
+            return None if row is None else _confirmation(row)
+
     def claim(self, conf_id: int, *, state: ConfirmationState, user_id: str,
               max_age_s: float) -> tuple[Confirmation | None, bool]:
         """Decide confirmation `conf_id` as `state` if it is still pending and younger than `max_age_s`
