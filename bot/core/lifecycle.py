@@ -606,5 +606,6 @@ def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -
         return LaunchState.KILL_FAILED, detail, "incomplete"
     result = "unverified" if out.gpu_error else "released" if out.released else "killed"
     if before in TERMINAL_STATES:  # leftovers of a launch that had ended: how it ended stays its state
-        return before, f"{before_detail or before}; its leftovers were stopped: {detail}", result
+        said = (before_detail or before.value).rstrip().rstrip(".;")
+        return before, f"{said}; its leftovers were stopped: {detail}", result
     return LaunchState.KILLED, detail, result

@@ -433,3 +433,15 @@ def test_kill_confirm_view_and_its_buttons():
         "gpubot_killpid_confirm", "-", None, None)
     assert buttons(RENDERER.render("kill_confirm", decided=None, **pid_kill).blocks)[0] == (
         "gpubot_killpid_confirm", "32")
+
+
+def test_the_leftovers_of_an_ended_launch_are_said_after_its_detail_in_one_sentence() -> None:
+    from bot.core.lifecycle import KillOutcome, kill_end
+
+    out = KillOutcome(target="base#1", released=True)
+    state, detail, result = kill_end(out, LaunchState.FAILED, "exited 0.4 s after it was started, before it.")
+    assert state == LaunchState.FAILED and result == "released"
+    assert detail.startswith("exited 0.4 s after it was started, before it; its leftovers were stopped: ")
+    assert ".;" not in detail
+    state, detail, _ = kill_end(out, LaunchState.EXITED, None)
+    assert detail.startswith("exited; its leftovers were stopped: ")
