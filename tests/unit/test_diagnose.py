@@ -749,3 +749,17 @@ def test_an_unreadable_kernel_log_is_no_evidence_either_way():
         v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=dmesg))
         assert v.verdict == "crashed" and "no kernel log to confirm it" in v.summary, v.summary
         assert any("SIGKILL" in s for s in v.next_steps)
+
+
+def test_port_evidence_names_the_launchs_sockets_not_the_hosts_other_services() -> None:
+    from bot.core.diagnose import ListenObs
+    from bot.core.models import ProcessInfo
+
+    listening = [ListenObs("0.0.0.0", 22, "812/sshd", "tcp 0.0.0.0:22 LISTEN 812/sshd"),
+                 ListenObs("127.0.0.1", 5432, "900/postgres", "tcp 127.0.0.1:5432 LISTEN 900/postgres"),
+                 ListenObs("0.0.0.0", 29500, "4242/python3", "tcp 0.0.0.0:29500 LISTEN 4242/python3")]
+    obs = Observation(log_lines=_sglang_loaded(), process_alive=True, port=30000, port_open=False,
+                      listening=listening, processes=[ProcessInfo(pid=4242, ppid=1, args="python3 -m sglang")])
+    evidence = "\n".join(diagnose(obs).evidence)
+    assert "29500" in evidence and "4242/python3" in evidence
+    assert "sshd" not in evidence and "postgres" not in evidence

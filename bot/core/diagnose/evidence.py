@@ -254,17 +254,29 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
         ev.add(f"... and {len(gpus) - 8} more GPU(s)")
 
 
+def _owner_pid(owner: str | None) -> int | None:
+    """The pid of a socket's owner as netstat/ss print it (`1234/python3`, `pid=1234`), or None."""
+    m = re.search(r"(?:^|pid=)(\d{1,10})\b", owner or "")
+    return int(m.group(1)) if m else None
+
+
 def _port_evidence(ev: _Ev, obs: Observation) -> None:
     port = f"port {obs.port}" if obs.port is not None else "the server port"
     if obs.port_open is True:
         ev.add(f"{port} is listening")
     elif obs.port_open is False:
         ev.add(f"{port} is not listening")
+    # the sockets that say something about this launch: its port, and what its own processes listen on (a
+    # server on another port than the one configured, or alive on its workers' ports but not yet on its own);
+    # never the host's other services. Without a process table (a container's netstat alone), the sockets that
+    # name an owner.
+    own = {p.pid for p in obs.processes or []}
     shown = 0
     for s in obs.listening or []:
         if shown >= 6:
             break
-        if obs.port is None or s.port == obs.port or obs.port_open is False:
+        owner = _owner_pid(s.owner)
+        if (obs.port is not None and s.port == obs.port) or (owner in own if own else owner is not None):
             text = s.line or f"{s.address}:{s.port} {s.owner or ''}"
             ev.add(f"listening socket: `{_q(text)}`")
             shown += 1
