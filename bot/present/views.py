@@ -273,7 +273,8 @@ def kill_confirm_view(pv: Any, *, confirm_command: str, value: str, action_id: A
         "host": pv.host,
         "pgid": pv.pgid,
         "count": len(pv.processes),
-        "processes": [{"pid": p.pid, "stat": p.stat, "command": short_command(p.args, 60)} for p in pv.processes[:8]],
+        "processes": [{"pid": p.pid, "stat": p.stat or "?", "command": short_command(p.args)}
+                      for p in pv.processes[:8]],
         "more": max(0, len(pv.processes) - 8),
         "gpus": ",".join(map(str, pv.gpus)) if pv.gpus else "-",
         "gib": None if pv.gpu_mib is None else pv.gpu_mib / 1024,
