@@ -7,12 +7,13 @@ root is edited (`chat.update`), unless a newer launch (a relaunch) now owns the 
 
 from __future__ import annotations
 
+import json
 import logging
 
 from bot.adapters.store.launches import LaunchRepository
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
-from bot.present.render import Renderer
+from bot.present.render import Message, Renderer
 from bot.present.views import launch_view
 from bot.services.surface import Surface
 
@@ -26,6 +27,9 @@ class IncidentThreads:
         self._launches = launches
         self._surface = surface
         self._render = renderer
+        # what each root message shows now, (channel, ts) -> (text, blocks as JSON): an edit that would change
+        # nothing is not sent (a check that records a field the root does not show)
+        self._shown: dict[tuple[str, str], tuple[str, str]] = {}
 
     async def open(self, la: Launch) -> Launch:
         """Post `la`'s root message in its channel and record the thread (a ts, or a `q:` reference while
@@ -33,10 +37,13 @@ class IncidentThreads:
         if not la.channel:
             return la
         try:
-            ts = await self._surface.post(la.channel, self._render.render("launch_root", **launch_view(la)))
+            msg = self._render.render("launch_root", **launch_view(la))
+            ts = await self._surface.post(la.channel, msg)
         except Exception:
             log.exception("posting the root message of %s failed", la.name)
             return la
+        if ts:
+            self._remember(la.channel, ts, msg)
         return self._launches.update(la.id, thread_ts=ts) if ts else la
 
     async def show(self, la: Launch, verdict: Verdict | None = None) -> bool:
@@ -49,8 +56,29 @@ class IncidentThreads:
         if newest is not None and newest.id != la.id:
             return False
         try:
-            return await self._surface.update(la.channel, la.thread_ts,
-                                              self._render.render("launch_root", **launch_view(la, verdict)))
+            msg = self._render.render("launch_root", **launch_view(la, verdict))
+            if self._shown.get((la.channel, la.thread_ts)) == _content(msg):
+                return True  # it already shows exactly this
+            updated = await self._surface.update(la.channel, la.thread_ts, msg)
         except Exception:
             log.exception("updating the root message of %s failed", la.name)
             return False
+        if updated:
+            self._remember(la.channel, la.thread_ts, msg)
+        return updated
+
+    def _remember(self, channel: str, ts: str, msg: Message) -> None:
+        """Keep what the root message (channel, ts) shows (the SHOWN_KEPT newest roots)."""
+        key = (channel, ts)
+        self._shown.pop(key, None)
+        self._shown[key] = _content(msg)
+        while len(self._shown) > SHOWN_KEPT:
+            self._shown.pop(next(iter(self._shown)))
+
+
+#: Root messages whose content is remembered (to skip edits that change nothing).
+SHOWN_KEPT = 1024
+
+
+def _content(msg: Message) -> tuple[str, str]:
+    return msg.text, json.dumps(msg.blocks, sort_keys=True)

@@ -3,6 +3,8 @@ crash or run out of memory; persisted jobs; one alert per change of state; butto
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import shutil
 import signal
@@ -66,6 +68,10 @@ async def test_each_outcome_gets_one_alert_with_evidence(make_bot, gpu_config, m
     (posted,) = alerts(bot, verdict)
     assert quote in posted.text, posted.text
     assert posted.thread_ts == la.thread_ts
+    # the root message is edited only when what it shows changes
+    root = bot.chat.posts[0]
+    shown = [(m.text, json.dumps(m.blocks, sort_keys=True)) for m in (root.message, *root.edits)]
+    assert all(a != b for a, b in itertools.pairwise(shown)), [t for t, _ in shown]
     if verdict == "silent_hang":
         # the alert came from the FIRST check past the threshold: every earlier check saw less silence
         recs = [r for r in bot.store.observations.list(1) if "error" not in r]
