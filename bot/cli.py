@@ -16,7 +16,6 @@ from typing import NoReturn
 import click
 
 from bot.adapters.statelock import StateDirLocked
-from bot.adapters.store.errors import DatabaseUnavailable
 
 
 def _setup_logging(level: str) -> None:
@@ -70,7 +69,11 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except StateDirLocked as e:
             _fail(str(e))
-        except DatabaseUnavailable as e:
+        except Exception as e:
+            from bot.core.errors import DatabaseUnavailable  # here: `--version` imports nothing of the bot's core
+
+            if not isinstance(e, DatabaseUnavailable):
+                raise
             _fail(f"cannot use the bot's state at {e.path}: {e.reason} ({_state_hint(e.reason)})")
 
 

@@ -18,6 +18,10 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Start one launch of a variant; the answer goes into its new thread. Refusals say what holds what."""
     if len(call.args) != 1:
         known = ", ".join(ctx.config.variants) or "(none configured)"
+        flags = [a for a in call.args[1:] if a.startswith("-")]
+        if flags:  # `--flag=value` is a word here: params are `name=value`
+            raise args.bad(f"`{flags[0][:40]}` is not a param: params are written `name=value`, without dashes",
+                           f"{USAGE}. Variants: {known}")
         raise args.bad("name exactly one variant", f"{USAGE}. Variants: {known}")
     variant = call.args[0]
     params = dict(call.kwargs)

@@ -162,6 +162,14 @@ async def test_param_injection_is_rejected_or_quoted(bot, tmp_path, inj):
     assert not marker.exists()
 
 
+async def test_a_dashed_param_is_named_as_such(bot):
+    answer = await bot.chat.say("/launch base --evil=1")
+    assert "Bad arguments" in answer.text and "`--evil=1` is not a param" in answer.text, answer.text
+    assert "name=value" in answer.text and not bot.store.launches.recent()
+    answer = await bot.chat.say("/launch base other")
+    assert "name exactly one variant" in answer.text, answer.text
+
+
 async def test_launch_survives_a_bot_restart(make_bot, gpu_config):
     first = await make_bot(gpu_config)
     await first.chat.say("/launch base mode=hang")
