@@ -26,6 +26,7 @@ from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
 from bot.adapters.store import DatabaseUnavailable
 from bot.config import Config, ConfigError
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from handlers import derive as handler_derive
 
 if TYPE_CHECKING:
@@ -188,7 +189,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
                   nvml_reader: NvmlReader | None = None, extra_path: list[str] | None = None,
                   watch_policy: WatchPolicy | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
                   outbox_options: Mapping[str, float] | None = None,
-                  surface_factory: Callable[[Outbox], Surface] | None = None, recover: bool = True) -> Runtime:
+                  surface_factory: Callable[[Outbox], Surface] | None = None, recover: bool = True,
+                  clock: Clock | None = None) -> Runtime:
     """Wire a bot for `config`.
 
     Answers go to `surface`, or, with a `transport` (Slack), through an Outbox in the database
@@ -201,7 +203,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     state directory's lock (one bot per state directory; released by `Runtime.close`). Raises ConfigError
     (see `config_problems`), StateDirLocked when another bot holds the state directory, ValueError without
     a surface or transport, and DatabaseUnavailable (naming the file or directory) for an unusable database or
-    state directory.
+    state directory. `clock` (default: the system's) is the one clock of the bot: the store's times, kill
+    confirmations' expiry, launches' and checks' times (tests pass tests.support.clock.ManualClock).
     """
     from bot.adapters.cpu import CpuPool
     from bot.adapters.logs import redact_logs
@@ -235,7 +238,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     except OSError as e:
         raise _dir_unusable(str(lock.dir), e) from e
     try:
-        store = store or Store(config.database_url or state_url(config.state_dir))
+        store = store or Store(config.database_url or state_url(config.state_dir), clock or SYSTEM_CLOCK)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -260,7 +263,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     confirmations = ConfirmationService(store.confirmations, launches)
     history = CheckHistory(store.observations)
     cpu = CpuPool()
-    alerts = AlertPoster(surface, renderer, threads, history, cpu)
+    alerts = AlertPoster(surface, renderer, threads, history, cpu, store.clock)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       history=history, cpu=cpu, policy=watch_policy, stacks=stacks)
     bundles = BundleService(hosts, launches, stacks, audit, redactor, policy_for=watcher.policy_for)

@@ -4,10 +4,10 @@ the root message edited to show the verdict."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from bot.adapters.cpu import CpuPool
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
 from bot.core.observe import phase_times
@@ -26,7 +26,8 @@ class AlertPoster:
     loop)."""
 
     def __init__(self, surface: Surface, renderer: Renderer, threads: IncidentThreads, history: CheckHistory,
-                 cpu: CpuPool):
+                 cpu: CpuPool, clock: Clock = SYSTEM_CLOCK):
+        self._clock = clock
         self._surface = surface
         self._render = renderer
         self._threads = threads
@@ -44,7 +45,7 @@ class AlertPoster:
             return False
         # the records' times are the host's clock, created_at the bot's: the time since the launch is the
         # bot's, the phases are the host's, with the launch's start moved onto the host's clock
-        bot_now = time.time()
+        bot_now = self._clock.time()
         host_now = record.get("t", bot_now)
         try:
             records = await self._history.all(la.id)

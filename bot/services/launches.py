@@ -73,6 +73,7 @@ class LaunchService:
         self._health_paths: dict[str, str] = {}
         self.hosts = hosts
         self._launches = store.launches
+        self._clock = store.clock  # the bot's one clock (bot.core.clock): wall times of records
         self._audit = audit
         self._threads = threads
         self._redactor = redactor or Redactor(config.redact_patterns)
@@ -156,7 +157,7 @@ class LaunchService:
     def note_activity(self, launch_id: int) -> None:
         """Record that the bot itself just worked on the launch's processes (a stack dump): the next check does
         not count the CPU time that caused as progress."""
-        self._activity[launch_id] = time.time()
+        self._activity[launch_id] = self._clock.time()
 
     def bot_activity(self, launch_id: int) -> float | None:
         """Epoch seconds of the bot's latest own work on the launch's processes (see note_activity), or None."""
@@ -358,7 +359,7 @@ class LaunchService:
             return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}", host=host)
         same, others = [], []
         for la in self._launches.live(host):
-            recent = la.state == LaunchState.STARTING and time.time() - la.created_at < STARTING_GRACE_S
+            recent = la.state == LaunchState.STARTING and self._clock.time() - la.created_at < STARTING_GRACE_S
             if recent or self.launch_processes_of(la, snap):
                 (same if la.variant == variant else others).append(la)
             else:
@@ -692,7 +693,7 @@ class LaunchService:
         Raises LaunchError for an out-of-range duration."""
         if not 1 <= minutes <= MAX_SNOOZE_MIN:
             raise LaunchError(f"minutes must be 1..{MAX_SNOOZE_MIN}")
-        la = self._launches.update(la.id, snoozed_until=time.time() + minutes * 60)
+        la = self._launches.update(la.id, snoozed_until=self._clock.time() + minutes * 60)
         self._audit.record(user_id=user, action="snooze", args={"launch": la.name, "minutes": minutes},
                            launch_id=la.id, host=la.host, channel=channel)
         return la

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,6 +94,7 @@ class Watcher:
         self.config = config
         self.launches = launches
         self._launch_rows = store.launches
+        self._clock = store.clock  # the bot's one clock (bot.core.clock)
         self._history = history
         self._cpu = cpu
         self._alerts = alerts
@@ -286,7 +286,7 @@ class Watcher:
         if looked is None:
             looked = await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
         if isinstance(looked, HostFailure):
-            self._history.add(la.id, {"t": time.time(), "error": looked.reason})
+            self._history.add(la.id, {"t": self._clock.time(), "error": looked.reason})
             await self._host_unreachable(la, looked.reason)
             return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
@@ -295,7 +295,7 @@ class Watcher:
         policy = self.policy_for(la)
         serving = la.ready_at is not None
         dump_files: list[tuple[str, bytes]] = []
-        if verdict.verdict != la.alert_state and not (la.snoozed_until and time.time() < la.snoozed_until):
+        if verdict.verdict != la.alert_state and not (la.snoozed_until and self._clock.time() < la.snoozed_until):
             verdict, dump_files = await self._stack_evidence(la, verdict, policy, snap)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self._history.add(la.id, record)
@@ -309,7 +309,7 @@ class Watcher:
         # survives (a caught allocation failure), and a live launch must stay watched
         ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
                                                             and verdict.verdict != "ready"))
-        if current.snoozed_until and time.time() < current.snoozed_until and not ended:
+        if current.snoozed_until and self._clock.time() < current.snoozed_until and not ended:
             return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         previous = [r.get("verdict") for r in history if not r.get("error")]
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
@@ -382,7 +382,7 @@ class Watcher:
         recent = await self._history.recent(la.id, 2)
         if len(recent) < 2 or not all(r.get("error") for r in recent):
             return
-        la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", time.time()))
+        la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", self._clock.time()))
         msg = self._render.render("notice", icon=":electric_plug:",
                                   text=f"{la.host} cannot be reached: {reason}",
                                   hint=f"The checks of {la.name} go on; this thread is told when {la.host} is back.")
@@ -390,12 +390,12 @@ class Watcher:
 
     async def _host_back(self, la: Launch) -> Launch:
         """Tell the thread that the host answers again (once), and forget that it was unreachable."""
-        since = la.unreachable_since or time.time()
+        since = la.unreachable_since or self._clock.time()
         la = self._launch_rows.update(la.id, unreachable_since=None)
         if la.channel:
             msg = self._render.render("notice", icon=":white_check_mark:",
                                       text=f"{la.host} is reachable again (it was not for "
-                                           f"{fmt_duration(time.time() - since)})",
+                                           f"{fmt_duration(self._clock.time() - since)})",
                                       hint=f"The checks of {la.name} go on.")
             await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
         return la

@@ -149,3 +149,26 @@ async def test_a_second_install_suggests_its_own_commands(make_bot, ssh_server, 
     refused = await bot.chat.say("/launch-staging base")  # a refusal's hint names this install's /kill
     assert "`/kill-staging 1`" in refused.text, refused.text
     assert await bot.chat.say("!gpu status") is None  # the other install's prefix and router
+
+
+async def test_a_kill_confirmation_expires_after_an_hour_on_the_bots_clock(gpu_config):
+    from tests.support.clock import ManualClock
+
+    clock = ManualClock()
+    out = io.StringIO()
+    runtime = build_runtime(gpu_config, surface=ConsoleSurface(out), poll_s=0.2, start_check_s=0.5, clock=clock)
+    await runtime.start(watch=False)
+    try:
+        for line in ("/launch base mode=hang workers=1", "/kill 1", "/kill 1"):
+            assert await run_command_line(line, runtime)
+        clock.advance(3599)  # confirmation 1 is still young
+        assert await run_command_line("cancel 1", runtime)
+        assert "kill of launch 1: nothing was stopped" in out.getvalue()
+        clock.advance(2)  # confirmation 2 is now older than an hour
+        assert await run_command_line("confirm 2", runtime)
+        assert "this kill was expired (older than 60 min); type the kill again" in out.getvalue()
+        assert runtime.launches.get(1).state == LaunchState.RUNNING and pids_of_launch(runtime.launches.get(1))
+        assert runtime.launches.get(1).created_at == pytest.approx(clock.time() - 3601, abs=5)
+    finally:
+        kill_launches(runtime.store.launches.recent())
+        await runtime.close()

@@ -19,6 +19,7 @@ from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
 from tests.support.alerts import alerts, full_text, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config
+from tests.support.clock import ManualClock
 from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,11 +31,11 @@ async def watched(make_bot, gpu_config):
     return await make_bot(gpu_config, watch=True, watch_policy=FAST_WATCH)
 
 
-async def hung_then_watched(make_bot, config, text: str, workers: int):
+async def hung_then_watched(make_bot, config, text: str, workers: int, **options):
     """A bot that launches `text` (a server that hangs after loading), waits until every rank has finished
     loading, and only then starts its checks: on a loaded machine starting the ranks alone can take longer
-    than the 2 s silence threshold, which would be a (right) alert of the wrong hang."""
-    bot = await make_bot(config, watch_policy=FAST_WATCH)
+    than the 2 s silence threshold, which would be a (right) alert of the wrong hang. `options` go to the bot."""
+    bot = await make_bot(config, watch_policy=FAST_WATCH, **options)
     launched = await bot.chat.say(text)
     assert "Launched " in launched.text, launched.text
     await wait_log(bot.launch(1).log_path, "Load weight end", count=workers)
@@ -261,14 +262,18 @@ async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets
 
 
 async def test_snoozed_change_is_posted_after_the_snooze(make_bot, gpu_config):
-    watched = await hung_then_watched(make_bot, gpu_config, "/launch base mode=hang workers=1", 1)
+    clock = ManualClock()  # the bot's clock: the snooze ends when the test moves it, not after 15 real minutes
+    watched = await hung_then_watched(make_bot, gpu_config, "/launch base mode=hang workers=1", 1, clock=clock)
     la = watched.launch(1)
-    snoozed = await watched.chat.say("!snooze 1", thread=la.thread_ts)
-    assert "snoozed" in snoozed.text
+    snoozed = await watched.chat.say("!snooze", thread=la.thread_ts)  # the thread's launch, 15 minutes
+    assert "snoozed: for 15 min" in snoozed.text, snoozed.text
+    assert watched.launch(1).snoozed_until == pytest.approx(clock.time() + 15 * 60)
     # the hang happens during the snooze: the checks see it, nothing is posted
     await wait_until(lambda: any(r.get("verdict") == "silent_hang" for r in watched.store.observations.list(1)),
                      what="a check that saw the hang")
+    clock.advance(14 * 60)  # still snoozed
+    await wait_checks(watched, 1, 2)
     assert not alerts(watched, "silent_hang")
-    watched.store.launches.update(1, snoozed_until=0.0)  # the snooze ends
+    clock.advance(61)  # the snooze ends
     await wait_alert(watched, 1, {"silent_hang"})
     assert len(alerts(watched, "silent_hang")) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bot.adapters.store.errors import DatabaseUnavailable
+from bot.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from bot.adapters.store.db import default_url
@@ -35,7 +36,7 @@ class Store:
     """The database of one bot and its repositories. Raises DatabaseUnavailable for a database that cannot be
     opened (see Database); the repositories raise it when a read or write is refused."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, clock: Clock = SYSTEM_CLOCK):
         from bot.adapters.store.confirmations import ConfirmationRepository
         from bot.adapters.store.db import Database
         from bot.adapters.store.events import EventRepository
@@ -45,11 +46,12 @@ class Store:
 
         self.db = Database(url)
         self.url = url
-        self.launches = LaunchRepository(self.db)
-        self.events = EventRepository(self.db)
-        self.observations = ObservationRepository(self.db)
-        self.confirmations = ConfirmationRepository(self.db)
-        self.outbox = OutboxRepository(self.db)
+        self.clock = clock
+        self.launches = LaunchRepository(self.db, clock)
+        self.events = EventRepository(self.db, clock)
+        self.observations = ObservationRepository(self.db, clock)
+        self.confirmations = ConfirmationRepository(self.db, clock)
+        self.outbox = OutboxRepository(self.db, clock)
 
     def close(self) -> None:
         """Dispose of the engine's connections."""

@@ -8,6 +8,7 @@ from sqlalchemy import Float, Integer, String, Text, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import Confirmation, ConfirmationState
 
 
@@ -38,15 +39,16 @@ def _confirmation(row: ConfirmationRow) -> Confirmation:
 class ConfirmationRepository:
     """One-shot kill confirmations. Raises sqlalchemy errors for a broken database."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
         self._db = db
+        self._clock = clock
 
     def add(self, *, asked_by: str, host: str, launch_id: int | None = None, pid: int | None = None,
             command: str | None = None) -> Confirmation:
         """Record a pending confirmation and return it (its id is the [Kill] / [Cancel] buttons' value)."""
         with self._db.transaction() as s:
             row = ConfirmationRow(asked_by=asked_by, host=host, launch_id=launch_id, pid=pid, command=command,
-                                  created_at=time.time())
+                                  created_at=self._clock.time())
             s.add(row)
             s.flush()
             return _confirmation(row)
@@ -65,7 +67,7 @@ class ConfirmationRepository:
         with self._db.transaction() as s:
             res = s.execute(update(ConfirmationRow).where(
                 ConfirmationRow.id == conf_id, ConfirmationRow.state == ConfirmationState.PENDING.value,
-                ConfirmationRow.created_at >= time.time() - max_age_s,
-            ).values(state=ConfirmationState(state).value, decided_by=user_id, decided_at=time.time()))
+                ConfirmationRow.created_at >= self._clock.time() - max_age_s,
+            ).values(state=ConfirmationState(state).value, decided_by=user_id, decided_at=self._clock.time()))
             row = s.get(ConfirmationRow, conf_id)
             return (None if row is None else _confirmation(row)), bool(res.rowcount)

@@ -10,6 +10,7 @@ from sqlalchemy import Float, ForeignKey, Integer, String, Text, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import Event
 
 
@@ -43,15 +44,16 @@ class EventRepository:
     """Appends and reads audit rows. It stores what it is given: redaction is the audit writer's job
     (bot.services.audit). Raises sqlalchemy errors for a broken database."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
         self._db = db
+        self._clock = clock
 
     def add(self, *, user_id: str, action: str, args: dict[str, Any], result: str, detail: str | None,
             launch_id: int | None, host: str | None, channel: str | None) -> Event:
         """Append one row (args as JSON) and return it. One Core insert (every command writes one: an ORM
         session costs several times as much)."""
         args_json = json.dumps(args, sort_keys=True, default=str)
-        values = dict(at=time.time(), user_id=user_id, action=action, args_json=args_json, result=result,
+        values = dict(at=self._clock.time(), user_id=user_id, action=action, args_json=args_json, result=result,
                       detail=detail, launch_id=launch_id, host=host, channel=channel)
         with self._db.writing() as c:
             key = c.execute(_INSERT, values).inserted_primary_key

@@ -16,6 +16,7 @@ from sqlalchemy import Float, ForeignKey, Integer, String, Text, bindparam, sele
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from bot.adapters.store.db import Base, Database
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import LIVE_STATES, TERMINAL_STATES, Launch, LaunchState
 
 
@@ -93,8 +94,9 @@ class LaunchRepository:
     """Launches and their incident threads. Every method is one transaction; returns detached `Launch`
     copies. Raises sqlalchemy errors only for a broken database."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
         self._db = db
+        self._clock = clock
         # `get` answers from memory while this process wrote no launch since it read one: a watch check reads its
         # launch twice, hundreds of times a minute, and launches change rarely. Every write moves the generation.
         # (One bot process per database: the state directory's lock. Several bots on one database need an
@@ -123,7 +125,7 @@ class LaunchRepository:
         with self._writing() as s:
             row = LaunchRow(host=host, variant=variant, params_json=json.dumps(params, sort_keys=True),
                             command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
-                            created_by=created_by, created_at=time.time(), channel=channel,
+                            created_by=created_by, created_at=self._clock.time(), channel=channel,
                             thread_ts=thread_ts, relaunch_of=relaunch_of, state=LaunchState.STARTING.value,
                             sealed_secrets=sealed_secrets)
             s.add(row)
@@ -159,7 +161,7 @@ class LaunchRepository:
                 else:
                     setattr(row, k, v)
             if "state" in fields and LaunchState(fields["state"]) in TERMINAL_STATES and row.ended_at is None:
-                row.ended_at = time.time()
+                row.ended_at = self._clock.time()
             return _launch(row)
 
     def set_started(self, launch_id: int, pid: int, pgid: int | None = None, *, unit: str | None = None,

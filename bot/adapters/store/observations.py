@@ -10,6 +10,7 @@ from sqlalchemy import Float, ForeignKey, Integer, Text, insert, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
+from bot.core.clock import SYSTEM_CLOCK, Clock
 
 
 class ObservationRow(Base):
@@ -27,8 +28,9 @@ class ObservationRepository:
     """Check records per launch (JSON-serialisable dicts, see bot.core.observe). Raises sqlalchemy errors
     for a broken database."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
         self._db = db
+        self._clock = clock
 
     def add(self, launch_id: int, data: dict[str, Any]) -> None:
         """Append one check's record for a launch."""
@@ -38,7 +40,7 @@ class ObservationRepository:
         """Append (launch id, record) pairs in one transaction (one INSERT statement run for all of them)."""
         if not records:
             return
-        now = time.time()
+        now = self._clock.time()
         rows = [{"launch_id": lid, "at": now, "data_json": json.dumps(data, default=str)} for lid, data in records]
         with self._db.writing() as c:  # Core: no ORM unit of work for plain inserts
             c.execute(insert(ObservationRow.__table__), rows)

@@ -14,6 +14,7 @@ from sqlalchemy import Float, Integer, LargeBinary, String, Text, delete, func, 
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
+from bot.core.clock import SYSTEM_CLOCK, Clock
 
 #: Row states: pending -> sending -> sent, or failed (a permanent error) or superseded (an edit replaced
 #: by a newer edit of the same message, or a queued post withdrawn before it was sent).
@@ -57,13 +58,14 @@ class OutboxRepository:
     """Outbox rows. Every method is one transaction; rows come back as plain dicts of their columns.
     Raises sqlalchemy errors for a broken or locked database (the outbox service retries)."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
         self._db = db
+        self._clock = clock
 
     def add(self, **fields: Any) -> int:
         """Insert a pending row with a fresh 24-hex `key`; returns its id."""
         with self._db.transaction() as s:
-            row = OutboxRow(key=secrets.token_hex(12), created_at=time.time(), next_at=0.0, **fields)
+            row = OutboxRow(key=secrets.token_hex(12), created_at=self._clock.time(), next_at=0.0, **fields)
             s.add(row)
             s.flush()
             return int(row.id)
