@@ -410,7 +410,7 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
 
 
 @dataclass
-class CheckResult:
+class PreflightResult:
     """Outcome of the pre-launch checks: `problems` (each says what holds what and what to do) and
     human-readable `passed` lines."""
 
@@ -425,7 +425,7 @@ class CheckResult:
 
 def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *, live_same_variant: list[Launch],
                      other_live: Sequence[Launch] = (), gpu_free_mib: float = DEFAULT_GPU_FREE_MIB,
-                     shm_free_mib: float | None = None, min_shm_free_mib: float = 1024.0) -> CheckResult:
+                     shm_free_mib: float | None = None, min_shm_free_mib: float = 1024.0) -> PreflightResult:
     """Decide whether `r` may start on the host seen in `snap` (pure).
 
     Checks: no live launch of the same variant; no other live launch of ours on the same GPUs (a launch
@@ -434,7 +434,7 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
     /dev/shm has at least `min_shm_free_mib` MiB free (when measured). Refusals name the holders (pid,
     command, GiB, launch or foreign) and the command that frees them.
     """
-    res = CheckResult()
+    res = PreflightResult()
     for la in live_same_variant:
         res.problems.append(f"{la.name} of {r.variant} is still live on {r.host} (pid {la.pid}); "
                             f"`/kill {la.id}` or `/relaunch {la.id}` first")
@@ -515,7 +515,7 @@ class LaunchOutcome:
     when starting failed, `exited_early` (its last log lines) when it was gone at the first check."""
 
     launch: Launch | None
-    checks: CheckResult = field(default_factory=CheckResult)
+    checks: PreflightResult = field(default_factory=PreflightResult)
     error: str | None = None
     exited_early: list[str] = field(default_factory=list)
     host: str | None = None

@@ -73,7 +73,7 @@ class _Look:
 
 
 @dataclass
-class CheckResult:
+class CheckOutcome:
     """What one check saw: the verdict, whether it was news (posted), and the launch afterwards."""
 
     verdict: Verdict | None
@@ -190,7 +190,7 @@ class Watcher:
         records = await self._history.all(la.id)
         return await self._cpu.run(draw_timeline, timeline_inputs(la, records, self._render.redactor)), len(records)
 
-    async def check(self, launch_id: int) -> CheckResult:
+    async def check(self, launch_id: int) -> CheckOutcome:
         """Probe, record, diagnose; post the verdict when it changed. One check of a launch at a time (the
         scheduled one and an early-exit one never race). Never raises."""
         lock = self._locks.setdefault(launch_id, asyncio.Lock())
@@ -203,12 +203,12 @@ class Watcher:
                     return await self._check(launch_id)
                 except Exception as e:  # a bug in one check must not kill the job or the loop
                     log.exception("check of launch %s failed", launch_id)
-                    return CheckResult(None, False, self._launch_rows.get(launch_id), error=type(e).__name__)
+                    return CheckOutcome(None, False, self._launch_rows.get(launch_id), error=type(e).__name__)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
             log.info("check of launch %s stopped: the bot is shutting down", launch_id)
-            return CheckResult(None, False, None, error="shutting down")
+            return CheckOutcome(None, False, None, error="shutting down")
         finally:
             self._running.discard(task)
 
@@ -269,11 +269,11 @@ class Watcher:
                             posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
         return _Look(la, snap, obs, record, verdict)
 
-    async def _check(self, launch_id: int) -> CheckResult:
+    async def _check(self, launch_id: int) -> CheckOutcome:
         la = self._launch_rows.get(launch_id)
         if la is None or not la.live:
             self.unwatch(launch_id)
-            return CheckResult(None, False, la)
+            return CheckOutcome(None, False, la)
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
         prev = next((r for r in reversed(history) if not r.get("error")), None)
         looked: _Look | HostFailure | None = None
@@ -288,7 +288,7 @@ class Watcher:
         if isinstance(looked, HostFailure):
             self._history.add(la.id, {"t": self._clock.time(), "error": looked.reason})
             await self._host_unreachable(la, looked.reason)
-            return CheckResult(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
+            return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
         if la.unreachable_since is not None:
             la = await self._host_back(la)
@@ -302,7 +302,7 @@ class Watcher:
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
-            return CheckResult(verdict, False, current)
+            return CheckOutcome(verdict, False, current)
         if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
             current = replace(current, alert_state=self._unrecorded[la.id])
         # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
@@ -310,7 +310,7 @@ class Watcher:
         ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
                                                             and verdict.verdict != "ready"))
         if current.snoozed_until and self._clock.time() < current.snoozed_until and not ended:
-            return CheckResult(verdict, False, current)  # nothing recorded: the change is posted after the snooze
+            return CheckOutcome(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         previous = [r.get("verdict") for r in history if not r.get("error")]
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
                        serving=serving)
@@ -348,7 +348,7 @@ class Watcher:
                 self.unwatch(la.id)
             elif "ready_at" in fields:
                 self.watch(la)  # from now on: liveness checks at the serving interval
-        return CheckResult(verdict, alerted, la)
+        return CheckOutcome(verdict, alerted, la)
 
     async def _stack_evidence(self, la: Launch, verdict: Verdict, policy: WatchPolicy,
                               snap: Snapshot) -> tuple[Verdict, list[tuple[str, bytes]]]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from bot.adapters.logs import RedactingFilter
 from bot.adapters.store import Store
 from bot.core.diagnose import Verdict
-from bot.core.lifecycle import CheckResult, Holder, KillOutcome, KillPreview, LaunchOutcome
+from bot.core.lifecycle import Holder, KillOutcome, KillPreview, LaunchOutcome, PreflightResult
 from bot.core.models import GpuProcess, GpuReading, GpuSection, LogInfo, ProcessInfo, Snapshot
 from bot.core.parse.log import CUT_LINE, clean_log_lines
 from bot.core.redact import MASK, Redactor
@@ -154,7 +154,7 @@ def _launch_root(lines, line):
 
 
 def _launch_result(lines, line):
-    outcome = LaunchOutcome(launch=_launch(line), checks=CheckResult(problems=[line]), error=line,
+    outcome = LaunchOutcome(launch=_launch(line), checks=PreflightResult(problems=[line]), error=line,
                             exited_early=lines)
     return RENDERER.render("launch_result", **launch_outcome_view(outcome, "base", "gpu-host-1"))
 
