@@ -110,8 +110,14 @@ def demo_config(tmpdir: Path) -> Config:
                                   "variants": {"demo": variant}, "state_dir": str(tmpdir / "state"),
                                   "lifecycle": lifecycle,
                                   # a newcomer's session is short: check every 2 s (also once ready), call
-                                  # silence after 20 s
-                                  "watch": {"interval_s": 2, "silence_after_s": 20, "serving_interval_s": 2}})
+                                  # silence after 20 s in every start-up phase (the built-in graces, minutes
+                                  # for a rendezvous or a weight load, are for real servers)
+                                  "watch": {"interval_s": 2, "silence_after_s": 20, "serving_interval_s": 2,
+                                            "phase_grace_s": dict.fromkeys(TRY_PHASES, 20)}})
+
+
+#: The start-up phases whose grace try-config lowers to its 20 s.
+TRY_PHASES = ("comm_init", "weight_loading", "kv_cache_alloc", "cuda_graph_capture", "warmup")
 
 
 def write_try_config(directory: str | os.PathLike[str]) -> Path:

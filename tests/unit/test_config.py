@@ -1250,3 +1250,21 @@ def test_a_templated_log_name_gets_the_launch_s_random_part():
     assert r.log_path == "/data/logs/v-7-00aa11bb22cc.log" and r.log_dirs == ["/data/logs"]
     assert render_launch(cfg, "d", {}, launch_id=7, tag="7-00aa11bb22cc").log_path == \
         "/data/logs/gpubot-d-7-00aa11bb22cc.log"
+
+
+def test_try_config_calls_silence_after_its_20_s_in_every_start_up_phase(tmp_path):
+    # the README promises the alert after the config's 20 s, also for a hang in the rendezvous (comm_init,
+    # whose built-in grace is minutes)
+    from bot.config import load_config
+    from bot.core.diagnose import Observation, diagnose
+    from bot.demo.run import write_try_config
+
+    policy = load_config(write_try_config(tmp_path / "try")).watch
+    lines = ["[2026-01-01 00:00:00] server_args=ServerArgs(model_path='m')",
+             "[2026-01-01 00:00:01 TP0] Init torch distributed begin."]
+    silent = Observation(log_lines=lines, process_alive=True, log_silent_s=21, port_open=False)
+    verdict = diagnose(silent, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s)
+    assert (verdict.verdict, verdict.phase) == ("silent_hang", "comm_init"), verdict
+    early = Observation(log_lines=lines, process_alive=True, log_silent_s=15, port_open=False)
+    later = diagnose(early, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s)
+    assert later.verdict != "silent_hang", later
