@@ -146,12 +146,16 @@ def config_warnings(cfg: Config) -> list[str]:
 
     Returns `location: message` strings, empty when there is nothing to say: no hosts configured; an SSH
     host whose `known_hosts` or `key_file` does not exist here; a host with no `log_dirs` (`/probe log=`
-    reads are then refused); an env value with `${...}` that is not the whole value (passed literally).
+    reads are then refused); an env value with `${...}` that is not the whole value (passed literally); variants
+    but no operator or admin (nobody may launch from Slack).
     Never raises for a valid `Config`.
     """
     out: list[str] = []
     if not cfg.hosts:
         out.append("hosts: no hosts configured; /gpu status and /probe have nothing to look at")
+    if cfg.variants and not (cfg.permissions.operators or cfg.permissions.admins):
+        out.append("permissions.operators: nobody is an operator or admin, so nobody may /launch, /kill or "
+                   "/relaunch from Slack; put your Slack user ID (U...) there")
     for name, host in cfg.hosts.items():
         if not host.local:
             for field_name, consequence in (("known_hosts", "host keys cannot be verified, so SSH connections "

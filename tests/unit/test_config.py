@@ -1131,7 +1131,8 @@ def test_cli_check_config_prints_warnings_and_exits_0(tmp_path):
 
 def test_cli_check_config_singular_counts(tmp_path):
     host = ssh_host_with_files(tmp_path)
-    text = yaml.safe_dump({"hosts": {"h": host}, "variants": {"v": {"host": "h", "command": "serve"}}})
+    text = yaml.safe_dump({"hosts": {"h": host}, "variants": {"v": {"host": "h", "command": "serve"}},
+                           "permissions": {"operators": ["U0OPERATOR"]}})
     p = write(tmp_path, text)
     result = CliRunner().invoke(cli_main, ["check-config", str(p)])
     assert result.exit_code == 0, result.output
@@ -1268,3 +1269,13 @@ def test_try_config_calls_silence_after_its_20_s_in_every_start_up_phase(tmp_pat
     early = Observation(log_lines=lines, process_alive=True, log_silent_s=15, port_open=False)
     later = diagnose(early, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s)
     assert later.verdict != "silent_hang", later
+
+
+def test_variants_without_an_operator_warn_that_nobody_may_launch(tmp_path):
+    variant = {"host": "h", "command": "python3 -m server"}
+    cfg = parse_config({"hosts": {"h": ssh_host_with_files(tmp_path)}, "variants": {"v": variant}})
+    (w,) = config_warnings(cfg)
+    assert w.startswith("permissions.operators: nobody is an operator or admin") and "U..." in w
+    ok = parse_config({"hosts": {"h": ssh_host_with_files(tmp_path)}, "variants": {"v": variant},
+                       "permissions": {"operators": ["U0OPERATOR"]}})
+    assert config_warnings(ok) == []
