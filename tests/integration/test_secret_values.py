@@ -63,7 +63,7 @@ async def test_the_whole_secret_corpus_in_a_real_log_reaches_no_answer_alert_fil
     import yaml
 
     from tests.support.paths import FIXTURES
-    from tests.unit.test_secret_corpus import pieces
+    from tests.support.secrets import pieces
 
     corpus = yaml.safe_load((FIXTURES / "secrets" / "shapes.yaml").read_text(encoding="utf-8"))
     known = [v for e in corpus for v in e.get("known", [])]

@@ -41,6 +41,7 @@ from bot.present.views import (
 from bot.services.audit import Audit
 from tests.support.builders import launch_row
 from tests.support.paths import FIXTURES
+from tests.support.secrets import pieces
 
 CORPUS: list[dict] = yaml.safe_load((FIXTURES / "secrets" / "shapes.yaml").read_text(encoding="utf-8"))
 KNOWN = [v for e in CORPUS for v in e.get("known", [])]
@@ -48,11 +49,6 @@ ONE_LINE = [e for e in CORPUS if "\n" not in e["text"]]
 REDACTOR = Redactor(values=KNOWN)
 RENDERER = Renderer(REDACTOR)
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-
-
-def pieces(secret: str, n: int = 8) -> set[str]:
-    """Every n-character piece of `secret` (the whole of a shorter one)."""
-    return {secret} if len(secret) <= n else {secret[i:i + n] for i in range(len(secret) - n + 1)}
 
 
 def survivors(entries: list[dict], outputs: list[str]) -> list[tuple[str, str]]:
