@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.core.diagnose.blocks import block_heads, hinted_phase, quote_hit
@@ -352,6 +352,229 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
     return ev
 
 
+@dataclass(frozen=True)
+class _Case:
+    """What every rule looks at: the observation (sanitized, trends derived), its log scan, the signatures, the
+    grace per phase (seconds) and without a phase, and the orphan thresholds."""
+
+    obs: Observation
+    scan: LogScan
+    sig: Signatures
+    grace: Mapping[str, float]
+    silence_default: float
+    orphan_age_s: float
+    gpu_free_mib: float
+
+
+def _gpu_lost_rule(c: _Case) -> Verdict | None:
+    """1. A lost GPU explains everything that follows."""
+    sig, obs, scan = c.sig, c.obs, c.scan
+    lost = [f"nvidia-smi: `{_q(line)}`" for line in obs.gpu_error_lines or [] if sig.failures["gpu_lost"].first(line)]
+    lost += [f"dmesg: `{_q(line)}`" for line in obs.dmesg_lines or [] if sig.failures["gpu_lost"].first(line)]
+    lost += [f"log line {h.index + 1}: `{_q(h.line)}`" for h in scan.failures if h.kind == "gpu_lost"]
+    if not lost:
+        return None
+    ev = _Ev()
+    for item in lost[:4]:
+        ev.add(item)
+    summary = (
+        f"A GPU or NVML is unreachable: {lost[0]}. The engine cannot recover from this; "
+        "the host needs a GPU reset or reboot."
+    )
+    return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan)
+
+
+def _failure_rule(c: _Case) -> Verdict | None:
+    """2. Failure signatures: the first specific one decides."""
+    return _failure_verdict(c.obs, c.scan, c.sig)
+
+
+def _orphans_rule(c: _Case) -> Verdict | None:
+    """3. GPUs held by processes no live launch owns."""
+    orphan_ev = _orphans(c.obs, c.scan, c.sig, c.orphan_age_s, c.gpu_free_mib)
+    if not orphan_ev.items:
+        return None
+    phase = "shutdown" if c.obs.process_alive is False else None
+    summary = (
+        f"GPU resources are held by processes that no live launch owns ({len(orphan_ev.items)} finding(s))"
+        + (", left over from stopping the launch" if phase == "shutdown" else "")
+        + f": {orphan_ev.items[0]}"
+    )
+    return _verdict(c.sig, "orphans_hold_gpu", phase, orphan_ev, summary, c.obs, c.scan)
+
+
+def _ended_rule(c: _Case) -> Verdict | None:
+    """4. The launch has ended without a failure signature."""
+    obs, scan = c.obs, c.scan
+    if obs.process_alive is not False:
+        return None
+    ev = _Ev()
+    if obs.exit_code == 0 or scan.shutdown:
+        if scan.shutdown:
+            ev.add(f"shutdown line: `{_q(scan.lines[scan.shutdown[-1]])}`")
+        summary = "The launch ended without an error: " + (
+            "it exited with status 0." if obs.exit_code == 0 else "the log shows it shutting down."
+        )
+        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
+    summary = (
+        "The launch's process is gone, but neither the log nor the host evidence says why "
+        "(no error, no shutdown line, no exit status)."
+    )
+    return _verdict(c.sig, "unknown", scan.phase, ev, summary, obs, scan)
+
+
+def _health(obs: Observation) -> tuple[str | None, str | None]:
+    """The health probe's status, and the client probe's line it came from (None when it came from the probe)."""
+    return (obs.health, None) if obs.health is not None else _probe_status(obs.probe_lines)
+
+
+def _serving_rule(c: _Case) -> Verdict | None:
+    """5. Serving: the health probe answers, or the port listens (or the log says ready) with nothing failing;
+    a listening port whose API does not answer is a wedged API."""
+    obs, scan, sig = c.obs, c.scan, c.sig
+    health, health_line = _health(obs)
+    ready_line = scan.lines[scan.ready[-1]] if scan.ready else None
+    if health == "ok" or (
+        health in (None, "connect_timeout")
+        and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
+    ):
+        stuck = _queued_but_silent(obs, scan, sig, c.grace.get("serving", c.silence_default))
+        if stuck is not None:
+            return stuck
+        ev = _Ev()
+        if ready_line:
+            ev.add(f"readiness line: `{_q(ready_line)}`")
+        summary = "Serving: " + (
+            "the health probe answered."
+            if health == "ok"
+            else ("the port is listening" if obs.port_open else "the log says it is ready")
+            + (" and no failure followed." if ready_line else ", the process is alive and no failure was logged.")
+        )
+        if health == "connect_timeout" and health_line:
+            summary += (
+                f" A client probe failed with `{_q(health_line, 200)}`: a connect TIMEOUT to a listening port points"
+                " at the client path (proxy, firewall, WSL/Docker networking), not at the server."
+            )
+        return _verdict(sig, "ready", "serving", ev, summary, obs, scan)
+    if obs.port_open is True and health in ("timeout", "empty"):
+        summary = f"The port listens but the API does not answer (health probe: {health}): the API process is wedged."
+        return _verdict(sig, "silent_hang", "serving", _Ev(), summary, obs, scan)
+    return None
+
+
+def _starting_phase(c: _Case, ev: _Ev) -> tuple[str | None, float]:
+    """Where a launch that is still starting is, and the seconds of log silence its phase allows."""
+    obs, scan = c.obs, c.scan
+    phase = scan.phase
+    spin = [g for g in obs.gpus or [] if _is_spin(g)]
+    if phase is None and scan.finished_phase is None and scan.phase_index is None and spin:
+        phase = "comm_init"
+        ev.add(f"{len(spin)} GPU(s) spin at 100 % with little memory: a collective that never completes (NCCL init)")
+    health, _ = _health(obs)
+    if obs.port_open is True and health is not None and health.startswith("http_5"):
+        phase = phase or "warmup"
+    threshold = c.grace.get(phase, c.silence_default) if phase else c.silence_default
+    if scan.phase_grace_s is not None and scan.phase == phase:
+        threshold = max(threshold, scan.phase_grace_s)
+    return phase, threshold
+
+
+def _silence(c: _Case, ev: _Ev) -> float | None:
+    """Seconds without a new non-heartbeat log line: the observation's, else the span of the log's closing
+    heartbeat run (said in `ev`); None when unknown."""
+    obs, scan = c.obs, c.scan
+    silence = obs.log_silent_s
+    if silence is None and obs.log_growing is not False and scan.heartbeat_run and scan.heartbeat_span_s is not None:
+        silence = scan.heartbeat_span_s
+        ev.add(f"the log ends with {scan.heartbeat_run} heartbeat line(s) spanning {_secs(silence)} with no other line")
+    return silence
+
+
+def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
+    """The signs of progress a start-up shows (slow is not hung)."""
+    obs, scan = c.obs, c.scan
+    progress: list[str] = []
+    if obs.gpu_mem_rising:
+        progress.append("GPU memory in use is rising between samples")
+    if obs.progress_advancing:
+        progress.append("a progress counter advanced since the previous look")
+    if obs.cpu_time_growing:  # above a rate (the watcher's, or _with_trends'), never a tick of a polling thread
+        progress.append("the launch's CPU time is growing")
+    computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
+    if computing:
+        progress.append(f"{len(computing)} GPU(s) are computing (high utilization at high power draw)")
+    if silence is None and obs.log_growing and scan.heartbeat_run == 0:
+        progress.append("the log is still growing with lines that are not heartbeats")
+    if scan.progress_advancing and (silence is None or silence < threshold) and obs.log_growing is not False:
+        progress.append("a progress bar advances in the log")
+    return progress
+
+
+def _where(scan: LogScan, phase: str | None) -> str:
+    """`in PHASE`, or after which phase, or that the evidence does not show it."""
+    if phase:
+        return f"in {phase}"
+    if scan.finished_phase:
+        on = f" on all {len(scan.ranks)} ranks" if scan.ranks else ""
+        return f"after {scan.finished_phase} finished{on}; the next step is not known"
+    return "in a phase the evidence does not show"
+
+
+def _hang_summary(c: _Case, silence: float, where: str, grace_text: str) -> str:
+    """The summary of a start-up that stopped moving: how long, where, and what the GPUs, port and process say."""
+    obs = c.obs
+    lead = "Alive but no progress" if obs.process_alive else "No progress"
+    parts = [f"{lead} for {_secs(silence)} {where} (allowed: {grace_text})"]
+    if any(_is_spin(g) for g in obs.gpus or []):
+        parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work")
+    held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]
+    if held:
+        parts.append(f"{len(held)} GPU(s) hold memory at ~0 % utilization")
+    if obs.port_open is False:
+        parts.append("the port never opened")
+    if obs.process_alive is None:
+        parts.append("whether the process is still alive is not known")
+    return "; ".join(parts) + "."
+
+
+def _starting_rule(c: _Case) -> Verdict:
+    """6. Still starting: progress or silence, judged against the phase's grace period."""
+    obs, scan, sig = c.obs, c.scan, c.sig
+    ev = _Ev()
+    phase, threshold = _starting_phase(c, ev)
+    silence = _silence(c, ev)
+    progress = _progress(c, silence, threshold)
+    where = _where(scan, phase)
+    grace_text = f"{_secs(threshold)} grace for {phase}" if phase else f"{_secs(threshold)} grace (phase unknown)"
+    if progress:
+        for p in progress:
+            ev.add(p)
+        if silence is not None:
+            ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
+        summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+    if silence is not None and silence >= threshold:  # silence that reaches the grace period
+        ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
+        if obs.log_growing and scan.heartbeats:
+            ev.add("the log still grows, but only with heartbeat lines")
+        return _verdict(sig, "silent_hang", phase, ev, _hang_summary(c, silence, where, grace_text), obs, scan)
+    if silence is not None:
+        ev.add(f"last non-heartbeat log line {_secs(silence)} ago, within the {grace_text}")
+        summary = f"Still starting ({where}); the log moved within the grace period."
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+    summary = (
+        "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
+    )
+    if any(_is_spin(g) for g in obs.gpus or []):
+        summary += " GPUs spin at 100 % at low power (NCCL spin); look again to see whether it lasts."
+    return _verdict(sig, "unknown", phase, ev, summary, obs, scan)
+
+
+#: The rules, in order: the first that gives a verdict decides (the last always does).
+RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
+    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _serving_rule, _starting_rule)
+
+
 def diagnose(
     obs: Observation,
     *,
@@ -373,172 +596,24 @@ def diagnose(
       to no current launch. `gpu_free_mib`: a GPU using at most this many MiB counts as free.
     - `signatures`: a compiled signature set (default: the bundled `SIGNATURES`).
 
-    With `obs.rank_stacks`, a `silent_hang` also says where each rank waits (bot.core.diagnose.stacks).
-    Returns a Verdict whose evidence quotes what it relied on.
+    The RULES are tried in order (a lost GPU, failure signatures, orphans, an ended launch, serving, still
+    starting); the first verdict wins. With `obs.rank_stacks`, a `silent_hang` also says where each rank waits
+    (bot.core.diagnose.stacks). Returns a Verdict whose evidence quotes what it relied on.
     """
     sig = signatures or SIGNATURES
-    obs = _sanitized(obs)
-    obs = _with_trends(obs, history, sig)
+    obs = _with_trends(_sanitized(obs), history, sig)
     grace = dict(sig.default_grace_s)
     grace.update(obs.policy_grace_s or {})
     grace.update({k: float(v) for k, v in (grace_s or {}).items()})
     if silence_after_s is None:
         silence_after_s = obs.policy_silence_after_s
     silence_default = float(silence_after_s if silence_after_s is not None else sig.silence_after_s)
-    scan = scan_log(obs.log_lines, sig)
-
-    # 1. a lost GPU explains everything that follows
-    lost = [f"nvidia-smi: `{_q(line)}`" for line in obs.gpu_error_lines or [] if sig.failures["gpu_lost"].first(line)]
-    lost += [f"dmesg: `{_q(line)}`" for line in obs.dmesg_lines or [] if sig.failures["gpu_lost"].first(line)]
-    lost += [f"log line {h.index + 1}: `{_q(h.line)}`" for h in scan.failures if h.kind == "gpu_lost"]
-    if lost:
-        ev = _Ev()
-        for item in lost[:4]:
-            ev.add(item)
-        summary = (
-            f"A GPU or NVML is unreachable: {lost[0]}. The engine cannot recover from this; "
-            "the host needs a GPU reset or reboot."
-        )
-        return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan)
-
-    # 2. failure signatures: the first specific one decides
-    failed = _failure_verdict(obs, scan, sig)
-    if failed is not None:
-        return failed
-
-    # 3. GPUs held by processes no live launch owns
-    orphan_ev = _orphans(obs, scan, sig, orphan_age_s, gpu_free_mib)
-    if orphan_ev.items:
-        phase = "shutdown" if obs.process_alive is False else None
-        n = len(orphan_ev.items)
-        summary = (
-            f"GPU resources are held by processes that no live launch owns ({n} finding(s))"
-            + (", left over from stopping the launch" if phase == "shutdown" else "")
-            + f": {orphan_ev.items[0]}"
-        )
-        return _verdict(sig, "orphans_hold_gpu", phase, orphan_ev, summary, obs, scan)
-
-    # 4. the launch has ended without a failure signature
-    if obs.process_alive is False:
-        ev = _Ev()
-        if obs.exit_code == 0 or scan.shutdown:
-            if scan.shutdown:
-                ev.add(f"shutdown line: `{_q(scan.lines[scan.shutdown[-1]])}`")
-            summary = "The launch ended without an error: " + (
-                "it exited with status 0." if obs.exit_code == 0 else "the log shows it shutting down."
-            )
-            return _verdict(sig, "exited", "shutdown", ev, summary, obs, scan)
-        summary = (
-            "The launch's process is gone, but neither the log nor the host evidence says why "
-            "(no error, no shutdown line, no exit status)."
-        )
-        return _verdict(sig, "unknown", scan.phase, ev, summary, obs, scan)
-
-    # 5. serving?
-    health = obs.health
-    health_line = None
-    if health is None:
-        health, health_line = _probe_status(obs.probe_lines)
-    ready_line = scan.lines[scan.ready[-1]] if scan.ready else None
-    if health == "ok" or (
-        health in (None, "connect_timeout")
-        and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
-    ):
-        stuck = _queued_but_silent(obs, scan, sig, grace.get("serving", silence_default))
-        if stuck is not None:
-            return stuck
-        ev = _Ev()
-        if ready_line:
-            ev.add(f"readiness line: `{_q(ready_line)}`")
-        summary = "Serving: " + (
-            "the health probe answered."
-            if health == "ok"
-            else ("the port is listening" if obs.port_open else "the log says it is ready")
-            + (" and no failure followed." if ready_line else ", the process is alive and no failure was logged.")
-        )
-        if health == "connect_timeout" and health_line:
-            summary += (
-                f" A client probe failed with `{_q(health_line, 200)}`: a connect TIMEOUT to a listening port points"
-                " at the client path (proxy, firewall, WSL/Docker networking), not at the server."
-            )
-        return _verdict(sig, "ready", "serving", ev, summary, obs, scan)
-    if obs.port_open is True and health in ("timeout", "empty"):
-        ev = _Ev()
-        summary = f"The port listens but the API does not answer (health probe: {health}): the API process is wedged."
-        return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
-
-    # 6. still starting: progress or silence, judged against the phase's grace period
-    ev = _Ev()
-    phase = scan.phase
-    spin = [g for g in obs.gpus or [] if _is_spin(g)]
-    if phase is None and scan.finished_phase is None and scan.phase_index is None and spin:
-        phase = "comm_init"
-        ev.add(f"{len(spin)} GPU(s) spin at 100 % with little memory: a collective that never completes (NCCL init)")
-    if obs.port_open is True and health is not None and health.startswith("http_5"):
-        phase = phase or "warmup"
-    threshold = grace.get(phase, silence_default) if phase else silence_default
-    if scan.phase_grace_s is not None and scan.phase == phase:
-        threshold = max(threshold, scan.phase_grace_s)
-    silence = obs.log_silent_s
-    if silence is None and obs.log_growing is not False and scan.heartbeat_run and scan.heartbeat_span_s is not None:
-        silence = scan.heartbeat_span_s
-        ev.add(f"the log ends with {scan.heartbeat_run} heartbeat line(s) spanning {_secs(silence)} with no other line")
-    progress: list[str] = []
-    if obs.gpu_mem_rising:
-        progress.append("GPU memory in use is rising between samples")
-    if obs.progress_advancing:
-        progress.append("a progress counter advanced since the previous look")
-    if obs.cpu_time_growing:  # above a rate (the watcher's, or _with_trends'), never a tick of a polling thread
-        progress.append("the launch's CPU time is growing")
-    computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
-    if computing:
-        progress.append(f"{len(computing)} GPU(s) are computing (high utilization at high power draw)")
-    past_grace = silence is not None and silence >= threshold  # silence that reaches the grace period
-    if silence is None and obs.log_growing and scan.heartbeat_run == 0:
-        progress.append("the log is still growing with lines that are not heartbeats")
-    if scan.progress_advancing and (silence is None or silence < threshold) and obs.log_growing is not False:
-        progress.append("a progress bar advances in the log")
-    if phase:
-        where = f"in {phase}"
-    elif scan.finished_phase:
-        on = f" on all {len(scan.ranks)} ranks" if scan.ranks else ""
-        where = f"after {scan.finished_phase} finished{on}; the next step is not known"
-    else:
-        where = "in a phase the evidence does not show"
-    grace_text = f"{_secs(threshold)} grace for {phase}" if phase else f"{_secs(threshold)} grace (phase unknown)"
-    if progress:
-        for p in progress:
-            ev.add(p)
-        if silence is not None:
-            ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
-        summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
-        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
-    if past_grace:
-        ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
-        if obs.log_growing and scan.heartbeats:
-            ev.add("the log still grows, but only with heartbeat lines")
-        lead = "Alive but no progress" if obs.process_alive else "No progress"
-        parts = [f"{lead} for {_secs(silence)} {where} (allowed: {grace_text})"]
-        if spin:
-            parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work")
-        held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]
-        if held:
-            parts.append(f"{len(held)} GPU(s) hold memory at ~0 % utilization")
-        if obs.port_open is False:
-            parts.append("the port never opened")
-        if obs.process_alive is None:
-            parts.append("whether the process is still alive is not known")
-        return _verdict(sig, "silent_hang", phase, ev, "; ".join(parts) + ".", obs, scan)
-    if silence is not None:
-        ev.add(f"last non-heartbeat log line {_secs(silence)} ago, within the {grace_text}")
-        summary = f"Still starting ({where}); the log moved within the grace period."
-        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
-    summary = (
-        "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
-    )
-    if spin:
-        summary += " GPUs spin at 100 % at low power (NCCL spin); look again to see whether it lasts."
-    return _verdict(sig, "unknown", phase, ev, summary, obs, scan)
+    case = _Case(obs, scan_log(obs.log_lines, sig), sig, grace, silence_default, orphan_age_s, gpu_free_mib)
+    for rule in RULES:
+        verdict = rule(case)
+        if verdict is not None:
+            return verdict
+    raise AssertionError("the last rule always decides")  # pragma: no cover
 
 
 def format_verdict(v: Verdict) -> str:
