@@ -129,15 +129,27 @@ _KIND_LABEL = {
 }
 
 
-def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
-    """The verdict from failure signatures in the log (and OOM kills in dmesg), or None."""
+@dataclass
+class _Failure:
+    """What the failure signatures decided: every hit, the decisive one (`root`; None for a dmesg OOM or an exit
+    status alone), the first, the watchdog echoes, the dmesg OOM lines, the verdict kind and how it was killed."""
+
+    hits: list[_Hit]
+    root: _Hit | None
+    first: _Hit | None
+    echoes: list[_Hit]
+    dmesg_oom: list[str]
+    kind: str
+    how: str = ""
+
+
+def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | None:
+    """The decisive failure, or None (no failure, a survived error, or failures the engine served after)."""
     hits = list(scan.failures)
     alive = obs.process_alive
     dmesg_oom = (
         [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
     )
-    # a dmesg capture without a kernel line (empty, or "read kernel buffer failed") is no kernel log
-    kernel_log = obs.dmesg_lines is not None and any(_KERNEL_LINE.search(line) for line in obs.dmesg_lines)
     specific = [h for h in hits if h.kind != "crashed" and not h.echo and h.kind != "gpu_lost"]
     echoes = [h for h in hits if h.echo]
     generic = [h for h in hits if h.kind == "crashed"]
@@ -152,36 +164,38 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         # every failure came before a readiness line: the engine survived them (a caught allocation failure
         # retried with a smaller setting, a failed warm-up probe) and went on to serve
         return None
-    root: _Hit | None = None
-    kind: str | None = None
-    if specific:
-        root = specific[0]
-        kind = root.kind
+    root = specific[0] if specific else None if dmesg_oom else echoes[0] if echoes else generic[0] if generic else None
+    if root is not None:
+        kind: str | None = "crashed" if root in generic else root.kind
     elif dmesg_oom:
         kind = "host_oom"
-    elif echoes:
-        root = echoes[0]
-        kind = root.kind
-    elif generic:
-        root = generic[0]
-        kind = "crashed"
     elif obs.exit_code is not None and obs.exit_code not in (0,) and alive is not True:
         kind = "killed" if obs.exit_code in (137, -9) else "crashed"
+    else:
+        kind = None
     if kind is None:
         return None
-    ev = _Ev()
-    how = ""
+    found = _Failure(hits, root, hits[0] if hits else None, echoes, dmesg_oom, kind)
     if kind == "killed":
+        # a dmesg capture without a kernel line (empty, or "read kernel buffer failed") is no kernel log
+        kernel_log = obs.dmesg_lines is not None and any(_KERNEL_LINE.search(line) for line in obs.dmesg_lines)
         if dmesg_oom:
-            kind, how = "host_oom", " (confirmed by dmesg)"
+            found.kind, found.how = "host_oom", " (confirmed by dmesg)"
         elif not kernel_log:  # a cause is named only where evidence shows it: no kernel log, no host OOM
-            kind = "crashed"
-            how = (" (killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to confirm it:"
-                   " `dmesg | grep -i 'killed process'` on the host tells)")
+            found.kind = "crashed"
+            found.how = (" (killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to confirm"
+                         " it: `dmesg | grep -i 'killed process'` on the host tells)")
         else:
-            kind = "crashed"
-            how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
-    first = hits[0] if hits else None
+            found.kind = "crashed"
+            found.how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
+    return found
+
+
+def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
+    """The failure's evidence: the first failure, the decisive one, others like it, its error block and
+    traceback, a later echo, context lines, dmesg's OOM kill and a `Killed` line."""
+    ev = _Ev()
+    root, first, hits = f.root, f.first, f.hits
     if first is not None and root is not None and first.index < root.index:
         ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
     if root is not None:
@@ -189,7 +203,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     same = [
         h
         for h in hits
-        if h.kind == (root.kind if root else kind)
+        if h.kind == (root.kind if root else f.kind)
         and h is not root
         and h is not first
         and (root is None or h.echo == root.echo)
@@ -208,47 +222,67 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     for anchor in [h for h in (first, root) if h is not None]:
         ev.add(_traceback_summary(scan, anchor.index, sig))
     if root is not None and not root.echo:
-        later_echo = [h for h in echoes if h.index > root.index]
+        later_echo = [h for h in f.echoes if h.index > root.index]
         if later_echo:
             ev.add(f"later echo of it (not the cause): `{_q(later_echo[0].line)}`")
     elif root is not None and root.echo and first is not None and first is not root:
         ev.add("the watchdog timeout is an echo: the first failure above is the likely cause")
-    for i in [i for i in scan.context.get(kind, []) if not ev.quotes(scan.lines[i])][:2]:
+    for i in [i for i in scan.context.get(f.kind, []) if not ev.quotes(scan.lines[i])][:2]:
         ev.add(f"context: `{_q(scan.lines[i])}`")
-    for line in dmesg_oom[:2]:
+    for line in f.dmesg_oom[:2]:
         ev.add(f"dmesg: `{_q(line)}`")
     killed_hits = [h for h in hits if h.kind == "killed"]
-    if killed_hits and kind in ("host_oom", "crashed"):
+    if killed_hits and f.kind in ("host_oom", "crashed"):
         ev.add(f"killed (log line {killed_hits[0].index + 1}): `{_q(killed_hits[0].line)}`")
+    return ev
+
+
+def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
+    """The phase the failure happened in (the scan's, one its hits imply, or one its block hints at); the phase's
+    line is added to `ev`."""
     phase = scan.phase
     if phase is None and scan.phase_index is None:
-        implied = [h.phase for h in hits if h.phase and (h.kind == kind or root is None)]
+        implied = [h.phase for h in f.hits if h.phase and (h.kind == f.kind or f.root is None)]
         phase = implied[0] if implied else None
     phase_line = scan.phase_index if phase is not None and phase == scan.phase else None
-    if phase is None and root is not None:
-        phase, phase_line = hinted_phase(scan, root.index, sig)
-    if kind == "port_in_use" and phase == "serving":
+    if phase is None and f.root is not None:
+        phase, phase_line = hinted_phase(scan, f.root.index, sig)
+    if f.kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
         ev.add(f"{phase} (log line {phase_line + 1}): `{_q(scan.lines[phase_line])}`")
+    return phase
+
+
+_FAILURE_LABEL = {
+    "host_oom": "Killed by the kernel OOM killer (host RAM)",
+    "oom": "GPU memory exhausted (CUDA out of memory)",
+    "nccl_error": "NCCL / collective failure",
+    "port_in_use": "A bind failed: the address is already in use",
+    "cuda_error": "CUDA runtime error",
+    "crashed": "Crashed with an error",
+}
+
+
+def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
+    """The verdict from failure signatures in the log (and OOM kills in dmesg), or None."""
+    f = _failure(obs, scan, sig)
+    if f is None:
+        return None
+    ev = _failure_evidence(f, scan, sig)
+    phase = _failure_phase(f, scan, sig, ev)
+    root, first = f.root, f.first
     where = f" during {phase}" if phase else ""
-    label = {
-        "host_oom": "Killed by the kernel OOM killer (host RAM)",
-        "oom": "GPU memory exhausted (CUDA out of memory)",
-        "nccl_error": "NCCL / collective failure",
-        "port_in_use": "A bind failed: the address is already in use",
-        "cuda_error": "CUDA runtime error",
-        "crashed": "Crashed with an error",
-    }[kind]
-    quote = root.line.strip() if root else (dmesg_oom[0].strip() if dmesg_oom else "")
-    summary = f"{label}{where}{how}."
+    quote = root.line.strip() if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")
+    summary = f"{_FAILURE_LABEL[f.kind]}{where}{f.how}."
     if quote:
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
     if root is not None and root.echo and first is not None and first is not root:
         summary += f" It follows an earlier failure: `{_q(first.line, 200)}`."
+    killed_hits = [h for h in f.hits if h.kind == "killed"]
     cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
-                           quote])
-    return _verdict(sig, kind, phase, ev, summary, obs, scan, cause_text)
+                            quote])
+    return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text)
 
 
 #: A kernel log line: dmesg's `[12345.678901]` / `-T` `[Tue Dec  1 ...]` prefix, or journalctl's `kernel:`.
