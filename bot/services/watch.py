@@ -82,6 +82,25 @@ class CheckOutcome:
     error: str | None = None
 
 
+def _new_fields(verdict: Verdict, current: Launch, record: dict[str, Any], *, news: bool, serving: bool,
+                ended: bool) -> dict[str, object]:
+    """The launch's fields a check changes (pure): its alert state (on news, or a quiet verdict over a quiet
+    state), the state detail on news, `ready_at` when it first became ready, and its end state when the verdict
+    ends it (leftovers still hold GPUs: /gpu status shows them, /kill stops them)."""
+    fields: dict[str, object] = {}
+    if news or (verdict.verdict in QUIET_VERDICTS and current.alert_state in (None, "", *QUIET_VERDICTS)):
+        if verdict.verdict != current.alert_state:
+            fields["alert_state"] = verdict.verdict
+    if news:
+        fields["state_detail"] = verdict.summary[:300]
+    if verdict.verdict == "ready" and not serving:
+        fields["ready_at"] = record["t"]
+    if ended:
+        fields["state"] = LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED
+        fields.setdefault("state_detail", verdict.summary[:300])
+    return fields
+
+
 class Watcher:
     """Schedules and runs readiness checks, and the `/gpu status` digest. `policy` overrides the config's
     `watch:` (a variant's own `watch:` still wins). With `stacks`, a new silent_hang takes the ranks' stack dumps
@@ -270,33 +289,41 @@ class Watcher:
         return _Look(la, snap, obs, record, verdict)
 
     async def _check(self, launch_id: int) -> CheckOutcome:
+        """One check: gather (the cheap look, or the full one), then judge and act on what it saw."""
         la = self._launch_rows.get(launch_id)
         if la is None or not la.live:
             self.unwatch(launch_id)
             return CheckOutcome(None, False, la)
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
-        prev = next((r for r in reversed(history) if not r.get("error")), None)
-        looked: _Look | HostFailure | None = None
-        cheap = self._liveness_request(la, prev)
-        if cheap is not None:
-            looked = await self._look(la, cheap, history, prev)
-            if not isinstance(looked, _Look) or looked.verdict.verdict != "ready":
-                looked = None  # something changed (or the host did not answer): the full look decides
-                self._cheap[la.id] = 0
-        if looked is None:
-            looked = await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
+        looked = await self._gather(la, history)
         if isinstance(looked, HostFailure):
             self._history.add(la.id, {"t": self._clock.time(), "error": looked.reason})
             await self._host_unreachable(la, looked.reason)
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
+        return await self._act(looked, history)
+
+    async def _gather(self, la: Launch, history: list[dict[str, Any]]) -> _Look | HostFailure:
+        """Look at `la`: the cheap liveness look when it serves and was fine, the full look when that saw a
+        change (or is not due); each judged (`_look`)."""
+        prev = next((r for r in reversed(history) if not r.get("error")), None)
+        cheap = self._liveness_request(la, prev)
+        if cheap is not None:
+            looked = await self._look(la, cheap, history, prev)
+            if isinstance(looked, _Look) and looked.verdict.verdict == "ready":
+                return looked
+            self._cheap[la.id] = 0  # something changed (or the host did not answer): the full look decides
+        return await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
+
+    async def _act(self, looked: _Look, history: list[dict[str, Any]]) -> CheckOutcome:
+        """Record what a check saw and act on its verdict: the ranks' stacks for a new hang, the launch's new
+        fields, the alert when it is news (or the root's update), the schedule when it ended or became ready."""
         la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
         if la.unreachable_since is not None:
             la = await self._host_back(la)
-        policy = self.policy_for(la)
         serving = la.ready_at is not None
         dump_files: list[tuple[str, bytes]] = []
-        if verdict.verdict != la.alert_state and not (la.snoozed_until and self._clock.time() < la.snoozed_until):
-            verdict, dump_files = await self._stack_evidence(la, verdict, policy, snap)
+        if verdict.verdict != la.alert_state and not self._snoozed(la):
+            verdict, dump_files = await self._stack_evidence(la, verdict, self.policy_for(la), snap)
         record["verdict"], record["phase"] = verdict.verdict, verdict.phase
         self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)
@@ -309,46 +336,42 @@ class Watcher:
         # survives (a caught allocation failure), and a live launch must stay watched
         ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
                                                             and verdict.verdict != "ready"))
-        if current.snoozed_until and self._clock.time() < current.snoozed_until and not ended:
+        if self._snoozed(current) and not ended:
             return CheckOutcome(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         previous = [r.get("verdict") for r in history if not r.get("error")]
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
                        serving=serving)
-        fields: dict[str, object] = {}
-        if news or (verdict.verdict in QUIET_VERDICTS and current.alert_state in (None, "", *QUIET_VERDICTS)):
-            if verdict.verdict != current.alert_state:
-                fields["alert_state"] = verdict.verdict
-        if news:
-            fields["state_detail"] = verdict.summary[:300]
-        if verdict.verdict == "ready" and not serving:
-            fields["ready_at"] = record["t"]
-        if ended:
-            # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
-            fields["state"] = LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED
-            fields.setdefault("state_detail", verdict.summary[:300])
+        fields = _new_fields(verdict, current, record, news=news, serving=serving, ended=ended)
         if fields:
-            # record first: a crash or restart after this line never posts the same alert twice
-            try:
-                la = self._launch_rows.update(la.id, **fields)
-                self._unrecorded.pop(la.id, None)
-            except DatabaseUnavailable as e:  # the alert goes anyway (remembered here, so it is posted once)
-                log.error("check of %s: cannot record %s (%s); posting the verdict anyway", la.name,
-                          sorted(fields), e)
-                la = replace(current, **fields)  # type: ignore[arg-type]
-                self._unrecorded[la.id] = la.alert_state
+            la = self._record(la, current, fields)
         alerted = False
         if news:
-            recovered = serving and verdict.verdict == "ready"
-            alerted = await self._alerts.post(la, verdict, record, recovered=recovered,  # the root shows it too
-                                              files=dump_files)
+            alerted = await self._alerts.post(la, verdict, record, recovered=serving and verdict.verdict == "ready",
+                                              files=dump_files)  # the root shows it too
         elif fields:
-            await self._threads.show(la, verdict if news or ended else None)
+            await self._threads.show(la, verdict if ended else None)
         with self._unless_refused(la, "its schedule"):  # the job store is in the same database
             if ended:
                 self.unwatch(la.id)
             elif "ready_at" in fields:
                 self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckOutcome(verdict, alerted, la)
+
+    def _snoozed(self, la: Launch) -> bool:
+        """Whether `la`'s alerts are snoozed now (the bot's clock)."""
+        return bool(la.snoozed_until and self._clock.time() < la.snoozed_until)
+
+    def _record(self, la: Launch, current: Launch, fields: dict[str, object]) -> Launch:
+        """Write a check's new fields first (a crash or restart after this never posts the same alert twice).
+        When the database refuses, the alert goes anyway and is remembered here, so it is posted once."""
+        try:
+            la = self._launch_rows.update(la.id, **fields)
+            self._unrecorded.pop(la.id, None)
+        except DatabaseUnavailable as e:
+            log.error("check of %s: cannot record %s (%s); posting the verdict anyway", la.name, sorted(fields), e)
+            la = replace(current, **fields)  # type: ignore[arg-type]
+            self._unrecorded[la.id] = la.alert_state
+        return la
 
     async def _stack_evidence(self, la: Launch, verdict: Verdict, policy: WatchPolicy,
                               snap: Snapshot) -> tuple[Verdict, list[tuple[str, bytes]]]:
