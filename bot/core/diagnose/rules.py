@@ -38,6 +38,7 @@ from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
+from bot.core.models import ProcessInfo
 
 __all__ = ["diagnose", "format_verdict"]
 
@@ -313,70 +314,85 @@ def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s
     return None
 
 
+def _foreign_holders(obs: Observation, ev: _Ev) -> None:
+    """GPU holders that are neither the launch's processes nor their descendants (added to `ev`)."""
+    if obs.launch_pids is None or not obs.gpu_processes:
+        return
+    mine = set(obs.launch_pids)
+    if obs.processes:
+        children: dict[int, list[int]] = {}
+        for p in obs.processes:
+            if p.ppid is not None:
+                children.setdefault(p.ppid, []).append(p.pid)
+        stack = list(mine)
+        while stack:
+            for c in children.get(stack.pop(), []):
+                if c not in mine:
+                    mine.add(c)
+                    stack.append(c)
+    for gp in obs.gpu_processes:
+        if gp.pid not in mine:
+            ev.add(
+                f"GPU {gp.gpu_index if gp.gpu_index is not None else '?'} held by PID {gp.pid} "
+                f"({gp.process_name or '?'}, {_fmt_gib(gp.used_memory_mib)}), not part of this launch"
+            )
+
+
+def _held_after_the_end(obs: Observation, gpu_free_mib: float, ev: _Ev) -> None:
+    """Once the launch's process is gone: GPUs still holding memory, and deleted shared memory still attached."""
+    for g in obs.gpus or []:
+        if g.memory_used_mib is not None and g.memory_used_mib > gpu_free_mib:
+            raw = obs.gpu_lines.get(g.index)
+            state = _gpu_state(g)
+            ev.add(
+                f"GPU {g.index} still holds {g.memory_used_mib / 1024:.1f} GiB although the launch's process is "
+                "gone: "
+                + (f"`{_q(raw, 300)}`" if raw else f"{_fmt_num(g.utilization_gpu_pct, '%')} util")
+                + (f" → {state}" if state else "")
+            )
+    for seg in obs.shm_segments or []:
+        if "dest" in seg.status and (seg.nattch or 0) > 0:
+            ev.add(
+                f"shared memory segment deleted by its owner but still attached by {seg.nattch} process(es) "
+                f"(leftover workers still alive): `{_q(seg.line)}`"
+            )
+
+
+def _stale_engine(p: ProcessInfo, obs: Observation, sig: Signatures, holders: set[int],
+                  orphan_age_s: float) -> str | None:
+    """Why process `p` is an engine process that no live launch owns, or None: any engine process once the
+    launch ended (or a child of it re-parented to init, still holding GPU memory: a multiprocessing, torchrun or
+    Ray worker, whatever its name), one older than the launch, or, with no launch in view, one older than
+    `orphan_age_s`."""
+    if p.state in ("Z", "X"):
+        return None
+    dead = obs.process_alive is False
+    started_after = p.elapsed_s is not None and obs.elapsed_s is not None and p.elapsed_s <= obs.elapsed_s + 120
+    child_like = sig.leftover_processes.first(p.args) is not None
+    holder = p.pid in holders
+    leftover = dead and p.ppid == 1 and ((child_like and (holder or started_after)) or (holder and started_after))
+    if not _is_engine_process(p, sig) and not leftover:
+        return None
+    age = p.elapsed_s
+    if dead:
+        return "still running although the launch ended"
+    if age is not None and obs.elapsed_s is not None and age > obs.elapsed_s + 120:
+        return f"running for {_secs(age)}, longer than the launch ({_secs(obs.elapsed_s)})"
+    if age is not None and obs.log_lines is None and obs.process_alive is None and age > orphan_age_s:
+        return f"running for {_secs(age)}, far longer than any launch"
+    return None
+
+
 def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: float, gpu_free_mib: float) -> _Ev:
     """Evidence that GPUs are held by processes no live launch owns (empty when there is none)."""
     ev = _Ev()
-    dead = obs.process_alive is False
-    if obs.launch_pids is not None and obs.gpu_processes:
-        mine = set(obs.launch_pids)
-        if obs.processes:
-            children: dict[int, list[int]] = {}
-            for p in obs.processes:
-                if p.ppid is not None:
-                    children.setdefault(p.ppid, []).append(p.pid)
-            stack = list(mine)
-            while stack:
-                for c in children.get(stack.pop(), []):
-                    if c not in mine:
-                        mine.add(c)
-                        stack.append(c)
-        for gp in obs.gpu_processes:
-            if gp.pid not in mine:
-                ev.add(
-                    f"GPU {gp.gpu_index if gp.gpu_index is not None else '?'} held by PID {gp.pid} "
-                    f"({gp.process_name or '?'}, {_fmt_gib(gp.used_memory_mib)}), not part of this launch"
-                )
-    if dead:
-        for g in obs.gpus or []:
-            if g.memory_used_mib is not None and g.memory_used_mib > gpu_free_mib:
-                raw = obs.gpu_lines.get(g.index)
-                state = _gpu_state(g)
-                ev.add(
-                    f"GPU {g.index} still holds {g.memory_used_mib / 1024:.1f} GiB although the launch's process is "
-                    "gone: "
-                    + (f"`{_q(raw, 300)}`" if raw else f"{_fmt_num(g.utilization_gpu_pct, '%')} util")
-                    + (f" → {state}" if state else "")
-                )
-        for seg in obs.shm_segments or []:
-            if "dest" in seg.status and (seg.nattch or 0) > 0:
-                ev.add(
-                    f"shared memory segment deleted by its owner but still attached by {seg.nattch} process(es) "
-                    f"(leftover workers still alive): `{_q(seg.line)}`"
-                )
-    procs = obs.processes or []
-    host_only = obs.log_lines is None and obs.process_alive is None
+    _foreign_holders(obs, ev)
+    if obs.process_alive is False:
+        _held_after_the_end(obs, gpu_free_mib, ev)
     holders = {gp.pid for gp in obs.gpu_processes or []}
-    for p in procs:
-        if p.state in ("Z", "X"):
-            continue
-        # an engine's process, or, once the launch ended, one of its children (a multiprocessing worker,
-        # torchrun's, Ray's) re-parented to init and still holding GPU memory: a leftover whatever its name
-        started_after = p.elapsed_s is not None and obs.elapsed_s is not None and p.elapsed_s <= obs.elapsed_s + 120
-        child_like = sig.leftover_processes.first(p.args) is not None
-        holder = p.pid in holders
-        leftover = dead and p.ppid == 1 and ((child_like and (holder or started_after)) or (holder and started_after))
-        if not _is_engine_process(p, sig) and not leftover:
-            continue
-        age = p.elapsed_s
-        stale = False
-        why = ""
-        if dead:
-            stale, why = True, "still running although the launch ended"
-        elif age is not None and obs.elapsed_s is not None and age > obs.elapsed_s + 120:
-            stale, why = True, f"running for {_secs(age)}, longer than the launch ({_secs(obs.elapsed_s)})"
-        elif age is not None and host_only and age > orphan_age_s:
-            stale, why = True, f"running for {_secs(age)}, far longer than any launch"
-        if stale:
+    for p in obs.processes or []:
+        why = _stale_engine(p, obs, sig, holders, orphan_age_s)
+        if why is not None:
             raw = obs.process_lines.get(p.pid)
             parent = f", parent {p.ppid}" if p.ppid is not None else ""
             ev.add(
