@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -194,6 +194,57 @@ def _hints(specs: Any, order: Sequence[str]) -> list[_Pat]:
     return pats
 
 
+@dataclass
+class _EngineParts:
+    """The per-engine sections of signatures.yaml, compiled and gathered over every engine."""
+
+    engines: dict[str, str] = field(default_factory=dict)
+    detect: dict[str, _Group] = field(default_factory=dict)
+    markers: dict[str, _Group] = field(default_factory=dict)
+    ready: dict[str, _Group] = field(default_factory=dict)
+    processes: list[_Pat] = field(default_factory=list)
+    run_start: list[_Pat] = field(default_factory=list)
+    heartbeat: list[_Pat] = field(default_factory=list)
+    benign: list[_Pat] = field(default_factory=list)
+    failures: dict[str, list[_Pat]] = field(default_factory=lambda: {k: [] for k in _FAILURE_KINDS})
+
+
+def _engine_parts(engines_data: Any, order: tuple[str, ...]) -> _EngineParts:
+    """Compile the `engines:` section. Raises ValueError naming the entry for anything malformed."""
+    if not isinstance(engines_data, Mapping) or not engines_data:
+        raise ValueError("signatures: engines: expected a non-empty mapping")
+    out = _EngineParts()
+    for name, eng in engines_data.items():
+        if not isinstance(eng, Mapping):
+            raise ValueError(f"signatures: engines.{name}: expected a mapping")
+        where = f"engines.{name}"
+        out.engines[name] = str(eng.get("versions") or "")
+        out.detect[name] = _Group(_pats(eng.get("detect"), f"{where}.detect", name))
+        out.processes += _pats(eng.get("processes"), f"{where}.processes", name)
+        out.run_start += _pats(eng.get("run_start"), f"{where}.run_start", name)
+        out.heartbeat += _pats(eng.get("heartbeat"), f"{where}.heartbeat", name)
+        out.benign += _pats(eng.get("benign"), f"{where}.benign", name)
+        out.ready[name] = _Group(_pats(eng.get("ready"), f"{where}.ready", name))
+        mk: list[_Pat] = []
+        for phase, kinds in (eng.get("phases") or {}).items():
+            if phase not in order:
+                raise ValueError(f"signatures: {where}.phases: unknown phase {phase!r}")
+            for kind, specs in (kinds or {}).items():
+                if kind not in _MARKER_KINDS:
+                    raise ValueError(f"signatures: {where}.phases.{phase}: unknown marker kind {kind!r}")
+                mk += _pats(specs, f"{where}.phases.{phase}.{kind}", name, phase=phase, marker=kind)
+        out.markers[name] = _Group(mk)
+        for kind, specs in (eng.get("failures") or {}).items():
+            if kind not in out.failures:
+                raise ValueError(f"signatures: {where}.failures: unknown verdict {kind!r}")
+            pats = _pats(specs, f"{where}.failures.{kind}", name)
+            for p in pats:
+                if p.phase is not None and p.phase not in order:
+                    raise ValueError(f"signatures: {where}.failures.{kind}: unknown phase {p.phase!r}")
+            out.failures[kind] += pats
+    return out
+
+
 def load_signatures(text: str | None = None) -> Signatures:
     """Compile signatures from YAML `text`, or from the bundled `bot/core/diagnose/signatures.yaml` when None.
 
@@ -209,79 +260,44 @@ def load_signatures(text: str | None = None) -> Signatures:
     for p in order:
         if p not in PHASES:
             raise ValueError(f"signatures: phase_order: unknown phase {p!r}")
-    engines_data = data.get("engines") or {}
-    if not isinstance(engines_data, Mapping) or not engines_data:
-        raise ValueError("signatures: engines: expected a non-empty mapping")
-    engines: dict[str, str] = {}
-    detect: dict[str, _Group] = {}
-    markers: dict[str, _Group] = {}
-    ready: dict[str, _Group] = {}
-    processes: list[_Pat] = []
-    run_start: list[_Pat] = []
-    heartbeat: list[_Pat] = []
-    benign: list[_Pat] = []
-    failures: dict[str, list[_Pat]] = {k: [] for k in _FAILURE_KINDS}
-    for name, eng in engines_data.items():
-        if not isinstance(eng, Mapping):
-            raise ValueError(f"signatures: engines.{name}: expected a mapping")
-        where = f"engines.{name}"
-        engines[name] = str(eng.get("versions") or "")
-        detect[name] = _Group(_pats(eng.get("detect"), f"{where}.detect", name))
-        processes += _pats(eng.get("processes"), f"{where}.processes", name)
-        run_start += _pats(eng.get("run_start"), f"{where}.run_start", name)
-        heartbeat += _pats(eng.get("heartbeat"), f"{where}.heartbeat", name)
-        benign += _pats(eng.get("benign"), f"{where}.benign", name)
-        ready[name] = _Group(_pats(eng.get("ready"), f"{where}.ready", name))
-        mk: list[_Pat] = []
-        for phase, kinds in (eng.get("phases") or {}).items():
-            if phase not in order:
-                raise ValueError(f"signatures: {where}.phases: unknown phase {phase!r}")
-            for kind, specs in (kinds or {}).items():
-                if kind not in _MARKER_KINDS:
-                    raise ValueError(f"signatures: {where}.phases.{phase}: unknown marker kind {kind!r}")
-                mk += _pats(specs, f"{where}.phases.{phase}.{kind}", name, phase=phase, marker=kind)
-        markers[name] = _Group(mk)
-        for kind, specs in (eng.get("failures") or {}).items():
-            if kind not in failures:
-                raise ValueError(f"signatures: {where}.failures: unknown verdict {kind!r}")
-            pats = _pats(specs, f"{where}.failures.{kind}", name)
-            for p in pats:
-                if p.phase is not None and p.phase not in order:
-                    raise ValueError(f"signatures: {where}.failures.{kind}: unknown phase {p.phase!r}")
-            failures[kind] += pats
-    grace = {str(k): float(v) for k, v in (data.get("default_grace_s") or {}).items()}
-    context = {str(k): _Group(_pats(v, f"context.{k}", "generic")) for k, v in (data.get("context") or {}).items()}
-    steps = {str(k): [str(s) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()}
+    e = _engine_parts(data.get("engines") or {}, order)
+
+    def generic(key: str) -> _Group:
+        return _Group(_pats(data.get(key), key, "generic"))
+
+    def regex(key: str, default: str) -> re.Pattern[str]:
+        return re.compile(str(data.get(key) or default))
+
     return _indexed(Signatures(
         phase_order=order,
-        default_grace_s=grace,
+        default_grace_s={str(k): float(v) for k, v in (data.get("default_grace_s") or {}).items()},
         silence_after_s=float(data.get("silence_after_s") or 300.0),
-        engines=engines,
-        detect=detect,
-        processes=_Group(processes),
-        run_start=_Group(run_start),
-        markers=markers,
-        ready=ready,
-        heartbeat=_Group(heartbeat),
-        benign=_Group(benign),
-        failures={k: _Group(v) for k, v in failures.items()},
-        killed=_Group(_pats(data.get("killed"), "killed", "generic")),
-        context=context,
+        engines=e.engines,
+        detect=e.detect,
+        processes=_Group(e.processes),
+        run_start=_Group(e.run_start),
+        markers=e.markers,
+        ready=e.ready,
+        heartbeat=_Group(e.heartbeat),
+        benign=_Group(e.benign),
+        failures={k: _Group(v) for k, v in e.failures.items()},
+        killed=generic("killed"),
+        context={str(k): _Group(_pats(v, f"context.{k}", "generic")) for k, v in (data.get("context") or {}).items()},
         ranks=[p.regex for p in _pats(data.get("ranks"), "ranks", "generic")],
-        progress_counter=re.compile(str(data.get("progress_counter") or r"(?P<done>\d+)/(?P<total>\d+) \[")),
-        progress_generic=_Group(_pats(data.get("progress_generic"), "progress_generic", "generic")),
-        benign_exceptions=_Group(_pats(data.get("benign_exceptions"), "benign_exceptions", "generic")),
-        exception_line=re.compile(str(data.get("exception_line") or r"^(\w+Error): ")),
-        shutdown=_Group(_pats(data.get("shutdown"), "shutdown", "generic")),
-        next_steps=steps,
+        progress_counter=regex("progress_counter", r"(?P<done>\d+)/(?P<total>\d+) \["),
+        progress_generic=generic("progress_generic"),
+        benign_exceptions=generic("benign_exceptions"),
+        exception_line=regex("exception_line", r"^(\w+Error): "),
+        shutdown=generic("shutdown"),
+        next_steps={str(k): [str(s) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()},
         phase_hints=_hints(data.get("phase_hints"), order),
-        warning_severity=re.compile(str(data.get("warning_severity") or r"\bWARN(?:ING)?\b")),
+        warning_severity=regex("warning_severity", r"\bWARN(?:ING)?\b"),
         causes=_causes(data.get("causes")),
-        leftover_processes=_Group(_pats(data.get("leftover_processes"), "leftover_processes", "generic")),
+        leftover_processes=generic("leftover_processes"),
         queued_requests=[p.regex for p in _pats(data.get("queued_requests"), "queued_requests", "generic")],
-        serving_evidence=_Group(_pats(data.get("serving_evidence"), "serving_evidence", "generic")),
-        comm_init_start=_Group(_pats(data.get("comm_init_start"), "comm_init_start", "generic")),
-        error_severity=re.compile(str(data.get("error_severity") or r"\bERROR\b")),
+        serving_evidence=generic("serving_evidence"),
+        comm_init_start=generic("comm_init_start"),
+        error_severity=regex("error_severity", r"\bERROR\b"),
     ))
 
 
