@@ -155,136 +155,174 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
 
 def _scan(lines: Sequence[str], sig: Signatures) -> LogScan:
     """`scan_log` without the memory."""
-    cleaned = _clean_lines(lines or [])
-    scan = LogScan(lines=cleaned)
-    n = len(cleaned)
-    for i, line in enumerate(cleaned):
-        if sig.run_start.first(line):
-            scan.start = i
-    body = range(scan.start, n)
-    counts = Counter()
-    for i in body:
-        for name, group in sig.detect.items():
-            if group.first(cleaned[i]):
-                counts[name] += 1
-    top = max(counts.values(), default=0)
-    scan.engines = [name for name, c in counts.most_common() if c * 5 >= top]
-    active = [*scan.engines, *(["generic"] if "generic" in sig.markers else [])]
-    if not scan.engines:
-        active = list(sig.markers)
-    ready_groups = [sig.ready[e] for e in scan.engines if e in sig.ready and sig.ready[e].pats]
-    if not ready_groups:
-        ready_groups = [g for g in sig.ready.values() if g.pats]
-    order = {p: k for k, p in enumerate(sig.phase_order)}
-    furthest = -1
-    last_kind: str | None = None
-    ended: set[str] = set()
-    grace: float | None = None
-    last_meaningful_ts: tuple[str, float] | None = None
-    run_first_ts: tuple[str, float] | None = None
-    last_marker: tuple[int, _Pat] | None = None
-    for i in body:
-        line = cleaned[i]
+    scanner = _Scanner(_clean_lines(lines or []), sig)
+    for i in range(scanner.scan.start, len(scanner.lines)):
+        scanner.line(i)
+    return scanner.finish()
+
+
+class _Scanner:
+    """One pass over a log's lines (from its last run start): failures, context, phase markers, progress,
+    readiness, shutdown and heartbeats per line (`line`), then the phase it reached (`finish`)."""
+
+    def __init__(self, cleaned: list[str], sig: Signatures):
+        self.lines, self.sig = cleaned, sig
+        self.scan = scan = LogScan(lines=cleaned)
+        for i, line in enumerate(cleaned):
+            if sig.run_start.first(line):
+                scan.start = i
+        counts: Counter[str] = Counter()
+        for line in cleaned[scan.start:]:
+            for name, group in sig.detect.items():
+                if group.first(line):
+                    counts[name] += 1
+        top = max(counts.values(), default=0)
+        scan.engines = [name for name, c in counts.most_common() if c * 5 >= top]
+        self.active = [*scan.engines, *(["generic"] if "generic" in sig.markers else [])]
+        if not scan.engines:
+            self.active = list(sig.markers)
+        self.ready_groups = [sig.ready[e] for e in scan.engines if e in sig.ready and sig.ready[e].pats]
+        if not self.ready_groups:
+            self.ready_groups = [g for g in sig.ready.values() if g.pats]
+        self.order = {p: k for k, p in enumerate(sig.phase_order)}
+        self.furthest = -1
+        self.last_kind: str | None = None
+        self.ended: set[str] = set()
+        self.grace: float | None = None
+        self.last_meaningful_ts: tuple[str, float] | None = None
+        self.run_first_ts: tuple[str, float] | None = None
+        self.last_marker: tuple[int, _Pat] | None = None
+
+    def line(self, i: int) -> None:
+        """Take line `i` into the scan."""
+        scan, sig, line = self.scan, self.sig, self.lines[i]
         if not line.strip():
-            continue
-        if _benign(line, cleaned, i, sig):
+            return
+        if _benign(line, self.lines, i, sig):
             scan.benign.append(i)
-            continue
+            return
         rank = _rank(line, sig)
         if rank is not None:
             scan.ranks.add(rank)
-        is_heartbeat = sig.heartbeat.first(line) is not None
-        # failures: the first kind (in priority order) that matches; SIGKILL hints rank just above `crashed`
-        hit: _Hit | None = None
-        for kind in _FAILURE_KINDS:
-            if kind == "crashed" and (k := sig.killed.first(line)):
-                hit = _Hit(i, line, "killed", phase=k.phase)
-                break
-            if p := sig.failures[kind].first(line):
-                hit = _Hit(i, line, kind, echo=p.echo, phase=p.phase)
-                break
+        hit = _failure_hit(i, line, sig)
         if hit is not None:
             scan.failures.append(hit)
         for kind, group in sig.context.items():
             if group.first(line):
                 scan.context.setdefault(kind, []).append(i)
-        # phase markers of the engines seen (all engines when none was recognised)
+        best = self._marker(line)
+        counter = sig.progress_counter.search(line)
+        if (best is not None and best.marker == "progress") or counter or sig.progress_generic.first(line):
+            scan.progress.append(_progress_of(i, line, counter, best))
+        is_ready = any(group.first(line) for group in self.ready_groups)
+        if best is None and is_ready and "serving" in self.order:  # a readiness line: serving from here on
+            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
+        if best is not None and best.phase is not None:
+            self._advance(i, best, rank)
+        if is_ready:
+            scan.ready.append(i)
+        if sig.shutdown.first(line):
+            scan.shutdown.append(i)
+        self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
+
+    def _marker(self, line: str) -> _Pat | None:
+        """The phase marker of the furthest phase on `line`, among the engines seen (all when none was)."""
         best: _Pat | None = None
-        for eng in active:
-            group = sig.markers.get(eng)
+        order = self.order
+        for eng in self.active:
+            group = self.sig.markers.get(eng)
             if group is None:
                 continue
             for p in group.all(line):
                 if p.phase in order and (best is None or order[p.phase] > order.get(best.phase or "", -1)):
                     best = p
-        counter = sig.progress_counter.search(line)
-        is_progress = (best is not None and best.marker == "progress") or bool(
-            counter or sig.progress_generic.first(line)
-        )
-        if is_progress:
-            done = total = None
-            if counter:
-                try:
-                    done, total = int(counter.group("done")), int(counter.group("total"))
-                except (IndexError, ValueError):
-                    done = total = None
-            label = _DIGITS_RE.sub("#", line[: counter.start()] if counter else line)[-60:]
-            phase = best.phase if best is not None and best.marker == "progress" else None
-            scan.progress.append(_Progress(i, line, phase, label, done, total))
-        is_ready = any(group.first(line) for group in ready_groups)
-        if best is None and is_ready and "serving" in order:  # a readiness line: serving from here on
-            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
-        if best is not None and best.phase is not None:
-            last_marker = (i, best)
-            k = order[best.phase]
-            if k > furthest:
-                furthest, ended, grace = k, set(), None
-            if k == furthest:
-                last_kind = best.marker
-                scan.phase_index = i
-                if best.marker == "end":
-                    ended.add(rank or "*")
-                if best.grace_s is not None:
-                    grace = max(grace or 0.0, best.grace_s)
-        if is_ready:
-            scan.ready.append(i)
-        if sig.shutdown.first(line):
-            scan.shutdown.append(i)
+        return best
+
+    def _advance(self, i: int, best: _Pat, rank: str | None) -> None:
+        """A phase marker at line `i`: the furthest phase so far, its last marker kind, which ranks ended it,
+        its grace."""
+        self.last_marker = (i, best)
+        k = self.order[best.phase or ""]
+        if k > self.furthest:
+            self.furthest, self.ended, self.grace = k, set(), None
+        if k == self.furthest:
+            self.last_kind = best.marker
+            self.scan.phase_index = i
+            if best.marker == "end":
+                self.ended.add(rank or "*")
+            if best.grace_s is not None:
+                self.grace = max(self.grace or 0.0, best.grace_s)
+
+    def _heartbeat(self, i: int, line: str, is_heartbeat: bool) -> None:
+        """Heartbeat lines: the run of them at the end of the log, and the time it spans."""
+        scan = self.scan
         ts = _timestamp(line)
         if is_heartbeat:
             scan.heartbeats.append(i)
             scan.heartbeat_run += 1
-            if ts is not None and run_first_ts is None:
-                run_first_ts = ts
+            if ts is not None and self.run_first_ts is None:
+                self.run_first_ts = ts
             if ts is not None:
-                base = last_meaningful_ts if last_meaningful_ts and last_meaningful_ts[0] == ts[0] else run_first_ts
+                last = self.last_meaningful_ts
+                base = last if last and last[0] == ts[0] else self.run_first_ts
                 if base is not None and base[0] == ts[0] and ts[1] >= base[1]:
                     scan.heartbeat_span_s = ts[1] - base[1]
         else:
             scan.meaningful.append(i)
             scan.heartbeat_run = 0
             scan.heartbeat_span_s = None
-            run_first_ts = None
+            self.run_first_ts = None
             if ts is not None:
-                last_meaningful_ts = ts
-    if furthest >= 0:
-        phase = sig.phase_order[furthest]
-        scan.phase_grace_s = grace
-        done_everywhere = "*" in ended if not scan.ranks else scan.ranks <= ended
-        if last_kind == "end" and done_everywhere:
-            scan.finished_phase = phase
-        else:
-            scan.phase = phase
-    if last_marker is not None and last_marker[1].phase == "comm_init" and last_marker[1].marker == "begin" \
-            and sig.comm_init_start.first(cleaned[last_marker[0]]) is not None \
-            and not sig.warning_severity.search(cleaned[last_marker[0]]) \
-            and (scan.phase_index is None or last_marker[0] >= scan.phase_index) and scan.phase != "serving":
-        # the newest step line starts a communicator (a new process group after loading, a second init):
-        # the launch is in comm_init, whatever phase came before
-        scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last_marker[0]
-        scan.phase_grace_s = None
-    _drop_benign_tracebacks(scan, sig)
-    return scan
+                self.last_meaningful_ts = ts
+
+    def finish(self) -> LogScan:
+        """The phase reached (or finished on every rank), a communicator started last, benign tracebacks
+        dropped; returns the scan."""
+        scan, sig = self.scan, self.sig
+        if self.furthest >= 0:
+            phase = sig.phase_order[self.furthest]
+            scan.phase_grace_s = self.grace
+            done_everywhere = "*" in self.ended if not scan.ranks else scan.ranks <= self.ended
+            if self.last_kind == "end" and done_everywhere:
+                scan.finished_phase = phase
+            else:
+                scan.phase = phase
+        last = self.last_marker
+        if last is not None and last[1].phase == "comm_init" and last[1].marker == "begin" \
+                and sig.comm_init_start.first(self.lines[last[0]]) is not None \
+                and not sig.warning_severity.search(self.lines[last[0]]) \
+                and (scan.phase_index is None or last[0] >= scan.phase_index) and scan.phase != "serving":
+            # the newest step line starts a communicator (a new process group after loading, a second init):
+            # the launch is in comm_init, whatever phase came before
+            scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last[0]
+            scan.phase_grace_s = None
+        _drop_benign_tracebacks(scan, sig)
+        return scan
+
+
+def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:
+    """The failure on line `i`: the first kind (in priority order) that matches; a SIGKILL hint ranks just
+    above `crashed`."""
+    for kind in _FAILURE_KINDS:
+        if kind == "crashed" and (k := sig.killed.first(line)):
+            return _Hit(i, line, "killed", phase=k.phase)
+        if p := sig.failures[kind].first(line):
+            return _Hit(i, line, kind, echo=p.echo, phase=p.phase)
+    return None
+
+
+def _progress_of(i: int, line: str, counter: re.Match[str] | None, best: _Pat | None) -> _Progress:
+    """A progress line: its counter (done/total) when it has one, a label without digits, the phase its
+    marker names."""
+    done = total = None
+    if counter:
+        try:
+            done, total = int(counter.group("done")), int(counter.group("total"))
+        except (IndexError, ValueError):
+            done = total = None
+    label = _DIGITS_RE.sub("#", line[: counter.start()] if counter else line)[-60:]
+    phase = best.phase if best is not None and best.marker == "progress" else None
+    return _Progress(i, line, phase, label, done, total)
 
 
 def _traceback_end(scan: LogScan, i: int, sig: Signatures) -> int | None:
