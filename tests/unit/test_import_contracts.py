@@ -1,4 +1,5 @@
-"""The import contracts (pyproject.toml, import-linter) hold on the code and fail on each deliberate violation.
+"""The import contracts (pyproject.toml, import-linter) hold on the code and fail on each deliberate violation; and
+no function where the rules live (the diagnose package, the watcher) is over 60 lines.
 
 Each case copies the two root packages and pyproject.toml into a temporary directory, plants one violation (a new
 module, or one import line added to an existing module) and runs import-linter there: the contract it names must be
@@ -18,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
 
-pytestmark = [pytest.mark.skipif(LINT is None, reason="import-linter (lint-imports) is not installed"),
-              pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(120)]
+needs_lint = pytest.mark.skipif(LINT is None, reason="import-linter (lint-imports) is not installed")
 
 IO_CONTRACT = "No I/O library in core, present or config"
 HANDLERS_CONTRACT = "handlers never import bot.adapters"
@@ -51,6 +52,7 @@ def _verdicts(out: str) -> dict[str, str]:
     return {name.strip(): verdict for name, verdict in found}
 
 
+@needs_lint
 def test_the_contracts_hold_on_the_code(tree: Path) -> None:
     res = _lint(tree)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -73,6 +75,7 @@ def test_the_contracts_hold_on_the_code(tree: Path) -> None:
     ("bot/core/diagnose/logscan.py", "import bot.core.diagnose.evidence", DIAGNOSE_CONTRACT),
     ("bot/core/models.py", "import bot.services.hosts", LAYERS_CONTRACT),
 ])
+@needs_lint
 def test_a_planted_violation_breaks_its_contract(tree: Path, where: str, line: str, contract: str) -> None:
     path = tree / where
     before = path.read_text() if path.exists() else None
@@ -87,3 +90,16 @@ def test_a_planted_violation_breaks_its_contract(tree: Path, where: str, line: s
     assert res.returncode != 0, res.stdout
     broken = [name for name, verdict in _verdicts(res.stdout).items() if verdict == "BROKEN"]
     assert any(name.startswith(contract) for name in broken), (contract, res.stdout)
+
+
+@pytest.mark.parametrize("where", ["bot/core/diagnose", "bot/services/watch.py"])
+def test_no_function_over_60_lines_where_the_rules_live(where: str) -> None:
+    import ast
+
+    path = ROOT / where
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    long = [f"{f.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for f in files for node in ast.walk(ast.parse(f.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > 60]
+    assert long == []
