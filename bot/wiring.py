@@ -256,7 +256,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     threads = IncidentThreads(store.launches, surface, renderer)
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
                              start_check_s=start_check_s, secretbox=_secret_box(store, config))
-    launches.relearn_secrets()
+    launches.secrets.relearn()
     if recover:
         launches.recover_interrupted_kills()
     stacks = StackService(hosts, launches, audit)

@@ -76,7 +76,7 @@ class Dispatcher:
         ctx = Context(request, self.services, self.commands)
         # secret params typed in the command are masked by value from here on: also when it is denied, refused,
         # misspelled or malformed, before anything is audited or posted
-        self.services.launches.learn_typed_secrets(call.raw, getattr(call, "kwargs", None))
+        self.services.launches.secrets.learn_typed(call.raw, getattr(call, "kwargs", None))
         if isinstance(call, CommandParseError):
             reply = self._error(ctx, UserError("Bad command", str(call), "Try `/gpu help`.", audit="invalid"))
             return self._finish(ctx, "?", call.raw, reply)

@@ -9,7 +9,6 @@ writer with the Slack user ID, args and result.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shlex
 import time
@@ -17,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from bot.adapters.remote import RemoteError
-from bot.adapters.secretbox import SecretBox, SecretBoxError
+from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
 from bot.config import Config, render_launch
 from bot.core.lifecycle import (
@@ -42,6 +41,7 @@ from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
+from bot.services.secrets import SecretService
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,13 @@ class LaunchService:
     """Launch/kill/relaunch for every configured host. Timings in seconds, memory in MiB; the lifecycle
     policy (GPU free threshold, kill grace, release timeout, /dev/shm minimum) comes from `config.lifecycle`.
     `poll_s` is how often a kill looks again, `start_check_s` when a new launch is first looked at. With a
-    `secretbox`, a launch's secret param values are kept sealed in its row: a restarted bot masks them again
-    (`relearn_secrets`) and a relaunch reuses them."""
+    `secretbox`, a launch's secret param values are kept sealed in its row (`secrets`: SecretService): a restarted
+    bot masks them again and a relaunch reuses them."""
 
     def __init__(self, config: Config, hosts: HostService, store: Store, audit: Audit, threads: IncidentThreads, *,
                  redactor: Redactor | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
                  sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
         self.config = config
-        self._box = secretbox
-        self._secret_names: set[str] | None = None
         self._health_paths: dict[str, str] = {}
         self.hosts = hosts
         self._launches = store.launches
@@ -77,6 +75,7 @@ class LaunchService:
         self._audit = audit
         self._threads = threads
         self._redactor = redactor or Redactor(config.redact_patterns)
+        self.secrets = SecretService(config, store.launches, self._redactor, secretbox)
         lc = config.lifecycle
         self.gpu_free_mib = lc.gpu_free_mib
         self.kill_grace_s = lc.kill_grace_s
@@ -238,106 +237,18 @@ class LaunchService:
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
         return out
 
-    def secret_params(self, variant: str, params: dict[str, Any]) -> dict[str, str]:
-        """The params among `params` that are secrets (secret-named, or `secret: true` in the variant), as
-        {name: value} strings (empty values left out)."""
-        specs: dict[str, Any] = {}
-        if variant in self.config.variants:
-            with contextlib.suppress(KeyError):
-                specs = dict(self.config.resolved_variant(variant).params or {})
-        return {str(k): str(v) for k, v in params.items() if str(v) and v != MASK
-                and (SECRET_NAME_RE.search(str(k)) or getattr(specs.get(k), "secret", False))}
-
-    def secret_param_names(self) -> set[str]:
-        """Names of the params that are secrets in any variant (`secret: true`, or secret-named); worked out once
-        (the config does not change while the bot runs)."""
-        if self._secret_names is not None:
-            return self._secret_names
-        names: set[str] = set()
-        for name in self.config.variants:
-            with contextlib.suppress(KeyError, ValueError):
-                for k, spec in (self.config.resolved_variant(name).params or {}).items():
-                    if getattr(spec, "secret", False) or SECRET_NAME_RE.search(k):
-                        names.add(k)
-        self._secret_names = names
-        return names
-
-    def learn_typed_secrets(self, text: str, kwargs: dict[str, str] | None = None) -> None:
-        """Teach the redactor the values of a typed command's secret params, whatever the command turns out to
-        be: the parsed `kwargs` (names as the grammar normalises them) and the raw `NAME=VALUE` words of `text`
-        (quotes dropped), where NAME, lower-cased with `-` as `_`, is a secret param of any variant or
-        secret-named."""
-        names = {n.lower().replace("-", "_") for n in self.secret_param_names()}
-
-        def secret(name: str) -> bool:
-            norm = name.lower().replace("-", "_")
-            return norm in names or bool(SECRET_NAME_RE.search(norm))
-
-        values = [str(v) for k, v in (kwargs or {}).items() if secret(str(k))]
-        for word in (text or "").split():
-            name, sep, value = word.partition("=")
-            if sep and value and secret(name):
-                values.append(value.strip("'\""))
-        self._redactor.add_values(values)
-
-    def learn_secrets(self, variant: str, params: dict[str, Any]) -> None:
-        """Teach the shared redactor the values of `params` that are secrets (`secret_params`), so they are
-        masked by value wherever they turn up (a command line under an ordinary flag such as `--key`, a log
-        line, an error)."""
-        self._redactor.add_values(self.secret_params(variant, params).values())
-
-    def relearn_secrets(self) -> int:
-        """Teach the redactor the sealed secret values of the newest launches (a restart: the live servers
-        still show them). Returns how many launches' values were learned; values this key cannot open (the key
-        changed) are skipped with one warning. Never raises for a database or key problem (logged)."""
-        if self._box is None:
-            return 0
-        try:
-            rows = self._launches.sealed_secrets()
-        except Exception as e:
-            log.warning("cannot read the sealed secrets of earlier launches: %s", e)
-            return 0
-        learned, failed = 0, 0
-        for _launch_id, token in rows:
-            try:
-                self._redactor.add_values(self._box.unseal(token).values())
-                learned += 1
-            except SecretBoxError:
-                failed += 1
-        if failed:
-            log.warning("the secret values of %d earlier launches cannot be opened with this key (GPUBOT_SECRET_KEY "
-                        "or secret.key changed): they are masked by name and shape only", failed)
-        return learned
-
-    def _sealed_params(self, la: Launch) -> dict[str, str]:
-        """The secret param values sealed in `la`'s row ({} without a box, or when they cannot be opened)."""
-        if self._box is None:
-            return {}
-        try:
-            rows = self._launches.sealed_secrets(la.id)
-            return self._box.unseal(rows[0][1]) if rows else {}
-        except Exception as e:
-            log.warning("cannot open the secret params of %s: %s", la.name, e)
-            return {}
-
-    def params_for_record(self, params: dict) -> dict:
-        """Params as recorded anywhere (audit trail, launches table): secret-named params masked, the rest
-        redacted."""
-        return self._redactor.mapping({k: v if isinstance(v, (int, float, bool)) else str(v)
-                                       for k, v in params.items()})
-
     async def launch(self, variant: str, params: dict[str, str], *, user: str, channel: str | None = None,
                      host: str | None = None, thread_ts: str | None = None,
                      relaunch_of: int | None = None) -> LaunchOutcome:
         """Check, record, open the incident thread (unless `thread_ts` continues one) and start one launch.
         Raises LaunchError for bad input (audited as invalid; nothing recorded); never raises for remote
         failures (they are in the outcome and the audit trail)."""
-        self.learn_secrets(variant, params)  # before anything is recorded, posted or logged
+        self.secrets.learn(variant, params)  # before anything is recorded, posted or logged
         try:
             preview = render_launch(self.config, variant, params, launch_id=0, host=host)
         except LaunchError as e:
             self._audit.record(user_id=user, action="launch", result="invalid", detail=str(e), channel=channel,
-                               args={"variant": variant, **self.params_for_record(params)})
+                               args={"variant": variant, **self.secrets.for_record(params)})
             raise
         # One launch decision at a time per host: two /launch racing must not both pass the checks.
         async with self._host_lock(preview.host):
@@ -350,7 +261,7 @@ class LaunchService:
     async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
                              channel: str | None, thread_ts: str | None, relaunch_of: int | None) -> LaunchOutcome:
         host = preview.host
-        args = {"variant": variant, "host": host, "params": self.params_for_record(params)}
+        args = {"variant": variant, "host": host, "params": self.secrets.for_record(params)}
         try:
             snap = await self._snapshot(host, ProbeRequest(port=preview.port, health_path=None, shm=True))
         except RemoteError as e:
@@ -373,11 +284,11 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", args=args, result="refused",
                                detail="; ".join(checks.problems), host=host, channel=channel)
             return LaunchOutcome(None, checks=checks, host=host)
-        secret = self.secret_params(variant, preview.params)
-        la = self._launches.create(host=host, variant=variant, params=self.params_for_record(preview.params),
+        secret = self.secrets.params(variant, preview.params)
+        la = self._launches.create(host=host, variant=variant, params=self.secrets.for_record(preview.params),
                                    command="", log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
                                    channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of,
-                                   sealed_secrets=self._box.seal(secret) if self._box is not None and secret else None)
+                                   sealed_secrets=self.secrets.seal(secret))
         r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
         command = r.command
         for k, v in r.params.items():  # values of secret-named params never reach the database
@@ -656,7 +567,7 @@ class LaunchService:
         or while another kill of `la` runs."""
         merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
                   if v != MASK}  # a secret param is stored masked: its sealed value, else its default, or given
-        sealed = self._sealed_params(la)
+        sealed = self.secrets.sealed(la)
         merged.update({k: v for k, v in sealed.items() if la.params.get(k) == MASK})
         merged.update(params)
         lost = sorted(k for k, v in la.params.items() if MASK in str(v) and k not in params
@@ -674,7 +585,7 @@ class LaunchService:
             k = await self.kill(current, user=user, channel=channel)
         else:
             k = KillOutcome(target=la.name, nothing_to_kill=True, released=True)
-        args = {"launch": la.name, "params": self.params_for_record(params)}
+        args = {"launch": la.name, "params": self.secrets.for_record(params)}
         if not k.clean or not (k.released or k.gpu_error):
             self._audit.record(user_id=user, action="relaunch", args=args, result="refused",
                                detail="the old launch did not stop cleanly", launch_id=la.id, host=la.host,
