@@ -266,6 +266,9 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     alerts = AlertPoster(surface, renderer, threads, history, cpu, store.clock)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       history=history, cpu=cpu, policy=watch_policy, stacks=stacks)
+    # the watcher follows new launches while it runs: LaunchService calls these hooks, wired here
+    launches.started_hooks.append(watcher.launched)
+    launches.early_exit_hooks.append(watcher.exited_early)
     bundles = BundleService(hosts, launches, stacks, audit, redactor, policy_for=watcher.policy_for)
     services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,
                         bundles=bundles, confirmations=confirmations, watcher=watcher)

@@ -129,6 +129,7 @@ class Watcher:
         self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
+        self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
 
     async def start(self) -> None:
         """Start the scheduler (inside the running loop), follow every live launch (also the ones an earlier
@@ -138,10 +139,7 @@ class Watcher:
         self.scheduler.start(self)
         digest = self.config.watch
         self.scheduler.set_digest(digest.digest_cron if digest.digest_cron and digest.digest_channel else None)
-        if self.watch not in self.launches.started_hooks:
-            self.launches.started_hooks.append(self.watch)
-        if self.early_exit not in self.launches.early_exit_hooks:
-            self.launches.early_exit_hooks.append(self.early_exit)
+        self._started = True
         unwatched = [la for la in self._launch_rows.live() if not self.scheduler.is_watched(la.id)]
         for k, la in enumerate(unwatched):  # spread over one interval: not all due at the same instant
             self.watch(la, spread=(k + 1) / len(unwatched))
@@ -151,6 +149,7 @@ class Watcher:
         still in flight and wait up to `timeout_s` seconds for them to end (their remote commands are
         stopped), so nothing outlives the bot's shutdown."""
         self._stopping = True
+        self._started = False
         self.scheduler.shutdown(self)
         running = [t for t in self._running if t is not asyncio.current_task() and not t.done()]
         for t in running:
@@ -183,6 +182,17 @@ class Watcher:
         self.scheduler.unwatch(launch_id)
         self._history.forget(launch_id)
         self._cheap.pop(launch_id, None)
+
+    def launched(self, la: Launch) -> None:
+        """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""
+        if self._started:
+            self.watch(la)
+
+    async def exited_early(self, la: Launch) -> None:
+        """A launch was gone at its first look (LaunchService's hook, wired in bot.wiring): diagnose it now while
+        this watcher runs."""
+        if self._started:
+            await self.early_exit(la)
 
     async def early_exit(self, la: Launch) -> None:
         """A launch gone at its first look (LaunchService hook): check it now, so a crash or an OOM gets its
