@@ -39,6 +39,7 @@ from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snaps
 from bot.core.observe import ended_by, own_processes, remember_processes
 from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
+from bot.core.transitions import InvalidTransition, LaunchEvent, next_state
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.secrets import SecretService
@@ -226,14 +227,28 @@ class LaunchService:
             raise RemoteError(host, res.reason)
         return res
 
+    # -- state --------------------------------------------------------------------------------------
+    def transition(self, la: Launch, event: LaunchEvent, to: LaunchState | None = None, **fields: Any) -> Launch:
+        """Apply `event` to launch `la` (bot.core.transitions: the one table of how a launch's state changes) and
+        write its new state with `fields` in one update; the only writer of launches' states. An event that
+        cannot happen in the state the launch has NOW (another writer won a race) writes `fields` alone and is
+        logged. Returns the launch as stored. Raises what the store raises (DatabaseUnavailable)."""
+        current = self._launches.get(la.id) or la
+        try:
+            state = next_state(current.state, event, to)
+        except InvalidTransition as e:
+            log.warning("%s: %s; its state stays %s", la.name, e, current.state.value)
+            return self._launches.update(la.id, **fields) if fields else current
+        return self._launches.update(la.id, state=state, **fields)
+
     # -- launch -------------------------------------------------------------------------------------
     def recover_interrupted_kills(self) -> list[Launch]:
         """Launches left `stopping` by a bot that stopped mid-kill become `kill_failed` (live again, so they
         are watched and can be killed). Call once at start, before taking commands. Returns them."""
         out = []
         for la in self._launches.in_state(LaunchState.STOPPING):
-            out.append(self._launches.update(la.id, state=LaunchState.KILL_FAILED,
-                                             state_detail="the bot stopped during a kill; kill it again"))
+            out.append(self.transition(la, LaunchEvent.KILL_INTERRUPTED,
+                                       state_detail="the bot stopped during a kill; kill it again"))
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
         return out
 
@@ -274,8 +289,7 @@ class LaunchService:
             if recent or self.launch_processes_of(la, snap):
                 (same if la.variant == variant else others).append(la)
             else:
-                la = self._launches.update(la.id, state=LaunchState.EXITED,
-                                           state_detail="no process left (seen at a later launch)")
+                la = self.transition(la, LaunchEvent.GONE, state_detail="no process left (seen at a later launch)")
                 await self._threads.show(la)
         checks = prelaunch_checks(snap, preview, self.holders(snap), live_same_variant=same, other_live=others,
                                   gpu_free_mib=self.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
@@ -310,7 +324,7 @@ class LaunchService:
         except RemoteError as e:
             started, why = None, str(e)
         if started is None:
-            la = self._launches.update(la.id, state=LaunchState.FAILED, state_detail=why)
+            la = self.transition(la, LaunchEvent.START_FAILED, state_detail=why)
             self._audit.record(user_id=user, action="launch", args=args, result="error", detail=why,
                                launch_id=la.id, host=la.host, channel=la.channel)
             await self._threads.show(la)
@@ -356,8 +370,7 @@ class LaunchService:
                 log.exception("an early-exit hook failed for %s", la.name)
         current = self._launches.get(la.id)
         if current is not None and current.live:
-            current = self._launches.update(la.id, state=LaunchState.EXITED,
-                                            state_detail="exited within the first check")
+            current = self.transition(current, LaunchEvent.GONE, state_detail="exited within the first check")
             await self._threads.show(current)
 
     # -- kill ---------------------------------------------------------------------------------------
@@ -418,7 +431,7 @@ class LaunchService:
             out.error = f"{la.name} is already being stopped by another kill"
             return out
         if current.state == LaunchState.STARTING and current.pid is None and not await self._has_processes(current):
-            la = self._launches.update(la.id, state=LaunchState.KILLED, state_detail="cancelled while starting")
+            la = self.transition(current, LaunchEvent.CANCELLED, state_detail="cancelled while starting")
             out.nothing_to_kill = out.released = True
             self._audit.record(user_id=user, action="kill", args={"launch": la.name}, result="cancelled",
                                detail="cancelled before its process was recorded", launch_id=la.id, host=la.host,
@@ -426,18 +439,17 @@ class LaunchService:
             await self._threads.show(la)
             return out
         # not live while it is being stopped: the readiness checks stay quiet about a deliberate stop
-        self._launches.update(la.id, state=LaunchState.STOPPING)
+        self.transition(current, LaunchEvent.KILL_BEGUN)
         try:
             out = await self._kill(current, out)
         except RemoteError as e:
             out.error = str(e)
         except BaseException:  # cancelled (shutdown) mid-kill: never leave it `stopping`, which nothing may kill
-            self._launches.update(la.id, state=LaunchState.KILL_FAILED,
-                                  state_detail="the kill was interrupted; kill it again")
+            self.transition(la, LaunchEvent.KILL_INTERRUPTED, state_detail="the kill was interrupted; kill it again")
             raise
         out.seconds = time.monotonic() - t0
         state, detail, result = kill_end(out, current.state, current.state_detail)
-        la = self._launches.update(la.id, state=state, state_detail=detail)
+        la = self.transition(la, LaunchEvent.KILL_ENDED, to=state, state_detail=detail)
         self._audit.record(user_id=user, action="kill", args={"launch": la.name}, result=result, detail=detail,
                            launch_id=la.id, host=la.host, channel=channel)
         await self._threads.show(la)

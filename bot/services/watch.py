@@ -38,6 +38,7 @@ from bot.core.observe import (
 from bot.core.probe import ProbeRequest
 from bot.core.serving import judge_serving
 from bot.core.stackdump import full_text
+from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer, fmt_duration
 from bot.present.views import status_view
@@ -85,8 +86,8 @@ class CheckOutcome:
 def _new_fields(verdict: Verdict, current: Launch, record: dict[str, Any], *, news: bool, serving: bool,
                 ended: bool) -> dict[str, object]:
     """The launch's fields a check changes (pure): its alert state (on news, or a quiet verdict over a quiet
-    state), the state detail on news, `ready_at` when it first became ready, and its end state when the verdict
-    ends it (leftovers still hold GPUs: /gpu status shows them, /kill stops them)."""
+    state), the state detail on news or when the verdict ends it, and `ready_at` when it first became ready. Its
+    end state is not a field: the check reports the event (`_record`) and LaunchService applies it."""
     fields: dict[str, object] = {}
     if news or (verdict.verdict in QUIET_VERDICTS and current.alert_state in (None, "", *QUIET_VERDICTS)):
         if verdict.verdict != current.alert_state:
@@ -96,7 +97,6 @@ def _new_fields(verdict: Verdict, current: Launch, record: dict[str, Any], *, ne
     if verdict.verdict == "ready" and not serving:
         fields["ready_at"] = record["t"]
     if ended:
-        fields["state"] = LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED
         fields.setdefault("state_detail", verdict.summary[:300])
     return fields
 
@@ -352,8 +352,10 @@ class Watcher:
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
                        serving=serving)
         fields = _new_fields(verdict, current, record, news=news, serving=serving, ended=ended)
-        if fields:
-            la = self._record(la, current, fields)
+        # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
+        end = (LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED) if ended else None
+        if fields or end is not None:
+            la = self._record(la, current, fields, end)
         alerted = False
         if news:
             alerted = await self._alerts.post(la, verdict, record, recovered=serving and verdict.verdict == "ready",
@@ -371,15 +373,19 @@ class Watcher:
         """Whether `la`'s alerts are snoozed now (the bot's clock)."""
         return bool(la.snoozed_until and self._clock.time() < la.snoozed_until)
 
-    def _record(self, la: Launch, current: Launch, fields: dict[str, object]) -> Launch:
-        """Write a check's new fields first (a crash or restart after this never posts the same alert twice).
-        When the database refuses, the alert goes anyway and is remembered here, so it is posted once."""
+    def _record(self, la: Launch, current: Launch, fields: dict[str, object], end: LaunchState | None) -> Launch:
+        """Write a check's new fields first (a crash or restart after this never posts the same alert twice),
+        with the launch's end (`end`: the ENDED event, applied by LaunchService). When the database refuses, the
+        alert goes anyway and is remembered here, so it is posted once."""
         try:
-            la = self._launch_rows.update(la.id, **fields)
+            if end is not None:
+                la = self.launches.transition(la, LaunchEvent.ENDED, to=end, **fields)
+            else:
+                la = self._launch_rows.update(la.id, **fields)
             self._unrecorded.pop(la.id, None)
         except DatabaseUnavailable as e:
             log.error("check of %s: cannot record %s (%s); posting the verdict anyway", la.name, sorted(fields), e)
-            la = replace(current, **fields)  # type: ignore[arg-type]
+            la = replace(current, **fields, **({"state": end} if end is not None else {}))  # type: ignore[arg-type]
             self._unrecorded[la.id] = la.alert_state
         return la
 
