@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import KillOutcome
 from bot.core.models import Launch, LaunchState
+from bot.core.transitions import being_stopped
 from bot.present.actions import ActionId
 from bot.present.views import kill_confirm_view, kill_view
 from handlers import args
@@ -64,7 +65,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise args.bad("name at most one launch", USAGE)
     la = args.launch(ctx, call.args[0] if call.args else None, USAGE, allow_only_live=False)
     if la.state == LaunchState.STOPPING:
-        raise UserError("Already stopping", f"{la.name} is being stopped by another kill; its answer follows",
+        raise UserError("Already stopping", being_stopped(la.name),
                         thread_ts=ctx.thread_for(la), launch_id=la.id)
     if "yes" not in call.flags:
         req = await ctx.services.confirmations.ask_kill(la, user=ctx.user)

@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from bot.core.models import LaunchState
 
-__all__ = ["TRANSITIONS", "InvalidTransition", "LaunchEvent", "next_state"]
+__all__ = ["TRANSITIONS", "InvalidTransition", "LaunchEvent", "being_stopped", "next_state"]
 
 S = LaunchState
 
@@ -60,3 +60,9 @@ def next_state(state: LaunchState, event: LaunchEvent, to: LaunchState | None = 
     if to not in targets:
         raise InvalidTransition(f"{event.value} cannot make a {state.value} launch {to.value}")
     return to
+
+
+def being_stopped(name: str) -> str:
+    """What a command that meets a launch in `stopping` says, wherever it met it (kill, relaunch, the kill's own
+    check): one wording."""
+    return f"{name} is being stopped by another kill; its answer follows in its thread"

@@ -39,7 +39,7 @@ from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snaps
 from bot.core.observe import ended_by, own_processes, remember_processes
 from bot.core.probe import ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
-from bot.core.transitions import InvalidTransition, LaunchEvent, next_state
+from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.secrets import SecretService
@@ -428,7 +428,7 @@ class LaunchService:
         out = KillOutcome(target=la.name)
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:
-            out.error = f"{la.name} is already being stopped by another kill"
+            out.error = being_stopped(la.name)
             return out
         if current.state == LaunchState.STARTING and current.pid is None and not await self._has_processes(current):
             la = self.transition(current, LaunchEvent.CANCELLED, state_detail="cancelled while starting")
@@ -592,7 +592,7 @@ class LaunchService:
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:
-            raise LaunchError(f"{la.name} is being stopped by another kill; relaunch it when that has answered")
+            raise LaunchError(f"{being_stopped(la.name)}; relaunch it when that has answered")
         if current.live:
             k = await self.kill(current, user=user, channel=channel)
         else:

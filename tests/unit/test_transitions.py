@@ -66,3 +66,13 @@ def _transition_write_line() -> int:
     m = re.search(r"self\._launches\.update\(la\.id, state=state", text[start:])
     assert m is not None
     return text[:start + m.start()].count("\n") + 1
+
+
+def test_a_launch_being_stopped_is_said_one_way_everywhere() -> None:
+    from bot.core.transitions import being_stopped
+
+    said = being_stopped("base#3")
+    assert said == "base#3 is being stopped by another kill; its answer follows in its thread"
+    for where in ("bot/services/launches.py", "handlers/kill.py"):
+        text = (ROOT / where).read_text()
+        assert "being_stopped(" in text and "being stopped by another kill" not in text, where
