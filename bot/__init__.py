@@ -1,1 +1,1 @@
-"""gpubot: a Slack chat-ops bot for debugging GPU inference servers as a team (see the README's Layout)."""
+"""gpubot: a Slack chat-ops bot for debugging GPU inference servers as a team (see docs/development.md, Layout)."""

@@ -1281,11 +1281,11 @@ def test_variants_without_an_operator_warn_that_nobody_may_launch(tmp_path):
     assert config_warnings(ok) == []
 
 
-def test_the_readmes_layout_map_names_every_module():
+def test_the_layout_map_names_every_module():
     import re
 
     root = Path(__file__).resolve().parents[2]
-    layout = (root / "README.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    layout = (root / "docs" / "development.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     missing = [str(f.relative_to(root)) for pkg in ("bot", "handlers") for f in sorted((root / pkg).rglob("*.py"))
                if f.name != "__init__.py" and not re.search(rf"(?<![\w.-]){re.escape(f.stem)}(?![\w-])", layout)]
-    assert missing == [], f"modules the README's layout map does not name: {missing}"
+    assert missing == [], f"modules the layout map (docs/development.md) does not name: {missing}"

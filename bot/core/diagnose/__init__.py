@@ -1,8 +1,8 @@
 """The diagnosis engine: one `Observation` of a launch in, one `Verdict` out. Pure: no I/O.
 
 `diagnose(obs)` decides what state a GPU inference server launch is in (`loading`, `ready`, `silent_hang`,
-`crashed`, `oom`, ...; the vocabulary of `tests/fixtures/cases/README.md` and of the README's "Diagnosing a
-stuck launch"), in which start-up phase, and quotes the evidence verbatim. Every engine-specific string it
+`crashed`, `oom`, ...; the vocabulary of `tests/fixtures/cases/README.md` and of docs/watching.md,
+"Diagnosing a stuck launch"), in which start-up phase, and quotes the evidence verbatim. Every engine-specific string it
 knows (phase markers, progress bars, heartbeats, failure signatures, known-benign warnings, readiness lines,
 next steps) is DATA in `bot/core/diagnose/signatures.yaml`, loaded once when this package is imported; the rules
 are engine-agnostic:
