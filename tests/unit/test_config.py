@@ -1254,7 +1254,7 @@ def test_a_templated_log_name_gets_the_launch_s_random_part():
 
 
 def test_try_config_calls_silence_after_its_20_s_in_every_start_up_phase(tmp_path):
-    # the README promises the alert after the config's 20 s, also for a hang in the rendezvous (comm_init,
+    # docs/commands.md promises the alert after the config's 20 s, also for a hang in the rendezvous (comm_init,
     # whose built-in grace is minutes)
     from bot.config import load_config
     from bot.core.diagnose import Observation, diagnose
