@@ -152,3 +152,15 @@ async def test_try_config_lets_a_newcomer_launch_and_kill_without_a_gpu(tmp_path
     assert "Killed demo#1" in text and "released" in text
     # the root message's new state, without a message id the console never showed
     assert "[earlier message updated] demo#1 on local: killed" in text, text
+
+
+async def test_a_launchs_root_tells_the_console_what_it_can_type(tmp_path, cli):
+    _env_without_nvidia_smi()
+    d = tmp_path / "try"
+    rc, out, err = await cli("try-config", str(d))
+    assert rc == 0, out + err
+    rc, text, err = await cli("console", "--config", str(d / "config.yaml"),
+                              stdin=b"/launch demo\n/probe 1\n/kill 1 --yes\n")
+    assert rc == 0, err
+    assert "Anywhere (the console too): `/probe 1` · `/gpu logs 1 200` · `/kill 1` · `/relaunch 1`" in text, text
+    assert "Probe of local (" in text and "demo#1" in text and "Killed demo#1" in text
