@@ -111,7 +111,9 @@ class BundleService:
         if why:
             missing.append(why)
         ranks = []
-        processes = list(second.processes)
+        # a launch's bundle: the GPU holders and the launch's processes; a host's: every process on it (the GPU
+        # holders alone leave nothing when no GPU is held, and a hung engine may hold none)
+        processes = list(second.processes) if launch is not None else list(second.table or second.processes)
         if launch is not None:
             own = self._launches.launch_processes_of(launch, second)
             known = {p.pid for p in processes}

@@ -105,6 +105,14 @@ async def test_gpubot_bundle_beside_the_running_bot_writes_the_directory(make_bo
                                                 "--config", str(path), env=env, stderr=asyncio.subprocess.PIPE)
     _, stderr = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 2 and "is not empty" in stderr.decode()
+    # a host bundle lists every process of the host, not only the GPU holders (this test's own process holds none)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot.cli", "bundle", "gpu-host-1",
+                                                str(tmp_path / "b2"), "--config", str(path), env=env,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, stderr.decode()
+    host_ps = next((tmp_path / "b2").rglob("ps.txt")).read_text()
+    assert any(line.split()[:1] == [str(os.getpid())] for line in host_ps.splitlines()), host_ps[:500]
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot.cli", "bundle", "nosuch#9",
                                                 str(tmp_path / "b3"), "--config", str(path), env=env,
                                                 stderr=asyncio.subprocess.PIPE)
