@@ -228,6 +228,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     check_config(config)
     if surface is None and transport is None:
         raise ValueError("build_runtime needs a surface or a transport")
+    if store is not None and clock is not None and store.clock is not clock:
+        raise ValueError("build_runtime: a store and a clock that is not the store's: build the Store with it")
     redactor = Redactor(config.redact_patterns, values=known_secret_values(config))
     redact_logs(redactor)
     renderer = Renderer(redactor)
@@ -245,11 +247,11 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         raise
     audit = Audit(store.events, redactor)
     hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
-                        extra_path=extra_path)
+                        extra_path=extra_path, clock=store.clock)
     outbox = None
     if transport is not None:
         outbox = Outbox(store.outbox, transport, min_interval_s=config.slack.post_interval_s,
-                        on_posted=store.launches.replace_thread_ts, redactor=redactor,
+                        on_posted=store.launches.replace_thread_ts, redactor=redactor, clock=store.clock,
                         **dict(outbox_options or {}))
         surface = surface_factory(outbox) if surface_factory is not None else OutboxSurface(outbox)
     assert surface is not None

@@ -1,6 +1,9 @@
 """The bot's one clock: wall time (seconds since the epoch, as stored in the database and compared with a host's
 clock) and monotonic time (seconds, for durations). Built in the composition root (bot.wiring) and handed to
-whatever records or compares times, so tests drive time instead of waiting for it (tests.support.clock)."""
+whatever records or compares times, so tests drive time instead of waiting for it (tests.support.clock): a
+clock that is not moved holds what waits on it (the outbox's next send, a snooze's end) until it is. Times
+compared with a host's own clock (the bot's activity on a launch's processes) and deadlines of real waits
+(SSH, kills, the scheduler's flush) stay on the system's clocks."""
 
 from __future__ import annotations
 

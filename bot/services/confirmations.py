@@ -89,14 +89,19 @@ class ConfirmationService:
             why = f"expired (older than {self.ttl_s / 60:.0f} min); type the kill again"
         return Decision(conf, False, why)
 
-    def _ended_launch(self, conf_id: int) -> Launch | None:
-        """The launch of pending confirmation `conf_id` when it has ended (not live, and no kill is stopping it),
-        else None."""
+    async def _ended_with_nothing_left(self, conf_id: int) -> Launch | None:
+        """The launch of pending confirmation `conf_id` when it has ended (not live, no kill stopping it) AND a
+        fresh look finds none of its processes: a kill done meanwhile left nothing to confirm. An ended launch
+        whose leftovers still run (a crash that left its ranks holding GPUs) is not: its kill goes on. None
+        otherwise."""
         pending = self._rows.get(conf_id)
         if pending is None or pending.state != ConfirmationState.PENDING or pending.launch_id is None:
             return None
         la = self._launches.get(pending.launch_id)
-        return la if la is not None and not la.live and la.state != LaunchState.STOPPING else None
+        if la is None or la.live or la.state == LaunchState.STOPPING:
+            return None
+        pv = await self._launches.kill_preview(la)
+        return la if not pv.processes and not pv.error else None
 
     def cancel(self, conf_id: int, *, user: str) -> Decision:
         """Decide confirmation `conf_id` as cancelled if it is still pending (nothing is stopped)."""
@@ -105,12 +110,12 @@ class ConfirmationService:
     async def confirm(self, conf_id: int, *, user: str, channel: str | None = None) -> Decision | ConfirmedKill:
         """Decide confirmation `conf_id` as confirmed and run its kill. Returns the Decision alone when this
         click did not decide it (unknown, already decided, expired), else the ConfirmedKill."""
-        ended = self._ended_launch(conf_id)
-        if ended is not None:  # killed meanwhile (`--yes`, another confirmation) or ended: nothing to confirm
+        ended = await self._ended_with_nothing_left(conf_id)
+        if ended is not None:  # killed meanwhile (`--yes`, another confirmation): nothing left to stop
             d = self._decide(conf_id, ConfirmationState.CANCELLED, user)
             if d.won:
-                return Decision(d.confirmation, False,
-                                f"not needed: {ended.name} already ended ({ended.state.value}); nothing was stopped")
+                return Decision(d.confirmation, False, f"not needed: {ended.name} already ended "
+                                                       f"({ended.state.value}) and nothing of it runs")
             return d
         d = self._decide(conf_id, ConfirmationState.CONFIRMED, user)
         if not d.won or d.confirmation is None:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import GpuSection, HostFailure, LogCursor, Snapshot
 from bot.core.parse.nvml import gpu_section_from_reading
 from bot.core.probe import (
@@ -70,8 +71,10 @@ class HostService:
         redactor: Redactor | None = None,
         nvml_reader: NvmlReader | None = None,
         extra_path: list[str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ):
         self.config = config
+        self._clock = clock  # the bot's one clock: when a probe was sent (Snapshot.local_clock)
         self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
         # where the line count of each log read so far stopped: the next probe counts on from there
@@ -154,7 +157,7 @@ class HostService:
         nonce = new_nonce()
         script = build_script(dataclasses.replace(req, gpu=False) if nvml_task else req, nonce, policy)
         start = time.monotonic()
-        sent_at = time.time()
+        sent_at = self._clock.time()
         try:
             res = await executor.run_script(script, timeout_s=cfg.command_timeout_s)
         except RemoteError as e:

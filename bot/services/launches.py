@@ -156,8 +156,9 @@ class LaunchService:
 
     def note_activity(self, launch_id: int) -> None:
         """Record that the bot itself just worked on the launch's processes (a stack dump): the next check does
-        not count the CPU time that caused as progress."""
-        self._activity[launch_id] = self._clock.time()
+        not count the CPU time that caused as progress. Real wall time (not the bot's clock): it is compared with
+        the host's clock in the check's records."""
+        self._activity[launch_id] = time.time()
 
     def bot_activity(self, launch_id: int) -> float | None:
         """Epoch seconds of the bot's latest own work on the launch's processes (see note_activity), or None."""

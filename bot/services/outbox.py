@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.adapters.store.outbox import DONE_STATES, OutboxRepository
+from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.present.render import Message, redact_blocks
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,9 @@ class Outbox:
     def __init__(self, rows: OutboxRepository, transport: Transport, *, min_interval_s: float = 1.0,
                  backoff_base_s: float = 1.0, backoff_max_s: float = 30.0, give_up_after_s: float = 24 * 3600,
                  retention_s: float = 7 * 24 * 3600, on_posted: Callable[[str, str], Any] | None = None,
-                 redactor: Callable[[str], str] | None = None):
+                 redactor: Callable[[str], str] | None = None, clock: Clock = SYSTEM_CLOCK):
         self.rows = rows
+        self._clock = clock  # the bot's one clock: the rows' times, pacing, retries, give-up and purge
         self._redact = redactor
         self.transport = transport
         self.min_interval_s = min_interval_s
@@ -226,7 +228,7 @@ class Outbox:
             log.error("outbox: no event loop to send the %s to %s: it is lost", fields.get("kind"), channel)
             self._direct[row_id] = Delivery(row_id, "failed", error=f"not queued: {error}"[:500])
             return row_id
-        row = {"id": row_id, "key": secrets.token_hex(12), "created_at": time.time(), "needs_lookup": 0,
+        row = {"id": row_id, "key": secrets.token_hex(12), "created_at": self._clock.time(), "needs_lookup": 0,
                "thread_ts": None, "target_ts": None, "text": None, "blocks_json": None, "user_id": None,
                "filename": None, "content": None, **fields}
         task = loop.create_task(self._send_direct(row, self._direct_tail.get(channel)))
@@ -251,8 +253,8 @@ class Outbox:
         for attempt in range(1, DIRECT_TRIES + 1):
             delivery.attempts = attempt
             # paced like the queue: at least min_interval_s after the channel's last message
-            await asyncio.sleep(max(0.0, self._last_sent.get(channel, 0.0) + self.min_interval_s - time.time()))
-            self._last_sent[channel] = time.time()
+            await asyncio.sleep(max(0.0, self._last_sent.get(channel, 0.0) + self.min_interval_s - self._clock.time()))
+            self._last_sent[channel] = self._clock.time()
             try:
                 values = await self._deliver(row)
             except DeliveryRetry as r:
@@ -479,11 +481,11 @@ class Outbox:
         for posts. Every PURGE_EVERY_S: rows done longer than `retention_s` ago are deleted."""
         if first:
             self.rows.requeue_interrupted()
-        self.rows.purge(time.time() - self.retention_s)
+        self.rows.purge(self._clock.time() - self.retention_s)
 
     def _dispatch_due(self) -> float:
         """Start a send for each channel whose head row is due. Returns seconds until the next due row."""
-        now = time.time()
+        now = self._clock.time()
         heads: dict[str, tuple[int, str, float]] = {}
         for row in self.rows.pending():
             heads.setdefault(row[1], row)
@@ -540,7 +542,7 @@ class Outbox:
                     return
             except Exception:  # database unavailable: the row stays pending, the channel waits a little
                 log.exception("outbox: cannot claim row %s; retrying in %.0f s", row_id, DB_RETRY_S)
-                self._last_sent[channel] = time.time() + DB_RETRY_S
+                self._last_sent[channel] = self._clock.time() + DB_RETRY_S
                 return
             try:
                 values = await self._deliver(snapshot)
@@ -556,9 +558,10 @@ class Outbox:
             except Exception as e:  # the database failed mid-send: send again later, looking first
                 log.exception("outbox: row %s: %s; retrying in %.0f s", row_id, type(e).__name__, DB_RETRY_S)
                 await self._record(row_id, state="pending", error=f"{type(e).__name__}"[:500], needs_lookup=1,
-                                   next_at=time.time() + DB_RETRY_S)
+                                   next_at=self._clock.time() + DB_RETRY_S)
             else:
-                await self._record(row_id, state="sent", sent_at=time.time(), error=None, needs_lookup=0, **values)
+                await self._record(row_id, state="sent", sent_at=self._clock.time(), error=None, needs_lookup=0,
+                                   **values)
                 if snapshot["kind"] == "post" and self.on_posted is not None:
                     try:
                         self.on_posted(ref(row_id), values["result_ts"])
@@ -567,13 +570,13 @@ class Outbox:
         finally:
             self._busy.discard(channel)
             if called:
-                self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), time.time())
+                self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), self._clock.time())
             self._wake.set()
 
     def _retry_values(self, row: dict[str, Any], r: DeliveryRetry) -> dict[str, Any]:
         """The row's new values after a retryable failure: pending again after the delay (Retry-After,
         capped at MAX_RETRY_AFTER_S, or backoff), or failed once `give_up_after_s` has passed."""
-        now = time.time()
+        now = self._clock.time()
         needs_lookup = 1 if (r.ambiguous or row.get("needs_lookup")) else 0
         if r.delay_s is not None:
             delay = min(max(0.0, r.delay_s), MAX_RETRY_AFTER_S)

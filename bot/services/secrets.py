@@ -61,7 +61,7 @@ class SecretService:
         names = {n.lower().replace("-", "_") for n in self.names()}
 
         def secret(name: str) -> bool:
-            norm = name.lower().replace("-", "_")
+            norm = name.lstrip("-").lower().replace("-", "_")  # `--key=V` names the param `key` too
             return norm in names or bool(SECRET_NAME_RE.search(norm))
 
         values = [str(v) for k, v in (kwargs or {}).items() if secret(str(k))]

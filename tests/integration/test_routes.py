@@ -87,7 +87,7 @@ async def test_the_console_can_confirm_and_cancel_a_typed_kill(gpu_config):
         await run_command_line("/kill 2 --yes", runtime)
         assert runtime.launches.get(2).state == LaunchState.KILLED
         await run_command_line("confirm 3", runtime)
-        assert "this kill was not needed: base#2 already ended (killed); nothing was stopped" in out.getvalue()
+        assert "this kill was not needed: base#2 already ended (killed) and nothing of it runs" in out.getvalue()
         await run_command_line("confirm 3", runtime)  # and it stays decided
         assert "this kill was already cancelled by console" in out.getvalue().rsplit("confirm 3", 1)[-1]
     finally:

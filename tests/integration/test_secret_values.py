@@ -173,6 +173,18 @@ async def test_a_secret_param_in_a_denied_misspelled_or_malformed_launch_is_neve
     assert not [s for s in seen if SECRET in s], [s for s in seen if SECRET in s][:1]
 
 
+async def test_a_dashed_secret_param_is_named_in_the_answer_with_its_value_masked(make_bot, ssh_server, fake_gpu,
+                                                                                 tmp_path):
+    """`--key=V` is not a param (params are `name=value`) and the answer names the word: V is masked, first
+    time typed (the bot has not seen it before)."""
+    cfg = keyed_config(ssh_server, fake_gpu, tmp_path, "key", secret=True)
+    bot = await make_bot(cfg)
+    answer = await bot.chat.say(f"/launch keyed --key={SECRET}")
+    assert "is not a param" in answer.text and SECRET not in answer.text, answer.text
+    assert SECRET not in json.dumps(answer.post.blocks if answer.post else None)
+    assert not [e for e in bot.events() if SECRET in json.dumps([e.args, e.detail])]
+
+
 async def test_a_relaunch_whose_secret_cannot_be_restored_is_refused_not_run_with_a_default(make_bot, ssh_server,
                                                                                             fake_gpu, tmp_path):
     """Without its sealed copy (no key, or the key changed) a secret param stored masked is asked for again."""

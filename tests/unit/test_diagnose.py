@@ -763,3 +763,22 @@ def test_port_evidence_names_the_launchs_sockets_not_the_hosts_other_services() 
     evidence = "\n".join(diagnose(obs).evidence)
     assert "29500" in evidence and "4242/python3" in evidence
     assert "sshd" not in evidence and "postgres" not in evidence
+
+
+def test_port_evidence_puts_the_ports_own_socket_first_and_without_ps_quotes_server_programs_only() -> None:
+    from bot.core.diagnose import ListenObs
+    from bot.core.models import ProcessInfo
+
+    workers = [ListenObs("127.0.0.1", 40000 + i, "42/python3", f"tcp 127.0.0.1:{40000 + i} LISTEN 42/python3")
+               for i in range(6)]
+    port = ListenObs("0.0.0.0", 8000, "42/python3", "tcp 0.0.0.0:8000 LISTEN 42/python3")
+    obs = Observation(log_lines=_sglang_loaded(), process_alive=True, port=8000, port_open=True, health="timeout",
+                      listening=[*workers, port], processes=[ProcessInfo(pid=42, ppid=1, args="python3 -m sglang")])
+    evidence = "\n".join(diagnose(obs).evidence)
+    assert "0.0.0.0:8000" in evidence and "40000" not in evidence  # the port listens: its socket says enough
+    host = [ListenObs("127.0.0.53", 53, "512/systemd-resolve", "tcp 127.0.0.53:53 LISTEN 512/systemd-resolve"),
+            ListenObs("0.0.0.0", 22, "812/sshd", "tcp 0.0.0.0:22 LISTEN 812/sshd"),
+            ListenObs("10.0.0.2", 37769, "1/python3", "tcp 10.0.0.2:37769 LISTEN 1/python3")]
+    closed = Observation(log_lines=_sglang_loaded(), process_alive=True, port=30000, port_open=False, listening=host)
+    evidence = "\n".join(diagnose(closed).evidence)
+    assert "1/python3" in evidence and "sshd" not in evidence and "systemd-resolve" not in evidence

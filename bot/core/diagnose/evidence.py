@@ -254,6 +254,16 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
         ev.add(f"... and {len(gpus) - 8} more GPU(s)")
 
 
+#: The program of a socket's owner that can be an inference server (Python engines, llama.cpp, TGI, TensorRT-LLM,
+#: Triton): what a netstat without a process table still tells about a launch.
+_SERVER_PROGRAM = re.compile(r"(?i)python|vllm|sglang|text-generation|trtllm|tritonserver|llama|lmdeploy|torchrun|ray")
+
+
+def _owner_program(owner: str | None) -> str:
+    """The program of a socket's owner as netstat/ss print it (`1234/python3` -> `python3`), or ""."""
+    return (owner or "").partition("/")[2]
+
+
 def _owner_pid(owner: str | None) -> int | None:
     """The pid of a socket's owner as netstat/ss print it (`1234/python3`, `pid=1234`), or None."""
     m = re.search(r"(?:^|pid=)(\d{1,10})\b", owner or "")
@@ -266,20 +276,22 @@ def _port_evidence(ev: _Ev, obs: Observation) -> None:
         ev.add(f"{port} is listening")
     elif obs.port_open is False:
         ev.add(f"{port} is not listening")
-    # the sockets that say something about this launch: its port, and what its own processes listen on (a
-    # server on another port than the one configured, or alive on its workers' ports but not yet on its own);
-    # never the host's other services. Without a process table (a container's netstat alone), the sockets that
-    # name an owner.
+    # the sockets that say something about this launch, its port's first: while its port is not listening, also
+    # what its own processes listen on (a server on another port than the one configured, or alive on its
+    # workers' ports but not yet on its own); without a process table, sockets whose owner is a server program
+    # (a container's netstat alone). Never the host's other services.
     own = {p.pid for p in obs.processes or []}
-    shown = 0
-    for s in obs.listening or []:
-        if shown >= 6:
-            break
-        owner = _owner_pid(s.owner)
-        if (obs.port is not None and s.port == obs.port) or (owner in own if own else owner is not None):
-            text = s.line or f"{s.address}:{s.port} {s.owner or ''}"
-            ev.add(f"listening socket: `{_q(text)}`")
-            shown += 1
+    on_port = [s for s in obs.listening or [] if obs.port is not None and s.port == obs.port]
+    others: list = []
+    if obs.port_open is not True:
+        for s in obs.listening or []:
+            if s in on_port:
+                continue
+            if (_owner_pid(s.owner) in own) if own else bool(_SERVER_PROGRAM.search(_owner_program(s.owner))):
+                others.append(s)
+    for s in [*on_port, *others][:6]:
+        text = s.line or f"{s.address}:{s.port} {s.owner or ''}"
+        ev.add(f"listening socket: `{_q(text)}`")
     if obs.health is not None:
         ev.add(f"health probe: {obs.health}")
     status, line = _probe_status(obs.probe_lines)
