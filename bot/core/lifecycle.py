@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.text import counted
 
 #: Environment variable that tags every process of a launch (inherited by all children).
 LAUNCH_ENV = "GPUBOT_LAUNCH"
@@ -441,7 +442,9 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
     for la in other_live:
         shared = ",".join(map(str, sorted(set(la.gpus) & set(r.gpus)))) if la.gpus and r.gpus else "all"
         if shared:
-            res.problems.append(f"GPU(s) {shared} belong to {la.name} ({la.state}); `/kill {la.id}` first")
+            gpus = "GPU" if shared.isdigit() else "GPUs"  # one index, or several, or all
+            res.problems.append(f"{gpus} {shared} {'belongs' if gpus == 'GPU' else 'belong'} to {la.name} "
+                                f"({la.state}); `/kill {la.id}` first")
         if la.port and la.port == r.port:
             res.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `/kill {la.id}` first")
     if r.port is not None:
@@ -565,9 +568,10 @@ class KillOutcome:
         if self.mem_before_mib is not None and self.mem_after_mib is not None:
             mem = f"; GPU memory {self.mem_before_mib / 1024:.1f} -> {self.mem_after_mib / 1024:.1f} GiB"
         if self.remaining or self.still_holding:
-            return (f"{len(self.remaining)} process(es) survived, {len(self.still_holding)} still hold GPU "
+            return (f"{counted(len(self.remaining), 'process')} survived, {len(self.still_holding)} still hold GPU "
                     f"memory{mem}")
-        return f"{len(self.signalled)} process(es) stopped{' (SIGKILL needed)' if self.used_sigkill else ''}{mem}"
+        sigkill = " (SIGKILL needed)" if self.used_sigkill else ""
+        return f"{counted(len(self.signalled), 'process')} stopped{sigkill}{mem}"
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 from bot.core.diagnose import Observation, Verdict, diagnose
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status
+from bot.core.text import counted
 
 #: Errors that are news while the server keeps running (a request that hit them, or the start of a crash).
 LIVE_ERRORS = frozenset({"oom", "cuda_error", "nccl_error", "gpu_lost", "host_oom"})
@@ -84,7 +85,7 @@ def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None
     left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z")]
     if left:
         pids = ", ".join(str(p.pid) for p in left[:6])
-        v = replace(v, evidence=[*v.evidence[:1], f"{len(left)} leftover process(es) of the launch still run "
+        v = replace(v, evidence=[*v.evidence[:1], f"{counted(len(left), 'leftover process')} of the launch still run "
                                  f"(pid {pids}) and may hold GPU memory: `/kill {launch_id or 'LAUNCH'}` stops them",
                                  *v.evidence[1:]])
     return v

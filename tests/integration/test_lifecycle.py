@@ -95,7 +95,7 @@ async def test_parent_sigkilled_alone_leaves_orphans_shown_in_status(bot):
     await wait_until(orphans, what="both workers shown as orphans of base#1")
     # /kill still finds and stops them (same session), and the memory comes back
     killed = await bot.chat.say("/kill 1 --yes", user=OTHER_OPERATOR)
-    assert "released" in killed.text and "2 process(es) signalled" in killed.text, killed.text
+    assert "released" in killed.text and "2 processes signalled" in killed.text, killed.text
     status2 = await bot.chat.say("/gpu status")
     assert "orphan" not in status2.text and "no process holds GPU memory" in status2.text
 
@@ -266,7 +266,7 @@ async def test_other_variant_cannot_take_gpus_of_a_loading_launch(bot):
     assert first.text.startswith("Launched base#1")
     # helper is another variant on the same GPUs; base#1 holds no memory yet (still "loading")
     second = await bot.chat.say("/launch helper mode=hang workers=1")
-    assert "GPU(s) 0,1 belong to base#1" in second.text and f"port {bot.config.variants['base'].port}" in second.text
+    assert "GPUs 0,1 belong to base#1" in second.text and f"port {bot.config.variants['base'].port}" in second.text
 
 
 async def test_kill_while_starting_cancels_instead_of_losing_the_server(bot):
@@ -374,7 +374,7 @@ async def test_a_variant_without_gpus_conflicts_with_every_gpu_launch(make_bot, 
     first = await bot.chat.say("/launch base mode=hang workers=1 load_s=5")
     assert first.text.startswith("Launched base#1")
     second = await bot.chat.say("/launch allgpu mode=hang workers=1")
-    assert "GPU(s) all belong to base#1" in second.text, second.text
+    assert "GPUs all belong to base#1" in second.text, second.text
 
 
 async def test_worker_that_cleared_its_environment_is_still_killed(make_bot, ssh_server, fake_gpu, tmp_path):
@@ -396,7 +396,7 @@ async def test_worker_that_cleared_its_environment_is_still_killed(make_bot, ssh
 
     await wait_until(untagged_worker_alone, what="the launcher gone, its env -i worker alive")
     killed = await bot.chat.say("/kill 1 --yes")
-    assert "Killed escapee#1" in killed.text and "1 process(es) signalled" in killed.text, killed.text
+    assert "Killed escapee#1" in killed.text and "1 process signalled" in killed.text, killed.text
     snap2 = await bot.runtime.hosts.probe("gpu-host-1", ProbeRequest(sid=la.sid, health_path=None))
     assert [p for p in snap2.table if p.sid == la.sid and p.state != "Z"] == []
 

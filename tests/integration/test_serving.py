@@ -80,7 +80,7 @@ async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_say
     assert la.state == LaunchState.FAILED and not serving.runtime.watcher.scheduler.is_watched(1)
     assert root_text(serving).startswith("base#1 on gpu-host-1: failed (crashed in serving)"), root_text(serving)
     # the leftover ranks are named, and /kill still stops them
-    assert "leftover process(es)" in full_text(posted) and "`/kill 1` stops them" in full_text(posted)
+    assert "leftover process" in full_text(posted) and "`/kill 1` stops them" in full_text(posted)
     killed = await serving.chat.say("/kill 1 --yes")
     assert "released" in killed.text, killed.text
     # the root keeps how it ended, and says the leftovers were stopped

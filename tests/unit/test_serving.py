@@ -60,7 +60,7 @@ def test_a_ready_launch_that_died_by_signal_is_crashed_with_the_signal():
 def test_leftover_processes_are_named_in_a_death():
     left = [ProcessInfo(pid=4711, stat="Sl", args="python worker"), ProcessInfo(pid=4712, stat="Z", args="")]
     v = ended_verdict(serving_obs(process_alive=False, processes=left), 137)
-    assert any("1 leftover process(es)" in e and "4711" in e and "4712" not in e and "`/kill LAUNCH`" in e
+    assert any("1 leftover process " in e and "4711" in e and "4712" not in e and "`/kill LAUNCH`" in e
                for e in v.evidence)
     assert not any("traceback" in s for s in v.next_steps)  # a signal with a silent log: no traceback to read
     named = ended_verdict(serving_obs(process_alive=False, processes=left), 137, 7)

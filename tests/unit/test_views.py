@@ -445,3 +445,11 @@ def test_the_leftovers_of_an_ended_launch_are_said_after_its_detail_in_one_sente
     assert ".;" not in detail
     state, detail, _ = kill_end(out, LaunchState.EXITED, None)
     assert detail.startswith("exited; its leftovers were stopped: ")
+
+
+def test_counts_take_their_number() -> None:
+    from bot.core.text import counted
+
+    assert [counted(1, "process"), counted(2, "process"), counted(0, "GPU"), counted(1, "GPU")] == [
+        "1 process", "2 processes", "0 GPUs", "1 GPU"]
+    assert counted(3, "index", "indexes") == "3 indexes"

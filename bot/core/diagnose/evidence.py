@@ -16,6 +16,7 @@ from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _traceback_end
 from bot.core.diagnose.observation import Observation
 from bot.core.diagnose.signatures import Signatures
 from bot.core.models import GpuReading, ProcessInfo
+from bot.core.text import counted
 
 _QUOTE_MAX = 400  # longest quote in an evidence string, in characters
 
@@ -191,7 +192,7 @@ def _log_tail_evidence(ev: _Ev, scan: LogScan) -> None:
         ev.add(f"heartbeat line repeated {len(scan.heartbeats)}× (a heartbeat is not progress): `{_q(last)}`")
     if scan.benign:
         ev.add(
-            f"{len(scan.benign)} known-benign warning line(s) ignored (not a failure, not progress), e.g. "
+            f"{counted(len(scan.benign), 'known-benign warning line')} ignored (not a failure, not progress), e.g. "
             f"`{_q(scan.lines[scan.benign[-1]])}`"
         )
     tail = scan.meaningful[-3:]
@@ -218,7 +219,7 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
         cpu_text += "; CPU time not growing since the previous check"
     elif obs.cpu_time_growing is True:
         cpu_text += "; CPU time growing since the previous check"
-    ev.add(f"{len(procs)} process(es) listed, states {state_text}{cpu_text}")
+    ev.add(f"{counted(len(procs), 'process')} listed, states {state_text}{cpu_text}")
     shown = sorted(procs, key=lambda p: (not _is_engine_process(p, sig), procs.index(p)))[:4]
     for p in shown:
         raw = obs.process_lines.get(p.pid)
@@ -231,7 +232,7 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
             )
     stuck = [p for p in procs if p.state == "D"]
     if stuck:
-        ev.add(f"{len(stuck)} process(es) in state D (uninterruptible, often stuck in the driver)")
+        ev.add(f"{counted(len(stuck), 'process')} in state D (uninterruptible, often stuck in the driver)")
 
 
 def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
@@ -251,7 +252,7 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
         state = _gpu_state(g)
         ev.add(f"GPU {g.index}: {text}" + (f" → {state}" if state else ""))
     if len(gpus) > 8:
-        ev.add(f"... and {len(gpus) - 8} more GPU(s)")
+        ev.add(f"... and {counted(len(gpus) - 8, 'more GPU')}")
 
 
 #: The program of a socket's owner that can be an inference server (Python engines, llama.cpp, TGI, TensorRT-LLM,

@@ -39,6 +39,7 @@ from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
 from bot.core.models import ProcessInfo
+from bot.core.text import counted
 
 __all__ = ["diagnose", "format_verdict"]
 
@@ -353,7 +354,8 @@ def _held_after_the_end(obs: Observation, gpu_free_mib: float, ev: _Ev) -> None:
     for seg in obs.shm_segments or []:
         if "dest" in seg.status and (seg.nattch or 0) > 0:
             ev.add(
-                f"shared memory segment deleted by its owner but still attached by {seg.nattch} process(es) "
+                "shared memory segment deleted by its owner but still attached by "
+                f"{counted(seg.nattch or 0, 'process')} "
                 f"(leftover workers still alive): `{_q(seg.line)}`"
             )
 
@@ -446,7 +448,7 @@ def _orphans_rule(c: _Case) -> Verdict | None:
         return None
     phase = "shutdown" if c.obs.process_alive is False else None
     summary = (
-        f"GPU resources are held by processes that no live launch owns ({len(orphan_ev.items)} finding(s))"
+        f"GPU resources are held by processes that no live launch owns ({counted(len(orphan_ev.items), 'finding')})"
         + (", left over from stopping the launch" if phase == "shutdown" else "")
         + f": {orphan_ev.items[0]}"
     )
@@ -519,7 +521,8 @@ def _starting_phase(c: _Case, ev: _Ev) -> tuple[str | None, float]:
     spin = [g for g in obs.gpus or [] if _is_spin(g)]
     if phase is None and scan.finished_phase is None and scan.phase_index is None and spin:
         phase = "comm_init"
-        ev.add(f"{len(spin)} GPU(s) spin at 100 % with little memory: a collective that never completes (NCCL init)")
+        ev.add(f"{counted(len(spin), 'GPU')} {'spins' if len(spin) == 1 else 'spin'} at 100 % with little memory: "
+               "a collective that never completes (NCCL init)")
     health, _ = _health(obs)
     if obs.port_open is True and health is not None and health.startswith("http_5"):
         phase = phase or "warmup"
@@ -536,7 +539,8 @@ def _silence(c: _Case, ev: _Ev) -> float | None:
     silence = obs.log_silent_s
     if silence is None and obs.log_growing is not False and scan.heartbeat_run and scan.heartbeat_span_s is not None:
         silence = scan.heartbeat_span_s
-        ev.add(f"the log ends with {scan.heartbeat_run} heartbeat line(s) spanning {_secs(silence)} with no other line")
+        ev.add(f"the log ends with {counted(scan.heartbeat_run, 'heartbeat line')} spanning {_secs(silence)} "
+               "with no other line")
     return silence
 
 
@@ -552,7 +556,8 @@ def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
         progress.append("the launch's CPU time is growing")
     computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
     if computing:
-        progress.append(f"{len(computing)} GPU(s) are computing (high utilization at high power draw)")
+        progress.append(f"{counted(len(computing), 'GPU')} {'is' if len(computing) == 1 else 'are'} computing "
+                        "(high utilization at high power draw)")
     if silence is None and obs.log_growing and scan.heartbeat_run == 0:
         progress.append("the log is still growing with lines that are not heartbeats")
     if scan.progress_advancing and (silence is None or silence < threshold) and obs.log_growing is not False:
@@ -579,7 +584,7 @@ def _hang_summary(c: _Case, silence: float, where: str, grace_text: str) -> str:
         parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work")
     held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]
     if held:
-        parts.append(f"{len(held)} GPU(s) hold memory at ~0 % utilization")
+        parts.append(f"{counted(len(held), 'GPU')} {'holds' if len(held) == 1 else 'hold'} memory at ~0 % utilization")
     if obs.port_open is False:
         parts.append("the port never opened")
     if obs.process_alive is None:
