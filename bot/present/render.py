@@ -207,44 +207,39 @@ def _cut_text_obj(obj: dict[str, Any], limit: int) -> None:
             obj["text"] = t[: limit - len(suffix)] + suffix
 
 
-def _too_long(block: dict[str, Any]) -> bool:
-    """Whether `fit_blocks` would cut a text of `block` (the limits it applies; a block that is no dict counts)."""
+def _limited_texts(block: Any) -> list[tuple[Any, int]]:
+    """The text objects of `block` that Slack limits, each with its limit in characters: a header's text (150),
+    a section's text (3000) and fields (2000), a context's elements (3000). Entries that are no text object
+    (not a dict) are listed too; callers skip them."""
+    kind = block.get("type")
+    if kind == "header":
+        return [(block.get("text"), MAX_HEADER_TEXT)]
+    if kind == "section":
+        return [(block.get("text"), MAX_SECTION_TEXT), *((f, 2000) for f in block.get("fields", []) or [])]
+    if kind == "context":
+        return [(el, MAX_SECTION_TEXT) for el in block.get("elements", []) or []]
+    return []
+
+
+def _too_long(block: Any) -> bool:
+    """Whether a text of `block` is over its limit (`_limited_texts`); a block that is no dict counts."""
     if not isinstance(block, dict):
         return True
-    kind = block.get("type")
-    texts: list[Any] = []
-    limit = MAX_SECTION_TEXT
-    if kind == "header":
-        texts, limit = [block.get("text")], MAX_HEADER_TEXT
-    elif kind == "section":
-        texts = [block.get("text")]
-        if any(isinstance(f, dict) and isinstance(f.get("text"), str) and len(f["text"]) > 2000
-               for f in block.get("fields", []) or []):
-            return True
-    elif kind == "context":
-        texts = list(block.get("elements", []) or [])
-    return any(isinstance(t, dict) and isinstance(t.get("text"), str) and len(t["text"]) > limit for t in texts)
+    return any(isinstance(t, dict) and isinstance(t.get("text"), str) and len(t["text"]) > limit
+               for t, limit in _limited_texts(block))
 
 
 def fit_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Return blocks within Slack's limits: at most 50 blocks (the last one says how many were dropped),
-    section/context texts at most 3000 characters, header texts at most 150."""
+    section/context texts at most 3000 characters, header texts at most 150. Only a block that must be cut is
+    copied; the others are returned as they are."""
     out = []
     for b in blocks:
-        if not _too_long(b):
-            out.append(b)
-            continue
-        b = json.loads(json.dumps(b))  # a copy to cut
-        if b.get("type") == "header" and isinstance(b.get("text"), dict):
-            _cut_text_obj(b["text"], MAX_HEADER_TEXT)
-        if b.get("type") == "section":
-            if isinstance(b.get("text"), dict):
-                _cut_text_obj(b["text"], MAX_SECTION_TEXT)
-            for f in b.get("fields", []) or []:
-                _cut_text_obj(f, 2000)
-        if b.get("type") == "context":
-            for el in b.get("elements", []) or []:
-                _cut_text_obj(el, MAX_SECTION_TEXT)
+        if _too_long(b):
+            b = json.loads(json.dumps(b))  # a copy to cut
+            for obj, limit in _limited_texts(b):
+                if isinstance(obj, dict):
+                    _cut_text_obj(obj, limit)
         out.append(b)
     if len(out) > MAX_BLOCKS:
         dropped = len(out) - (MAX_BLOCKS - 1)
