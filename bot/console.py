@@ -91,9 +91,11 @@ class ConsoleSurface:
         return True
 
 
-def parse_console_line(grammar: Grammar, line: str, *, bot_name: str = "gpubot") -> CommandCall | None:
+def parse_console_line(grammar: Grammar, line: str, *, bot_name: str = "gpubot",
+                       prefix: str = "!") -> CommandCall | None:
     """Parse one console line into a CommandCall; None for blank and comment lines. `/cmd ...` is a slash
-    command, `@gpubot ...` (or `@BOT_NAME ...`) a mention, anything else a command with or without its `!`.
+    command (by this install's names), `@gpubot ...` (or `@BOT_NAME ...`) a mention, anything else a command with
+    or without the thread prefix (`prefix`, the config's `slack.command_prefix`; `!` is always taken too).
 
     Raises CommandParseError for unparseable input.
     """
@@ -110,7 +112,11 @@ def parse_console_line(grammar: Grammar, line: str, *, bot_name: str = "gpubot")
         if text.lower().startswith((name + " ", name + "\t")) or text.lower() == name:
             text = text[len(name):].strip()
             break
-    return grammar.parse_command(text[1:] if text.startswith("!") else text, raw=line.strip())
+    for p in dict.fromkeys((prefix, "!")):
+        if p and text.startswith(p):
+            text = text[len(p):]
+            break
+    return grammar.parse_command(text, raw=line.strip())
 
 
 async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_USER) -> bool:
@@ -129,7 +135,8 @@ async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_U
         return True
     try:
         call: CommandCall | CommandParseError | None = parse_console_line(
-            runtime.dispatcher.grammar, line, bot_name=runtime.config.slack.bot_name)
+            runtime.dispatcher.grammar, line, bot_name=runtime.config.slack.bot_name,
+            prefix=runtime.config.slack.command_prefix)
     except CommandParseError as e:
         call = e
     if call is None:

@@ -232,7 +232,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         raise ValueError("build_runtime: a store and a clock that is not the store's: build the Store with it")
     redactor = Redactor(config.redact_patterns, values=known_secret_values(config))
     redact_logs(redactor)
-    renderer = Renderer(redactor)
+    renderer = Renderer(redactor, handler_derive.command_names(config))
     lock = StateLock.for_database(config.database_url, config.state_dir) if store is None else None
     try:
         if lock is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bot.core.commands import thread
 from bot.core.grammar import CommandCall
 from handlers import args
 from handlers.context import Context, Role
@@ -15,7 +16,7 @@ from handlers.spec import CommandSpec
 if TYPE_CHECKING:
     from bot.services.bundles import Bundle
 
-USAGE = "!bundle [LAUNCH]"
+USAGE = thread("bundle", "[LAUNCH]")
 
 
 def offline_verdict(bundle: Bundle) -> tuple[str, str | None]:

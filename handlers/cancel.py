@@ -3,13 +3,14 @@ message says who cancelled it. The first decision wins; later ones are told who 
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from handlers.confirm import conf_id, decided, not_decided
 from handlers.context import Context, Role
 from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
-USAGE = "cancel ID (the [Cancel] button of a typed /kill)"
+USAGE = f"{slash('cancel', 'ID')} (the [Cancel] button of a typed {slash('kill')})"
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from handlers import args
 from handlers.context import Context, Role
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from bot.present.render import Message
     from bot.services.confirmations import Decision
 
-CONFIRM_USAGE = "confirm ID (the [Kill] button of a typed /kill)"
+CONFIRM_USAGE = f"{slash('confirm', 'ID')} (the [Kill] button of a typed {slash('kill')})"
 #: Largest confirmation id accepted.
 MAX_ID = 10**12 - 1
 

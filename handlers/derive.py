@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bot.config import Config
+from bot.core.commands import CommandNames
 from bot.core.grammar import Grammar, SlashCommand, Vocabulary
 from handlers.spec import CommandSpec
 from handlers.table import COMMANDS
@@ -34,6 +35,18 @@ def slash_names(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> d
     """key -> slash command name: `/<key>`, unless `slack.slash_commands` renames it."""
     renamed = config.slack.slash_commands
     return {key: renamed.get(key, f"/{key}") for key in slash_keys(commands)}
+
+
+def command_names(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> CommandNames:
+    """How this install writes the commands its answers suggest (bot.core.commands): a command with a slash
+    command of its own under that name (`/kill`, or `/kill-staging` where `slack.slash_commands` renames it), the
+    others through the router (`/gpu status`, `/gpu-staging logs`), thread commands with `slack.command_prefix`."""
+    names = slash_names(config, commands)
+    keys = slash_keys(commands)
+    routers = [key for key, (_, router) in keys.items() if router]
+    router = names["gpu"] if "gpu" in names else names[routers[0]] if routers else "/gpu"
+    own = {default: names[key] for key, (default, is_router) in keys.items() if not is_router}
+    return CommandNames(slash_of=own, router=router, prefix=config.slack.command_prefix)
 
 
 def config_problems(config: Config, commands: Sequence[CommandSpec] = COMMANDS) -> list[str]:
@@ -95,11 +108,12 @@ def manifest(config: Config, commands: Sequence[CommandSpec] = COMMANDS, *,
     by_name = {c.name: c for c in commands}
     keys = slash_keys(commands)
     names = slash_names(config, commands)
+    written = command_names(config, commands)
     slash_entries = []
     for key, (default, _router) in keys.items():
         c = by_name[default]
-        entry: dict[str, Any] = {"command": names[key], "description": c.description or c.summary,
-                                 "usage_hint": c.hint or c.usage, "should_escape": False}
+        entry: dict[str, Any] = {"command": names[key], "description": written.expand(c.description or c.summary),
+                                 "usage_hint": written.expand(c.hint or c.usage), "should_escape": False}
         if request_url:
             entry["url"] = request_url
         slash_entries.append(entry)

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from bot.config import NAME_RE
+from bot.core.commands import SLASH, slash, suggestions, thread
 from bot.core.errors import DatabaseUnavailable
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
 from bot.present.actions import click_command
-from bot.present.render import rename_commands
 from bot.services.audit import Audit
 from handlers.context import Context, Request, Services, Source
 from handlers.derive import grammar
@@ -49,7 +49,7 @@ def database_hint(command: str, reason: str) -> str:
     else:
         hint = "Nothing the bot already recorded is lost. Try again in a minute."
     if command in _ACTS_ON_HOSTS:
-        hint += " Check the host with `/gpu status` before repeating it."
+        hint += f" Check the host with `{slash('status')}` before repeating it."
     return hint
 
 
@@ -78,7 +78,7 @@ class Dispatcher:
         # misspelled or malformed, before anything is audited or posted
         self.services.launches.secrets.learn_typed(call.raw, getattr(call, "kwargs", None))
         if isinstance(call, CommandParseError):
-            reply = self._error(ctx, UserError("Bad command", str(call), "Try `/gpu help`.", audit="invalid"))
+            reply = self._error(ctx, UserError("Bad command", str(call), f"Try `{slash('help')}`.", audit="invalid"))
             return self._finish(ctx, "?", call.raw, reply)
         spec = self.find(call.name)
         if spec is None and (call.word in self.services.config.hosts or call.word.lower() == "all"):
@@ -89,11 +89,12 @@ class Dispatcher:
             word = call.word or call.name
             hosts = ", ".join(self.services.config.host_names()) or "(none configured)"
             if NAME_RE.fullmatch(word):  # `/gpu HOST` is status HOST: a word like a name is a host or a command
-                words = [c.usage.split(" ")[:2] for c in self.commands if c.role <= ctx.role]
-                usage = " · ".join(dict.fromkeys(" ".join(w if w[0] == "/gpu" else w[:1]) for w in words))
+                usage = " · ".join(dict.fromkeys(
+                    (slash if s.kind == SLASH else thread)(s.command) for c in self.commands if c.role <= ctx.role
+                    for s in suggestions(c.usage)[:1]))
                 message = self.services.renderer.error(
                     "Unknown host or command", f"{word[:40]!r}. Hosts: {hosts}.",
-                    f"Commands: {usage}. `/gpu help` explains each.")
+                    f"Commands: {usage}. `{slash('help')}` explains each.")
             else:
                 message = help_message(ctx, f"Unknown command {word[:40]!r}. Hosts: {hosts}. Here is what I can do:")
             return self._finish(ctx, call.name[:40], call.raw, Reply(message, audit="unknown",
@@ -113,7 +114,8 @@ class Dispatcher:
             log.exception("command %s failed", spec.name)
             reply = Reply(self.services.renderer.error(
                 "Internal error", f"{spec.name} failed: {type(e).__name__}",
-                "The bot logged the details. Check what happened with `/gpu status` or `!probe` before trying again."),
+                f"The bot logged the details. Check what happened with `{slash('status')}` or `{thread('probe')}` "
+                "before trying again."),
                 audit="error", detail=type(e).__name__)
         return self._finish(ctx, spec.name, call.raw, reply)
 
@@ -156,10 +158,6 @@ class Dispatcher:
             # a slash command or a click leaves no message in the channel: the answer says who asked
             # what was typed, redacted like everything else (`api_key=...` in a /launch)
             reply.message = reply.message.asked_by(r.user_id, self.services.renderer.redactor(raw))
-        renames = self.services.config.slack.slash_commands
-        if renames:  # this install's own slash command names in what it suggests
-            reply.message = rename_commands(reply.message, renames) if reply.message is not None else None
-            reply.edits = [(ts, rename_commands(m, renames)) for ts, m in reply.edits]
         launch_id = reply.launch_id
         if launch_id is None:
             try:

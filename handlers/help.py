@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.present.render import Message
 from handlers.context import Context, Role
 from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
-USAGE = "/gpu help"
+USAGE = slash("help")
 
 
 def help_message(ctx: Context, intro: str | None = None) -> Message:
@@ -25,4 +26,4 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
 
 
 COMMAND = CommandSpec("help", handle, Role.NONE, USAGE, "this list", default_of="gpubot",
-                      description="gpubot commands (try /gpubot help)", hint="help | status [HOST|all] | probe ...")
+                      description=f"gpubot commands (try {slash('help')})", hint="help | status [HOST|all] | probe ...")

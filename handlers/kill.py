@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import KillOutcome
 from bot.core.models import Launch, LaunchState
@@ -20,7 +21,7 @@ from handlers.spec import CommandSpec
 if TYPE_CHECKING:
     from bot.services.confirmations import KillRequest
 
-USAGE = "/kill [LAUNCH|VARIANT] [--yes] | /kill pid=N [host=HOST] [--yes]"
+USAGE = f"{slash('kill', '[LAUNCH|VARIANT] [--yes]')} | {slash('kill', 'pid=N [host=HOST] [--yes]')}"
 
 
 def kill_result(ctx: Context, out: KillOutcome, la: Launch | None = None) -> Reply:
@@ -50,7 +51,7 @@ async def _kill_pid(call: CommandCall, ctx: Context) -> Reply:
             raise UserError("Nothing to kill", req.preview.refusal)
         if req.preview.error:  # nothing seen to confirm (and no command line to check a reused pid against)
             raise UserError(f"Cannot read {host}", req.preview.error, "Try again, or kill with --yes.", audit="error")
-        return confirmation(ctx, req, f"/kill pid={pid} host={host} --yes", ActionId.KILLPID_CONFIRM)
+        return confirmation(ctx, req, slash("kill", f"pid={pid}", f"host={host}", "--yes"), ActionId.KILLPID_CONFIRM)
     out = await ctx.services.launches.kill_pid(host, pid, user=ctx.user, channel=ctx.channel,
                                                expect_command=call.kwargs.get("expect_command"))
     return kill_result(ctx, out)
@@ -70,7 +71,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     if "yes" not in call.flags:
         req = await ctx.services.confirmations.ask_kill(la, user=ctx.user)
         if req.confirmation is not None:
-            return confirmation(ctx, req, f"/kill {la.id} --yes", ActionId.KILL_CONFIRM, la)
+            return confirmation(ctx, req, slash("kill", la.id, "--yes"), ActionId.KILL_CONFIRM, la)
         if not la.live:
             raise UserError("Nothing to kill", f"{la.name} is {la.state} and has no process left on {la.host}",
                             thread_ts=ctx.thread_for(la), launch_id=la.id)

@@ -3,6 +3,7 @@ with its own incident thread (a root message in the channel, edited in place as 
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import LaunchError
 from bot.present.views import launch_outcome_view
@@ -11,7 +12,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "/launch VARIANT [host=HOST] [param=value ...]"
+USAGE = slash("launch", "VARIANT [host=HOST] [param=value ...]")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

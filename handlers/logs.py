@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.core.commands import slash, thread
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import LaunchError
 from bot.core.models import HostFailure
@@ -11,7 +12,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "!logs [N] in a launch thread, or /gpu logs LAUNCH [N]"
+USAGE = f"{thread('logs', '[N]')} in a launch thread, or {slash('logs', 'LAUNCH [N]')}"
 #: More lines than this go as a file into the thread.
 LOGS_INLINE_MAX = 40
 #: Most lines one `!logs` asks for (a probe reads at most 500 of them).

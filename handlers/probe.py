@@ -7,6 +7,7 @@ naming a launch: `probe 12`, `probe base#12`, `probe base`: its live launch) it 
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.core.models import HostFailure
 from bot.core.probe import ProbeRequest, ProbeRequestError
@@ -16,7 +17,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "/probe [HOST|LAUNCH] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]"
+USAGE = slash("probe", "[HOST|LAUNCH] [pgid=N|pid=N|sid=N|match=TEXT] [log=PATH] [port=N] [lines=N] [health=/PATH]")
 _INT_KEYS = ("pid", "pgid", "sid", "port", "lines")
 _ALLOWED = frozenset({"pid", "pgid", "sid", "match", "log", "port", "lines", "health", "host"})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import LaunchError
 from bot.present.views import kill_view, launch_outcome_view
@@ -10,7 +11,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "/relaunch [LAUNCH|VARIANT] [param=value ...]"
+USAGE = slash("relaunch", "[LAUNCH|VARIANT] [param=value ...]")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from bot.core.commands import thread
 from bot.core.grammar import CommandCall
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
-USAGE = "!snooze [LAUNCH] [MINUTES] (in a launch thread; default 15)"
+USAGE = f"{thread('snooze', '[LAUNCH] [MINUTES]')} (in a launch thread; default 15)"
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

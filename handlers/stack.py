@@ -3,6 +3,7 @@ with the full dump attached."""
 
 from __future__ import annotations
 
+from bot.core.commands import thread
 from bot.core.grammar import CommandCall
 from bot.present.stackdump import stack_dump_message
 from handlers import args
@@ -10,7 +11,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "!stack [LAUNCH] [--native]"
+USAGE = thread("stack", "[LAUNCH] [--native]")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bot.core.commands import slash
 from bot.core.grammar import CommandCall
 from bot.present.views import status_view
 from handlers import args
@@ -9,7 +10,7 @@ from handlers.context import Context, Role
 from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
-USAGE = "/gpu status [HOST|all]"
+USAGE = slash("status", "[HOST|all]")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from bot.core.commands import slash
 from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.text import counted
 
@@ -438,19 +439,19 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
     res = PreflightResult()
     for la in live_same_variant:
         res.problems.append(f"{la.name} of {r.variant} is still live on {r.host} (pid {la.pid}); "
-                            f"`/kill {la.id}` or `/relaunch {la.id}` first")
+                            f"`{slash('kill', la.id)}` or `{slash('relaunch', la.id)}` first")
     for la in other_live:
         shared = ",".join(map(str, sorted(set(la.gpus) & set(r.gpus)))) if la.gpus and r.gpus else "all"
         if shared:
             gpus = "GPU" if shared.isdigit() else "GPUs"  # one index, or several, or all
             res.problems.append(f"{gpus} {shared} {'belongs' if gpus == 'GPU' else 'belong'} to {la.name} "
-                                f"({la.state}); `/kill {la.id}` first")
+                                f"({la.state}); `{slash('kill', la.id)}` first")
         if la.port and la.port == r.port:
-            res.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `/kill {la.id}` first")
+            res.problems.append(f"port {la.port} belongs to {la.name} ({la.state}); `{slash('kill', la.id)}` first")
     if r.port is not None:
         if snap.port_listening:
             res.problems.append(f"port {r.port} is already listening on {r.host}; find its owner with "
-                                f"`/probe {r.host} port={r.port}`")
+                                f"`{slash('probe', r.host, f'port={r.port}')}`")
         elif snap.port_listening is False:
             res.passed.append(f"port {r.port} free")
     if snap.gpu.ok:
@@ -482,7 +483,7 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
 def _kill_hint(holders: list[Holder]) -> str:
     ids = sorted({h.launch_id for h in holders if h.launch_id is not None})
     foreign = [h.pid for h in holders if h.launch_id is None]
-    hints = [f"`/kill {i}`" for i in ids] + [f"`/kill pid={p}`" for p in foreign]
+    hints = [f"`{slash('kill', i)}`" for i in ids] + [f"`{slash('kill', f'pid={p}')}`" for p in foreign]
     return f". Free it with {' and '.join(hints)}" if hints else ""
 
 

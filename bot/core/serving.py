@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from bot.core.commands import slash
 from bot.core.diagnose import Observation, Verdict, diagnose
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status
@@ -85,9 +86,9 @@ def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None
     left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z")]
     if left:
         pids = ", ".join(str(p.pid) for p in left[:6])
+        kill = slash("kill", launch_id or "LAUNCH")
         v = replace(v, evidence=[*v.evidence[:1], f"{counted(len(left), 'leftover process')} of the launch still run "
-                                 f"(pid {pids}) and may hold GPU memory: `/kill {launch_id or 'LAUNCH'}` stops them",
-                                 *v.evidence[1:]])
+                                 f"(pid {pids}) and may hold GPU memory: `{kill}` stops them", *v.evidence[1:]])
     return v
 
 

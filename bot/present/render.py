@@ -21,6 +21,7 @@ from typing import Any
 
 import jinja2
 
+from bot.core.commands import CommandNames, slash, thread
 from bot.core.redact import Redactor
 from bot.present.actions import ActionId
 
@@ -193,6 +194,10 @@ def _template_env() -> jinja2.Environment:
         chunk_lines=chunk_lines,
         code_chunks=code_chunks,
     )
+    # suggested commands are tokens (bot.core.commands) written with this install's names after rendering; tokens
+    # stay raw characters in the blocks' JSON (`ensure_ascii` off) so they are written there in one pass too
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
+    env.globals.update(slash=slash, thread=thread)
     env.globals["actions"] = ActionId  # button action ids: `actions.KILL`, defined once in bot.present.actions
     return env
 
@@ -257,11 +262,14 @@ def _tidy(text: str) -> str:
 
 class Renderer:
     """Renders `templates/NAME.txt.j2` + `templates/NAME.blocks.j2` into a Message, redacting everything with
-    `redactor` (the built-in rules plus the config's `redact_patterns`). One Jinja2 environment per renderer
-    (StrictUndefined: a missing variable is an error, not a blank); build one per bot (bot.wiring)."""
+    `redactor` (the built-in rules plus the config's `redact_patterns`), and writing every suggested command
+    (bot.core.commands) with `names`, this install's slash command names and thread prefix (default: `/gpu` for
+    every command, `!` in threads). One Jinja2 environment per renderer (StrictUndefined: a missing variable is an
+    error, not a blank); build one per bot (bot.wiring)."""
 
-    def __init__(self, redactor: Redactor | None = None):
+    def __init__(self, redactor: Redactor | None = None, names: CommandNames | None = None):
         self.redactor = redactor or Redactor()
+        self.names = names or CommandNames()
         self.env = _template_env()
 
     def render(self, name: str, /, **context: Any) -> Message:
@@ -274,8 +282,9 @@ class Renderer:
         Raises jinja2.TemplateError on a template bug (the dispatcher turns it into an error answer).
         """
         context = self.redactor.deep(context)  # the data first, with its lines' context (a name above its value)
-        full_text = self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
-        raw = self._redact_blocks(json.loads(self.env.get_template(f"{name}.blocks.j2").render(**context)))
+        full_text = self.redactor(self.names.expand(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context))))
+        raw = self._redact_blocks(json.loads(self.names.expand_json(
+            self.env.get_template(f"{name}.blocks.j2").render(**context))))
         blocks = fit_blocks(raw)
         text = full_text
         if len(text) > MAX_MESSAGE_TEXT:
@@ -288,7 +297,7 @@ class Renderer:
     def text(self, name: str, /, **context: Any) -> str:
         """Render only the plain-text template `templates/NAME.txt.j2`, redacted (its context first, as `render`)."""
         context = self.redactor.deep(context)
-        return self.redactor(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context)))
+        return self.redactor(self.names.expand(_tidy(self.env.get_template(f"{name}.txt.j2").render(**context))))
 
     def notice(self, title: str, detail: str, icon: str = ":white_check_mark:", hint: str | None = None) -> Message:
         """A success answer (templates/notice.*): `icon` (Slack emoji markup), then `title: detail`, and a hint."""
@@ -315,29 +324,3 @@ def redact_blocks(obj: Any, redact: Callable[[str], str]) -> Any:
         return {k: (redact_blocks(v, redact) if k in ("text", "elements", "fields", "blocks")
                     or isinstance(v, (list, dict)) else v) for k, v in obj.items()}
     return obj
-
-
-def rename_commands(message: Message, renames: dict[str, str]) -> Message:
-    """`message` with the slash commands it suggests renamed (`renames`: key -> this install's name, e.g.
-    {"kill": "/kill-staging"}), so a second install never tells people to type the first one's commands.
-    Only suggestions are touched: a `/key` right after a backtick, `Usage: `, `| ` or a line's two-space
-    indent (help and usage lines); log lines and other quoted text are left as they are."""
-    if not renames:
-        return message
-    pattern = re.compile(r"(?:(?<=`)|(?<=Usage: )|(?<=\| )|(?<=^  ))/(" + "|".join(map(re.escape, renames))
-                         + r")(?=[\s`]|$)", re.MULTILINE)
-
-    def swap(text: str) -> str:
-        return pattern.sub(lambda m: renames[m.group(1)], text)
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, str):
-            return swap(obj)
-        if isinstance(obj, list):
-            return [walk(x) for x in obj]
-        if isinstance(obj, dict):
-            return {k: walk(v) if k in ("text", "elements", "fields") or isinstance(v, (list, dict)) else v
-                    for k, v in obj.items()}
-        return obj
-
-    return Message(text=swap(message.text), blocks=walk(message.blocks), files=list(message.files))

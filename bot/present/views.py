@@ -10,6 +10,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from bot.core.commands import OPEN, SLASH
 from bot.core.lifecycle import is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
@@ -312,10 +313,10 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
 #: Evidence lines shown in an alert itself; the rest is in the attached evidence file.
 ALERT_KEY_EVIDENCE = 5
 #: Next steps the bot takes itself when a button is pressed: a step containing the key is replaced by a
-#: pointer to the button (the buttons sit right under the headline).
+#: pointer to the button (the buttons sit right under the headline). Suggestions are tokens (bot.core.commands).
 BUTTON_STEPS = {
     "py-spy dump": "Press *Stack dump* to get every rank's Python stack (py-spy, in this thread).",
-    "/probe HOST": "Press *Probe* for processes, log, GPUs and port in one look.",
+    f"{OPEN}{SLASH}probe HOST": "Press *Probe* for processes, log, GPUs and port in one look.",
 }
 
 

@@ -19,6 +19,7 @@ from bot.adapters.remote import RemoteError
 from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
 from bot.config import Config, render_launch
+from bot.core.commands import slash
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
@@ -413,7 +414,8 @@ class LaunchService:
         elif not snap.gpu.ok:
             out.refusal = f"cannot tell whether pid {pid} holds a GPU ({snap.gpu.error})"
         elif not held:
-            out.refusal = f"pid {pid} holds no GPU memory; `/kill pid=` only stops processes that hold a GPU"
+            out.refusal = (f"pid {pid} holds no GPU memory; `{slash('kill', 'pid=')}` only stops processes that "
+                           "hold a GPU")
         else:
             out.processes = [row]
             out.gpus = sorted({gp.gpu_index for gp in held if gp.gpu_index is not None})
@@ -553,8 +555,8 @@ class LaunchService:
             elif not snap.gpu.ok:
                 out.error = f"cannot tell whether pid {pid} holds a GPU ({snap.gpu.error}); not killed"
             elif not any(gp.pid == pid for gp in snap.gpu.processes):
-                out.error = (f"pid {pid} ({row.args[:60]}) holds no GPU memory; `/kill pid=` only stops "
-                             "processes that hold a GPU")
+                out.error = (f"pid {pid} ({row.args[:60]}) holds no GPU memory; `{slash('kill', 'pid=')}` only "
+                             "stops processes that hold a GPU")
             else:
                 out.signalled = [row]
                 out.remaining, out.used_sigkill = await self._signal_and_wait(
@@ -589,7 +591,7 @@ class LaunchService:
             given = " ".join(f"{k}=..." for k in lost)
             raise LaunchError(f"{la.name}'s {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} stored masked and "
                               f"cannot be reused here (its sealed copy is missing or its key changed): give "
-                              f"{'it' if len(lost) == 1 else 'them'} again, e.g. /relaunch {la.id} {given}")
+                              f"{'it' if len(lost) == 1 else 'them'} again, e.g. `{slash('relaunch', la.id, given)}`")
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:

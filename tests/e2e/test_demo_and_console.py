@@ -86,9 +86,9 @@ async def test_demo_launches_probes_and_kills_a_real_local_server(cli):
     assert "listening" in out and "ok (HTTP 200)" in out
     # /kill 1 asks first, naming what it would stop; /kill 1 --yes: every process gone, memory released
     assert f"Kill demo#1 on local? process group {pgid}, 4 processes, GPUs 0,1, 16.8 GiB." in out
-    assert ("Confirm with [Kill] (or type `confirm 1`, 1 being this confirmation's number, not a launch's, "
+    assert ("Confirm with [Kill] (or type `!confirm 1`, 1 being this confirmation's number, not a launch's, "
             "or `/kill 1 --yes`)") in out
-    assert "[Cancel] (or `cancel 1`) stops nothing" in out
+    assert "[Cancel] (or `!cancel 1`) stops nothing" in out
     assert out.index("Confirm with [Kill]") < out.index("Killed demo#1")
     assert "Killed demo#1" in out and "16.8 GiB before, 0.0 GiB after: released" in out
     assert "demo finished" in out

@@ -39,18 +39,19 @@ from bot.core.stackdump import (
     script_budget_s,
     summarize,
 )
-from bot.present.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT, Renderer
+from bot.present.render import MAX_BLOCKS, MAX_HEADER_TEXT, MAX_MESSAGE_TEXT, MAX_SECTION_TEXT
 from bot.present.stackdump import stack_dump_message, stackdump_context
 from bot.services.stacks import StackDump
 from tests.support.bots import TestBot
 from tests.support.builders import OPERATOR
+from tests.support.names import renderer
 from tests.support.procs import wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 VENV_BIN = Path(sys.executable).parent
 PY_SPY = VENV_BIN / "py-spy"
-RENDERER = Renderer()
+RENDERER = renderer()
 
 BLOCKED = textwrap.dedent("""\
     import threading

@@ -17,9 +17,10 @@ from bot.core.probe import ProbeRequest, Section, assemble_snapshot
 from bot.core.redact import MASK, Redactor, redact, redact_lines, redact_mapping, redact_then_cut
 from bot.present.render import Renderer
 from bot.present.views import probe_view, status_view
+from tests.support.names import renderer
 
 #: Renders with the built-in rules only (no configured patterns).
-RENDERER = Renderer()
+RENDERER = renderer()
 
 CASES = [
     ("python -m vllm.entrypoints.openai.api_server --api-key sk-abcdefghijklmnopqrstu --port 8000",

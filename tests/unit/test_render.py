@@ -44,13 +44,14 @@ from bot.present.render import (
     mrkdwn_escape,
 )
 from bot.present.views import probe_view, status_view
+from tests.support.names import renderer, said
 from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")
 EVIL = "<!channel> <@U123> & <http://evil|x>"
 EVIL_ESCAPED = "&lt;!channel&gt; &lt;@U123&gt; &amp; &lt;http://evil|x&gt;"
 #: A renderer with the built-in redaction rules only (no configured patterns).
-RENDERER = Renderer()
+RENDERER = renderer()
 render = RENDERER.render
 
 
@@ -352,7 +353,7 @@ def test_render_help_with_real_command_table():
     assert m.text.startswith("Unknown command 'x<y>'. Here is what I can do:")
     assert "@gpubot CMD / !CMD" in m.text
     for c in COMMANDS:
-        assert c.usage in m.text and c.summary in m.text
+        assert said(c.usage) in m.text and c.summary in m.text
     assert "Hosts: gpu-host-1, gpu-host-2" in m.text
     text = all_block_text(m)
     assert "Unknown command 'x&lt;y&gt;'" in text

@@ -25,6 +25,7 @@ from bot.core.observe import is_news, judge, observation_from_snapshot
 from bot.core.serving import ended_verdict, failing_streak, judge_serving
 from bot.present.render import Message, slack_text
 from tests.support.builders import launch_row
+from tests.support.names import said
 
 READY_LOG = ["[2026-12-01 10:00:00] The server is fired up and ready to roll!"]
 
@@ -60,11 +61,11 @@ def test_a_ready_launch_that_died_by_signal_is_crashed_with_the_signal():
 def test_leftover_processes_are_named_in_a_death():
     left = [ProcessInfo(pid=4711, stat="Sl", args="python worker"), ProcessInfo(pid=4712, stat="Z", args="")]
     v = ended_verdict(serving_obs(process_alive=False, processes=left), 137)
-    assert any("1 leftover process " in e and "4711" in e and "4712" not in e and "`/kill LAUNCH`" in e
+    assert any("1 leftover process " in e and "4711" in e and "4712" not in e and "`/kill LAUNCH`" in said(e)
                for e in v.evidence)
     assert not any("traceback" in s for s in v.next_steps)  # a signal with a silent log: no traceback to read
     named = ended_verdict(serving_obs(process_alive=False, processes=left), 137, 7)
-    assert any("`/kill 7` stops them" in e for e in named.evidence)
+    assert any("`/kill 7` stops them" in said(e) for e in named.evidence)
 
 
 def test_health_must_fail_n_checks_in_a_row_and_a_serving_hang_needs_timeouts_silence_and_idle_gpus():

@@ -25,7 +25,6 @@ from bot.core.models import (
 from bot.core.parse.nvidia_smi import assign_gpu_indexes, parse_query_apps, parse_query_gpu
 from bot.core.parse.ps import parse_ps
 from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId, click_command
-from bot.present.render import Renderer
 from bot.present.views import (
     COMMAND_WIDTH,
     STATE_EMOJI,
@@ -40,6 +39,7 @@ from bot.present.views import (
     status_view,
     user_mention,
 )
+from tests.support.names import renderer
 from tests.support.paths import FIXTURES, H200, case_dir  # noqa: F401
 
 CASE00 = case_dir("00")
@@ -289,7 +289,7 @@ def test_probe_view_redacts_log_tail():
 
 # --- launches, alerts, kill confirmations ------------------------------------------------------------
 
-RENDERER = Renderer()
+RENDERER = renderer()
 
 
 def a_launch(**overrides) -> Launch:

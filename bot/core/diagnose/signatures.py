@@ -21,6 +21,7 @@ try:  # libyaml's safe loader where PyYAML was built with it: about 10x faster, 
 except ImportError:  # pragma: no cover (PyYAML without libyaml)
     from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
+from bot.core.commands import markup
 from bot.core.diagnose.observation import PHASES
 from bot.core.literals import KeywordIndex
 
@@ -113,8 +114,8 @@ def _causes(specs: Any) -> list[Cause]:
         if not isinstance(engines, Mapping):
             raise ValueError(f"signatures: {where}.engines: expected a mapping")
         out.append(Cause(str(c["name"]), pat.regex, tuple(str(v) for v in c.get("verdicts") or ()),
-                         tuple(str(s) for s in c["steps"]),
-                         {str(k): tuple(str(s) for s in v or ()) for k, v in engines.items()}))
+                         tuple(markup(str(s)) for s in c["steps"]),
+                         {str(k): tuple(markup(str(s)) for s in v or ()) for k, v in engines.items()}))
     return out
 
 
@@ -289,7 +290,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         benign_exceptions=generic("benign_exceptions"),
         exception_line=regex("exception_line", r"^(\w+Error): "),
         shutdown=generic("shutdown"),
-        next_steps={str(k): [str(s) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()},
+        next_steps={str(k): [markup(str(s)) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()},
         phase_hints=_hints(data.get("phase_hints"), order),
         warning_severity=regex("warning_severity", r"\bWARN(?:ING)?\b"),
         causes=_causes(data.get("causes")),

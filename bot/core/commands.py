@@ -1,0 +1,128 @@
+"""Commands as data in answers: a command an answer suggests (`/kill 7`, `!logs 200`) is made here as a
+suggestion, never written by hand with a default name, and written with this install's own slash command names
+and thread prefix by the renderer (bot.present.render), for every message: answers, root messages, alerts.
+
+Prose that names a command is composed in many places (a pre-launch problem "port 8000 belongs to base-3;
+`/kill 3` first", a signature's next step, a usage line), so a suggestion travels inside that text as a token, the
+way Slack carries a mention as `<@U123>` and its client writes the name: `slash("kill", 3)` gives the token
+`\\ue000/kill 3\\ue001`, which `CommandNames.expand` writes as `/kill 3`, `/kill-staging 3` or, for a command with
+no slash command of its own, `/gpu logs 3`; `thread("logs", 200)` is written `!logs 200` or `?logs 200`. The
+markers are Unicode private-use characters: nothing the bot reads from a host carries them as a token by accident,
+and a stray marker is dropped.
+
+In data (bot/core/diagnose/signatures.yaml) a suggestion is written `{/status}`, `{!logs 200}` or
+`{/kill pid=N}` (command names, not slash names) and `markup` turns it into the token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Opens and closes a suggestion token (Unicode private-use characters).
+OPEN, CLOSE = "\ue000", "\ue001"
+#: A suggestion's kind: typed as a slash command anywhere, or with the thread prefix in a launch's thread.
+SLASH, THREAD = "/", "!"
+
+_MARKUP = re.compile(r"\{([/!])([a-z][a-z_-]*)((?: [^{}\n]*)?)\}")
+
+
+def slash(command: str, *args: object) -> str:
+    """The token of `command` (a command table name: `kill`, `status`, `logs`) typed as a slash command with
+    `args` (joined by spaces), e.g. `slash("kill", 7)`, written `/kill 7` (or this install's name)."""
+    return _token(SLASH, command, args)
+
+
+def thread(command: str, *args: object) -> str:
+    """The token of `command` typed in a launch's thread with the install's prefix, e.g. `thread("logs", 200)`,
+    written `!logs 200` (or `?logs 200`)."""
+    return _token(THREAD, command, args)
+
+
+def _token(kind: str, command: str, args: tuple[object, ...]) -> str:
+    rest = " ".join(str(a) for a in args if a is not None and str(a) != "")
+    return f"{OPEN}{kind}{command}{' ' + rest if rest else ''}{CLOSE}"
+
+
+def markup(text: str) -> str:
+    """`text` with each `{/command args}` / `{!command args}` written as a suggestion token (data files' form of
+    `slash` and `thread`); other braces are kept."""
+    if "{" not in text:
+        return text
+    return _MARKUP.sub(lambda m: f"{OPEN}{m.group(1)}{m.group(2)}{m.group(3)}{CLOSE}", text)
+
+
+def suggests(text: str, command: str) -> bool:
+    """Whether `text` suggests `command`, in either kind."""
+    return f"{OPEN}{SLASH}{command}" in text or f"{OPEN}{THREAD}{command}" in text
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One suggested command: its `kind` (SLASH or THREAD), `command` (a command table name) and `args` text."""
+
+    kind: str
+    command: str
+    args: str = ""
+
+
+def suggestions(text: str) -> list[Suggestion]:
+    """The suggestions carried by `text`, in order (for tests and for the console's hints)."""
+    out = []
+    for part in text.split(OPEN)[1:]:
+        body, sep, _ = part.partition(CLOSE)
+        if sep and len(body) > 1 and body[0] in (SLASH, THREAD):
+            command, _, args = body[1:].partition(" ")
+            out.append(Suggestion(body[0], command, args))
+    return out
+
+
+@dataclass(frozen=True)
+class CommandNames:
+    """How this install writes a suggestion: `slash_of` maps a command to the slash command text that runs it
+    (`kill` -> `/kill`, `status` -> `/gpu status`, renamed: `/kill-staging`, `/gpu-staging status`), `router` the
+    router slash command for commands that have none (`/gpu`), `prefix` the thread prefix (`!`). Built from the
+    command table and the config (handlers.derive.command_names)."""
+
+    slash_of: Mapping[str, str] = field(default_factory=dict)
+    router: str = "/gpu"
+    prefix: str = "!"
+
+    def write(self, s: Suggestion) -> str:
+        """The text a person types for `s`: `/kill 7`, `/gpu logs 3 200`, `!logs 200`."""
+        if s.kind == THREAD:
+            head = f"{self.prefix}{s.command}"
+        else:
+            head = self.slash_of.get(s.command) or f"{self.router} {s.command}"
+        return f"{head} {s.args}" if s.args else head
+
+    def expand(self, text: str) -> str:
+        """`text` with every suggestion token written (`write`) and stray markers dropped. Costs one scan when
+        `text` holds no token."""
+        if OPEN not in text and CLOSE not in text:
+            return text
+        return self._expand(text, str)
+
+    def expand_json(self, text: str) -> str:
+        """`expand` for JSON text whose strings carry tokens as raw characters (written with `ensure_ascii`
+        off): each written suggestion is escaped for a JSON string and for Slack mrkdwn (`&`, `<`, `>`)."""
+        if OPEN not in text and CLOSE not in text:
+            return text
+        return self._expand(text, lambda w: json.dumps(
+            w.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"), ensure_ascii=False)[1:-1])
+
+    def _expand(self, text: str, escape) -> str:  # type: ignore[no-untyped-def]
+        parts = text.split(OPEN)
+        out = [parts[0].replace(CLOSE, "")]
+        for part in parts[1:]:
+            body, sep, rest = part.partition(CLOSE)
+            if sep and len(body) > 1 and body[0] in (SLASH, THREAD):
+                command, _, args = body[1:].partition(" ")
+                out.append(escape(self.write(Suggestion(body[0], command, args))))
+            else:
+                out.append(body)
+            out.append(rest.replace(CLOSE, ""))
+        return "".join(out)
+
