@@ -13,6 +13,7 @@ services (and with them the database, SSH and the charts) when it wires them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -30,6 +31,7 @@ from bot.core.clock import SYSTEM_CLOCK, Clock
 from handlers import derive as handler_derive
 
 if TYPE_CHECKING:
+    from bot.adapters.cpu import CpuPool
     from bot.adapters.remote import Executor
     from bot.adapters.secretbox import SecretBox
     from bot.adapters.store import Store
@@ -49,6 +51,15 @@ if TYPE_CHECKING:
     from handlers import Dispatcher, Services
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def shared_cpu_pool() -> CpuPool:
+    """The process's one CPU worker pool (the timeline charts), shared by every runtime built here; its worker
+    process starts on first use and ends with the process."""
+    from bot.adapters.cpu import CpuPool
+
+    return CpuPool()
 
 
 def config_problems(config: Config) -> list[str]:
@@ -206,7 +217,6 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     state directory. `clock` (default: the system's) is the one clock of the bot: the store's times, kill
     confirmations' expiry, launches' and checks' times (tests pass tests.support.clock.ManualClock).
     """
-    from bot.adapters.cpu import CpuPool
     from bot.adapters.logs import redact_logs
     from bot.adapters.store import Store
     from bot.core.redact import Redactor
@@ -264,7 +274,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     stacks = StackService(hosts, launches, audit)
     confirmations = ConfirmationService(store.confirmations, launches)
     history = CheckHistory(store.observations)
-    cpu = CpuPool()
+    cpu = shared_cpu_pool()
     alerts = AlertPoster(surface, renderer, threads, history, cpu, store.clock)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       history=history, cpu=cpu, policy=watch_policy, stacks=stacks)

@@ -8,6 +8,7 @@ handlers.dispatch on first use, so checking a config against the command table (
 from __future__ import annotations
 
 from importlib import import_module
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,14 +20,14 @@ if TYPE_CHECKING:
     from handlers.table import COMMANDS
 
 #: Each public name -> the module that defines it.
-_EXPORTS = {name: f"handlers.{module}" for module, names in {
+_EXPORTS = MappingProxyType({name: f"handlers.{module}" for module, names in {
     "context": ("CONSOLE_USER", "Context", "Request", "Role", "Services", "Source", "role_of"),
     "derive": ("grammar", "manifest", "slash_names", "vocabulary"),
     "dispatch": ("Dispatcher",),
     "reply": ("SAME", "Reply", "UserError", "deliver"),
     "spec": ("CommandSpec",),
     "table": ("COMMANDS",),
-}.items() for name in names}
+}.items() for name in names})
 
 __all__ = [
     "COMMANDS",

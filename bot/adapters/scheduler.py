@@ -6,22 +6,24 @@ job ids are deterministic (`watch:<id>`, replaced when re-added), `misfire_grace
 `coalesce` and `max_instances=1`, in UTC. After a restart the jobs come back from the database; a check
 that came due during the downtime runs once.
 
-Persisted jobs can only name a module-level function, so the running `Scheduler` registers the object that
-handles them (`JobTarget`, the watcher) in `_TARGET`: the one module-level variable of the bot, set by
-`Scheduler.start` and cleared by `Scheduler.shutdown`. So: one watching bot per process (a second one
-started in the same process takes the jobs of both), and one bot process per database (two schedulers on
-one job store would run each check twice).
+Persisted jobs can only name a module-level function and plain arguments, so the object that handles them
+(`JobTarget`, the watcher) is not stored with them: each `Scheduler` runs its jobs through an executor of its own
+(`_TargetExecutor`) that hands its target to the job function (its `target` argument). Several bots in one process
+each run their own jobs; one bot process per database (two schedulers on one job store would run each check
+twice).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import pickle
 import threading
 import time
 from typing import Any, Protocol
 
+from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 
@@ -46,23 +48,48 @@ class JobTarget(Protocol):
         ...
 
 
-_TARGET: JobTarget | None = None
-
-
-async def check_launch(launch_id: int) -> None:
-    """The persisted job: one readiness check of launch `launch_id` (only the id is pickled)."""
-    target = _TARGET
+async def check_launch(launch_id: int, *, target: JobTarget | None = None) -> None:
+    """The persisted job: one readiness check of launch `launch_id` (only the id is pickled; `target` is given by
+    the scheduler's executor when the job runs)."""
     if target is None:
         log.warning("check of launch %s skipped: no scheduler is running", launch_id)
         return
     await target.check(launch_id)
 
 
-async def post_digest() -> None:
-    """The persisted digest job: `/gpu status` of every host, posted to `watch.digest_channel`."""
-    target = _TARGET
+async def post_digest(*, target: JobTarget | None = None) -> None:
+    """The persisted digest job: `/gpu status` of every host, posted to `watch.digest_channel` (`target` as for
+    `check_launch`)."""
     if target is not None:
         await target.digest()
+
+
+class _Bound:
+    """A job as its executor runs it: every attribute of `job`, with `func` given `target` (keyword)."""
+
+    __slots__ = ("_job", "func")
+
+    def __init__(self, job: Any, target: JobTarget | None):
+        self._job = job
+        self.func = functools.partial(job.func, target=target)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job, name)
+
+    def __str__(self) -> str:
+        return str(self._job)
+
+
+class _TargetExecutor(AsyncIOExecutor):
+    """APScheduler's asyncio executor, running each job with this scheduler's `target` (set by `Scheduler.start`)
+    as the job function's `target` argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: JobTarget | None = None
+
+    def _do_submit_job(self, job: Any, run_times: list[dt.datetime]) -> None:
+        super()._do_submit_job(_Bound(job, self.target), run_times)
 
 
 def watch_job_id(launch_id: int) -> str:
@@ -238,25 +265,26 @@ class Scheduler:
     (`_write_behind_store`)."""
 
     def __init__(self, db_url: str, *, misfire_grace_s: float = MISFIRE_GRACE_S):
+        self._executor = _TargetExecutor()
         self._aps = _ResilientScheduler(
             jobstores={"default": _write_behind_store(db_url)},
+            executors={"default": self._executor},
             job_defaults={"misfire_grace_time": int(misfire_grace_s), "coalesce": True, "max_instances": 1},
             timezone=dt.UTC,
         )
 
     def start(self, target: JobTarget) -> None:
         """Start scheduling (inside the running event loop); persisted jobs call `target` from now on."""
-        global _TARGET
-        _TARGET = target
+        self._executor.target = target
         self._aps.start()
 
     def shutdown(self, target: JobTarget | None = None) -> None:
-        """Stop without running pending jobs (they stay in the database); unregister `target`."""
-        global _TARGET
+        """Stop without running pending jobs (they stay in the database); forget `target` (when it is the one
+        started with, or None)."""
         if self._aps.running:
             self._aps.shutdown(wait=False)
-        if target is None or _TARGET is target:
-            _TARGET = None
+        if target is None or self._executor.target is target:
+            self._executor.target = None
 
     def watch(self, launch_id: int, interval_s: float, first_in_s: float | None = None) -> None:
         """Add (or replace) the checks of launch `launch_id`: every `interval_s` seconds, the first one

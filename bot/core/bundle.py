@@ -18,6 +18,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from bot.core.diagnose import ContainerObs, ListenObs, Observation, ShmSegment
@@ -59,13 +60,13 @@ BUNDLE_FILES: tuple[str, ...] = (
 """The files `bot.adapters.bundle.read_bundle` reads (case.md and expected.json are deliberately absent)."""
 
 _MAX_LINE = 4000  # longer dmesg lines are cut before matching, as log lines are (bounds regex work per line)
-_HEALTH = {"ok", "http_503", "refused", "timeout", "empty", "connect_timeout"}
+_HEALTH = frozenset({"ok", "http_503", "refused", "timeout", "empty", "connect_timeout"})
 
 
 # --- ps -------------------------------------------------------------------------------------------------
 
 _STAT = r"[DRSTtWXZIP][<NLsl+]*"
-_KIND_RE: dict[str, re.Pattern[str]] = {
+_KIND_RE: Mapping[str, re.Pattern[str]] = MappingProxyType({
     "pid": re.compile(r"\d{1,9}"),
     "ppid": re.compile(r"\d{1,9}"),
     "pgid": re.compile(r"\d{1,9}"),
@@ -83,7 +84,7 @@ _KIND_RE: dict[str, re.Pattern[str]] = {
     "etimes": re.compile(r"\d+|(?:\d+-)?(?:\d+:)?\d+:\d\d"),
     "time": re.compile(r"(?:\d+-)?\d+:\d\d(?::\d\d)?"),
     "wchan": re.compile(r"\S+"),
-}
+})
 _LSTART_RE = re.compile(
     r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d{1,2} "
     r"\d\d:\d\d:\d\d \d{4}"
@@ -185,11 +186,11 @@ def parse_ps_text(text: str) -> tuple[list[ProcessInfo], dict[int, str]]:
 
 # --- nvidia-smi -----------------------------------------------------------------------------------------
 
-_CSV_FALLBACK: dict[int, tuple[str, ...]] = {
+_CSV_FALLBACK: Mapping[int, tuple[str, ...]] = MappingProxyType({
     len(GPU_QUERY_FIELDS): GPU_QUERY_FIELDS,
     4: ("index", "memory.used", "memory.total", "utilization.gpu"),  # SGLang's killall / common by-hand query
     3: ("index", "memory.used", "memory.total"),
-}
+})
 _UNIT_RE = re.compile(r"^\s*[-+]?\d+(?:\.\d+)?\s*(MiB|%|W|C|MHz)\s*$")
 
 

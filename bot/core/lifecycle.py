@@ -21,6 +21,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from types import MappingProxyType
 from typing import Any
 
 from bot.core.commands import slash
@@ -120,8 +121,8 @@ def _systemd_detect(unit: str) -> list[str]:
 
 
 #: Shell builtins a command cannot start with: the launch `exec`s the command as the server process.
-_NOT_EXECUTABLE = {"cd": "use the variant's workdir", "export": "use the variant's env", "source": "",
-                   ".": "", "ulimit": "", "umask": "", "set": "", "eval": "", "exec": "drop it: gpubot execs it"}
+_NOT_EXECUTABLE = MappingProxyType({"cd": "use the variant's workdir", "export": "use the variant's env", "source": "",
+                   ".": "", "ulimit": "", "umask": "", "set": "", "eval": "", "exec": "drop it: gpubot execs it"})
 
 
 def exec_problems(command: str) -> list[str]:

@@ -1,25 +1,21 @@
 """One readiness check of a launch, as data (pure): a probe Snapshot -> a diagnose() Observation plus the
 compact record stored for history and charts; phase durations from those records.
 
-A record is a JSON-ready dict with keys: `t` (remote clock, epoch s), `marker` (the newest meaningful log
-line), `last_progress_t` (epoch s), `log_bytes`, `log_lines`, `gpu_mem_mib` / `gpu_util_pct` / `gpu_power_w`
-(per GPU index as a string: MiB, percent, W), `cpu_s` (per pid: CPU seconds), `alive`, `port_open`,
-`health`, `exit_status` (what the launch wrapper logged when the server ended, else None), `log_cursor` (where the
-log's line count stopped: bot.core.models.LogCursor.as_list; the next check reads what was written after it), and
-after diagnosis
-`verdict` and `phase`; a failed check is `{"t": ..., "error": reason}`.
+A record is a bot.core.records.CheckRecord (its fields are described there); `verdict` and `phase` are set after
+diagnosis; a failed check is `CheckRecord.failed(t, reason)`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from bot.core.diagnose import CPU_PROGRESS_CORES, Observation, Verdict, diagnose, scan_log
 from bot.core.lifecycle import EXIT_LINE_RE, exit_status, launch_processes
 from bot.core.models import Launch, ProcessInfo, Snapshot
+from bot.core.records import CheckRecord
 from bot.core.serving import ended_verdict
 
 #: Verdicts that end the readiness watch (the launch is no longer starting).
@@ -31,7 +27,7 @@ SERVING_TROUBLE = frozenset({"unhealthy", "silent_hang"})
 QUIET_VERDICTS = frozenset({"loading", "unknown"})
 
 
-def judge(obs: Observation, prev: dict[str, Any] | None, *, grace_s: dict[str, float] | None,
+def judge(obs: Observation, prev: CheckRecord | None, *, grace_s: dict[str, float] | None,
           silence_after_s: float, posted: str | None = None, exit_code: int | None = None,
           launch_id: int | None = None) -> Verdict:
     """The readiness verdict of one check: `diagnose(obs)`, except that
@@ -69,7 +65,7 @@ def is_news(verdict: str, posted: str | None, *, previous: str | None = None, se
     return True
 
 
-def new_log_lines(snap: Snapshot, prev: dict[str, Any] | None) -> list[str]:
+def new_log_lines(snap: Snapshot, prev: CheckRecord | None) -> list[str]:
     """The lines of the snapshot's log tail written since the check `prev`: all of them when the probe read only
     what was written after the cursor of `prev` (`LogInfo.since`), else by the log's line count (the whole tail
     when the log shrank or was replaced, none when the count is unknown)."""
@@ -78,7 +74,7 @@ def new_log_lines(snap: Snapshot, prev: dict[str, Any] | None) -> list[str]:
     if snap.log.since is not None:
         return list(snap.log.tail)
     tail = list(snap.log.tail)
-    now, before = snap.log.lines, (prev or {}).get("log_lines")
+    now, before = snap.log.lines, prev.log_lines if prev is not None else None
     if now is None or before is None:
         return []
     if now < before:
@@ -87,13 +83,13 @@ def new_log_lines(snap: Snapshot, prev: dict[str, Any] | None) -> list[str]:
     return tail[-n:] if n > 0 else []
 
 
-def phase_times(records: list[dict[str, Any]], started_at: float, now: float) -> list[tuple[str, float]]:
+def phase_times(records: Sequence[CheckRecord], started_at: float, now: float) -> list[tuple[str, float]]:
     """(phase, seconds spent in it) in the order the checks first saw each phase (pure). A phase lasts from
     the first check that saw it to the first check that saw the next one (the last one until `now`)."""
     firsts: list[tuple[str, float]] = []
     for rec in records:
-        ph, t = rec.get("phase"), rec.get("t")
-        if ph and isinstance(t, (int, float)) and all(ph != p for p, _ in firsts):
+        ph, t = rec.phase, rec.t
+        if ph and all(ph != p for p, _ in firsts):
             firsts.append((ph, float(t)))
     out = []
     for i, (ph, t) in enumerate(firsts):
@@ -102,8 +98,8 @@ def phase_times(records: list[dict[str, Any]], started_at: float, now: float) ->
     return out
 
 
-def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] | None, *,
-                              quiet_since: float | None = None) -> tuple[Observation, dict[str, Any]]:
+def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | None, *,
+                              quiet_since: float | None = None) -> tuple[Observation, CheckRecord]:
     """Turn one probe of a launch into a diagnose() Observation plus the compact record stored for history
     and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
     the newest meaningful line changes. Times are the remote clock, in seconds.
@@ -118,11 +114,11 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
     rc = exit_status(raw)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     scan = scan_log(lines)
-    prev = prev or {}
+    prev = prev if prev is not None else CheckRecord(t=math.nan)  # a first check: nothing known before
     window = snap.log is not None and snap.log.since is not None  # only what was written since `prev`
-    marker = lines[scan.meaningful[-1]] if scan.meaningful else (prev.get("marker") if window else None)
-    last_progress = prev.get("last_progress_t")
-    if marker is not None and marker != prev.get("marker"):
+    marker = lines[scan.meaningful[-1]] if scan.meaningful else (prev.marker if window else None)
+    last_progress = prev.last_progress_t
+    if marker is not None and marker != prev.marker:
         # new progress: when the newest line IS that progress line, the log's mtime is when it was written
         newest_is_marker = bool(scan.meaningful) and scan.meaningful[-1] == len(scan.lines) - 1
         mtime = snap.log.mtime if snap.log else None
@@ -144,7 +140,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         log_lines=lines,
         log_silent_s=None if log_error else max(0.0, now - last_progress),
         notes=[f"the log could not be read: {log_error}"] if log_error else [],
-        log_growing=(size is not None and prev.get("log_bytes") is not None and size > prev["log_bytes"]),
+        log_growing=(size is not None and prev.log_bytes is not None and size > prev.log_bytes),
         elapsed_s=max(0.0, now - la.created_at),
         process_alive=alive,
         processes=procs,
@@ -158,23 +154,24 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: dict[str, Any] |
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
     )
-    record = {
-        "t": now,
-        "marker": marker,
-        "last_progress_t": last_progress,
-        "log_bytes": size,
-        "log_lines": snap.log.lines if snap.log else None,
-        "gpu_mem_mib": {str(g.index): g.memory_used_mib for g in gpus or []},
-        "gpu_util_pct": {str(g.index): g.utilization_gpu_pct for g in gpus or []},
-        "gpu_power_w": {str(g.index): g.power_draw_w for g in gpus or []},
-        "cpu_s": {str(p.pid): p.cpu_time_s for p in procs},
-        "alive": alive,
-        "port_open": snap.port_listening,
-        "health": snap.health.status if snap.health else None,
-        "exit_status": rc,
-        "log_cursor": snap.log.cursor.as_list() if snap.log and snap.log.cursor else None,
-    }
+    record = CheckRecord(
+        t=now,
+        marker=marker,
+        last_progress_t=last_progress,
+        log_bytes=size,
+        log_lines=snap.log.lines if snap.log else None,
+        gpu_mem_mib={str(g.index): g.memory_used_mib for g in gpus or []},
+        gpu_util_pct={str(g.index): g.utilization_gpu_pct for g in gpus or []},
+        gpu_power_w={str(g.index): g.power_draw_w for g in gpus or []},
+        cpu_s={str(p.pid): p.cpu_time_s for p in procs},
+        alive=alive,
+        port_open=snap.port_listening,
+        health=snap.health.status if snap.health else None,
+        exit_status=rc,
+        log_cursor=snap.log.cursor.as_list() if snap.log and snap.log.cursor else None,
+    )
     return obs, record
+
 
 
 def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
@@ -242,10 +239,10 @@ def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo])
     return None if new == la.seen_pids else new
 
 
-def _cpu_growing(procs: list, prev: dict[str, Any], now: float, quiet_since: float | None) -> bool | None:
-    before = prev.get("cpu_s") or {}
-    t0 = prev.get("t")
-    if not isinstance(t0, (int, float)) or now <= t0:
+def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float | None) -> bool | None:
+    before = prev.cpu_s
+    t0 = prev.t
+    if not t0 < now:  # NaN (no previous check) or a clock that went back
         return None
     if quiet_since is not None and quiet_since >= t0:
         return False  # the bot's own work (a stack dump) is not progress
@@ -257,8 +254,8 @@ def _cpu_growing(procs: list, prev: dict[str, Any], now: float, quiet_since: flo
     return sum(max(0.0, d) for d in deltas) / (now - t0) > CPU_PROGRESS_CORES and max(deltas) > 1
 
 
-def _rising(gpus: list | None, prev: dict[str, Any]) -> bool | None:
-    before = prev.get("gpu_mem_mib")
+def _rising(gpus: list | None, prev: CheckRecord) -> bool | None:
+    before = prev.gpu_mem_mib
     if not gpus or not before:
         return None
     now = sum(g.memory_used_mib or 0.0 for g in gpus)

@@ -69,6 +69,7 @@ single result against every rule run over every whole line.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -668,7 +669,6 @@ def _fold(text: str) -> str:
 _VALUE_BIT = 1 << len(_RULES)  # a known secret value may be on the line
 _PEM_BIT = 1 << (len(_RULES) + 1)  # a PEM marker may be on the line
 _DANGLING_BIT = 1 << (len(_RULES) + 2)  # the line may end in a secret's name (`_DANGLING`)
-_COMPILED: list[re.Pattern[str] | None] = [None] * len(_RULES)
 #: The rules tried only where a secret name starts, and at the start of the line (`_rule`'s `at`).
 _AT_NAME = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "name")
 _AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
@@ -676,12 +676,10 @@ _AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
 _REQUIRING = tuple((1 << i, rule.requires) for i, rule in enumerate(_RULES) if rule.requires)
 
 
+@functools.cache
 def _compiled(i: int) -> re.Pattern[str]:
-    """Rule i's regex, compiled on first use."""
-    pat = _COMPILED[i]
-    if pat is None:
-        pat = _COMPILED[i] = re.compile(_RULES[i].source)
-    return pat
+    """Rule i's regex, compiled on first use (then cached: a pure function of i)."""
+    return re.compile(_RULES[i].source)
 
 
 def _keyword_table() -> dict[str, tuple[int, int, int]]:
@@ -1046,19 +1044,18 @@ def _sub_at(pattern: re.Pattern[str], repl: _Repl, line: str, starts: list[int])
     return "".join(parts)
 
 
-_BY_EXTRA: dict[tuple[re.Pattern[str], ...], Redactor] = {}
-
-
 def _for(extra: Iterable[re.Pattern[str]]) -> Redactor:
     """The Redactor of the built-in rules plus the compiled patterns `extra` (one per distinct tuple, made on first
     use; the module functions' `extra`)."""
-    key = tuple(extra)
-    r = _BY_EXTRA.get(key)
-    if r is None:
-        if len(_BY_EXTRA) >= 64:
-            _BY_EXTRA.clear()
-        r = _BY_EXTRA[key] = Redactor()
-        r._configured = key
+    return _for_tuple(tuple(extra))
+
+
+@functools.lru_cache(maxsize=64)
+def _for_tuple(extra: tuple[re.Pattern[str], ...]) -> Redactor:
+    """`_for` of a tuple (cached: the module functions' Redactors learn no values, so each is a pure function of
+    `extra`)."""
+    r = Redactor()
+    r._configured = extra
     return r
 
 

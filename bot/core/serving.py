@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from types import MappingProxyType
 
 from bot.core.commands import slash
 from bot.core.diagnose import Observation, Verdict, diagnose
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status
+from bot.core.records import CheckRecord
 from bot.core.text import counted
 
 #: Errors that are news while the server keeps running (a request that hit them, or the start of a crash).
@@ -27,22 +28,20 @@ LIVE_ERRORS = frozenset({"oom", "cuda_error", "nccl_error", "gpu_lost", "host_oo
 TIMEOUT_HEALTH = frozenset({"timeout", "empty"})
 
 
-def health_failing(record: dict[str, Any]) -> bool | None:
+def health_failing(record: CheckRecord) -> bool | None:
     """Whether one stored check record says the server failed its health check: True for any health state
     but `ok` (or, with no health endpoint, a port that does not listen), None when the record has neither
     (a failed check, or no port)."""
-    if record.get("error"):
+    if record.error is not None:
         return None
-    h = record.get("health")
-    if h is not None:
-        return h != "ok"
-    port_open = record.get("port_open")
-    return None if port_open is None else not port_open
+    if record.health is not None:
+        return record.health != "ok"
+    return None if record.port_open is None else not record.port_open
 
 
 #: How a health state reads in chat.
-_HEALTH_WORDS = {"timeout": "timed out", "connect_timeout": "connect timed out", "refused": "connection refused",
-                 "empty": "empty reply"}
+_HEALTH_WORDS = MappingProxyType({"timeout": "timed out", "connect_timeout": "connect timed out",
+                                  "refused": "connection refused", "empty": "empty reply"})
 
 
 def health_words(health: str | None) -> str:
@@ -55,7 +54,7 @@ def health_words(health: str | None) -> str:
     return _HEALTH_WORDS.get(health, health)
 
 
-def failing_streak(records: Sequence[dict[str, Any]]) -> int:
+def failing_streak(records: Sequence[CheckRecord]) -> int:
     """How many of the newest `records` (oldest first) in a row failed their health check (see
     `health_failing`; records without an answer, such as an unreachable host, are skipped)."""
     n = 0
@@ -117,7 +116,7 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
                    + (" and the log shows no error before it." if signalled else "; the log shows no error."))
 
 
-def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[dict[str, Any]], *,
+def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[CheckRecord], *,
                   failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None,
                   launch_id: int | None = None) -> Verdict:
     """The verdict of one liveness check of a ready launch (pure).

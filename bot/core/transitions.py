@@ -4,7 +4,9 @@ watcher reports what it saw as an event (`ENDED` by a verdict) instead of writin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 
 from bot.core.models import LaunchState
 
@@ -30,7 +32,7 @@ _LIVE = frozenset({S.STARTING, S.RUNNING, S.KILL_FAILED})
 _ENDED = frozenset({S.KILLED, S.EXITED, S.FAILED})
 
 #: event -> (the states it may happen in, the states it may lead to)
-TRANSITIONS: dict[LaunchEvent, tuple[frozenset[LaunchState], frozenset[LaunchState]]] = {
+TRANSITIONS: Mapping[LaunchEvent, tuple[frozenset[LaunchState], frozenset[LaunchState]]] = MappingProxyType({
     LaunchEvent.STARTED: (frozenset({S.STARTING}), frozenset({S.RUNNING})),
     LaunchEvent.START_FAILED: (frozenset({S.STARTING}), frozenset({S.FAILED})),
     LaunchEvent.GONE: (_LIVE, frozenset({S.EXITED})),
@@ -39,7 +41,7 @@ TRANSITIONS: dict[LaunchEvent, tuple[frozenset[LaunchState], frozenset[LaunchSta
     LaunchEvent.KILL_BEGUN: (_LIVE | _ENDED, frozenset({S.STOPPING})),
     LaunchEvent.KILL_ENDED: (frozenset({S.STOPPING}), _LIVE | _ENDED),
     LaunchEvent.KILL_INTERRUPTED: (frozenset({S.STOPPING}), frozenset({S.KILL_FAILED})),
-}
+})
 
 
 class InvalidTransition(ValueError):

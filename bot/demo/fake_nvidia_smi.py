@@ -14,8 +14,9 @@ import json
 import os
 import sys
 import time
+from types import MappingProxyType
 
-ERRORS = {
+ERRORS = MappingProxyType({
     6: "No devices were found",
     9: "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running.",
@@ -23,11 +24,11 @@ ERRORS = {
     15: "Unable to determine the device handle for GPU0000:00:06.0: GPU is lost.  "
     "Reboot the system to recover this GPU",
     255: "Failed to initialize NVML: Unknown Error",
-}
-UNITS = {"memory.used": " MiB", "memory.total": " MiB", "memory.free": " MiB", "utilization.gpu": " %",
+})
+UNITS = MappingProxyType({"memory.used": " MiB", "memory.total": " MiB", "memory.free": " MiB", "utilization.gpu": " %",
          "utilization.memory": " %", "power.draw": " W", "power.limit": " W", "clocks.sm": " MHz",
-         "used_memory": " MiB", "used_gpu_memory": " MiB"}
-HEADER = {"clocks.sm": "clocks.current.sm", "used_memory": "used_gpu_memory"}
+         "used_memory": " MiB", "used_gpu_memory": " MiB"})
+HEADER = MappingProxyType({"clocks.sm": "clocks.current.sm", "used_memory": "used_gpu_memory"})
 
 
 def live(pid):

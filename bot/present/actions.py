@@ -8,7 +8,9 @@ confirmation it was made for, never on "the thread's newest launch".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class ActionId(StrEnum):
@@ -29,8 +31,9 @@ class ActionId(StrEnum):
 SNOOZE_BUTTON_MIN = 15
 
 #: The command text each button runs; `{id}` is the button's value. Alert [Kill] carries Block Kit's own
-#: confirm dialog, so its click is the confirmation (`--yes`).
-CLICK_COMMANDS: dict[ActionId, str] = {  # `#7` is launch 7 whatever the hosts are named (a host may be "7")
+#: confirm dialog, so its click is the confirmation (`--yes`). `#7` is launch 7 whatever the hosts are named (a host
+#: may be "7").
+CLICK_COMMANDS: Mapping[ActionId, str] = MappingProxyType({
     ActionId.PROBE: "probe #{id}",
     ActionId.STACK: "stack #{id}",
     ActionId.KILL: "kill #{id} --yes",
@@ -39,7 +42,7 @@ CLICK_COMMANDS: dict[ActionId, str] = {  # `#7` is launch 7 whatever the hosts a
     ActionId.KILL_CONFIRM: "confirm {id}",
     ActionId.KILLPID_CONFIRM: "confirm {id}",
     ActionId.KILL_CANCEL: "cancel {id}",
-}
+})
 
 #: Largest id a button value may carry (a launch or confirmation id; 12 digits).
 MAX_BUTTON_ID = 10**12 - 1

@@ -11,17 +11,17 @@ plus a dashed vertical line with a label at each phase change and a marker at ea
 Only the object-oriented matplotlib API is used (`matplotlib.figure.Figure` drawn by its own
 `FigureCanvasAgg`), never `pyplot`: no global backend is selected, no global `rcParams` are changed and
 no figure is registered anywhere, so nothing leaks and callers in different threads do not share a
-figure. Rendering is still serialised by a module lock, because matplotlib does not promise that its
-text and font caches are safe to use from several threads at once.
+figure. Callers still run one render at a time (bot.adapters.cpu.CpuPool does), because matplotlib does not
+promise that its text and font caches are safe to use from several threads at once.
 """
 
 from __future__ import annotations
 
 import io
 import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from bot.core.models import Launch
+from bot.core.records import CheckRecord
 from bot.core.redact import redact as redact_text
 
 __all__ = ["MAX_PLOTTED_POINTS", "ChartPoint", "draw_timeline", "launch_timeline_png", "timeline_inputs",
@@ -58,10 +59,7 @@ _VERDICT_COLOR = "#c0392b"
 #: Above the grid (1.5) and below the data lines (2), so phase and verdict lines show but never hide data.
 _MARK_ZORDER = 1.8
 #: Half-transparent white under labels, so a label stays readable where it crosses a data line.
-_LABEL_BOX = {"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1.0}
-
-_RENDER_LOCK = threading.Lock()
-
+_LABEL_BOX = MappingProxyType({"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1.0})
 
 @dataclass(frozen=True, slots=True)
 class ChartPoint:
@@ -104,10 +102,9 @@ def timeline_png(
     The x axis covers the points and every phase and verdict, so no label falls outside it.
     """
     timed = sorted(((t, p) for p in points if (t := _number(p.t_s)) is not None), key=lambda tp: tp[0])
-    with _RENDER_LOCK:
-        if not timed:
-            return _empty_png(title)
-        return _timeline_png(timed, title=title, phases=_marks(phases), verdicts=_marks(verdicts))
+    if not timed:
+        return _empty_png(title)
+    return _timeline_png(timed, title=title, phases=_marks(phases), verdicts=_marks(verdicts))
 
 
 def _timeline_png(
@@ -262,7 +259,7 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def timeline_inputs(la: Launch, records: list[dict[str, Any]],
+def timeline_inputs(la: Launch, records: Sequence[CheckRecord],
                     redact: Callable[[str], str] = redact_text) -> dict[str, Any]:
     """What `timeline_png` draws for a launch (its keyword arguments): per-GPU memory and utilization and log lines
     over the launch's life from its check `records`, with phase starts and verdict changes marked. Every label
@@ -272,23 +269,22 @@ def timeline_inputs(la: Launch, records: list[dict[str, Any]],
     seen_phases: set[str] = set()
     last_verdict = None
     for rec in records:
-        t = rec.get("t")
-        if not isinstance(t, (int, float)) or "error" in rec:
+        if not rec.ok:
             continue
-        rel = max(0.0, t - la.created_at)
+        rel = max(0.0, rec.t - la.created_at)
         points.append(ChartPoint(
             t_s=rel,
-            gpu_mem_mib={int(k): v for k, v in (rec.get("gpu_mem_mib") or {}).items()},
-            gpu_util_pct={int(k): v for k, v in (rec.get("gpu_util_pct") or {}).items()},
-            log_lines=rec.get("log_lines"),
+            gpu_mem_mib={int(k): v for k, v in rec.gpu_mem_mib.items() if k.isdigit()},
+            gpu_util_pct={int(k): v for k, v in rec.gpu_util_pct.items() if k.isdigit()},
+            log_lines=rec.log_lines,
         ))
-        ph = rec.get("phase")
+        ph = rec.phase
         if ph and ph not in seen_phases:
             seen_phases.add(ph)
-            phases.append((rel, redact(str(ph))))
-        if rec.get("verdict") and rec.get("verdict") != last_verdict:
-            last_verdict = rec["verdict"]
-            verdicts.append((rel, redact(str(last_verdict))))
+            phases.append((rel, redact(ph)))
+        if rec.verdict and rec.verdict != last_verdict:
+            last_verdict = rec.verdict
+            verdicts.append((rel, redact(last_verdict)))
     return {"points": points, "title": redact(f"{la.name} on {la.host}"), "phases": phases, "verdicts": verdicts}
 
 
@@ -298,7 +294,7 @@ def draw_timeline(inputs: dict[str, Any]) -> bytes:
     return timeline_png(**inputs)
 
 
-def launch_timeline_png(la: Launch, records: list[dict[str, Any]],
+def launch_timeline_png(la: Launch, records: Sequence[CheckRecord],
                         redact: Callable[[str], str] = redact_text) -> bytes:
     """The launch's timeline (see `timeline_inputs`), drawn here. Returns PNG bytes."""
     return draw_timeline(timeline_inputs(la, records, redact))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from bot.core.commands import OPEN, SLASH
@@ -215,10 +217,10 @@ def user_mention(user_id: str, fallback: str | None = None) -> str:
 
 
 #: The emoji in front of a launch's state on its root message.
-STATE_EMOJI: dict[LaunchState, str] = {
+STATE_EMOJI: Mapping[LaunchState, str] = MappingProxyType({
     LaunchState.STARTING: ":hourglass_flowing_sand:", LaunchState.RUNNING: ":large_green_circle:",
     LaunchState.STOPPING: ":hourglass_flowing_sand:", LaunchState.KILL_FAILED: ":red_circle:",
-    LaunchState.KILLED: ":black_square_for_stop:", LaunchState.EXITED: ":white_circle:", LaunchState.FAILED: ":x:"}
+    LaunchState.KILLED: ":black_square_for_stop:", LaunchState.EXITED: ":white_circle:", LaunchState.FAILED: ":x:"})
 
 
 def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
@@ -314,10 +316,10 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
 ALERT_KEY_EVIDENCE = 5
 #: Next steps the bot takes itself when a button is pressed: a step containing the key is replaced by a
 #: pointer to the button (the buttons sit right under the headline). Suggestions are tokens (bot.core.commands).
-BUTTON_STEPS = {
+BUTTON_STEPS = MappingProxyType({
     "py-spy dump": "Press *Stack dump* to get every rank's Python stack (py-spy, in this thread).",
     f"{OPEN}{SLASH}probe HOST": "Press *Probe* for processes, log, GPUs and port in one look.",
-}
+})
 
 
 _GPU_LINE = re.compile(r"GPU \d+: ")

@@ -4,13 +4,13 @@ the root message edited to show the verdict."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from bot.adapters.cpu import CpuPool
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
 from bot.core.observe import phase_times
+from bot.core.records import CheckRecord
 from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer
 from bot.present.views import alert_view
@@ -34,7 +34,7 @@ class AlertPoster:
         self._history = history
         self._cpu = cpu
 
-    async def post(self, la: Launch, verdict: Verdict, record: dict[str, Any], *, recovered: bool = False,
+    async def post(self, la: Launch, verdict: Verdict, record: CheckRecord, *, recovered: bool = False,
                    files: list[tuple[str, bytes]] | None = None) -> bool:
         """Post the alert for `verdict` in `la`'s thread: short (headline, key evidence, buttons, next steps),
         with the full evidence (when longer) and the timeline PNG attached (a chart failure never costs the
@@ -46,7 +46,7 @@ class AlertPoster:
         # the records' times are the host's clock, created_at the bot's: the time since the launch is the
         # bot's, the phases are the host's, with the launch's start moved onto the host's clock
         bot_now = self._clock.time()
-        host_now = record.get("t", bot_now)
+        host_now = record.t
         try:
             records = await self._history.all(la.id)
         except Exception:  # the database refused: the alert goes without the phases and the chart

@@ -1,4 +1,4 @@
-"""The check records of watched launches (bot.core.observe's records): the newest ones kept in memory for the
+"""The check records of watched launches (bot.core.records.CheckRecord): the newest ones kept in memory for the
 watcher's judgement, every one written to the database in batches, off the event loop.
 
 A check reads the last HISTORY_CHECKS records of its launch (health streaks, the previous record) and appends one:
@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import Any
 
 from bot.adapters.store.observations import ObservationRepository
+from bot.core.records import CheckRecord
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,12 @@ class CheckHistory:
         self._rows = rows
         self._keep = keep
         self._flush_s = flush_s
-        self._recent: dict[int, deque[dict[str, Any]]] = {}
-        self._pending: list[tuple[int, dict[str, Any]]] = []
+        self._recent: dict[int, deque[CheckRecord]] = {}
+        self._pending: list[tuple[int, CheckRecord]] = []
         self._flusher: asyncio.Task | None = None
         self._write_lock = asyncio.Lock()
 
-    async def recent(self, launch_id: int, limit: int | None = None) -> list[dict[str, Any]]:
+    async def recent(self, launch_id: int, limit: int | None = None) -> list[CheckRecord]:
         """The launch's newest records (at most `limit`, default all kept), oldest first. The first call for a
         launch reads them from the database in a worker thread; raises what the database raises then."""
         kept = self._recent.get(launch_id)
@@ -53,12 +53,12 @@ class CheckHistory:
         records = list(kept)
         return records if limit is None else records[-limit:]
 
-    def kept(self, launch_id: int) -> list[dict[str, Any]]:
+    def kept(self, launch_id: int) -> list[CheckRecord]:
         """The launch's records in memory now, oldest first (none before its first `recent`); never reads the
         database."""
         return list(self._recent.get(launch_id, ()))
 
-    def add(self, launch_id: int, record: dict[str, Any]) -> None:
+    def add(self, launch_id: int, record: CheckRecord) -> None:
         """Append a record: in memory at once (a `recent` of a launch never read before reads the database
         first, so nothing is lost), in the database within FLUSH_S seconds."""
         kept = self._recent.get(launch_id)
@@ -68,7 +68,7 @@ class CheckHistory:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_later())
 
-    async def all(self, launch_id: int, limit: int = 10_000) -> list[dict[str, Any]]:
+    async def all(self, launch_id: int, limit: int = 10_000) -> list[CheckRecord]:
         """Every record of the launch from the database (at most the newest `limit`), oldest first, after the
         queued ones were written. Raises what the database raises."""
         await self.flush()

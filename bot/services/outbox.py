@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from bot.adapters.store.outbox import DONE_STATES, OutboxRepository
 from bot.core.clock import SYSTEM_CLOCK, Clock
+from bot.core.records import OutboxItem
 from bot.present.render import Message, redact_blocks
 
 log = logging.getLogger(__name__)
@@ -228,16 +229,14 @@ class Outbox:
             log.error("outbox: no event loop to send the %s to %s: it is lost", fields.get("kind"), channel)
             self._direct[row_id] = Delivery(row_id, "failed", error=f"not queued: {error}"[:500])
             return row_id
-        row = {"id": row_id, "key": secrets.token_hex(12), "created_at": self._clock.time(), "needs_lookup": 0,
-               "thread_ts": None, "target_ts": None, "text": None, "blocks_json": None, "user_id": None,
-               "filename": None, "content": None, **fields}
+        row = OutboxItem(id=row_id, key=secrets.token_hex(12), created_at=self._clock.time(), **fields)
         task = loop.create_task(self._send_direct(row, self._direct_tail.get(channel)))
         self._direct_tail[channel] = task
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return row_id
 
-    async def _send_direct(self, row: dict[str, Any], before: asyncio.Task | None) -> None:
+    async def _send_direct(self, row: OutboxItem, before: asyncio.Task | None) -> None:
         """One direct send (see `_add_direct`), paced like the queue (`min_interval_s` per channel): retries what
         Slack asks to retry, DIRECT_TRIES times at most."""
         if before is not None:
@@ -248,8 +247,8 @@ class Outbox:
                 if task is not None and task.cancelling():  # this send itself is cancelled (stop): so be it
                     raise
             except Exception as e:  # the one before failed: this one goes anyway
-                log.debug("outbox: the direct send before row %s failed: %s", row["id"], e)
-        row_id, delivery, channel = row["id"], self._direct[row["id"]], row["channel"]
+                log.debug("outbox: the direct send before row %s failed: %s", row.id, e)
+        row_id, delivery, channel = row.id, self._direct[row.id], row.channel
         for attempt in range(1, DIRECT_TRIES + 1):
             delivery.attempts = attempt
             # paced like the queue: at least min_interval_s after the channel's last message
@@ -259,27 +258,27 @@ class Outbox:
                 values = await self._deliver(row)
             except DeliveryRetry as r:
                 delivery.error = r.error[:500]
-                row["needs_lookup"] = 1 if r.ambiguous and row["kind"] == "post" else 0
+                row.needs_lookup = 1 if r.ambiguous and row.kind == "post" else 0
                 delay = r.delay_s if r.delay_s is not None else self.backoff_base_s * 2 ** (attempt - 1)
                 await asyncio.sleep(min(max(0.0, delay), self.backoff_max_s))
                 continue
             except DeliveryFailed as p:
                 delivery.state, delivery.error = "failed", str(p)[:500]
-                log.warning("outbox: the direct %s to %s failed for good: %s", row["kind"], row["channel"], p)
+                log.warning("outbox: the direct %s to %s failed for good: %s", row.kind, row.channel, p)
                 break
             except Exception as e:  # a database read inside (a thread's ts): post at channel level next time
                 delivery.error = type(e).__name__
-                log.exception("outbox: direct %s to %s", row["kind"], row["channel"])
-                row["thread_ts"] = None if ref_id(row.get("thread_ts")) is not None else row.get("thread_ts")
+                log.exception("outbox: direct %s to %s", row.kind, row.channel)
+                row.thread_ts = None if ref_id(row.thread_ts) is not None else row.thread_ts
                 continue
             delivery.state, delivery.ts, delivery.error = "sent", values.get("result_ts"), None
-            if row["kind"] == "post" and self.on_posted is not None:
+            if row.kind == "post" and self.on_posted is not None:
                 with contextlib.suppress(Exception):
                     self.on_posted(ref(row_id), values["result_ts"])
             break
         else:
             delivery.state = "failed"
-            log.error("outbox: gave up on the direct %s to %s: %s", row["kind"], row["channel"], delivery.error)
+            log.error("outbox: gave up on the direct %s to %s: %s", row.kind, row.channel, delivery.error)
         self._wake_waiters(row_id)
 
     def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
@@ -344,7 +343,7 @@ class Outbox:
         if row is None:
             return False
         for name, data in message.files:
-            self.upload(channel, name, data, thread_ts=row["thread_ts"] or ref(row_id))
+            self.upload(channel, name, data, thread_ts=row.thread_ts or ref(row_id))
         return True
 
     def withdraw_queued_post(self, row_id: int, channel: str) -> bool:
@@ -356,7 +355,7 @@ class Outbox:
         self._wake_waiters(row_id)
         return True
 
-    def _change_queued_post(self, row_id: int, channel: str, values: dict[str, Any]) -> dict[str, Any] | None:
+    def _change_queued_post(self, row_id: int, channel: str, values: dict[str, Any]) -> OutboxItem | None:
         """`rows.change_queued_post` for a row of the database; None for a direct send or a refusing database."""
         if row_id < 0:  # sent straight to Slack: already on its way, there is no queued row to change
             return None
@@ -380,7 +379,7 @@ class Outbox:
         row = self.rows.get(row_id)
         if row is None:
             return None
-        return Delivery(row["id"], row["state"], row["result_ts"], row["error"], row["attempts"] or 0)
+        return Delivery(row.id, row.state, row.result_ts, row.error, row.attempts or 0)
 
     def resolve(self, ts: str | None) -> str | None:
         """A real Slack ts for `ts`: itself when it is one, the sent ts for a `q:` reference, or None
@@ -549,7 +548,7 @@ class Outbox:
             except DeliveryRetry as r:
                 await self._record(row_id, **self._retry_values(snapshot, r))
             except DeliveryFailed as p:
-                log.warning("outbox: %s to %s failed for good: %s", snapshot["kind"], channel, p)
+                log.warning("outbox: %s to %s failed for good: %s", snapshot.kind, channel, p)
                 await self._record(row_id, state="failed", error=str(p)[:500])
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
@@ -562,7 +561,7 @@ class Outbox:
             else:
                 await self._record(row_id, state="sent", sent_at=self._clock.time(), error=None, needs_lookup=0,
                                    **values)
-                if snapshot["kind"] == "post" and self.on_posted is not None:
+                if snapshot.kind == "post" and self.on_posted is not None:
                     try:
                         self.on_posted(ref(row_id), values["result_ts"])
                     except Exception:
@@ -573,20 +572,20 @@ class Outbox:
                 self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), self._clock.time())
             self._wake.set()
 
-    def _retry_values(self, row: dict[str, Any], r: DeliveryRetry) -> dict[str, Any]:
+    def _retry_values(self, row: OutboxItem, r: DeliveryRetry) -> dict[str, Any]:
         """The row's new values after a retryable failure: pending again after the delay (Retry-After,
         capped at MAX_RETRY_AFTER_S, or backoff), or failed once `give_up_after_s` has passed."""
         now = self._clock.time()
-        needs_lookup = 1 if (r.ambiguous or row.get("needs_lookup")) else 0
+        needs_lookup = 1 if (r.ambiguous or row.needs_lookup) else 0
         if r.delay_s is not None:
             delay = min(max(0.0, r.delay_s), MAX_RETRY_AFTER_S)
         else:
-            delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, row["attempts"] - 1))
-        if now + delay - (row["created_at"] or now) > self.give_up_after_s:
-            log.error("outbox: giving up on %s to %s after %d attempts: %s", row["kind"], row["channel"],
-                      row["attempts"], r.error)
+            delay = min(self.backoff_max_s, self.backoff_base_s * 2 ** max(0, row.attempts - 1))
+        if now + delay - (row.created_at or now) > self.give_up_after_s:
+            log.error("outbox: giving up on %s to %s after %d attempts: %s", row.kind, row.channel,
+                      row.attempts, r.error)
             return {"state": "failed", "error": f"gave up: {r.error}"[:500]}
-        log.info("outbox: %s to %s: %s; retry in %.1f s", row["kind"], row["channel"], r.error, delay)
+        log.info("outbox: %s to %s: %s; retry in %.1f s", row.kind, row.channel, r.error, delay)
         return {"state": "pending", "error": r.error[:500], "next_at": now + delay, "needs_lookup": needs_lookup}
 
     # -- one transport call per row -----------------------------------------------------------------
@@ -602,48 +601,48 @@ class Outbox:
             return None, False
         raise DeliveryRetry(f"waiting for message {rid}", 0.2, ambiguous=False)
 
-    async def _deliver(self, row: dict[str, Any]) -> dict[str, Any]:
+    async def _deliver(self, row: OutboxItem) -> dict[str, Any]:
         """Make the transport call(s) for `row`. Returns the values to record (`result_ts`, ...). Raises
         DeliveryRetry or DeliveryFailed for the transport's failures; a database error propagates."""
-        kind = row["kind"]
-        blocks = json.loads(row["blocks_json"]) if row["blocks_json"] else None
-        text = row["text"] or ""
+        kind = row.kind
+        blocks = json.loads(row.blocks_json) if row.blocks_json else None
+        text = row.text or ""
         if kind == "post":
-            thread_ts, ok = self._target(row["thread_ts"])
+            thread_ts, ok = self._target(row.thread_ts)
             if not ok:
-                log.warning("outbox: the thread of row %s was never posted; posting at channel level", row["id"])
-            if row.get("needs_lookup"):
+                log.warning("outbox: the thread of row %s was never posted; posting at channel level", row.id)
+            if row.needs_lookup:
                 found = await self.transport.find_posted(
-                    channel=row["channel"], thread_ts=thread_ts, key=row["key"],
-                    oldest=max(0.0, (row["created_at"] or 0) - LOOKUP_SKEW_S))
+                    channel=row.channel, thread_ts=thread_ts, key=row.key,
+                    oldest=max(0.0, (row.created_at or 0) - LOOKUP_SKEW_S))
                 if found:
                     return {"result_ts": found}
             ts = await self._text_if_blocks_refused(blocks, lambda b: self.transport.post(
-                channel=row["channel"], text=text, blocks=b, thread_ts=thread_ts, key=row["key"]))
+                channel=row.channel, text=text, blocks=b, thread_ts=thread_ts, key=row.key))
             return {"result_ts": str(ts)}
         if kind == "update":
-            target, ok = self._target(row["target_ts"])
+            target, ok = self._target(row.target_ts)
             if not ok or target is None:
                 raise DeliveryFailed("the message to edit was never posted")
             await self._text_if_blocks_refused(blocks, lambda b: self.transport.update(
-                channel=row["channel"], ts=target, text=text, blocks=b))
+                channel=row.channel, ts=target, text=text, blocks=b))
             return {"result_ts": target}
         if kind == "ephemeral":
-            thread_ts, _ok = self._target(row["thread_ts"])
+            thread_ts, _ok = self._target(row.thread_ts)
             await self._text_if_blocks_refused(blocks, lambda b: self.transport.post_ephemeral(
-                channel=row["channel"], user=row.get("user_id") or "", text=text, blocks=b, thread_ts=thread_ts))
+                channel=row.channel, user=row.user_id or "", text=text, blocks=b, thread_ts=thread_ts))
             return {}
         if kind == "delete":
-            target, ok = self._target(row["target_ts"])
+            target, ok = self._target(row.target_ts)
             if not ok or target is None:
                 raise DeliveryFailed("the message to delete was never posted")
-            await self.transport.delete(channel=row["channel"], ts=target)
+            await self.transport.delete(channel=row.channel, ts=target)
             return {"result_ts": target}
         if kind == "upload":
-            thread_ts, _ok = self._target(row["thread_ts"])
-            await self.transport.upload(channel=row["channel"], thread_ts=thread_ts,
-                                        filename=row["filename"] or "file", content=row["content"] or b"",
-                                        title=row["text"] or row["filename"] or "file")
+            thread_ts, _ok = self._target(row.thread_ts)
+            await self.transport.upload(channel=row.channel, thread_ts=thread_ts,
+                                        filename=row.filename or "file", content=row.content or b"",
+                                        title=row.text or row.filename or "file")
             return {"content": None}
         raise DeliveryFailed(f"unknown outbox row kind {kind!r}")
 

@@ -17,7 +17,6 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from bot.adapters.cpu import CpuPool
 from bot.adapters.scheduler import Scheduler
@@ -36,6 +35,7 @@ from bot.core.observe import (
     remember_processes,
 )
 from bot.core.probe import ProbeRequest
+from bot.core.records import CheckRecord
 from bot.core.serving import judge_serving
 from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
@@ -69,7 +69,7 @@ class _Look:
     la: Launch
     snap: Snapshot
     obs: Observation
-    record: dict[str, Any]
+    record: CheckRecord
     verdict: Verdict
 
 
@@ -83,7 +83,7 @@ class CheckOutcome:
     error: str | None = None
 
 
-def _new_fields(verdict: Verdict, current: Launch, record: dict[str, Any], *, news: bool, serving: bool,
+def _new_fields(verdict: Verdict, current: Launch, record: CheckRecord, *, news: bool, serving: bool,
                 ended: bool) -> dict[str, object]:
     """The launch's fields a check changes (pure): its alert state (on news, or a quiet verdict over a quiet
     state), the state detail on news or when the verdict ends it, and `ready_at` when it first became ready. Its
@@ -95,7 +95,7 @@ def _new_fields(verdict: Verdict, current: Launch, record: dict[str, Any], *, ne
     if news:
         fields["state_detail"] = verdict.summary[:300]
     if verdict.verdict == "ready" and not serving:
-        fields["ready_at"] = record["t"]
+        fields["ready_at"] = record.t
     if ended:
         fields.setdefault("state_detail", verdict.summary[:300])
     return fields
@@ -251,14 +251,14 @@ class Watcher:
                 raise
             log.error("check of %s: cannot record %s: %s", la.name, what, e)
 
-    def _liveness_request(self, la: Launch, prev: dict[str, Any] | None) -> ProbeRequest | None:
+    def _liveness_request(self, la: Launch, prev: CheckRecord | None) -> ProbeRequest | None:
         """The cheap check of a launch that serves and was fine last time: only its own processes (`ps -p`, their
         tags), what its log got since the last check (from that check's cursor), its port, health endpoint and
         GPUs; not every process on the host nor the log's last 200 lines. None when a full look is due: while it
         starts, after trouble, without a previous record to go on, or every FULL_CHECK_EVERY checks (to see new
         processes of the launch)."""
-        cursor = LogCursor.from_list((prev or {}).get("log_cursor"))
-        own = {int(p) for p in (prev or {}).get("cpu_s", {}) if str(p).isdigit() and len(str(p)) <= 7}
+        cursor = LogCursor.from_list(prev.log_cursor) if prev is not None else None
+        own = {int(p) for p in (prev.cpu_s if prev is not None else ()) if p.isdigit() and len(p) <= 7}
         pids = sorted(own | ({la.pid} if la.pid else set()))
         n = self._cheap.get(la.id, 0)
         if (la.ready_at is None or la.alert_state != "ready" or la.unreachable_since is not None or prev is None
@@ -269,8 +269,8 @@ class Watcher:
         req = self.launches.launch_probe_request(la, tail_lines=200)
         return replace(req, ps_pids=tuple(pids), log_cursor=cursor, log_since=cursor is not None)
 
-    async def _look(self, la: Launch, req: ProbeRequest, history: list[dict[str, Any]],
-                    prev: dict[str, Any] | None) -> _Look | HostFailure:
+    async def _look(self, la: Launch, req: ProbeRequest, history: list[CheckRecord],
+                    prev: CheckRecord | None) -> _Look | HostFailure:
         """Probe the launch with `req`, and judge what it saw: the readiness rules while it starts, the liveness
         rules once it was ready. Remembers the launch's processes (its row) as a side effect."""
         snap = await self.launches.probe_launch(la, request=req)
@@ -286,16 +286,16 @@ class Watcher:
             # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
             # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
             obs = replace(obs, process_alive=False)
-            record["alive"] = False
+            record.alive = False
         policy = self.policy_for(la)
         if la.ready_at is not None:
-            since_ready = [r for r in history if not r.get("error") and r.get("t", 0) >= (la.ready_at or 0)]
+            since_ready = [r for r in history if r.ok and r.t >= (la.ready_at or 0)]
             verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready, record],
                                     failures_needed=policy.health_failures, hang_silence_s=policy.serving_silence_s,
-                                    exit_code=record.get("exit_status"), launch_id=la.id)
+                                    exit_code=record.exit_status, launch_id=la.id)
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
-                            posted=la.alert_state, exit_code=record.get("exit_status"), launch_id=la.id)
+                            posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id)
         return _Look(la, snap, obs, record, verdict)
 
     async def _check(self, launch_id: int) -> CheckOutcome:
@@ -307,15 +307,15 @@ class Watcher:
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
         looked = await self._gather(la, history)
         if isinstance(looked, HostFailure):
-            self._history.add(la.id, {"t": self._clock.time(), "error": looked.reason})
+            self._history.add(la.id, CheckRecord.failed(self._clock.time(), looked.reason))
             await self._host_unreachable(la, looked.reason)
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         return await self._act(looked, history)
 
-    async def _gather(self, la: Launch, history: list[dict[str, Any]]) -> _Look | HostFailure:
+    async def _gather(self, la: Launch, history: list[CheckRecord]) -> _Look | HostFailure:
         """Look at `la`: the cheap liveness look when it serves and was fine, the full look when that saw a
         change (or is not due); each judged (`_look`)."""
-        prev = next((r for r in reversed(history) if not r.get("error")), None)
+        prev = next((r for r in reversed(history) if r.ok), None)
         cheap = self._liveness_request(la, prev)
         if cheap is not None:
             looked = await self._look(la, cheap, history, prev)
@@ -324,7 +324,7 @@ class Watcher:
             self._cheap[la.id] = 0  # something changed (or the host did not answer): the full look decides
         return await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
 
-    async def _act(self, looked: _Look, history: list[dict[str, Any]]) -> CheckOutcome:
+    async def _act(self, looked: _Look, history: list[CheckRecord]) -> CheckOutcome:
         """Record what a check saw and act on its verdict: the ranks' stacks for a new hang, the launch's new
         fields, the alert when it is news (or the root's update), the schedule when it ended or became ready."""
         la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
@@ -334,7 +334,7 @@ class Watcher:
         dump_files: list[tuple[str, bytes]] = []
         if verdict.verdict != la.alert_state and not self._snoozed(la):
             verdict, dump_files = await self._stack_evidence(la, verdict, self.policy_for(la), snap)
-        record["verdict"], record["phase"] = verdict.verdict, verdict.phase
+        record.verdict, record.phase = verdict.verdict, verdict.phase
         self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
@@ -348,7 +348,7 @@ class Watcher:
                                                             and verdict.verdict != "ready"))
         if self._snoozed(current) and not ended:
             return CheckOutcome(verdict, False, current)  # nothing recorded: the change is posted after the snooze
-        previous = [r.get("verdict") for r in history if not r.get("error")]
+        previous = [r.verdict for r in history if r.ok]
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
                        serving=serving)
         fields = _new_fields(verdict, current, record, news=news, serving=serving, ended=ended)
@@ -419,9 +419,9 @@ class Watcher:
         if la.unreachable_since is not None or not la.channel:
             return
         recent = await self._history.recent(la.id, 2)
-        if len(recent) < 2 or not all(r.get("error") for r in recent):
+        if len(recent) < 2 or any(r.ok for r in recent):
             return
-        la = self._launch_rows.update(la.id, unreachable_since=recent[0].get("t", self._clock.time()))
+        la = self._launch_rows.update(la.id, unreachable_since=recent[0].t)
         msg = self._render.render("notice", icon=":electric_plug:",
                                   text=f"{la.host} cannot be reached: {reason}",
                                   hint=f"The checks of {la.name} go on; this thread is told when {la.host} is back.")

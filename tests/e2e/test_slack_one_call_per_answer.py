@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bot.core.records import OutboxItem
 from bot.present.render import Message
 from handlers import Reply, Request, Source
 from tests.support.procs import wait_until
@@ -44,12 +45,12 @@ def _let_go(stack: SlackStack) -> None:
     stack.runtime.outbox.post("CWAKE", Message("wake up"))
 
 
-def _queued_placeholder(stack: SlackStack, channel: str) -> dict[str, Any] | None:
+def _queued_placeholder(stack: SlackStack, channel: str) -> OutboxItem | None:
     """The pending placeholder row of `channel`, once there is one."""
     rows = stack.runtime.store.outbox
     for row_id, ch, _next_at in rows.pending():
         row = rows.get(row_id)
-        if ch == channel and row is not None and row["kind"] == "post" and row["text"].startswith("Working on"):
+        if ch == channel and row is not None and row.kind == "post" and row.text.startswith("Working on"):
             return row
     return None
 
@@ -83,16 +84,16 @@ async def test_a_slow_answer_whose_placeholder_is_still_queued_is_one_post(gated
     placeholder = await wait_until(lambda: _queued_placeholder(stack, "C1"), 30, what="the queued placeholder")
     gated_host.open()
     rows = stack.runtime.store.outbox
-    answer = await wait_until(lambda: (r := rows.get(placeholder["id"])) and r["text"].startswith("GPU status") and r,
+    answer = await wait_until(lambda: (r := rows.get(placeholder.id)) and r.text.startswith("GPU status") and r,
                               30, what="the answer in the placeholder's row")
-    assert answer["state"] == "pending" and answer["key"] == placeholder["key"]
+    assert answer.state == "pending" and answer.key == placeholder.key
     _let_go(stack)
     await stack.settled(env)
     earlier, post = _calls(stack, "chat.postMessage")
     assert text_of(earlier) == "earlier" and text_of(post).startswith("GPU status") and "slow-host" in text_of(post)
-    assert post["params"]["metadata"]["event_payload"]["key"] == placeholder["key"]
+    assert post["params"]["metadata"]["event_payload"]["key"] == placeholder.key
     assert not stack.fake.calls_for("chat.update") and not stack.fake.calls_for("chat.delete")
-    assert rows.get(placeholder["id"])["result_ts"] == post["response"]["ts"]
+    assert rows.get(placeholder.id).result_ts == post["response"]["ts"]
 
 
 async def test_a_placeholder_already_sent_is_edited_into_the_answer(slack):
@@ -121,7 +122,7 @@ async def test_the_files_of_an_answer_in_a_queued_placeholder_follow_into_its_th
                                                        channel="C1"))
     placeholder = _queued_placeholder(slack, "C1")
     gate.set()
-    await wait_until(lambda: slack.runtime.store.outbox.get(placeholder["id"])["text"] == "the answer", 30,
+    await wait_until(lambda: slack.runtime.store.outbox.get(placeholder.id).text == "the answer", 30,
                      what="the answer in the placeholder's row")
     _let_go(slack)
     ts = await asyncio.wait_for(run, 30)
@@ -143,7 +144,7 @@ async def test_a_queued_placeholder_of_an_answer_that_goes_elsewhere_is_dropped_
                                 if private else Reply(Message("the answer"), channel="C1", thread_ts=THREAD))
     placeholder = _queued_placeholder(slack, "C1")
     gate.set()
-    await wait_until(lambda: slack.runtime.store.outbox.get(placeholder["id"])["state"] == "superseded", 30,
+    await wait_until(lambda: slack.runtime.store.outbox.get(placeholder.id).state == "superseded", 30,
                      what="the placeholder dropped")
     _let_go(slack)
     await asyncio.wait_for(run, 30)

@@ -221,7 +221,7 @@ async def test_slack_web_api_down_commands_are_answered_once_in_order_when_it_is
     sent = []
     row_id = 1
     while (row := rows.get(row_id)) is not None:
-        sent.append((row["id"], row["kind"], row["thread_ts"], row["result_ts"], row["state"]))
+        sent.append((row.id, row.kind, row.thread_ts, row.result_ts, row.state))
         row_id += 1
     assert all(state in ("sent", "superseded") for *_, state in sent), sent
     posts = fake.calls_for("chat.postMessage")

@@ -581,12 +581,12 @@ async def test_hang_gets_silent_hang_with_real_gpu_evidence_and_kill_frees_the_m
         # the threshold, as the watcher measured it (the host's clock): the check that first judged the launch
         # silent_hang (the one that alerted) saw at least `silence_after_s` without log progress
         observations = stack.runtime.store.observations
-        judged = [r for r in observations.list(la.id) if "verdict" in r]
-        first_hang = next(r for r in judged if r["verdict"] == "silent_hang")
-        measured_silence = first_hang["t"] - first_hang["last_progress_t"]
+        judged = [r for r in observations.list(la.id) if r.verdict is not None]
+        first_hang = next(r for r in judged if r.verdict == "silent_hang")
+        measured_silence = first_hang.t - first_hang.last_progress_t
         record(hang_alert_check={"measured_silence_s": round(measured_silence, 1),
                                  "checks_before": judged.index(first_hang),
-                                 "verdicts_before": [r["verdict"] for r in judged[:judged.index(first_hang)]]})
+                                 "verdicts_before": [r.verdict for r in judged[:judged.index(first_hang)]]})
         assert measured_silence >= POLICY.silence_after_s, (measured_silence, first_hang)
         # more checks (three more recorded: the two before the last have finished, alerts included), all sent:
         # still one alert

@@ -75,7 +75,7 @@ async def test_bang_bundle_attaches_a_tar_gz_that_diagnoses_offline_like_the_ale
         if path.is_file():
             assert SECRET[:12] not in path.read_text(errors="replace"), path  # redacted, every file
     got = _diagnose(root)
-    assert (got["verdict"], got["phase"]) == (bot.launch(1).alert_state, bot.store.observations.list(1)[-1]["phase"])
+    assert (got["verdict"], got["phase"]) == (bot.launch(1).alert_state, bot.store.observations.list(1)[-1].phase)
     assert got["verdict"] == "silent_hang"
     assert f"diagnosed offline: {got['verdict']}" in answer.text
     if any(f.startswith("py-spy/") for f in files):  # py-spy could attach: the stacks travel with the bundle

@@ -71,7 +71,7 @@ async def test_ranks_stuck_in_the_rendezvous_give_comm_init_from_their_stacks(ma
     _skip_without_ptrace(text)
     assert "base#1 on gpu-host-1: silent_hang in comm_init" in alert.text.splitlines()[0], alert.text
     assert "rank 1 is in hang_loop" in text and "rank 0 waits in _create_c10d_store" in text, text
-    assert bot.store.observations.list(la.id)[-1]["phase"] == "comm_init"
+    assert bot.store.observations.list(la.id)[-1].phase == "comm_init"
 
 
 async def test_without_py_spy_the_hang_alert_still_comes_and_says_why(make_bot, ssh_server, fake_gpu, tmp_path):

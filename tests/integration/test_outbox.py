@@ -27,6 +27,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from sqlalchemy.exc import OperationalError
 
 from bot.adapters.store import Store
+from bot.core.records import OutboxItem
 from bot.present.render import Message
 from bot.services.outbox import MAX_RETRY_AFTER_S, DeliveryFailed, DeliveryRetry, Outbox, ref, ref_id
 from bot.services.surface import OutboxSurface
@@ -296,13 +297,13 @@ async def test_retry_after_is_capped(store, transport):
     async with outbox_with(store, transport) as ob:
         rid = ob.post("C1", msg("one"))
 
-        def after_the_429() -> dict | None:
+        def after_the_429() -> OutboxItem | None:
             row = store.outbox.get(rid)
-            return row if row is not None and row["error"] == "ratelimited" else None
+            return row if row is not None and row.error == "ratelimited" else None
 
         row = await wait_until(after_the_429, WAIT_S, what="the 429 to be recorded")
-        nxt = row["next_at"] - time.time()
-    assert row["state"] == "pending"
+        nxt = row.next_at - time.time()
+    assert row.state == "pending"
     assert nxt <= MAX_RETRY_AFTER_S < 3600, f"head row parked for {nxt:.0f} s; channel blocked"
 
 
@@ -314,7 +315,7 @@ async def test_done_rows_are_purged_while_running(store, transport, monkeypatch)
         assert await ob.flush(WAIT_S)
         def aged(row_id: int) -> bool:
             row = store.outbox.get(row_id)
-            return row is None or time.time() - row["created_at"] > retention
+            return row is None or time.time() - row.created_at > retention
 
         await wait_until(lambda: all(aged(r) for r in old), WAIT_S, what="the sent rows to outlive the retention")
         later = ob.post("C1", msg("later"))  # wakes the sender
@@ -335,7 +336,7 @@ async def test_a_send_cut_short_by_a_stop_is_looked_up_after_the_restart(store, 
         rid = ob.post("C1", msg("once"))
         await wait_until(lambda: transport.posted("C1"), WAIT_S, what="the post to reach 'Slack'")
         await ob.stop(timeout_s=0.1)  # the call in flight is cut short
-    assert store.outbox.get(rid)["state"] == "pending"
+    assert store.outbox.get(rid).state == "pending"
     async with outbox_with(store, transport) as ob2:
         ob2.start()
         assert await ob2.flush(WAIT_S)
@@ -520,7 +521,7 @@ async def test_429_waits_for_retry_after_then_sends_once(fake, store):
     assert posts(fake)[0]["time"] - failed["time"] >= 1.9  # Retry-After honoured (a lower bound)
     assert len(posts(fake)) == 1 and d.attempts == 2
     meta = posts(fake)[0]["params"]["metadata"]  # the row key rides along, for a lookup before a retry
-    assert meta["event_type"] == METADATA_EVENT and meta["event_payload"]["key"] == store.outbox.get(d.id)["key"]
+    assert meta["event_type"] == METADATA_EVENT and meta["event_payload"]["key"] == store.outbox.get(d.id).key
 
 
 async def test_permanent_slack_error_fails_that_message_and_the_next_goes(fake, store):
@@ -689,7 +690,7 @@ async def test_a_queued_post_takes_the_answer_in_its_place_and_goes_once(store, 
     async with outbox_with(store, transport, redactor=Redactor(values=[known])) as ob:
         surface = OutboxSurface(ob, wait_s=WAIT_S)
         rid = await _queued_behind_a_call_in_flight(ob, transport)
-        key = store.outbox.get(rid)["key"]
+        key = store.outbox.get(rid).key
         reply = ob.post("C1", msg("a reply in its thread"), thread_ts=ref(rid))
         answer = msg(f"GPU status with {known}", files=[("full.txt", b"the whole table")])
         assert surface.take_place("C1", ref(rid), answer)
@@ -713,10 +714,10 @@ async def test_a_post_the_sender_has_claimed_or_sent_is_not_changed(store, trans
         transport.hold("C1")
         rid = ob.post("C1", msg("Working on status..."))
         await wait_until(lambda: transport.calls_for("post", "C1"), WAIT_S, what="the placeholder in flight")
-        assert store.outbox.get(rid)["state"] == "sending"
+        assert store.outbox.get(rid).state == "sending"
         assert not surface.take_place("C1", ref(rid), msg("answer"))
         assert not surface.withdraw("C1", ref(rid))
-        assert store.outbox.get(rid)["text"] == "Working on status..."
+        assert store.outbox.get(rid).text == "Working on status..."
         transport.release("C1")
         d = await sent(ob, rid)
         assert not surface.take_place("C1", ref(rid), msg("answer")) and not surface.take_place("C1", d.ts, msg("x"))
@@ -736,7 +737,7 @@ async def test_a_post_an_earlier_attempt_may_have_delivered_is_not_changed(store
         assert not surface.take_place("C2", ref(rid), msg("answer"))
         store.outbox.set(rid, needs_lookup=1)
         assert not surface.take_place("C1", ref(rid), msg("answer")) and not surface.withdraw("C1", ref(rid))
-        assert store.outbox.get(rid)["text"] == "Working on status..."
+        assert store.outbox.get(rid).text == "Working on status..."
 
 
 async def test_a_withdrawn_post_is_never_sent_and_nothing_waits_for_it(store, transport):

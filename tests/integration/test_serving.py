@@ -73,8 +73,8 @@ async def test_ready_then_the_server_killed_gets_one_died_alert_and_the_root_say
     os.kill(la.pid, signal.SIGKILL)  # the server process itself; its TP ranks stay as leftovers
     la = await wait_alert(serving, 1, {"crashed"}, timeout=30)
     # within 2 liveness intervals: the first or second check after the kill found it dead
-    after = [r for r in serving.store.observations.list(1) if r.get("t", 0) >= killed_at and not r.get("error")]
-    assert [r.get("verdict") for r in after].index("crashed") < 2, after
+    after = [r for r in serving.store.observations.list(1) if r.t >= killed_at and r.ok]
+    assert [r.verdict for r in after].index("crashed") < 2, after
     (posted,) = alerts(serving, "crashed")
     assert "killed by signal 9 (SIGKILL)" in posted.text, posted.text
     assert la.state == LaunchState.FAILED and not serving.runtime.watcher.scheduler.is_watched(1)
@@ -156,7 +156,7 @@ async def test_a_restarted_bot_finds_the_ready_server_dead_with_its_signal(make_
     assert la.state == LaunchState.FAILED
     (posted,) = alerts(second, "crashed")
     assert "killed by signal 9" in posted.text and "loading" not in posted.text.splitlines()[0]
-    assert all(r.get("verdict") != "loading" for r in second.store.observations.list(1))
+    assert all(r.verdict != "loading" for r in second.store.observations.list(1))
 
 
 async def test_two_launches_on_one_host_each_alert_quotes_only_its_own_processes(make_bot, serving_config):

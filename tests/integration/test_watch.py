@@ -75,9 +75,9 @@ async def test_each_outcome_gets_one_alert_with_evidence(make_bot, gpu_config, m
     assert all(a != b for a, b in itertools.pairwise(shown)), [t for t, _ in shown]
     if verdict == "silent_hang":
         # the alert came from the FIRST check past the threshold: every earlier check saw less silence
-        recs = [r for r in bot.store.observations.list(1) if "error" not in r]
-        first = next(i for i, r in enumerate(recs) if r.get("verdict") == "silent_hang")
-        silences = [r["t"] - r["last_progress_t"] for r in recs[: first + 1]]
+        recs = [r for r in bot.store.observations.list(1) if r.ok]
+        first = next(i for i, r in enumerate(recs) if r.verdict == "silent_hang")
+        silences = [r.t - r.last_progress_t for r in recs[: first + 1]]
         assert all(x <= FAST_WATCH.silence_after_s for x in silences[:-1]), silences
         assert silences[-1] > FAST_WATCH.silence_after_s
         assert "0%" in posted.text or "0 %" in posted.text  # the GPU line is among the key evidence
@@ -200,7 +200,7 @@ async def test_stack_dumps_during_a_hang_change_no_verdict_and_post_no_alert(mak
         first_dump = first_dump or len(bot.store.observations.list(1))
         await wait_checks(bot, 1, 2)
     await wait_checks(bot, 1, 3)
-    verdicts = [r.get("verdict") for r in bot.store.observations.list(1)[first_dump:] if not r.get("error")]
+    verdicts = [r.verdict for r in bot.store.observations.list(1)[first_dump:] if r.ok]
     assert verdicts and set(verdicts) == {"silent_hang"}, verdicts
     assert [p.text.splitlines()[0] for p in alerts(bot)] == [alerts(bot, "silent_hang")[0].text.splitlines()[0]]
     assert bot.launch(1).alert_state == "silent_hang"
@@ -269,7 +269,7 @@ async def test_snoozed_change_is_posted_after_the_snooze(make_bot, gpu_config):
     assert "snoozed: for 15 min" in snoozed.text, snoozed.text
     assert watched.launch(1).snoozed_until == pytest.approx(clock.time() + 15 * 60)
     # the hang happens during the snooze: the checks see it, nothing is posted
-    await wait_until(lambda: any(r.get("verdict") == "silent_hang" for r in watched.store.observations.list(1)),
+    await wait_until(lambda: any(r.verdict == "silent_hang" for r in watched.store.observations.list(1)),
                      what="a check that saw the hang")
     clock.advance(14 * 60)  # still snoozed
     await wait_checks(watched, 1, 2)

@@ -15,6 +15,7 @@ from matplotlib.image import imread
 
 import bot.present.chart
 from bot.core.models import Launch, LaunchState
+from bot.core.records import CheckRecord
 from bot.present.chart import MAX_PLOTTED_POINTS, ChartPoint, launch_timeline_png, timeline_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -243,7 +244,9 @@ def test_launch_timeline_turns_records_into_points_phases_and_verdict_changes(mo
         {"t": 1_030.0, "gpu_util_pct": {"1": 90.0}, "phase": "weight_loading", "verdict": "silent_hang"},
         {"t": 995.0, "phase": "weight_loading", "verdict": "starting"},  # before the launch: clamped to 0
     ]
-    assert launch_timeline_png(_la(), records) == b"png"
+    typed = [r for r in map(CheckRecord.from_json, records) if r is not None]
+    assert len(typed) == 5, "the record without a time does not read as one"
+    assert launch_timeline_png(_la(), typed) == b"png"
     ((points, kw),) = calls
     assert points == [
         ChartPoint(0.0, {0: 100.0, 1: 200.0}, {0: 0.0}, 1),
@@ -258,5 +261,5 @@ def test_launch_timeline_turns_records_into_points_phases_and_verdict_changes(mo
 def test_launch_timeline_is_a_png():
     records = [{"t": 1_000.0 + i, "gpu_mem_mib": {"0": 100.0 * i}, "gpu_util_pct": {"0": 50.0}, "log_lines": i}
                for i in range(20)]
-    assert _shape(launch_timeline_png(_la(), records)) == (700, 1000)
+    assert _shape(launch_timeline_png(_la(), [CheckRecord.from_json(r) for r in records])) == (700, 1000)
     assert _shape(launch_timeline_png(_la(), [])) == (100, 400)  # no observations yet

@@ -23,6 +23,7 @@ from bot.core.diagnose import Verdict
 from bot.core.lifecycle import Holder, KillOutcome, KillPreview, LaunchOutcome, PreflightResult
 from bot.core.models import GpuProcess, GpuReading, GpuSection, LogInfo, ProcessInfo, Snapshot
 from bot.core.parse.log import CUT_LINE, clean_log_lines
+from bot.core.records import CheckRecord
 from bot.core.redact import MASK, Redactor
 from bot.core.stackdump import Frame, ProcessDump, ThreadDump
 from bot.present.actions import ActionId
@@ -228,8 +229,8 @@ def test_chart_labels_are_redacted(monkeypatch):
 
     monkeypatch.setattr(matplotlib.text.Text, "draw", spy)
     la = launch_row(variant="base")
-    records = [{"t": 1000.0 + i, "phase": e["text"].replace("\n", " "), "verdict": e["text"].replace("\n", " "),
-                "gpu_mem_mib": {"0": 1.0}, "gpu_util_pct": {"0": 0.0}, "log_lines": i}
+    records = [CheckRecord(t=1000.0 + i, phase=e["text"].replace("\n", " "), verdict=e["text"].replace("\n", " "),
+                           gpu_mem_mib={"0": 1.0}, gpu_util_pct={"0": 0.0}, log_lines=i)
                for i, e in enumerate(ONE_LINE[:40])]
     png = launch_timeline_png(la, records, REDACTOR)
     assert png.startswith(b"\x89PNG")

@@ -22,6 +22,7 @@ from bot.core.lifecycle import (
 )
 from bot.core.models import GpuReading, Launch, ProcessInfo, Snapshot
 from bot.core.observe import is_news, judge, observation_from_snapshot
+from bot.core.records import CheckRecord
 from bot.core.serving import ended_verdict, failing_streak, judge_serving
 from bot.present.render import Message, slack_text
 from tests.support.builders import launch_row
@@ -38,7 +39,7 @@ def serving_obs(**kw) -> Observation:
 
 
 def recs(*healths) -> list[dict]:
-    return [{"t": float(i), "health": h} for i, h in enumerate(healths)]
+    return [CheckRecord(t=float(i), health=h) for i, h in enumerate(healths)]
 
 
 def test_the_wrapper_line_gives_the_exit_status_and_signal():
@@ -86,9 +87,12 @@ def test_health_must_fail_n_checks_in_a_row_and_a_serving_hang_needs_timeouts_si
 
 
 def test_failing_streak_skips_unanswered_checks():
-    assert failing_streak([{"health": "ok"}, {"health": "refused"}, {"error": "ssh"}, {"health": "timeout"}]) == 2
-    assert failing_streak([{"health": "timeout"}, {"health": "ok"}]) == 0
-    assert failing_streak([{"port_open": False}, {"port_open": False}]) == 2
+    def rec(**kw):
+        return CheckRecord(t=0.0, **kw)
+
+    assert failing_streak([rec(health="ok"), rec(health="refused"), rec(error="ssh"), rec(health="timeout")]) == 2
+    assert failing_streak([rec(health="timeout"), rec(health="ok")]) == 0
+    assert failing_streak([rec(port_open=False), rec(port_open=False)]) == 2
 
 
 def test_a_new_oom_while_serving_is_news_but_an_old_one_in_the_tail_is_not():
@@ -136,7 +140,7 @@ def test_cpu_growth_counts_only_above_a_rate_and_never_after_a_stack_dump():
 def test_evidence_is_only_the_launch_own_processes():
     obs, rec = observation_from_snapshot(snap(10, 2000.0, others=True), launch(), None)
     assert {p.pid for p in obs.processes} == {99, 100} and 200 not in obs.launch_pids
-    assert set(rec["cpu_s"]) == {"99", "100"}
+    assert set(rec.cpu_s) == {"99", "100"}
 
 
 @pytest.mark.parametrize(("verdict", "posted", "previous", "serving", "news"), [
@@ -223,7 +227,7 @@ def test_a_failed_ps_never_ends_a_launch():
     empty = Snapshot(host="h", clock=2000.0, table=[], launch_tags={100: "3-abc"}, tagged_pids=[100],
                      errors=["process table unavailable (ps failed or printed nothing)"])
     obs, rec = observation_from_snapshot(empty, launch(), None)
-    assert obs.process_alive is True and rec["alive"] is True
+    assert obs.process_alive is True and rec.alive is True
     unknown, _ = observation_from_snapshot(Snapshot(host="h", clock=2000.0), launch(), None)
     assert unknown.process_alive is None
 

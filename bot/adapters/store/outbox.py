@@ -15,6 +15,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
 from bot.core.clock import SYSTEM_CLOCK, Clock
+from bot.core.records import OutboxItem
 
 #: Row states: pending -> sending -> sent, or failed (a permanent error) or superseded (an edit replaced
 #: by a newer edit of the same message, or a queued post withdrawn before it was sent).
@@ -50,12 +51,12 @@ class OutboxRow(Base):
     user_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
-def _snapshot(row: OutboxRow) -> dict[str, Any]:
-    return {c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns}
+def _snapshot(row: OutboxRow) -> OutboxItem:
+    return OutboxItem(**{c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns})
 
 
 class OutboxRepository:
-    """Outbox rows. Every method is one transaction; rows come back as plain dicts of their columns.
+    """Outbox rows. Every method is one transaction; rows come back as bot.core.records.OutboxItem.
     Raises sqlalchemy errors for a broken or locked database (the outbox service retries)."""
 
     def __init__(self, db: Database, clock: Clock = SYSTEM_CLOCK):
@@ -80,7 +81,7 @@ class OutboxRepository:
                 s.execute(update(OutboxRow).where(OutboxRow.id.in_(old)).values(state="superseded"))
             return old
 
-    def change_queued_post(self, row_id: int, channel: str, **values: Any) -> dict[str, Any] | None:
+    def change_queued_post(self, row_id: int, channel: str, **values: Any) -> OutboxItem | None:
         """Write `values` (column -> value) to post `row_id` of `channel` only while it is still just queued: pending,
         and no earlier attempt of it may have reached Slack (`needs_lookup` 0). One conditional UPDATE, so a row the
         sender has claimed (`sending`), sent, failed or superseded is left as it is. Returns the row's columns after
@@ -94,7 +95,7 @@ class OutboxRepository:
             row = s.get(OutboxRow, row_id)
             return None if row is None else _snapshot(row)
 
-    def get(self, row_id: int) -> dict[str, Any] | None:
+    def get(self, row_id: int) -> OutboxItem | None:
         """The row's columns, or None."""
         with self._db.transaction() as s:
             row = s.get(OutboxRow, row_id)
@@ -130,7 +131,7 @@ class OutboxRepository:
                                                     OutboxRow.created_at < older_than))
             return int(res.rowcount or 0)
 
-    def claim(self, row_id: int) -> dict[str, Any] | None:
+    def claim(self, row_id: int) -> OutboxItem | None:
         """Move a pending row to `sending` (one more attempt) and return its columns; None when it is gone or
         no longer pending."""
         with self._db.transaction() as s:

@@ -7,6 +7,7 @@ known-benign warnings, readiness and shutdown lines. Pure; never raises for any 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -131,9 +132,8 @@ def _benign(line: str, lines: Sequence[str], i: int, sig: Signatures) -> bool:
 
 
 #: Scans remembered (a check scans the same lines twice: for its observation and for its verdict; a full look's
-#: 200-line tail is mostly the last one's): then forgotten all at once.
+#: 200-line tail is mostly the last one's); the least recently used are forgotten first.
 _SCANS_KEPT = 256
-_scans: dict[tuple[int, tuple[str, ...]], LogScan] = {}
 
 
 def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogScan:
@@ -143,18 +143,12 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
     Only the last run is judged: scanning starts at the last run-start line (`server_args=ServerArgs(`,
     `vLLM API server version`, ...) so a crash-loop's earlier attempts do not count.
     """
-    key = (id(sig), tuple(lines or ()))
-    done = _scans.get(key)
-    if done is None:
-        done = _scan(key[1], sig)
-        if len(_scans) >= _SCANS_KEPT:
-            _scans.clear()
-        _scans[key] = done
-    return done
+    return _scan(tuple(lines or ()), sig)
 
 
-def _scan(lines: Sequence[str], sig: Signatures) -> LogScan:
-    """`scan_log` without the memory."""
+@functools.lru_cache(maxsize=_SCANS_KEPT)
+def _scan(lines: tuple[str, ...], sig: Signatures) -> LogScan:
+    """`scan_log` of a tuple (cached: a pure function of its lines and signatures)."""
     scanner = _Scanner(_clean_lines(lines or []), sig)
     for i in range(scanner.scan.start, len(scanner.lines)):
         scanner.line(i)

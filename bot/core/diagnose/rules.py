@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from bot.core.diagnose.blocks import block_heads, hinted_phase, quote_hit
@@ -119,7 +120,7 @@ def _verdict(
     return with_stacks(out, obs.rank_stacks, sig)[0] if obs.rank_stacks else out
 
 
-_KIND_LABEL = {
+_KIND_LABEL = MappingProxyType({
     "gpu_lost": "GPU lost",
     "host_oom": "host out of memory",
     "oom": "CUDA out of memory",
@@ -128,7 +129,7 @@ _KIND_LABEL = {
     "cuda_error": "CUDA error",
     "crashed": "error",
     "killed": "killed",
-}
+})
 
 
 @dataclass
@@ -256,14 +257,14 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
     return phase
 
 
-_FAILURE_LABEL = {
+_FAILURE_LABEL = MappingProxyType({
     "host_oom": "Killed by the kernel OOM killer (host RAM)",
     "oom": "GPU memory exhausted (CUDA out of memory)",
     "nccl_error": "NCCL / collective failure",
     "port_in_use": "A bind failed: the address is already in use",
     "cuda_error": "CUDA runtime error",
     "crashed": "Crashed with an error",
-}
+})
 
 
 def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:

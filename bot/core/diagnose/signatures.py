@@ -119,9 +119,10 @@ def _causes(specs: Any) -> list[Cause]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)
 class Signatures:
-    """signatures.yaml, compiled. Build it with `load_signatures`; the default set is `SIGNATURES`."""
+    """signatures.yaml, compiled. Build it with `load_signatures`; the default set is `SIGNATURES`. Compared and
+    hashed by identity (a scan remembers its set)."""
 
     phase_order: tuple[str, ...]
     default_grace_s: dict[str, float]

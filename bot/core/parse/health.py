@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from bot.core.models import HealthResult
 from bot.core.parse.log import strip_control
@@ -24,14 +26,14 @@ _WRITEOUT_RE = re.compile(r"(?:^|(?<=\s))(\d{3}) (\d{1,9}(?:[.,]\d{1,9})?)\s*$")
 _WRITEOUT_HEAD_RE = re.compile(r"^\s*(\d{3}) (\d{1,9}(?:[.,]\d{1,9})?)(?!\d)")
 _DETAIL_MAX = 300
 
-_RC_STATUS: dict[int, str] = {
+_RC_STATUS: Mapping[int, str] = MappingProxyType({
     7: "refused",
     28: "timeout",
     52: "empty",
     124: "timeout",
     137: "timeout",
     127: "unavailable",
-}
+})
 
 
 def _split_output(output: str) -> tuple[int | None, float | None, str | None]:

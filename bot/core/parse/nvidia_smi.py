@@ -21,7 +21,8 @@ import csv
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 from bot.core.models import GpuProcess, GpuReading, GpuSection, GpuSource
 from bot.core.parse.log import no_mentions, strip_control
@@ -62,7 +63,7 @@ APPS_QUERY_FIELDS: tuple[str, ...] = ("pid", "process_name", "gpu_uuid", "gpu_bu
 # (nvidia-smi --help-query-gpu / --help-query-compute-apps list the aliases; the header always uses
 # the long form, e.g. `clocks.current.sm [MHz]` for `clocks.sm`, `used_gpu_memory [MiB]` for
 # `used_memory`.)
-_ALIASES: dict[str, str] = {
+_ALIASES: Mapping[str, str] = MappingProxyType({
     "gpu_name": "name",
     "gpu_uuid": "uuid",  # only in --query-gpu context; apps keep gpu_uuid (see _APPS_ALIASES)
     "clocks.current.sm": "clocks.sm",
@@ -70,16 +71,16 @@ _ALIASES: dict[str, str] = {
     "clocks.current.memory": "clocks.mem",
     "power.draw.instant": "power.draw",
     "enforced.power.limit": "power.limit",
-}
-_APPS_ALIASES: dict[str, str] = {
+})
+_APPS_ALIASES: Mapping[str, str] = MappingProxyType({
     "used_gpu_memory": "used_memory",
     "name": "process_name",
     "uuid": "gpu_uuid",
     "pci.bus_id": "gpu_bus_id",
-}
+})
 
 # GpuReading attribute for each canonical query field, and whether the value is numeric.
-_GPU_ATTRS: dict[str, tuple[str, bool]] = {
+_GPU_ATTRS: Mapping[str, tuple[str, bool]] = MappingProxyType({
     "uuid": ("uuid", False),
     "name": ("name", False),
     "memory.used": ("memory_used_mib", True),
@@ -92,10 +93,10 @@ _GPU_ATTRS: dict[str, tuple[str, bool]] = {
     "pstate": ("pstate", False),
     "clocks.sm": ("clocks_sm_mhz", True),
     "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected", True),
-}
+})
 
 # Values nvidia-smi prints instead of a number or string it cannot report.
-_MISSING = {
+_MISSING = frozenset({
     "",
     "n/a",
     "[n/a]",
@@ -109,7 +110,7 @@ _MISSING = {
     "[requires reset]",
     "[not found]",
     "err!",
-}
+})
 
 _NUMBER_RE = re.compile(
     r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*"
@@ -315,15 +316,15 @@ def assign_gpu_indexes(gpus: Iterable[GpuReading], procs: Iterable[GpuProcess]) 
     return out
 
 
-_EXIT_MESSAGES: dict[int, str] = {
+_EXIT_MESSAGES: Mapping[int, str] = MappingProxyType({
     127: "nvidia-smi not found on the host",
     6: "no NVIDIA GPU found (nvidia-smi exit 6: No devices were found)",
     9: "NVIDIA driver is not loaded (nvidia-smi exit 9)",
     12: "NVML shared library not found (nvidia-smi exit 12)",
     15: "a GPU has fallen off the bus (nvidia-smi exit 15)",
-}
+})
 # Exit codes whose output is shell or timeout noise, never worth quoting.
-_NO_DETAIL = {124, 127, 137}
+_NO_DETAIL = frozenset({124, 127, 137})
 
 
 def _first_line(output: str, limit: int = 200) -> str | None:

@@ -11,10 +11,11 @@ and public bug reports (`ps aux`, `tests/fixtures/cases/00-*/ps.txt`):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 
 from bot.core.models import ProcessInfo
 
@@ -31,7 +32,7 @@ PS_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args"
 """The `-o` format the probe passes to `ps -eww -o` (procps-ng). `args` must stay last."""
 
 # Header names procps-ng prints -> internal column kind.
-_HEADER_KINDS: dict[str, str] = {
+_HEADER_KINDS: Mapping[str, str] = MappingProxyType({
     "PID": "pid",
     "PPID": "ppid",
     "PGID": "pgid",
@@ -49,9 +50,9 @@ _HEADER_KINDS: dict[str, str] = {
     "COMMAND": "args",
     "CMD": "args",
     "ARGS": "args",
-}
+})
 # `-o` format specifiers (lower case, without `:width` / `=header`) -> column kind.
-_SPEC_KINDS: dict[str, str] = {
+_SPEC_KINDS: Mapping[str, str] = MappingProxyType({
     "pid": "pid",
     "tgid": "pid",
     "ppid": "ppid",
@@ -81,7 +82,7 @@ _SPEC_KINDS: dict[str, str] = {
     "comm": "args",
     "ucmd": "args",
     "ucomm": "args",
-}
+})
 
 #: An ELAPSED above this (about 30 years) is a procps glitch (a just-started process), not an age: None.
 MAX_PLAUSIBLE_ELAPSED_S = 10**9
@@ -196,19 +197,9 @@ def _probe_row(line: str, redact: Callable[[str], str] | None = None) -> Process
 
 
 #: %CPU and TIME cells already read, and what they gave: most rows of a table share a few (`0.0`, `00:00:00`), so
-#: a row costs a dictionary lookup for them instead of a parse. Bounded (`_remember`).
-_PCPU_SEEN: dict[str, float | None] = {}
-_CLOCK_SEEN: dict[str, int | None] = {}
-_SEEN_MAX = 4096
-_UNSEEN: Any = object()
-
-
-def _remember(seen: dict[str, Any], cell: str, value: Any) -> Any:
-    """Keep `cell` -> `value` in `seen` (emptied when it holds _SEEN_MAX cells); return `value`."""
-    if len(seen) >= _SEEN_MAX:
-        seen.clear()
-    seen[cell] = value
-    return value
+#: a row costs a cache lookup for them instead of a parse (pure functions, so the caches change no result).
+_pcpu_cell = functools.lru_cache(maxsize=4096)(_float)
+_clock_cell = functools.lru_cache(maxsize=4096)(_clock)
 
 
 def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
@@ -221,13 +212,7 @@ def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
         if (rss.isdigit() and elapsed.isdigit() and rss.isascii() and elapsed.isascii() and len(rss) <= 18
                 and len(elapsed) <= 12):
             el = int(elapsed)
-            pcpu_value = _PCPU_SEEN.get(pcpu, _UNSEEN)
-            if pcpu_value is _UNSEEN:
-                pcpu_value = _remember(_PCPU_SEEN, pcpu, _float(pcpu))
-            cpu_s = _CLOCK_SEEN.get(cpu, _UNSEEN)
-            if cpu_s is _UNSEEN:
-                cpu_s = _remember(_CLOCK_SEEN, cpu, _clock(cpu))
-            info.set_rest(pcpu_value, int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, cpu_s,
+            info.set_rest(_pcpu_cell(pcpu), int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, _clock_cell(cpu),
                           None if wchan == "-" else wchan, parts[5].rstrip() if len(parts) == 6 else "")
             return
     full = _probe_row_split(line)  # an unusual row: every field checked one by one

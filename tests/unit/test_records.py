@@ -1,0 +1,51 @@
+"""CheckRecord's JSON round trip: what the store writes reads back equal, and rows written by older releases or
+damaged on disk read as a record with the bad fields unset (or none at all), never as an exception."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bot.core.records import CheckRecord
+
+
+def test_round_trip_keeps_every_set_field():
+    rec = CheckRecord(
+        t=1700000000.5, marker="Load weight end", last_progress_t=1699999990.0, log_bytes=4096, log_lines=17,
+        gpu_mem_mib={"0": 70000.0, "1": None}, gpu_util_pct={"0": 0.0}, gpu_power_w={"0": 120.5},
+        cpu_s={"4242": 12.5}, alive=True, port_open=False, health="timeout", exit_status=-9,
+        log_cursor=[123, 4096, "abc"], verdict="silent_hang", phase="weights_loading",
+    )
+    back = CheckRecord.from_json(json.loads(json.dumps(rec.as_json())))
+    assert back == rec
+
+
+def test_as_json_leaves_out_unset_fields():
+    out = CheckRecord.failed(12.0, "ssh: connection refused").as_json()
+    assert out == {"t": 12.0, "error": "ssh: connection refused", "gpu_mem_mib": {}, "gpu_util_pct": {},
+                   "gpu_power_w": {}, "cpu_s": {}}
+    assert not CheckRecord.failed(12.0, "x").ok
+    assert CheckRecord(t=1.0).ok
+
+
+@pytest.mark.parametrize("data", [None, [], "t=1", {}, {"t": "12"}, {"t": True}, {"t": math.nan},
+                                  {"t": math.inf}, {"marker": "x"}])
+def test_rows_without_a_finite_time_are_not_records(data):
+    assert CheckRecord.from_json(data) is None
+
+
+def test_older_or_damaged_rows_read_with_bad_fields_unset():
+    rec = CheckRecord.from_json({
+        "t": 5, "marker": 7, "log_bytes": "4096", "log_lines": True, "alive": 1, "port_open": True,
+        "exit_status": False, "gpu_mem_mib": {"0": 512, "1": "n/a", 2: 3.5, "3": True}, "cpu_s": ["1"],
+        "verdict": "ready", "removed_in_a_later_release": 1,
+    })
+    assert rec is not None
+    assert rec.t == 5.0 and isinstance(rec.t, float)
+    assert rec.marker is None and rec.log_bytes is None and rec.log_lines is None
+    assert rec.alive is None and rec.port_open is True and rec.exit_status is None
+    assert rec.gpu_mem_mib == {"0": 512, "2": 3.5}
+    assert rec.cpu_s == {}
+    assert rec.verdict == "ready"
