@@ -88,7 +88,10 @@ class HostConfig(_Model):
     (NVML initialised once, one request and answer per probe) instead of two nvidia-smi runs per probe, and
     nvidia-smi is used whenever the reader cannot answer. `systemd: auto` runs each launch
     in its own transient systemd scope where the host's systemd allows it (root, or a user with lingering
-    on), so a kill stops its whole cgroup; `off` never does.
+    on), so a kill stops its whole cgroup; `off` never does. `cgroup: auto` runs each launch that no systemd scope
+    takes in a cgroup v2 directory of its own (`<cgroup2 mount>/gpubot/gpubot-<tag>.launch`) where this user may
+    make one (root, or a delegated `gpubot` directory), so a kill stops every process of the launch through its
+    `cgroup.kill`, even one that left its session and cleared its environment; `off` never does.
     """
 
     address: str | None = None
@@ -110,10 +113,11 @@ class HostConfig(_Model):
     py_spy: str = "py-spy"
     py_spy_sudo: bool = False
     systemd: Literal["auto", "off"] = "auto"
+    cgroup: Literal["auto", "off"] = "auto"
     env: dict[str, str] = Field(default_factory=dict)
     log_dirs: list[str] = Field(default_factory=list)
 
-    @field_validator("systemd", mode="before")
+    @field_validator("systemd", "cgroup", mode="before")
     @classmethod
     def _systemd(cls, v: Any) -> Any:
         # YAML 1.1 reads an unquoted `off` (and `no`, `false`) as False, `on`/`yes`/`true` as True

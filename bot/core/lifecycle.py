@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from types import MappingProxyType
@@ -67,9 +67,20 @@ _WRAPPER_FIRST_LINE = "exec 3>&2 2>/dev/null"
 _WRAPPER_ARGS = f"sh -c {_WRAPPER_FIRST_LINE}"
 #: How long the launch script waits for the server's PID file, in 50 ms steps (10 s).
 _PID_WAIT_STEPS = 200
-#: Transient systemd scope units of launches are named `gpubot-<tag>.scope`.
+#: Transient systemd scope units of launches are named `gpubot-<tag>.scope`; the cgroup v2 directories the bot makes
+#: itself (where no systemd takes the launch) `<cgroup2 mount>/gpubot/gpubot-<tag>.launch`.
 SCOPE_PREFIX = "gpubot-"
 _SCOPE_TAG_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: A launch's own cgroup: its name (the `unit` recorded with manager `cgroup`) and where it lives under the cgroup v2
+#: mount.
+CGROUP_SUFFIX = ".launch"
+CGROUP_PARENT = "gpubot"
+#: The unit managers a launch may run under: systemd's (system or user) or the bot's own cgroup v2 directory.
+UNIT_MANAGERS = ("system", "user", "cgroup")
+_UNIT_RE = re.compile(rf"{re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.(?:scope|launch)")
+#: The file beside a launch's log that its wrapper writes the server's exit status into (`<log>.exit`): created
+#: empty at launch, so a launch that has one is judged by it alone, never by a line in its log.
+EXIT_FILE_SUFFIX = ".exit"
 
 
 def scope_unit(tag: str) -> str | None:
@@ -78,11 +89,44 @@ def scope_unit(tag: str) -> str | None:
     return f"{SCOPE_PREFIX}{tag}.scope" if _SCOPE_TAG_RE.fullmatch(tag or "") else None
 
 
+def cgroup_name(tag: str) -> str | None:
+    """The name of the cgroup v2 directory a launch with this tag runs in where no systemd scope takes it
+    (`gpubot-<tag>.launch`, under `<cgroup2 mount>/gpubot/`), or None for a tag that is no valid name part."""
+    return f"{SCOPE_PREFIX}{tag}{CGROUP_SUFFIX}" if _SCOPE_TAG_RE.fullmatch(tag or "") else None
+
+
+#: Shell lines that set `m` to the cgroup v2 mount point (the first `cgroup2` line of /proc/mounts: /sys/fs/cgroup
+#: on a pure v2 host, /sys/fs/cgroup/unified on a hybrid one), empty when there is none or its path is unusual.
+_CGROUP_MOUNT = ("m=$(awk '$3 == \"cgroup2\" { print $2; exit }' /proc/mounts 2>/dev/null); "
+                 'case "$m" in /*) ;; *) m= ;; esac; case "$m" in *[!A-Za-z0-9/_.-]*) m= ;; esac')
+
+
+def _cgroup_detect(name: str) -> list[str]:
+    """Shell lines that set `cg` to a fresh cgroup v2 directory for the launch (`$m/gpubot/<name>`) when no systemd
+    scope takes it and the host lets this user make one and move a process into it (root, or a `gpubot` directory
+    delegated to the user): a trial shell moves itself in first. Anything else leaves `cg` empty: the launch runs
+    without a cgroup of its own."""
+    return [
+        "cg=",
+        'if [ -z "$sd" ]; then',
+        f"  {_CGROUP_MOUNT}",
+        '  if [ -n "$m" ] && [ -f "$m/cgroup.procs" ]; then',
+        f'    mkdir -p -- "$m/{CGROUP_PARENT}" 2>/dev/null',
+        f'    if mkdir -- "$m/{CGROUP_PARENT}/{name}" 2>/dev/null; then',
+        f'      if sh -c \'echo 0 > "$1/cgroup.procs"\' gpubot-cgroup "$m/{CGROUP_PARENT}/{name}" 2>/dev/null; then',
+        f'        cg="$m/{CGROUP_PARENT}/{name}"',
+        f'      else rmdir -- "$m/{CGROUP_PARENT}/{name}" 2>/dev/null; fi',
+        "    fi",
+        "  fi",
+        "fi",
+    ]
+
+
 @dataclass(frozen=True)
 class Started:
     """What launch_script printed: the server `pid`, its wrapper's process group = session `pgid`, and the
-    systemd scope `unit` the launch runs in with its `manager` (`system` or `user`; both None when the
-    launch runs without systemd)."""
+    `unit` the launch runs in with its `manager`: a systemd scope (`system` or `user`), or the bot's own cgroup v2
+    directory (`cgroup`); both None when the launch runs in no cgroup of its own."""
 
     pid: int
     pgid: int
@@ -152,18 +196,22 @@ def exec_problems(command: str) -> list[str]:
     return problems
 
 
-def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
+def launch_script(r: RenderedLaunch, *, systemd: bool = False, cgroup: bool = False) -> str:
     """The POSIX sh script that starts `r` detached in its own session and prints `PGID=<n>` and `PID=<n>`
-    (and `UNIT=<scope> MANAGER=<system|user>` when it runs in a systemd scope); see parse_launch_output.
+    (and `UNIT=<scope> MANAGER=<system|user>` in a systemd scope, `UNIT=<name> MANAGER=cgroup` in a cgroup of its
+    own); see parse_launch_output.
 
-    The session leader (PGID = SID) is a small wrapper shell that runs the server in its foreground and, when
-    it ends, appends `EXIT_LINE_FORMAT` with its exit status to the log; the server itself (PID, the
-    wrapper's child) is `exec`ed by an inner shell that first writes its PID to a temporary file the script
-    reads back. With `systemd` (and a tag in `r.env`) the wrapper starts through `systemd-run --scope`
-    (which execs it, so its PID stays the PGID) in the transient scope `gpubot-<tag>.scope` when the host's
-    systemd allows (see `_systemd_detect`), so every process the launch forks stays in that cgroup whatever
-    it does to its session or environment. Exits 3 when the working directory or the log directory cannot
-    be used (and says why).
+    The session leader (PGID = SID) is a small wrapper shell that runs the server in its foreground and, when it
+    ends, writes its exit status into the launch's exit file (`<log>.exit`, opened by this script and never by the
+    server, which cannot fake it by printing a line) and appends `EXIT_LINE_FORMAT` to the log for people; the
+    server itself (PID, the wrapper's child) is `exec`ed by an inner shell that first writes its PID to a temporary
+    file the script reads back. With `systemd` (and a tag in `r.env`) the wrapper starts through `systemd-run
+    --scope` (which execs it, so its PID stays the PGID) in the transient scope `gpubot-<tag>.scope` when the host's
+    systemd allows (see `_systemd_detect`), so every process the launch forks stays in that cgroup whatever it does
+    to its session or environment. Without a scope (and with `cgroup`), the launch runs in a cgroup v2 directory of
+    its own when the host allows (see `_cgroup_detect`): the wrapper moves itself in before it starts the server,
+    and when the server ends it leaves and removes the directory (which stays, for /kill, while leftovers of the
+    launch run in it). Exits 3 when the working directory or the log directory cannot be used (and says why).
     """
     lines = ["export LC_ALL=C"]
     for k, val in r.env.items():
@@ -172,24 +220,34 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
     lines += _open_log_lines(r)
     if r.workdir:
         lines.append(f"cd -- {shlex.quote(r.workdir)} || {{ echo 'cannot cd to the workdir'; exit 3; }}")
-    inner = 'exec 2>&3 3>&-; echo "$$" > "$1"; shift; exec ' + r.command  # the command sees no $1
+    # the server gets neither the log's extra descriptor nor the exit file's (fd 5): only its wrapper writes there
+    inner = 'exec 2>&3 3>&- 5>&-; echo "$$" > "$1"; shift; exec ' + r.command  # the command sees no $1
     # the wrapper's own stderr goes nowhere (sh reports a child killed by a signal with a bare `Killed`, which
     # is no line of the server's); the server's stderr is the log (fd 3)
     # the exit line starts a line of its own even when the server's last line had no newline (fd 3 is the
     # log, opened once by this script: never its path again)
+    # $2: the launch's own cgroup (empty: none); the wrapper moves itself in before the server starts, and out
+    # (then removes it, which fails while leftovers still run there) once the status is written
     wrapper = (f"{_WRAPPER_FIRST_LINE}\n"
+               'if [ -n "$2" ]; then echo 0 > "$2/cgroup.procs"; fi\n'
                f"sh -c {shlex.quote(inner)} gpubot-server \"$1\"\nrc=$?\n"
+               '{ echo "$rc" >&5; exec 5>&-; } 2>/dev/null\n'
                'if [ -s /proc/self/fd/3 ] && [ "$(tail -c 1 /proc/self/fd/3 | wc -l)" -eq 0 ]; then echo; fi\n'
-               f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\nexit $rc")
-    unit = scope_unit(r.env.get(LAUNCH_ENV, "")) if systemd else None
+               f"echo \"{EXIT_LINE_FORMAT.format(rc='$rc')}\"\n"
+               'if [ -n "$2" ]; then echo 0 > "${2%/*}/cgroup.procs"; rmdir -- "$2"; fi\n'
+               "exit $rc")
+    tag = r.env.get(LAUNCH_ENV, "")
+    unit = scope_unit(tag) if systemd else None
     lines += _systemd_detect(unit) if unit else ["sd=; mgr="]
+    cg_name = cgroup_name(tag) if cgroup else None
+    lines += _cgroup_detect(cg_name) if cg_name else ["cg="]
     lines += [
         'pf=$(mktemp "${TMPDIR:-/tmp}/gpubot-pid.XXXXXX") || { echo \'cannot create a temporary file\'; exit 3; }',
         # setsid in a non-interactive shell's background job: not a group leader, so no extra fork and
         # $! is the wrapper's PID = PGID = SID. The wait for the PID file ends early when the start is
         # already gone (the shell reaps its background child while it waits, so kill -0 tells).
         "start() {",
-        f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" >&4 2>&4 < /dev/null &",
+        f"  setsid nohup $1 sh -c {shlex.quote(wrapper)} gpubot-launch \"$pf\" \"$cg\" >&4 2>&4 < /dev/null &",
         "  pg=$!; i=0",
         f'  while [ ! -s "$pf" ] && [ $i -lt {_PID_WAIT_STEPS} ]; do',
         '    kill -0 "$pg" 2>/dev/null || break',
@@ -202,8 +260,10 @@ def launch_script(r: RenderedLaunch, *, systemd: bool = False) -> str:
         'if [ -n "$sd" ] && [ ! -s "$pf" ] && ! kill -0 "$pg" 2>/dev/null; then sd=; start ""; fi',
         'echo "PGID=$pg"',
         *([f'if [ -n "$sd" ]; then echo "UNIT={unit}"; echo "MANAGER=$mgr"; fi'] if unit else []),
+        *([f'if [ -z "$sd" ] && [ -n "$cg" ]; then echo "UNIT={cg_name}"; echo "MANAGER=cgroup"; fi']
+          if cg_name else []),
         'echo "PID=$(cat -- "$pf" 2>/dev/null)"; rm -f -- "$pf"',
-        "exec 4>&-",
+        "exec 4>&- 5>&-",
     ]
     return "\n".join(lines) + "\n"
 
@@ -214,13 +274,14 @@ def _open_log_lines(r: RenderedLaunch) -> list[str]:
     directory when none), so `mkdir -p` never follows a symlink out; the directory is then made, entered
     with `cd -P` and its real path checked under `r.log_dirs`; an existing name or symlink is refused, then
     the name is created with noclobber (`set -C`) and the open file checked to be a regular file at that
-    path (`/proc/self/fd/4`). Nothing outside the directories is ever written. Exits 3 with the reason. The
+    path (`/proc/self/fd/4`); the exit file beside it (`<log>.exit`) likewise as fd 5 when it can be. Nothing outside
+    the directories is ever written. Exits 3 with the reason. The
     script's working directory is restored afterwards."""
     d, n = os.path.split(r.log_path)
     d = d or "/"
     dirs = [x.rstrip("/") or "/" for x in (r.log_dirs or [d])]
     allowed = " | ".join("/*" if x == "/" else f"{shlex.quote(x)} | {shlex.quote(x)}/*" for x in dirs)
-    qd, qn = shlex.quote(d), shlex.quote("./" + n)
+    qd, qn, qx = shlex.quote(d), shlex.quote("./" + n), shlex.quote(f"./{n}{EXIT_FILE_SUFFIX}")
     # the directories above an allowed one (where `mkdir -p` may start creating it)
     parents = sorted({str(p) for x in dirs if x != "/" for p in PurePosixPath(x).parents})
     above = " | ".join([allowed, *map(shlex.quote, parents)])
@@ -246,6 +307,8 @@ def _open_log_lines(r: RenderedLaunch) -> list[str]:
         f'if [ ! -f /proc/self/fd/4 ] || [ "$(readlink /proc/self/fd/4)" != "$(pwd -P)/{n}" ]; then '
         f"exec 4>&-; echo {exists}; exit 3; fi" if "'" not in n and '"' not in n and "$" not in n and "`" not in n
         and "\\" not in n else f"if [ ! -f /proc/self/fd/4 ]; then exec 4>&-; echo {exists}; exit 3; fi",
+        # the exit file (fd 5), best effort: a launch without one is judged by its log's exit line
+        f"if [ ! -e {qx} ] && [ ! -L {qx} ]; then {{ command exec 5> {qx}; }} 2>/dev/null; fi",
         "set +C",
         'cd -- "$wd0" 2>/dev/null || cd /',
     ]
@@ -257,16 +320,19 @@ def is_launch_wrapper(args: str) -> bool:
 
 
 def parse_launch_output(text: str) -> Started | None:
-    """What launch_script printed (`PGID=1233`, `PID=1234`, optionally `UNIT=gpubot-<tag>.scope` and
-    `MANAGER=system|user`), or None without a PGID. A PID that never showed (the server's shell had not
-    started in 10 s) is the PGID; a UNIT without a valid MANAGER is ignored."""
+    """What launch_script printed (`PGID=1233`, `PID=1234`, optionally `UNIT=gpubot-<tag>.scope` with
+    `MANAGER=system|user`, or `UNIT=gpubot-<tag>.launch` with `MANAGER=cgroup`), or None without a PGID. A PID that
+    never showed (the server's shell had not started in 10 s) is the PGID; a UNIT without a matching MANAGER is
+    ignored."""
     g = re.search(r"^PGID=(\d+)$", text, re.M)
     if not g:
         return None
     m = re.search(r"^PID=(\d+)$", text, re.M)
-    u = re.search(rf"^UNIT=({re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.scope)$", text, re.M)
-    mgr = re.search(r"^MANAGER=(system|user)$", text, re.M)
+    u = re.search(rf"^UNIT=({_UNIT_RE.pattern})$", text, re.M)
+    mgr = re.search(r"^MANAGER=(system|user|cgroup)$", text, re.M)
     unit, manager = (u.group(1), mgr.group(1)) if u and mgr else (None, None)
+    if unit is not None and unit.endswith(CGROUP_SUFFIX) != (manager == "cgroup"):
+        unit, manager = None, None
     return Started(int(m.group(1)) if m else int(g.group(1)), int(g.group(1)), unit, manager)
 
 
@@ -294,32 +360,57 @@ def describe_exit(rc: int) -> str:
 
 
 def signal_script(pids: list[int], pgid: int | None, sig: str, *, unit: str | None = None,
-                  manager: str | None = None) -> str:
+                  manager: str | None = None, starts: Mapping[int, int] | None = None) -> str:
     """Send `sig` (TERM, KILL, INT or QUIT) to the process group `pgid`, every PID in `pids`, then every
-    process of the systemd scope `unit` (through its `manager`, `system` or `user`: the whole cgroup; at most
-    5 s, so a wedged systemd cannot stop the plain kills). Prints nothing; failures (a scope already gone)
-    are ignored. Raises ValueError for another
+    process of the launch's `unit`: a systemd scope through its `manager` (`system` or `user`: the whole cgroup;
+    at most 5 s, so a wedged systemd cannot stop the plain kills), or with manager `cgroup` the bot's own cgroup
+    v2 directory (SIGKILL through its `cgroup.kill` where the kernel has it, else to each PID of its
+    `cgroup.procs`). A PID with a start time in `starts` (clock ticks after boot, field 22 of /proc/PID/stat) is
+    signalled only while /proc/PID/stat still says that start time: a PID reused by a stranger since the probe
+    is left alone. Prints nothing; failures (a scope already gone) are ignored. Raises ValueError for another
     signal, unit name or manager."""
     if sig not in ("TERM", "KILL", "INT", "QUIT"):
         raise ValueError(sig)
     parts = []
-    scope = None
+    tail = None
     if unit:
-        if manager not in ("system", "user") or not re.fullmatch(
-                rf"{re.escape(SCOPE_PREFIX)}[A-Za-z0-9_-]{{1,64}}\.scope", unit):
+        if manager not in UNIT_MANAGERS or not _UNIT_RE.fullmatch(unit) or \
+                unit.endswith(CGROUP_SUFFIX) != (manager == "cgroup"):
             raise ValueError(unit)
-        ctl = 'env XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}" systemctl --user' \
-            if manager == "user" else "systemctl"
-        # after the plain kills, bounded: a wedged systemd must not keep them from running
-        scope = f"timeout -k 1 5 {ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1"
+        if manager == "cgroup":
+            cg = f'"$m/{CGROUP_PARENT}/{unit}"'
+            via_kill = f"[ -f {cg}/cgroup.kill ] && echo 1 > {cg}/cgroup.kill || " if sig == "KILL" else ""
+            tail = (f'{_CGROUP_MOUNT}; if [ -n "$m" ] && [ -d {cg} ]; then {{ {via_kill}'
+                    f"kill -{sig} $(cat {cg}/cgroup.procs) ; }} 2>/dev/null; fi")
+        else:
+            ctl = 'env XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}" systemctl --user' \
+                if manager == "user" else "systemctl"
+            # after the plain kills, bounded: a wedged systemd must not keep them from running
+            tail = f"timeout -k 1 5 {ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1"
     if pgid:
         parts.append(f"kill -{sig} -- -{int(pgid)} 2>/dev/null")
-    if pids:
-        parts.append(f"kill -{sig} {' '.join(str(int(p)) for p in sorted(set(pids)))} 2>/dev/null")
-    if scope:
-        parts.append(scope)
+    starts = starts or {}
+    plain = sorted({int(p) for p in pids if p not in starts})
+    checked = sorted({int(p) for p in pids if p in starts})
+    if plain:
+        parts.append(f"kill -{sig} {' '.join(map(str, plain))} 2>/dev/null")
+    if checked:
+        # field 22 of /proc/PID/stat: what follows the last `) ` (the command name may hold any character) is field 3
+        parts.append('st() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; '
+                     'echo "${20}"; }')
+        parts += [f'[ "$(st {p})" = {int(starts[p])} ] && kill -{sig} {p} 2>/dev/null' for p in checked]
+    if tail:
+        parts.append(tail)
     parts.append("exit 0")
     return "; ".join(parts) + "\n"
+
+
+def unit_cleanup_script(unit: str | None, manager: str | None) -> str | None:
+    """A script that removes the launch's own cgroup v2 directory once nothing runs in it (`rmdir` fails while
+    anything does; a systemd scope is collected by systemd itself), or None when there is nothing to remove."""
+    if manager != "cgroup" or not unit or not _UNIT_RE.fullmatch(unit) or not unit.endswith(CGROUP_SUFFIX):
+        return None
+    return f'{_CGROUP_MOUNT}; [ -n "$m" ] && rmdir -- "$m/{CGROUP_PARENT}/{unit}" 2>/dev/null; exit 0\n'
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -549,6 +640,14 @@ class KillOutcome:
     nothing_to_kill: bool = False
     seconds: float = 0.0
     gpu_error: str | None = None
+    host: str | None = None
+
+    @property
+    def memory_left(self) -> bool:
+        """True when the kill ended with GPU memory still held on the launch's GPUs (the release was waited for
+        and did not come), whoever holds it: never called simply "killed"."""
+        return not (self.error or self.nothing_to_kill or self.released or self.gpu_error) and (
+            bool(self.still_holding) or self.mem_after_mib is not None)
 
     @property
     def needs_reboot(self) -> bool:
@@ -571,7 +670,9 @@ class KillOutcome:
             mem = f"; GPU memory {self.mem_before_mib / 1024:.1f} -> {self.mem_after_mib / 1024:.1f} GiB"
         if self.remaining or self.still_holding:
             return (f"{counted(len(self.remaining), 'process')} survived, {len(self.still_holding)} still hold GPU "
-                    f"memory{mem}")
+                    f"memory{mem}: not all memory released")
+        if self.memory_left:
+            return f"{counted(len(self.signalled), 'process')} stopped{mem}: not all memory released"
         sigkill = " (SIGKILL needed)" if self.used_sigkill else ""
         return f"{counted(len(self.signalled), 'process')} stopped{sigkill}{mem}"
 
@@ -598,7 +699,8 @@ class KillPreview:
 def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -> tuple[LaunchState, str, str]:
     """How a kill ends a launch that was in state `before` (pure): (new state, state detail, audit result).
 
-    An error keeps the old state (`error`); processes or GPU memory left -> `kill_failed` (`incomplete`);
+    An error keeps the old state (`error`); processes or GPU memory left (named holders, or memory on the
+    launch's GPUs that was not released in time) -> `kill_failed` (`incomplete`);
     GPUs unreadable -> `killed` (`unverified`); otherwise `killed` (`released` when the memory was seen
     released). An ended launch (failed, exited) keeps how it ended: with nothing left to kill (a stale
     button, a second kill) as it was (`nothing`), with leftovers stopped cleanly with that said after its
@@ -608,7 +710,7 @@ def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -
         return before, detail, "error"
     if out.nothing_to_kill and before in TERMINAL_STATES:
         return before, before_detail or detail, "nothing"
-    if out.remaining or out.still_holding:
+    if out.remaining or out.still_holding or out.memory_left:
         return LaunchState.KILL_FAILED, detail, "incomplete"
     result = "unverified" if out.gpu_error else "released" if out.released else "killed"
     if before in TERMINAL_STATES:  # leftovers of a launch that had ended: how it ended stays its state

@@ -313,7 +313,9 @@ class LogInfo:
     the next one: "at least N lines"); `cursor` where the count stopped. `tail` the last lines (decoded with
     replacement, each cut to a bounded width), or, when `since` is set, the lines written after byte `since` (a
     check that asked for what is new: `ProbeRequest.log_since`). `error` is set when the file could not be read
-    (missing, permission denied).
+    (missing, permission denied). `exit_file`: the launch's exit file (`<log>.exit`, written by its wrapper alone)
+    exists, so its `exit_status` (0..255, 128+N: killed by signal N; None while the server runs, or when the
+    wrapper was killed too) is the only truth about how the server ended.
     """
 
     path: str
@@ -326,6 +328,8 @@ class LogInfo:
     lines_exact: bool = True
     cursor: LogCursor | None = None
     since: int | None = None
+    exit_file: bool = False
+    exit_status: int | None = None
 
     def seconds_since_write(self, now: float | None) -> float | None:
         """Seconds between the last write and `now` (remote clock, epoch seconds); None if unknown."""
@@ -370,7 +374,8 @@ class Snapshot:
     plus whatever the probe asked for); `port_listening` is None when no port was asked for.
     `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
     `launch_tags` maps PID -> the GPUBOT_LAUNCH tag in its environment; `tagged_pids` are the PIDs carrying
-    the tag a probe selected; `shm_free_mib` is free MiB in
+    the tag a probe selected; `start_ticks` PID -> start time in clock ticks after boot (/proc/PID/stat), read for
+    the tagged processes and the ones a launch remembers; `shm_free_mib` is free MiB in
     /dev/shm (when asked). `table` is the host's whole process table minus the probe's own processes
     (used to attribute GPU holders to launches and to find every process of a launch).
     """
@@ -391,6 +396,7 @@ class Snapshot:
     duration_s: float | None = None
     tagged_pids: list[int] = field(default_factory=list)
     launch_tags: dict[int, str] = field(default_factory=dict)
+    start_ticks: dict[int, int] = field(default_factory=dict)
     shm_free_mib: float | None = None
     table: list[ProcessInfo] = field(default_factory=list, repr=False)
 
@@ -452,8 +458,10 @@ class Launch:
     that the host cannot be reached (None once it is back); `seen_pids` every process of the launch a check
     or kill has seen, remembered so a kill stops even those that cleared their environment: PID -> its
     start time (epoch seconds on the host's clock, None when unknown), so a reused PID is not taken for
-    ours; `unit` the transient systemd scope it runs in and `unit_manager` (`system` or `user`), both None
-    when it runs without systemd."""
+    ours; `seen_starts` the same processes' start times in clock ticks after boot (/proc/PID/stat, where it was
+    read): exact, so a remembered PID counts only while the process holding it started at that very tick; `unit`
+    the cgroup it runs in and `unit_manager`: a transient systemd scope (`system` or `user`) or the bot's own cgroup
+    v2 directory (`cgroup`), both None when it runs in no cgroup of its own."""
 
     id: int
     host: str
@@ -480,6 +488,7 @@ class Launch:
     ready_at: float | None = None
     unreachable_since: float | None = None
     seen_pids: dict[int, float | None] = field(default_factory=dict)
+    seen_starts: dict[int, int] = field(default_factory=dict)
     unit: str | None = None
     unit_manager: str | None = None
 

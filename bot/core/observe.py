@@ -111,7 +111,9 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     (a stack dump, at epoch `quiet_since`) within that window."""
     now = snap.clock if snap.clock is not None else time.time()
     raw = list(snap.log.tail) if snap.log and snap.log.tail else []
-    rc = exit_status(raw)
+    # a launch with an exit file is judged by it alone: a line in the log (which the server writes too, and which
+    # later lines push out of the tail) is no proof of how it ended
+    rc = snap.log.exit_status if snap.log is not None and snap.log.exit_file else exit_status(raw)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     scan = scan_log(lines)
     prev = prev if prev is not None else CheckRecord(t=math.nan)  # a first check: nothing known before
@@ -174,6 +176,23 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
 
 
 
+def server_ending(snap: Snapshot, la: Launch, procs: Sequence[ProcessInfo], exit_code: int | None) -> bool:
+    """Whether `la`'s server process is gone but its end is still under way (pure): its wrapper shell (the
+    session leader, `la.pgid`) still runs and has not written the exit status yet, or GPU memory of the launch's
+    GPUs is still held by the server's PID or by a PID that has left the process table (a CUDA process's memory is
+    freed seconds after it is killed). `procs` are the launch's live processes in `snap`; `exit_code` the status
+    read. False while the server runs, without a process table, or when nothing is known about the server."""
+    if la.pid is None or not snap.table or any(p.pid == la.pid for p in procs):
+        return False
+    if exit_code is None and la.pgid and la.pgid != la.pid and any(p.pid == la.pgid for p in procs):
+        return True
+    if not snap.gpu.ok:
+        return False
+    listed = {p.pid for p in snap.table if p.state != "Z"}
+    return any((gp.pid == la.pid or gp.pid not in listed) and (gp.used_memory_mib or 0) > 0
+               and (not la.gpus or gp.gpu_index in la.gpus) for gp in snap.gpu.processes)
+
+
 def own_processes(snap: Snapshot, la: Launch) -> list[ProcessInfo]:
     """The live processes of `la` in a snapshot probed with its tag (pure): tagged ones, the members of its
     session and process group when confirmed ours, the processes an earlier check or kill saw (`la.seen_pids`,
@@ -203,16 +222,31 @@ def start_time(snap: Snapshot, p: ProcessInfo) -> float | None:
     return None if snap.clock is None or p.elapsed_s is None else float(snap.clock - p.elapsed_s)
 
 
+def started_after(snap: Snapshot, p: ProcessInfo, t: float) -> bool | None:
+    """Whether `p` started after the bot's epoch time `t` (less START_TIME_SLACK_S), by its age against the bot's
+    clock when the probe's send time is known (no two clocks mixed), else against the host's; None when its age
+    or both clocks are unknown."""
+    if p.elapsed_s is None:
+        return None
+    if snap.local_clock is not None:
+        return p.elapsed_s <= snap.local_clock - t + START_TIME_SLACK_S
+    started = start_time(snap, p)
+    return None if started is None else started >= t - START_TIME_SLACK_S
+
+
 def _same_process(snap: Snapshot, p: ProcessInfo, la: Launch) -> bool:
+    ticks, known = snap.start_ticks.get(p.pid), la.seen_starts.get(p.pid)
+    if ticks is not None and known is not None:  # /proc/PID/stat both times: exact
+        return ticks == known
+    if known is not None:  # recorded exactly, not read now (no longer selected?): not provably ours
+        return False
     started = start_time(snap, p)
     if started is None:
         return True
     recorded = la.seen_pids.get(p.pid)
     if recorded is not None:  # both on the host's clock
         return abs(started - recorded) <= START_TIME_SLACK_S
-    if snap.local_clock is not None and p.elapsed_s is not None:  # ages: no clock is mixed
-        return p.elapsed_s <= snap.local_clock - la.created_at + START_TIME_SLACK_S
-    return started >= la.created_at - START_TIME_SLACK_S
+    return started_after(snap, p, la.created_at) is not False
 
 
 def ended_by(snap: Snapshot, la: Launch) -> float | None:
@@ -229,14 +263,18 @@ def ended_by(snap: Snapshot, la: Launch) -> float | None:
     return max(0.0, clock - la.ended_at - START_TIME_SLACK_S)
 
 
-def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo]) -> dict[int, float | None] | None:
-    """`la.seen_pids` with the processes `procs` (seen in `snap`) added with their start times (pure), or
-    None when nothing is new. A recorded start time is kept; an unknown one is filled in."""
-    new = dict(la.seen_pids)
+def remember_processes(la: Launch, snap: Snapshot,
+                       procs: Sequence[ProcessInfo]) -> tuple[dict[int, float | None], dict[int, int]] | None:
+    """(`la.seen_pids`, `la.seen_starts`) with the processes `procs` (seen in `snap`) added with their start times
+    (pure): epoch seconds from `ps`, and clock ticks from /proc/PID/stat where the probe read them; None when
+    nothing is new. A recorded start time is kept; an unknown one is filled in."""
+    pids, starts = dict(la.seen_pids), dict(la.seen_starts)
     for p in procs:
-        if new.get(p.pid) is None:
-            new[p.pid] = start_time(snap, p)
-    return None if new == la.seen_pids else new
+        if pids.get(p.pid) is None:
+            pids[p.pid] = start_time(snap, p)
+        if p.pid not in starts and p.pid in snap.start_ticks:
+            starts[p.pid] = snap.start_ticks[p.pid]
+    return None if pids == la.seen_pids and starts == la.seen_starts else (pids, starts)
 
 
 def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float | None) -> bool | None:

@@ -71,7 +71,9 @@ class ProbeRequest:
     `ps_pids` lists the only processes to read (a watched launch's own: `ps -p`, their tags too), instead of
     every process on the host. `log_cursor`: where an earlier reading of this log stopped (bot.core.models
     .LogCursor): lines are counted from there when the file is the same, grown; with `log_since`, the tail is
-    what was written after it (at most LOG_TAIL_BYTES) instead of the last `tail_lines` lines.
+    what was written after it (at most LOG_TAIL_BYTES) instead of the last `tail_lines` lines. With `select_tag`,
+    the start time (/proc/PID/stat) of every tagged process and of each of `stat_pids` (the processes a launch
+    remembers) is read too (`Snapshot.start_ticks`), and with `own_log` the launch's exit file (`<log>.exit`).
     Immutable: derive variants with `dataclasses.replace`.
     """
 
@@ -92,6 +94,7 @@ class ProbeRequest:
     ps_pids: tuple[int, ...] | None = None
     log_cursor: LogCursor | None = None
     log_since: bool = False
+    stat_pids: tuple[int, ...] = ()
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -120,8 +123,10 @@ class ProbeRequest:
             raise ProbeRequestError("health path must look like /health")
         if not 1 <= self.tail_lines <= 500:
             raise ProbeRequestError("tail lines must be 1..500")
-        if self.ps_pids is not None and (len(self.ps_pids) > MAX_PS_PIDS or not all(is_pid(p) for p in self.ps_pids)):
-            raise ProbeRequestError(f"ps_pids must be at most {MAX_PS_PIDS} process ids")
+        for name in ("ps_pids", "stat_pids"):
+            pids = getattr(self, name)
+            if pids is not None and (len(pids) > MAX_PS_PIDS or not all(is_pid(p) for p in pids)):
+                raise ProbeRequestError(f"{name} must be at most {MAX_PS_PIDS} process ids")
         c = self.log_cursor
         if c is not None and not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
                                      for v in (c.dev, c.inode, c.offset, c.lines)):
@@ -279,6 +284,8 @@ def _log_part(req: ProbeRequest, log_dirs: list[str]) -> list[str]:
         f'else tail -c +$((E - MB + 1)) {fd} | head -c "$MB"; fi; fi; e log_mark 0; '
         f'B=0; [ "$F" -gt {LOG_SINCE_CONTEXT_BYTES} ] && B=$((F - {LOG_SINCE_CONTEXT_BYTES})); '
         'b log_window; if [ "$V" = 1 ]; then echo "since $F $B"; else echo tail; fi; e log_window 0; fi',
+        *(['b log_exit; if [ "$OK" = 1 ] && [ -f "$R.exit" ] && [ ! -L "$R.exit" ]; then head -c 32 -- "$R.exit"; '
+            'r=0; else r=2; fi; e log_exit $r'] if req.own_log else []),
         f'b log_tail; if [ "$OK" != 1 ]; then r=2; elif [ "$V" = 1 ] && [ "$S" -le "$F" ]; then r=0; '
         f'elif [ "$V" = 1 ]; then tail -c +$((B + 1)) {fd} | head -c $((S - B)); r=$?; '
         f"else tail -c {LOG_TAIL_BYTES} {fd} | tail -n {int(req.tail_lines) + 1}; "
@@ -341,17 +348,26 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
     if req.gpu:
         lines += _gpu_jobs(policy)
         jobs += ["j_gpu", "j_gpu_apps"]
-    if req.processes and (req.tags or req.select_tag) and req.ps_pids != ():
+    if req.processes and (req.tags or req.select_tag or req.stat_pids) and req.ps_pids != ():
         # printf is a builtin and xargs batches: no argument list limit on a host with 100k processes
         if req.ps_pids is None:
             envs, cgroups = "/proc/[0-9]*/environ", "/proc/[0-9]*/cgroup"
         else:
             envs = " ".join(f"/proc/{int(p)}/environ" for p in req.ps_pids)
             cgroups = " ".join(f"/proc/{int(p)}/cgroup" for p in req.ps_pids)
-        lines.append(f"j_tags() {{ b tags; printf '%s\\0' {envs} | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' "
-                     # a newline INSIDE a value becomes a space: a value can never forge a line of its own
-                     f"| tr '\\n\\000' ' \\n'; printf '%s\\0' {cgroups} | "
-                     "xargs -0 grep -H -s -o '/gpubot-[A-Za-z0-9_-]*[.]scope$'; e tags 0; }")
+        # a newline INSIDE a value becomes a space: a value can never forge a line of its own; membership of a
+        # launch's cgroup (a systemd scope, or the bot's own `.launch` directory) names its tag too
+        tags = (f"printf '%s\\0' {envs} | xargs -0 grep -a -z -H -s '^GPUBOT_LAUNCH=' | tr '\\n\\000' ' \\n'; "
+                f"printf '%s\\0' {cgroups} | xargs -0 grep -E -H -s -o '/gpubot-[A-Za-z0-9_-]*[.](scope|launch)$'")
+        if req.select_tag or req.stat_pids:
+            # the start time of every tagged process and of the PIDs asked for: what tells a reused PID from ours
+            extra = " ".join(str(int(p)) for p in req.stat_pids) or "''"
+            lines.append(f"j_tags() {{ b tags; t=$({tags}); printf '%s\\n' \"$t\"; e tags 0; b starts; "
+                         f"{{ printf '%s\\n' \"$t\" | sed -n 's#^/proc/\\([0-9][0-9]*\\)/.*#\\1#p'; "
+                         f"printf '%s\\n' {extra}; }} | grep -x '[0-9][0-9]*' | sort -u | "
+                         "sed 's#.*#/proc/&/stat#' | xargs -r cat 2>/dev/null; e starts 0; }")
+        else:
+            lines.append(f"j_tags() {{ b tags; {tags}; e tags 0; }}")
         jobs.append("j_tags")
     if req.shm:
         lines.append("j_shm() { b shm; df -Pk /dev/shm 2>&1; e shm $?; }")
@@ -457,7 +473,7 @@ def _own_processes(procs: list, self_sec: Section | None, helpers: Collection[in
 
 
 _TAG_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/environ:GPUBOT_LAUNCH=([A-Za-z0-9_.-]{1,64})$")
-_SCOPE_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/cgroup:/gpubot-([A-Za-z0-9_-]{1,64})\.scope$")
+_SCOPE_LINE_RE = re.compile(r"^/proc/([0-9]{1,10})/cgroup:/gpubot-([A-Za-z0-9_-]{1,64})\.(?:scope|launch)$")
 
 
 def _clock(section: Section | None) -> float | None:
@@ -490,9 +506,10 @@ def _since_lines(body: bytes, since: int, start: int, redactor: Redactor) -> lis
 def parse_launch_tags(text: str) -> dict[int, str]:
     """PID -> launch tag from two GNU grep outputs: `grep -a -z -H '^GPUBOT_LAUNCH=' /proc/[0-9]*/environ |
     tr '\\n\\0' ' \\n'` (lines `/proc/PID/environ:GPUBOT_LAUNCH=TAG`; a newline inside a value became a space,
-    so no value makes a line of its own) and `grep -H -o
-    '/gpubot-[A-Za-z0-9_-]*[.]scope$' /proc/[0-9]*/cgroup` (lines `/proc/PID/cgroup:/gpubot-TAG.scope`: the
-    process is in the launch's systemd scope, cgroup v1 or v2, whatever its environment says). The
+    so no value makes a line of its own) and `grep -E -H -o
+    '/gpubot-[A-Za-z0-9_-]*[.](scope|launch)$' /proc/[0-9]*/cgroup` (lines `/proc/PID/cgroup:/gpubot-TAG.scope`
+    or `...:/gpubot-TAG.launch`: the process is in the launch's systemd scope, cgroup v1 or v2, or in the cgroup
+    v2 directory the bot made for it, whatever its environment says). The
     environment wins where both name a tag. Malformed lines are skipped. Lines end at `\\n` only (a `\\r` or
     another Unicode line break inside a value does not start a line)."""
     env: dict[int, str] = {}
@@ -504,6 +521,20 @@ def parse_launch_tags(text: str) -> dict[int, str]:
         elif m := _SCOPE_LINE_RE.match(line):
             scope[int(m.group(1))] = m.group(2)
     return {**scope, **env}
+
+
+def parse_proc_stat_starts(text: str) -> dict[int, int]:
+    """PID -> start time in clock ticks after boot (field 22) from /proc/PID/stat lines (proc(5): `PID (COMM) S
+    PPID ...`; COMM may hold spaces and parentheses, so the fields after it are counted from its last `)`).
+    Malformed lines are skipped."""
+    out: dict[int, int] = {}
+    for line in text.split("\n"):
+        head, sep, rest = line.rpartition(")")
+        pid, _, _ = head.partition(" (")
+        fields = rest.split()
+        if sep and pid.isdigit() and len(pid) <= 10 and len(fields) >= 20 and fields[19].isdigit():
+            out[int(pid)] = int(fields[19])
+    return out
 
 
 def parse_df_available_mib(text: str) -> float | None:
@@ -637,6 +668,9 @@ def assemble_snapshot(
         snap.launch_tags = {pid: tag for pid, tag in parse_launch_tags(_text(tags_sec)).items() if pid not in own}
     if req.select_tag:
         snap.tagged_pids = sorted(pid for pid, tag in snap.launch_tags.items() if tag == req.select_tag)
+    starts = sections.get("starts")
+    if starts is not None:
+        snap.start_ticks = parse_proc_stat_starts(_text(starts))
     gpu_pids = [gp.pid for gp in snap.gpu.processes] + snap.tagged_pids
     snap.processes = [
         p
@@ -673,6 +707,11 @@ def assemble_snapshot(
             since = window[1:] if window[:1] == ["since"] and len(window) == 3 else []
             if since and all(w.isdigit() for w in since) and int(since[1]) <= int(since[0]):
                 info.since = int(since[0])
+            ex = sections.get("log_exit")
+            if ex is not None and ex.complete and ex.rc == 0:
+                info.exit_file = True
+                word = _text(ex).strip()
+                info.exit_status = int(word) if word.isdigit() and int(word) <= 255 else None
             tail = sections.get("log_tail")
             if tail is not None and info.since is not None:  # what was written after the cursor, all of it
                 info.tail = _since_lines(tail.body, info.since, int(since[1]), redactor)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from bot.core.commands import slash
 from bot.core.diagnose import Observation, Verdict, diagnose
 from bot.core.diagnose.signatures import SIGNATURES
-from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status
+from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
 from bot.core.records import CheckRecord
 from bot.core.text import counted
 
@@ -82,7 +82,8 @@ def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None
     logged (bot.core.lifecycle.exit_status; else looked up in `obs.log_lines`); `launch_id` names the launch
     in the hint that `/kill ID` stops its leftovers (`/kill VARIANT` finds live launches only)."""
     v = _ended_verdict(obs, rc if rc is not None else exit_status(obs.log_lines or []))
-    left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z")]
+    # the launch's own wrapper shell is never a leftover: it ends once it has written the exit status
+    left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z") and not is_launch_wrapper(p.args)]
     if left:
         pids = ", ".join(str(p.pid) for p in left[:6])
         kill = slash("kill", launch_id or "LAUNCH")

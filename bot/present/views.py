@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from bot.core.commands import OPEN, SLASH
-from bot.core.lifecycle import is_launch_wrapper
+from bot.core.commands import OPEN, SLASH, slash
+from bot.core.lifecycle import CGROUP_PARENT, is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
 from bot.core.redact import RedactedLines, redact, redact_lines
@@ -248,7 +248,9 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "log": la.log_path,
         "command": redact(short_command(la.command, 300)) if la.command else "",
         "relaunch_of": la.relaunch_of,
-        "unit": f"{la.unit}{' (user manager)' if la.unit_manager == 'user' else ''}" if la.unit else None,
+        "unit": (f"{CGROUP_PARENT}/{la.unit}" if la.unit_manager == "cgroup" else
+                 f"{la.unit}{' (user manager)' if la.unit_manager == 'user' else ''}") if la.unit else None,
+        "unit_kind": "cgroup" if la.unit_manager == "cgroup" else "systemd scope",
     }
 
 
@@ -304,6 +306,10 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
         "before_mib": out.mem_before_mib,
         "after_mib": out.mem_after_mib,
         "released": out.released,
+        "memory_left": out.memory_left,
+        # every holder that is not the launch's own process: stopped by pid (a child that escaped the launch)
+        "kill_hints": [slash("kill", f"pid={h.pid}", *([f"host={out.host}"] if out.host else []))
+                       for h in out.still_holding if h.launch_id is None][:8],
         "reboot": out.needs_reboot or any(h.state[:1] in ("D",) for h in out.still_holding),
         "seconds": out.seconds,
         "gpus": ",".join(map(str, gpus)) if gpus else "all",

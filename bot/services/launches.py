@@ -12,7 +12,7 @@ import asyncio
 import logging
 import shlex
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from bot.adapters.remote import RemoteError
@@ -35,10 +35,11 @@ from bot.core.lifecycle import (
     parse_launch_output,
     prelaunch_checks,
     signal_script,
+    unit_cleanup_script,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
-from bot.core.observe import ended_by, own_processes, remember_processes
-from bot.core.probe import ProbeRequest
+from bot.core.observe import ended_by, own_processes, remember_processes, started_after
+from bot.core.probe import MAX_PS_PIDS, ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
 from bot.services.audit import Audit
@@ -198,7 +199,14 @@ class LaunchService:
         from the config: allowed even on a host without log_dirs) and its port and health endpoint."""
         return ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, own_log=True,
                             port=la.port if port else None, health_path=self._health(la),
-                            tail_lines=max(1, min(500, tail_lines)), gpu=gpu)
+                            tail_lines=max(1, min(500, tail_lines)), gpu=gpu, stat_pids=self._stat_pids(la))
+
+    @staticmethod
+    def _stat_pids(la: Launch) -> tuple[int, ...]:
+        """The PIDs whose start times a probe of `la` reads: its server, its wrapper and every process it remembers
+        (newest last, at most MAX_PS_PIDS)."""
+        pids = dict.fromkeys([*(p for p in (la.pid, la.pgid) if p), *la.seen_pids])
+        return tuple(pids)[-MAX_PS_PIDS:]
 
     def _health(self, la: Launch) -> str | None:
         """The health endpoint of the launch's variant (worked out once per variant: the config is fixed)."""
@@ -317,7 +325,8 @@ class LaunchService:
 
     async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
         try:
-            script = launch_script(r, systemd=self.config.hosts[la.host].systemd == "auto")
+            host = self.config.hosts[la.host]
+            script = launch_script(r, systemd=host.systemd == "auto", cgroup=host.cgroup == "auto")
             res = await self.hosts.executor(la.host).run("sh -s", input=script.encode(), timeout_s=30)
             out = res.stdout.decode("utf-8", "replace")
             started = parse_launch_output(out)
@@ -428,7 +437,7 @@ class LaunchService:
         (at most `release_timeout_s`). Records the end state, updates the root message and audits. Never
         raises for remote failures; the outcome says what happened."""
         t0 = time.monotonic()
-        out = KillOutcome(target=la.name)
+        out = KillOutcome(target=la.name, host=la.host)
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:
             out.error = being_stopped(la.name)
@@ -468,7 +477,8 @@ class LaunchService:
         return bool(self.launch_processes_of(la, snap))
 
     async def _kill(self, la: Launch, out: KillOutcome) -> KillOutcome:
-        snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None))
+        snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None,
+                                                          stat_pids=self._stat_pids(la)))
         procs = self.launch_processes_of(la, snap)
         out.mem_before_mib = gpu_memory(snap.gpu, la.gpus)
         if not procs:
@@ -477,42 +487,52 @@ class LaunchService:
             return out
         remembered = remember_processes(la, snap, procs)
         if remembered is not None:
-            self._launches.update(la.id, seen_pids=remembered)
+            self._launches.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])
         out.signalled = procs
         # only a group confirmed ours is signalled as a whole (a reused PGID may be a stranger's)
         pgid = la.pgid if group_confirmed(snap.table, self._tagged(la, snap), la.pgid,
                                           ended_by=ended_by(snap, la)) else None
         out.remaining, out.used_sigkill = await self._signal_and_wait(
             la.host, [p.pid for p in procs], pgid, tag=la.tag or None,
-            survivors=lambda s: self.launch_processes_of(la, s), unit=la.unit, manager=la.unit_manager)
+            survivors=lambda s: self.launch_processes_of(la, s), unit=la.unit, manager=la.unit_manager,
+            starts=snap.start_ticks, stat_pids=self._stat_pids(la))
+        cleanup = unit_cleanup_script(la.unit, la.unit_manager)
+        if cleanup and not out.remaining:
+            await self.hosts.executor(la.host).run("sh -s", input=cleanup.encode(), timeout_s=15)
         return await self._wait_released(la, out, {p.pid for p in out.signalled})
 
     async def _signal_and_wait(self, host: str, pids: list[int], pgid: int | None, *, tag: str | None,
                                survivors: Callable[[Snapshot], list[ProcessInfo]], unit: str | None = None,
-                               manager: str | None = None) -> tuple[list[ProcessInfo], bool]:
-        """The one escalation loop: SIGTERM `pids` (and the group `pgid`, and the whole systemd scope `unit`
+                               manager: str | None = None, starts: Mapping[int, int] | None = None,
+                               stat_pids: tuple[int, ...] = ()) -> tuple[list[ProcessInfo], bool]:
+        """The one escalation loop: SIGTERM `pids` (and the group `pgid`, and the launch's whole cgroup `unit`
         through its `manager`), wait up to `kill_grace_s` for `survivors(snapshot)` to be empty, then SIGKILL
-        what is left and wait `sigkill_wait_s` more. Returns (what is still alive, zombies left out; whether
-        SIGKILL was needed). Raises RemoteError."""
+        what is left and wait `sigkill_wait_s` more. A PID whose start time the probe read (`starts`: PID -> clock
+        ticks; `stat_pids` are read again by each later look) is signalled only while it is still that process.
+        Returns (what is still alive, zombies left out; whether SIGKILL was needed). Raises RemoteError."""
         ex = self.hosts.executor(host)
         left: list[ProcessInfo] = []
         for sig, budget_s in (("TERM", self.kill_grace_s), ("KILL", self.sigkill_wait_s)):
             targets = pids if sig == "TERM" else [p.pid for p in left]
-            script = signal_script(targets, pgid, sig, unit=unit, manager=manager)
+            script = signal_script(targets, pgid, sig, unit=unit, manager=manager, starts=starts)
             await ex.run("sh -s", input=script.encode(), timeout_s=15)
-            left = await self._wait_gone(host, budget_s, tag, survivors)
+            left, starts = await self._wait_gone(host, budget_s, tag, survivors, stat_pids)
             if not left:
                 return [], sig == "KILL"
         return left, True
 
     async def _wait_gone(self, host: str, budget_s: float, tag: str | None,
-                         survivors: Callable[[Snapshot], list[ProcessInfo]]) -> list[ProcessInfo]:
+                         survivors: Callable[[Snapshot], list[ProcessInfo]],
+                         stat_pids: tuple[int, ...] = ()) -> tuple[list[ProcessInfo], dict[int, int]]:
+        """Look again every `poll_s` until `survivors` of a look is empty or `budget_s` has passed. Returns the
+        survivors of the last look (zombies left out) and the start times it read (PID -> clock ticks)."""
         deadline = time.monotonic() + budget_s
         while True:
-            snap = await self._snapshot(host, ProbeRequest(select_tag=tag, health_path=None, gpu=False))
+            snap = await self._snapshot(host, ProbeRequest(select_tag=tag, health_path=None, gpu=False,
+                                                           stat_pids=stat_pids))
             procs = [p for p in {p.pid: p for p in survivors(snap)}.values() if p.state != "Z"]
             if not procs or time.monotonic() >= deadline:
-                return procs
+                return procs, snap.start_ticks
             await asyncio.sleep(self.poll_s)
 
     async def _wait_released(self, la: Launch, out: KillOutcome, pids: set[int]) -> KillOutcome:
@@ -521,7 +541,7 @@ class LaunchService:
             snap = await self._snapshot(la.host, ProbeRequest(health_path=None))
             out.mem_after_mib = gpu_memory(snap.gpu, la.gpus)
             out.gpu_error = None if snap.gpu.ok else snap.gpu.error
-            out.still_holding = [h for h in self.holders(snap) if h.pid in pids or h.launch_id == la.id]
+            out.still_holding = self._left_holding(la, snap, pids)
             if not snap.gpu.ok:
                 out.released = not out.still_holding and not out.remaining
                 return out
@@ -535,15 +555,29 @@ class LaunchService:
                 return out
             await asyncio.sleep(self.poll_s)
 
+    def _left_holding(self, la: Launch, snap: Snapshot, pids: set[int]) -> list[Holder]:
+        """The GPU holders a kill of `la` leaves (pure over `snap`): the processes it signalled, any process tagged
+        as its own, and, on the launch's GPUs, any other holder that started after the launch did (a child that
+        escaped its session and environment, where no cgroup holds the launch): none of those is another live
+        launch's."""
+        by_pid = {p.pid: p for p in snap.table}
+        others = {x.id for x in self._launches.live(la.host) if x.id != la.id}
+
+        def newer(h: Holder) -> bool:
+            return (h.pid in by_pid and h.launch_id not in others and (not la.gpus or h.gpu_index in la.gpus)
+                    and started_after(snap, by_pid[h.pid], la.created_at) is True)
+
+        return [h for h in self.holders(snap) if h.pid in pids or h.launch_id == la.id or newer(h)]
+
     async def kill_pid(self, host: str, pid: int, *, user: str, channel: str | None = None,
                        expect_command: str | None = None) -> KillOutcome:
         """Kill one (foreign) process that holds GPU memory: SIGTERM, grace, SIGKILL; report its GPU memory
         released or not. With `expect_command` (the command line shown when the kill was confirmed), a pid
         that now runs another command (reused) is not killed. Never raises; audited as `kill_pid`."""
-        out = KillOutcome(target=f"pid {pid} on {host}")
+        out = KillOutcome(target=f"pid {pid} on {host}", host=host)
         t0 = time.monotonic()
         try:
-            snap = await self._snapshot(host, ProbeRequest(pid=pid, health_path=None))
+            snap = await self._snapshot(host, ProbeRequest(pid=pid, health_path=None, stat_pids=(pid,)))
             row = next((p for p in snap.table if p.pid == pid), None)
             held = sum(gp.used_memory_mib or 0 for gp in snap.gpu.processes if gp.pid == pid)
             out.mem_before_mib = float(held) if snap.gpu.ok else None
@@ -560,7 +594,8 @@ class LaunchService:
             else:
                 out.signalled = [row]
                 out.remaining, out.used_sigkill = await self._signal_and_wait(
-                    host, [pid], None, tag=None, survivors=lambda s: [p for p in s.table if p.pid == pid])
+                    host, [pid], None, tag=None, survivors=lambda s: [p for p in s.table if p.pid == pid],
+                    starts=snap.start_ticks, stat_pids=(pid,))
                 after = await self._snapshot(host, ProbeRequest(health_path=None))
                 out.still_holding = [h for h in self.holders(after) if h.pid == pid]
                 out.mem_after_mib = float(sum(h.mib or 0 for h in out.still_holding)) if after.gpu.ok else None

@@ -33,6 +33,7 @@ from bot.core.observe import (
     new_log_lines,
     observation_from_snapshot,
     remember_processes,
+    server_ending,
 )
 from bot.core.probe import ProbeRequest
 from bot.core.records import CheckRecord
@@ -56,6 +57,12 @@ log = logging.getLogger(__name__)
 HANG_DUMP_TIMEOUT_S = 10
 
 
+#: How long a check waits, at most, for the end of a launch whose server process is gone to be complete (seconds):
+#: its wrapper's exit status written, the GPU memory of the dying process freed. Looked at again every
+#: ENDING_POLL_S meanwhile.
+ENDING_WAIT_S = 10.0
+ENDING_POLL_S = 1.0
+
 #: A serving launch gets a full look (every process on its host, its log's last lines) at least every this many
 #: checks; the checks in between are cheap (`Watcher._liveness_request`) while it stays fine.
 FULL_CHECK_EVERY = 10
@@ -71,6 +78,7 @@ class _Look:
     obs: Observation
     record: CheckRecord
     verdict: Verdict
+    ending: bool = False
 
 
 @dataclass
@@ -123,6 +131,7 @@ class Watcher:
         self.scheduler = scheduler
         self.policy = policy or config.watch
         self._stacks = stacks
+        self.ending_wait_s, self.ending_poll_s = ENDING_WAIT_S, ENDING_POLL_S
         self._locks: dict[int, asyncio.Lock] = {}
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
@@ -281,7 +290,8 @@ class Watcher:
         remembered = remember_processes(la, snap, obs.processes or [])
         if remembered is not None:
             with self._unless_refused(la, "the processes it remembers"):
-                la = self._launch_rows.update(la.id, seen_pids=remembered)
+                la = self._launch_rows.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])
+        ending = server_ending(snap, la, obs.processes or [], record.exit_status)
         if la.pid is not None and seen and snap.table and la.pid not in seen:
             # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
             # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
@@ -296,7 +306,7 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id)
-        return _Look(la, snap, obs, record, verdict)
+        return _Look(la, snap, obs, record, verdict, ending)
 
     async def _check(self, launch_id: int) -> CheckOutcome:
         """One check: gather (the cheap look, or the full one), then judge and act on what it saw."""
@@ -322,7 +332,16 @@ class Watcher:
             if isinstance(looked, _Look) and looked.verdict.verdict == "ready":
                 return looked
             self._cheap[la.id] = 0  # something changed (or the host did not answer): the full look decides
-        return await self._look(la, self.launches.launch_probe_request(la, tail_lines=200), history, prev)
+        full = self.launches.launch_probe_request(la, tail_lines=200)
+        looked = await self._look(la, full, history, prev)
+        # a server that is gone while its end is under way (the wrapper about to write its status, a CUDA process's
+        # memory being freed): look again for a few seconds rather than judge a half-finished end
+        deadline = self._clock.monotonic() + self.ending_wait_s
+        while isinstance(looked, _Look) and looked.ending and self._clock.monotonic() < deadline:
+            await asyncio.sleep(self.ending_poll_s)
+            looked = await self._look(looked.la, self.launches.launch_probe_request(looked.la, tail_lines=200),
+                                      history, prev)
+        return looked
 
     async def _act(self, looked: _Look, history: list[CheckRecord]) -> CheckOutcome:
         """Record what a check saw and act on its verdict: the ranks' stacks for a new hang, the launch's new

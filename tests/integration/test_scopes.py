@@ -141,7 +141,7 @@ async def test_a_launch_in_a_scope_is_killed_through_its_unit(make_bot, scoped_s
 
 
 async def test_a_host_with_systemd_off_never_asks_for_a_scope(make_bot, scoped_ssh, fake_gpu, standins, tmp_path):
-    bot = await make_bot(launch_config(scoped_ssh, fake_gpu, tmp_path, host={"systemd": "off"}))
+    bot = await make_bot(launch_config(scoped_ssh, fake_gpu, tmp_path, host={"systemd": "off", "cgroup": "off"}))
     launched = await bot.chat.say("/launch base mode=ready")
     assert "Launched base#1" in launched.text, launched.text
     assert bot.launch(1).unit is None and standins.calls() == []

@@ -8,10 +8,17 @@ import sqlite3
 import pytest
 
 from bot.adapters.store import Store
-from bot.core.lifecycle import Started, parse_launch_output, scope_unit, signal_script
+from bot.core.lifecycle import (
+    Started,
+    cgroup_name,
+    parse_launch_output,
+    scope_unit,
+    signal_script,
+    unit_cleanup_script,
+)
 from bot.core.models import Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import own_processes, remember_processes
-from bot.core.probe import parse_launch_tags
+from bot.core.probe import parse_launch_tags, parse_proc_stat_starts
 from tests.support.builders import launch_row
 
 
@@ -72,8 +79,8 @@ def test_the_launch_output_names_the_scope_only_with_its_manager():
 def test_a_remembered_pid_counts_only_for_the_process_that_was_seen():
     table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="helper")]
     snap = Snapshot(host="h", clock=2000.0, table=table)  # started at 1700, after the launch (1000)
-    first = remember_processes(launch(), snap, table)
-    assert first == {4242: 1700.0}
+    first, starts = remember_processes(launch(), snap, table)
+    assert first == {4242: 1700.0} and starts == {}
     assert remember_processes(launch(seen_pids=first), snap, table) is None  # nothing new
     same = Snapshot(host="h", clock=2600.0, table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=901)])
     assert [p.pid for p in own_processes(same, launch(seen_pids=first))] == [4242]  # one second of slack
@@ -142,3 +149,81 @@ def test_ages_against_the_bot_s_own_times_never_mix_the_two_clocks():
     old = Snapshot(host="h", clock=9000.0, local_clock=1100.0,
                    table=[ProcessInfo(pid=4242, ppid=1, stat="S", elapsed_s=500, args="stranger")])
     assert own_processes(old, launch(seen_pids={4242: None})) == []  # older than the launch: not ours
+
+
+def test_a_member_of_the_launch_s_own_cgroup_carries_its_tag():
+    text = "\n".join([
+        "/proc/500/cgroup:/gpubot-3-abc.launch",  # `env -i` and setsid: only its cgroup says whose it is
+        "/proc/501/cgroup:/gpubot-3-abc.launchx",
+        "/proc/502/cgroup:/gpubot-3-abc.launch/sub",
+    ])
+    assert parse_launch_tags(text) == {500: "3-abc"}
+    assert cgroup_name("3-abc") == "gpubot-3-abc.launch" and cgroup_name("3/abc") is None
+
+
+def test_the_launch_output_names_its_own_cgroup_only_with_the_cgroup_manager():
+    assert parse_launch_output("PGID=10\nUNIT=gpubot-3-abc.launch\nMANAGER=cgroup\nPID=12\n") == Started(
+        12, 10, "gpubot-3-abc.launch", "cgroup")
+    # a scope name with the cgroup manager, or a cgroup name with systemd's: neither is believed
+    assert parse_launch_output("PGID=10\nPID=12\nUNIT=gpubot-3-abc.scope\nMANAGER=cgroup\n") == Started(12, 10)
+    assert parse_launch_output("PGID=10\nPID=12\nUNIT=gpubot-3-abc.launch\nMANAGER=system\n") == Started(12, 10)
+
+
+def test_a_kill_of_a_launch_s_cgroup_uses_cgroup_kill_for_sigkill_and_its_members_otherwise():
+    kill = signal_script([5], 4, "KILL", unit="gpubot-3-abc.launch", manager="cgroup")
+    assert 'echo 1 > "$m/gpubot/gpubot-3-abc.launch"/cgroup.kill' in kill
+    assert kill.index("kill -KILL -- -4") < kill.index("cgroup.kill")
+    term = signal_script([5], 4, "TERM", unit="gpubot-3-abc.launch", manager="cgroup")
+    assert "cgroup.kill" not in term and 'kill -TERM $(cat "$m/gpubot/gpubot-3-abc.launch"/cgroup.procs)' in term
+    for unit, manager in (("gpubot-3-abc.scope", "cgroup"), ("gpubot-3-abc.launch", "system"),
+                          ("gpubot-../../x.launch", "cgroup")):
+        with pytest.raises(ValueError):
+            signal_script([5], 4, "TERM", unit=unit, manager=manager)
+    assert "rmdir" in unit_cleanup_script("gpubot-3-abc.launch", "cgroup")
+    assert unit_cleanup_script("gpubot-3-abc.scope", "system") is None and unit_cleanup_script(None, None) is None
+
+
+def test_a_pid_with_a_known_start_time_is_signalled_only_while_it_is_still_that_process():
+    script = signal_script([5, 6], None, "TERM", starts={6: 123456})
+    assert "kill -TERM 5 " in script and "kill -TERM 5 6" not in script
+    assert '[ "$(st 6)" = 123456 ] && kill -TERM 6' in script
+
+
+def test_start_times_are_read_after_the_last_parenthesis_of_the_command_name():
+    rest = " ".join(["S"] + ["1"] * 18 + ["98765"] + ["0"] * 10)  # field 22 is the 20th after the name
+    text = "\n".join([f"4242 (python3) {rest}", f"4243 (a) b) (c) {rest}", "garbage", f"x (y) {rest}", ""])
+    assert parse_proc_stat_starts(text) == {4242: 98765, 4243: 98765}
+
+
+def test_a_remembered_pid_with_an_exact_start_time_counts_only_for_that_very_process():
+    table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="helper")]
+    seen = Snapshot(host="h", clock=2000.0, table=table, start_ticks={4242: 170000})
+    pids, starts = remember_processes(launch(), seen, table)
+    assert starts == {4242: 170000}
+    la = launch(seen_pids=pids, seen_starts=starts)
+    # a stranger got the PID within the same second: the epoch times agree, the ticks do not
+    reused = Snapshot(host="h", clock=2000.5, table=table, start_ticks={4242: 170040})
+    assert own_processes(reused, la) == []
+    assert [p.pid for p in own_processes(Snapshot(host="h", clock=2600.0, table=table, start_ticks={4242: 170000}),
+                                         la)] == [4242]
+    # recorded exactly but not read now: not provably ours
+    assert own_processes(Snapshot(host="h", clock=2000.5, table=table), la) == []
+
+
+def test_seen_start_ticks_are_stored_beside_the_pids_and_read_back(tmp_path):
+    from bot.adapters.store.launches import _seen_pids, _seen_starts
+
+    store = Store(f"sqlite:///{tmp_path}/gpubot.db")
+    try:
+        la = store.launches.create(host="h", variant="base", params={}, command="c", log_path=None, port=None,
+                                   gpus=[], created_by="U1")
+        after = store.launches.update(la.id, seen_pids={41: 1700.0}, seen_starts={41: 99})
+        assert after.seen_pids == {41: 1700.0} and after.seen_starts == {41: 99}
+        after = store.launches.update(la.id, seen_pids={41: 1700.0, 42: None})  # the ticks are kept
+        assert after.seen_starts == {41: 99} and after.seen_pids == {41: 1700.0, 42: None}
+    finally:
+        store.close()
+    # an older gpubot reads the same object: the `starts` key is no PID and is skipped
+    assert _seen_pids('{"41": 1700.0, "starts": {"41": 99}}') == {41: 1700.0}
+    assert _seen_starts('{"starts": {"41": 99, "x": 1, "42": 1.5, "43": true}}') == {41: 99}
+    assert _seen_starts("[1, 2]") == {} and _seen_starts("nope") == {}

@@ -68,8 +68,23 @@ def _launch(row: Any) -> Launch:
         created_by=row.created_by, created_at=row.created_at, ended_at=row.ended_at, channel=row.channel,
         thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
         snoozed_until=row.snoozed_until, ready_at=row.ready_at, unreachable_since=row.unreachable_since,
-        seen_pids=_seen_pids(row.seen_pids_json), unit=row.unit, unit_manager=row.unit_manager,
+        seen_pids=_seen_pids(row.seen_pids_json), seen_starts=_seen_starts(row.seen_pids_json), unit=row.unit,
+        unit_manager=row.unit_manager,
     )
+
+
+def _seen_starts(text: str | None) -> dict[int, int]:
+    """`seen_pids_json`'s `starts` object -> PID -> start time in clock ticks after boot (/proc/PID/stat). A
+    record without one (an older gpubot's), or anything malformed, gives an empty dict; bad entries are dropped."""
+    try:
+        data = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    starts = data.get("starts") if isinstance(data, dict) else None
+    if not isinstance(starts, dict):
+        return {}
+    return {int(k): v for k, v in starts.items()
+            if re.fullmatch(r"[0-9]{1,10}", str(k)) and 0 < int(k) < 2**31 and type(v) is int and 0 <= v < 2**63}
 
 
 def _seen_pids(text: str | None) -> dict[int, float | None]:
@@ -154,8 +169,15 @@ class LaunchRepository:
                     row.params_json = json.dumps(v, sort_keys=True)
                 elif k == "gpus":
                     row.gpus_json = json.dumps(v)
-                elif k == "seen_pids":
-                    row.seen_pids_json = json.dumps({str(p): t for p, t in sorted(dict(v).items())})
+                elif k in ("seen_pids", "seen_starts"):
+                    # one JSON object: PID -> epoch start (read by every release), and `starts`: PID -> ticks
+                    old = _launch(row)
+                    pids = dict(v) if k == "seen_pids" else old.seen_pids
+                    starts = dict(fields.get("seen_starts", old.seen_starts))
+                    data: dict[str, Any] = {str(p): t for p, t in sorted(pids.items())}
+                    if starts:
+                        data["starts"] = {str(p): t for p, t in sorted(starts.items())}
+                    row.seen_pids_json = json.dumps(data)
                 elif k == "state":
                     row.state = LaunchState(v).value
                 else:
