@@ -20,6 +20,7 @@ from typing import TextIO
 
 from bot.config import Config
 from bot.core.grammar import CommandCall, CommandParseError, Grammar
+from bot.present.actions import click_command
 from bot.present.render import Message
 from bot.wiring import Runtime, build_runtime
 from handlers import CONSOLE_USER, Request, Source, deliver
@@ -35,11 +36,13 @@ MAX_WAIT_S = 3600.0
 class ConsoleSurface:
     """A Surface that prints plain text to `out`; message ids are increasing integers as strings. Attached
     files (charts, long logs, stack dumps, evidence) are saved under `attach_dir` (default: a fresh
-    temporary folder, made at the first file), and the path of each saved file is printed."""
+    temporary folder, made at the first file), and the path of each saved file is printed. A message's buttons
+    are printed as what to type instead (`[Kill] !kill #7 --yes`), with the install's thread `prefix`."""
 
-    def __init__(self, out: TextIO, attach_dir: Path | None = None):
+    def __init__(self, out: TextIO, attach_dir: Path | None = None, *, prefix: str = "!"):
         self.out = out
         self.attach_dir = attach_dir
+        self.prefix = prefix
         self._ids = itertools.count(1)
         self._files = itertools.count(1)
 
@@ -62,8 +65,12 @@ class ConsoleSurface:
         print(f"[attached {filename}, {len(content)} bytes, {where}]", file=self.out)
 
     async def post(self, channel: str, message: Message, *, thread_ts: str | None = None) -> str | None:
-        """Print the message text and save its attached files. Returns a fresh id."""
+        """Print the message text (and what to type for each of its buttons) and save its attached files. Returns a
+        fresh id."""
         print(message.text, file=self.out)
+        typed = button_commands(message.blocks or [], self.prefix)
+        if typed:
+            print("Buttons, typed here: " + " · ".join(f"[{label}] {cmd}" for label, cmd in typed), file=self.out)
         for name, data in message.files:
             self._attach(name, data)
         self.out.flush()
@@ -89,6 +96,18 @@ class ConsoleSurface:
         """Save the file and print where."""
         self._attach(filename, content)
         return True
+
+
+def button_commands(blocks: list[dict], prefix: str) -> list[tuple[str, str]]:
+    """(label, command to type) for each gpubot button in Block Kit `blocks` (bot.present.actions: the command a
+    click stands for, written with the thread `prefix`), in order; other buttons are left out."""
+    out = []
+    for block in blocks:
+        for el in block.get("elements", []) if block.get("type") == "actions" else []:
+            cmd = click_command(str(el.get("action_id", "")), str(el.get("value", "")))
+            if cmd is not None:
+                out.append((str((el.get("text") or {}).get("text", "")), f"{prefix}{cmd}"))
+    return out
 
 
 def parse_console_line(grammar: Grammar, line: str, *, bot_name: str = "gpubot",
@@ -148,7 +167,8 @@ async def run_command_line(line: str, runtime: Runtime, user_id: str = CONSOLE_U
 
 def console_runtime(config: Config, out: TextIO, **options: object) -> Runtime:
     """A runtime whose answers print to `out` (see bot.wiring.build_runtime for `options`)."""
-    return build_runtime(config, surface=ConsoleSurface(out), **options)  # type: ignore[arg-type]
+    surface = ConsoleSurface(out, prefix=config.slack.command_prefix)
+    return build_runtime(config, surface=surface, threads=False, **options)  # type: ignore[arg-type]
 
 
 def run_interactive(config: Config) -> int:

@@ -18,7 +18,7 @@ import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -201,21 +201,22 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
                   watch_policy: WatchPolicy | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
                   outbox_options: Mapping[str, float] | None = None,
                   surface_factory: Callable[[Outbox], Surface] | None = None, recover: bool = True,
-                  clock: Clock | None = None) -> Runtime:
+                  clock: Clock | None = None, threads: bool = True) -> Runtime:
     """Wire a bot for `config`.
 
     Answers go to `surface`, or, with a `transport` (Slack), through an Outbox in the database
-    (`slack.post_interval_s` apart per channel; `outbox_options` are further Outbox settings) and an
-    OutboxSurface (or `surface_factory(outbox)`). `store` defaults to the config's database
-    (`database_url`, else `state_dir/gpubot.db`); `executors` replace hosts' executors (tests);
-    `watch_policy` overrides the config's `watch:`; `poll_s`/`start_check_s` time kills and the first look
-    at a launch. Launches a previous run left `stopping` become `kill_failed` (unless `recover` is False: a
-    one-shot command beside a running bot, such as `gpubot bundle`, leaves them to it). Without a `store` it takes the
-    state directory's lock (one bot per state directory; released by `Runtime.close`). Raises ConfigError
-    (see `config_problems`), StateDirLocked when another bot holds the state directory, ValueError without
-    a surface or transport, and DatabaseUnavailable (naming the file or directory) for an unusable database or
-    state directory. `clock` (default: the system's) is the one clock of the bot: the store's times, kill
-    confirmations' expiry, launches' and checks' times (tests pass tests.support.clock.ManualClock).
+    (`slack.post_interval_s` apart per channel; `outbox_options` are further Outbox settings) and an OutboxSurface
+    (or `surface_factory(outbox)`). `store` defaults to the config's database (`database_url`, else
+    `state_dir/gpubot.db`); `executors` replace hosts' executors (tests); `watch_policy` overrides the config's
+    `watch:`; `poll_s`/`start_check_s` time kills and the first look at a launch; `threads` False: the surface has
+    no threads (the console), so suggested thread commands are written with their launch (`!logs #7 200`). Launches
+    a previous run left `stopping` become `kill_failed` (unless `recover` is False: a one-shot command beside a
+    running bot, such as `gpubot bundle`, leaves them to it). Without a `store` it takes the state directory's lock
+    (one bot per state directory; released by `Runtime.close`). Raises ConfigError (see `config_problems`),
+    StateDirLocked when another bot holds the state directory, ValueError without a surface or transport, and
+    DatabaseUnavailable (naming the file or directory) for an unusable database or state directory. `clock`
+    (default: the system's) is the one clock of the bot: the store's times, kill confirmations' expiry, launches'
+    and checks' times (tests pass tests.support.clock.ManualClock).
     """
     from bot.adapters.logs import redact_logs
     from bot.adapters.store import Store
@@ -242,7 +243,8 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         raise ValueError("build_runtime: a store and a clock that is not the store's: build the Store with it")
     redactor = Redactor(config.redact_patterns, values=known_secret_values(config))
     redact_logs(redactor)
-    renderer = Renderer(redactor, handler_derive.command_names(config))
+    names = handler_derive.command_names(config)
+    renderer = Renderer(redactor, names if threads else replace(names, threads=False))
     lock = StateLock.for_database(config.database_url, config.state_dir) if store is None else None
     try:
         if lock is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bot.core.commands import thread
 from bot.core.grammar import CommandCall
+from bot.core.text import counted
 from handlers import args
 from handlers.context import Context, Role
 from handlers.reply import Reply
@@ -19,7 +20,8 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise args.bad("name at most one launch", USAGE)
     la = args.launch(ctx, call.args[0] if call.args else None, USAGE)
     png, checks = await ctx.services.watcher.timeline(la)
-    msg = ctx.services.renderer.notice(f"Timeline of {la.name}", f"{checks} checks", icon=":chart_with_upwards_trend:")
+    msg = ctx.services.renderer.notice(f"Timeline of {la.name}", counted(checks, "check"),
+                                       icon=":chart_with_upwards_trend:")
     msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
     return ctx.reply(msg, launch=la)
 

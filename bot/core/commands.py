@@ -21,8 +21,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: Opens and closes a suggestion token (Unicode private-use characters).
-OPEN, CLOSE = "\ue000", "\ue001"
+#: Opens and closes a suggestion token (Unicode private-use characters); a thread suggestion may name its launch
+#: after LAUNCH_MARK, for a surface without threads (the console), which writes it with the launch (`!logs #7 200`).
+OPEN, CLOSE, LAUNCH_MARK = "\ue000", "\ue001", "\ue002"
 #: A suggestion's kind: typed as a slash command anywhere, or with the thread prefix in a launch's thread.
 SLASH, THREAD = "/", "!"
 
@@ -35,15 +36,30 @@ def slash(command: str, *args: object) -> str:
     return _token(SLASH, command, args)
 
 
-def thread(command: str, *args: object) -> str:
+def thread(command: str, *args: object, launch: object = None) -> str:
     """The token of `command` typed in a launch's thread with the install's prefix, e.g. `thread("logs", 200)`,
-    written `!logs 200` (or `?logs 200`)."""
-    return _token(THREAD, command, args)
+    written `!logs 200` (or `?logs 200`); with `launch` (a launch id), a surface without threads writes it
+    `!logs #7 200`."""
+    return _token(THREAD, command, args, launch)
 
 
-def _token(kind: str, command: str, args: tuple[object, ...]) -> str:
+def _token(kind: str, command: str, args: tuple[object, ...], launch: object = None) -> str:
     rest = " ".join(str(a) for a in args if a is not None and str(a) != "")
-    return f"{OPEN}{kind}{command}{' ' + rest if rest else ''}{CLOSE}"
+    ref = f"{LAUNCH_MARK}{int(launch)}" if isinstance(launch, int) and not isinstance(launch, bool) else ""
+    return f"{OPEN}{kind}{command}{' ' + rest if rest else ''}{ref}{CLOSE}"
+
+
+def for_launch(text: str, launch_id: int) -> str:
+    """`text` with every thread suggestion that names no launch naming `launch_id` (the launch an alert or answer
+    is about), so a surface without threads can write it with the launch."""
+    if OPEN + THREAD not in text:
+        return text
+    parts = text.split(OPEN)
+    for i in range(1, len(parts)):
+        body, sep, rest = parts[i].partition(CLOSE)
+        if sep and body.startswith(THREAD) and LAUNCH_MARK not in body:
+            parts[i] = f"{body}{LAUNCH_MARK}{int(launch_id)}{CLOSE}{rest}"
+    return OPEN.join(parts)
 
 
 def markup(text: str) -> str:
@@ -66,6 +82,7 @@ class Suggestion:
     kind: str
     command: str
     args: str = ""
+    launch: str = ""
 
 
 def suggestions(text: str) -> list[Suggestion]:
@@ -74,9 +91,15 @@ def suggestions(text: str) -> list[Suggestion]:
     for part in text.split(OPEN)[1:]:
         body, sep, _ = part.partition(CLOSE)
         if sep and len(body) > 1 and body[0] in (SLASH, THREAD):
-            command, _, args = body[1:].partition(" ")
-            out.append(Suggestion(body[0], command, args))
+            out.append(_suggestion(body))
     return out
+
+
+def _suggestion(body: str) -> Suggestion:
+    """A token's body (`!logs 200` + optional LAUNCH_MARK + launch id) as a Suggestion."""
+    body, _, launch = body.partition(LAUNCH_MARK)
+    command, _, args = body[1:].partition(" ")
+    return Suggestion(body[0], command, args, launch if launch.isdigit() else "")
 
 
 @dataclass(frozen=True)
@@ -84,16 +107,21 @@ class CommandNames:
     """How this install writes a suggestion: `slash_of` maps a command to the slash command text that runs it
     (`kill` -> `/kill`, `status` -> `/gpu status`, renamed: `/kill-staging`, `/gpu-staging status`), `router` the
     router slash command for commands that have none (`/gpu`), `prefix` the thread prefix (`!`). Built from the
-    command table and the config (handlers.derive.command_names)."""
+    command table and the config (handlers.derive.command_names). `threads` False: the surface has no threads (the
+    console), so a thread suggestion that names its launch is written with it (`!logs #7 200`)."""
 
     slash_of: Mapping[str, str] = field(default_factory=dict)
     router: str = "/gpu"
     prefix: str = "!"
+    threads: bool = True
 
     def write(self, s: Suggestion) -> str:
-        """The text a person types for `s`: `/kill 7`, `/gpu logs 3 200`, `!logs 200`."""
+        """The text a person types for `s`: `/kill 7`, `/gpu logs 3 200`, `!logs 200` (`!logs #3 200` without
+        threads)."""
         if s.kind == THREAD:
             head = f"{self.prefix}{s.command}"
+            if not self.threads and s.launch:
+                head += f" #{s.launch}"
         else:
             head = self.slash_of.get(s.command) or f"{self.router} {s.command}"
         return f"{head} {s.args}" if s.args else head
@@ -115,14 +143,13 @@ class CommandNames:
 
     def _expand(self, text: str, escape) -> str:  # type: ignore[no-untyped-def]
         parts = text.split(OPEN)
-        out = [parts[0].replace(CLOSE, "")]
+        out = [parts[0].replace(CLOSE, "").replace(LAUNCH_MARK, "")]
         for part in parts[1:]:
             body, sep, rest = part.partition(CLOSE)
             if sep and len(body) > 1 and body[0] in (SLASH, THREAD):
-                command, _, args = body[1:].partition(" ")
-                out.append(escape(self.write(Suggestion(body[0], command, args))))
+                out.append(escape(self.write(_suggestion(body))))
             else:
-                out.append(body)
-            out.append(rest.replace(CLOSE, ""))
+                out.append(body.replace(LAUNCH_MARK, ""))
+            out.append(rest.replace(CLOSE, "").replace(LAUNCH_MARK, ""))
         return "".join(out)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from bot.core.commands import OPEN, SLASH, slash
+from bot.core.commands import OPEN, SLASH, for_launch, slash
 from bot.core.lifecycle import CGROUP_PARENT, is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
@@ -381,7 +381,7 @@ def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[t
     after a problem while serving (one "recovered" message). Time per phase for ready only."""
     buttons = verdict.verdict != "ready"
     steps = _button_steps(verdict.next_steps) if buttons else [WATCHING_STEP, *verdict.next_steps[:1]]
-    steps = [fill_placeholders(s, la) for s in steps]
+    steps = [for_launch(fill_placeholders(s, la), la.id) for s in steps]
     return {
         "name": la.name, "host": la.host, "verdict": verdict.verdict, "phase": verdict.phase,
         "summary": verdict.summary, "evidence": key_evidence(verdict.evidence),

@@ -54,6 +54,10 @@ class ConfirmedKill:
     launch: Launch | None
 
 
+#: Who decided a confirmation the bot closed itself (its kill was not needed any more): no Slack user.
+CLOSED_BY_BOT = "gpubot"
+
+
 class ConfirmationService:
     """Asks and decides typed kill confirmations."""
 
@@ -83,7 +87,9 @@ class ConfirmationService:
         conf, won = self._rows.claim(conf_id, state=state, user_id=user, max_age_s=self.ttl_s)
         if conf is None or won:
             return Decision(conf, won)
-        if conf.state != ConfirmationState.PENDING:
+        if conf.state != ConfirmationState.PENDING and conf.decided_by == CLOSED_BY_BOT:
+            why = "not needed: it was closed when its launch had already ended and nothing of it ran"
+        elif conf.state != ConfirmationState.PENDING:
             why = f"already {conf.state} by {user_mention(conf.decided_by or '')}"
         else:
             why = f"expired (older than {self.ttl_s / 60:.0f} min); type the kill again"
@@ -112,7 +118,7 @@ class ConfirmationService:
         click did not decide it (unknown, already decided, expired), else the ConfirmedKill."""
         ended = await self._ended_with_nothing_left(conf_id)
         if ended is not None:  # killed meanwhile (`--yes`, another confirmation): nothing left to stop
-            d = self._decide(conf_id, ConfirmationState.CANCELLED, user)
+            d = self._decide(conf_id, ConfirmationState.CANCELLED, CLOSED_BY_BOT)
             if d.won:
                 return Decision(d.confirmation, False, f"not needed: {ended.name} already ended "
                                                        f"({ended.state.value}) and nothing of it runs")

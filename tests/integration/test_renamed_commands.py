@@ -9,8 +9,7 @@ import re
 import pytest
 
 from bot.config import Config
-from bot.console import ConsoleSurface, run_command_line
-from bot.wiring import build_runtime
+from bot.console import console_runtime, run_command_line
 from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import kill_launches, wait_log, wait_until
 
@@ -38,8 +37,8 @@ def defaults_named(text: str) -> list[str]:
 
 async def test_a_renamed_install_names_no_default_command_in_a_console_session(ssh_server, fake_gpu, tmp_path):
     out = io.StringIO()
-    runtime = build_runtime(staging_config(ssh_server, fake_gpu, tmp_path), surface=ConsoleSurface(out),
-                            watch_policy=FAST_WATCH, poll_s=0.2, start_check_s=0.5)
+    runtime = console_runtime(staging_config(ssh_server, fake_gpu, tmp_path), out,
+                              watch_policy=FAST_WATCH, poll_s=0.2, start_check_s=0.5)
     await runtime.start(watch=False)
     answers: dict[str, str] = {}
 
@@ -53,7 +52,8 @@ async def test_a_renamed_install_names_no_default_command_in_a_console_session(s
         launched = await run("/launch-staging base mode=hang workers=1")
         assert "Launched base#1" in launched, launched
         # the root message's own list of commands, in this install's words
-        assert "?probe · ?logs 200 · ?kill · ?relaunch" in out.getvalue(), out.getvalue()
+        # (the console has no threads: each names its launch)
+        assert "?probe #1 · ?logs #1 200 · ?kill #1 · ?relaunch #1" in out.getvalue(), out.getvalue()
         assert "`/probe-staging 1` · `/gpu-staging logs 1 200` · `/kill-staging 1`" in out.getvalue()
         la = runtime.launches.get(1)
         await wait_log(la.log_path, "Load weight end")
@@ -63,6 +63,7 @@ async def test_a_renamed_install_names_no_default_command_in_a_console_session(s
         assert "Unknown host or command" in unknown_host and "/gpu-staging help" in unknown_host, unknown_host
         ask = await run("/kill-staging 1")
         assert "`/kill-staging 1 --yes`" in ask and "`?confirm 1`" in ask and "`?cancel 1`" in ask, ask
+        assert "Buttons, typed here: [Kill] ?confirm 1 · [Cancel] ?cancel 1" in ask, ask
         refused = await run("/launch-staging base")
         assert "`/kill-staging 1` or `/relaunch-staging 1` first" in refused, refused
         snoozed = await run("?snooze 1 15")
