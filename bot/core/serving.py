@@ -170,7 +170,12 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
                   f"{g.utilization_gpu_pct if g.utilization_gpu_pct is not None else '?'} % utilization")
     quiet_gpus = not gpus or len(idle) + len(spin) == len(gpus)
     if health in TIMEOUT_HEALTH and silence is not None and silence >= hang_silence_s and quiet_gpus:
-        what = "spin at 100 % (a collective that never completes)" if spin else "sit idle"
+        if not spin:
+            what = "sit idle"
+        elif len(gpus) > 1 or any("nccl" in line.lower() for line in (obs.log_lines or [])[-500:]):
+            what = "spin at 100 % (a collective that never completes)"
+        else:
+            what = "spin at 100 % (a kernel that never finishes)"
         summary = (f"Serving hang: the health endpoint times out ({streak} checks in a row), the log has been "
                    f"silent for {silence:.0f} s and the GPUs {what if gpus else 'were not readable'}.")
         return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"), summary)

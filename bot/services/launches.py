@@ -42,12 +42,16 @@ from bot.core.observe import ended_by, own_processes, remember_processes, starte
 from bot.core.probe import MAX_PS_PIDS, ProbeRequest
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
+from bot.present.views import kill_view
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.secrets import SecretService
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
+
+#: The user id audited for a kill the bot runs again itself (one a restart interrupted).
+RESUMED_BY = "gpubot"
 
 #: A launch in state `starting` younger than this counts as live without looking for its processes.
 STARTING_GRACE_S = 120.0
@@ -85,6 +89,7 @@ class LaunchService:
         self.release_timeout_s = lc.release_timeout_s
         self.min_shm_free_mib = lc.min_shm_free_mib
         self.poll_s = poll_s
+        self._interrupted: list[int] = []  # launches whose kill a restart interrupted, to finish at start
         self.start_check_s = start_check_s
         self.sigkill_wait_s = sigkill_wait_s
         self._locks: dict[str, asyncio.Lock] = {}
@@ -254,13 +259,38 @@ class LaunchService:
     # -- launch -------------------------------------------------------------------------------------
     def recover_interrupted_kills(self) -> list[Launch]:
         """Launches left `stopping` by a bot that stopped mid-kill become `kill_failed` (live again, so they
-        are watched and can be killed). Call once at start, before taking commands. Returns them."""
+        are watched and can be killed), and are remembered for `finish_interrupted_kills`. Call once at start,
+        before taking commands. Returns them."""
         out = []
         for la in self._launches.in_state(LaunchState.STOPPING):
             out.append(self.transition(la, LaunchEvent.KILL_INTERRUPTED,
                                        state_detail="the bot stopped during a kill; kill it again"))
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
+        self._interrupted = [la.id for la in out]
         return out
+
+    async def finish_interrupted_kills(self) -> list[KillOutcome]:
+        """Finish each kill a restart interrupted (`recover_interrupted_kills`): the kill runs again, as any kill
+        (its processes found by tag, cgroup and start time), and its result is posted in the launch's thread, led by
+        "the kill of base#7 was interrupted by a restart of the bot". A launch killed or relaunched meanwhile is
+        left alone. Returns the outcomes; never raises."""
+        outs = []
+        pending, self._interrupted = self._interrupted, []
+        for launch_id in pending:
+            la = self.get(launch_id)
+            if la is None or la.state != LaunchState.KILL_FAILED:
+                continue
+            try:
+                out = await self.kill(la, user=RESUMED_BY)
+            except Exception:  # the kill reports remote failures itself; anything else must not stop the start
+                log.exception("finishing the interrupted kill of %s failed", la.name)
+                continue
+            outs.append(out)
+            la = self.get(launch_id) or la
+            await self._threads.post(la, "kill_result", **kill_view(out, la.gpus),
+                                     intro=f"The kill of {la.name} was interrupted by a restart of the bot; "
+                                           "it ran again now.")
+        return outs
 
     async def launch(self, variant: str, params: dict[str, str], *, user: str, channel: str | None = None,
                      host: str | None = None, thread_ts: str | None = None,

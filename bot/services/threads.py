@@ -67,6 +67,18 @@ class IncidentThreads:
             self._remember(la.channel, la.thread_ts, msg)
         return updated
 
+    async def post(self, la: Launch, template: str, /, **context: object) -> bool:
+        """Post template `template` rendered with `context` in `la`'s thread (nothing without a channel). Returns
+        whether it was posted; never raises (a failure is logged)."""
+        if not la.channel:
+            return False
+        try:
+            msg = self._render.render(template, **context)
+            return await self._surface.post(la.channel, msg, thread_ts=la.thread_ts) is not None
+        except Exception:
+            log.exception("posting %s in the thread of %s failed", template, la.name)
+            return False
+
     def _remember(self, channel: str, ts: str, msg: Message) -> None:
         """Keep what the root message (channel, ts) shows (the SHOWN_KEPT newest roots)."""
         key = (channel, ts)

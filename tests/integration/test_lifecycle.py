@@ -444,7 +444,7 @@ async def test_killing_an_ended_launch_again_asks_nothing_and_keeps_how_it_ended
     assert [e.result for e in bot.events(action="kill")] == ["released", "nothing"]
 
 
-async def test_a_launch_left_stopping_by_a_crash_can_be_killed_after_a_restart(make_bot, gpu_config):
+async def test_a_kill_interrupted_by_a_crash_is_finished_and_told_in_its_thread_after_a_restart(make_bot, gpu_config):
     bot = await make_bot(gpu_config)
     launched = await bot.chat.say("/launch base mode=hang")
     assert launched.text.startswith("Launched base#1"), launched.text
@@ -456,7 +456,10 @@ async def test_a_launch_left_stopping_by_a_crash_can_be_killed_after_a_restart(m
     relaunch = await bot.chat.say("/relaunch 1")
     assert "being stopped by another kill" in relaunch.text and len(bot.store.launches.recent()) == 1
     await bot.runtime.close()
-    restarted = await make_bot(gpu_config)  # the next bot process starts
-    assert restarted.launch(1).state == LaunchState.KILL_FAILED
-    killed = await restarted.chat.say("/kill 1 --yes")
-    assert "released" in killed.text and pids_of_launch(la) == []
+    restarted = await make_bot(gpu_config)  # the next bot process starts: it finishes the kill
+    told = [p for p in restarted.chat.posts if "interrupted by a restart" in p.text]
+    assert len(told) == 1 and told[0].thread_ts == la.thread_ts, [p.text for p in restarted.chat.posts]
+    assert "The kill of base#1 was interrupted by a restart of the bot" in told[0].text
+    assert "Killed base#1" in told[0].text and "released" in told[0].text, told[0].text
+    assert restarted.launch(1).state == LaunchState.KILLED and pids_of_launch(la) == []
+    assert [e.user_id for e in restarted.events(action="kill")][-1] == "gpubot"

@@ -196,6 +196,19 @@ def test_nccl_spin_is_not_work():
     assert "NCCL spin" in _joined(v)
 
 
+def test_one_gpu_without_nccl_spins_a_kernel_not_nccl():
+    gpu = GpuReading(index=0, memory_used_mib=2627, memory_total_mib=46068, utilization_gpu_pct=100,
+                     power_draw_w=97, power_limit_w=350)
+    v = diagnose(Observation(process_alive=True, log_silent_s=600, gpus=[gpu],
+                             log_lines=["Capture cuda graph begin. This can take up to several minutes."]))
+    assert v.verdict == "silent_hang" and "NCCL" not in _joined(v), _joined(v)
+    assert "a kernel spins at 100 %" in _joined(v)
+    # one GPU, but the log shows NCCL at work (a rank of a multi-host launch): an NCCL spin
+    nccl = diagnose(Observation(process_alive=True, log_silent_s=600, gpus=[gpu],
+                                log_lines=["NCCL INFO Channel 00/02 : 0[0] -> 1[0] via NET/IB/0"]))
+    assert "NCCL spin" in _joined(nccl)
+
+
 def test_full_utilization_at_high_power_is_work():
     gpus = [
         GpuReading(

@@ -1,7 +1,7 @@
 """Evidence building: quote what an Observation and a LogScan show, verbatim in backticks, into an `_Ev` list.
 
 Also the shared text helpers (`_q` quotes, `_secs` durations, `_fmt_num`) and the interpretations the rules
-rely on: a GPU reading's state (NCCL spin, memory held while idle, computing), whether a process is an
+rely on: a GPU reading's state (a spin, memory held while idle, computing), whether a process is an
 engine's, and the status a raw curl probe shows. Pure.
 """
 
@@ -85,8 +85,23 @@ def _is_engine_process(p: ProcessInfo, sig: Signatures) -> bool:
     return bool(p.args) and sig.processes.first(p.args) is not None
 
 
-def _gpu_state(g: GpuReading) -> str | None:
-    """Interpretation of one GPU reading: spin, idle with memory held, context only, working."""
+#: How a GPU at 100 % utilization, low power and little memory reads: an NCCL spin where NCCL is in play (a
+#: collective that never completes), else a kernel that spins. `_is_spin` knows both.
+NCCL_SPIN, KERNEL_SPIN = "NCCL spin", "a kernel spins at 100 %"
+
+
+def _nccl_in_play(obs: Observation) -> bool:
+    """Whether NCCL can be what spins on the GPUs: more than one GPU read or held by the launch, or the log or a
+    process's command line names NCCL (a single-GPU server with no NCCL spins a kernel of its own)."""
+    if len(obs.gpus or []) > 1 or len({gp.gpu_index for gp in obs.gpu_processes or []}) > 1:
+        return True
+    return any("nccl" in line.lower() for line in (obs.log_lines or [])[-500:]) or any(
+        "nccl" in (p.args or "").lower() for p in obs.processes or [])
+
+
+def _gpu_state(g: GpuReading, nccl: bool = True) -> str | None:
+    """Interpretation of one GPU reading: spin (`NCCL_SPIN` where `nccl` is in play, else `KERNEL_SPIN`), idle with
+    memory held, context only, working."""
     used, total, util = g.memory_used_mib, g.memory_total_mib, g.utilization_gpu_pct
     mem_frac = used / total if used is not None and total else None
     power_frac = g.power_draw_w / g.power_limit_w if g.power_draw_w is not None and g.power_limit_w else None
@@ -95,7 +110,9 @@ def _gpu_state(g: GpuReading) -> str | None:
     if util is not None and util >= 95:
         low = "low power" if power_frac is not None else "power unknown"
         if mem_frac is not None and mem_frac <= 0.2:
-            return f"NCCL spin: {util:.0f} % util at {low} with little memory is a spinning kernel, not work"
+            if nccl:
+                return f"{NCCL_SPIN}: {util:.0f} % util at {low} with little memory is a spinning kernel, not work"
+            return f"{KERNEL_SPIN}: at {low} with little memory it is a busy-wait, not work"
         return f"spinning: {util:.0f} % util at {low} is a busy-wait, not compute"
     if util is not None and util <= 5:
         if mem_frac is not None and mem_frac >= 0.5:
@@ -110,7 +127,7 @@ def _gpu_state(g: GpuReading) -> str | None:
 
 def _is_spin(g: GpuReading) -> bool:
     state = _gpu_state(g)
-    return state is not None and state.startswith("NCCL spin")
+    return state is not None and state.startswith((NCCL_SPIN, KERNEL_SPIN))
 
 
 def _probe_status(lines: Sequence[str] | None) -> tuple[str | None, str | None]:
@@ -239,6 +256,8 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
     for line in obs.gpu_error_lines or []:
         ev.add(f"nvidia-smi: `{_q(line)}`")
     gpus = obs.gpus or []
+    # only a GPU at 95 % or more can be a spin: nothing else needs the (log-reading) NCCL test
+    nccl = _nccl_in_play(obs) if any((g.utilization_gpu_pct or 0) >= 95 for g in gpus) else True
     for g in gpus[:8]:
         raw = obs.gpu_lines.get(g.index)
         if raw and ev.quotes(raw):
@@ -249,7 +268,7 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
             else f"{_fmt_gib(g.memory_used_mib)} / {_fmt_gib(g.memory_total_mib)}, "
             f"{_fmt_num(g.utilization_gpu_pct, '%')} util, {_fmt_num(g.power_draw_w, 'W')}"
         )
-        state = _gpu_state(g)
+        state = _gpu_state(g, nccl)
         ev.add(f"GPU {g.index}: {text}" + (f" → {state}" if state else ""))
     if len(gpus) > 8:
         ev.add(f"... and {counted(len(gpus) - 8, 'more GPU')}")
