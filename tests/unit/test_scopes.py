@@ -227,3 +227,25 @@ def test_seen_start_ticks_are_stored_beside_the_pids_and_read_back(tmp_path):
     assert _seen_pids('{"41": 1700.0, "starts": {"41": 99}}') == {41: 1700.0}
     assert _seen_starts('{"starts": {"41": 99, "x": 1, "42": 1.5, "43": true}}') == {41: 99}
     assert _seen_starts("[1, 2]") == {} and _seen_starts("nope") == {}
+
+
+def test_a_server_gone_while_its_wrapper_has_not_written_the_status_is_still_ending():
+    from bot.core.models import GpuProcess, GpuSection
+    from bot.core.observe import server_ending
+
+    la = launch()  # server pid 100, wrapper (session leader) 99, GPU 0
+    wrapper = ProcessInfo(pid=99, ppid=1, pgid=99, sid=99, stat="S", args="sh -c exec 3>&2 2>/dev/null ...")
+    other = ProcessInfo(pid=7, ppid=1, stat="S", args="init")
+    snap = Snapshot(host="h", clock=2000.0, table=[other, wrapper])
+    assert server_ending(snap, la, [wrapper], None)  # the wrapper is about to write it
+    assert not server_ending(snap, la, [wrapper], 137)  # written: the end is known
+    assert not server_ending(snap, la, [], None)  # no wrapper left to write it: judge what is there
+    server = ProcessInfo(pid=100, ppid=99, pgid=99, sid=99, stat="S", args="python -m sglang")
+    assert not server_ending(Snapshot(host="h", clock=2000.0, table=[wrapper, server]), la, [wrapper, server], None)
+    # the status is written but GPU 0's memory still belongs to the dead server's PID: being freed
+    gpu = GpuSection(ok=True, processes=[GpuProcess(pid=100, gpu_index=0, used_memory_mib=14800)])
+    assert server_ending(Snapshot(host="h", clock=2000.0, table=[other], gpu=gpu), la, [], 137)
+    # a foreign holder that is listed and alive is not the launch's teardown
+    listed = GpuSection(ok=True, processes=[GpuProcess(pid=7, gpu_index=0, used_memory_mib=500)])
+    assert not server_ending(Snapshot(host="h", clock=2000.0, table=[other], gpu=listed), la, [], 137)
+    assert not server_ending(Snapshot(host="h", clock=2000.0, table=[]), la, [], None)  # no process table
