@@ -13,6 +13,7 @@ holds no readable secret.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -32,6 +33,8 @@ class SecretBoxError(Exception):
     """A key that is not a Fernet key, a key file that cannot be read or made, or a sealed value that this key
     did not seal (the key changed) or that is damaged. The message says which."""
 
+log = logging.getLogger(__name__)
+
 
 def _read_key(path: Path) -> bytes | None:
     """The key in the regular file `path`, or None when there is no such file. Never follows a symlink and
@@ -44,8 +47,12 @@ def _read_key(path: Path) -> bytes | None:
     except OSError as e:  # a symlink (ELOOP), no permission, ...
         raise SecretBoxError(f"cannot read {path}: {e.strerror or e} (it must be a regular file)") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             raise SecretBoxError(f"{path} is not a regular file")
+        if mode & 0o077:  # group or others may read it: anyone who can read it can open every sealed value
+            log.warning("%s is readable by others (mode %o): anyone who can read it can open the sealed secret "
+                        "params; fix it with `chmod 600 %s`", path, stat.S_IMODE(mode), path)
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(4096).strip()
     except OSError as e:

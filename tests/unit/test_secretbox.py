@@ -51,3 +51,39 @@ def test_a_key_file_that_is_not_a_key_is_a_clear_error_never_a_hang(tmp_path, sh
         path.mkdir()
     with pytest.raises(SecretBoxError):
         SecretBox.for_directory(tmp_path, environ={})
+
+
+def test_a_key_file_others_can_read_gets_a_warning_with_its_fix(tmp_path, caplog):
+    import logging
+
+    from bot.adapters.secretbox import KEY_FILE, SecretBox
+
+    box = SecretBox.for_directory(tmp_path, environ={})
+    key = tmp_path / KEY_FILE
+    assert key.stat().st_mode & 0o777 == 0o600
+    with caplog.at_level(logging.WARNING, logger="bot.adapters.secretbox"):
+        SecretBox.for_directory(tmp_path, environ={})
+    assert not caplog.records  # 0600: nothing to say
+    key.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="bot.adapters.secretbox"):
+        again = SecretBox.for_directory(tmp_path, environ={})
+    assert f"chmod 600 {key}" in caplog.text and "mode 644" in caplog.text
+    assert again.unseal(box.seal({"k": "v"})) == {"k": "v"}  # the same key, still used
+
+
+def test_a_bot_on_postgresql_keeps_its_key_in_the_state_directory(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bot.adapters.secretbox import KEY_ENV, KEY_FILE
+    from bot.config import Config
+    from bot.wiring import _secret_box
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    config = Config.model_validate({"hosts": {"h": {"local": True}}, "state_dir": str(tmp_path / "state")})
+    (tmp_path / "state").mkdir()
+    store = SimpleNamespace(url="postgresql+psycopg://gpubot@db.internal/gpubot",
+                            db=SimpleNamespace(path="postgresql+psycopg://gpubot:***@db.internal/gpubot"))
+    box = _secret_box(store, config)  # type: ignore[arg-type]
+    assert box is not None and (tmp_path / "state" / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    again = _secret_box(store, config)  # type: ignore[arg-type]
+    assert again is not None and again.unseal(box.seal({"api_key": "v"})) == {"api_key": "v"}
