@@ -87,7 +87,8 @@ async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, f
         await a.say("".join(f"/launch v{i} mode=hang workers=1\n" for i in (1, 2, 3)))
         await wait_until(lambda: a.out.count("Launched v") == 3, 30, what=f"three launches; output:\n{a.out}")
         await a.kill()  # SIGKILL, no clean shutdown: the jobs are only in the database
-        assert a.alerts() == [], a.out  # nothing was due yet
+        # usually nothing was due yet; on a loaded machine the first launch may already have been alerted: either
+        # way, every alert is posted once across the bots (checked below), whatever the speed
         store = Store(f"sqlite:///{tmp_path / 'state' / 'gpubot.db'}")
         logs = [la.log_path for la in store.launches.recent()]
         assert len(logs) == 3
@@ -97,11 +98,12 @@ async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, f
 
         b = await ConsoleBot.start(path)
         bots.append(b)
-        await wait_until(lambda: len(b.alerts()) >= 3, 60, what=f"the three due alerts; output:\n{b.out}")
+        await wait_until(lambda: len(a.alerts() + b.alerts()) >= 3, 60,
+                         what=f"the three due alerts; output:\n{b.out}")
         seen = observations(store)  # more checks of each launch: a late duplicate alert would show meanwhile
         await wait_until(lambda: observations(store) >= seen + 6, 60, what="two more checks of each launch")
         await b.kill()
-        assert sorted(b.alerts()) == ["v1#1", "v2#2", "v3#3"], b.out  # each exactly once
+        assert sorted(a.alerts() + b.alerts()) == ["v1#1", "v2#2", "v3#3"], (a.out, b.out)  # each exactly once
 
         c = await ConsoleBot.start(path)  # a second restart posts nothing again
         bots.append(c)
