@@ -213,7 +213,7 @@ def gpu_config(srv, tmp_path) -> Config:
     variant = {
         "host": "gpu-host-1",
         "command": "{{ python }} {{ server }} --workers {{ workers }} --gib {{ gib }} --kv-gib {{ kv_gib }}"
-                   " --port {{ port }} --mode {{ mode }}",
+                   " --port {{ port }} --mode {{ mode }} --single {{ single }} --escape-gib {{ escape_gib }}",
         "params": {
             "python": {"type": "path", "default": sys.executable},
             "server": {"type": "path", "default": str(SERVER)},
@@ -221,6 +221,8 @@ def gpu_config(srv, tmp_path) -> Config:
             "gib": {"type": "float", "default": 4.0, "min": 0.5, "max": 120},
             "kv_gib": {"type": "float", "default": 1.0, "min": 0, "max": 16},
             "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "init_hang"]},
+            "single": {"type": "int", "default": 0, "min": 0, "max": 1},
+            "escape_gib": {"type": "float", "default": 0.0, "min": 0, "max": 16},
         },
         "port": free_port(),
         "gpus": [0],

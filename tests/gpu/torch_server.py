@@ -32,6 +32,12 @@ Then, by `--mode`:
   GET /health on `--port`: 200 while every rank's heartbeat (a file it touches every 0.2 s) is fresh, no
   answer while a rank is stopped (SIGSTOP), as SGLang's /health goes through the scheduler.
 
+`--single 1`: one process, no workers: the launcher itself is rank 0 (a thread of it loads the weights), so the
+server's own PID holds the GPU memory, as a single-GPU vLLM or llama.cpp server does. `--escape-gib G` (G > 0):
+once ready, the launcher starts a grandchild through a shell that exits at once, with `setsid env -i` (no session,
+no environment of the launch: no GPUBOT_LAUNCH tag), which holds G GiB on cuda:0 and sleeps: the child that
+escapes a launch.
+
 A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; the launcher then logs
 `Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
 action), and the driver frees the memory when the process is gone.
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -199,7 +206,10 @@ def launcher(args: argparse.Namespace) -> int:
         f"mode={args.mode}, mem_per_rank_gib={args.gib})")
     ready_dir = tempfile.mkdtemp(prefix="torch-server-ready-")
     ranks = []
-    for rank in range(args.workers):
+    if args.single:  # rank 0 in this very process
+        one = argparse.Namespace(**{**vars(args), "worker_rank": 0, "ready_dir": ready_dir, "workers": 1})
+        threading.Thread(target=worker, args=(one,), daemon=True).start()
+    for rank in range(0 if args.single else args.workers):
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker-rank", str(rank),
                "--ready-dir", ready_dir]
         ranks.append(subprocess.Popen(cmd))
@@ -213,15 +223,31 @@ def launcher(args: argparse.Namespace) -> int:
                     if o.poll() is None:
                         o.terminate()
                 return 1
-        if args.mode in ("ready", "nccl_ready") and not serving and len(os.listdir(ready_dir)) >= args.workers:
-            Health.ready_dir, Health.workers = ready_dir, args.workers
+        if args.mode in ("ready", "nccl_ready") and not serving and \
+                len(os.listdir(ready_dir)) >= (1 if args.single else args.workers):
+            Health.ready_dir, Health.workers = ready_dir, (1 if args.single else args.workers)
             srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
             srv.daemon_threads = True
             threading.Thread(target=srv.serve_forever, daemon=True).start()
             log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
             log("The server is fired up and ready to roll!")
             serving = True
+            if args.escape_gib > 0:
+                escape(args.escape_gib)
         time.sleep(0.2)
+
+
+def escape(gib: float) -> None:
+    """Start a grandchild that leaves the launch: `sh -c 'setsid env -i ... python -c CODE &'` (the shell exits at
+    once, so nothing of the launch is its parent), holding `gib` GiB on cuda:0 until killed. Only PATH and
+    PYTHONPATH are given back to it (to find torch); no GPUBOT_LAUNCH tag."""
+    code = (f"import time, torch; t = torch.empty({int(gib * GIB)}, dtype=torch.uint8, device='cuda:0'); "
+            "t.fill_(1); torch.cuda.synchronize(); print('escapee holds memory', flush=True); time.sleep(3600)")
+    keep = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
+                    if os.environ.get(k))
+    subprocess.run(["sh", "-c", f"setsid env -i {keep} {shlex.quote(sys.executable)} -c {shlex.quote(code)} &"],
+                   check=False)
+    log(f"started a child that escapes the launch ({gib:.1f} GiB)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -235,6 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["ready", "hang", "init_hang", "nccl_ready", "collective_hang"], default="ready")
     p.add_argument("--device", default="cuda:0",
                    help="every rank's device (one GPU), or `per-rank`: rank N on cuda:N (one process per GPU)")
+    p.add_argument("--single", type=int, default=0, help="1: one process (the launcher is rank 0), no workers")
+    p.add_argument("--escape-gib", type=float, default=0.0,
+                   help="once ready, start a grandchild with `setsid env -i` holding this many GiB")
     p.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
