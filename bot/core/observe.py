@@ -263,12 +263,19 @@ def ended_by(snap: Snapshot, la: Launch) -> float | None:
     return max(0.0, clock - la.ended_at - START_TIME_SLACK_S)
 
 
-def remember_processes(la: Launch, snap: Snapshot,
-                       procs: Sequence[ProcessInfo]) -> tuple[dict[int, float | None], dict[int, int]] | None:
+def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo], *,
+                       whole_table: bool = False) -> tuple[dict[int, float | None], dict[int, int]] | None:
     """(`la.seen_pids`, `la.seen_starts`) with the processes `procs` (seen in `snap`) added with their start times
     (pure): epoch seconds from `ps`, and clock ticks from /proc/PID/stat where the probe read them; None when
-    nothing is new. A recorded start time is kept; an unknown one is filled in."""
+    nothing changed. A recorded start time is kept; an unknown one is filled in. With `whole_table` (`snap` lists
+    every process of the host), remembered processes that are no longer in it are forgotten: they ended, and a
+    process that gets their PID later is another one (the records of a launch whose server starts short-lived
+    children stay bounded)."""
     pids, starts = dict(la.seen_pids), dict(la.seen_starts)
+    if whole_table and snap.table:
+        alive = {p.pid for p in snap.table}
+        pids = {pid: t for pid, t in pids.items() if pid in alive}
+        starts = {pid: t for pid, t in starts.items() if pid in alive}
     for p in procs:
         if pids.get(p.pid) is None:
             pids[p.pid] = start_time(snap, p)

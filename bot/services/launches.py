@@ -515,7 +515,7 @@ class LaunchService:
             out.nothing_to_kill = out.released = True
             out.mem_after_mib = out.mem_before_mib
             return out
-        remembered = remember_processes(la, snap, procs)
+        remembered = remember_processes(la, snap, procs, whole_table=True)
         if remembered is not None:
             self._launches.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])
         out.signalled = procs

@@ -287,7 +287,7 @@ class Watcher:
             return snap
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
         seen = {p.pid for p in obs.processes or []}
-        remembered = remember_processes(la, snap, obs.processes or [])
+        remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None)
         if remembered is not None:
             with self._unless_refused(la, "the processes it remembers"):
                 la = self._launch_rows.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])

@@ -249,3 +249,15 @@ def test_a_server_gone_while_its_wrapper_has_not_written_the_status_is_still_end
     listed = GpuSection(ok=True, processes=[GpuProcess(pid=7, gpu_index=0, used_memory_mib=500)])
     assert not server_ending(Snapshot(host="h", clock=2000.0, table=[other], gpu=listed), la, [], 137)
     assert not server_ending(Snapshot(host="h", clock=2000.0, table=[]), la, [], None)  # no process table
+
+
+def test_remembered_processes_that_ended_are_forgotten_on_a_look_at_the_whole_table():
+    table = [ProcessInfo(pid=4242, ppid=1, pgid=4242, sid=4242, stat="S", elapsed_s=300, args="helper")]
+    snap = Snapshot(host="h", clock=2000.0, table=table, start_ticks={4242: 5})
+    la = launch(seen_pids={4242: 1700.0, 31: 1500.0, 32: 1600.0}, seen_starts={4242: 5, 31: 3})
+    # a look at a few PIDs only (a cheap liveness check) cannot tell that 31 and 32 ended
+    assert remember_processes(la, snap, table) is None
+    pids, starts = remember_processes(la, snap, table, whole_table=True)
+    assert pids == {4242: 1700.0} and starts == {4242: 5}
+    # an empty table (ps failed) forgets nothing
+    assert remember_processes(la, Snapshot(host="h", clock=2000.0), [], whole_table=True) is None

@@ -171,9 +171,9 @@ class LaunchRepository:
                     row.gpus_json = json.dumps(v)
                 elif k in ("seen_pids", "seen_starts"):
                     # one JSON object: PID -> epoch start (read by every release), and `starts`: PID -> ticks
-                    old = _launch(row)
-                    pids = dict(v) if k == "seen_pids" else old.seen_pids
-                    starts = dict(fields.get("seen_starts", old.seen_starts))
+                    pids = dict(v) if k == "seen_pids" else _seen_pids(row.seen_pids_json)
+                    starts = dict(fields["seen_starts"]) if "seen_starts" in fields else \
+                        _seen_starts(row.seen_pids_json)
                     data: dict[str, Any] = {str(p): t for p, t in sorted(pids.items())}
                     if starts:
                         data["starts"] = {str(p): t for p, t in sorted(starts.items())}
