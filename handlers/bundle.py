@@ -36,7 +36,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     args.no_kwargs(call, USAGE)
     if len(call.args) > 1:
         raise args.bad("name at most one launch", USAGE)
-    la = args.launch(ctx, call.args[0] if call.args else None, USAGE, allow_only_live=False)
+    la = args.launch(ctx, call.args[0] if call.args else None, USAGE)  # reads only: the only live launch will do
     try:
         bundle = await ctx.services.bundles.collect(launch=la, user=ctx.user, channel=ctx.channel)
     except CollectError as e:

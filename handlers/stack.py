@@ -22,7 +22,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     args.no_kwargs(call, USAGE)
     if len(call.args) > 1:
         raise args.bad("name at most one launch", USAGE)
-    la = args.launch(ctx, call.args[0] if call.args else None, USAGE, allow_only_live=False)
+    la = args.launch(ctx, call.args[0] if call.args else None, USAGE)  # reads only: the only live launch will do
     native = "native" in call.flags
     try:
         dump = await ctx.services.stacks.dump(la, native=native, user=ctx.user, channel=ctx.channel)
