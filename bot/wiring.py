@@ -105,6 +105,7 @@ class Runtime:
         (see `settle_heap`)."""
         if self.outbox is not None:
             self.outbox.start()
+        await self.launches.finish_interrupted_starts()  # before the checks: a launch left starting, no PID
         await self.launches.finish_interrupted_kills()  # before the checks: they would call it kill_failed
         if watch:
             await self.watcher.start()

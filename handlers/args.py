@@ -3,6 +3,8 @@ kind of mistake (an unknown host always gets the list of hosts)."""
 
 from __future__ import annotations
 
+import re
+
 from bot.core.grammar import CommandCall
 from bot.core.lifecycle import LaunchError
 from bot.core.models import Launch
@@ -96,9 +98,15 @@ def _refuse_replaced(ctx: Context, la: Launch, usage: str) -> None:
                     f"`{command} {newest.id}`.", audit="stale", launch_id=la.id)
 
 
+#: What reads as a number a person meant, valid or not (`-3`, `1e9`, `2.5`, `+4`).
+_NUMBER_LIKE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
 def launch_and_number(call: CommandCall, usage: str) -> tuple[str | None, str | None]:
     """Split positional args into (a launch reference, a number): `N`, `LAUNCH`, `LAUNCH N`, `N N` (the first
     is the launch id). UserError for more than that."""
+    if len(call.args) == 2 and not is_number(call.args[1]) and _NUMBER_LIKE.fullmatch(call.args[1]):
+        return call.args[0], call.args[1]  # `LAUNCH -3`, `LAUNCH 1e9`: a bad number, said as such by its check
     nums = [a for a in call.args if is_number(a)]
     refs = [a for a in call.args if not is_number(a)]
     if len(nums) == 2 and not refs:

@@ -71,7 +71,8 @@ def config_problems(config: Config, commands: Sequence[CommandSpec] = COMMANDS) 
         out.append(f"slack.slash_commands: {name} is used by more than one command")
     for host in config.hosts:
         if host.lower() in words or host.lower() == "all" or host.isdigit():
-            out.append(f"hosts.{host}: a host may not be named like a command, `all` or a number (`/gpu {host}` and "
+            gpu = config.slack.slash_commands.get("gpu") or "/gpu"
+            out.append(f"hosts.{host}: a host may not be named like a command, `all` or a number (`{gpu} {host}` and "
                        "`probe` would not reach it); rename it")
     return out
 

@@ -102,6 +102,11 @@ class Dispatcher:
         try:
             for f in self.filters:
                 f(spec, call, ctx)
+            unknown = sorted(call.flags - spec.flags)
+            if unknown:
+                raise UserError("Bad arguments", f"`--{unknown[0][:40]}` is no option of {spec.name}"
+                                + (f" (it takes {', '.join('--' + f for f in sorted(spec.flags))})" if spec.flags
+                                   else ""), f"Usage: {spec.usage}", audit="invalid")
             reply = await spec.handler(call, ctx)
         except UserError as e:
             reply = self._error(ctx, e)

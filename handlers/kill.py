@@ -83,5 +83,5 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
 COMMAND = CommandSpec(
     "kill", handle, Role.OPERATOR, USAGE, "stop every process of a launch and verify its GPU memory is released",
     slash="kill", description="Stop every process of a launch and verify its GPU memory is released",
-    hint="[LAUNCH|VARIANT] | pid=N [host=HOST]",
+    hint="[LAUNCH|VARIANT] | pid=N [host=HOST]", flags=frozenset({"yes"}),
 )

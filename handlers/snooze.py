@@ -6,7 +6,7 @@ from bot.core.commands import thread
 from bot.core.grammar import CommandCall
 from handlers import args
 from handlers.context import Context, Role
-from handlers.reply import Reply
+from handlers.reply import Reply, UserError
 from handlers.spec import CommandSpec
 
 USAGE = f"{thread('snooze', '[LAUNCH] [MINUTES]')} (in a launch thread; default 15)"
@@ -20,6 +20,9 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     ref, minutes_text = args.launch_and_number(call, USAGE)
     minutes = args.count(minutes_text or "15", 1, MAX_SNOOZE_MIN, "minutes", USAGE)
     la = args.launch(ctx, ref, USAGE, allow_only_live=False)
+    if not la.live:
+        raise UserError(f"{la.name} has ended", f"it is {la.state.value}: no checks run and no alerts come, so there "
+                        "is nothing to snooze", audit="stale", launch_id=la.id)
     la = ctx.services.launches.snooze(la, minutes, user=ctx.user, channel=ctx.channel)
     return ctx.reply(ctx.services.renderer.notice(f"Alerts of {la.name} snoozed", f"for {minutes} min; checks go on",
                                                  icon=":zzz:"),

@@ -19,7 +19,8 @@ class CommandSpec:
     `aliases` other words for it. `slash` is the key of its own slash command (named `/<key>` unless the
     config's `slack.slash_commands` renames it); `default_of` the key of a router slash command that runs it
     when its text names no command (`/gpu` -> status). `hint` and `description` are the Slack manifest's
-    usage hint and description of its slash command."""
+    usage hint and description of its slash command. `flags` are the `--words` it takes (`yes`); any other is
+    refused by the dispatcher rather than ignored."""
 
     name: str
     handler: Handler
@@ -31,3 +32,4 @@ class CommandSpec:
     default_of: str | None = None
     hint: str = ""
     description: str = ""
+    flags: frozenset[str] = frozenset()

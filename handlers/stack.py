@@ -34,4 +34,5 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
 
 
 COMMAND = CommandSpec("stack", handle, Role.OPERATOR, USAGE,
-                      "py-spy stack dump of every process of a launch, as a file", aliases=("stackdump",))
+                      "py-spy stack dump of every process of a launch, as a file", aliases=("stackdump",),
+                      flags=frozenset({"native"}))

@@ -151,11 +151,16 @@ def config_warnings(cfg: Config) -> list[str]:
     Never raises for a valid `Config`.
     """
     out: list[str] = []
+    named = cfg.slack.slash_commands
+
+    def sl(key: str) -> str:  # this install's name of a slash command
+        return named.get(key) or f"/{key}"
+
     if not cfg.hosts:
-        out.append("hosts: no hosts configured; /gpu status and /probe have nothing to look at")
+        out.append(f"hosts: no hosts configured; {sl('gpu')} status and {sl('probe')} have nothing to look at")
     if cfg.variants and not (cfg.permissions.operators or cfg.permissions.admins):
-        out.append("permissions.operators: nobody is an operator or admin, so nobody may /launch, /kill or "
-                   "/relaunch from Slack; put your Slack user ID (U...) there")
+        out.append(f"permissions.operators: nobody is an operator or admin, so nobody may {sl('launch')}, "
+                   f"{sl('kill')} or {sl('relaunch')} from Slack; put your Slack user ID (U...) there")
     for name, host in cfg.hosts.items():
         if not host.local:
             for field_name, consequence in (("known_hosts", "host keys cannot be verified, so SSH connections "

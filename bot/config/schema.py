@@ -375,7 +375,7 @@ class SlackSettings(_Model):
     between two messages (posts, edits, files) in one channel (Slack allows about one per second);
     `progress_after_s`: a command whose answer takes longer than this many seconds gets a placeholder
     message at once, edited into the answer; `slash_commands`: slash command names by key (see
-    `gpubot manifest`). `command_prefix` is 1..3 characters that are not letters, digits or spaces;
+    `gpubot manifest`). `command_prefix` is 1..3 of `! ? . $ % + = ^ , ; : |` (and `-`/`~` after the first);
     `bot_name` (the app's name and display name in the manifest) 1..35 lower-case letters, digits, `.`,
     `_` or `-`."""
 
@@ -391,8 +391,11 @@ class SlackSettings(_Model):
     @field_validator("command_prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        if not re.fullmatch(r"[^\sA-Za-z0-9]{1,3}", v):
-            raise ValueError("must be 1..3 characters that are not letters, digits or spaces, like ! or ?")
+        if not re.fullmatch(r"[!?.$%+=^,;:|~-]{1,3}", v) or v.startswith(("-", "~")):
+            raise ValueError(
+                "must be 1..3 of the characters ! ? . $ % + = ^ , ; : | (and - or ~ after the first), like ! or ?: "
+                "/ would suggest the slash commands of another install, # starts a comment in the console, Slack "
+                "delivers & < > escaped, and * _ ` @ are Slack formatting or mentions")
         return v
 
     @field_validator("bot_name")

@@ -99,7 +99,7 @@ def _suggestion(body: str) -> Suggestion:
     """A token's body (`!logs 200` + optional LAUNCH_MARK + launch id) as a Suggestion."""
     body, _, launch = body.partition(LAUNCH_MARK)
     command, _, args = body[1:].partition(" ")
-    return Suggestion(body[0], command, args, launch if launch.isdigit() else "")
+    return Suggestion(body[0], command, args, launch if launch.isascii() and launch.isdigit() else "")
 
 
 @dataclass(frozen=True)
@@ -131,25 +131,53 @@ class CommandNames:
         `text` holds no token."""
         if OPEN not in text and CLOSE not in text:
             return text
-        return self._expand(text, str)
+        return self._expand(text, str, str)
 
     def expand_json(self, text: str) -> str:
         """`expand` for JSON text whose strings carry tokens as raw characters (written with `ensure_ascii`
-        off): each written suggestion is escaped for a JSON string and for Slack mrkdwn (`&`, `<`, `>`)."""
+        off): each token's body is read as the inside of one JSON string (a "token" whose markers sit in two
+        strings is none: its markers are dropped), and the written suggestion is escaped once for a JSON string
+        and for Slack mrkdwn (`&`, `<`, `>`)."""
         if OPEN not in text and CLOSE not in text:
             return text
-        return self._expand(text, lambda w: json.dumps(
+        return self._expand(text, _json_inside, lambda w: json.dumps(
             w.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"), ensure_ascii=False)[1:-1])
 
-    def _expand(self, text: str, escape) -> str:  # type: ignore[no-untyped-def]
+    def _expand(self, text: str, decode, escape) -> str:  # type: ignore[no-untyped-def]
         parts = text.split(OPEN)
-        out = [parts[0].replace(CLOSE, "").replace(LAUNCH_MARK, "")]
+        out = [_bare(parts[0])]
         for part in parts[1:]:
             body, sep, rest = part.partition(CLOSE)
-            if sep and len(body) > 1 and body[0] in (SLASH, THREAD):
-                out.append(escape(self.write(_suggestion(body))))
-            else:
-                out.append(body.replace(LAUNCH_MARK, ""))
-            out.append(rest.replace(CLOSE, "").replace(LAUNCH_MARK, ""))
+            raw = decode(body) if sep else None
+            if raw is not None and _TOKEN_BODY.fullmatch(raw):
+                out.append(escape(self.write(_suggestion(raw))))
+                out.append(_bare(rest))
+            else:  # no token (markers that came from elsewhere): the text stays, the markers go
+                out.append(_bare(part))
         return "".join(out)
 
+
+#: What a token's body may be: a kind, a command name, arguments on one line, and a launch id.
+_TOKEN_BODY = re.compile(r"[/!][a-z][a-z_-]{0,40}(?: [^\n\ue000\ue001\ue002]{0,400})?(?:\ue002[0-9]{1,12})?")
+_MARKERS = re.compile("[\ue000\ue001\ue002]")
+
+
+def _bare(text: str) -> str:
+    """`text` without marker characters."""
+    return _MARKERS.sub("", text) if (OPEN in text or CLOSE in text or LAUNCH_MARK in text) else text
+
+
+def _json_inside(body: str) -> str | None:
+    """The text a piece of a JSON string stands for (`\\u003c` -> `<`), or None when it is no such piece (it
+    holds a bare quote: the markers sat in two different strings)."""
+    try:
+        value = json.loads(f'"{body}"')
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def strip_markers(data: bytes) -> bytes:
+    """`data` (text read from a host, UTF-8) without the marker characters of suggestion tokens (U+E000..U+E002),
+    so nothing a host prints can pass for, or break, a suggestion. One scan when there is none."""
+    return re.sub(rb"\xee\x80[\x80-\x82]", b"", data) if b"\xee\x80" in data else data

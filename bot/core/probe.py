@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from bot.core.agent import PROBE_NAME as AGENT_PROBE_NAME
+from bot.core.commands import strip_markers
 from bot.core.models import LOG_MARK_BYTES, GpuSection, LogCursor, LogInfo, Snapshot
 from bot.core.parse import health as health_parse
 from bot.core.parse import log as log_parse
@@ -410,6 +411,7 @@ def split_sections(output: bytes, nonce: str) -> dict[str, Section]:
     `bytes.find` of `@@<nonce> ` (a process table is hundreds of kilobytes: a regex trying every position cost
     milliseconds), a line break right before one belonging to it.
     """
+    output = strip_markers(output)  # nothing a host prints may pass for a suggested command (bot.core.commands)
     needle = b"@@" + nonce.encode() + b" "
     out: dict[str, Section] = {}
     current: str | None = None

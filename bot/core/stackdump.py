@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.core.commands import strip_markers
 from bot.core.shell import KILL_AFTER_S, MAX_PID, quote
 
 #: At most this many processes per dump request (each dump pauses its target briefly).
@@ -400,7 +401,7 @@ def finish_dumps(pid_list: list[int], stdout: bytes, stderr: bytes, exit_status:
     """One ProcessDump per pid of `pid_list`, in order, from the output of `dump_script` (stdout/stderr
     bytes, the command's exit status or signal name). A pid without complete output says the dump was cut
     short, with how the whole command ended when it did not exit 0."""
-    dumps = parse_dump_output(stdout.decode("utf-8", "replace"))
+    dumps = parse_dump_output(strip_markers(stdout).decode("utf-8", "replace"))
     by_pid = {d.pid: d for d in dumps}
     if exit_status != 0 or exit_signal:
         err = _error_line(stderr.decode("utf-8", "replace"))[:200]

@@ -274,8 +274,8 @@ def timeline_inputs(la: Launch, records: Sequence[CheckRecord],
         rel = max(0.0, rec.t - la.created_at)
         points.append(ChartPoint(
             t_s=rel,
-            gpu_mem_mib={int(k): v for k, v in rec.gpu_mem_mib.items() if k.isdigit()},
-            gpu_util_pct={int(k): v for k, v in rec.gpu_util_pct.items() if k.isdigit()},
+            gpu_mem_mib={int(k): v for k, v in rec.gpu_mem_mib.items() if k.isascii() and k.isdigit()},
+            gpu_util_pct={int(k): v for k, v in rec.gpu_util_pct.items() if k.isascii() and k.isdigit()},
             log_lines=rec.log_lines,
         ))
         ph = rec.phase

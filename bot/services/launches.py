@@ -90,6 +90,7 @@ class LaunchService:
         self.min_shm_free_mib = lc.min_shm_free_mib
         self.poll_s = poll_s
         self._interrupted: list[int] = []  # launches whose kill a restart interrupted, to finish at start
+        self._unstarted: list[int] = []  # launches a restart left starting without a PID, to settle at start
         self.start_check_s = start_check_s
         self.sigkill_wait_s = sigkill_wait_s
         self._locks: dict[str, asyncio.Lock] = {}
@@ -267,7 +268,40 @@ class LaunchService:
                                        state_detail="the bot stopped during a kill; kill it again"))
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
         self._interrupted = [la.id for la in out]
+        self._unstarted = [la.id for la in self._launches.in_state(LaunchState.STARTING) if la.pid is None]
         return out
+
+    async def finish_interrupted_starts(self) -> list[Launch]:
+        """Settle each launch a restart left `starting` without a PID (the bot stopped between recording it and
+        starting its process, or before it read the PID back), found by `recover_interrupted_kills`: its processes
+        are looked up by its tag; found, it becomes `running` with its wrapper (the session leader) and server
+        recorded; none, it ended (`exited`, said why). An unreachable host leaves it as it is (the watcher looks
+        again). Returns the launches it changed; never raises."""
+        changed = []
+        pending, self._unstarted = self._unstarted, []
+        for launch_id in pending:
+            la = self.get(launch_id)
+            if la is None or la.state != LaunchState.STARTING or la.pid is not None:
+                continue
+            try:
+                snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None,
+                                                                  gpu=False))
+            except RemoteError as e:
+                log.warning("%s was left starting by a restart; %s cannot be read now: %s", la.name, la.host, e)
+                continue
+            procs = self.launch_processes_of(la, snap)
+            if procs:
+                leader = next((p for p in procs if p.pid == p.sid), procs[0])
+                server = next((p for p in procs if p.ppid == leader.pid), leader)
+                la = self._launches.set_started(la.id, server.pid, leader.pid)
+                la = self._launches.update(la.id, state_detail="the bot restarted while starting it; its "
+                                                               "processes were found again")
+            else:
+                la = self.transition(la, LaunchEvent.GONE, state_detail="the bot stopped while starting it; none "
+                                                                        "of its processes runs")
+            changed.append(la)
+            await self._threads.show(la)
+        return changed
 
     async def finish_interrupted_kills(self) -> list[KillOutcome]:
         """Finish each kill a restart interrupted (`recover_interrupted_kills`): the kill runs again, as any kill

@@ -605,7 +605,7 @@ class Outbox:
         """Make the transport call(s) for `row`. Returns the values to record (`result_ts`, ...). Raises
         DeliveryRetry or DeliveryFailed for the transport's failures; a database error propagates."""
         kind = row.kind
-        blocks = json.loads(row.blocks_json) if row.blocks_json else None
+        blocks = _blocks(row)
         text = row.text or ""
         if kind == "post":
             thread_ts, ok = self._target(row.thread_ts)
@@ -657,3 +657,18 @@ class Outbox:
                 raise
             log.warning("outbox: the blocks were refused (%s); sending the text alone", p)
             return await make_call(None)
+
+
+def _blocks(row: OutboxItem) -> list[Any] | None:
+    """The row's Block Kit blocks, or None (the text alone is sent) when it has none or they are damaged (not a
+    JSON list): one odd row never stops its channel."""
+    if not row.blocks_json:
+        return None
+    try:
+        blocks = json.loads(row.blocks_json)
+    except (ValueError, TypeError, RecursionError):
+        blocks = None
+    if not isinstance(blocks, list):
+        log.warning("outbox: row %s has damaged blocks; sending its text alone", row.id)
+        return None
+    return blocks

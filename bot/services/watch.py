@@ -267,7 +267,7 @@ class Watcher:
         starts, after trouble, without a previous record to go on, or every FULL_CHECK_EVERY checks (to see new
         processes of the launch)."""
         cursor = LogCursor.from_list(prev.log_cursor) if prev is not None else None
-        own = {int(p) for p in (prev.cpu_s if prev is not None else ()) if p.isdigit() and len(p) <= 7}
+        own = {int(p) for p in (prev.cpu_s if prev is not None else ()) if p.isascii() and p.isdigit() and len(p) <= 7}
         pids = sorted(own | ({la.pid} if la.pid else set()))
         n = self._cheap.get(la.id, 0)
         if (la.ready_at is None or la.alert_state != "ready" or la.unreachable_since is not None or prev is None

@@ -463,3 +463,25 @@ async def test_a_kill_interrupted_by_a_crash_is_finished_and_told_in_its_thread_
     assert "Killed base#1" in told[0].text and "released" in told[0].text, told[0].text
     assert restarted.launch(1).state == LaunchState.KILLED and pids_of_launch(la) == []
     assert [e.user_id for e in restarted.events(action="kill")][-1] == "gpubot"
+
+
+async def test_a_launch_left_starting_without_a_pid_by_a_restart_is_settled(make_bot, gpu_config):
+    bot = await make_bot(gpu_config)
+    launched = await bot.chat.say("/launch base mode=hang")
+    assert launched.text.startswith("Launched base#1"), launched.text
+    la = bot.launch(1)
+    await wait_log(la.log_path, "Load weight end")
+    # the bot died between recording each launch and reading its PID back: launch 1's processes run, launch 2
+    # (recorded, never started) has none
+    second = bot.store.launches.create(host="gpu-host-1", variant="helper", params={}, command="c", log_path=None,
+                                       port=None, gpus=[], created_by="U0OPERATOR")
+    assert second.id == 2 and second.state == LaunchState.STARTING
+    bot.store.launches.update(1, state=LaunchState.STARTING, pid=None, pgid=None, sid=None)
+    await bot.runtime.close()
+    restarted = await make_bot(gpu_config)
+    found = restarted.launch(1)
+    assert found.state == LaunchState.RUNNING and (found.pid, found.pgid) == (la.pid, la.pgid), found
+    assert restarted.launch(2).state == LaunchState.EXITED
+    assert "none of its processes runs" in (restarted.launch(2).state_detail or "")
+    refused = await restarted.chat.say("/launch base")
+    assert "pid None" not in refused.text and f"pid {la.pid}" in refused.text, refused.text

@@ -791,3 +791,21 @@ async def test_a_post_sent_straight_to_slack_or_a_refusing_database_leaves_the_e
     assert [len(m["edits"]) for m in (first, second)] == [1, 1]
     assert [c.args["text"] for c in transport.calls_for("post")] == ["Working on status...", "blocker",
                                                                      "Working on status..."]
+
+
+@pytest.mark.parametrize("damage", ["blocks_json = '{not json'", "next_at = 'soon'", "attempts = 'many'",
+                                    "blocks_json = '42'"])
+async def test_a_damaged_row_never_stops_its_channel(store, transport, tmp_path, damage):
+    import sqlite3
+
+    first = store.outbox.add(channel="C1", kind="post", text="damaged", blocks_json='[{"type": "divider"}]')
+    second = store.outbox.add(channel="C1", kind="post", text="after it")
+    with sqlite3.connect(tmp_path / "gpubot.db") as db:
+        db.execute(f"UPDATE outbox SET {damage} WHERE id = ?", (first,))
+    async with outbox_with(store, transport) as ob:
+        ob.start()
+        await sent(ob, second)
+        d = await ob.wait(first, WAIT_S)
+    assert d.state == "sent", d  # the damaged row went too (its text alone when its blocks were damaged)
+    assert [m["text"] for m in transport.posted("C1")] == ["damaged", "after it"]
+    assert len(transport.calls_for("post", "C1")) == 2  # each once: no endless retries

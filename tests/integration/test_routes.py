@@ -174,3 +174,16 @@ async def test_a_kill_confirmation_expires_after_an_hour_on_the_bots_clock(gpu_c
     finally:
         kill_launches(runtime.store.launches.recent())
         await runtime.close()
+
+
+async def test_bad_numbers_and_unknown_options_are_named_as_such(bot):
+    await bot.chat.say("/launch base mode=hang workers=1")
+    big = await bot.chat.say("/gpu snooze 1 1e9")
+    assert "minutes" in big.text and "no live launch" not in big.text, big.text
+    negative = await bot.chat.say("/gpu logs 1 -5")
+    assert "N must be 1..5000" in negative.text, negative.text
+    bogus = await bot.chat.say("/gpu stack 1 --native --bogus")
+    assert "`--bogus` is no option of stack (it takes --native)" in bogus.text, bogus.text
+    await bot.chat.say("/kill 1 --yes")
+    ended = await bot.chat.say("/gpu snooze 1 15")
+    assert "base#1 has ended" in ended.text and "nothing to snooze" in ended.text, ended.text

@@ -242,7 +242,10 @@ def test_gpubot_manifest_prints_the_renamed_slash_commands_of_a_config(tmp_path)
     ("hosts: {'7': {local: true}}", "hosts.7: a host may not be named like a command, `all` or a number"),
     ("hosts: {all: {local: true}}", "hosts.all: a host may not be named like a command"),
     ("slack: {bot_name: Bad Name}", "slack.bot_name: must be 1..35 lower-case letters"),
-    ("slack: {command_prefix: ''}", "slack.command_prefix: must be 1..3 characters"),
+    ("slack: {command_prefix: ''}", "slack.command_prefix: must be 1..3 of the characters"),
+    ("slack: {command_prefix: /}", "/ would suggest the slash commands of another install"),
+    ("slack: {command_prefix: '#'}", "# starts a comment in the console"),
+    ("slack: {command_prefix: '&'}", "Slack delivers & < > escaped"),
 ])
 def test_names_that_would_shadow_commands_are_config_errors(tmp_path, yaml_text, error):
     """A renamed slash command that is a command word (`!logs 50` would stop being logs), swapped command

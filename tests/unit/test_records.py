@@ -39,7 +39,7 @@ def test_rows_without_a_finite_time_are_not_records(data):
 def test_older_or_damaged_rows_read_with_bad_fields_unset():
     rec = CheckRecord.from_json({
         "t": 5, "marker": 7, "log_bytes": "4096", "log_lines": True, "alive": 1, "port_open": True,
-        "exit_status": False, "gpu_mem_mib": {"0": 512, "1": "n/a", 2: 3.5, "3": True}, "cpu_s": ["1"],
+        "exit_status": False, "gpu_mem_mib": {"0": 512, "1": "n/a", 2: 3.5, "3": True, "²": 5.0}, "cpu_s": ["1"],
         "verdict": "ready", "removed_in_a_later_release": 1,
     })
     assert rec is not None
@@ -49,3 +49,27 @@ def test_older_or_damaged_rows_read_with_bad_fields_unset():
     assert rec.gpu_mem_mib == {"0": 512, "2": 3.5}
     assert rec.cpu_s == {}
     assert rec.verdict == "ready"
+
+
+@pytest.mark.parametrize("damage", ["state = 'zombie'", "params_json = '{oops'", "gpus_json = '[1,'"])
+def test_a_damaged_launch_row_is_skipped_and_the_others_still_read(tmp_path, damage):
+    import sqlite3
+
+    from bot.adapters.store import Store
+
+    url = f"sqlite:///{tmp_path}/gpubot.db"
+    store = Store(url)
+    try:
+        ids = [store.launches.create(host="h", variant="base", params={}, command="c", log_path=None, port=None,
+                                     gpus=[0], created_by="U1").id for _ in range(3)]
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / "gpubot.db") as db:
+        db.execute(f"UPDATE launches SET {damage} WHERE id = ?", (ids[0],))
+    store = Store(url)
+    try:
+        assert [la.id for la in store.launches.recent()] == [ids[2], ids[1]]
+        assert store.launches.get(ids[0]) is None and store.launches.get(ids[1]) is not None
+        assert [la.id for la in store.launches.live()] == [ids[2], ids[1]]
+    finally:
+        store.close()

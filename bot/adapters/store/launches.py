@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import secrets
@@ -18,6 +19,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from bot.adapters.store.db import Base, Database
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import LIVE_STATES, TERMINAL_STATES, Launch, LaunchState
+
+log = logging.getLogger(__name__)
 
 
 class LaunchRow(Base):
@@ -71,6 +74,21 @@ def _launch(row: Any) -> Launch:
         seen_pids=_seen_pids(row.seen_pids_json), seen_starts=_seen_starts(row.seen_pids_json), unit=row.unit,
         unit_manager=row.unit_manager,
     )
+
+
+def _readable(row: Any) -> Launch | None:
+    """The launch of a row, or None (logged) for a damaged row (a state no release knows, JSON that does not
+    parse): one bad row of an old launch must not break every command that lists launches."""
+    try:
+        return _launch(row)
+    except (ValueError, TypeError, KeyError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        log.error("launch row %s is damaged and is skipped: %s: %s", getattr(row, "id", "?"), type(e).__name__, e)
+        return None
+
+
+def _readable_all(rows: Any) -> list[Launch]:
+    """The launches of `rows`, damaged rows left out (see `_readable`)."""
+    return [la for la in map(_readable, rows) if la is not None]
 
 
 def _seen_starts(text: str | None) -> dict[int, int]:
@@ -215,7 +233,9 @@ class LaunchRepository:
         if row is None:
             self._rows.pop(launch_id, None)
             return None
-        la = _launch(row)
+        la = _readable(row)
+        if la is None:
+            return None
         if len(self._rows) >= 10_000:
             self._rows.clear()
         self._rows[launch_id] = (generation, la)
@@ -233,7 +253,7 @@ class LaunchRepository:
         with self._db.transaction() as s:
             row = s.scalars(select(LaunchRow).where(LaunchRow.channel == channel, LaunchRow.thread_ts == thread_ts)
                             .order_by(LaunchRow.id.desc())).first()
-            return _launch(row) if row else None
+            return _readable(row) if row else None
 
     def live(self, host: str | None = None, variant: str | None = None) -> list[Launch]:
         """Launches in a live state, newest first, optionally on one host and/or of one variant."""
@@ -243,13 +263,13 @@ class LaunchRepository:
                 q = q.where(LaunchRow.host == host)
             if variant is not None:
                 q = q.where(LaunchRow.variant == variant)
-            return [_launch(r) for r in s.scalars(q.order_by(LaunchRow.id.desc()))]
+            return _readable_all(s.scalars(q.order_by(LaunchRow.id.desc())))
 
     def in_state(self, state: LaunchState) -> list[Launch]:
         """Every launch in `state`, oldest first."""
         with self._db.transaction() as s:
             q = select(LaunchRow).where(LaunchRow.state == LaunchState(state).value).order_by(LaunchRow.id)
-            return [_launch(r) for r in s.scalars(q)]
+            return _readable_all(s.scalars(q))
 
     def recent(self, limit: int = 20) -> list[Launch]:
         """The newest `limit` launches, newest first: copies of what this process last read, when it wrote no
@@ -259,6 +279,6 @@ class LaunchRepository:
             return [replace(la) for la in cached[2]]
         generation = self._generation
         with self._db.transaction() as s:
-            launches = [_launch(r) for r in s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit))]
+            launches = _readable_all(s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit)))
         self._recent = (generation, limit, launches)
         return [replace(la) for la in launches]

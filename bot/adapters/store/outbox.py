@@ -6,6 +6,7 @@ this module only stores rows and moves them between states in single transaction
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from typing import Any
@@ -51,8 +52,35 @@ class OutboxRow(Base):
     user_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+def _number(value: Any, default: float = 0.0) -> float:
+    """A numeric column's value as a finite float; `default` for what a damaged row holds instead (text, NaN)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return default
+    return f if math.isfinite(f) else default
+
+
+def _count(value: Any) -> int:
+    """An integer column's value (attempts, needs_lookup); 0 for what a damaged row holds instead."""
+    return int(_number(value)) if not isinstance(value, bool) else int(value)
+
+
+_NUMBERS = frozenset({"next_at", "created_at"})
+_COUNTS = frozenset({"attempts", "needs_lookup"})
+
+
 def _snapshot(row: OutboxRow) -> OutboxItem:
-    return OutboxItem(**{c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns})
+    """The row as an OutboxItem; a damaged value (text where a number belongs: SQLite stores what it is given)
+    reads as 0, so one odd row cannot stop the queue."""
+    values = {c.name: getattr(row, c.name) for c in OutboxRow.__table__.columns}
+    for name in _NUMBERS:
+        values[name] = _number(values[name])
+    for name in _COUNTS:
+        values[name] = _count(values[name])
+    if values["sent_at"] is not None:
+        values["sent_at"] = _number(values["sent_at"])
+    return OutboxItem(**values)
 
 
 class OutboxRepository:
@@ -114,7 +142,7 @@ class OutboxRepository:
         with self._db.transaction() as s:
             rows = s.execute(select(OutboxRow.id, OutboxRow.channel, OutboxRow.next_at)
                              .where(OutboxRow.state == "pending").order_by(OutboxRow.id)).all()
-            return [(int(r.id), str(r.channel), float(r.next_at or 0.0)) for r in rows]
+            return [(int(r.id), str(r.channel), _number(r.next_at)) for r in rows]
 
     def requeue_interrupted(self) -> int:
         """Rows left `sending` by a crash become pending again, to be looked up before a resend. Returns
@@ -139,7 +167,7 @@ class OutboxRepository:
             if row is None or row.state != "pending":
                 return None
             row.state = "sending"
-            row.attempts = (row.attempts or 0) + 1
+            row.attempts = _count(row.attempts) + 1
             return _snapshot(row)
 
     def set(self, row_id: int, **values: Any) -> None:
