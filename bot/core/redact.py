@@ -70,7 +70,9 @@ single result against every rule run over every whole line.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 import re
 import shlex
 import urllib.parse
@@ -125,7 +127,8 @@ class _LazyPattern:
 # Ocp-Apim-Subscription-Key, MYSQL_PWD: a bare `key` or `PWD=/home/x` is not a secret); PASS, DSN and BEARER
 # only as a whole part (DB_PASS, --db-pass, SENTRY_DSN; not `bypass`).
 _WORD = (
-    r"(?:(?:TOKEN|SECRETS?|PASSWORDS?|PASSWD|PASSPHRASE|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
+    r"(?:(?:TOKEN|SECRETS?|PASSWORDS?|PASSWD|PASS[_-]?PHRASE|SECRET[_-]?(?:STRING|VALUE|ID)|PRIVATE[_-]?KEY[_-]?ID"
+    r"|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
     r"|ACCOUNT[_-]?KEY|CREDENTIALS?|COOKIE|SIGNATURE|(?:AUTH|ACCESS|API|BEARER|REFRESH|HF)[_-]?TOKENS|BASIC[_-]?AUTH"
     r"|(?<![A-Za-z0-9])(?:PASS|DSN|BEARER|_?AUTH)|(?<=[A-Za-z0-9][_-])(?:KEY|PWD))"
     # a numbered or per-environment copy: API_KEY_2, OPENAI_API_KEY_PROD, SECRET_KEY_BASE
@@ -148,7 +151,7 @@ _B64URL = r"[A-Za-z0-9._~+/=-]"
 _MASK_RE = re.escape(MASK)
 # Where a NAME=value form starts: an unquoted name not after "#" (SGLang's `#token: 40` counters), or a
 # quoted one; never right after "//" (`https://user:pw@host` is URL credentials).
-_NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"|'{_NAME}'|(?<!#){_NAME}){_SEP}"
+_NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"(?:[ \t]*\])?|'{_NAME}'(?:[ \t]*\])?|(?<!#){_NAME}){_SEP}"
 # A value must not itself be, or run into, the start of ANOTHER secret form: masking it would swallow that
 # form's name and leave its secret standing (`token: X-Api-Key: s3cr3t`, `token: f(api_key=s3cr3t)`). Each
 # alternative matches only where the pattern for that form (below) matches too.
@@ -166,7 +169,9 @@ _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[
           # references and vocabulary, not secrets: a tokenizer's special token (`'<|image_pad|>'`), an absolute
           # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
           rf"|[\"']?<\|?[^<>\s'\"]{{1,40}}\|?>[\"']?(?:[\s,;)]|$)|[\"']?/[\w.@+-]+/[\w./@+-]*[\"']?(?:[\s,;)]|$)"
-          rf"|[A-Za-z_][\w.]*\()")
+          rf"|[A-Za-z_][\w.]*\("
+          # a comment, not a value (`password: # set by the operator`)
+          rf"|#(?:[ \t]|$))")
 
 
 def _run(char: str) -> str:
@@ -265,7 +270,10 @@ _Repl = str | Callable[[re.Match[str]], str]
 _NAME_KW = "<name>"
 #: The words a secret name ends in (`_WORD`), lower-case: the keywords behind _NAME_KW.
 _SECRET_WORDS: tuple[str, ...] = (
-    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "apikey", "apikeys", "api_key",
+    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "pass_phrase", "pass-phrase",
+    *(f"secret{sep}{w}" for sep in ("", "_", "-") for w in ("string", "value", "id")),
+    *(f"privatekey{sep}id" for sep in ("", "_", "-")), "private_key_id", "private-key-id", "private_keyid",
+    "private-keyid", "apikey", "apikeys", "api_key",
     "api-key", "api_keys", "api-keys", "accesskey", "secretkey", "privatekey", "accountkey", "credential",
     "credentials", "cookie", "signature", "pass", "dsn", "bearer", "auth", "_key", "-key", "_pwd", "-pwd",
     *(f"{p}{sep}tokens" for p in ("auth", "access", "api", "bearer", "refresh", "hf") for sep in ("", "_", "-")),
@@ -274,6 +282,10 @@ _SECRET_WORDS: tuple[str, ...] = (
 _SUFFIX = re.compile(r"[_-](?:[0-9]{1,3}|prod|prd|dev|staging|stg|test|qa|base|live|old|new|primary|secondary"
                      r"|current|next)(?![a-z0-9])")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+#: Words of a line that sets a named variable or setting with its value after a blank (`setx NAME v`, `setenv NAME v`,
+#: `%env NAME v`, Dockerfile `ENV NAME v`, fish `set -gx NAME v`, `aws configure set NAME v`, `npm config set NAME v`,
+#: `rclone config create r s3 NAME v`): the set-command rule's `requires` (folded).
+_SET_VERBS = ("set", "env", "config")
 
 
 #: What may follow a secret name (and its suffix) to the end of a line that `_DANGLING` matches: a closing quote, a
@@ -292,8 +304,9 @@ def _dangling_follows(t: str, end: int) -> bool:
 def _name_follows(t: str, start: int, end: int) -> bool:
     """Whether the secret word at t[start:end] (t folded, see `_fold`) can end a secret name that one of the name/value
     forms masks a value after: what comes after the word (and its suffix) is a separator (`=`, `:`, `|`), a quote, a
-    backslash, `>`, the end of the line, or blanks then one of those or the end; or blanks then anything when the
-    name is a flag (its run of name characters starts with `-`) or the line sets a variable (`set`). A superset of
+    backslash, `>`, the end of the line, or blanks then one of those or the end, or a flag; or blanks then anything
+    when the name is a flag (its run of name characters starts with `-`) or the line sets a variable (`_SET_VERBS`).
+    A superset of
     where the forms match (tests/unit/test_redact_speed.py checks it against every rule run on every line)."""
     n = len(t)
     if end < n and t[end] in "_-" and (m := _SUFFIX.match(t, end)):
@@ -307,9 +320,11 @@ def _name_follows(t: str, start: int, end: int) -> bool:
         k += 1
     if k >= n or t[k] in "=:|":
         return True
+    if t[k] == "-":  # a flag after the name: `gh secret set NAME --body v`, `Env:NAME -Value v`
+        return True
     while start > 0 and t[start - 1] in _NAME_CHARS:
         start -= 1
-    return t[start] == "-" or "set" in t
+    return t[start] == "-" or any(verb in t for verb in _SET_VERBS)
 
 
 class _Rule(NamedTuple):
@@ -325,17 +340,150 @@ class _Rule(NamedTuple):
     repl: _Repl
     at: str = "scan"
     requires: tuple[str, ...] = ()
+    gate: tuple[str, ...] = ()
 
 
 def _rule(keywords: tuple[str, ...], source: str, repl: _Repl, *, at: str = "scan",
-          requires: tuple[str, ...] = ()) -> _Rule:
+          requires: tuple[str, ...] = (), gate: tuple[str, ...] = ()) -> _Rule:
     """A `_Rule`. `at` says where its matches can start: "scan" anywhere (`re.sub` over the line), "name" only at a
     secret name's first character (the start of its run of name characters, `_NAME_CHARS`) or one character
     before it (a quote, `<`, `#`), "start" only at the start of the line; such a rule is tried only there
     (`_sub_at`): scanned, the name/value rules cost about a third of a microsecond per character of every line
-    that holds a secret word. `requires`: the rule runs only on lines that also contain one of these (folded)."""
-    return _Rule(keywords, source, repl, at, requires)
+    that holds a secret word. `requires`: the rule runs only on lines that also contain one of these (folded).
+    `gate`: regexes in place of keywords, for a rule with no literal to look for (a token of an unknown vendor): the
+    rule runs on the lines where one of them is found (each a literal then a little: a fast `search`)."""
+    return _Rule(keywords, source, repl, at, requires, gate)
 
+
+
+#: Token formats that vendors publish (their docs; gitleaks' rules): (keywords, the token's regex). Each is masked
+#: wherever it stands, as a word of its own. The table is the vendors' formats, not this corpus' samples; tokens of
+#: vendors it does not name are left to `_PREFIXED_RANDOM` (a prefix, then a random-looking body).
+_VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("dop_v1_", "doo_v1_", "dor_v1_"), r"do[por]_v1_[a-f0-9]{64}"),  # DigitalOcean
+    (("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),  # Shopify
+    (("lin_api_", "lin_oauth_"), r"lin_(?:api|oauth)_[A-Za-z0-9]{32,}"),  # Linear
+    (("pplx-",), r"pplx-[A-Za-z0-9]{32,}"),  # Perplexity
+    (("esecret_",), r"esecret_[A-Za-z0-9]{20,}"),  # Anyscale
+    (("tskey-",), r"tskey-(?:[a-z]+-)?[A-Za-z0-9]{6,}-[A-Za-z0-9]{16,}"),  # Tailscale
+    (("sntrys_", "sntryu_"), r"sntry[su]_[A-Za-z0-9+/=_]{40,}"),  # Sentry
+    (("glc_",), r"glc_[A-Za-z0-9+/]{32,}={0,2}"),  # Grafana Cloud
+    (("atatt3", "atctt3", "atbb"), r"(?:AT[AC]TT3[A-Za-z0-9_=-]{60,}|ATBB[A-Za-z0-9]{32,})"),  # Atlassian, Bitbucket
+    (("figd_", "figu_"), r"fig[du]_[A-Za-z0-9_-]{30,}"),  # Figma
+    (("pul-",), r"pul-[a-f0-9]{40}"),  # Pulumi
+    (("pscale_",), r"pscale_(?:tkn|pw|oauth)_[A-Za-z0-9=._-]{32,64}"),  # PlanetScale
+    (("dp.",), r"dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}"),  # Doppler
+    (("ops_eyj",), r"ops_eyJ[A-Za-z0-9+/]{40,}={0,3}"),  # 1Password service account
+    (("sbp_", "sb_secret_"), r"(?:sbp_[a-f0-9]{40}|sb_secret_[A-Za-z0-9_-]{20,})"),  # Supabase
+    (("pcsk_",), r"pcsk_[A-Za-z0-9_]{40,}"),  # Pinecone
+    (("api_org_",), r"api_org_[A-Za-z0-9]{30,}"),  # Hugging Face organization token
+    (("squ_", "sqp_", "sqa_"), r"sq[upa]_[a-f0-9]{40}"),  # SonarQube
+    (("bkua_",), r"bkua_[a-f0-9]{40}"),  # Buildkite
+    (("gocspx-",), r"GOCSPX-[A-Za-z0-9_-]{24,}"),  # Google OAuth client secret
+    (("1//0",), r"1//0[A-Za-z0-9_-]{40,}"),  # Google OAuth refresh token
+    ((":aa",), r"(?:(?<=/bot)|(?<![A-Za-z0-9_.+-]))[0-9]{5,16}:AA[A-Za-z0-9_-]{30,}"),  # Telegram bot token
+    (tuple(f"sk{c}" for c in "0123456789abcdef"), r"SK[0-9a-fA-F]{32}"),  # Twilio API key
+    (("nrak-", "nrjs-", "nrii-", "nral-", "nraa-"), r"NR(?:AK|JS|II|AL|AA)-[A-Z0-9]{19,}"),  # New Relic
+    (("key-",), r"key-[a-f0-9]{32}"),  # Mailgun
+    (("hrku-",), r"HRKU-[A-Za-z0-9_-]{40,}"),  # Heroku
+    (("akcp", "cmvmdgtu"), r"(?:AKCp[A-Za-z0-9]{60,}|cmVmdGtu[A-Za-z0-9]{50,})"),  # JFrog
+    (("rubygems_",), r"rubygems_[a-f0-9]{48}"),  # RubyGems
+    (("sk_",), r"sk_[a-f0-9]{48}"),  # ElevenLabs
+    (("e2b_",), r"e2b_[a-f0-9]{40}"),  # E2B
+    (("tvly-",), r"tvly-(?:[a-z]+-)?[A-Za-z0-9]{30,}"),  # Tavily
+    (("csk-",), r"csk-[a-z0-9]{40,}"),  # Cerebras
+    (("nfp_",), r"nfp_[A-Za-z0-9]{30,}"),  # Netlify
+    (("ntn_",), r"ntn_[0-9]{11}[A-Za-z0-9]{35}"),  # Notion
+    (("pat",), r"pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"),  # Airtable personal access token
+    (("eaa",), r"EAA[A-Za-z0-9]{60,}"),  # Square (EAAA), Meta Graph API
+    (("sq0atp-", "sq0csp-"), r"sq0(?:atp|csp)-[A-Za-z0-9_-]{22,}"),  # Square
+    (("gr1348941",), r"GR1348941[A-Za-z0-9_-]{20,}"),  # GitLab runner registration token
+    (("ltai",), r"LTAI[A-Za-z0-9]{12,20}"),  # Alibaba Cloud AccessKey ID
+    (("akid",), r"AKID[A-Za-z0-9]{32}"),  # Tencent Cloud SecretId
+    (("fwogzxivyxdz", "iqojb3jpz2lux2vj"), r"(?:FwoGZXIvYXdz|IQoJb3JpZ2luX2Vj)[A-Za-z0-9+/]{20,}={0,2}"),  # AWS session
+    (("q~",), r"[A-Za-z0-9_~.]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}"),  # Azure AD client secret
+    (("ccipat_",), r"CCIPAT_[A-Za-z0-9]{20,}_[a-f0-9]{40}"),  # CircleCI
+    (("rnd_",), r"rnd_[A-Za-z0-9]{30,}"),  # Render
+    (("fm1", "fm2"), r"fm[12][ar]?_[A-Za-z0-9+/=_-]{40,}"),  # Fly.io
+    (("fw_",), r"fw_[A-Za-z0-9]{20,}"),  # Fireworks AI
+    (("pa-",), r"pa-[A-Za-z0-9_-]{40,}"),  # Voyage AI
+    (("jina_",), r"jina_[A-Za-z0-9_-]{40,}"),  # Jina AI
+    (("llx-",), r"llx-[A-Za-z0-9]{40,}"),  # LlamaCloud
+    (("bb_live_",), r"bb_live_[A-Za-z0-9_-]{20,}"),  # Browserbase
+    (("napi_",), r"napi_[a-z0-9]{60,}"),  # Neon
+    (("rpa_",), r"rpa_[A-Za-z0-9]{30,}"),  # RunPod
+    (("local-",), r"local-[a-f0-9]{40}"),  # Weights & Biases (local server key)
+    (("sess-",), r"sess-[A-Za-z0-9]{40}"),  # OpenAI session key
+    (("ls__",), r"ls__[a-f0-9]{32}"),  # LangSmith (legacy)
+    (("pmak-",), r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),  # Postman
+    (("xkeysib-", "xsmtpsib-"), r"x(?:keysib|smtpsib)-[a-f0-9]{64}-[A-Za-z0-9]{16}"),  # Brevo
+    (("-us",), r"[0-9a-f]{32}-us[0-9]{1,2}"),  # Mailchimp
+    (("oy2",), r"oy2[a-z0-9]{43}"),  # NuGet
+    (("clojars_",), r"CLOJARS_[a-f0-9]{60}"),  # Clojars
+    (("dt0c01.",), r"dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}"),  # Dynatrace
+    (("cfpat-",), r"CFPAT-[A-Za-z0-9_-]{43}"),  # Contentful
+    (("tfp_",), r"tfp_[A-Za-z0-9_-]{40,}"),  # Typeform
+    (("shippo_",), r"shippo_(?:live|test)_[a-f0-9]{40}"),  # Shippo
+    (("rdme_",), r"rdme_[a-z0-9]{70}"),  # ReadMe
+    (("pnu_",), r"pnu_[A-Za-z0-9]{36}"),  # Prefect
+    (("flwseck",), r"FLWSECK(?:_TEST)?-[a-f0-9]{32}-X"),  # Flutterwave
+    (("v1.0-",), r"v1\.0-[a-f0-9]{24}-[a-f0-9]{146}"),  # Cloudflare Origin CA key
+    (("dg9ro",), r"dG9rO[A-Za-z0-9+/]{40,}={0,2}"),  # Intercom (base64 of "tok:")
+    (("atlasv1",), r"[A-Za-z0-9]{14}\.atlasv1\.[A-Za-z0-9_=-]{60,}"),  # Terraform Cloud
+    (("glagent-", "glffct-"), r"gl(?:agent|ffct)-[A-Za-z0-9_-]{20,}"),  # GitLab agent, feature-flag client
+)
+#: A token of a vendor the table does not name: a short prefix that ends in "_" or "-" (`dop_v1_`, `lin_api_`,
+#: `pplx-`, `sntrys_`), then a body of 20+ letters and digits that `_looks_random` (not a word, a name or a hex
+#: hash: a request id `chatcmpl-<hex>` or a path's `blobs/<sha256>` stays readable). Never inside a path or a word.
+_PREFIXED_RANDOM = (r"(?<![A-Za-z0-9_.+/~%\\-])(?P<prefix>[A-Za-z][A-Za-z0-9]{1,11}(?:[_-][A-Za-z0-9]{1,8}){0,2}[_-])"
+                    r"(?P<body>[A-Za-z0-9]{20,}(?:[_-][A-Za-z0-9]{4,})*)(?![A-Za-z0-9_+/=~\\-]|\.[A-Za-z0-9])")
+#: What a line must contain for `_PREFIXED_RANDOM` to be tried at all (regexes in place of keywords: the prefix is not
+#: known): "_" or "-" followed by 20 letters and digits; two searches for a literal, far cheaper than the rule.
+_PREFIXED_RANDOM_GATE = (r"_[A-Za-z0-9]{20}", r"-[A-Za-z0-9]{20}")
+#: Prefixes of object ids, hashes and names (not credentials): `chatcmpl-<hex>`, `req_...`, `run-...`, `sha256-...`.
+_ID_PREFIXES = frozenset((
+    "chatcmpl", "cmpl", "req", "request", "msg", "run", "job", "trace", "span", "call", "toolu", "file", "batch",
+    "ft", "ftjob", "asst", "thread", "step", "vs", "org", "proj", "user", "usr", "acct", "cus", "sub", "evt", "price",
+    "prod", "pi", "ch", "txn", "sha1", "sha224", "sha256", "sha384", "sha512", "md5", "blake2b", "blake3", "xxh64",
+    "crc32", "uuid", "commit", "rev", "tmp", "temp", "cache", "model", "ckpt", "checkpoint", "session", "pod", "node",
+    "gpu", "mig", "container", "docker", "cri", "k8s", "img", "image", "layer", "blob", "hash", "digest", "snapshot",
+    "build", "bundle", "artifact", "obj", "object", "task", "worker", "actor", "rid", "id", "uid", "guid", "test",
+    "triton", "kernel", "cuda", "sm", "nccl", "torch", "vllm", "sglang", "raysubmit", "raylet", "wandb", "mlflow",
+))
+
+
+def _looks_random(body: str) -> bool:
+    """Whether `body` (letters, digits, maybe "_"/"-") looks like random key material rather than a word, a name, a
+    CamelCase identifier or a hex hash: 20+ letters and digits, not all hex, with the character spread and the
+    changes between upper case, lower case and digits that random text has (a name has long runs of one kind)."""
+    s = body.replace("_", "").replace("-", "")
+    n = len(s)
+    if n < 20 or all(c in "0123456789abcdef" for c in s) or all(c in "0123456789ABCDEF" for c in s):
+        return False
+    kinds = ["u" if c.isupper() else "l" if c.islower() else "d" for c in s]
+    changes = sum(a != b for a, b in itertools.pairwise(kinds))
+    counts: dict[str, int] = {}
+    for c in s:
+        counts[c] = counts.get(c, 0) + 1
+    entropy = -sum(k / n * math.log2(k / n) for k in counts.values())
+    present = set(kinds)
+    if present == {"u", "l", "d"}:
+        return entropy >= 3.7 and changes >= 0.35 * n
+    if present in ({"l", "d"}, {"u", "d"}):
+        return n >= 24 and entropy >= 3.8 and changes >= 0.15 * n and kinds.count("d") >= 3
+    if present == {"u", "l"}:
+        return n >= 30 and entropy >= 4.0 and changes >= 0.35 * n
+    return False
+
+
+def _prefixed_random(m: re.Match[str]) -> str:
+    """Replacement for `_PREFIXED_RANDOM`: the whole token masked when its body looks random and its prefix is not an
+    id's (`_ID_PREFIXES`); else the text as it was."""
+    prefix = m.group("prefix").lower().rstrip("_-")
+    first = re.split(r"[_-]", prefix)[0]
+    if first in _ID_PREFIXES or not _looks_random(m.group("body")):
+        return m.group(0)
+    return MASK
 
 
 _RULES: tuple[_Rule, ...] = (
@@ -357,7 +505,8 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("sk-",), r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}", MASK),
     _rule(("xox",), r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}", MASK),
     _rule(("xapp-",), r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}", MASK),
-    _rule(("akia", "asia"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])", MASK),
+    _rule(("akia", "asia", "abia", "acca", "a3t"),
+          r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}(?![0-9A-Za-z])", MASK),
     _rule(("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}", MASK),
     _rule(("ya29.",), r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}", MASK),  # Google OAuth access token
     _rule(("_live_", "_test_"), r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}", MASK),  # Stripe keys
@@ -374,6 +523,10 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("dckr_",), r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}", MASK),  # Docker Hub access token
     _rule(("sg.",), r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", MASK),  # SendGrid API key
     _rule(("dapi",), r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
+    # the vendors' published formats (`_VENDOR_TOKENS`), then any prefix with a random-looking body
+    *(_rule(keywords, rf"{'' if token.startswith('(?:(?<') else '(?<![A-Za-z0-9_.+-])'}(?:{token})(?![A-Za-z0-9_+/=-])",
+            MASK) for keywords, token in _VENDOR_TOKENS),
+    _rule((), _PREFIXED_RANDOM, _prefixed_random, gate=_PREFIXED_RANDOM_GATE),
     # Slack incoming-webhook URLs: the path is the credential
     _rule(("hooks.slack",),
           r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}",
@@ -409,7 +562,8 @@ _RULES: tuple[_Rule, ...] = (
                 rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})", _keep_head),
     # ('api_key', 'v') pairs, also bytes: (b'x-api-key', b'v'); b'Authorization': b'Basic ...'
     _rule((_NAME_KW, "authorization"),
-          rf"(?i)\([ \t]*b?([\"'])(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})", _keep_head),
+          rf"(?i)\([ \t]*b?([\"'])(?:[\w.:/-]*[.:/])?(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})",
+          _keep_head),
     _rule((_NAME_KW, "authorization"),
           rf"(?i)b([\"'])(?:{_NAME}|authorization)\1[ \t]*:[ \t]*b(?P<val>{_ANY_QUOTED})", _keep_head),
     # XML: <password>v</password>, <add key="ApiKey" value="v"/>
@@ -424,10 +578,24 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("requirepass", "masterauth"),
           r"(?i)(?<![\w-])(?:requirepass|masterauth)[ \t]+(?!\[REDACTED\])(?P<val>\S+)", _keep_head),
     _rule(("auth",), r"(?:^|(?<=> ))AUTH[ \t]+(?:\S+[ \t]+)?(?!\[REDACTED\])(?P<val>\S+)[ \t]*$", _keep_head),
-    # setx NAME value (Windows), set -x NAME value (fish), aws configure set NAME value
+    # a command that sets a named variable or setting, its value after a blank: setx NAME v (Windows), setenv NAME v
+    # (csh, launchctl), %env NAME v (IPython), ENV NAME v (Dockerfile), set -gx / --export NAME v (fish),
+    # aws configure set NAME v, npm/yarn/kubectl/pulumi config set [--secret] NAME v, dotnet user-secrets set "K" "v",
+    # rclone config create REMOTE TYPE ... NAME v (also a namespaced or quoted name: `//host/:_authToken`, `a.b.token`)
     _rule((_NAME_KW,),
-          rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
-                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)", _keep_head, requires=("set",)),
+          rf"(?i)(?<![\w%-])(?:setx|setenv|%env|(?-i:ENV)|set(?:[ \t]+--?[a-z][\w-]*)+"
+                rf"|(?:configure|config|user-secrets|secrets?)(?:[ \t]+--?[\w-]+)*[ \t]+(?:set|create|update|add)"
+                rf"(?:[ \t]+--?[\w-]+)*(?:[ \t]+[^\s=|;&'\"-][^\s=|;&]*){{0,12}}?)"
+                rf"[ \t]+[\"']?(?:[\w./:@-]*[./:])?{_NAME}[\"']?[ \t]+(?!-|{_MASK_RE}){_GUARD}"
+                rf"(?P<val>{_ANY_QUOTED}|[^\s|;&]+)",
+          _keep_head, requires=_SET_VERBS),
+    # a secret-named target whose value a flag gives: gh secret set NAME --body v, Set-Item Env:NAME -Value v,
+    # aws ssm put-parameter --name /prod/db/password --value v, az keyvault secret set --name N --value v
+    _rule((_NAME_KW,),
+          rf"(?i)(?<![\w-]){_NAME}[\"']?(?:[ \t]+--?[a-z][\w-]*(?:[ \t]+(?!-)[^\s|;&]+)?)*?[ \t]+"
+                rf"--?(?:value|body|string-value|secret-string|secret-value|data)(?:[ \t]*=[ \t]*|[ \t]+)"
+                rf"(?!{_MASK_RE}){_GUARD}(?P<val>{_ANY_QUOTED}|[^\s|;&]+)",
+          _keep_head, at="name", requires=("value", "body", "string", "data")),
     # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
     _rule((_NAME_KW,),
           rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)",
@@ -450,8 +618,8 @@ _RULES: tuple[_Rule, ...] = (
      _wrapped_value, at="name"),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
     # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
-    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
-                rf"(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}"
+    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q)"
+                rf"(?:(?<=[\"'])[ \t]*\])?{_SEP}(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}(?:\$(?=[\"']))?"
                 rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))",
      _name_value, at="name"),
     # netrc: machine HOST login USER password VALUE (also `login USER password VALUE`)
@@ -674,6 +842,14 @@ _AT_NAME = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "name")
 _AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
 #: The rules that also need one of their `requires` on the line.
 _REQUIRING = tuple((1 << i, rule.requires) for i, rule in enumerate(_RULES) if rule.requires)
+#: The rules that also need one of their `requires` on the line, all together.
+_REQUIRING_BITS = sum(bit for bit, _requires in _REQUIRING)
+
+
+@functools.cache
+def _gates() -> tuple[tuple[int, Callable[[str], re.Match[str] | None]], ...]:
+    """(rule bit, the `search` of one of its gates) for every gate of every rule (compiled on first use)."""
+    return tuple((1 << i, re.compile(g).search) for i, rule in enumerate(_RULES) for g in rule.gate)
 
 
 @functools.cache
@@ -815,9 +991,13 @@ class Redactor:
                 bits |= named
             if checked & _DANGLING_BIT and not bits & _DANGLING_BIT and _dangling_follows(folded, last + 1):
                 bits |= _DANGLING_BIT
-        for bit, requires in _REQUIRING:
-            if bits & bit and not any(r in folded for r in requires):
-                bits &= ~bit
+        if bits & _REQUIRING_BITS:
+            for bit, requires in _REQUIRING:
+                if bits & bit and not any(r in folded for r in requires):
+                    bits &= ~bit
+        for bit, search in _gates():
+            if not bits & bit and search(line):
+                bits |= bit
         return bits
 
     def _bits_of(self, line: str) -> int:
@@ -935,8 +1115,10 @@ class Redactor:
                     masked = list(parts)
                     _next_line_plan(parts, masked, dangling, lambda j, ps=parts, pb=part_bits: self._line(ps[j], pb[j]))
                     planned[i] = "\\n".join(masked)
-        return [self._line(p, b if p is line else bits_of(p)) for p, line, b in zip(planned, lines, bits,
-                                                                                     strict=True)]
+        # a line that no rule, value or configured pattern can touch (most lines) comes back as it is
+        plain = not self._configured
+        return [p if plain and not b and p is line else self._line(p, b if p is line else bits_of(p))
+                for p, line, b in zip(planned, lines, bits, strict=True)]
 
     def __call__(self, text: str) -> str:
         """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
@@ -953,7 +1135,11 @@ class Redactor:
             if done is not None:
                 return done
         if "\n" not in text and "\r" not in text and text.isprintable():  # one line: the common case
-            done = self.lines([text])[0]
+            # a line that no rule, value or configured pattern can touch (most lines) comes back as it is, at once
+            if self._configured or "\\n" in text or self._bits_of(text):
+                done = self.lines([text])[0]
+            else:
+                done = text
         elif "\n" in text and self._untouched(text):  # a whole message or table with no keyword in it
             done = text
         else:
@@ -972,7 +1158,8 @@ class Redactor:
         the whole text instead of line by line: no configured pattern, no keyword of any rule, value or PEM marker
         anywhere in it (the Aho-Corasick pass over the lower-cased text), no line that could be key material
         (`_B64_LONG_START`), and no line break other than "\\n" (which `str.splitlines` would split on too)."""
-        if self._configured or self._values_always or _B64_LONG_START.search(text):
+        if (self._configured or self._values_always or _B64_LONG_START.search(text)
+                or any(search(text) for _bit, search in _gates())):
             return False
         if (any(c in text for c in "\r\x0b\x0c\x1c\x1d\x1e") if text.isascii() else _ODD_BREAK.search(text)):
             return False
