@@ -215,36 +215,195 @@ def _keep_head(m: re.Match[str]) -> str:
     return m.group(0)[: m.start("val") - m.start(0)] + MASK + m.group(0)[m.end("val") - m.start(0):]
 
 
+def _mask_values(m: re.Match[str]) -> str:
+    """Replacement that masks every group whose name starts with "val" that took part in the match (a quoted value
+    keeps its quotes: `"-p", "[REDACTED]"`) and keeps the rest."""
+    text, base, out, last = m.group(0), m.start(0), [], 0
+    spans = sorted(m.span(g) for g in m.re.groupindex if g.startswith("val") and m.group(g) is not None)
+    for start, end in spans:
+        value = text[start - base:end - base]
+        q = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
+        out += [text[last:start - base], q, MASK, q]
+        last = end - base
+    return "".join([*out, text[last:]])
+
+
 _PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
 _PEM_BEGIN_RE = rf"(?<!-)-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
 _PEM_END_RE = rf"(?<!-)-{{2,}}[ \t]*END{_PEM_KEY}"
 _PEM_BEGIN = _LazyPattern(_PEM_BEGIN_RE, re.IGNORECASE)
 _PEM_END = _LazyPattern(_PEM_END_RE, re.IGNORECASE)
 
-#: Programs that take a password by a short flag: (keywords, program names regex, flag, what may come between the
-#: flag and the value); the keywords are what a line must contain for the rule to run (see `_Rule`). mysql's `-p`
-#: takes its value attached (`-p` alone prompts; `-P` is the port); docker's `-p` is a password only after `login`
-#: (`docker run -p 8080:80` publishes a port).
+#: Between the words of a program's name: blanks, or the quotes and commas of an argument list
+#: (`["docker", "login", ...]`, a Kubernetes `args:`, `subprocess.run([...])`).
+_ARGV_WS = r"(?:[\"']?,?[ \t]+[\"']?)"
+#: Programs that take a password by a flag, or positionally: (keywords, program names regex, flag regex, what may
+#: come between the flag and the value); the keywords are what a line must contain for the rule to run (see
+#: `_Rule`). An empty flag is a positional value (`wandb login KEY`). mysql's `-p` takes its value attached (`-p`
+#: alone prompts; `-P` is the port); docker's `-p` is a password only after `login` (`docker run -p 8080:80`
+#: publishes a port). Also written as an argument list: `"-p", "VALUE"`, `"-pVALUE"`.
 _PROGRAM_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("mysql", "mariadb"),
      r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mysqlcheck|mariadb|mariadb-dump)(?![\w.-])", "-p", ""),
     (("sshpass",), r"sshpass(?![\w.-])", "-p", "[ \t]*"),
-    (("login",), r"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm[ \t]+registry)[ \t]+login(?![\w.-])", "-p",
-     "[ \t]+"),
+    (("login",),
+     rf"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm{_ARGV_WS}registry){_ARGV_WS}login(?![\w.-])",
+     "-p", "[ \t]+"),
     (("twine",), r"twine(?![\w.-])", "-p", "[ \t]+"),
     (("redis-cli",), r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
     (("mongo",), r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
     (("ldap",), r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]*"),
-    (("login",), r"(?:az|oc|argocd|cf|docker|podman|nerdctl)[ \t]+login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
-    (("ssh-keygen",), r"ssh-keygen(?![\w.-])", "-N", "[ \t]+"),
+    (("login",), rf"(?:az|oc|argocd|cf|docker|podman|nerdctl){_ARGV_WS}login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
+    (("ssh-keygen",), r"ssh-keygen(?![\w.-])", "-[NP]", "[ \t]+"),  # new and old passphrase
     (("openssl",), r"openssl(?![\w.-])", "-k", "[ \t]+"),
     (("7z",), r"(?:7z|7za|7zr)(?![\w.-])", "-p", ""),
     (("unzip",), r"unzip(?![\w.-])", "-P", "[ \t]+"),
     (("smbclient",), r"smbclient(?![\w.-])", "-U[ \t]*[^\\s%]+%", ""),
     (("wandb",), r"wandb[ \t]+login(?![\w.-])", "", "(?!-)"),
+    (("sqlcmd", "bcp", "osql", "isql"), r"(?:sqlcmd|bcp|osql|isql)(?![\w.-])", "-P", "[ \t]*"),  # SQL Server tools
+    (("ipmitool",), r"ipmitool(?![\w.-])", "-P", "[ \t]+"),  # BMC password
+    (("racadm",), r"racadm(?![\w.-])", "-p", "[ \t]+"),  # Dell iDRAC
+    (("ncftp",), r"ncftp(?:put|get|ls|batch)?(?![\w.-])", "-p", "[ \t]+"),
+    (("mosquitto_",), r"mosquitto_(?:pub|sub|rr)(?![\w.-])", "-P", "[ \t]+"),
+    (("snmp",), r"snmp(?:walk|get|getnext|set|bulkwalk|bulkget|table|trap|inform|status|delta|df|netstat)(?![\w.-])",
+     "-[AX]", "[ \t]*"),  # SNMPv3 auth and privacy passphrases
+    (("freerdp",), r"(?:xfreerdp|wlfreerdp|sdl-freerdp|freerdp)(?![\w.-])", "/p:", ""),
+    (("rar",), r"(?:unrar|rar)(?![\w.-])", "-p", ""),
+    (("zip",), r"zip(?![\w.-])", "-P", "[ \t]+"),
+    # positional: a token or password where the synopsis puts it
+    (("login",), r"(?:vault|cargo)[ \t]+login(?![\w.-])", "", "(?![-\\w.]+=)(?!-)"),
+    (("ngrok",), r"ngrok(?:[ \t]+config)?[ \t]+(?:add-authtoken|authtoken|add-api-key)(?![\w.-])", "", "(?!-)"),
+    (("wpa_passphrase",), r"wpa_passphrase(?![\w.-])[ \t]+\S+", "", "(?!-)"),
+    (("poetry",), r"poetry[ \t]+config(?:[ \t]+--?[\w-]+)*[ \t]+(?:http-basic\.\S+[ \t]+\S+|pypi-token\.\S+)", "",
+     "(?!-)"),
+    (("rclone",), r"rclone[ \t]+obscure(?![\w.-])", "", "(?!-)"),
 )
+#: Commands whose synopsis puts credentials at fixed places the table above cannot say (every group named val* is
+#: masked): `mc alias set ALIAS URL ACCESSKEY SECRETKEY` (MinIO), `mc admin user add ALIAS USER SECRET`,
+#: `net use DEV \\share PASSWORD`, `sqlplus user/password@db` (Oracle tools), `cf auth USER PASSWORD`; and
+#: `htpasswd -b [options] FILE USER PASSWORD` / `htpasswd -nb USER PASSWORD` (`_htpasswd`).
+_ARG = r"(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s'\"|;&]+)"
+_POSITIONAL: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("mc",), rf"(?<![\w.-])mc(?:[ \t]+--?[\w-]+)*[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+{_ARG}[ \t]+"
+              rf"{_ARG}[ \t]+(?P<val>(?!-){_ARG})(?:[ \t]+(?P<val2>(?!-){_ARG}))?"),
+    (("mc",), rf"(?<![\w.-])mc(?:[ \t]+--?[\w-]+)*[ \t]+admin[ \t]+user[ \t]+add[ \t]+{_ARG}[ \t]+{_ARG}[ \t]+"
+              rf"(?P<val>(?!-){_ARG})"),
+    (("net",), rf"(?i)(?<![\w.-])net[ \t]+use(?:[ \t]+(?:[a-z]:|\*))?[ \t]+\\\\\S+[ \t]+(?P<val>(?![/*]){_ARG})"),
+    (("sqlplus", "sqlldr", "expdp", "impdp", "exp", "imp", "rman", "dgmgrl"),
+     r"(?<![\w.-])(?:sqlplus|sqlldr|expdp|impdp|exp|imp|rman|dgmgrl)(?:[ \t]+-[\w-]+)*[ \t]+"
+     r"(?:(?:target|auxiliary|catalog|userid)[ \t]*=?[ \t]*)?[\"']?[\w$#.]+/(?P<val>[^@\s'\"/]+)"),
+    (("cf",), rf"(?<![\w.-])cf[ \t]+auth[ \t]+(?P<user>(?!-){_ARG})[ \t]+(?P<val>(?!-){_ARG})"),
+)
+#: What a password piped in on stdin is read by (`echo PW | docker login --password-stdin`, `| sudo -S`, `| chpasswd`):
+#: the echoed words before it are the password.
+_STDIN_READER = (r"(?:--?[\w-]*stdin\b|password_stdin|sudo(?:[ \t]+-[\w-]+)*[ \t]+-[a-zA-Z]*S|\bchpasswd|\bkinit\b"
+                 r"|\bsmbpasswd\b|\bpasswd\b|--pass(?:word)?-fd[ \t=]+0|-passin[ \t]+stdin|\bcryptsetup\b"
+                 r"|\bopenconnect\b)")
+_STDIN_READER_RE = _LazyPattern(_STDIN_READER)
+#: A flag ending in a glued "pass" that is no password flag (`--bypass`, ffmpeg's `-pass 1` is PASS alone).
+_NOT_PASS_FLAGS = frozenset(("bypass", "compass", "surpass", "trespass", "encompass", "overpass", "underpass",
+                             "multipass", "onepass", "twopass", "firstpass", "secondpass", "singlepass", "nopass",
+                             "skippass", "subpass", "renderpass", "bidipass"))
+
+
+def _piped_password(m: re.Match[str]) -> str:
+    """Replacement for an `echo ...` / `printf ...` (one or more, `(echo a; echo b)`) piped into a program that reads
+    a password on stdin (`_STDIN_READER`): their arguments masked (not an option, nor a printf format); else as it was.
+    Piped into `base64`, only what follows the colon of a `user:password`."""
+    text = m.group(0)
+    rest = m.group("rest")
+    reader = _STDIN_READER_RE.search(rest)
+    b64 = reader is None and re.search(r"\|[ \t]*base64\b", rest) is not None
+    if reader is None and not b64:
+        return text
+
+    def mask_args(cmd: re.Match[str]) -> str:
+        words = list(re.finditer(_ARG, cmd.group("args")))
+        out, last, fmt_seen = [], 0, cmd.group("verb").lower() != "printf"
+        args = cmd.group("args")
+        for w in words:
+            word = w.group(0)
+            if word.startswith("-") and not out and re.fullmatch(r"-[neE]+", word):
+                continue
+            if not fmt_seen:
+                fmt_seen = True
+                if "%" in word:
+                    continue
+            q = word[0] if word[0] in "\"'" and len(word) >= 2 and word[-1] == word[0] else ""
+            inner = word[len(q):len(word) - len(q)]
+            if b64:
+                user, colon, _pw = inner.partition(":")
+                masked = q + user + colon + MASK + q if colon else word
+            else:
+                masked = q + MASK + q
+            out += [args[last:w.start()], masked]
+            last = w.end()
+        return cmd.group("verb") + "".join([*out, args[last:]])
+
+    head = re.sub(r"(?P<verb>echo|printf)(?P<args>[^|;&)\n]*)", mask_args, m.group("head"), flags=re.IGNORECASE)
+    return head + rest
+
+
+def _htpasswd(m: re.Match[str]) -> str:
+    """Replacement for `htpasswd OPTIONS ARGS`: with -b the password is the third argument (the second with -n: no
+    file), masked; without -b there is none (it is prompted for)."""
+    letters = "".join(o.lstrip("-") for o in m.group("opts").split() if o.startswith("-") and not o[1:].isdigit())
+    args = list(re.finditer(_ARG, m.group("args")))
+    at = 1 if "n" in letters else 2
+    if "b" not in letters or len(args) <= at:
+        return m.group(0)
+    cut = m.start("args") - m.start(0)
+    word = args[at]
+    return m.group(0)[:cut + word.start()] + MASK + m.group(0)[cut + word.end():]
+
+
+def _pass_flag(m: re.Match[str]) -> str:
+    """Replacement for a flag ending in a glued "pass" (`-storepass X`, `-keypass X`): the value masked, unless the flag
+    is a word like `--bypass` (`_NOT_PASS_FLAGS`)."""
+    if m.group("flag").lower() in _NOT_PASS_FLAGS:
+        return m.group(0)
+    return _mask_values(m)
+
 #: How far after the program's name its password flag is looked for (characters; bounds the scan of long lines).
 _FLAG_REACH = 400
+
+
+def _program_continued() -> str:
+    """A program's password flag (`_PROGRAM_FLAGS`, one that takes its value after a blank) at the end of a line
+    continued by `\\`: the value is on the next line (part of `_DANGLING`)."""
+    alternatives = "|".join(rf"(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:{flag})"
+                            for _kw, progs, flag, gap in _PROGRAM_FLAGS if flag and gap not in ("", "(?:)"))
+    return rf"(?<![\w.-])(?:{alternatives})[ \t]+\\+[ \t]*`?[ \t]*$"  # (also inside a Slack code quote)
+
+
+#: Keywords of the programs `_program_continued` names: a line with one may end in its password flag and `\\`.
+_PROGRAM_CONTINUED = _program_continued()
+_PROGRAM_CONTINUED_KW = tuple(sorted({k for kws, _progs, flag, gap in _PROGRAM_FLAGS if flag and gap != ""
+                                      for k in kws}))
+
+
+def _program_flag(progs: str, flag: str, gap: str) -> tuple[str, _Repl]:
+    """The regex and the replacement of one `_PROGRAM_FLAGS` entry. Positional (no flag): the program, then the first
+    word after it that `gap` allows (group val). With a flag: the program and the rest of its command (up to `|`, `;`,
+    `&` or _FLAG_REACH characters), every value of the flag in it masked at once (snmpwalk -A x -X y), plain (`-p X`,
+    `-pX`) or in an argument list (`"-p", "X"`, `"-pX"`); a lone `\\` is a continuation, not a value (`_DANGLING`
+    takes the next line)."""
+    if not flag:
+        return (rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{gap}(?!\\[ \t]*$)"
+                rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)", _mask_values)
+    listed = rf"(?P<fq>[\"'])(?:{flag})(?:(?P=fq)[ \t]*,[ \t]*(?!{_MASK_RE})(?P<val_listed>{_ANY_QUOTED})"
+    if gap in ("", "[ \t]*"):
+        listed += rf"|(?!{_MASK_RE})(?P<val_glued>[^\s\"'\\]+)(?=(?P=fq))"
+    listed += ")"
+    plain = rf"(?:{flag}){gap}(?!\\[ \t]*$|{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)"
+    values = _LazyPattern(rf"[ \t\[](?:{plain}|{listed})")
+
+    def repl(m: re.Match[str]) -> str:
+        cut = m.start("args") - m.start(0)
+        return m.group(0)[:cut] + values.sub(_mask_values, m.group("args"))
+
+    return rf"(?<![\w.-])(?:{progs})(?P<args>[^\n|;&]{{1,{_FLAG_REACH}}})", repl
+
 #: Words that follow "password" in ordinary prose ("password authentication failed", "password is wrong"): the
 #: prose form keeps them; any other word after "password" is taken for the password.
 _PROSE_WORDS = "|".join((
@@ -533,13 +692,37 @@ _RULES: tuple[_Rule, ...] = (
      rf"\1{MASK}"),
     # JWT (a start inside a run of token characters is no JWT's start: keeps `-eyJ-eyJ...` linear)
     _rule(("eyj",), r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}", MASK),
-    # a password given to a program by a short flag (mysql -pX, sshpass -p X, docker login -p X: _PROGRAM_FLAGS)
-    *(_rule(keywords, rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
-            rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)", _keep_head) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
-    # curl -u USER:PASSWORD (the user is kept)
-    _rule(("curl", "wget", "lftp"),
-          rf"(?<![\w.-])(?:curl|wget|lftp)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:-u|--user)"
-                r"(?:[ \t]+|=)[\"']?[^\s:'\"]*:(?P<val>[^\s'\"]+)", _keep_head),
+    # a password given to a program by a flag or positionally (mysql -pX, sshpass -p X, docker login -p X,
+    # wandb login KEY: _PROGRAM_FLAGS), also in an argument list ("-p", "X"), and the places of _POSITIONAL
+    *(_rule(keywords, *_program_flag(progs, flag, gap)) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
+    *(_rule(keywords, source, _mask_values) for keywords, source in _POSITIONAL),
+    _rule(("htpasswd",), rf"(?<![\w.-])htpasswd(?P<opts>(?:[ \t]+(?:-[rC][ \t]*[0-9]+|-[a-zA-Z]+))*)"
+                         rf"(?P<args>(?:[ \t]+(?!-){_ARG}){{2,3}})", _htpasswd),
+    # any program: -u USER -p PASSWORD side by side (sqlcmd -U sa -P x, ipmitool -U u -P x, racadm -u u -p x); a
+    # port (`docker run -u 1000 -p 8080:80`, `ssh -l u -p 22`), a path or a variable after -p is kept
+    _rule(("-p", "-w", "--pass"),
+          rf"(?<![\w.-])(?:-[uUl]|--user(?:name)?|--login)(?:[ \t]*=[ \t]*|[ \t]*)(?!-)"
+                rf"(?:{_ANY_QUOTED}|[^\s'\"]+)[ \t]+"
+                rf"(?:-[pPwW]|--pass(?![\w-])|--pw(?![\w-]))(?:[ \t]*=[ \t]*|[ \t]*)"
+                rf"(?![-/~.$]|[0-9:.,]+(?:[\s'\",)\]]|$)|\\[ \t]*$)"
+                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\",\]]+)", _mask_values),
+    # a flag ending in a glued "pass": keytool/jarsigner -storepass X, -keypass X, -srcstorepass X
+    _rule(("pass",), rf"(?i)(?<![\w-])-{{1,2}}(?P<flag>[a-z][a-z0-9]*pass)(?:[ \t]*[=:][ \t]*|[ \t]+)"
+                     rf"(?!-|{_MASK_RE})"
+                     rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]+)", _pass_flag),
+    # USER:PASSWORD (USER,PASSWORD for lftp) to a client's user flag: curl -u, wget --user, lftp -u, HTTPie/xh -a,
+    # ab -A (the user is kept)
+    _rule(("curl", "wget", "lftp", "http", "xh", "ab", "hey"),
+          rf"(?<![\w.-])(?:curl|wget|lftp|https?|xhs?|ab|hey)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]"
+                r"(?:-u|--user|-a|--auth|-A)(?:[ \t]+|=|(?<=-u))[\"']?[^\s:,'\"]*[:,](?P<val>[^\s'\"]+)", _keep_head),
+    # a password echoed into a program that reads it on stdin: echo PW | docker login --password-stdin, | sudo -S,
+    # | chpasswd, | kinit, (echo PW; echo PW) | smbpasswd -s; and `echo -n user:PW | base64`
+    _rule(("echo", "printf"),
+          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)[^|;&)\n]*(?:[ \t]*;[ \t]*(?:echo|printf)[^|;&)\n]*)*\)?)"
+                r"(?P<rest>[ \t]*\|[^|;&()\n]*)", _piped_password,
+          requires=("stdin", "sudo", "chpasswd", "kinit", "passwd", "-fd", "cryptsetup", "openconnect", "base64")),
+    # ... or handed in a here-string: docker login --password-stdin <<< PW, sudo -S cmd <<< PW
+    _rule(("<<<",), rf"{_STDIN_READER}[^\n|;&]*?<<<[ \t]*(?P<val>{_ARG})", _mask_values),
     # Cookie: / Set-Cookie: headers (every cookie in them: the rest of the line, or the quoted value)
     _rule(("cookie",),
           rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)",
@@ -612,6 +795,9 @@ _RULES: tuple[_Rule, ...] = (
     _rule((_NAME_KW,),
           rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})",
      _name_value, at="name"),
+    # an argument list: "--api-key", "VALUE" (Kubernetes args, Compose command, subprocess.run([...]), a repr of argv)
+    _rule((_NAME_KW,), rf"(?i)(?P<q>[\"'])--?{_NAME}(?P=q)[ \t]*,[ \t]*(?!{_MASK_RE}|(?P=q)--?[a-z])"
+                       rf"(?P<val>{_ANY_QUOTED})", _mask_values, at="name"),
     # 'api_key': ['KEY'] (vLLM's non-default args), api_key: Some("KEY") (TGI's Args): the quoted value inside
     _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}"
                 rf"(?P<val>{_QUOTED})(?P<more>(?:[ \t]*,[ \t]*{_ANY_QUOTED})*)",
@@ -744,10 +930,12 @@ def _after_block(out: list[str], i: int) -> int:
 # `"client_secret":`, `--api-key \` (a shell continuation), `Authorization:`, also quoted in Slack code (`password:`).
 # The value is on the next line. Every match contains a secret name that `_name_follows`, "authorization" or "cookie".
 _DANGLING = _LazyPattern(
-    rf"(?i)(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization|(?:set-)?cookie)"
-    rf"(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
+    rf"(?i)(?:(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization"
+    rf"|(?:set-)?cookie)(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
     # then nothing, a YAML block indicator, a shell continuation, an auth scheme, or an opening bracket
-    rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$")
+    rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$"
+    # or a program's password flag (_PROGRAM_FLAGS) then a shell continuation: docker login -u ci -p \\
+    rf"|(?-i:{_PROGRAM_CONTINUED}))")
 
 
 # A line that starts a new record rather than carrying a value: a log line's prefix (a bracket, a timestamp, a
@@ -881,6 +1069,8 @@ def _keyword_table() -> dict[str, tuple[int, int, int]]:
     add("private", _PEM_BIT, 0)
     for kw in ("authorization", "cookie"):  # `_DANGLING` also ends in these names
         add(kw, 0, _DANGLING_BIT)
+    for kw in _PROGRAM_CONTINUED_KW:  # ... and in a program's password flag and a continuation
+        add(kw, _DANGLING_BIT, 0)
     return {kw: (bits, checked, len(kw)) for kw, (bits, checked) in table.items()}
 
 
