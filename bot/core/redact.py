@@ -170,6 +170,8 @@ _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[
           # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
           rf"|[\"']?<\|?[^<>\s'\"]{{1,40}}\|?>[\"']?(?:[\s,;)]|$)|[\"']?/[\w.@+-]+/[\w./@+-]*[\"']?(?:[\s,;)]|$)"
           rf"|[A-Za-z_][\w.]*\("
+          # a tuple of literals: `auth=("user", "pw")` (the credential-call rule masks what is secret in it)
+          rf"|\((?=[ \t]*b?[\"'])"
           # a comment, not a value (`password: # set by the operator`)
           rf"|#(?:[ \t]|$))")
 
@@ -268,8 +270,8 @@ _PROGRAM_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("snmp",), r"snmp(?:walk|get|getnext|set|bulkwalk|bulkget|table|trap|inform|status|delta|df|netstat)(?![\w.-])",
      "-[AX]", "[ \t]*"),  # SNMPv3 auth and privacy passphrases
     (("freerdp",), r"(?:xfreerdp|wlfreerdp|sdl-freerdp|freerdp)(?![\w.-])", "/p:", ""),
-    (("rar",), r"(?:unrar|rar)(?![\w.-])", "-p", ""),
-    (("zip",), r"zip(?![\w.-])", "-P", "[ \t]+"),
+    (("rar ",), r"(?:unrar|rar)(?= )", "-p", ""),
+    (("zip ",), r"zip(?= )", "-P", "[ \t]+"),
     # positional: a token or password where the synopsis puts it
     (("login",), r"(?:vault|cargo)[ \t]+login(?![\w.-])", "", "(?![-\\w.]+=)(?!-)"),
     (("ngrok",), r"ngrok(?:[ \t]+config)?[ \t]+(?:add-authtoken|authtoken|add-api-key)(?![\w.-])", "", "(?!-)"),
@@ -288,9 +290,9 @@ _POSITIONAL: tuple[tuple[tuple[str, ...], str], ...] = (
               rf"{_ARG}[ \t]+(?P<val>(?!-){_ARG})(?:[ \t]+(?P<val2>(?!-){_ARG}))?"),
     (("mc",), rf"(?<![\w.-])mc(?:[ \t]+--?[\w-]+)*[ \t]+admin[ \t]+user[ \t]+add[ \t]+{_ARG}[ \t]+{_ARG}[ \t]+"
               rf"(?P<val>(?!-){_ARG})"),
-    (("net",), rf"(?i)(?<![\w.-])net[ \t]+use(?:[ \t]+(?:[a-z]:|\*))?[ \t]+\\\\\S+[ \t]+(?P<val>(?![/*]){_ARG})"),
-    (("sqlplus", "sqlldr", "expdp", "impdp", "exp", "imp", "rman", "dgmgrl"),
-     r"(?<![\w.-])(?:sqlplus|sqlldr|expdp|impdp|exp|imp|rman|dgmgrl)(?:[ \t]+-[\w-]+)*[ \t]+"
+    (("net use",), rf"(?i)(?<![\w.-])net use(?:[ \t]+(?:[a-z]:|\*))?[ \t]+\\\\\S+[ \t]+(?P<val>(?![/*]){_ARG})"),
+    (("sqlplus", "sqlldr", "expdp", "impdp", "exp ", "imp ", "rman", "dgmgrl"),
+     r"(?<![\w.-])(?:sqlplus|sqlldr|expdp|impdp|exp(?= )|imp(?= )|rman|dgmgrl)(?:[ \t]+-[\w-]+)*[ \t]+"
      r"(?:(?:target|auxiliary|catalog|userid)[ \t]*=?[ \t]*)?[\"']?[\w$#.]+/(?P<val>[^@\s'\"/]+)"),
     (("cf",), rf"(?<![\w.-])cf[ \t]+auth[ \t]+(?P<user>(?!-){_ARG})[ \t]+(?P<val>(?!-){_ARG})"),
 )
@@ -342,6 +344,65 @@ def _piped_password(m: re.Match[str]) -> str:
 
     head = re.sub(r"(?P<verb>echo|printf)(?P<args>[^|;&)\n]*)", mask_args, m.group("head"), flags=re.IGNORECASE)
     return head + rest
+
+
+#: HTTP authentication schemes (the IANA registry, and the ones vendors document): what follows `Authorization:` and
+#: names the kind of credential after it.
+_AUTH_SCHEMES = "|".join((
+    "basic", "bearer", "digest", "dpop", "gnap", "hoba", "mutual", "negotiate", "ntlm", "oauth", "privatetoken",
+    "scram-sha-1", "scram-sha-256", "vapid", "concealed", "token", "api-?key", "key", "aws4-hmac-sha256", "aws", "ssws",
+    "splunk", "bot", "geniekey", "deepl-auth-key", "klaviyo-api-key", "zoho-oauthtoken", "sharedkey(?:lite)?",
+    "sharedaccesssignature", "client-id", "mac", "hawk", "jwt", "hmac-sha256", "signature", "kerberos", "session",
+))
+
+
+def _auth_value(m: re.Match[str]) -> str:
+    """Replacement for the Authorization form: after a published scheme as `_name_value` masks a value; else the whole
+    value (a word that may be a scheme, and what follows it)."""
+    if m.group("val") is not None:
+        return _name_value(m)
+    return _mask_values(m)
+
+
+def _aws_secret(m: re.Match[str]) -> str:
+    """Replacement for a 40-character AWS secret key beside its key id: the secret masked when it does not look like
+    a hex digest (a SHA-1 is 40 hex digits), else as it was."""
+    group = "val" if m.group("val") is not None else "val_before"
+    value = m.group(group)
+    if all(c in "0123456789abcdefABCDEF" for c in value):
+        return m.group(0)
+    cut = m.start(group) - m.start(0)
+    return m.group(0)[:cut] + MASK + m.group(0)[cut + len(value):]
+
+
+def _key_value(m: re.Match[str]) -> str:
+    """Replacement for a bare `"key": "..."`: masked when the value is hex or random-looking key material (kaggle.json);
+    a name (`"key": "model.layers.0"`, `"key": "sort_order_by_name_x"`) is kept."""
+    value = m.group("val")
+    plain = value.rstrip("=")
+    hexlike = len(plain) >= 20 and all(c in "0123456789abcdefABCDEF" for c in plain)
+    return _keep_head(m) if hexlike or _looks_random(plain) else m.group(0)
+
+
+def _credential_call(m: re.Match[str]) -> str:
+    """Replacement for a call (or an `auth=(...)` tuple) that takes a user and a password: the string literals among
+    its positional arguments after the user (after the host and the user for connect and add_password) masked, when
+    there are that many; other calls as they were."""
+    call = m.group("call").lower()
+    skip = 2 if ("connect" in call or "add_password" in call) else 1
+    args = m.group("args")
+    literals = [a for a in re.finditer(r"(?<![\w=])[ \t]*(?P<lit>b?(?:\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'))",
+                                       args) if not re.search(r"=[ \t]*$", args[:a.start()].rsplit(",", 1)[-1])]
+    if len(literals) <= skip:
+        return m.group(0)
+    out, last = [], 0
+    cut = m.start("args") - m.start(0)
+    for lit in literals[skip:]:
+        start, end = lit.span("lit")
+        q = 1 + (args[start] == "b")
+        out += [args[last:start + q], MASK]
+        last = end - 1
+    return m.group(0)[:cut] + "".join([*out, args[last:]]) + m.group(0)[cut + len(args):]
 
 
 def _htpasswd(m: re.Match[str]) -> str:
@@ -515,6 +576,9 @@ def _rule(keywords: tuple[str, ...], source: str, repl: _Repl, *, at: str = "sca
 
 
 
+#: Where a token starts: not inside a word, or right after an escaped tab or line break of a repr (`'a\\tAKIA...'`).
+_TOKEN_START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"  # noqa: S105 (a pattern)
+_VENDOR_START = r"(?:(?<![A-Za-z0-9_.+-])|(?<=\\[nrt]))"
 #: Token formats that vendors publish (their docs; gitleaks' rules): (keywords, the token's regex). Each is masked
 #: wherever it stands, as a word of its own. The table is the vendors' formats, not this corpus' samples; tokens of
 #: vendors it does not name are left to `_PREFIXED_RANDOM` (a prefix, then a random-looking body).
@@ -531,7 +595,8 @@ _VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("figd_", "figu_"), r"fig[du]_[A-Za-z0-9_-]{30,}"),  # Figma
     (("pul-",), r"pul-[a-f0-9]{40}"),  # Pulumi
     (("pscale_",), r"pscale_(?:tkn|pw|oauth)_[A-Za-z0-9=._-]{32,64}"),  # PlanetScale
-    (("dp.",), r"dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}"),  # Doppler
+    (("dp.pt.", "dp.st.", "dp.ct.", "dp.sa.", "dp.scim.", "dp.audit."),
+     r"dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}"),  # Doppler
     (("ops_eyj",), r"ops_eyJ[A-Za-z0-9+/]{40,}={0,3}"),  # 1Password service account
     (("sbp_", "sb_secret_"), r"(?:sbp_[a-f0-9]{40}|sb_secret_[A-Za-z0-9_-]{20,})"),  # Supabase
     (("pcsk_",), r"pcsk_[A-Za-z0-9_]{40,}"),  # Pinecone
@@ -540,10 +605,10 @@ _VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("bkua_",), r"bkua_[a-f0-9]{40}"),  # Buildkite
     (("gocspx-",), r"GOCSPX-[A-Za-z0-9_-]{24,}"),  # Google OAuth client secret
     (("1//0",), r"1//0[A-Za-z0-9_-]{40,}"),  # Google OAuth refresh token
-    ((":aa",), r"(?:(?<=/bot)|(?<![A-Za-z0-9_.+-]))[0-9]{5,16}:AA[A-Za-z0-9_-]{30,}"),  # Telegram bot token
+    ((":aa",), r"(?:(?<=/bot)|(?<![A-Za-z0-9_.+-])|(?<=\\[nrt]))[0-9]{5,16}:AA[A-Za-z0-9_-]{30,}"),  # Telegram
     (tuple(f"sk{c}" for c in "0123456789abcdef"), r"SK[0-9a-fA-F]{32}"),  # Twilio API key
     (("nrak-", "nrjs-", "nrii-", "nral-", "nraa-"), r"NR(?:AK|JS|II|AL|AA)-[A-Z0-9]{19,}"),  # New Relic
-    (("key-",), r"key-[a-f0-9]{32}"),  # Mailgun
+    (tuple(f"key-{c}" for c in "0123456789abcdef"), r"key-[a-f0-9]{32}"),  # Mailgun
     (("hrku-",), r"HRKU-[A-Za-z0-9_-]{40,}"),  # Heroku
     (("akcp", "cmvmdgtu"), r"(?:AKCp[A-Za-z0-9]{60,}|cmVmdGtu[A-Za-z0-9]{50,})"),  # JFrog
     (("rubygems_",), r"rubygems_[a-f0-9]{48}"),  # RubyGems
@@ -553,7 +618,6 @@ _VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("csk-",), r"csk-[a-z0-9]{40,}"),  # Cerebras
     (("nfp_",), r"nfp_[A-Za-z0-9]{30,}"),  # Netlify
     (("ntn_",), r"ntn_[0-9]{11}[A-Za-z0-9]{35}"),  # Notion
-    (("pat",), r"pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"),  # Airtable personal access token
     (("eaa",), r"EAA[A-Za-z0-9]{60,}"),  # Square (EAAA), Meta Graph API
     (("sq0atp-", "sq0csp-"), r"sq0(?:atp|csp)-[A-Za-z0-9_-]{22,}"),  # Square
     (("gr1348941",), r"GR1348941[A-Za-z0-9_-]{20,}"),  # GitLab runner registration token
@@ -571,12 +635,12 @@ _VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("bb_live_",), r"bb_live_[A-Za-z0-9_-]{20,}"),  # Browserbase
     (("napi_",), r"napi_[a-z0-9]{60,}"),  # Neon
     (("rpa_",), r"rpa_[A-Za-z0-9]{30,}"),  # RunPod
-    (("local-",), r"local-[a-f0-9]{40}"),  # Weights & Biases (local server key)
+    (tuple(f"local-{c}" for c in "0123456789abcdef"), r"local-[a-f0-9]{40}"),  # Weights & Biases (local server)
     (("sess-",), r"sess-[A-Za-z0-9]{40}"),  # OpenAI session key
     (("ls__",), r"ls__[a-f0-9]{32}"),  # LangSmith (legacy)
     (("pmak-",), r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),  # Postman
     (("xkeysib-", "xsmtpsib-"), r"x(?:keysib|smtpsib)-[a-f0-9]{64}-[A-Za-z0-9]{16}"),  # Brevo
-    (("-us",), r"[0-9a-f]{32}-us[0-9]{1,2}"),  # Mailchimp
+    (tuple(f"-us{d}" for d in "123456789"), r"[0-9a-f]{32}-us[0-9]{1,2}"),  # Mailchimp
     (("oy2",), r"oy2[a-z0-9]{43}"),  # NuGet
     (("clojars_",), r"CLOJARS_[a-f0-9]{60}"),  # Clojars
     (("dt0c01.",), r"dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}"),  # Dynatrace
@@ -594,7 +658,8 @@ _VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
 #: A token of a vendor the table does not name: a short prefix that ends in "_" or "-" (`dop_v1_`, `lin_api_`,
 #: `pplx-`, `sntrys_`), then a body of 20+ letters and digits that `_looks_random` (not a word, a name or a hex
 #: hash: a request id `chatcmpl-<hex>` or a path's `blobs/<sha256>` stays readable). Never inside a path or a word.
-_PREFIXED_RANDOM = (r"(?<![A-Za-z0-9_.+/~%\\-])(?P<prefix>[A-Za-z][A-Za-z0-9]{1,11}(?:[_-][A-Za-z0-9]{1,8}){0,2}[_-])"
+_PREFIXED_RANDOM = (r"(?:(?<![A-Za-z0-9_.+/~%\\-])|(?<=\\[nrt]))"
+                    r"(?P<prefix>[A-Za-z][A-Za-z0-9]{1,11}(?:[_-][A-Za-z0-9]{1,8}){0,2}[_-])"
                     r"(?P<body>[A-Za-z0-9]{20,}(?:[_-][A-Za-z0-9]{4,})*)(?![A-Za-z0-9_+/=~\\-]|\.[A-Za-z0-9])")
 #: What a line must contain for `_PREFIXED_RANDOM` to be tried at all (regexes in place of keywords: the prefix is not
 #: known): "_" or "-" followed by 20 letters and digits; two searches for a literal, far cheaper than the rule.
@@ -650,48 +715,64 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("private",), rf"(?i){_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", MASK),
     # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
     # first, so no name/value form takes `scheme` or `user:` for a value
-    _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:]*:)[^\s/?]+@", rf"\1{MASK}@"),
+    _rule(("://", ":\\/\\/"), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*:\\?/\\?/[^/\\\s:]*:)[^\s/?\\]+@", rf"\1{MASK}@"),
     # a long opaque user and no password: a token (https://TOKEN@git.host/x.git)
     _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[A-Za-z0-9_-]{20,}@", rf"\1{MASK}@"),
     # Well-known token formats. Like the two above, these run before the forms below: those decide where a
     # value ends by looking at what follows, and must see the same text when run again on their output.
-    _rule(("github_pat_",), r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}", MASK),
-    _rule(("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}", MASK),
+    _rule(("github_pat_",), rf"{_TOKEN_START}github_pat_[A-Za-z0-9_]{{20,}}", MASK),
+    _rule(("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), rf"{_TOKEN_START}gh[pousr]_[A-Za-z0-9]{{20,}}", MASK),
     _rule(("glpat-", "gldt-", "glrt-", "glptt-", "glft-", "glsoat-", "glcbt-", "glimt-", "gloas-"),
-          r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}", MASK),
-    _rule(("nvapi-",), r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}", MASK),
-    _rule(("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}", MASK),
-    _rule(("sk-",), r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}", MASK),
-    _rule(("xox",), r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}", MASK),
-    _rule(("xapp-",), r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}", MASK),
+          rf"{_TOKEN_START}gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{{16,}}", MASK),
+    _rule(("nvapi-",), rf"{_TOKEN_START}nvapi-[A-Za-z0-9_-]{{16,}}", MASK),
+    _rule(("hf_",), rf"{_TOKEN_START}hf_[A-Za-z0-9]{{16,}}", MASK),
+    _rule(("sk-",), rf"{_TOKEN_START}sk-[A-Za-z0-9_-]{{16,}}", MASK),
+    _rule(("xox",), rf"{_TOKEN_START}xox[abposre]-[A-Za-z0-9-]{{8,}}", MASK),
+    _rule(("xapp-",), rf"{_TOKEN_START}xapp-[A-Za-z0-9-]{{8,}}", MASK),
+    # an AWS secret access key (40 characters of base64) on the same line as its key id: `aws sts ... --output text`
+    # rows, a CSV of credentials; first, while the key id is still there to tell it
     _rule(("akia", "asia", "abia", "acca", "a3t"),
-          r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{16}(?![0-9A-Za-z])", MASK),
-    _rule(("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}", MASK),
-    _rule(("ya29.",), r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}", MASK),  # Google OAuth access token
-    _rule(("_live_", "_test_"), r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}", MASK),  # Stripe keys
-    _rule(("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}", MASK),  # PyPI API token
-    _rule(("hvs.", "hvb.", "hvr."), r"(?<![A-Za-z0-9])hv[sbr]\.[A-Za-z0-9_-]{20,}", MASK),  # HashiCorp Vault token
+          rf"(?:{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])[^\n]{{0,300}}?"
+          rf"(?:(?<![A-Za-z0-9/+=])|(?<=\\[nrt]))(?P<val>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])"
+          rf"|(?:(?<![A-Za-z0-9/+=])|(?<=\\[nrt]))(?P<val_before>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])"
+          rf"(?=[^\n]{{0,300}}?{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])))",
+          _aws_secret),
+    _rule(("akia", "asia", "abia", "acca", "a3t"),
+          rf"{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])", MASK),
+    _rule(("aiza",), rf"{_TOKEN_START}AIza[0-9A-Za-z_-]{{35,}}", MASK),
+    _rule(("ya29.",), rf"{_TOKEN_START}ya29\.[0-9A-Za-z_-]{{20,}}", MASK),  # Google OAuth access token
+    _rule(("_live_", "_test_"), rf"{_TOKEN_START}(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{{16,}}", MASK),  # Stripe keys
+    _rule(("pypi-age",), rf"{_TOKEN_START}pypi-AgE[A-Za-z0-9_-]{{20,}}", MASK),  # PyPI API token
+    _rule(("hvs.", "hvb.", "hvr."), rf"{_TOKEN_START}hv[sbr]\.[A-Za-z0-9_-]{{20,}}", MASK),  # HashiCorp Vault token
     _rule(("r8_", "gsk_", "xai-", "lsv2_", "glsa_"),
-          r"(?<![A-Za-z0-9])(?:r8_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}"
+          rf"{_TOKEN_START}(?:r8_[A-Za-z0-9]{{30,}}|gsk_[A-Za-z0-9]{{40,}}|xai-[A-Za-z0-9]{{40,}}"
                 r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}|glsa_[A-Za-z0-9_]{30,})", MASK),  # Replicate Groq xAI LangSmith
     # (and Grafana service-account tokens)
-    _rule(("age-secret-key-1",), r"(?<![A-Za-z0-9])AGE-SECRET-KEY-1[0-9A-Z]{40,}", MASK),  # age private key
+    _rule(("age-secret-key-1",), rf"{_TOKEN_START}AGE-SECRET-KEY-1[0-9A-Z]{{40,}}", MASK),  # age private key
     _rule(("discord",), r"(?i)(https?://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/)[A-Za-z0-9_-]{20,}",
      rf"\1{MASK}"),  # Discord webhook URL
-    _rule(("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}", MASK),  # npm access token
-    _rule(("dckr_",), r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}", MASK),  # Docker Hub access token
-    _rule(("sg.",), r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", MASK),  # SendGrid API key
-    _rule(("dapi",), r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
+    _rule(("npm_",), rf"{_TOKEN_START}npm_[A-Za-z0-9]{{30,}}", MASK),  # npm access token
+    _rule(("dckr_",), rf"{_TOKEN_START}dckr_(?:pat|oat)_[A-Za-z0-9_-]{{16,}}", MASK),  # Docker Hub access token
+    _rule(("sg.",), rf"{_TOKEN_START}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}", MASK),  # SendGrid API key
+    _rule(("dapi",), rf"{_TOKEN_START}dapi[0-9a-f]{{32}}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
     # the vendors' published formats (`_VENDOR_TOKENS`), then any prefix with a random-looking body
-    *(_rule(keywords, rf"{'' if token.startswith('(?:(?<') else '(?<![A-Za-z0-9_.+-])'}(?:{token})(?![A-Za-z0-9_+/=-])",
+    *(_rule(keywords, rf"{'' if token.startswith('(?:(?<') else _VENDOR_START}(?:{token})(?![A-Za-z0-9_+/=-])",
             MASK) for keywords, token in _VENDOR_TOKENS),
     _rule((), _PREFIXED_RANDOM, _prefixed_random, gate=_PREFIXED_RANDOM_GATE),
+    # Airtable personal access tokens (pat<14>.<64 hex>): "pat" is too common a keyword, a gate finds them
+    _rule((), rf"{_VENDOR_START}pat[A-Za-z0-9]{{14}}\.[a-f0-9]{{64}}(?![A-Za-z0-9_+/=-])", MASK,
+          gate=(r"pat[A-Za-z0-9]{14}\.[a-f0-9]",)),
     # Slack incoming-webhook URLs: the path is the credential
     _rule(("hooks.slack",),
           r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}",
      rf"\1{MASK}"),
     # JWT (a start inside a run of token characters is no JWT's start: keeps `-eyJ-eyJ...` linear)
     _rule(("eyj",), r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}", MASK),
+    # base64 of a JSON object ("{\"..." is eyJ): a Docker config, a service-account key, a kubeconfig secret's data
+    _rule(("eyj",), r"(?<![A-Za-z0-9+/_.-])eyJ[A-Za-z0-9+/_-]{36,}={0,2}(?![A-Za-z0-9+/=_-]|\.[A-Za-z0-9])", MASK),
+    # base64 of a PEM block ("-----BEGIN" is LS0tLS1CRUdJTi): kubeconfig client-key-data, a Secret's tls.key, a key
+    # or certificate in a Helm value; masked whole (a certificate is not secret, but no one reads base64)
+    _rule(("ls0tls1crudjt",), r"(?<![A-Za-z0-9+/])LS0tLS1CRUdJT[A-Za-z0-9+/]*={0,2}", MASK),
     # a password given to a program by a flag or positionally (mysql -pX, sshpass -p X, docker login -p X,
     # wandb login KEY: _PROGRAM_FLAGS), also in an argument list ("-p", "X"), and the places of _POSITIONAL
     *(_rule(keywords, *_program_flag(progs, flag, gap)) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
@@ -700,21 +781,24 @@ _RULES: tuple[_Rule, ...] = (
                          rf"(?P<args>(?:[ \t]+(?!-){_ARG}){{2,3}})", _htpasswd),
     # any program: -u USER -p PASSWORD side by side (sqlcmd -U sa -P x, ipmitool -U u -P x, racadm -u u -p x); a
     # port (`docker run -u 1000 -p 8080:80`, `ssh -l u -p 22`), a path or a variable after -p is kept
-    _rule(("-p", "-w", "--pass"),
-          rf"(?<![\w.-])(?:-[uUl]|--user(?:name)?|--login)(?:[ \t]*=[ \t]*|[ \t]*)(?!-)"
+    _rule((" -u", "\t-u", "\"-u", "'-u", " -l ", "\t-l ", "--user", "--login"),
+          rf"(?<![\w.-])(?:-[uU]|-l(?=[ \t])|--user(?:name)?|--login)(?:[ \t]*=[ \t]*|[ \t]*)(?!-)"
                 rf"(?:{_ANY_QUOTED}|[^\s'\"]+)[ \t]+"
                 rf"(?:-[pPwW]|--pass(?![\w-])|--pw(?![\w-]))(?:[ \t]*=[ \t]*|[ \t]*)"
                 rf"(?![-/~.$]|[0-9:.,]+(?:[\s'\",)\]]|$)|\\[ \t]*$)"
-                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\",\]]+)", _mask_values),
+                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\",\]]+)", _mask_values,
+          requires=("-p", "-w", "--pass", "--pw")),
     # a flag ending in a glued "pass": keytool/jarsigner -storepass X, -keypass X, -srcstorepass X
-    _rule(("pass",), rf"(?i)(?<![\w-])-{{1,2}}(?P<flag>[a-z][a-z0-9]*pass)(?:[ \t]*[=:][ \t]*|[ \t]+)"
+    _rule(("pass ", "pass\t", "pass=", "pass:"),
+          rf"(?i)(?<![\w-])-{{1,2}}(?P<flag>[a-z][a-z0-9]*pass)(?:[ \t]*[=:][ \t]*|[ \t]+)"
                      rf"(?!-|{_MASK_RE})"
                      rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]+)", _pass_flag),
     # USER:PASSWORD (USER,PASSWORD for lftp) to a client's user flag: curl -u, wget --user, lftp -u, HTTPie/xh -a,
     # ab -A (the user is kept)
-    _rule(("curl", "wget", "lftp", "http", "xh", "ab", "hey"),
-          rf"(?<![\w.-])(?:curl|wget|lftp|https?|xhs?|ab|hey)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]"
-                r"(?:-u|--user|-a|--auth|-A)(?:[ \t]+|=|(?<=-u))[\"']?[^\s:,'\"]*[:,](?P<val>[^\s'\"]+)", _keep_head),
+    _rule(("curl", "wget", "lftp", "http ", "https ", "xh ", "xhs ", "ab ", "hey "),
+          rf"(?<![\w.-])(?:curl|wget|lftp|(?:https?|xhs?|ab|hey)(?= ))(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]"
+                r"(?:-u|--user|-a|--auth|-A)(?:[ \t]+|=|(?<=-u))[\"']?[^\s:,'\"]*[:,](?P<val>[^\s'\"]+)", _keep_head,
+          requires=("-u", "--user", "-a", "--auth")),
     # a password echoed into a program that reads it on stdin: echo PW | docker login --password-stdin, | sudo -S,
     # | chpasswd, | kinit, (echo PW; echo PW) | smbpasswd -s; and `echo -n user:PW | base64`
     _rule(("echo", "printf"),
@@ -739,10 +823,29 @@ _RULES: tuple[_Rule, ...] = (
           rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
                 rf"(?P<val>(?:(?!\\[\"']).)+)",
      _keep_head, requires=("\\",)),
-    # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`)
-    _rule((_NAME_KW,),
-          rf"(?i)([\"']name[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"'][ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
-                rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})", _keep_head),
+    # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`,
+    # CloudFormation `"ParameterKey": "DbPassword", "ParameterValue": ...`), and a record that says it is a key
+    # (`az storage account keys list`: `"keyName": "key1", "permissions": "FULL", "value": ...`)
+    _rule((_NAME_KW, "keyname", "key_name"),
+          rf"(?i)((?:[\"'](?:name|key|parameterkey|variable)[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"']"
+                rf"|[\"']key_?name[\"'][ \t]*:[ \t]*{_ANY_QUOTED})[ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
+                rf"[ \t]*[^,{{}}]*,[ \t]*){{0,3}}[\"'](?:parameter|secret)?value[\"'][ \t]*:[ \t]*)"
+                rf"(?P<val>{_ANY_QUOTED})",
+          _keep_head),
+    # a bare "key" whose value looks like key material (`~/.kaggle/kaggle.json`: {"username": ..., "key": "<hex>"})
+    _rule(("\"key\"", "'key'"), r"(?P<q>[\"'])key(?P=q)[ \t]*:[ \t]*(?P<vq>[\"'])(?P<val>[A-Za-z0-9+/=_-]{20,})(?P=vq)",
+          _key_value),
+    # a user and a password handed to a call: auth=("user", "pw"), HTTPBasicAuth("u", "pw"), aiohttp.BasicAuth,
+    # req.SetBasicAuth, UsernamePasswordCredentials, NetworkCredential, smtp.login("u", "pw"), ssh.connect(host,
+    # port, "u", "pw"), add_password(realm, uri, "u", "pw") (`_credential_call`)
+    _rule(("auth", "credential", "login(", "connect(", "add_password"),
+          r"(?i)(?<![\w])(?P<call>(?:[\w.]*\.)?(?:(?:set_?)?basic_?auth|http(?:basic|digest|proxy)auth|digest_?auth"
+          r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\(|(?:auth|basic_?auth|credentials|creds)"
+          r"[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]*?)[)\]]", _credential_call),
+    # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
+    _rule(("btoa", "b64encode", "encodetostring", "base64"),
+          r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"
+          r"(?P<q>[\"'])[^\"'\s:]*:(?P<val>[^\"'\s]+)(?P=q)", _keep_head),
     # ('api_key', 'v') pairs, also bytes: (b'x-api-key', b'v'); b'Authorization': b'Basic ...'
     _rule((_NAME_KW, "authorization"),
           rf"(?i)\([ \t]*b?([\"'])(?:[\w.:/-]*[.:/])?(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})",
@@ -787,10 +890,12 @@ _RULES: tuple[_Rule, ...] = (
     _rule((_NAME_KW,), rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
                 rf"(?![\"'\[{{(]|{_MASK_RE}|(?:none|null|nil|true|false|undefined|~)[ \t]*$){_GUARD}"
                 rf"(?P<val>\S[^\n]*?\s\S[^\n]*?)[ \t]*$", _keep_head, at="start"),
-    # Authorization: [scheme] value
+    # Authorization: [scheme] value: a published scheme (`_AUTH_SCHEMES`) is kept; a word that is not one, followed by
+    # another, may be a scheme or the credential itself: both are masked (`Authorization: Custom-Scheme v`)
     _rule(("authorization",), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
-                rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})",
-     _name_value),
+                rf"(?:(?:{_AUTH_SCHEMES})[ \t]+{_GUARD}(?P<val>{_QUOTED}|{_ANY})"
+                rf"|{_GUARD}(?P<val_unknown>{_ANY_QUOTED}|[A-Za-z][\w.~+/=-]{{0,60}}[ \t]+(?=[^\s'\"]){_ANY}|{_ANY}))",
+     _auth_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
     _rule((_NAME_KW,),
           rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})",
