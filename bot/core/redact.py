@@ -170,6 +170,8 @@ _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[
           # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
           rf"|[\"']?<\|?[^<>\s'\"]{{1,40}}\|?>[\"']?(?:[\s,;)]|$)|[\"']?/[\w.@+-]+/[\w./@+-]*[\"']?(?:[\s,;)]|$)"
           rf"|[A-Za-z_][\w.]*\("
+          # a heredoc or a triple-quoted string that opens here: its text, on the next lines, is masked there
+          rf"|<<-?[ \t]*[\"']?[A-Za-z_]\w*[\"']?[ \t]*$|[rbuf]?(?:\"\"\"|''')[ \t]*$"
           # a tuple of literals: `auth=("user", "pw")` (the credential-call rule masks what is secret in it)
           rf"|\((?=[ \t]*b?[\"'])"
           # a comment, not a value (`password: # set by the operator`)
@@ -364,6 +366,31 @@ def _auth_value(m: re.Match[str]) -> str:
     return _mask_values(m)
 
 
+#: Encoded forms (`_encoded_value`): "_" or "-" inside a name, a quote, and `=`/`:`, each as written in a URL
+#: (once or twice encoded), in a JSON \\u escape or an HTML entity; a quote also backslash-escaped.
+_ESC_SEP = r"(?:[_-]|%5f|%2d|\\{1,3}u005f|\\{1,3}u002d)"
+_ESC_QUOTE = r"(?:%(?:25)*2[27]|\\{1,3}u002[27]|&quot;|&#0*3[49];|&#x0*2[27];|&apos;|\\{1,3}[\"'])"
+_ESC_EQ = r"(?:[=:]|%(?:25)*3[da]|\\{1,3}u003[da])"
+_ESC_WORDS = (rf"token|secrets?|passwords?|passwd|pass{_ESC_SEP}?phrase|api{_ESC_SEP}?keys?|access{_ESC_SEP}?key"
+              rf"|secret{_ESC_SEP}?key|private{_ESC_SEP}?key|credentials?|auth|pass|pwd|signature|sig")
+#: A value in those forms: up to an (encoded) quote, `&` (`%26`), `,` (`%2C`), a blank (`%20`) or a bracket.
+_ESC_VALUE = (rf"(?:(?!{_ESC_QUOTE}|&(?:amp;)?|%(?:25)*2[06c]|\\+u00(?:2[26c]|7d)|\\+[nrt])"
+              rf"(?:[^\s&\"'<>\\,;{{}}\[\]%]|%[0-9a-f]{{2}}|\\u[0-9a-f]{{4}}))+")
+#: What a line must contain for the encoded forms to be tried (folded).
+_ENCODED_KW = ("%5f", "%2d", "%3d", "%3a", "%22", "%27", "%252", "%253", "&#0", "&#x0", "\\u00", "&quot;", "&#3",
+               "&#x2", "&apos;", "\\\"", "\\'")
+
+
+def _encoded_value(m: re.Match[str]) -> str:
+    """Replacement for the encoded forms: the value masked when some part of the form is encoded (a name, a quote or
+    the separator) or the value's quote is backslash-escaped; a plain form is left to the plain rules."""
+    parts = (m.group("q1"), m.group("q2"), m.group("eq"), m.group("q3"))
+    encoded = any(g is not None and g not in ("\"", "'", "=", ":") for g in parts)
+    if not encoded and "%" not in m.group("name") and "\\" not in m.group("name"):
+        return m.group(0)
+    return _keep_head(m)
+
+
 def _aws_secret(m: re.Match[str]) -> str:
     """Replacement for a 40-character AWS secret key beside its key id: the secret masked when it does not look like
     a hex digest (a SHA-1 is 40 hex digits), else as it was."""
@@ -511,7 +538,8 @@ _SET_VERBS = ("set", "env", "config")
 #: What may follow a secret name (and its suffix) to the end of a line that `_DANGLING` matches: a closing quote, a
 #: separator, then a YAML block indicator, a continuation, an auth scheme or an opening bracket (folded text).
 _DANGLING_TAIL = re.compile(r"\\?[\"']?[ \t]*(?:(?:=>|==?|:=?)[ \t]*)?"
-                            r"(?:[|>][-+]?[0-9]?|\\+|bearer|basic|token|some\(|\[|\{|\()?[ \t]*`?[ \t]*$")
+                            r"(?:[|>][-+]?[0-9]?|\\+|bearer|basic|token|some\(|\[|\{|\(|<<-?[ \t]*[\"']?[a-z_]\w*[\"']?"
+                            r"|[rbuf]?(?:\"\"\"|'''))?[ \t]*`?[ \t]*$")
 
 
 def _dangling_follows(t: str, end: int) -> bool:
@@ -823,6 +851,14 @@ _RULES: tuple[_Rule, ...] = (
           rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
                 rf"(?P<val>(?:(?!\\[\"']).)+)",
      _keep_head, requires=("\\",)),
+    # the same forms written encoded: URL-encoded (`api%5Fkey=v`, `password%3Dv`, `%22token%22%3A%22v%22`, twice:
+    # `%253D`), JSON \\u escapes (`\\u0022password\\u0022`, `api\\u005fkey`), HTML entities (`&quot;apiKey&quot;`),
+    # or a name as is with a backslash-escaped value (`{api_key: \\"v\\"}`) (`_encoded_value`)
+    _rule(_ENCODED_KW,
+          rf"(?i)(?:(?<![\w%\\-])|(?<=%[0-9a-f]{{2}})|(?<=\\u[0-9a-f]{{4}}))(?P<q1>{_ESC_QUOTE}|[\"'])?(?P<name>(?:[a-z0-9]+{_ESC_SEP})*[a-z0-9]*?(?:{_ESC_WORDS}))"
+          rf"(?P<q2>{_ESC_QUOTE}|[\"'])?[ \t]*(?P<eq>{_ESC_EQ})[ \t]*(?:%20|\+)*(?P<q3>{_ESC_QUOTE}|[\"'])?"
+          rf"(?!{_MASK_RE}|(?:none|null|nil|true|false)\b)(?P<val>{_ESC_VALUE})", _encoded_value,
+          requires=("token", "secret", "pass", "pwd", "key", "auth", "credential", "sig")),
     # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`,
     # CloudFormation `"ParameterKey": "DbPassword", "ParameterValue": ...`), and a record that says it is a key
     # (`az storage account keys list`: `"keyName": "key1", "permissions": "FULL", "value": ...`)
@@ -840,8 +876,8 @@ _RULES: tuple[_Rule, ...] = (
     # port, "u", "pw"), add_password(realm, uri, "u", "pw") (`_credential_call`)
     _rule(("auth", "credential", "login(", "connect(", "add_password"),
           r"(?i)(?<![\w])(?P<call>(?:[\w.]*\.)?(?:(?:set_?)?basic_?auth|http(?:basic|digest|proxy)auth|digest_?auth"
-          r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\(|(?:auth|basic_?auth|credentials|creds)"
-          r"[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]*?)[)\]]", _credential_call),
+          r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\("
+          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]*?)[)\]]", _credential_call),
     # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
     _rule(("btoa", "b64encode", "encodetostring", "base64"),
           r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"
@@ -1039,6 +1075,8 @@ _DANGLING = _LazyPattern(
     rf"|(?:set-)?cookie)(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
     # then nothing, a YAML block indicator, a shell continuation, an auth scheme, or an opening bracket
     rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$"
+    # or a multipart form field's header: its value comes after a blank line (RFC 7578)
+    rf"|form-data;[ \t]*name=(?P<fq>[\"']?){_NAME}(?P=fq)[ \t]*`?[ \t]*$"
     # or a program's password flag (_PROGRAM_FLAGS) then a shell continuation: docker login -u ci -p \\
     rf"|(?-i:{_PROGRAM_CONTINUED}))")
 
@@ -1052,6 +1090,43 @@ _RECORD_START = _LazyPattern(
 
 
 _LIST_ITEM = _LazyPattern(r"`?[ \t]*-[ \t]+\S")  # a YAML list item (also inside a Slack code quote)
+# A secret's name, then a text that runs over the next lines up to a closer of its own: a heredoc (`password = <<EOT`
+# ... `EOT`, Terraform, shell), a triple-quoted string (`API_TOKEN = """` ... `"""`, Python, TOML), an XML element
+# whose text starts on the next line (`<password>` ... `</password>`). Every match contains a secret name that
+# `_dangling_follows`.
+_BLOCK_OPEN = _LazyPattern(
+    rf"(?i)(?:(?<![\w-])[\"']?(?<!#){_NAME}[\"']?[ \t]*(?:=>|==?|:=?)[ \t]*"
+    rf"(?:<<-?[ \t]*(?P<hq>[\"']?)(?P<tag>[a-z_]\w*)(?P=hq)|[rbuf]?(?P<tq>\"\"\"|'''))|<(?P<el>{_NAME})>)"
+    rf"[ \t]*`?[ \t]*$")
+#: How many lines a block's text is masked over when its closer does not come (a log cut inside it).
+_BLOCK_REACH = 200
+
+
+def _block_plan(lines: list[str], out: list[str], flagged: list[bool]) -> None:
+    """Mask (in `out`) the text of the blocks `_BLOCK_OPEN` opens: every line after the opener up to its closer (the
+    heredoc's tag alone on a line, the closing triple quote, `</name>`), the text before the closer on the closing
+    line, or _BLOCK_REACH lines when no closer comes. `flagged[i]` says whether line i can open one (its keywords)."""
+    n = len(lines)
+    i = 0
+    while i < n:
+        m = _BLOCK_OPEN.search(lines[i]) if flagged[i] and lines[i] else None
+        if m is None:
+            i += 1
+            continue
+        tag, closer = m.group("tag"), m.group("tq") or (f"</{m.group('el')}>" if m.group("el") else "")
+        j = i + 1
+        while j < n and j <= i + _BLOCK_REACH:
+            line = lines[j]
+            if (line.strip() == tag) if tag else (closer.lower() in line.lower()):
+                break
+            if line.strip():
+                out[j] = _mask_whole(line)
+            j += 1
+        if j < n and j <= i + _BLOCK_REACH and not tag:
+            at = lines[j].lower().find(closer.lower())
+            if lines[j][:at].strip():
+                out[j] = _mask_whole(lines[j][:at]) + lines[j][at:]
+        i = j + 1
 
 
 def _indent(line: str) -> int:
@@ -1073,7 +1148,7 @@ def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool],
         if not dangling[i] or not line or not _DANGLING.search(line):
             continue
         j = i + 1
-        while j < n and not lines[j].strip():
+        while j < n and not lines[j].strip(" \t`"):  # (an empty line quoted in Slack code is blank too)
             j += 1
         if j >= n or (dangling[j] and _DANGLING.search(lines[j])
                       and (redacted is None or _DANGLING.search(redacted(j)))):
@@ -1399,8 +1474,9 @@ class Redactor:
         if len(lines) >= _B64_RUN:
             _b64_runs(planned)
         if any(b & _DANGLING_BIT for b in bits):
-            _next_line_plan(lines, planned, [bool(b & _DANGLING_BIT) for b in bits],
-                            lambda j: self._line(lines[j], bits[j]))
+            flagged = [bool(b & _DANGLING_BIT) for b in bits]
+            _block_plan(lines, planned, flagged)
+            _next_line_plan(lines, planned, flagged, lambda j: self._line(lines[j], bits[j]))
         for i, line in enumerate(planned):
             if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
                 parts = line.split("\\n")
@@ -1408,6 +1484,7 @@ class Redactor:
                 dangling = [bool(b & _DANGLING_BIT) for b in part_bits]
                 if any(dangling):
                     masked = list(parts)
+                    _block_plan(parts, masked, dangling)
                     _next_line_plan(parts, masked, dangling, lambda j, ps=parts, pb=part_bits: self._line(ps[j], pb[j]))
                     planned[i] = "\\n".join(masked)
         # a line that no rule, value or configured pattern can touch (most lines) comes back as it is
