@@ -830,11 +830,12 @@ _RULES: tuple[_Rule, ...] = (
     # a password echoed into a program that reads it on stdin: echo PW | docker login --password-stdin, | sudo -S,
     # | chpasswd, | kinit, (echo PW; echo PW) | smbpasswd -s; and `echo -n user:PW | base64`
     _rule(("echo", "printf"),
-          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)[^|;&)\n]*(?:[ \t]*;[ \t]*(?:echo|printf)[^|;&)\n]*)*\)?)"
-                r"(?P<rest>[ \t]*\|[^|;&()\n]*)", _piped_password,
+          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)[^|;&)\n]{0,400}"
+                r"(?:[ \t]*;[ \t]*(?:echo|printf)[^|;&)\n]{0,400}){0,4}\)?)(?P<rest>[ \t]*\|[^|;&()\n]{0,400})",
+          _piped_password,
           requires=("stdin", "sudo", "chpasswd", "kinit", "passwd", "-fd", "cryptsetup", "openconnect", "base64")),
     # ... or handed in a here-string: docker login --password-stdin <<< PW, sudo -S cmd <<< PW
-    _rule(("<<<",), rf"{_STDIN_READER}[^\n|;&]*?<<<[ \t]*(?P<val>{_ARG})", _mask_values),
+    _rule(("<<<",), rf"{_STDIN_READER}[^\n|;&]{{0,400}}?<<<[ \t]*(?P<val>{_ARG})", _mask_values),
     # Cookie: / Set-Cookie: headers (every cookie in them: the rest of the line, or the quoted value)
     _rule(("cookie",),
           rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)",
@@ -877,7 +878,8 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("auth", "credential", "login(", "connect(", "add_password"),
           r"(?i)(?<![\w])(?P<call>(?:[\w.]*\.)?(?:(?:set_?)?basic_?auth|http(?:basic|digest|proxy)auth|digest_?auth"
           r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\("
-          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]*?)[)\]]", _credential_call),
+          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]{0,400}?)[)\]]",
+          _credential_call),
     # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
     _rule(("btoa", "b64encode", "encodetostring", "base64"),
           r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"
@@ -914,7 +916,7 @@ _RULES: tuple[_Rule, ...] = (
     # a secret-named target whose value a flag gives: gh secret set NAME --body v, Set-Item Env:NAME -Value v,
     # aws ssm put-parameter --name /prod/db/password --value v, az keyvault secret set --name N --value v
     _rule((_NAME_KW,),
-          rf"(?i)(?<![\w-]){_NAME}[\"']?(?:[ \t]+--?[a-z][\w-]*(?:[ \t]+(?!-)[^\s|;&]+)?)*?[ \t]+"
+          rf"(?i)(?<![\w-]){_NAME}[\"']?(?:[ \t]+--?[a-z][\w-]*(?:[ \t]+(?!-)[^\s|;&]+)?){{0,8}}?[ \t]+"
                 rf"--?(?:value|body|string-value|secret-string|secret-value|data)(?:[ \t]*=[ \t]*|[ \t]+)"
                 rf"(?!{_MASK_RE}){_GUARD}(?P<val>{_ANY_QUOTED}|[^\s|;&]+)",
           _keep_head, at="name", requires=("value", "body", "string", "data")),
