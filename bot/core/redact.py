@@ -1207,6 +1207,8 @@ def _fold(text: str) -> str:
 _VALUE_BIT = 1 << len(_RULES)  # a known secret value may be on the line
 _PEM_BIT = 1 << (len(_RULES) + 1)  # a PEM marker may be on the line
 _DANGLING_BIT = 1 << (len(_RULES) + 2)  # the line may end in a secret's name (`_DANGLING`)
+#: The line names a program of `_PROGRAM_CONTINUED_KW`: it may end in its password flag when it ends in a backslash.
+_CONTINUED_BIT = 1 << (len(_RULES) + 3)
 #: The rules tried only where a secret name starts, and at the start of the line (`_rule`'s `at`).
 _AT_NAME = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "name")
 _AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
@@ -1251,8 +1253,8 @@ def _keyword_table() -> dict[str, tuple[int, int, int]]:
     add("private", _PEM_BIT, 0)
     for kw in ("authorization", "cookie"):  # `_DANGLING` also ends in these names
         add(kw, 0, _DANGLING_BIT)
-    for kw in _PROGRAM_CONTINUED_KW:  # ... and in a program's password flag and a continuation
-        add(kw, _DANGLING_BIT, 0)
+    for kw in _PROGRAM_CONTINUED_KW:  # ... and in a program's password flag and a continuation (`_bits` checks)
+        add(kw, _CONTINUED_BIT, 0)
     return {kw: (bits, checked, len(kw)) for kw, (bits, checked) in table.items()}
 
 
@@ -1362,6 +1364,10 @@ class Redactor:
             if named and bits & named != named and _name_follows(folded, last + 1 - n, last + 1):
                 bits |= named
             if checked & _DANGLING_BIT and not bits & _DANGLING_BIT and _dangling_follows(folded, last + 1):
+                bits |= _DANGLING_BIT
+        if bits & _CONTINUED_BIT:  # a program's line: it may end in its password flag only when continued
+            bits &= ~_CONTINUED_BIT
+            if folded.rstrip(" \t`").endswith("\\"):
                 bits |= _DANGLING_BIT
         if bits & _REQUIRING_BITS:
             for bit, requires in _REQUIRING:
