@@ -862,8 +862,8 @@ _RULES: tuple[_Rule, ...] = (
     # a password echoed into a program that reads it on stdin: echo PW | docker login --password-stdin, | sudo -S,
     # | chpasswd, | kinit, (echo PW; echo PW) | smbpasswd -s; and `echo -n user:PW | base64`
     _rule(("echo", "printf"),
-          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)[^|;&)\n]{0,400}"
-                r"(?:[ \t]*;[ \t]*(?:echo|printf)[^|;&)\n]{0,400}){0,4}\)?)(?P<rest>[ \t]*\|[^|;&()\n]{0,400})",
+          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)(?>[^|;&)\n]{0,400})"
+                r"(?:;[ \t]*(?:echo|printf)(?>[^|;&)\n]{0,400})){0,4}\)?)(?P<rest>[ \t]*\|[^|;&()\n]{0,400})",
           _piped_password,
           requires=("stdin", "sudo", "chpasswd", "kinit", "passwd", "-fd", "cryptsetup", "openconnect", "base64")),
     # ... or handed in a here-string: docker login --password-stdin <<< PW, sudo -S cmd <<< PW
@@ -910,7 +910,7 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("auth", "credential", "login(", "connect(", "add_password"),
           r"(?i)(?<![\w])(?P<call>(?:[\w.]*\.)?(?:(?:set_?)?basic_?auth|http(?:basic|digest|proxy)auth|digest_?auth"
           r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\("
-          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n]{0,400}?)[)\]]",
+          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n)\]]{0,400})[)\]]",
           _credential_call),
     # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
     _rule(("btoa", "b64encode", "encodetostring", "base64"),
