@@ -16,8 +16,12 @@ from bot.core.redact import redact
 SHAPES = {
     "a.": "a.", "x-": "x-", "dashes": "-", "login": "login u ", "sk-": "sk-", "--token": "--token ",
     "query": "?token=a&", "quotes": 'a, ,"', "pem-begin": "A ", "url": "https://u:",
+    # issue 23's families
+    "login(": "login(", "echo": "echo ", "token-flags": "token --a b ", "set -a": "set -a token ", "%41a": "%41a",
+    "-u a": "-u a ", "eyJ": "eyJ ", "prefix_": "ab_" + "Xy9" * 8 + " ",
 }
-PREFIX = {"quotes": 'token="', "pem-begin": "-----BEGIN "}
+PREFIX = {"quotes": 'token="', "pem-begin": "-----BEGIN ", "echo": "sudo -S ", "token-flags": "value ",
+          "%41a": "%22token%22%3A ", "-u a": "-p "}
 
 
 def median_s(line: str, runs: int = 5) -> float:

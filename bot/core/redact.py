@@ -43,7 +43,37 @@ What counts as a secret (names match case-insensitively and must END in a secret
   pretty-printed JSON value or array, TGI's pretty `Some(`, a `--api-key \\` continuation, `Bearer` then the
   token), also inside escaped line breaks (a backslash-n in a repr).
 - Kept although secret-named: a tokenizer special token value (`'<|image_pad|>'`), an absolute path
-  (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`).
+  (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`), a comment (`password: # none`).
+
+By family (issue 23: general rules by meaning, not by one sample's wording; tests/fixtures/secrets/shapes.yaml,
+with a held-out third in heldout.yaml and the near misses that must stay readable in near_misses.yaml):
+- Environment assignments in any language: `os.environ["NAME"] = v`, `process.env['NAME'] = v`, `ENV["NAME"]`,
+  a call taking the name then the value (`setdefault`, `putenv`, `Setenv`, `set_var`, `setProperty` with a dotted
+  name, `SetEnvironmentVariable`, `monkeypatch.setenv`), set commands with the value after a blank (`setx`,
+  `setenv`, `%env`, Dockerfile `ENV`, fish `set -gx`/`--export`, `config set`, `rclone config create ... NAME v`),
+  a value flag after the name (`gh secret set NAME --body v`, `Env:NAME -Value v`), ANSI-C `$'...'`.
+- Logins and positional passwords: a program's password flag (`_PROGRAM_FLAGS`: every flag of the command, also in
+  an argument list `"-p", "v"`, and continued on the next line), `-u USER -p PASSWORD` side by side for any program
+  (a port, path or variable after -p kept), glued `-storepass`/`-keypass`, `user:password` to an HTTP client's user
+  flag, positional credentials (`_POSITIONAL`: `mc alias set`, `htpasswd -b`, `net use`, `sqlplus u/p@db`; `wandb`,
+  `vault`, `cargo login TOKEN`, `ngrok config add-authtoken`, `poetry config http-basic`), a password echoed or
+  here-stringed into a program that reads it on stdin (`--password-stdin`, `sudo -S`, `chpasswd`, `kinit`).
+- Credential files: base64 PEM (`LS0tLS1CRUdJTi...`: kubeconfig `client-key-data`, a Secret's `tls.key`) and base64
+  JSON (`eyJ...` with no dots: `.dockerconfigjson`), `private_key_id`/`secret_id`/`pass_phrase`, an AWS secret key
+  beside its key id, name/value records (`"keyName": "key1", ..., "value"`), a bare `"key"` holding key material,
+  `"--api-key", "v"` argument lists.
+- Vendor tokens: the published formats (`_VENDOR_TOKENS`, from the vendors' docs and gitleaks' rules), and any
+  `prefix_` or `prefix-` with a random-looking body of 20+ characters (`_PREFIXED_RANDOM`, `_looks_random`; not a
+  hex hash, not an id prefix like `chatcmpl-`/`req_`, never inside a path).
+- HTTP basic auth in code: the password of `auth=("u", "p")`, `HTTPBasicAuth`/`BasicAuth`/`SetBasicAuth`,
+  `*Credentials(...)`, `login("u", "p")`, `connect(host, port, "u", "p")`, `add_password(...)`; base64 of a
+  `"u:p"` literal (`btoa`, `b64encode`); `Authorization:` with any scheme (a published one is kept, an unknown
+  word is masked with the value); URL credentials also with JSON-escaped slashes.
+- Encoded forms: URL-encoded names, quotes and separators (`api%5Fkey=`, `%22token%22%3A%22`, `%253D`), JSON
+  `\\u` escapes, HTML entities (`&quot;`), a backslash-escaped value after a plain name; tokens right after an
+  escaped tab or line break of a repr.
+- Across lines, to a closer: a heredoc, a triple-quoted string or an XML element opened after a secret name; a
+  multipart form field's value after its blank line.
 
 Deliberately NOT secrets (documented trade-offs):
 - Names that only CONTAIN a secret word are references, not secrets: `password_file=/etc/x`,
@@ -59,7 +89,9 @@ Separators and values never cross a line break: multi-line text is split into li
 
 Cost (it runs on every shown row of every probe of every host, and on every log line a check reads): every rule
 carries keywords (`_Rule`), the literals one of which each of its matches contains, and ONE Aho-Corasick pass
-(pyahocorasick) over the lower-cased line says which rules can match it; only those run, most lines run none. A
+(pyahocorasick) over the lower-cased line says which rules can match it; only those run, most lines run none and
+come back at once. A rule with no literal to look for (an unknown vendor's token) has a gate instead: two searches
+for "_" or "-" followed by 20 letters and digits. A
 secret NAME counts only where what follows it fits a name/value form (`_name_follows`), so `max_tokens=` or
 `tokens/s` runs nothing; the three costliest rules are tried only where such a name starts (`_rule`'s `at`).
 Rules compile on first use (importing this module compiles nothing), and a Redactor remembers what it made of
@@ -70,7 +102,9 @@ single result against every rule run over every whole line.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 import re
 import shlex
 import urllib.parse
@@ -125,7 +159,8 @@ class _LazyPattern:
 # Ocp-Apim-Subscription-Key, MYSQL_PWD: a bare `key` or `PWD=/home/x` is not a secret); PASS, DSN and BEARER
 # only as a whole part (DB_PASS, --db-pass, SENTRY_DSN; not `bypass`).
 _WORD = (
-    r"(?:(?:TOKEN|SECRETS?|PASSWORDS?|PASSWD|PASSPHRASE|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
+    r"(?:(?:TOKEN|SECRETS?|PASSWORDS?|PASSWD|PASS[_-]?PHRASE|SECRET[_-]?(?:STRING|VALUE|ID)|PRIVATE[_-]?KEY[_-]?ID"
+    r"|API[_-]?KEYS?|ACCESS[_-]?KEY|SECRET[_-]?KEY|PRIVATE[_-]?KEY"
     r"|ACCOUNT[_-]?KEY|CREDENTIALS?|COOKIE|SIGNATURE|(?:AUTH|ACCESS|API|BEARER|REFRESH|HF)[_-]?TOKENS|BASIC[_-]?AUTH"
     r"|(?<![A-Za-z0-9])(?:PASS|DSN|BEARER|_?AUTH)|(?<=[A-Za-z0-9][_-])(?:KEY|PWD))"
     # a numbered or per-environment copy: API_KEY_2, OPENAI_API_KEY_PROD, SECRET_KEY_BASE
@@ -148,7 +183,7 @@ _B64URL = r"[A-Za-z0-9._~+/=-]"
 _MASK_RE = re.escape(MASK)
 # Where a NAME=value form starts: an unquoted name not after "#" (SGLang's `#token: 40` counters), or a
 # quoted one; never right after "//" (`https://user:pw@host` is URL credentials).
-_NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"|'{_NAME}'|(?<!#){_NAME}){_SEP}"
+_NAME_FORM = rf"(?<!//)(?:\"{_NAME}\"(?:[ \t]*\])?|'{_NAME}'(?:[ \t]*\])?|(?<!#){_NAME}){_SEP}"
 # A value must not itself be, or run into, the start of ANOTHER secret form: masking it would swallow that
 # form's name and leave its secret standing (`token: X-Api-Key: s3cr3t`, `token: f(api_key=s3cr3t)`). Each
 # alternative matches only where the pattern for that form (below) matches too.
@@ -166,7 +201,13 @@ _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[
           # references and vocabulary, not secrets: a tokenizer's special token (`'<|image_pad|>'`), an absolute
           # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
           rf"|[\"']?<\|?[^<>\s'\"]{{1,40}}\|?>[\"']?(?:[\s,;)]|$)|[\"']?/[\w.@+-]+/[\w./@+-]*[\"']?(?:[\s,;)]|$)"
-          rf"|[A-Za-z_][\w.]*\()")
+          rf"|[A-Za-z_][\w.]*\("
+          # a heredoc or a triple-quoted string that opens here: its text, on the next lines, is masked there
+          rf"|<<-?[ \t]*[\"']?[A-Za-z_]\w*[\"']?[ \t]*$|[rbuf]?(?:\"\"\"|''')[ \t]*$"
+          # a tuple of literals: `auth=("user", "pw")` (the credential-call rule masks what is secret in it)
+          rf"|\((?=[ \t]*b?[\"'])"
+          # a comment, not a value (`password: # set by the operator`)
+          rf"|#(?:[ \t]|$))")
 
 
 def _run(char: str) -> str:
@@ -210,36 +251,279 @@ def _keep_head(m: re.Match[str]) -> str:
     return m.group(0)[: m.start("val") - m.start(0)] + MASK + m.group(0)[m.end("val") - m.start(0):]
 
 
+def _mask_values(m: re.Match[str]) -> str:
+    """Replacement that masks every group whose name starts with "val" that took part in the match (a quoted value
+    keeps its quotes: `"-p", "[REDACTED]"`) and keeps the rest."""
+    text, base, out, last = m.group(0), m.start(0), [], 0
+    spans = sorted(m.span(g) for g in m.re.groupindex if g.startswith("val") and m.group(g) is not None)
+    for start, end in spans:
+        value = text[start - base:end - base]
+        q = value[0] if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0] else ""
+        out += [text[last:start - base], q, MASK, q]
+        last = end - base
+    return "".join([*out, text[last:]])
+
+
 _PEM_KEY = r"[ \t]+(?:[A-Z0-9]+[ \t]+)*?PRIVATE[ \t]+KEY(?:[ \t]+BLOCK)?[ \t]*-{2,}"
 _PEM_BEGIN_RE = rf"(?<!-)-{{2,}}[ \t]*BEGIN{_PEM_KEY}"
 _PEM_END_RE = rf"(?<!-)-{{2,}}[ \t]*END{_PEM_KEY}"
 _PEM_BEGIN = _LazyPattern(_PEM_BEGIN_RE, re.IGNORECASE)
 _PEM_END = _LazyPattern(_PEM_END_RE, re.IGNORECASE)
 
-#: Programs that take a password by a short flag: (keywords, program names regex, flag, what may come between the
-#: flag and the value); the keywords are what a line must contain for the rule to run (see `_Rule`). mysql's `-p`
-#: takes its value attached (`-p` alone prompts; `-P` is the port); docker's `-p` is a password only after `login`
-#: (`docker run -p 8080:80` publishes a port).
+#: Between the words of a program's name: blanks, or the quotes and commas of an argument list
+#: (`["docker", "login", ...]`, a Kubernetes `args:`, `subprocess.run([...])`).
+_ARGV_WS = r"(?:[\"']?,?[ \t]+[\"']?)"
+#: Programs that take a password by a flag, or positionally: (keywords, program names regex, flag regex, what may
+#: come between the flag and the value); the keywords are what a line must contain for the rule to run (see
+#: `_Rule`). An empty flag is a positional value (`wandb login KEY`). mysql's `-p` takes its value attached (`-p`
+#: alone prompts; `-P` is the port); docker's `-p` is a password only after `login` (`docker run -p 8080:80`
+#: publishes a port). Also written as an argument list: `"-p", "VALUE"`, `"-pVALUE"`.
 _PROGRAM_FLAGS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("mysql", "mariadb"),
      r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlsh|mysqlcheck|mariadb|mariadb-dump)(?![\w.-])", "-p", ""),
     (("sshpass",), r"sshpass(?![\w.-])", "-p", "[ \t]*"),
-    (("login",), r"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm[ \t]+registry)[ \t]+login(?![\w.-])", "-p",
-     "[ \t]+"),
+    (("login",),
+     rf"(?:docker|podman|nerdctl|buildah|skopeo|oras|crane|helm{_ARGV_WS}registry){_ARGV_WS}login(?![\w.-])",
+     "-p", "[ \t]+"),
     (("twine",), r"twine(?![\w.-])", "-p", "[ \t]+"),
     (("redis-cli",), r"redis-cli(?![\w.-])", "-a", "[ \t]+"),
     (("mongo",), r"(?:mongo|mongosh|mongodump|mongorestore|mongoexport|mongoimport)(?![\w.-])", "-p", "[ \t]+"),
     (("ldap",), r"(?:ldapsearch|ldapmodify|ldapadd|ldapdelete|ldappasswd)(?![\w.-])", "-w", "[ \t]*"),
-    (("login",), r"(?:az|oc|argocd|cf|docker|podman|nerdctl)[ \t]+login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
-    (("ssh-keygen",), r"ssh-keygen(?![\w.-])", "-N", "[ \t]+"),
+    (("login",), rf"(?:az|oc|argocd|cf|docker|podman|nerdctl){_ARGV_WS}login(?![\w.-])", "-p", "(?:[ \t]+|=)"),
+    (("ssh-keygen",), r"ssh-keygen(?![\w.-])", "-[NP]", "[ \t]+"),  # new and old passphrase
     (("openssl",), r"openssl(?![\w.-])", "-k", "[ \t]+"),
     (("7z",), r"(?:7z|7za|7zr)(?![\w.-])", "-p", ""),
     (("unzip",), r"unzip(?![\w.-])", "-P", "[ \t]+"),
     (("smbclient",), r"smbclient(?![\w.-])", "-U[ \t]*[^\\s%]+%", ""),
     (("wandb",), r"wandb[ \t]+login(?![\w.-])", "", "(?!-)"),
+    (("sqlcmd", "bcp", "osql", "isql"), r"(?:sqlcmd|bcp|osql|isql)(?![\w.-])", "-P", "[ \t]*"),  # SQL Server tools
+    (("ipmitool",), r"ipmitool(?![\w.-])", "-P", "[ \t]+"),  # BMC password
+    (("racadm",), r"racadm(?![\w.-])", "-p", "[ \t]+"),  # Dell iDRAC
+    (("ncftp",), r"ncftp(?:put|get|ls|batch)?(?![\w.-])", "-p", "[ \t]+"),
+    (("mosquitto_",), r"mosquitto_(?:pub|sub|rr)(?![\w.-])", "-P", "[ \t]+"),
+    (("snmp",), r"snmp(?:walk|get|getnext|set|bulkwalk|bulkget|table|trap|inform|status|delta|df|netstat)(?![\w.-])",
+     "-[AX]", "[ \t]*"),  # SNMPv3 auth and privacy passphrases
+    (("freerdp",), r"(?:xfreerdp|wlfreerdp|sdl-freerdp|freerdp)(?![\w.-])", "/p:", ""),
+    (("rar ",), r"(?:unrar|rar)(?= )", "-p", ""),
+    (("zip ",), r"zip(?= )", "-P", "[ \t]+"),
+    # positional: a token or password where the synopsis puts it
+    (("login",), r"(?:vault|cargo)[ \t]+login(?![\w.-])", "", "(?![-\\w.]+=)(?!-)"),
+    (("ngrok",), r"ngrok(?:[ \t]+config)?[ \t]+(?:add-authtoken|authtoken|add-api-key)(?![\w.-])", "", "(?!-)"),
+    (("wpa_passphrase",), r"wpa_passphrase(?![\w.-])[ \t]+\S+", "", "(?!-)"),
+    (("poetry",), r"poetry[ \t]+config(?:[ \t]+--?[\w-]+)*[ \t]+(?:http-basic\.\S+[ \t]+\S+|pypi-token\.\S+)", "",
+     "(?!-)"),
+    (("rclone",), r"rclone[ \t]+obscure(?![\w.-])", "", "(?!-)"),
 )
+#: Commands whose synopsis puts credentials at fixed places the table above cannot say (every group named val* is
+#: masked): `mc alias set ALIAS URL ACCESSKEY SECRETKEY` (MinIO), `mc admin user add ALIAS USER SECRET`,
+#: `net use DEV \\share PASSWORD`, `sqlplus user/password@db` (Oracle tools), `cf auth USER PASSWORD`; and
+#: `htpasswd -b [options] FILE USER PASSWORD` / `htpasswd -nb USER PASSWORD` (`_htpasswd`).
+_ARG = r"(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s'\"|;&]+)"
+_POSITIONAL: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("mc",), rf"(?<![\w.-])mc(?:[ \t]+--?[\w-]+)*[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+{_ARG}[ \t]+"
+              rf"{_ARG}[ \t]+(?P<val>(?!-){_ARG})(?:[ \t]+(?P<val2>(?!-){_ARG}))?"),
+    (("mc",), rf"(?<![\w.-])mc(?:[ \t]+--?[\w-]+)*[ \t]+admin[ \t]+user[ \t]+add[ \t]+{_ARG}[ \t]+{_ARG}[ \t]+"
+              rf"(?P<val>(?!-){_ARG})"),
+    (("net use",), rf"(?i)(?<![\w.-])net use(?:[ \t]+(?:[a-z]:|\*))?[ \t]+\\\\\S+[ \t]+(?P<val>(?![/*]){_ARG})"),
+    (("sqlplus", "sqlldr", "expdp", "impdp", "exp ", "imp ", "rman", "dgmgrl"),
+     r"(?<![\w.-])(?:sqlplus|sqlldr|expdp|impdp|exp(?= )|imp(?= )|rman|dgmgrl)(?:[ \t]+-[\w-]+)*[ \t]+"
+     r"(?:(?:target|auxiliary|catalog|userid)[ \t]*=?[ \t]*)?[\"']?[\w$#.]+/(?P<val>[^@\s'\"/]+)"),
+    (("cf",), rf"(?<![\w.-])cf[ \t]+auth[ \t]+(?P<user>(?!-){_ARG})[ \t]+(?P<val>(?!-){_ARG})"),
+)
+#: What a password piped in on stdin is read by (`echo PW | docker login --password-stdin`, `| sudo -S`, `| chpasswd`):
+#: the echoed words before it are the password.
+_STDIN_READER = (r"(?:--?[\w-]*stdin\b|password_stdin|sudo(?:[ \t]+-[\w-]+)*[ \t]+-[a-zA-Z]*S|\bchpasswd|\bkinit\b"
+                 r"|\bsmbpasswd\b|\bpasswd\b|--pass(?:word)?-fd[ \t=]+0|-passin[ \t]+stdin|\bcryptsetup\b"
+                 r"|\bopenconnect\b)")
+_STDIN_READER_RE = _LazyPattern(_STDIN_READER)
+#: A flag ending in a glued "pass" that is no password flag (`--bypass`, ffmpeg's `-pass 1` is PASS alone).
+_NOT_PASS_FLAGS = frozenset(("bypass", "compass", "surpass", "trespass", "encompass", "overpass", "underpass",
+                             "multipass", "onepass", "twopass", "firstpass", "secondpass", "singlepass", "nopass",
+                             "skippass", "subpass", "renderpass", "bidipass"))
+
+
+def _piped_password(m: re.Match[str]) -> str:
+    """Replacement for an `echo ...` / `printf ...` (one or more, `(echo a; echo b)`) piped into a program that reads
+    a password on stdin (`_STDIN_READER`): their arguments masked (not an option, nor a printf format); else as it was.
+    Piped into `base64`, only what follows the colon of a `user:password`."""
+    text = m.group(0)
+    rest = m.group("rest")
+    reader = _STDIN_READER_RE.search(rest)
+    b64 = reader is None and re.search(r"\|[ \t]*base64\b", rest) is not None
+    if reader is None and not b64:
+        return text
+
+    def mask_args(cmd: re.Match[str]) -> str:
+        words = list(re.finditer(_ARG, cmd.group("args")))
+        out, last, fmt_seen = [], 0, cmd.group("verb").lower() != "printf"
+        args = cmd.group("args")
+        for w in words:
+            word = w.group(0)
+            if word.startswith("-") and not out and re.fullmatch(r"-[neE]+", word):
+                continue
+            if not fmt_seen:
+                fmt_seen = True
+                if "%" in word:
+                    continue
+            q = word[0] if word[0] in "\"'" and len(word) >= 2 and word[-1] == word[0] else ""
+            inner = word[len(q):len(word) - len(q)]
+            if b64:
+                user, colon, _pw = inner.partition(":")
+                masked = q + user + colon + MASK + q if colon else word
+            else:
+                masked = q + MASK + q
+            out += [args[last:w.start()], masked]
+            last = w.end()
+        return cmd.group("verb") + "".join([*out, args[last:]])
+
+    head = re.sub(r"(?P<verb>echo|printf)(?P<args>[^|;&)\n]*)", mask_args, m.group("head"), flags=re.IGNORECASE)
+    return head + rest
+
+
+#: HTTP authentication schemes (the IANA registry, and the ones vendors document): what follows `Authorization:` and
+#: names the kind of credential after it.
+_AUTH_SCHEMES = "|".join((
+    "basic", "bearer", "digest", "dpop", "gnap", "hoba", "mutual", "negotiate", "ntlm", "oauth", "privatetoken",
+    "scram-sha-1", "scram-sha-256", "vapid", "concealed", "token", "api-?key", "key", "aws4-hmac-sha256", "aws", "ssws",
+    "splunk", "bot", "geniekey", "deepl-auth-key", "klaviyo-api-key", "zoho-oauthtoken", "sharedkey(?:lite)?",
+    "sharedaccesssignature", "client-id", "mac", "hawk", "jwt", "hmac-sha256", "signature", "kerberos", "session",
+))
+
+
+def _auth_value(m: re.Match[str]) -> str:
+    """Replacement for the Authorization form: after a published scheme as `_name_value` masks a value; else the whole
+    value (a word that may be a scheme, and what follows it)."""
+    if m.group("val") is not None:
+        return _name_value(m)
+    return _mask_values(m)
+
+
+#: Encoded forms (`_encoded_value`): "_" or "-" inside a name, a quote, and `=`/`:`, each as written in a URL
+#: (once or twice encoded), in a JSON \\u escape or an HTML entity; a quote also backslash-escaped.
+_ESC_SEP = r"(?:[_-]|%5f|%2d|\\{1,3}u005f|\\{1,3}u002d)"
+_ESC_QUOTE = r"(?:%(?:25)*2[27]|\\{1,3}u002[27]|&quot;|&#0*3[49];|&#x0*2[27];|&apos;|\\{1,3}[\"'])"
+_ESC_EQ = r"(?:[=:]|%(?:25)*3[da]|\\{1,3}u003[da])"
+_ESC_WORDS = (rf"token|secrets?|passwords?|passwd|pass{_ESC_SEP}?phrase|api{_ESC_SEP}?keys?|access{_ESC_SEP}?key"
+              rf"|secret{_ESC_SEP}?key|private{_ESC_SEP}?key|credentials?|auth|pass|pwd|signature|sig")
+#: A value in those forms: up to an (encoded) quote, `&` (`%26`), `,` (`%2C`), a blank (`%20`) or a bracket.
+_ESC_VALUE = (rf"(?:(?!{_ESC_QUOTE}|&(?:amp;)?|%(?:25)*2[06c]|\\+u00(?:2[26c]|7d)|\\+[nrt])"
+              rf"(?:[^\s&\"'<>\\,;{{}}\[\]%]|%[0-9a-f]{{2}}|\\u[0-9a-f]{{4}}))+")
+#: What a line must contain for the encoded forms to be tried (folded).
+_ENCODED_KW = ("%5f", "%2d", "%3d", "%3a", "%22", "%27", "%252", "%253", "&#0", "&#x0", "\\u00", "&quot;", "&#3",
+               "&#x2", "&apos;", "\\\"", "\\'")
+
+
+def _encoded_value(m: re.Match[str]) -> str:
+    """Replacement for the encoded forms: the value masked when some part of the form is encoded (a name, a quote or
+    the separator) or the value's quote is backslash-escaped; a plain form is left to the plain rules."""
+    parts = (m.group("q1"), m.group("q2"), m.group("eq"), m.group("q3"))
+    encoded = any(g is not None and g not in ("\"", "'", "=", ":") for g in parts)
+    if not encoded and "%" not in m.group("name") and "\\" not in m.group("name"):
+        return m.group(0)
+    return _keep_head(m)
+
+
+def _aws_secret(m: re.Match[str]) -> str:
+    """Replacement for a 40-character AWS secret key beside its key id: the secret masked when it does not look like
+    a hex digest (a SHA-1 is 40 hex digits), else as it was."""
+    group = "val" if m.group("val") is not None else "val_before"
+    value = m.group(group)
+    if all(c in "0123456789abcdefABCDEF" for c in value):
+        return m.group(0)
+    cut = m.start(group) - m.start(0)
+    return m.group(0)[:cut] + MASK + m.group(0)[cut + len(value):]
+
+
+def _key_value(m: re.Match[str]) -> str:
+    """Replacement for a bare `"key": "..."`: masked when the value is hex or random-looking key material (kaggle.json);
+    a name (`"key": "model.layers.0"`, `"key": "sort_order_by_name_x"`) is kept."""
+    value = m.group("val")
+    plain = value.rstrip("=")
+    hexlike = len(plain) >= 20 and all(c in "0123456789abcdefABCDEF" for c in plain)
+    return _keep_head(m) if hexlike or _looks_random(plain) else m.group(0)
+
+
+def _credential_call(m: re.Match[str]) -> str:
+    """Replacement for a call (or an `auth=(...)` tuple) that takes a user and a password: the string literals among
+    its positional arguments after the user (after the host and the user for connect and add_password) masked, when
+    there are that many; other calls as they were."""
+    call = m.group("call").lower()
+    skip = 2 if ("connect" in call or "add_password" in call) else 1
+    args = m.group("args")
+    literals = [a for a in re.finditer(r"(?<![\w=])[ \t]*(?P<lit>b?(?:\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'))",
+                                       args) if not re.search(r"=[ \t]*$", args[:a.start()].rsplit(",", 1)[-1])]
+    if len(literals) <= skip:
+        return m.group(0)
+    out, last = [], 0
+    cut = m.start("args") - m.start(0)
+    for lit in literals[skip:]:
+        start, end = lit.span("lit")
+        q = 1 + (args[start] == "b")
+        out += [args[last:start + q], MASK]
+        last = end - 1
+    return m.group(0)[:cut] + "".join([*out, args[last:]]) + m.group(0)[cut + len(args):]
+
+
+def _htpasswd(m: re.Match[str]) -> str:
+    """Replacement for `htpasswd OPTIONS ARGS`: with -b the password is the third argument (the second with -n: no
+    file), masked; without -b there is none (it is prompted for)."""
+    letters = "".join(o.lstrip("-") for o in m.group("opts").split() if o.startswith("-") and not o[1:].isdigit())
+    args = list(re.finditer(_ARG, m.group("args")))
+    at = 1 if "n" in letters else 2
+    if "b" not in letters or len(args) <= at:
+        return m.group(0)
+    cut = m.start("args") - m.start(0)
+    word = args[at]
+    return m.group(0)[:cut + word.start()] + MASK + m.group(0)[cut + word.end():]
+
+
+def _pass_flag(m: re.Match[str]) -> str:
+    """Replacement for a flag ending in a glued "pass" (`-storepass X`, `-keypass X`): the value masked, unless the flag
+    is a word like `--bypass` (`_NOT_PASS_FLAGS`)."""
+    if m.group("flag").lower() in _NOT_PASS_FLAGS:
+        return m.group(0)
+    return _mask_values(m)
+
 #: How far after the program's name its password flag is looked for (characters; bounds the scan of long lines).
 _FLAG_REACH = 400
+
+
+def _program_continued() -> str:
+    """A program's password flag (`_PROGRAM_FLAGS`, one that takes its value after a blank) at the end of a line
+    continued by `\\`: the value is on the next line (part of `_DANGLING`)."""
+    alternatives = "|".join(rf"(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:{flag})"
+                            for _kw, progs, flag, gap in _PROGRAM_FLAGS if flag and gap not in ("", "(?:)"))
+    return rf"(?<![\w.-])(?:{alternatives})[ \t]+\\+[ \t]*`?[ \t]*$"  # (also inside a Slack code quote)
+
+
+#: Keywords of the programs `_program_continued` names: a line with one may end in its password flag and `\\`.
+_PROGRAM_CONTINUED = _program_continued()
+_PROGRAM_CONTINUED_KW = tuple(sorted({k for kws, _progs, flag, gap in _PROGRAM_FLAGS if flag and gap != ""
+                                      for k in kws}))
+
+
+def _program_flag(progs: str, flag: str, gap: str) -> tuple[str, _Repl]:
+    """The regex and the replacement of one `_PROGRAM_FLAGS` entry. Positional (no flag): the program, then the first
+    word after it that `gap` allows (group val). With a flag: the program and the rest of its command (up to `|`, `;`,
+    `&` or _FLAG_REACH characters), every value of the flag in it masked at once (snmpwalk -A x -X y), plain (`-p X`,
+    `-pX`) or in an argument list (`"-p", "X"`, `"-pX"`); a lone `\\` is a continuation, not a value (`_DANGLING`
+    takes the next line)."""
+    if not flag:
+        return (rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{gap}(?!\\[ \t]*$)"
+                rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)", _mask_values)
+    listed = rf"(?P<fq>[\"'])(?:{flag})(?:(?P=fq)[ \t]*,[ \t]*(?!{_MASK_RE})(?P<val_listed>{_ANY_QUOTED})"
+    if gap in ("", "[ \t]*"):
+        listed += rf"|(?!{_MASK_RE})(?P<val_glued>[^\s\"'\\]+)(?=(?P=fq))"
+    listed += ")"
+    plain = rf"(?:{flag}){gap}(?!\\[ \t]*$|{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)"
+    values = _LazyPattern(rf"[ \t\[](?:{plain}|{listed})")
+
+    def repl(m: re.Match[str]) -> str:
+        cut = m.start("args") - m.start(0)
+        return m.group(0)[:cut] + values.sub(_mask_values, m.group("args"))
+
+    return rf"(?<![\w.-])(?:{progs})(?P<args>[^\n|;&]{{1,{_FLAG_REACH}}})", repl
+
 #: Words that follow "password" in ordinary prose ("password authentication failed", "password is wrong"): the
 #: prose form keeps them; any other word after "password" is taken for the password.
 _PROSE_WORDS = "|".join((
@@ -265,7 +549,10 @@ _Repl = str | Callable[[re.Match[str]], str]
 _NAME_KW = "<name>"
 #: The words a secret name ends in (`_WORD`), lower-case: the keywords behind _NAME_KW.
 _SECRET_WORDS: tuple[str, ...] = (
-    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "apikey", "apikeys", "api_key",
+    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "pass_phrase", "pass-phrase",
+    *(f"secret{sep}{w}" for sep in ("", "_", "-") for w in ("string", "value", "id")),
+    *(f"privatekey{sep}id" for sep in ("", "_", "-")), "private_key_id", "private-key-id", "private_keyid",
+    "private-keyid", "apikey", "apikeys", "api_key",
     "api-key", "api_keys", "api-keys", "accesskey", "secretkey", "privatekey", "accountkey", "credential",
     "credentials", "cookie", "signature", "pass", "dsn", "bearer", "auth", "_key", "-key", "_pwd", "-pwd",
     *(f"{p}{sep}tokens" for p in ("auth", "access", "api", "bearer", "refresh", "hf") for sep in ("", "_", "-")),
@@ -274,12 +561,17 @@ _SECRET_WORDS: tuple[str, ...] = (
 _SUFFIX = re.compile(r"[_-](?:[0-9]{1,3}|prod|prd|dev|staging|stg|test|qa|base|live|old|new|primary|secondary"
                      r"|current|next)(?![a-z0-9])")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+#: Words of a line that sets a named variable or setting with its value after a blank (`setx NAME v`, `setenv NAME v`,
+#: `%env NAME v`, Dockerfile `ENV NAME v`, fish `set -gx NAME v`, `aws configure set NAME v`, `npm config set NAME v`,
+#: `rclone config create r s3 NAME v`): the set-command rule's `requires` (folded).
+_SET_VERBS = ("set", "env", "config")
 
 
 #: What may follow a secret name (and its suffix) to the end of a line that `_DANGLING` matches: a closing quote, a
 #: separator, then a YAML block indicator, a continuation, an auth scheme or an opening bracket (folded text).
 _DANGLING_TAIL = re.compile(r"\\?[\"']?[ \t]*(?:(?:=>|==?|:=?)[ \t]*)?"
-                            r"(?:[|>][-+]?[0-9]?|\\+|bearer|basic|token|some\(|\[|\{|\()?[ \t]*`?[ \t]*$")
+                            r"(?:[|>][-+]?[0-9]?|\\+|bearer|basic|token|some\(|\[|\{|\(|<<-?[ \t]*[\"']?[a-z_]\w*[\"']?"
+                            r"|[rbuf]?(?:\"\"\"|'''))?[ \t]*`?[ \t]*$")
 
 
 def _dangling_follows(t: str, end: int) -> bool:
@@ -292,8 +584,9 @@ def _dangling_follows(t: str, end: int) -> bool:
 def _name_follows(t: str, start: int, end: int) -> bool:
     """Whether the secret word at t[start:end] (t folded, see `_fold`) can end a secret name that one of the name/value
     forms masks a value after: what comes after the word (and its suffix) is a separator (`=`, `:`, `|`), a quote, a
-    backslash, `>`, the end of the line, or blanks then one of those or the end; or blanks then anything when the
-    name is a flag (its run of name characters starts with `-`) or the line sets a variable (`set`). A superset of
+    backslash, `>`, the end of the line, or blanks then one of those or the end, or a flag; or blanks then anything
+    when the name is a flag (its run of name characters starts with `-`) or the line sets a variable (`_SET_VERBS`).
+    A superset of
     where the forms match (tests/unit/test_redact_speed.py checks it against every rule run on every line)."""
     n = len(t)
     if end < n and t[end] in "_-" and (m := _SUFFIX.match(t, end)):
@@ -307,9 +600,11 @@ def _name_follows(t: str, start: int, end: int) -> bool:
         k += 1
     if k >= n or t[k] in "=:|":
         return True
+    if t[k] == "-":  # a flag after the name: `gh secret set NAME --body v`, `Env:NAME -Value v`
+        return True
     while start > 0 and t[start - 1] in _NAME_CHARS:
         start -= 1
-    return t[start] == "-" or "set" in t
+    return t[start] == "-" or any(verb in t for verb in _SET_VERBS)
 
 
 class _Rule(NamedTuple):
@@ -325,17 +620,154 @@ class _Rule(NamedTuple):
     repl: _Repl
     at: str = "scan"
     requires: tuple[str, ...] = ()
+    gate: tuple[str, ...] = ()
 
 
 def _rule(keywords: tuple[str, ...], source: str, repl: _Repl, *, at: str = "scan",
-          requires: tuple[str, ...] = ()) -> _Rule:
+          requires: tuple[str, ...] = (), gate: tuple[str, ...] = ()) -> _Rule:
     """A `_Rule`. `at` says where its matches can start: "scan" anywhere (`re.sub` over the line), "name" only at a
     secret name's first character (the start of its run of name characters, `_NAME_CHARS`) or one character
     before it (a quote, `<`, `#`), "start" only at the start of the line; such a rule is tried only there
     (`_sub_at`): scanned, the name/value rules cost about a third of a microsecond per character of every line
-    that holds a secret word. `requires`: the rule runs only on lines that also contain one of these (folded)."""
-    return _Rule(keywords, source, repl, at, requires)
+    that holds a secret word. `requires`: the rule runs only on lines that also contain one of these (folded).
+    `gate`: regexes in place of keywords, for a rule with no literal to look for (a token of an unknown vendor): the
+    rule runs on the lines where one of them is found (each a literal then a little: a fast `search`)."""
+    return _Rule(keywords, source, repl, at, requires, gate)
 
+
+
+#: Where a token starts: not inside a word, or right after an escaped tab or line break of a repr (`'a\\tAKIA...'`).
+_TOKEN_START = r"(?:(?<![A-Za-z0-9])|(?<=\\[nrt]))"  # noqa: S105 (a pattern)
+_VENDOR_START = r"(?:(?<![A-Za-z0-9_.+-])|(?<=\\[nrt]))"
+#: Token formats that vendors publish (their docs; gitleaks' rules): (keywords, the token's regex). Each is masked
+#: wherever it stands, as a word of its own. The table is the vendors' formats, not this corpus' samples; tokens of
+#: vendors it does not name are left to `_PREFIXED_RANDOM` (a prefix, then a random-looking body).
+_VENDOR_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("dop_v1_", "doo_v1_", "dor_v1_"), r"do[por]_v1_[a-f0-9]{64}"),  # DigitalOcean
+    (("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),  # Shopify
+    (("lin_api_", "lin_oauth_"), r"lin_(?:api|oauth)_[A-Za-z0-9]{32,}"),  # Linear
+    (("pplx-",), r"pplx-[A-Za-z0-9]{32,}"),  # Perplexity
+    (("esecret_",), r"esecret_[A-Za-z0-9]{20,}"),  # Anyscale
+    (("tskey-",), r"tskey-(?:[a-z]+-)?[A-Za-z0-9]{6,}-[A-Za-z0-9]{16,}"),  # Tailscale
+    (("sntrys_", "sntryu_"), r"sntry[su]_[A-Za-z0-9+/=_]{40,}"),  # Sentry
+    (("glc_",), r"glc_[A-Za-z0-9+/]{32,}={0,2}"),  # Grafana Cloud
+    (("atatt3", "atctt3", "atbb"), r"(?:AT[AC]TT3[A-Za-z0-9_=-]{60,}|ATBB[A-Za-z0-9]{32,})"),  # Atlassian, Bitbucket
+    (("figd_", "figu_"), r"fig[du]_[A-Za-z0-9_-]{30,}"),  # Figma
+    (("pul-",), r"pul-[a-f0-9]{40}"),  # Pulumi
+    (("pscale_",), r"pscale_(?:tkn|pw|oauth)_[A-Za-z0-9=._-]{32,64}"),  # PlanetScale
+    (("dp.pt.", "dp.st.", "dp.ct.", "dp.sa.", "dp.scim.", "dp.audit."),
+     r"dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}"),  # Doppler
+    (("ops_eyj",), r"ops_eyJ[A-Za-z0-9+/]{40,}={0,3}"),  # 1Password service account
+    (("sbp_", "sb_secret_"), r"(?:sbp_[a-f0-9]{40}|sb_secret_[A-Za-z0-9_-]{20,})"),  # Supabase
+    (("pcsk_",), r"pcsk_[A-Za-z0-9_]{40,}"),  # Pinecone
+    (("api_org_",), r"api_org_[A-Za-z0-9]{30,}"),  # Hugging Face organization token
+    (("squ_", "sqp_", "sqa_"), r"sq[upa]_[a-f0-9]{40}"),  # SonarQube
+    (("bkua_",), r"bkua_[a-f0-9]{40}"),  # Buildkite
+    (("gocspx-",), r"GOCSPX-[A-Za-z0-9_-]{24,}"),  # Google OAuth client secret
+    (("1//0",), r"1//0[A-Za-z0-9_-]{40,}"),  # Google OAuth refresh token
+    ((":aa",), r"(?:(?<=/bot)|(?<![A-Za-z0-9_.+-])|(?<=\\[nrt]))[0-9]{5,16}:AA[A-Za-z0-9_-]{30,}"),  # Telegram
+    (tuple(f"sk{c}" for c in "0123456789abcdef"), r"SK[0-9a-fA-F]{32}"),  # Twilio API key
+    (("nrak-", "nrjs-", "nrii-", "nral-", "nraa-"), r"NR(?:AK|JS|II|AL|AA)-[A-Z0-9]{19,}"),  # New Relic
+    (tuple(f"key-{c}" for c in "0123456789abcdef"), r"key-[a-f0-9]{32}"),  # Mailgun
+    (("hrku-",), r"HRKU-[A-Za-z0-9_-]{40,}"),  # Heroku
+    (("akcp", "cmvmdgtu"), r"(?:AKCp[A-Za-z0-9]{60,}|cmVmdGtu[A-Za-z0-9]{50,})"),  # JFrog
+    (("rubygems_",), r"rubygems_[a-f0-9]{48}"),  # RubyGems
+    (("sk_",), r"sk_[a-f0-9]{48}"),  # ElevenLabs
+    (("e2b_",), r"e2b_[a-f0-9]{40}"),  # E2B
+    (("tvly-",), r"tvly-(?:[a-z]+-)?[A-Za-z0-9]{30,}"),  # Tavily
+    (("csk-",), r"csk-[a-z0-9]{40,}"),  # Cerebras
+    (("nfp_",), r"nfp_[A-Za-z0-9]{30,}"),  # Netlify
+    (("ntn_",), r"ntn_[0-9]{11}[A-Za-z0-9]{35}"),  # Notion
+    (("eaa",), r"EAA[A-Za-z0-9]{60,}"),  # Square (EAAA), Meta Graph API
+    (("sq0atp-", "sq0csp-"), r"sq0(?:atp|csp)-[A-Za-z0-9_-]{22,}"),  # Square
+    (("gr1348941",), r"GR1348941[A-Za-z0-9_-]{20,}"),  # GitLab runner registration token
+    (("ltai",), r"LTAI[A-Za-z0-9]{12,20}"),  # Alibaba Cloud AccessKey ID
+    (("akid",), r"AKID[A-Za-z0-9]{32}"),  # Tencent Cloud SecretId
+    (("fwogzxivyxdz", "iqojb3jpz2lux2vj"), r"(?:FwoGZXIvYXdz|IQoJb3JpZ2luX2Vj)[A-Za-z0-9+/]{20,}={0,2}"),  # AWS session
+    (("q~",), r"[A-Za-z0-9_~.]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}"),  # Azure AD client secret
+    (("ccipat_",), r"CCIPAT_[A-Za-z0-9]{20,}_[a-f0-9]{40}"),  # CircleCI
+    (("rnd_",), r"rnd_[A-Za-z0-9]{30,}"),  # Render
+    (("fm1", "fm2"), r"fm[12][ar]?_[A-Za-z0-9+/=_-]{40,}"),  # Fly.io
+    (("fw_",), r"fw_[A-Za-z0-9]{20,}"),  # Fireworks AI
+    (("pa-",), r"pa-[A-Za-z0-9_-]{40,}"),  # Voyage AI
+    (("jina_",), r"jina_[A-Za-z0-9_-]{40,}"),  # Jina AI
+    (("llx-",), r"llx-[A-Za-z0-9]{40,}"),  # LlamaCloud
+    (("bb_live_",), r"bb_live_[A-Za-z0-9_-]{20,}"),  # Browserbase
+    (("napi_",), r"napi_[a-z0-9]{60,}"),  # Neon
+    (("rpa_",), r"rpa_[A-Za-z0-9]{30,}"),  # RunPod
+    (tuple(f"local-{c}" for c in "0123456789abcdef"), r"local-[a-f0-9]{40}"),  # Weights & Biases (local server)
+    (("sess-",), r"sess-[A-Za-z0-9]{40}"),  # OpenAI session key
+    (("ls__",), r"ls__[a-f0-9]{32}"),  # LangSmith (legacy)
+    (("pmak-",), r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}"),  # Postman
+    (("xkeysib-", "xsmtpsib-"), r"x(?:keysib|smtpsib)-[a-f0-9]{64}-[A-Za-z0-9]{16}"),  # Brevo
+    (tuple(f"-us{d}" for d in "123456789"), r"[0-9a-f]{32}-us[0-9]{1,2}"),  # Mailchimp
+    (("oy2",), r"oy2[a-z0-9]{43}"),  # NuGet
+    (("clojars_",), r"CLOJARS_[a-f0-9]{60}"),  # Clojars
+    (("dt0c01.",), r"dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}"),  # Dynatrace
+    (("cfpat-",), r"CFPAT-[A-Za-z0-9_-]{43}"),  # Contentful
+    (("tfp_",), r"tfp_[A-Za-z0-9_-]{40,}"),  # Typeform
+    (("shippo_",), r"shippo_(?:live|test)_[a-f0-9]{40}"),  # Shippo
+    (("rdme_",), r"rdme_[a-z0-9]{70}"),  # ReadMe
+    (("pnu_",), r"pnu_[A-Za-z0-9]{36}"),  # Prefect
+    (("flwseck",), r"FLWSECK(?:_TEST)?-[a-f0-9]{32}-X"),  # Flutterwave
+    (("v1.0-",), r"v1\.0-[a-f0-9]{24}-[a-f0-9]{146}"),  # Cloudflare Origin CA key
+    (("dg9ro",), r"dG9rO[A-Za-z0-9+/]{40,}={0,2}"),  # Intercom (base64 of "tok:")
+    (("atlasv1",), r"[A-Za-z0-9]{14}\.atlasv1\.[A-Za-z0-9_=-]{60,}"),  # Terraform Cloud
+    (("glagent-", "glffct-"), r"gl(?:agent|ffct)-[A-Za-z0-9_-]{20,}"),  # GitLab agent, feature-flag client
+)
+#: A token of a vendor the table does not name: a short prefix that ends in "_" or "-" (`dop_v1_`, `lin_api_`,
+#: `pplx-`, `sntrys_`), then a body of 20+ letters and digits that `_looks_random` (not a word, a name or a hex
+#: hash: a request id `chatcmpl-<hex>` or a path's `blobs/<sha256>` stays readable). Never inside a path or a word.
+_PREFIXED_RANDOM = (r"(?:(?<![A-Za-z0-9_.+/~%\\-])|(?<=\\[nrt]))"
+                    r"(?P<prefix>[A-Za-z][A-Za-z0-9]{1,11}(?:[_-][A-Za-z0-9]{1,8}){0,2}[_-])"
+                    r"(?P<body>[A-Za-z0-9]{20,}(?:[_-][A-Za-z0-9]{4,})*)(?![A-Za-z0-9_+/=~\\-]|\.[A-Za-z0-9])")
+#: What a line must contain for `_PREFIXED_RANDOM` to be tried at all (regexes in place of keywords: the prefix is not
+#: known): "_" or "-" followed by 20 letters and digits; two searches for a literal, far cheaper than the rule.
+_PREFIXED_RANDOM_GATE = (r"_[A-Za-z0-9]{20}", r"-[A-Za-z0-9]{20}")
+#: Prefixes of object ids, hashes and names (not credentials): `chatcmpl-<hex>`, `req_...`, `run-...`, `sha256-...`.
+_ID_PREFIXES = frozenset((
+    "chatcmpl", "cmpl", "req", "request", "msg", "run", "job", "trace", "span", "call", "toolu", "file", "batch",
+    "ft", "ftjob", "asst", "thread", "step", "vs", "org", "proj", "user", "usr", "acct", "cus", "sub", "evt", "price",
+    "prod", "pi", "ch", "txn", "sha1", "sha224", "sha256", "sha384", "sha512", "md5", "blake2b", "blake3", "xxh64",
+    "crc32", "uuid", "commit", "rev", "tmp", "temp", "cache", "model", "ckpt", "checkpoint", "session", "pod", "node",
+    "gpu", "mig", "container", "docker", "cri", "k8s", "img", "image", "layer", "blob", "hash", "digest", "snapshot",
+    "build", "bundle", "artifact", "obj", "object", "task", "worker", "actor", "rid", "id", "uid", "guid", "test",
+    "triton", "kernel", "cuda", "sm", "nccl", "torch", "vllm", "sglang", "raysubmit", "raylet", "wandb", "mlflow",
+))
+
+
+def _looks_random(body: str) -> bool:
+    """Whether `body` (letters, digits, maybe "_"/"-") looks like random key material rather than a word, a name, a
+    CamelCase identifier or a hex hash: 20+ letters and digits, not all hex, with the character spread and the
+    changes between upper case, lower case and digits that random text has (a name has long runs of one kind)."""
+    s = body.replace("_", "").replace("-", "")
+    n = len(s)
+    if n < 20 or all(c in "0123456789abcdef" for c in s) or all(c in "0123456789ABCDEF" for c in s):
+        return False
+    kinds = ["u" if c.isupper() else "l" if c.islower() else "d" for c in s]
+    changes = sum(a != b for a, b in itertools.pairwise(kinds))
+    counts: dict[str, int] = {}
+    for c in s:
+        counts[c] = counts.get(c, 0) + 1
+    entropy = -sum(k / n * math.log2(k / n) for k in counts.values())
+    present = set(kinds)
+    if present == {"u", "l", "d"}:
+        return entropy >= 3.7 and changes >= 0.35 * n
+    if present in ({"l", "d"}, {"u", "d"}):
+        return n >= 24 and entropy >= 3.8 and changes >= 0.15 * n and kinds.count("d") >= 3
+    if present == {"u", "l"}:
+        return n >= 30 and entropy >= 4.0 and changes >= 0.35 * n
+    return False
+
+
+def _prefixed_random(m: re.Match[str]) -> str:
+    """Replacement for `_PREFIXED_RANDOM`: the whole token masked when its body looks random and its prefix is not an
+    id's (`_ID_PREFIXES`); else the text as it was."""
+    prefix = m.group("prefix").lower().rstrip("_-")
+    first = re.split(r"[_-]", prefix)[0]
+    if first in _ID_PREFIXES or not _looks_random(m.group("body")):
+        return m.group(0)
+    return MASK
 
 
 _RULES: tuple[_Rule, ...] = (
@@ -343,50 +775,99 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("private",), rf"(?i){_PEM_BEGIN_RE}.*?(?:{_PEM_END_RE}|$)", MASK),
     # URL credentials: scheme://user:password@host, scheme://:password@host (password up to the last @);
     # first, so no name/value form takes `scheme` or `user:` for a value
-    _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^/\s:]*:)[^\s/?]+@", rf"\1{MASK}@"),
+    _rule(("://", ":\\/\\/"), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*:\\?/\\?/[^/\\\s:]*:)[^\s/?\\]+@", rf"\1{MASK}@"),
     # a long opaque user and no password: a token (https://TOKEN@git.host/x.git)
     _rule(("://",), r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[A-Za-z0-9_-]{20,}@", rf"\1{MASK}@"),
     # Well-known token formats. Like the two above, these run before the forms below: those decide where a
     # value ends by looking at what follows, and must see the same text when run again on their output.
-    _rule(("github_pat_",), r"(?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{20,}", MASK),
-    _rule(("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{20,}", MASK),
+    _rule(("github_pat_",), rf"{_TOKEN_START}github_pat_[A-Za-z0-9_]{{20,}}", MASK),
+    _rule(("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), rf"{_TOKEN_START}gh[pousr]_[A-Za-z0-9]{{20,}}", MASK),
     _rule(("glpat-", "gldt-", "glrt-", "glptt-", "glft-", "glsoat-", "glcbt-", "glimt-", "gloas-"),
-          r"(?<![A-Za-z0-9])gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{16,}", MASK),
-    _rule(("nvapi-",), r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{16,}", MASK),
-    _rule(("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{16,}", MASK),
-    _rule(("sk-",), r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{16,}", MASK),
-    _rule(("xox",), r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9-]{8,}", MASK),
-    _rule(("xapp-",), r"(?<![A-Za-z0-9])xapp-[A-Za-z0-9-]{8,}", MASK),
-    _rule(("akia", "asia"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])", MASK),
-    _rule(("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35,}", MASK),
-    _rule(("ya29.",), r"(?<![A-Za-z0-9])ya29\.[0-9A-Za-z_-]{20,}", MASK),  # Google OAuth access token
-    _rule(("_live_", "_test_"), r"(?<![A-Za-z0-9])(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{16,}", MASK),  # Stripe keys
-    _rule(("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_-]{20,}", MASK),  # PyPI API token
-    _rule(("hvs.", "hvb.", "hvr."), r"(?<![A-Za-z0-9])hv[sbr]\.[A-Za-z0-9_-]{20,}", MASK),  # HashiCorp Vault token
+          rf"{_TOKEN_START}gl(?:pat|dt|rt|ptt|ft|soat|cbt|imt|oas)-[A-Za-z0-9_.-]{{16,}}", MASK),
+    _rule(("nvapi-",), rf"{_TOKEN_START}nvapi-[A-Za-z0-9_-]{{16,}}", MASK),
+    _rule(("hf_",), rf"{_TOKEN_START}hf_[A-Za-z0-9]{{16,}}", MASK),
+    _rule(("sk-",), rf"{_TOKEN_START}sk-[A-Za-z0-9_-]{{16,}}", MASK),
+    _rule(("xox",), rf"{_TOKEN_START}xox[abposre]-[A-Za-z0-9-]{{8,}}", MASK),
+    _rule(("xapp-",), rf"{_TOKEN_START}xapp-[A-Za-z0-9-]{{8,}}", MASK),
+    # an AWS secret access key (40 characters of base64) on the same line as its key id: `aws sts ... --output text`
+    # rows, a CSV of credentials; first, while the key id is still there to tell it
+    _rule(("akia", "asia", "abia", "acca", "a3t"),
+          rf"(?:{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])[^\n]{{0,300}}?"
+          rf"(?:(?<![A-Za-z0-9/+=])|(?<=\\[nrt]))(?P<val>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])"
+          rf"|(?:(?<![A-Za-z0-9/+=])|(?<=\\[nrt]))(?P<val_before>[A-Za-z0-9/+]{{40}})(?![A-Za-z0-9/+=])"
+          rf"(?=[^\n]{{0,300}}?{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])))",
+          _aws_secret),
+    _rule(("akia", "asia", "abia", "acca", "a3t"),
+          rf"{_TOKEN_START}(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[0-9A-Z]{{16}}(?![0-9A-Za-z])", MASK),
+    _rule(("aiza",), rf"{_TOKEN_START}AIza[0-9A-Za-z_-]{{35,}}", MASK),
+    _rule(("ya29.",), rf"{_TOKEN_START}ya29\.[0-9A-Za-z_-]{{20,}}", MASK),  # Google OAuth access token
+    _rule(("_live_", "_test_"), rf"{_TOKEN_START}(?:sk|rk|pk)_(?:live|test)_[0-9A-Za-z]{{16,}}", MASK),  # Stripe keys
+    _rule(("pypi-age",), rf"{_TOKEN_START}pypi-AgE[A-Za-z0-9_-]{{20,}}", MASK),  # PyPI API token
+    _rule(("hvs.", "hvb.", "hvr."), rf"{_TOKEN_START}hv[sbr]\.[A-Za-z0-9_-]{{20,}}", MASK),  # HashiCorp Vault token
     _rule(("r8_", "gsk_", "xai-", "lsv2_", "glsa_"),
-          r"(?<![A-Za-z0-9])(?:r8_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}"
+          rf"{_TOKEN_START}(?:r8_[A-Za-z0-9]{{30,}}|gsk_[A-Za-z0-9]{{40,}}|xai-[A-Za-z0-9]{{40,}}"
                 r"|lsv2_(?:pt|sk)_[A-Za-z0-9_]{30,}|glsa_[A-Za-z0-9_]{30,})", MASK),  # Replicate Groq xAI LangSmith
     # (and Grafana service-account tokens)
-    _rule(("age-secret-key-1",), r"(?<![A-Za-z0-9])AGE-SECRET-KEY-1[0-9A-Z]{40,}", MASK),  # age private key
+    _rule(("age-secret-key-1",), rf"{_TOKEN_START}AGE-SECRET-KEY-1[0-9A-Z]{{40,}}", MASK),  # age private key
     _rule(("discord",), r"(?i)(https?://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/[0-9]+/)[A-Za-z0-9_-]{20,}",
      rf"\1{MASK}"),  # Discord webhook URL
-    _rule(("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{30,}", MASK),  # npm access token
-    _rule(("dckr_",), r"(?<![A-Za-z0-9])dckr_(?:pat|oat)_[A-Za-z0-9_-]{16,}", MASK),  # Docker Hub access token
-    _rule(("sg.",), r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", MASK),  # SendGrid API key
-    _rule(("dapi",), r"(?<![A-Za-z0-9])dapi[0-9a-f]{32}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
+    _rule(("npm_",), rf"{_TOKEN_START}npm_[A-Za-z0-9]{{30,}}", MASK),  # npm access token
+    _rule(("dckr_",), rf"{_TOKEN_START}dckr_(?:pat|oat)_[A-Za-z0-9_-]{{16,}}", MASK),  # Docker Hub access token
+    _rule(("sg.",), rf"{_TOKEN_START}SG\.[A-Za-z0-9_-]{{16,}}\.[A-Za-z0-9_-]{{16,}}", MASK),  # SendGrid API key
+    _rule(("dapi",), rf"{_TOKEN_START}dapi[0-9a-f]{{32}}(?:-\d)?(?![0-9A-Za-z])", MASK),  # Databricks token
+    # the vendors' published formats (`_VENDOR_TOKENS`), then any prefix with a random-looking body
+    *(_rule(keywords, rf"{'' if token.startswith('(?:(?<') else _VENDOR_START}(?:{token})(?![A-Za-z0-9_+/=-])",
+            MASK) for keywords, token in _VENDOR_TOKENS),
+    _rule((), _PREFIXED_RANDOM, _prefixed_random, gate=_PREFIXED_RANDOM_GATE),
+    # Airtable personal access tokens (pat<14>.<64 hex>): "pat" is too common a keyword, a gate finds them
+    _rule((), rf"{_VENDOR_START}pat[A-Za-z0-9]{{14}}\.[a-f0-9]{{64}}(?![A-Za-z0-9_+/=-])", MASK,
+          gate=(r"pat[A-Za-z0-9]{14}\.[a-f0-9]",)),
     # Slack incoming-webhook URLs: the path is the credential
     _rule(("hooks.slack",),
           r"(?i)(https?://hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[A-Za-z0-9/_-]{8,}",
      rf"\1{MASK}"),
     # JWT (a start inside a run of token characters is no JWT's start: keeps `-eyJ-eyJ...` linear)
     _rule(("eyj",), r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){1,3}", MASK),
-    # a password given to a program by a short flag (mysql -pX, sshpass -p X, docker login -p X: _PROGRAM_FLAGS)
-    *(_rule(keywords, rf"(?<![\w.-])(?:{progs})[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]{flag}{gap}"
-            rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]\S*)", _keep_head) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
-    # curl -u USER:PASSWORD (the user is kept)
-    _rule(("curl", "wget", "lftp"),
-          rf"(?<![\w.-])(?:curl|wget|lftp)(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t](?:-u|--user)"
-                r"(?:[ \t]+|=)[\"']?[^\s:'\"]*:(?P<val>[^\s'\"]+)", _keep_head),
+    # base64 of a JSON object ("{\"..." is eyJ): a Docker config, a service-account key, a kubeconfig secret's data
+    _rule(("eyj",), r"(?<![A-Za-z0-9+/_.-])eyJ[A-Za-z0-9+/_-]{36,}={0,2}(?![A-Za-z0-9+/=_-]|\.[A-Za-z0-9])", MASK),
+    # base64 of a PEM block ("-----BEGIN" is LS0tLS1CRUdJTi): kubeconfig client-key-data, a Secret's tls.key, a key
+    # or certificate in a Helm value; masked whole (a certificate is not secret, but no one reads base64)
+    _rule(("ls0tls1crudjt",), r"(?<![A-Za-z0-9+/])LS0tLS1CRUdJT[A-Za-z0-9+/]*={0,2}", MASK),
+    # a password given to a program by a flag or positionally (mysql -pX, sshpass -p X, docker login -p X,
+    # wandb login KEY: _PROGRAM_FLAGS), also in an argument list ("-p", "X"), and the places of _POSITIONAL
+    *(_rule(keywords, *_program_flag(progs, flag, gap)) for keywords, progs, flag, gap in _PROGRAM_FLAGS),
+    *(_rule(keywords, source, _mask_values) for keywords, source in _POSITIONAL),
+    _rule(("htpasswd",), rf"(?<![\w.-])htpasswd(?P<opts>(?:[ \t]+(?:-[rC][ \t]*[0-9]+|-[a-zA-Z]+))*)"
+                         rf"(?P<args>(?:[ \t]+(?!-){_ARG}){{2,3}})", _htpasswd),
+    # any program: -u USER -p PASSWORD side by side (sqlcmd -U sa -P x, ipmitool -U u -P x, racadm -u u -p x); a
+    # port (`docker run -u 1000 -p 8080:80`, `ssh -l u -p 22`), a path or a variable after -p is kept
+    _rule((" -u", "\t-u", "\"-u", "'-u", " -l ", "\t-l ", "--user", "--login"),
+          rf"(?<![\w.-])(?:-[uU]|-l(?=[ \t])|--user(?:name)?|--login)(?:[ \t]*=[ \t]*|[ \t]*)(?!-)"
+                rf"(?:{_ANY_QUOTED}|[^\s'\"]+)[ \t]+"
+                rf"(?:-[pPwW]|--pass(?![\w-])|--pw(?![\w-]))(?:[ \t]*=[ \t]*|[ \t]*)"
+                rf"(?![-/~.$]|[0-9:.,]+(?:[\s'\",)\]]|$)|\\[ \t]*$)"
+                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|[^\s'\",\]]+)", _mask_values,
+          requires=("-p", "-w", "--pass", "--pw")),
+    # a flag ending in a glued "pass": keytool/jarsigner -storepass X, -keypass X, -srcstorepass X
+    _rule(("pass ", "pass\t", "pass=", "pass:"),
+          rf"(?i)(?<![\w-])-{{1,2}}(?P<flag>[a-z][a-z0-9]*pass)(?:[ \t]*[=:][ \t]*|[ \t]+)"
+                     rf"(?!-|{_MASK_RE})"
+                     rf"(?P<val>{_ANY_QUOTED}|[^\s'\"]+)", _pass_flag),
+    # USER:PASSWORD (USER,PASSWORD for lftp) to a client's user flag: curl -u, wget --user, lftp -u, HTTPie/xh -a,
+    # ab -A (the user is kept)
+    _rule(("curl", "wget", "lftp", "http ", "https ", "xh ", "xhs ", "ab ", "hey "),
+          rf"(?<![\w.-])(?:curl|wget|lftp|(?:https?|xhs?|ab|hey)(?= ))(?![\w.-])[^\n|;&]{{0,{_FLAG_REACH}}}?[ \t]"
+                r"(?:-u|--user|-a|--auth|-A)(?:[ \t]+|=|(?<=-u))[\"']?[^\s:,'\"]*[:,](?P<val>[^\s'\"]+)", _keep_head,
+          requires=("-u", "--user", "-a", "--auth")),
+    # a password echoed into a program that reads it on stdin: echo PW | docker login --password-stdin, | sudo -S,
+    # | chpasswd, | kinit, (echo PW; echo PW) | smbpasswd -s; and `echo -n user:PW | base64`
+    _rule(("echo", "printf"),
+          r"(?i)(?<![\w-])(?P<head>(?:echo|printf)(?>[^|;&)\n]{0,400})"
+                r"(?:;[ \t]*(?:echo|printf)(?>[^|;&)\n]{0,400})){0,4}\)?)(?P<rest>[ \t]*\|[^|;&()\n]{0,400})",
+          _piped_password,
+          requires=("stdin", "sudo", "chpasswd", "kinit", "passwd", "-fd", "cryptsetup", "openconnect", "base64")),
+    # ... or handed in a here-string: docker login --password-stdin <<< PW, sudo -S cmd <<< PW
+    _rule(("<<<",), rf"{_STDIN_READER}[^\n|;&]{{0,400}}?<<<[ \t]*(?P<val>{_ARG})", _mask_values),
     # Cookie: / Set-Cookie: headers (every cookie in them: the rest of the line, or the quoted value)
     _rule(("cookie",),
           rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:set-)?cookie(?P=q)[ \t]*:[ \t]*(?!{_MASK_RE})(?P<val>{_QUOTED}|\S.*)",
@@ -403,13 +884,42 @@ _RULES: tuple[_Rule, ...] = (
           rf"(?i)(?<!\\)\\{{1,3}}(?P<eq>[\"'])(?<!#){_NAME}\\{{1,3}}(?P=eq){_SEP}\\{{1,3}}(?P=eq)(?!{_MASK_RE})"
                 rf"(?P<val>(?:(?!\\[\"']).)+)",
      _keep_head, requires=("\\",)),
-    # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`)
-    _rule((_NAME_KW,),
-          rf"(?i)([\"']name[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"'][ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
-                rf"[ \t]*[^,{{}}]*,[ \t]*)?[\"']value[\"'][ \t]*:[ \t]*)(?P<val>{_ANY_QUOTED})", _keep_head),
+    # the same forms written encoded: URL-encoded (`api%5Fkey=v`, `password%3Dv`, `%22token%22%3A%22v%22`, twice:
+    # `%253D`), JSON \\u escapes (`\\u0022password\\u0022`, `api\\u005fkey`), HTML entities (`&quot;apiKey&quot;`),
+    # or a name as is with a backslash-escaped value (`{api_key: \\"v\\"}`) (`_encoded_value`)
+    _rule(_ENCODED_KW,
+          rf"(?i)(?:(?<![\w%\\-])|(?<=%[0-9a-f]{{2}})|(?<=\\u[0-9a-f]{{4}}))(?P<q1>{_ESC_QUOTE}|[\"'])?(?P<name>(?:[a-z0-9]+{_ESC_SEP})*[a-z0-9]*?(?:{_ESC_WORDS}))"
+          rf"(?P<q2>{_ESC_QUOTE}|[\"'])?[ \t]*(?P<eq>{_ESC_EQ})[ \t]*(?:%20|\+)*(?P<q3>{_ESC_QUOTE}|[\"'])?"
+          rf"(?!{_MASK_RE}|(?:none|null|nil|true|false)\b)(?P<val>{_ESC_VALUE})", _encoded_value,
+          requires=("token", "secret", "pass", "pwd", "key", "auth", "credential", "sig")),
+    # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`,
+    # CloudFormation `"ParameterKey": "DbPassword", "ParameterValue": ...`), and a record that says it is a key
+    # (`az storage account keys list`: `"keyName": "key1", "permissions": "FULL", "value": ...`)
+    _rule((_NAME_KW, "keyname", "key_name"),
+          rf"(?i)((?:[\"'](?:name|key|parameterkey|variable)[\"'][ \t]*:[ \t]*[\"'](?:[\w./-]*/)?{_NAME}[\"']"
+                rf"|[\"']key_?name[\"'][ \t]*:[ \t]*{_ANY_QUOTED})[ \t]*,[ \t]*(?:[\"']\w+[\"'][ \t]*:"
+                rf"[ \t]*[^,{{}}]*,[ \t]*){{0,3}}[\"'](?:parameter|secret)?value[\"'][ \t]*:[ \t]*)"
+                rf"(?P<val>{_ANY_QUOTED})",
+          _keep_head),
+    # a bare "key" whose value looks like key material (`~/.kaggle/kaggle.json`: {"username": ..., "key": "<hex>"})
+    _rule(("\"key\"", "'key'"), r"(?P<q>[\"'])key(?P=q)[ \t]*:[ \t]*(?P<vq>[\"'])(?P<val>[A-Za-z0-9+/=_-]{20,})(?P=vq)",
+          _key_value),
+    # a user and a password handed to a call: auth=("user", "pw"), HTTPBasicAuth("u", "pw"), aiohttp.BasicAuth,
+    # req.SetBasicAuth, UsernamePasswordCredentials, NetworkCredential, smtp.login("u", "pw"), ssh.connect(host,
+    # port, "u", "pw"), add_password(realm, uri, "u", "pw") (`_credential_call`)
+    _rule(("auth", "credential", "login(", "connect(", "add_password"),
+          r"(?i)(?<![\w])(?P<call>(?:[\w.]*\.)?(?:(?:set_?)?basic_?auth|http(?:basic|digest|proxy)auth|digest_?auth"
+          r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\("
+          r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n)\]]{0,400})[)\]]",
+          _credential_call),
+    # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
+    _rule(("btoa", "b64encode", "encodetostring", "base64"),
+          r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"
+          r"(?P<q>[\"'])[^\"'\s:]*:(?P<val>[^\"'\s]+)(?P=q)", _keep_head),
     # ('api_key', 'v') pairs, also bytes: (b'x-api-key', b'v'); b'Authorization': b'Basic ...'
     _rule((_NAME_KW, "authorization"),
-          rf"(?i)\([ \t]*b?([\"'])(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})", _keep_head),
+          rf"(?i)\([ \t]*b?([\"'])(?:[\w.:/-]*[.:/])?(?:{_NAME}|authorization)\1[ \t]*,[ \t]*b?(?P<val>{_ANY_QUOTED})",
+          _keep_head),
     _rule((_NAME_KW, "authorization"),
           rf"(?i)b([\"'])(?:{_NAME}|authorization)\1[ \t]*:[ \t]*b(?P<val>{_ANY_QUOTED})", _keep_head),
     # XML: <password>v</password>, <add key="ApiKey" value="v"/>
@@ -424,10 +934,24 @@ _RULES: tuple[_Rule, ...] = (
     _rule(("requirepass", "masterauth"),
           r"(?i)(?<![\w-])(?:requirepass|masterauth)[ \t]+(?!\[REDACTED\])(?P<val>\S+)", _keep_head),
     _rule(("auth",), r"(?:^|(?<=> ))AUTH[ \t]+(?:\S+[ \t]+)?(?!\[REDACTED\])(?P<val>\S+)[ \t]*$", _keep_head),
-    # setx NAME value (Windows), set -x NAME value (fish), aws configure set NAME value
+    # a command that sets a named variable or setting, its value after a blank: setx NAME v (Windows), setenv NAME v
+    # (csh, launchctl), %env NAME v (IPython), ENV NAME v (Dockerfile), set -gx / --export NAME v (fish),
+    # aws configure set NAME v, npm/yarn/kubectl/pulumi config set [--secret] NAME v, dotnet user-secrets set "K" "v",
+    # rclone config create REMOTE TYPE ... NAME v (also a namespaced or quoted name: `//host/:_authToken`, `a.b.token`)
     _rule((_NAME_KW,),
-          rf"(?i)(?<![\w-])(?:setx|set[ \t]+-[a-zA-Z]*[gxU][a-zA-Z]*|configure[ \t]+set)[ \t]+{_NAME}[ \t]+"
-                rf"(?!{_MASK_RE})(?P<val>{_ANY_QUOTED}|\S+)", _keep_head, requires=("set",)),
+          rf"(?i)(?<![\w%-])(?:setx|setenv|%env|(?-i:ENV)|set(?:[ \t]+--?[a-z][\w-]*)+"
+                rf"|(?:configure|config|user-secrets|secrets?)(?:[ \t]+--?[\w-]+)*[ \t]+(?:set|create|update|add)"
+                rf"(?:[ \t]+--?[\w-]+)*(?:[ \t]+[^\s=|;&'\"-][^\s=|;&]*){{0,12}}?)"
+                rf"[ \t]+[\"']?(?:[\w./:@-]*[./:])?{_NAME}[\"']?[ \t]+(?!-|{_MASK_RE}){_GUARD}"
+                rf"(?P<val>{_ANY_QUOTED}|[^\s|;&]+)",
+          _keep_head, requires=_SET_VERBS),
+    # a secret-named target whose value a flag gives: gh secret set NAME --body v, Set-Item Env:NAME -Value v,
+    # aws ssm put-parameter --name /prod/db/password --value v, az keyvault secret set --name N --value v
+    _rule((_NAME_KW,),
+          rf"(?i)(?<![\w-]){_NAME}[\"']?(?:[ \t]+--?[a-z][\w-]*(?:[ \t]+(?!-)[^\s|;&]+)?){{0,8}}?[ \t]+"
+                rf"--?(?:value|body|string-value|secret-string|secret-value|data)(?:[ \t]*=[ \t]*|[ \t]+)"
+                rf"(?!{_MASK_RE}){_GUARD}(?P<val>{_ANY_QUOTED}|[^\s|;&]+)",
+          _keep_head, at="name", requires=("value", "body", "string", "data")),
     # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
     _rule((_NAME_KW,),
           rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)",
@@ -436,22 +960,27 @@ _RULES: tuple[_Rule, ...] = (
     _rule((_NAME_KW,), rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
                 rf"(?![\"'\[{{(]|{_MASK_RE}|(?:none|null|nil|true|false|undefined|~)[ \t]*$){_GUARD}"
                 rf"(?P<val>\S[^\n]*?\s\S[^\n]*?)[ \t]*$", _keep_head, at="start"),
-    # Authorization: [scheme] value
+    # Authorization: [scheme] value: a published scheme (`_AUTH_SCHEMES`) is kept; a word that is not one, followed by
+    # another, may be a scheme or the credential itself: both are masked (`Authorization: Custom-Scheme v`)
     _rule(("authorization",), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
-                rf"(?:(?:bearer|basic|token|digest|negotiate|apikey)[ \t]+)?{_GUARD}(?P<val>{_QUOTED}|{_ANY})",
-     _name_value),
+                rf"(?:(?:{_AUTH_SCHEMES})[ \t]+{_GUARD}(?P<val>{_QUOTED}|{_ANY})"
+                rf"|{_GUARD}(?P<val_unknown>{_ANY_QUOTED}|[A-Za-z][\w.~+/=-]{{0,60}}[ \t]+(?=[^\s'\"]){_ANY}|{_ANY}))",
+     _auth_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
     _rule((_NAME_KW,),
           rf"(?i)(?<![\w-])--?{_NAME}(?:[ \t]*=[ \t]*|[ \t]+){_GUARD}(?!-|\\[ \t]*$)(?P<val>{_QUOTED}|{_ANY})",
      _name_value, at="name"),
+    # an argument list: "--api-key", "VALUE" (Kubernetes args, Compose command, subprocess.run([...]), a repr of argv)
+    _rule((_NAME_KW,), rf"(?i)(?P<q>[\"'])--?{_NAME}(?P=q)[ \t]*,[ \t]*(?!{_MASK_RE}|(?P=q)--?[a-z])"
+                       rf"(?P<val>{_ANY_QUOTED})", _mask_values, at="name"),
     # 'api_key': ['KEY'] (vLLM's non-default args), api_key: Some("KEY") (TGI's Args): the quoted value inside
     _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}{_WRAPPED}{_GUARD}"
                 rf"(?P<val>{_QUOTED})(?P<more>(?:[ \t]*,[ \t]*{_ANY_QUOTED})*)",
      _wrapped_value, at="name"),
     # NAME=value, "NAME": "value", X-Api-Key: value, ?api-key=value&... (a query value stops at & and #)
     # (atomic: after ? or & it is a query parameter, with no fall-back to the plain form)
-    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q){_SEP}"
-                rf"(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}"
+    _rule((_NAME_KW,), rf"(?i)(?<![\w-])(?<!//)(?>(?P<qs>(?<=[?&]))?)(?P<q>[\"']?)(?<!#){_NAME}(?P=q)"
+                rf"(?:(?<=[\"'])[ \t]*\])?{_SEP}(?:(?:bearer|basic|token)[ \t]+)?{_GUARD}(?:\$(?=[\"']))?"
                 rf"(?P<val>{_QUOTED}|(?(qs){_QS}|{_KV}))",
      _name_value, at="name"),
     # netrc: machine HOST login USER password VALUE (also `login USER password VALUE`)
@@ -576,10 +1105,14 @@ def _after_block(out: list[str], i: int) -> int:
 # `"client_secret":`, `--api-key \` (a shell continuation), `Authorization:`, also quoted in Slack code (`password:`).
 # The value is on the next line. Every match contains a secret name that `_name_follows`, "authorization" or "cookie".
 _DANGLING = _LazyPattern(
-    rf"(?i)(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization|(?:set-)?cookie)"
-    rf"(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
+    rf"(?i)(?:(?:(?<![\w-])--?{_NAME}|(?<![\w-])(?P<q>\\?[\"']?)(?<!#)(?:{_NAME}|(?:proxy-)?authorization"
+    rf"|(?:set-)?cookie)(?P=q)[ \t]*(?:=>|==?|:=?)|(?:^|-[ \t]+)name[ \t]*:[ \t]*[\"']?{_NAME}[\"']?)"
     # then nothing, a YAML block indicator, a shell continuation, an auth scheme, or an opening bracket
-    rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$")
+    rf"[ \t]*(?:[|>][-+]?[0-9]?|\\+|(?:bearer|basic|token)|Some\(|\[|\{{|\()?[ \t]*`?[ \t]*$"
+    # or a multipart form field's header: its value comes after a blank line (RFC 7578)
+    rf"|form-data;[ \t]*name=(?P<fq>[\"']?){_NAME}(?P=fq)[ \t]*`?[ \t]*$"
+    # or a program's password flag (_PROGRAM_FLAGS) then a shell continuation: docker login -u ci -p \\
+    rf"|(?-i:{_PROGRAM_CONTINUED}))")
 
 
 # A line that starts a new record rather than carrying a value: a log line's prefix (a bracket, a timestamp, a
@@ -591,6 +1124,43 @@ _RECORD_START = _LazyPattern(
 
 
 _LIST_ITEM = _LazyPattern(r"`?[ \t]*-[ \t]+\S")  # a YAML list item (also inside a Slack code quote)
+# A secret's name, then a text that runs over the next lines up to a closer of its own: a heredoc (`password = <<EOT`
+# ... `EOT`, Terraform, shell), a triple-quoted string (`API_TOKEN = """` ... `"""`, Python, TOML), an XML element
+# whose text starts on the next line (`<password>` ... `</password>`). Every match contains a secret name that
+# `_dangling_follows`.
+_BLOCK_OPEN = _LazyPattern(
+    rf"(?i)(?:(?<![\w-])[\"']?(?<!#){_NAME}[\"']?[ \t]*(?:=>|==?|:=?)[ \t]*"
+    rf"(?:<<-?[ \t]*(?P<hq>[\"']?)(?P<tag>[a-z_]\w*)(?P=hq)|[rbuf]?(?P<tq>\"\"\"|'''))|<(?P<el>{_NAME})>)"
+    rf"[ \t]*`?[ \t]*$")
+#: How many lines a block's text is masked over when its closer does not come (a log cut inside it).
+_BLOCK_REACH = 200
+
+
+def _block_plan(lines: list[str], out: list[str], flagged: list[bool]) -> None:
+    """Mask (in `out`) the text of the blocks `_BLOCK_OPEN` opens: every line after the opener up to its closer (the
+    heredoc's tag alone on a line, the closing triple quote, `</name>`), the text before the closer on the closing
+    line, or _BLOCK_REACH lines when no closer comes. `flagged[i]` says whether line i can open one (its keywords)."""
+    n = len(lines)
+    i = 0
+    while i < n:
+        m = _BLOCK_OPEN.search(lines[i]) if flagged[i] and lines[i] else None
+        if m is None:
+            i += 1
+            continue
+        tag, closer = m.group("tag"), m.group("tq") or (f"</{m.group('el')}>" if m.group("el") else "")
+        j = i + 1
+        while j < n and j <= i + _BLOCK_REACH:
+            line = lines[j]
+            if (line.strip() == tag) if tag else (closer.lower() in line.lower()):
+                break
+            if line.strip():
+                out[j] = _mask_whole(line)
+            j += 1
+        if j < n and j <= i + _BLOCK_REACH and not tag:
+            at = lines[j].lower().find(closer.lower())
+            if lines[j][:at].strip():
+                out[j] = _mask_whole(lines[j][:at]) + lines[j][at:]
+        i = j + 1
 
 
 def _indent(line: str) -> int:
@@ -612,7 +1182,7 @@ def _next_line_plan(lines: list[str], out: list[str], dangling: list[bool],
         if not dangling[i] or not line or not _DANGLING.search(line):
             continue
         j = i + 1
-        while j < n and not lines[j].strip():
+        while j < n and not lines[j].strip(" \t`"):  # (an empty line quoted in Slack code is blank too)
             j += 1
         if j >= n or (dangling[j] and _DANGLING.search(lines[j])
                       and (redacted is None or _DANGLING.search(redacted(j)))):
@@ -669,11 +1239,21 @@ def _fold(text: str) -> str:
 _VALUE_BIT = 1 << len(_RULES)  # a known secret value may be on the line
 _PEM_BIT = 1 << (len(_RULES) + 1)  # a PEM marker may be on the line
 _DANGLING_BIT = 1 << (len(_RULES) + 2)  # the line may end in a secret's name (`_DANGLING`)
+#: The line names a program of `_PROGRAM_CONTINUED_KW`: it may end in its password flag when it ends in a backslash.
+_CONTINUED_BIT = 1 << (len(_RULES) + 3)
 #: The rules tried only where a secret name starts, and at the start of the line (`_rule`'s `at`).
 _AT_NAME = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "name")
 _AT_START = sum(1 << i for i, rule in enumerate(_RULES) if rule.at == "start")
 #: The rules that also need one of their `requires` on the line.
 _REQUIRING = tuple((1 << i, rule.requires) for i, rule in enumerate(_RULES) if rule.requires)
+#: The rules that also need one of their `requires` on the line, all together.
+_REQUIRING_BITS = sum(bit for bit, _requires in _REQUIRING)
+
+
+@functools.cache
+def _gates() -> tuple[tuple[int, Callable[[str], re.Match[str] | None]], ...]:
+    """(rule bit, the `search` of one of its gates) for every gate of every rule (compiled on first use)."""
+    return tuple((1 << i, re.compile(g).search) for i, rule in enumerate(_RULES) for g in rule.gate)
 
 
 @functools.cache
@@ -705,6 +1285,8 @@ def _keyword_table() -> dict[str, tuple[int, int, int]]:
     add("private", _PEM_BIT, 0)
     for kw in ("authorization", "cookie"):  # `_DANGLING` also ends in these names
         add(kw, 0, _DANGLING_BIT)
+    for kw in _PROGRAM_CONTINUED_KW:  # ... and in a program's password flag and a continuation (`_bits` checks)
+        add(kw, _CONTINUED_BIT, 0)
     return {kw: (bits, checked, len(kw)) for kw, (bits, checked) in table.items()}
 
 
@@ -815,9 +1397,17 @@ class Redactor:
                 bits |= named
             if checked & _DANGLING_BIT and not bits & _DANGLING_BIT and _dangling_follows(folded, last + 1):
                 bits |= _DANGLING_BIT
-        for bit, requires in _REQUIRING:
-            if bits & bit and not any(r in folded for r in requires):
-                bits &= ~bit
+        if bits & _CONTINUED_BIT:  # a program's line: it may end in its password flag only when continued
+            bits &= ~_CONTINUED_BIT
+            if folded.rstrip(" \t`").endswith("\\"):
+                bits |= _DANGLING_BIT
+        if bits & _REQUIRING_BITS:
+            for bit, requires in _REQUIRING:
+                if bits & bit and not any(r in folded for r in requires):
+                    bits &= ~bit
+        for bit, search in _gates():
+            if not bits & bit and search(line):
+                bits |= bit
         return bits
 
     def _bits_of(self, line: str) -> int:
@@ -924,8 +1514,9 @@ class Redactor:
         if len(lines) >= _B64_RUN:
             _b64_runs(planned)
         if any(b & _DANGLING_BIT for b in bits):
-            _next_line_plan(lines, planned, [bool(b & _DANGLING_BIT) for b in bits],
-                            lambda j: self._line(lines[j], bits[j]))
+            flagged = [bool(b & _DANGLING_BIT) for b in bits]
+            _block_plan(lines, planned, flagged)
+            _next_line_plan(lines, planned, flagged, lambda j: self._line(lines[j], bits[j]))
         for i, line in enumerate(planned):
             if "\\n" in line:  # a repr or JSON string with escaped line breaks: its lines are lines too
                 parts = line.split("\\n")
@@ -933,10 +1524,13 @@ class Redactor:
                 dangling = [bool(b & _DANGLING_BIT) for b in part_bits]
                 if any(dangling):
                     masked = list(parts)
+                    _block_plan(parts, masked, dangling)
                     _next_line_plan(parts, masked, dangling, lambda j, ps=parts, pb=part_bits: self._line(ps[j], pb[j]))
                     planned[i] = "\\n".join(masked)
-        return [self._line(p, b if p is line else bits_of(p)) for p, line, b in zip(planned, lines, bits,
-                                                                                     strict=True)]
+        # a line that no rule, value or configured pattern can touch (most lines) comes back as it is
+        plain = not self._configured
+        return [p if plain and not b and p is line else self._line(p, b if p is line else bits_of(p))
+                for p, line, b in zip(planned, lines, bits, strict=True)]
 
     def __call__(self, text: str) -> str:
         """Return `text` with secrets replaced by `[REDACTED]`, keeping the names (`--api-key [REDACTED]`).
@@ -953,7 +1547,11 @@ class Redactor:
             if done is not None:
                 return done
         if "\n" not in text and "\r" not in text and text.isprintable():  # one line: the common case
-            done = self.lines([text])[0]
+            # a line that no rule, value or configured pattern can touch (most lines) comes back as it is, at once
+            if self._configured or "\\n" in text or self._bits_of(text):
+                done = self.lines([text])[0]
+            else:
+                done = text
         elif "\n" in text and self._untouched(text):  # a whole message or table with no keyword in it
             done = text
         else:
@@ -972,7 +1570,8 @@ class Redactor:
         the whole text instead of line by line: no configured pattern, no keyword of any rule, value or PEM marker
         anywhere in it (the Aho-Corasick pass over the lower-cased text), no line that could be key material
         (`_B64_LONG_START`), and no line break other than "\\n" (which `str.splitlines` would split on too)."""
-        if self._configured or self._values_always or _B64_LONG_START.search(text):
+        if (self._configured or self._values_always or _B64_LONG_START.search(text)
+                or any(search(text) for _bit, search in _gates())):
             return False
         if (any(c in text for c in "\r\x0b\x0c\x1c\x1d\x1e") if text.isascii() else _ODD_BREAK.search(text)):
             return False

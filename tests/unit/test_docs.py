@@ -26,6 +26,12 @@ def _number(text: str, pattern: str) -> int:
 def test_the_secret_shapes_count() -> None:
     shapes = yaml.safe_load((FIXTURES / "secrets" / "shapes.yaml").read_text(encoding="utf-8"))
     assert _number(_doc("docs/commands.md"), r"the (\d+) shapes they are tested on") == len(shapes)
+    security = _doc("docs/security.md")
+    assert _number(security, r"The rules are tested on (\d+) shapes") == len(shapes)
+    held = yaml.safe_load((FIXTURES / "secrets" / "heldout.yaml").read_text(encoding="utf-8"))
+    assert _number(security, r"\(`heldout.yaml`, (\d+) shapes") == len(held)
+    near = yaml.safe_load((FIXTURES / "secrets" / "near_misses.yaml").read_text(encoding="utf-8"))
+    assert _number(security, r"none of the (\d+) near misses") == len(near)
 
 
 def test_the_case_corpus_counts() -> None:

@@ -424,11 +424,15 @@ PATHOLOGICAL: dict[str, tuple[Callable[[int], str], Callable[[str], str]]] = {
     # review: the escaped-JSON form and the JWT format were quadratic on these (8 s for 20 000 backslashes)
     "backslashes": (lambda k: "\\" * k, str),
     "-eyJ": (lambda k: "-eyJ" * k, str),
+    # issue 23's families: calls with no closing parenthesis, echoes with no pipe, flags with no value flag
+    "login(": (lambda k: "login(" * k, str),
+    "echo-sudo": (lambda k: "sudo -S " + "echo " * k, str),
+    "token-flags": (lambda k: "value " + "token --a b " * k, str),
 }
 #: Periods of each line for 64 KiB (the size that once took seconds).
 _64K = {"a.": 32768, "x-": 32768, "dashes": 65536, "dashes-token": 32768, "login": 8192, "sk-": 21845,
         "--token": 8192, "query": 7281, "quotes": 13107, "pem-begin": 32768, "url": 6553, "backslashes": 65536,
-        "-eyJ": 16384}
+        "-eyJ": 16384, "login(": 10922, "echo-sudo": 13105, "token-flags": 5460}
 
 
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))

@@ -104,6 +104,17 @@ PIECES = [
     "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" * 2,
     "Vv9SeCrEtVaLuE", "ΣIGMAsecret", "σigmasecret", "ACME-0123ABCD", "None", "null", "''", "/etc/x",
     "get_token()", "<|pad|>", "value", "s3cr3tV4lue", "x", "42", "é", "\\n",
+    # issue 23's families: set commands, code, program flags and positions, piped passwords, cloud files, vendor
+    # formats, Authorization schemes, credential calls, encoded forms, blocks over several lines
+    "setenv", "%env", "ENV ", "set --export", "config set", "config create", "--value", "--body", '"]', "$'",
+    "os.environ[", "-storepass", " -u u -p ", "sqlcmd -U sa -P", "snmpwalk -A", "-X", "echo x |", "--password-stdin",
+    "<<<", "sudo -S", "| base64", "mc alias set a h k s", "htpasswd -b f u", "net use Z: \\\\s\\m", "sqlplus u/",
+    '"-p", "', '"--api-key", "', "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVkt", "eyJhdXRocyI6IHsiZ2hjci5pbyI6IHsiYXV0aCI6",
+    "AKIAABCDEFGHIJKLMNOP\t", "Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78St90", '"keyName": "key1", "value": ',
+    '"key": "0a1b2c3d4e5f60718293a4b5c6d7e8f9"', "auth=(", "BasicAuth(", '"u", "p"', "login(", "connect(",
+    "btoa('u:", "SSWS ", "Custom ", "%5F", "%3D", "%22", "%253D", "\\u0022", "\\u005f", "&quot;", "<<EOT", "EOT",
+    '"""', "<password>", "</password>", 'form-data; name="password"', "dop_v1_", "lin_api_", "pplx-", "tskey-auth-",
+    "_AbCdEfGh1234567890XyZ", "key-0123456789abcdef0123456789abcdef", "https:\\/\\/u:p@h", "Q~", "private_key_id",
 ]
 
 
