@@ -795,3 +795,17 @@ def test_port_evidence_puts_the_ports_own_socket_first_and_without_ps_quotes_ser
     closed = Observation(log_lines=_sglang_loaded(), process_alive=True, port=30000, port_open=False, listening=host)
     evidence = "\n".join(diagnose(closed).evidence)
     assert "1/python3" in evidence and "sshd" not in evidence and "systemd-resolve" not in evidence
+
+
+def test_a_crash_quotes_what_its_traceback_says_not_its_header():
+    lines = ["[2026-12-05 05:42:04 TP0] Load weight end. mem usage=8.41 GB.",
+             "Traceback (most recent call last):",
+             '  File "/srv/fake_server.py", line 115, in worker',
+             '    raise RuntimeError("fake scheduler failed during init")',
+             "RuntimeError: fake scheduler failed during init",
+             "[2026-12-05 05:42:04] Received sigquit from a child process. It usually means the child failed."]
+    v = diagnose(Observation(process_alive=False, log_lines=lines, log_silent_s=1))
+    assert v.verdict == "crashed"
+    assert "failure: `RuntimeError: fake scheduler failed during init`" in v.summary, v.summary
+    assert "Traceback (most recent call last)" not in v.summary
+    assert any(e.startswith("error (log line 5): `RuntimeError") for e in v.evidence), v.evidence

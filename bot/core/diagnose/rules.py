@@ -36,7 +36,7 @@ from bot.core.diagnose.evidence import (
     _secs,
     _traceback_summary,
 )
-from bot.core.diagnose.logscan import LogScan, _Hit, scan_log
+from bot.core.diagnose.logscan import LogScan, _Hit, _traceback_end, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -195,6 +195,21 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     return found
 
 
+def _said_index(hit: _Hit, scan: LogScan, sig: Signatures) -> int | None:
+    """For a failure hit on a traceback's header (`Traceback (most recent call last):`), the index of the exception
+    line that ends it (what the error says); None for any other hit, or a traceback cut off before its end."""
+    if "Traceback (most recent call last)" not in hit.line:
+        return None
+    return _traceback_end(scan, hit.index, sig)
+
+
+def _said(hit: _Hit, scan: LogScan, sig: Signatures) -> str:
+    """The line that says what failure `hit` is: its traceback's exception line when it is a traceback header,
+    else its own line."""
+    j = _said_index(hit, scan, sig)
+    return (scan.lines[j] if j is not None else hit.line).strip()
+
+
 def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     """The failure's evidence: the first failure, the decisive one, others like it, its error block and
     traceback, a later echo, context lines, dmesg's OOM kill and a `Killed` line."""
@@ -202,7 +217,10 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     root, first, hits = f.root, f.first, f.hits
     if first is not None and root is not None and first.index < root.index:
         ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
-    if root is not None:
+    said = _said_index(root, scan, sig) if root is not None else None
+    if root is not None and said is not None:  # a traceback's header: what it says is its exception line
+        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {said + 1}): `{_q(scan.lines[said])}`")
+    elif root is not None:
         ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{quote_hit(root, sig)}`")
     same = [
         h
@@ -214,6 +232,8 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
         and "Traceback (most recent call last)" not in h.line
     ]
     shown: set[str] = {root.line.strip()} if root else set()
+    if said is not None:
+        shown.add(scan.lines[said].strip())
     for h in same:
         if len(shown) >= 3:
             break
@@ -277,7 +297,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     phase = _failure_phase(f, scan, sig, ev)
     root, first = f.root, f.first
     where = f" during {phase}" if phase else ""
-    quote = root.line.strip() if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")
+    quote = _said(root, scan, sig) if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")
     summary = f"{_FAILURE_LABEL[f.kind]}{where}{f.how}."
     if quote:
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
