@@ -105,13 +105,18 @@ def _cgroup_detect(name: str) -> list[str]:
     """Shell lines that set `cg` to a fresh cgroup v2 directory for the launch (`$m/gpubot/<name>`) when no systemd
     scope takes it and the host lets this user make one and move a process into it (root, or a `gpubot` directory
     delegated to the user): a trial shell moves itself in first. Anything else leaves `cg` empty: the launch runs
-    without a cgroup of its own."""
+    without a cgroup of its own. Empty directories of earlier launches (their wrapper killed too) are removed
+    first."""
     return [
         "cg=",
         'if [ -z "$sd" ]; then',
         f"  {_CGROUP_MOUNT}",
         '  if [ -n "$m" ] && [ -f "$m/cgroup.procs" ]; then',
         f'    mkdir -p -- "$m/{CGROUP_PARENT}" 2>/dev/null',
+        # the empty directories of earlier launches whose wrapper was killed too (rmdir refuses a cgroup that still
+        # has processes; a minute old at least, so a launch being made beside this one is left alone)
+        f'    find "$m/{CGROUP_PARENT}" -mindepth 1 -maxdepth 1 -type d -name "{SCOPE_PREFIX}*{CGROUP_SUFFIX}" '
+        "-mmin +1 -exec rmdir {} \\; 2>/dev/null",
         f'    if mkdir -- "$m/{CGROUP_PARENT}/{name}" 2>/dev/null; then',
         f'      if sh -c \'echo 0 > "$1/cgroup.procs"\' gpubot-cgroup "$m/{CGROUP_PARENT}/{name}" 2>/dev/null; then',
         f'        cg="$m/{CGROUP_PARENT}/{name}"',

@@ -146,3 +146,30 @@ async def test_without_a_cgroup_an_escaped_holder_is_named_and_memory_is_not_cal
     la = bot.launch(1)
     assert la.state == LaunchState.KILL_FAILED and "not all memory released" in (la.state_detail or "")
     assert Path(f"/proc/{escapee}").exists()  # it did escape: the answer told the truth
+
+
+@needs_cgroups
+async def test_a_new_launch_removes_empty_cgroups_left_by_earlier_ones(make_bot, ssh_server, fake_gpu, tmp_path,
+                                                                       escapees):
+    import time
+
+    mount = cgroup2_mount()
+    assert mount is not None
+    parent = mount / CGROUP_PARENT
+    parent.mkdir(exist_ok=True)
+    stale = parent / f"gpubot-{os.getpid()}-stale.launch"  # a launch whose wrapper was killed too
+    fresh = parent / f"gpubot-{os.getpid()}-fresh.launch"  # one being made beside this launch
+    for d in (stale, fresh):
+        d.mkdir()
+    os.utime(stale, (time.time() - 300, time.time() - 300))
+    try:
+        bot = await make_bot(escapee_config(ssh_server, fake_gpu, tmp_path, cgroup="auto"))
+        launched = await bot.chat.say("/launch escapee")
+        assert "Launched escapee#1" in launched.text, launched.text
+        assert not stale.exists() and fresh.exists()
+        assert (parent / bot.launch(1).unit).exists()  # its own, made after the sweep
+        await bot.chat.say("/kill 1 --yes")
+    finally:
+        for d in (stale, fresh):
+            with contextlib.suppress(OSError):
+                d.rmdir()
