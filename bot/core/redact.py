@@ -197,6 +197,10 @@ _FORM_START = (
 # ...nor is a bare None/null/... or an empty quoted string a secret (`api_key=None` tells the reader that no
 # key was given).
 _WRAPPED = r"(?:\[[ \t]*|Some\([ \t]*)"  # a value in a list (`['KEY']`, vLLM) or Rust's `Some("KEY")` (TGI)
+#: A flag that names a secret and gives its value (`--api_key V`, `-token=V`): what a name before it (`TOKEN:
+#: --api_key V`) must not take as its own value, or the flag's value would be left unmasked.
+_SECRET_FLAG = rf"--?{_NAME}(?:[ \t]*=|[ \t]+)(?=\S)"
+_NOT_A_SECRET_FLAG = rf"(?!{_SECRET_FLAG})"
 _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[\s'\",)]|$)|{_WRAPPED}[\"']{_MASK_RE}"
           # references and vocabulary, not secrets: a tokenizer's special token (`'<|image_pad|>'`), an absolute
           # path (`ssh_key=/root/.ssh/id_ed25519`), code (`auth_token = get_token()`)
@@ -207,7 +211,9 @@ _GUARD = (rf"(?!{_FORM_START}|(?:none|null|nil|true|false|undefined|\"\"|'')(?:[
           # a tuple of literals: `auth=("user", "pw")` (the credential-call rule masks what is secret in it)
           rf"|\((?=[ \t]*b?[\"'])"
           # a comment, not a value (`password: # set by the operator`)
-          rf"|#(?:[ \t]|$))")
+          rf"|#(?:[ \t]|$)"
+          # a flag that names a secret itself (`TOKEN: --api_key V`): its own rule masks its value
+          rf"|{_SECRET_FLAG})")
 
 
 def _run(char: str) -> str:
@@ -890,7 +896,7 @@ _RULES: tuple[_Rule, ...] = (
     _rule(_ENCODED_KW,
           rf"(?i)(?:(?<![\w%\\-])|(?<=%[0-9a-f]{{2}})|(?<=\\u[0-9a-f]{{4}}))(?P<q1>{_ESC_QUOTE}|[\"'])?(?P<name>(?:[a-z0-9]+{_ESC_SEP})*[a-z0-9]*?(?:{_ESC_WORDS}))"
           rf"(?P<q2>{_ESC_QUOTE}|[\"'])?[ \t]*(?P<eq>{_ESC_EQ})[ \t]*(?:%20|\+)*(?P<q3>{_ESC_QUOTE}|[\"'])?"
-          rf"(?!{_MASK_RE}|(?:none|null|nil|true|false)\b)(?P<val>{_ESC_VALUE})", _encoded_value,
+          rf"(?!{_MASK_RE}|(?:none|null|nil|true|false)\b){_NOT_A_SECRET_FLAG}(?P<val>{_ESC_VALUE})", _encoded_value,
           requires=("token", "secret", "pass", "pwd", "key", "auth", "credential", "sig")),
     # {"name": "HF_TOKEN", "value": "..."} (Kubernetes / ECS env lists, SSM parameters `"Name": "/prod/db/password"`,
     # CloudFormation `"ParameterKey": "DbPassword", "ParameterValue": ...`), and a record that says it is a key
@@ -954,7 +960,8 @@ _RULES: tuple[_Rule, ...] = (
           _keep_head, at="name", requires=("value", "body", "string", "data")),
     # a commented-out assignment (`#API_KEY=...`) or a URL fragment (`#access_token=...`); `#token: 40` counters kept
     _rule((_NAME_KW,),
-          rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE})(?P<val>[^\s&'\",;)]+)",
+          rf"(?i)(?<=#)(?P<q>[\"']?){_NAME}(?P=q)(?>{_SEP})(?![0-9]+(?:[\s,;)]|$)|{_MASK_RE}){_NOT_A_SECRET_FLAG}"
+          rf"(?P<val>[^\s&'\",;)]+)",
      _keep_head, at="name"),
     # a whole line `NAME: value with spaces` / `NAME = a b c` (YAML, INI): the rest of the line (not `NAME=v cmd`)
     _rule((_NAME_KW,), rf"(?i)^[ \t]*(?:-[ \t]+)?(?<!#){_NAME}(?:[ \t]*:[ \t]+|[ \t]+=[ \t]*)"
@@ -964,7 +971,8 @@ _RULES: tuple[_Rule, ...] = (
     # another, may be a scheme or the credential itself: both are masked (`Authorization: Custom-Scheme v`)
     _rule(("authorization",), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
                 rf"(?:(?:{_AUTH_SCHEMES})[ \t]+{_GUARD}(?P<val>{_QUOTED}|{_ANY})"
-                rf"|{_GUARD}(?P<val_unknown>{_ANY_QUOTED}|[A-Za-z][\w.~+/=-]{{0,60}}[ \t]+(?=[^\s'\"]){_ANY}|{_ANY}))",
+                rf"|{_GUARD}(?P<val_unknown>(?![\"'][ \t]){_ANY_QUOTED}"
+                rf"|[A-Za-z][\w.~+/=-]{{0,60}}[ \t]+(?=[^\s'\"]){_ANY}|{_ANY}))",
      _auth_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'
     _rule((_NAME_KW,),
