@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from bot.core.commands import slash
-from bot.core.diagnose import Observation, Verdict, diagnose
+from bot.core.diagnose import Observation, Verdict, diagnose, nccl_in_play
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
 from bot.core.records import CheckRecord
@@ -172,7 +172,7 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     if health in TIMEOUT_HEALTH and silence is not None and silence >= hang_silence_s and quiet_gpus:
         if not spin:
             what = "sit idle"
-        elif len(gpus) > 1 or any("nccl" in line.lower() for line in (obs.log_lines or [])[-500:]):
+        elif nccl_in_play(obs):
             what = "spin at 100 % (a collective that never completes)"
         else:
             what = "spin at 100 % (a kernel that never finishes)"

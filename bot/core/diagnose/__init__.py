@@ -32,6 +32,7 @@ The package, by responsibility (a module imports only modules above it in this l
 Import the public names from here, `bot.core.diagnose`.
 """
 
+from bot.core.diagnose.evidence import nccl_in_play
 from bot.core.diagnose.logscan import LogScan, scan_log
 from bot.core.diagnose.observation import (
     HEALTH_STATES,
@@ -62,5 +63,6 @@ __all__ = [
     "diagnose",
     "format_verdict",
     "load_signatures",
+    "nccl_in_play",
     "scan_log",
 ]

@@ -90,9 +90,10 @@ def _is_engine_process(p: ProcessInfo, sig: Signatures) -> bool:
 NCCL_SPIN, KERNEL_SPIN = "NCCL spin", "a kernel spins at 100 %"
 
 
-def _nccl_in_play(obs: Observation) -> bool:
-    """Whether NCCL can be what spins on the GPUs: more than one GPU read or held by the launch, or the log or a
-    process's command line names NCCL (a single-GPU server with no NCCL spins a kernel of its own)."""
+def nccl_in_play(obs: Observation) -> bool:
+    """Whether NCCL can be what spins on the GPUs: more than one GPU read or held by the launch, or the log (its
+    last 500 lines) or a process's command line names NCCL; a single-GPU server with no NCCL spins a kernel of its
+    own. Reads the log only when called: call it for a GPU that may spin (95 % or more utilization)."""
     if len(obs.gpus or []) > 1 or len({gp.gpu_index for gp in obs.gpu_processes or []}) > 1:
         return True
     return any("nccl" in line.lower() for line in (obs.log_lines or [])[-500:]) or any(
@@ -257,7 +258,7 @@ def _gpu_evidence(ev: _Ev, obs: Observation) -> None:
         ev.add(f"nvidia-smi: `{_q(line)}`")
     gpus = obs.gpus or []
     # only a GPU at 95 % or more can be a spin: nothing else needs the (log-reading) NCCL test
-    nccl = _nccl_in_play(obs) if any((g.utilization_gpu_pct or 0) >= 95 for g in gpus) else True
+    nccl = nccl_in_play(obs) if any((g.utilization_gpu_pct or 0) >= 95 for g in gpus) else True
     for g in gpus[:8]:
         raw = obs.gpu_lines.get(g.index)
         if raw and ev.quotes(raw):

@@ -29,12 +29,12 @@ from bot.core.diagnose.evidence import (
     _gpu_state,
     _is_engine_process,
     _is_spin,
-    _nccl_in_play,
     _probe_status,
     _q,
     _q_at,
     _secs,
     _traceback_summary,
+    nccl_in_play,
 )
 from bot.core.diagnose.logscan import LogScan, _Hit, _traceback_end, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
@@ -366,7 +366,7 @@ def _held_after_the_end(obs: Observation, gpu_free_mib: float, ev: _Ev) -> None:
     for g in obs.gpus or []:
         if g.memory_used_mib is not None and g.memory_used_mib > gpu_free_mib:
             raw = obs.gpu_lines.get(g.index)
-            state = _gpu_state(g, _nccl_in_play(obs))
+            state = _gpu_state(g, nccl_in_play(obs))
             ev.add(
                 f"GPU {g.index} still holds {g.memory_used_mib / 1024:.1f} GiB although the launch's process is "
                 "gone: "
@@ -541,7 +541,7 @@ def _starting_phase(c: _Case, ev: _Ev) -> tuple[str | None, float]:
     obs, scan = c.obs, c.scan
     phase = scan.phase
     spin = [g for g in obs.gpus or [] if _is_spin(g)]
-    if phase is None and scan.finished_phase is None and scan.phase_index is None and spin and _nccl_in_play(obs):
+    if phase is None and scan.finished_phase is None and scan.phase_index is None and spin and nccl_in_play(obs):
         phase = "comm_init"
         ev.add(f"{counted(len(spin), 'GPU')} {'spins' if len(spin) == 1 else 'spin'} at 100 % with little memory: "
                "a collective that never completes (NCCL init)")
@@ -603,7 +603,7 @@ def _hang_summary(c: _Case, silence: float, where: str, grace_text: str) -> str:
     lead = "Alive but no progress" if obs.process_alive else "No progress"
     parts = [f"{lead} for {_secs(silence)} {where} (allowed: {grace_text})"]
     if any(_is_spin(g) for g in obs.gpus or []):
-        parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work" if _nccl_in_play(obs)
+        parts.append("GPUs spin at 100 % at low power, which is an NCCL spin, not work" if nccl_in_play(obs)
                      else "a kernel spins at 100 % at low power, which is a busy-wait, not work")
     held = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("memory held")]
     if held:
@@ -644,7 +644,7 @@ def _starting_rule(c: _Case) -> Verdict:
         "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
     )
     if any(_is_spin(g) for g in obs.gpus or []):
-        summary += (" GPUs spin at 100 % at low power (NCCL spin)" if _nccl_in_play(obs) else
+        summary += (" GPUs spin at 100 % at low power (NCCL spin)" if nccl_in_play(obs) else
                     " A kernel spins at 100 % at low power") + "; look again to see whether it lasts."
     return _verdict(sig, "unknown", phase, ev, summary, obs, scan)
 
