@@ -2,7 +2,8 @@
 
     python -m benchmarks.case_corpus              # the shared bundles and the rule-writing part, misses listed
     python -m benchmarks.case_corpus --held-out   # also the held-out third: counts only, no misses listed
-    python -m benchmarks.case_corpus --held-out-2 # also the second held-out set (76 and up), likewise
+    python -m benchmarks.case_corpus --held-out-2 # also the second held-out set (76-99), likewise
+    python -m benchmarks.case_corpus --held-out-3 # also the held-out third of the issue-24 set (100 and up)
 
 Per part it prints how many bundles get the verdict right, the phase right, every evidence_must_mention quoted,
 and all three ("fully right"). The held-out third is measured once per issue and reported; its misses are not
@@ -18,7 +19,7 @@ from pathlib import Path
 from bot.adapters.bundle import read_bundle
 from bot.core.diagnose import diagnose
 from tests.support.paths import CASES
-from tests.support.split import second_held_out, split
+from tests.support.split import second_held_out, split, third_set
 
 
 def score(bundle: Path) -> dict[str, object]:
@@ -52,15 +53,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--held-out", action="store_true", help="also measure the held-out third (counts only)")
     ap.add_argument("--held-out-2", action="store_true", help="also measure the second held-out set (counts only)")
+    ap.add_argument("--held-out-3", action="store_true", help="also the held-out third of 100 and up (counts only)")
     ap.add_argument("--quiet", action="store_true", help="counts only, no misses listed")
     a = ap.parse_args()
-    shared, rule_writing, held_out = split(sorted(p for p in CASES.iterdir() if p.is_dir()))
+    bundles = sorted(p for p in CASES.iterdir() if p.is_dir())
+    shared, rule_writing, held_out = split(bundles)
+    rule_writing_3, held_out_3 = third_set(bundles)
     report("shared", shared, not a.quiet)
     report("rule-writing", rule_writing, not a.quiet)
+    if rule_writing_3:
+        report("rule-writing 3", rule_writing_3, not a.quiet)
     if a.held_out:
         report("held-out", held_out, False)
     if a.held_out_2:
-        report("held-out 2", second_held_out(sorted(p for p in CASES.iterdir() if p.is_dir())), False)
+        report("held-out 2", second_held_out(bundles), False)
+    if a.held_out_3:
+        report("held-out 3", held_out_3, False)
 
 
 if __name__ == "__main__":

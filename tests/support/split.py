@@ -9,7 +9,10 @@ Fixed BEFORE the first new bundle (issue 13) existed and before any rule was wri
 - the rest is the rule-writing part, asserted like the shared bundles;
 - bundles numbered SECOND_HELD_OUT_FROM (76) and up are a second held-out set, whole: fixed (this paragraph,
   committed) before any of them existed, after the first held-out third had been measured once, so the rule
-  changes made after that measurement are measured once more on reports no rule saw.
+  changes made after that measurement are measured once more on reports no rule saw;
+- bundles numbered THIRD_SET_FROM (100) and up were added for issue 24 (phases by milestones): fixed (this
+  paragraph and `third_set`, committed) before any of them existed. Of them, the third whose sha256(directory
+  name) sorts first is held out (measured once, at the end of the issue, never asserted); the rest is rule-writing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pathlib import Path
 FIRST_NEW_ID = 30
 """Bundles numbered below this are the shared corpus; from this id on they were added for issue 13."""
 SECOND_HELD_OUT_FROM = 76
-"""Bundles numbered from this id on are the second held-out set (all of them)."""
+"""Bundles numbered from this id on, up to THIRD_SET_FROM, are the second held-out set (all of them)."""
+THIRD_SET_FROM = 100
+"""Bundles numbered from this id on were added for issue 24: two thirds rule-writing, one third held out."""
 
 
 def bundle_id(directory: Path) -> int:
@@ -46,8 +51,23 @@ def split(bundles: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
 
 
 def second_held_out(bundles: list[Path]) -> list[Path]:
-    """The second held-out set: every bundle numbered SECOND_HELD_OUT_FROM and up, sorted by name."""
-    return sorted(b for b in bundles if bundle_id(b) >= SECOND_HELD_OUT_FROM)
+    """The second held-out set: every bundle numbered SECOND_HELD_OUT_FROM..THIRD_SET_FROM-1, sorted by name."""
+    return sorted(b for b in bundles if SECOND_HELD_OUT_FROM <= bundle_id(b) < THIRD_SET_FROM)
+
+
+def third_set(bundles: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(rule_writing, held_out) of the bundles numbered THIRD_SET_FROM and up, each sorted by name.
+
+    held_out is ceil(n / 3) of them: those whose sha256(name) is smallest (the same rule as `split`).
+    """
+    new = [b for b in bundles if bundle_id(b) >= THIRD_SET_FROM]
+    held = set(sorted(new, key=_key)[: math.ceil(len(new) / 3)])
+    return sorted(b for b in new if b not in held), sorted(held)
+
+
+def miss_key(directory: Path) -> str:
+    """The key of a bundle in KNOWN_MISSES: its number as written in the directory name (`36`, `104`)."""
+    return directory.name.split("-", 1)[0]
 
 
 #: Rule-writing bundles not yet fully right (verdict, phase and quotes), each with what is missing. They are
