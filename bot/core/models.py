@@ -315,7 +315,9 @@ class LogInfo:
     check that asked for what is new: `ProbeRequest.log_since`). `error` is set when the file could not be read
     (missing, permission denied). `exit_file`: the launch's exit file (`<log>.exit`, written by its wrapper alone)
     exists, so its `exit_status` (0..255, 128+N: killed by signal N; None while the server runs, or when the
-    wrapper was killed too) is the only truth about how the server ended.
+    wrapper was killed too) is the only truth about how the server ended. `exit_checked`: the exit file was looked
+    for (a launch's own log); when it was and is missing or not a plain file (removed, replaced by a link), no
+    status is known, whatever exit line the log shows (the server can print one).
     """
 
     path: str
@@ -330,6 +332,7 @@ class LogInfo:
     since: int | None = None
     exit_file: bool = False
     exit_status: int | None = None
+    exit_checked: bool = False
 
     def seconds_since_write(self, now: float | None) -> float | None:
         """Seconds between the last write and `now` (remote clock, epoch seconds); None if unknown."""

@@ -112,8 +112,12 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     now = snap.clock if snap.clock is not None else time.time()
     raw = list(snap.log.tail) if snap.log and snap.log.tail else []
     # a launch with an exit file is judged by it alone: a line in the log (which the server writes too, and which
-    # later lines push out of the tail) is no proof of how it ended
-    rc = snap.log.exit_status if snap.log is not None and snap.log.exit_file else exit_status(raw)
+    # later lines push out of the tail) is no proof of how it ended; a missing or replaced exit file means no status
+    # is known (the server could remove it and print the line); only a log read without the exit file falls back
+    if snap.log is not None and (snap.log.exit_file or snap.log.exit_checked):
+        rc = snap.log.exit_status if snap.log.exit_file else None
+    else:
+        rc = exit_status(raw)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     scan = scan_log(lines)
     prev = prev if prev is not None else CheckRecord(t=math.nan)  # a first check: nothing known before

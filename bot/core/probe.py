@@ -710,6 +710,7 @@ def assemble_snapshot(
             if since and all(w.isdigit() for w in since) and int(since[1]) <= int(since[0]):
                 info.since = int(since[0])
             ex = sections.get("log_exit")
+            info.exit_checked = ex is not None and ex.complete
             if ex is not None and ex.complete and ex.rc == 0:
                 info.exit_file = True
                 word = _text(ex).strip()

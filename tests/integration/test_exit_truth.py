@@ -59,9 +59,20 @@ async def test_a_sigkilled_server_is_a_crash_by_signal_9_with_no_leftover_named(
     assert Path(la.log_path + ".exit").read_text().strip() == "137"
 
 
+#: How a server fakes its end before it kills its wrapper: the bot's exit line alone; the line after removing the
+#: exit file; the line after replacing the exit file by a link (found by the adversarial review of issue 23).
+FAKES = {
+    "line": "",
+    "removed": "os.unlink(log + '.exit'); ",
+    "linked": "os.unlink(log + '.exit'); os.symlink('/dev/null', log + '.exit'); ",
+}
+
+
+@pytest.mark.parametrize("fake", list(FAKES))
 async def test_a_server_that_fakes_the_bot_s_exit_line_and_kills_its_wrapper_is_not_a_clean_exit(
-        make_bot, ssh_server, fake_gpu, tmp_path):
-    code = ("import os,signal,time; print('Load weight end', flush=True); time.sleep(1); "
+        make_bot, ssh_server, fake_gpu, tmp_path, fake):
+    code = ("import os,signal,time; log = os.readlink('/proc/self/fd/1'); print('Load weight end', flush=True); "
+            f"time.sleep(1); {FAKES[fake]}"
             "print('[gpubot] the server process exited with status 0', flush=True); "
             "os.kill(os.getppid(), signal.SIGKILL)")
     bot = await make_bot(one_variant(ssh_server, fake_gpu, tmp_path, code), watch=True, watch_policy=FAST_WATCH)
@@ -71,7 +82,8 @@ async def test_a_server_that_fakes_the_bot_s_exit_line_and_kills_its_wrapper_is_
     (posted,) = alerts(bot, la.alert_state)
     assert "exited with status 0" not in posted.text and "exit status 0" not in posted.text, posted.text
     assert "no exit status was recorded" in posted.text, posted.text
-    assert Path(la.log_path + ".exit").read_text() == ""  # the wrapper never wrote one
+    exit_file = Path(la.log_path + ".exit")
+    assert not exit_file.is_file() or exit_file.is_symlink() or exit_file.read_text() == ""  # none written
 
 
 async def test_leftovers_that_flood_the_log_after_a_sigkill_do_not_hide_the_server_s_status(
