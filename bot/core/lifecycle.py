@@ -392,17 +392,24 @@ def signal_script(pids: list[int], pgid: int | None, sig: str, *, unit: str | No
                 if manager == "user" else "systemctl"
             # after the plain kills, bounded: a wedged systemd must not keep them from running
             tail = f"timeout -k 1 5 {ctl} --no-ask-password kill --signal=SIG{sig} -- {unit} >/dev/null 2>&1"
-    if pgid:
-        parts.append(f"kill -{sig} -- -{int(pgid)} 2>/dev/null")
     starts = starts or {}
     plain = sorted({int(p) for p in pids if p not in starts})
     checked = sorted({int(p) for p in pids if p in starts})
-    if plain:
-        parts.append(f"kill -{sig} {' '.join(map(str, plain))} 2>/dev/null")
-    if checked:
+    if checked or (pgid and pgid in starts):
         # field 22 of /proc/PID/stat: what follows the last `) ` (the command name may hold any character) is field 3
         parts.append('st() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; '
                      'echo "${20}"; }')
+    if pgid:
+        # `kill -SIG -PGID` (no `--`: dash's kill takes `--` for a number and signals nothing). With the group
+        # leader's start time known, the group is signalled only while its leader is gone (Linux reuses no PID
+        # that still names a process group) or is still that process: a stranger that took the PID as a group
+        # of its own between two rounds is left alone
+        g = int(pgid)
+        guard = f'{{ [ ! -e /proc/{g} ] || [ "$(st {g})" = {int(starts[pgid])} ]; }} && ' if pgid in starts else ""
+        parts.append(f"{guard}kill -{sig} -{g} 2>/dev/null")
+    if plain:
+        parts.append(f"kill -{sig} {' '.join(map(str, plain))} 2>/dev/null")
+    if checked:
         parts += [f'[ "$(st {p})" = {int(starts[p])} ] && kill -{sig} {p} 2>/dev/null' for p in checked]
     if tail:
         parts.append(tail)

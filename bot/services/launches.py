@@ -49,6 +49,9 @@ from bot.services.secrets import SecretService
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
+#: The state detail of a launch whose kill a restart interrupted, until a kill runs again: the persistent mark that
+#: makes the next start finish it (even when the start that found it stopped too).
+KILL_INTERRUPTED_DETAIL = "the bot stopped during a kill; kill it again"
 
 #: The user id audited for a kill the bot runs again itself (one a restart interrupted).
 RESUMED_BY = "gpubot"
@@ -264,10 +267,13 @@ class LaunchService:
         before taking commands. Returns them."""
         out = []
         for la in self._launches.in_state(LaunchState.STOPPING):
-            out.append(self.transition(la, LaunchEvent.KILL_INTERRUPTED,
-                                       state_detail="the bot stopped during a kill; kill it again"))
+            out.append(self.transition(la, LaunchEvent.KILL_INTERRUPTED, state_detail=KILL_INTERRUPTED_DETAIL))
             log.warning("%s was being stopped when the bot stopped; it is now kill_failed", la.name)
-        self._interrupted = [la.id for la in out]
+        # the row itself is the marker: a bot that stopped again before finishing them (during this start) left
+        # them kill_failed with this detail, and the next start finishes them
+        earlier = [la.id for la in self._launches.in_state(LaunchState.KILL_FAILED)
+                   if la.state_detail == KILL_INTERRUPTED_DETAIL and la.id not in {x.id for x in out}]
+        self._interrupted = [*earlier, *(la.id for la in out)]
         self._unstarted = [la.id for la in self._launches.in_state(LaunchState.STARTING) if la.pid is None]
         return out
 
@@ -576,9 +582,12 @@ class LaunchService:
         Returns (what is still alive, zombies left out; whether SIGKILL was needed). Raises RemoteError."""
         ex = self.hosts.executor(host)
         left: list[ProcessInfo] = []
+        # the group leader's start time, as first read: a later look no longer lists a leader that is gone, and a
+        # stranger may take its PID as a group of its own between the rounds
+        leader = {pgid: starts[pgid]} if pgid and starts and pgid in starts else {}
         for sig, budget_s in (("TERM", self.kill_grace_s), ("KILL", self.sigkill_wait_s)):
             targets = pids if sig == "TERM" else [p.pid for p in left]
-            script = signal_script(targets, pgid, sig, unit=unit, manager=manager, starts=starts)
+            script = signal_script(targets, pgid, sig, unit=unit, manager=manager, starts={**(starts or {}), **leader})
             await ex.run("sh -s", input=script.encode(), timeout_s=15)
             left, starts = await self._wait_gone(host, budget_s, tag, survivors, stat_pids)
             if not left:

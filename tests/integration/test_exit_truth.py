@@ -18,7 +18,7 @@ from bot.core.lifecycle import signal_script
 from bot.core.models import LaunchState
 from tests.support.alerts import alerts, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config
-from tests.support.procs import free_port, pids_of_launch, wait_log
+from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until_sync
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -130,3 +130,62 @@ def test_a_kill_script_leaves_a_pid_alone_whose_start_time_is_not_the_one_seen(r
 
 def wait_until_exit(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
+
+
+def test_a_kill_script_signals_a_whole_process_group_under_the_host_s_sh(request):
+    """`kill -SIG -PGID` through `sh` (dash on Debian/Ubuntu, which reads `kill -- -PGID` as a bad number and
+    signals nothing): every member of the group ends, the leader gone first or not."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300; wait"], start_new_session=True)
+    request.addfinalizer(lambda: (leader.kill(), leader.wait()))
+    member = wait_until_child(leader.pid)
+    subprocess.run(["sh", "-s"], input=signal_script([], leader.pid, "KILL"), text=True, timeout=15, check=True)
+    wait_until_exit(leader)
+    assert leader.returncode == -signal.SIGKILL
+    assert wait_gone(member)
+
+
+def test_a_kill_script_leaves_alone_a_stranger_that_took_the_group_s_pid(request):
+    """The group's leader was seen with one start time; the process now at that PID, a group of its own, started
+    at another: the group kill is skipped (a stranger that took the PID between the TERM and KILL rounds)."""
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    request.addfinalizer(lambda: (stranger.kill(), stranger.wait()))
+    ticks = _start_ticks(stranger.pid)
+    script = signal_script([], stranger.pid, "KILL", starts={stranger.pid: ticks + 1})
+    subprocess.run(["sh", "-s"], input=script, text=True, timeout=15, check=True)
+    assert stranger.poll() is None
+    subprocess.run(["sh", "-s"], input=signal_script([], stranger.pid, "KILL", starts={stranger.pid: ticks}),
+                   text=True, timeout=15, check=True)
+    wait_until_exit(stranger)
+    assert stranger.returncode == -signal.SIGKILL
+
+
+def wait_until_child(pid: int) -> int:
+    """The PID of a child of `pid` (waits for one to exist)."""
+    found: list[int] = []
+
+    def child() -> bool:
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == pid:
+                    found.append(int(d.name))
+                    return True
+        return False
+
+    wait_until_sync(child, 30)
+    return found[0]
+
+
+def wait_gone(pid: int) -> bool:
+    """Whether `pid` is gone (or a zombie) within 30 s."""
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+
+    return wait_until_sync(gone, 30)

@@ -17,8 +17,10 @@ from bot.adapters.store import Store
 from bot.config import Config, ConfigError, parse_config
 from bot.core.models import LaunchState, Snapshot
 from bot.core.probe import ProbeRequest
+from bot.wiring import build_runtime
 from tests.support.builders import OTHER_OPERATOR, VIEWER, launch_config
 from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
+from tests.support.surfaces import RecordingSurface
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -463,6 +465,27 @@ async def test_a_kill_interrupted_by_a_crash_is_finished_and_told_in_its_thread_
     assert "Killed base#1" in told[0].text and "released" in told[0].text, told[0].text
     assert restarted.launch(1).state == LaunchState.KILLED and pids_of_launch(la) == []
     assert [e.user_id for e in restarted.events(action="kill")][-1] == "gpubot"
+
+
+async def test_a_kill_interrupted_twice_is_finished_by_the_next_start(make_bot, gpu_config):
+    """The bot that found the interrupted kill stopped too before finishing it (a supervisor's SIGKILL during
+    start-up): the launch was left kill_failed, and the start after that finishes the kill and tells the thread."""
+    bot = await make_bot(gpu_config)
+    launched = await bot.chat.say("/launch base mode=hang")
+    assert launched.text.startswith("Launched base#1"), launched.text
+    la = bot.launch(1)
+    await wait_log(la.log_path, "Load weight end")
+    bot.store.launches.update(1, state=LaunchState.STOPPING)
+    await bot.runtime.close()
+    # the second bot only gets as far as reading the state (what a start does before it finishes kills)
+    second = build_runtime(gpu_config, surface=RecordingSurface())  # built (the state recovered), never started
+    assert second.store.launches.get(1).state == LaunchState.KILL_FAILED
+    await second.close()
+    assert pids_of_launch(la), "nothing killed yet"
+    third = await make_bot(gpu_config)
+    told = [p for p in third.chat.posts if "interrupted by a restart" in p.text]
+    assert len(told) == 1 and told[0].thread_ts == la.thread_ts, [p.text for p in third.chat.posts]
+    assert third.launch(1).state == LaunchState.KILLED and pids_of_launch(la) == []
 
 
 async def test_a_launch_left_starting_without_a_pid_by_a_restart_is_settled(make_bot, gpu_config):

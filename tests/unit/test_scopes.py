@@ -57,7 +57,7 @@ def test_a_scope_member_in_its_own_session_is_the_launch_s_process():
 def test_the_kill_signals_the_whole_scope_through_its_manager():
     system = signal_script([5], 4, "TERM", unit="gpubot-3-abc.scope", manager="system")
     # the plain kills first: a wedged systemd (bounded to 5 s) cannot keep them from running
-    assert system.index("kill -TERM -- -4") < system.index("kill -TERM 5") < system.index(
+    assert system.index("kill -TERM -4") < system.index("kill -TERM 5") < system.index(
         "timeout -k 1 5 systemctl --no-ask-password kill --signal=SIGTERM -- gpubot-3-abc.scope")
     user = signal_script([5], None, "KILL", unit="gpubot-3-abc.scope", manager="user")
     assert "systemctl --user --no-ask-password kill --signal=SIGKILL -- gpubot-3-abc.scope" in user
@@ -172,7 +172,7 @@ def test_the_launch_output_names_its_own_cgroup_only_with_the_cgroup_manager():
 def test_a_kill_of_a_launch_s_cgroup_uses_cgroup_kill_for_sigkill_and_its_members_otherwise():
     kill = signal_script([5], 4, "KILL", unit="gpubot-3-abc.launch", manager="cgroup")
     assert 'echo 1 > "$m/gpubot/gpubot-3-abc.launch"/cgroup.kill' in kill
-    assert kill.index("kill -KILL -- -4") < kill.index("cgroup.kill")
+    assert kill.index("kill -KILL -4") < kill.index("cgroup.kill")
     term = signal_script([5], 4, "TERM", unit="gpubot-3-abc.launch", manager="cgroup")
     assert "cgroup.kill" not in term and 'kill -TERM $(cat "$m/gpubot/gpubot-3-abc.launch"/cgroup.procs)' in term
     for unit, manager in (("gpubot-3-abc.scope", "cgroup"), ("gpubot-3-abc.launch", "system"),
