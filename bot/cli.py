@@ -117,6 +117,10 @@ def serve_http(config_path: str, port: int, bind: str) -> None:
         _fail(str(e))
 
 
+#: Loggers whose warnings the console shows even at its quiet default: what no answer in the chat would say.
+_ALWAYS_WARN = ("bot.adapters.secretbox", "bot.services.secrets", "bot.wiring")
+
+
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
 def console(config_path: str) -> None:
@@ -126,9 +130,14 @@ def console(config_path: str) -> None:
     from bot.console import run_console, run_interactive
 
     config = _load(config_path)
-    if logging.getLogger().level == logging.WARNING:
-        # answers already say what failed; repeated WARNING lines on stderr would only duplicate them
+    parent = click.get_current_context().parent
+    chosen = parent is not None and parent.get_parameter_source("log_level") == click.core.ParameterSource.COMMANDLINE
+    if logging.getLogger().level == logging.WARNING and not chosen:
+        # answers already say what failed; repeated WARNING lines on stderr would only duplicate them. Warnings
+        # that no answer gives (the secret key's file, its mode and owner) are still shown
         logging.getLogger().setLevel(logging.ERROR)
+        for name in _ALWAYS_WARN:
+            logging.getLogger(name).setLevel(logging.WARNING)
     if sys.stdin.isatty():
         sys.exit(run_interactive(config))
     try:

@@ -47,9 +47,13 @@ def _read_key(path: Path) -> bytes | None:
     except OSError as e:  # a symlink (ELOOP), no permission, ...
         raise SecretBoxError(f"cannot read {path}: {e.strerror or e} (it must be a regular file)") from None
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
+        mode = st.st_mode
         if not stat.S_ISREG(mode):
             raise SecretBoxError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():  # planted by another user (in a directory others can write to)
+            log.warning("%s belongs to user id %d, not to this bot's (%d): whoever owns it can read every sealed "
+                        "secret param; remove it (a new key is made) or `chown` it", path, st.st_uid, os.geteuid())
         if mode & 0o077:  # group or others may read it: anyone who can read it can open every sealed value
             log.warning("%s is readable by others (mode %o): anyone who can read it can open the sealed secret "
                         "params; fix it with `chmod 600 %s`", path, stat.S_IMODE(mode), path)
@@ -76,12 +80,18 @@ class SecretBox:
     @classmethod
     def for_directory(cls, directory: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> SecretBox:
         """The box of a bot whose database lives in `directory`: the key from KEY_ENV when set, else from
-        `directory/secret.key`, which is created (mode 0600, exclusively) when missing. Raises SecretBoxError
+        `directory/secret.key`, which is created (mode 0600, exclusively) when missing, its directory too (0700).
+        A key file others may read, or that another user owns, is used with a warning. Raises SecretBoxError
         for a bad key or a key file that cannot be read or written."""
         env = os.environ if environ is None else environ
         if env.get(KEY_ENV):
             return cls(env[KEY_ENV].strip().encode())
-        path = Path(os.path.expanduser(str(directory))) / KEY_FILE
+        home = Path(os.path.expanduser(str(directory)))
+        try:  # the state directory of a bot on a server database is made by nothing else
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise SecretBoxError(f"cannot create {home}: {e.strerror or e}") from None
+        path = home / KEY_FILE
         key = _read_key(path)
         if key is not None:
             return cls(key)

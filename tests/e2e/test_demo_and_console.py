@@ -164,3 +164,18 @@ async def test_a_launchs_root_tells_the_console_what_it_can_type(tmp_path, cli):
     assert rc == 0, err
     assert "Anywhere (the console too): `/probe 1` · `/gpu logs 1 200` · `/kill 1` · `/relaunch 1`" in text, text
     assert "Probe of local (" in text and "demo#1" in text and "Killed demo#1" in text
+
+
+async def test_the_console_shows_a_warning_about_the_secret_key_that_no_answer_gives(tmp_path, cli):
+    """The console is quiet at its default log level (answers say what failed), but a key file others can read
+    is said on stderr; an explicit `--log-level WARNING` shows every warning."""
+    _env_without_nvidia_smi()
+    d = tmp_path / "try"
+    rc, out, err = await cli("try-config", str(d))
+    assert rc == 0, out + err
+    rc, _, err = await cli("console", "--config", str(d / "config.yaml"), stdin=b"/help\n")
+    assert rc == 0 and "readable by others" not in err, err
+    (key,) = list(d.rglob("secret.key"))
+    key.chmod(0o644)
+    rc, _, err = await cli("console", "--config", str(d / "config.yaml"), stdin=b"/help\n")
+    assert rc == 0 and "readable by others (mode 644)" in err and "chmod 600" in err, err

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import stat
+from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
@@ -87,3 +89,22 @@ def test_a_bot_on_postgresql_keeps_its_key_in_the_state_directory(tmp_path, monk
     assert box is not None and (tmp_path / "state" / KEY_FILE).stat().st_mode & 0o777 == 0o600
     again = _secret_box(store, config)  # type: ignore[arg-type]
     assert again is not None and again.unseal(box.seal({"api_key": "v"})) == {"api_key": "v"}
+
+
+def test_a_missing_state_directory_is_made_private_with_the_key_in_it(tmp_path: Path) -> None:
+    """A bot on a server database (PostgreSQL) has no SQLite file to make its state directory."""
+    state = tmp_path / "fresh" / "state"
+    box = SecretBox.for_directory(state, environ={})
+    assert box.unseal(box.seal({"k": "v"})) == {"k": "v"}
+    assert (state / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert state.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_key_file_owned_by_another_user_is_named_in_a_warning(tmp_path: Path, caplog) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+    SecretBox.for_directory(tmp_path, environ={})
+    os.chown(tmp_path / KEY_FILE, 65534, 65534)
+    with caplog.at_level("WARNING"):
+        SecretBox.for_directory(tmp_path, environ={})
+    assert "belongs to user id 65534" in caplog.text
