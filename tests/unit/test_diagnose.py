@@ -209,6 +209,27 @@ def test_one_gpu_without_nccl_spins_a_kernel_not_nccl():
     assert "NCCL spin" in _joined(nccl)
 
 
+def test_a_single_gpu_server_on_a_host_with_more_gpus_read_spins_a_kernel_not_nccl():
+    """Every GPU of the host is read (a variant naming none), but the launch holds one; words that only contain
+    NCCL (an environment variable's name, a path) are no sign of it."""
+    spin = GpuReading(index=0, memory_used_mib=2627, memory_total_mib=46068, utilization_gpu_pct=100,
+                      power_draw_w=97, power_limit_w=350)
+    idle = GpuReading(index=1, memory_used_mib=0, memory_total_mib=46068, utilization_gpu_pct=0,
+                      power_draw_w=60, power_limit_w=350)
+    obs = Observation(process_alive=True, log_silent_s=600, gpus=[spin, idle],
+                      gpu_processes=[GpuProcess(pid=7, gpu_index=0, used_memory_mib=2600)],
+                      processes=[ProcessInfo(pid=7, args="/opt/venv-nccl2.21/bin/python serve.py")],
+                      log_lines=["NCCL_P2P_DISABLE is set", "Capture cuda graph begin."])
+    v = diagnose(obs)
+    assert v.verdict == "silent_hang" and "NCCL spin" not in _joined(v), _joined(v)
+    assert "a kernel spins at 100 %" in _joined(v)
+    # the same launch holding both GPUs: NCCL is in play
+    both = replace(obs, gpus=[spin, replace(spin, index=1)],
+                   gpu_processes=[GpuProcess(pid=7, gpu_index=0, used_memory_mib=2600),
+                                  GpuProcess(pid=8, gpu_index=1, used_memory_mib=2600)])
+    assert "NCCL spin" in _joined(diagnose(both))
+
+
 def test_full_utilization_at_high_power_is_work():
     gpus = [
         GpuReading(

@@ -91,13 +91,21 @@ NCCL_SPIN, KERNEL_SPIN = "NCCL spin", "a kernel spins at 100 %"
 
 
 def nccl_in_play(obs: Observation) -> bool:
-    """Whether NCCL can be what spins on the GPUs: more than one GPU read or held by the launch, or the log (its
-    last 500 lines) or a process's command line names NCCL; a single-GPU server with no NCCL spins a kernel of its
-    own. Reads the log only when called: call it for a GPU that may spin (95 % or more utilization)."""
-    if len(obs.gpus or []) > 1 or len({gp.gpu_index for gp in obs.gpu_processes or []}) > 1:
+    """Whether NCCL can be what spins on the GPUs: the launch holds more than one GPU (its processes' GPUs when
+    they are known, else the GPUs read that hold memory or spin), or the log (its last 500 lines) or a process's
+    command line names NCCL as a word (`NCCL INFO`, `nccl==2.21`; not `NCCL_P2P_DISABLE` or `venv-nccl2`); a
+    single-GPU server with no NCCL spins a kernel of its own. Reads the log only when called: call it for a GPU
+    that may spin (95 % or more utilization)."""
+    held = {gp.gpu_index for gp in obs.gpu_processes or []}
+    if not held:  # no process list: the GPUs a launch is using are those that hold memory or spin
+        held = {g.index for g in obs.gpus or [] if (g.memory_used_mib or 0) > 1024 or (g.utilization_gpu_pct or 0) >= 95}
+    if len(held) > 1:
         return True
-    return any("nccl" in line.lower() for line in (obs.log_lines or [])[-500:]) or any(
-        "nccl" in (p.args or "").lower() for p in obs.processes or [])
+    return any(_NCCL_WORD.search(line) for line in (obs.log_lines or [])[-500:]) or any(
+        _NCCL_WORD.search(p.args or "") for p in obs.processes or [])
+
+
+_NCCL_WORD = re.compile(r"(?i)\bnccl\b")
 
 
 def _gpu_state(g: GpuReading, nccl: bool = True) -> str | None:
