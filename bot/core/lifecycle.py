@@ -681,8 +681,8 @@ class KillOutcome:
         if self.mem_before_mib is not None and self.mem_after_mib is not None:
             mem = f"; GPU memory {self.mem_before_mib / 1024:.1f} -> {self.mem_after_mib / 1024:.1f} GiB"
         if self.remaining or self.still_holding:
-            return (f"{counted(len(self.remaining), 'process')} survived, {len(self.still_holding)} still hold GPU "
-                    f"memory{mem}: not all memory released")
+            return (f"{counted(len(self.remaining), 'process')} survived, {len(self.still_holding)} still "
+                    f"{'holds' if len(self.still_holding) == 1 else 'hold'} GPU memory{mem}: not all memory released")
         if self.memory_left:
             return f"{counted(len(self.signalled), 'process')} stopped{mem}: not all memory released"
         sigkill = " (SIGKILL needed)" if self.used_sigkill else ""

@@ -552,8 +552,14 @@ class LaunchService:
         procs = self.launch_processes_of(la, snap)
         out.mem_before_mib = gpu_memory(snap.gpu, la.gpus)
         if not procs:
-            out.nothing_to_kill = out.released = True
             out.mem_after_mib = out.mem_before_mib
+            # a kill again after one that left memory held: the holders it named (escaped, untagged) are still
+            # not "nothing left"
+            held = self._left_holding(la, snap, set()) if la.state == LaunchState.KILL_FAILED else []
+            if held:
+                out.still_holding = held
+            else:
+                out.nothing_to_kill = out.released = True
             return out
         remembered = remember_processes(la, snap, procs, whole_table=True)
         if remembered is not None:

@@ -146,6 +146,11 @@ async def test_without_a_cgroup_an_escaped_holder_is_named_and_memory_is_not_cal
     la = bot.launch(1)
     assert la.state == LaunchState.KILL_FAILED and "not all memory released" in (la.state_detail or "")
     assert Path(f"/proc/{escapee}").exists()  # it did escape: the answer told the truth
+    # a second /kill finds none of the launch's own processes, but the holder is still there: not "killed"
+    again = await bot.chat.say("/kill 1 --yes")
+    assert "Killed escapee#1" not in again.text and "no process was left" not in again.text, again.text
+    assert f"/kill pid={escapee} host=gpu-host-1" in again.text, again.text
+    assert bot.launch(1).state == LaunchState.KILL_FAILED
 
 
 @needs_cgroups
