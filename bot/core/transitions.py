@@ -26,6 +26,7 @@ class LaunchEvent(StrEnum):
     KILL_BEGUN = "kill_begun"  # a kill started (of a live launch, or of an ended one's leftovers)
     KILL_ENDED = "kill_ended"  # a kill finished: killed, kill_failed, or the state it had (an error; leftovers)
     KILL_INTERRUPTED = "kill_interrupted"  # a kill broke off (a host error, or the bot stopped during it)
+    LEFTOVERS_GONE = "leftovers_gone"  # what a kill left (kill_failed) ended since, its GPU memory released
 
 
 _LIVE = frozenset({S.STARTING, S.RUNNING, S.KILL_FAILED})
@@ -41,6 +42,7 @@ TRANSITIONS: Mapping[LaunchEvent, tuple[frozenset[LaunchState], frozenset[Launch
     LaunchEvent.KILL_BEGUN: (_LIVE | _ENDED, frozenset({S.STOPPING})),
     LaunchEvent.KILL_ENDED: (frozenset({S.STOPPING}), _LIVE | _ENDED),
     LaunchEvent.KILL_INTERRUPTED: (frozenset({S.STOPPING}), frozenset({S.KILL_FAILED})),
+    LaunchEvent.LEFTOVERS_GONE: (frozenset({S.KILL_FAILED}), frozenset({S.KILLED})),
 })
 
 

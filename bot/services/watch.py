@@ -359,6 +359,8 @@ class Watcher:
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
             self.unwatch(la.id)
             return CheckOutcome(verdict, False, current)
+        if current.state == LaunchState.KILL_FAILED and obs.process_alive is False:
+            return await self._after_failed_kill(current, obs, verdict)
         if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
             current = replace(current, alert_state=self._unrecorded[la.id])
         # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
@@ -387,6 +389,25 @@ class Watcher:
             elif "ready_at" in fields:
                 self.watch(la)  # from now on: liveness checks at the serving interval
         return CheckOutcome(verdict, alerted, la)
+
+    async def _after_failed_kill(self, la: Launch, obs: Observation, verdict: Verdict) -> CheckOutcome:
+        """A launch a kill left `kill_failed` whose own processes are all gone: the bot stopped it, so it did not
+        "exit" and no alert is posted. Once its GPUs hold no memory (a holder that escaped it may still: then it
+        stays kill_failed, and `/kill` names the holder) it becomes `killed`, quietly, and is no longer watched."""
+        free = self.launches.gpu_free_mib
+        if obs.gpus is None or any((g.memory_used_mib or 0) > free for g in obs.gpus):
+            return CheckOutcome(verdict, False, la)
+        try:
+            la = self.launches.transition(la, LaunchEvent.LEFTOVERS_GONE,
+                                          state_detail=f"{(la.state_detail or 'kill_failed').rstrip('.;')}; what "
+                                                       "it left has ended since and its GPU memory is released")
+        except DatabaseUnavailable as e:
+            log.error("check of %s: cannot record that its leftovers ended (%s)", la.name, e)
+            return CheckOutcome(verdict, False, la)
+        await self._threads.show(la)
+        with self._unless_refused(la, "its schedule"):
+            self.unwatch(la.id)
+        return CheckOutcome(verdict, False, la)
 
     def _snoozed(self, la: Launch) -> bool:
         """Whether `la`'s alerts are snoozed now (the bot's clock)."""

@@ -18,7 +18,7 @@ import pytest
 
 from bot.core.lifecycle import CGROUP_PARENT
 from bot.core.models import LaunchState
-from tests.support.builders import launch_config
+from tests.support.builders import FAST_WATCH, launch_config
 from tests.support.procs import free_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -151,6 +151,28 @@ async def test_without_a_cgroup_an_escaped_holder_is_named_and_memory_is_not_cal
     assert "Killed escapee#1" not in again.text and "no process was left" not in again.text, again.text
     assert f"/kill pid={escapee} host=gpu-host-1" in again.text, again.text
     assert bot.launch(1).state == LaunchState.KILL_FAILED
+
+
+async def test_a_failed_kill_whose_holder_ends_later_becomes_killed_without_an_alert(
+        make_bot, ssh_server, fake_gpu, tmp_path, escapees):
+    """The kill left an escaped holder (kill_failed); once it ends (`/kill pid=N`, or by itself) the readiness
+    check finds the launch's processes gone and its GPU free: the bot stopped it, so it is `killed`, with no
+    "exited ... check who stopped it" alert."""
+    config = escapee_config(ssh_server, fake_gpu, tmp_path, cgroup="off")
+    bot = await make_bot(config)
+    launched = await bot.chat.say("/launch escapee")
+    assert "Launched escapee#1" in launched.text, launched.text
+    await wait_until(lambda: holder_pids(fake_gpu), what="the escaped grandchild holding GPU memory")
+    escapee = holder_pids(fake_gpu)[0]
+    await bot.chat.say("/kill 1 --yes")
+    assert bot.launch(1).state == LaunchState.KILL_FAILED
+    os.kill(escapee, signal.SIGKILL)
+    await bot.runtime.close()
+    restarted = await make_bot(config, watch=True, watch_policy=FAST_WATCH)  # watches every live launch again
+    await wait_until(lambda: restarted.launch(1).state == LaunchState.KILLED, timeout=120, what="the launch killed")
+    assert "what it left has ended since" in (restarted.launch(1).state_detail or "")
+    assert not [p for p in restarted.chat.posts if "exited" in p.text or "crashed" in p.text], \
+        [p.text for p in restarted.chat.posts]
 
 
 @needs_cgroups
