@@ -113,8 +113,8 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
     # a signal with nothing in the log: who stopped it, not a traceback, is the question
     steps += _steps("exited", None) if signalled else _steps("crashed", None)
     return Verdict("crashed", base.phase, [how, *base.evidence], steps,
-                   (f"The server process was {describe_exit(rc)} and the log shows no error before it." if signalled else
-                    f"The server process ended with {describe_exit(rc)}; the log shows no error."))
+                   f"The server process was {describe_exit(rc)} and the log shows no error before it." if signalled
+                   else f"The server process ended with {describe_exit(rc)}; the log shows no error.")
 
 
 def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[CheckRecord], *,

@@ -98,7 +98,8 @@ def nccl_in_play(obs: Observation) -> bool:
     that may spin (95 % or more utilization)."""
     held = {gp.gpu_index for gp in obs.gpu_processes or []}
     if not held:  # no process list: the GPUs a launch is using are those that hold memory or spin
-        held = {g.index for g in obs.gpus or [] if (g.memory_used_mib or 0) > 1024 or (g.utilization_gpu_pct or 0) >= 95}
+        held = {g.index for g in obs.gpus or []
+                if (g.memory_used_mib or 0) > 1024 or (g.utilization_gpu_pct or 0) >= 95}
     if len(held) > 1:
         return True
     return any(_NCCL_WORD.search(line) for line in (obs.log_lines or [])[-500:]) or any(
