@@ -175,7 +175,8 @@ _PLAIN_KEYS = ("primary", "foreign", "sort", "partition", "routing", "cache", "h
 _NAME = (rf"[A-Za-z0-9_-]*{_WORD}" + "".join(rf"(?<!{t}_token)(?<!{t}-token)" for t in _SPECIAL_TOKENS)
          + "".join(rf"(?<!{k}_key)(?<!{k}-key)" for k in _PLAIN_KEYS))
 # NAME = / NAME: / NAME == / NAME := / NAME => (spaces and tabs only: never across a line break).
-_SEP = r"[ \t]*(?:=>|==?|:=?|\|(?!\|))[ \t]*"  # also a table's column bar (`| SecretAccessKey | v |`)
+_SEP = r"[ \t]*(?:=>|==?|:=?|[?+]=|\|(?!\|))[ \t]*"  # also a table's column bar (`| SecretAccessKey | v |`),
+# make's `?=` and `+=` (also bash's `+=`)
 
 # A bearer credential's characters (RFC 6750 b64token), and an already masked value (so that a second pass
 # over redacted text takes the same decisions as the first: `redact` is idempotent).
@@ -470,6 +471,17 @@ def _credential_call(m: re.Match[str]) -> str:
     return m.group(0)[:cut] + "".join([*out, args[last:]]) + m.group(0)[cut + len(args):]
 
 
+def _login_call(m: re.Match[str]) -> str:
+    """Replacement for a login call's one credential (`key="v"`, or a sole string argument): the literal's inside
+    masked, its quotes kept."""
+    g = "kv" if m.group("kv") is not None else "val"
+    start, end = m.span(g)
+    if m.group(g)[1:-1] == MASK:
+        return m.group(0)
+    base = m.start(0)
+    return m.group(0)[:start - base + 1] + MASK + m.group(0)[end - base - 1:]
+
+
 def _htpasswd(m: re.Match[str]) -> str:
     """Replacement for `htpasswd OPTIONS ARGS`: with -b the password is the third argument (the second with -n: no
     file), masked; without -b there is none (it is prompted for)."""
@@ -597,14 +609,14 @@ def _name_follows(t: str, start: int, end: int) -> bool:
     n = len(t)
     if end < n and t[end] in "_-" and (m := _SUFFIX.match(t, end)):
         end = m.end()
-    if end >= n or t[end] in "\\\"'>=:|":
+    if end >= n or t[end] in "\\\"'>=:|" or (t[end] in "?+" and t.startswith("=", end + 1)):
         return True
     if t[end] not in " \t":
         return False
     k = end
     while k < n and t[k] in " \t":
         k += 1
-    if k >= n or t[k] in "=:|":
+    if k >= n or t[k] in "=:|" or (t[k] in "?+" and t.startswith("=", k + 1)):
         return True
     if t[k] == "-":  # a flag after the name: `gh secret set NAME --body v`, `Env:NAME -Value v`
         return True
@@ -918,6 +930,10 @@ _RULES: tuple[_Rule, ...] = (
           r"|\w*credentials?|add_password|authenticate)[ \t]*\(|(?:login|connect)\("
           r"|(?:auth|basic_?auth|credentials|creds)[ \t]*[=:][ \t]*[(\[])(?P<args>[^\n)\]]{0,400})[)\]]",
           _credential_call),
+    # a login call that takes one credential: wandb.login(key="v"), huggingface_hub.login("v"), hf.login(token)
+    _rule(("login(",),
+          rf"(?i)(?<![\w])(?:[\w.]*\.)?login\([ \t]*(?:(?:key|token|api_key)[ \t]*=[ \t]*(?!{_MASK_RE})(?P<kv>{_ANY_QUOTED})"
+          rf"|(?P<val>{_ANY_QUOTED})[ \t]*\))", _login_call),
     # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
     _rule(("btoa", "b64encode", "encodetostring", "base64"),
           r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"
