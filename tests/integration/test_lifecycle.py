@@ -349,7 +349,9 @@ async def test_variant_prefix_must_match_and_secrets_never_reach_the_store(bot):
     assert "sk-abcdefghijklmnopqrstuvwx" not in bot.launch(1).command
     for e in bot.events():
         assert "sk-abcdefghijklmnopqrstuvwx" not in f"{e.args} {e.detail}"
-    assert oct(os.stat(bot.store.url[len("sqlite:///"):]).st_mode & 0o777) == "0o600"
+    db = bot.store.url[len("sqlite:///"):]
+    for f in (db, f"{db}-wal", f"{db}-shm"):  # the write-ahead log holds what was written last: private too
+        assert oct(os.stat(f).st_mode & 0o777) == "0o600", f
 
 
 async def test_secret_named_params_never_reach_the_database(make_bot, ssh_server, fake_gpu, tmp_path):

@@ -8,6 +8,7 @@ at chat-ops volumes (a few writes per command).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,12 @@ class Database:
                                       "(e.g. pip install psycopg for postgresql) or use the SQLite default") from e
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        file = url[len("sqlite:///"):] if url.startswith("sqlite:///") and len(url) > len("sqlite:///") else None
+        if file and file != ":memory:":
+            # launches hold params and commands: readable by the bot's user only. Made private before SQLite first
+            # opens it, so its -wal and -shm files (created with the database's mode) are private from the start
+            with contextlib.suppress(OSError):
+                os.close(os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         try:
             Base.metadata.create_all(self.engine)
             add_missing_columns(self.engine, Base.metadata)
@@ -81,11 +88,10 @@ class Database:
         if problem is not None:
             self.engine.dispose()
             raise DatabaseUnavailable(self.path, f"database disk image is malformed ({problem})")
-        if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
-            try:  # launches hold params and commands: readable by the bot's user only
-                os.chmod(url[len("sqlite:///"):], 0o600)
-            except OSError:
-                pass
+        if file and file != ":memory:":  # an older database, made before this: private from now on
+            for f in (file, f"{file}-wal", f"{file}-shm"):
+                with contextlib.suppress(OSError):
+                    os.chmod(f, 0o600)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
