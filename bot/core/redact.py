@@ -225,7 +225,8 @@ def _run(char: str) -> str:
 
 
 _ANY = _run(r"\S")  # flag, header and netrc values: up to whitespace
-_KV = _run(r"(?:[^\s'\",)]|,(?=[^\s'\",)]))")  # NAME=value: also up to a quote, `)` or a `,` before a space
+# NAME=value: also up to a quote, a backquote, `)` or a `,` before a space
+_KV = _run(r"(?:[^\s'\",)`]|,(?=[^\s'\",)`]))")
 _QS = _run(r"[^\s&#'\"]")  # ?name=value: up to the next parameter or the fragment
 # A quoted value (masked whole, quotes kept). An unterminated quote runs to the end of the line, and a quote
 # that opens another form (`token=" {"api_key": ...`) is not taken as the closing one.
@@ -932,8 +933,8 @@ _RULES: tuple[_Rule, ...] = (
           _credential_call),
     # a login call that takes one credential: wandb.login(key="v"), huggingface_hub.login("v"), hf.login(token)
     _rule(("login(",),
-          rf"(?i)(?<![\w])(?:[\w.]*\.)?login\([ \t]*(?:(?:key|token|api_key)[ \t]*=[ \t]*(?!{_MASK_RE})(?P<kv>{_ANY_QUOTED})"
-          rf"|(?P<val>{_ANY_QUOTED})[ \t]*\))", _login_call),
+          rf"(?i)(?<![\w])(?:[\w.]*\.)?login\([ \t]*(?:(?:key|token|api_key)[ \t]*=[ \t]*(?!{_MASK_RE})"
+          rf"(?P<kv>{_ANY_QUOTED})|(?P<val>{_ANY_QUOTED})[ \t]*\))", _login_call),
     # base64 of a "user:password" literal: btoa('u:pw'), base64.b64encode(b"u:pw"), EncodeToString([]byte("u:pw"))
     _rule(("btoa", "b64encode", "encodetostring", "base64"),
           r"(?i)(?:btoa|b64encode|encodetostring|base64_encode|base64\.encode\w*)[ \t]*\([ \t]*(?:b|\[\]byte\()?"

@@ -702,10 +702,11 @@ class LaunchService:
         lost = sorted(k for k, v in la.params.items() if MASK in str(v) and k not in params
                       and not (v == MASK and k in sealed))
         if lost:  # a value stored masked that cannot be restored: never relaunch with "[REDACTED]" or a default
-            given = " ".join(f"{k}=..." for k in lost)
+            given = " ".join(f"{k}=" for k in lost)  # no placeholder value: redaction would mask it
             raise LaunchError(f"{la.name}'s {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} stored masked and "
                               f"cannot be reused here (its sealed copy is missing or its key changed): give "
-                              f"{'it' if len(lost) == 1 else 'them'} again, e.g. `{slash('relaunch', la.id, given)}`")
+                              f"{'it' if len(lost) == 1 else 'them'} again: `{slash('relaunch', la.id, given)}` with "
+                              f"the value after {'the' if len(lost) == 1 else 'each'} `=`")
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:

@@ -194,6 +194,9 @@ async def test_a_relaunch_whose_secret_cannot_be_restored_is_refused_not_run_wit
     bot.runtime.store.launches.update(1, sealed_secrets=None)  # as if sealed by a key that is gone
     refused = await bot.chat.say("/relaunch 1")
     assert "cannot be reused" in refused.text and "key=" in refused.text, refused.text
+    # the command to type is whole (its closing backquote kept) and holds no masked placeholder
+    assert "`/relaunch 1 key=` with the value after the `=`" in refused.text, refused.text
+    assert "[REDACTED]" not in refused.text
     assert bot.runtime.store.launches.get(2) is None and bot.launch(1).live  # nothing killed, nothing started
     again = await bot.chat.say(f"/relaunch 1 key={SECRET}")
     assert "Launched keyed#2" in again.text, again.text
