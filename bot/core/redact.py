@@ -235,6 +235,9 @@ _SQ_RUN = _run(r"(?:[^'\\\r\n]|\\.)")
 #: A quoted string with no named groups (for repeated use inside one pattern).
 _ANY_QUOTED = r"(?:\"(?:[^\"\\\r\n]|\\.)*\"|'(?:[^'\\\r\n]|\\.)*')"
 _QUOTED = rf"\"{_DQ_RUN}(?:(?!{_FORM_START})(?P<dq>\"))?|'{_SQ_RUN}(?:(?!{_FORM_START})(?P<sq>'))?"
+#: The same without named groups: a quoted value that stops where another form starts inside it
+#: (`Authorization:'0 f(api_key='v'`: the name's own rule masks v).
+_QUOTED_UNNAMED = rf"\"{_DQ_RUN}(?:(?!{_FORM_START})\")?|'{_SQ_RUN}(?:(?!{_FORM_START})')?"
 
 
 def _name_value(m: re.Match[str]) -> str:
@@ -988,7 +991,7 @@ _RULES: tuple[_Rule, ...] = (
     # another, may be a scheme or the credential itself: both are masked (`Authorization: Custom-Scheme v`)
     _rule(("authorization",), rf"(?i)(?<![\w-])(?P<q>[\"']?)(?:proxy-)?authorization(?P=q)[ \t]*[:=][ \t]*"
                 rf"(?:(?:{_AUTH_SCHEMES})[ \t]+{_GUARD}(?P<val>{_QUOTED}|{_ANY})"
-                rf"|{_GUARD}(?P<val_unknown>(?![\"'][ \t]){_ANY_QUOTED}"
+                rf"|{_GUARD}(?P<val_unknown>(?![\"'][ \t])(?:{_QUOTED_UNNAMED})"
                 rf"|[A-Za-z][\w.~+/=-]{{0,60}}[ \t]+(?=[^\s'\"]){_ANY}|{_ANY}))",
      _auth_value),
     # --api-key VALUE / --api_key=VALUE / --hf_token VALUE / --password='x y'

@@ -380,6 +380,7 @@ _break = st.sampled_from([" ", "\n", "\t", "  ", "\r\n"])
 @example(before="TOKEN:", secret="machine h login u password Z00Z00", after="TOKEN:-APIKEY", b1="\n", b2=" ")
 # `Authorization:"` closing a quoted name: the quote after it opens no value, so the flag after it keeps its own
 @example(before='AUTHORIzATION:"', secret='--api-key "Z00"', after="", b1=" ", b2=" ")
+@example(before="AUTHORIzATION:'0", secret="ServerArgs(api_key='Z00'", after=", port=1)", b1=" ", b2=" ")
 @example(before="#TOKEN:", secret="--api_key Z00Z00", after="", b1=" ", b2=" ")
 def test_planted_secrets_never_survive_redact_or_redact_lines(before, secret, after, b1, b2):
     text = before + b1 + secret + b2 + after
