@@ -281,7 +281,7 @@ class VariantConfig(_Model):
     port: Int | None = None
     health: str | None = None
     gpus: list[Int] | None = None
-    engine: Literal["sglang", "vllm", "tgi", "trtllm", "generic"] | None = None
+    engine: Literal["sglang", "vllm", "tgi", "trtllm", "llamacpp", "lmdeploy", "generic"] | None = None
     watch: WatchPolicy | None = None
 
     @field_validator("params", mode="before")

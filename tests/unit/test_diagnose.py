@@ -830,3 +830,36 @@ def test_a_crash_quotes_what_its_traceback_says_not_its_header():
     assert "failure: `RuntimeError: fake scheduler failed during init`" in v.summary, v.summary
     assert "Traceback (most recent call last)" not in v.summary
     assert any(e.startswith("error (log line 5): `RuntimeError") for e in v.evidence), v.evidence
+
+
+def test_the_failing_rank_s_milestone_is_the_phase_not_the_furthest_rank_s():
+    lines = ["[2025-02-01 07:00:00 TP0] Load weight begin", "[2025-02-01 07:00:00 TP1] Load weight begin",
+             "[2025-02-01 07:01:00 TP0] Load weight end. mem usage=40 GB",
+             "[2025-02-01 07:01:05 TP0] Capture cuda graph begin. This can take up to several minutes.",
+             "[2025-02-01 07:01:06 TP1] RuntimeError: failed to read shard 7 of the checkpoint"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("crashed", "weight_loading"), v.summary
+
+
+def test_words_inside_an_error_message_set_no_phase():
+    v = diagnose(Observation(log_lines=["RuntimeError: cuda graph capture failed while loading weights"],
+                             process_alive=False))
+    assert v.verdict == "crashed" and v.phase is None, v.summary
+
+
+def test_a_graceful_stop_in_the_engine_s_own_words_is_an_exit_in_shutdown_and_its_teardown_no_failure():
+    lines = ["INFO 05-26 19:00:00 [api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000",
+             "INFO 05-26 19:19:56 [launcher.py:1] Received SIGTERM, shutting down the server",
+             "ERROR 05-26 19:19:57 [core.py:1] RuntimeError: NCCL communicator was aborted on rank 1"]
+    v = diagnose(Observation(log_lines=lines))
+    assert (v.verdict, v.phase) == ("exited", "shutdown"), v.summary
+    # the same error BEFORE the stop is the failure
+    failed = diagnose(Observation(log_lines=[lines[0], lines[2], lines[1]]))
+    assert failed.verdict != "exited"
+
+
+def test_a_program_that_ran_to_its_end_exited_with_no_phase():
+    lines = ["[rank0]:[W525 04:26:35.862790893 ProcessGroupNCCL.cpp:1575] Warning: WARNING: destroy_process_group() "
+             "was not called before program exit, which can leak resources."]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert (v.verdict, v.phase) == ("exited", None), v.summary

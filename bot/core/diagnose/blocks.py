@@ -36,7 +36,35 @@ def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = 
         return True
     return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
                 or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
-                or line[:1] in (" ", "\t"))
+                or line[:1] in (" ", "\t") or _CHAINED in line or _CAUSED in line
+                or sig.error_tail.first(line) is not None)
+
+
+#: The lines that chain one Python traceback to the next (the same event, told twice).
+_CHAINED = "During handling of the above exception, another exception occurred"
+_CAUSED = "The above exception was the direct cause of the following exception"
+
+
+def _block_after(scan: LogScan, i: int, sig: Signatures, event: tuple[str, float] | None, limit: int) -> list[int]:
+    """The lines of the error block that follow line `i` (at most `limit` lines on): error parts, and a blank line or
+    two where an error part follows them (a chained traceback, or excerpts a report joined with a blank line)."""
+    out: list[int] = []
+    j, end = i + 1, min(len(scan.lines), i + limit)
+    while j < end:
+        line = scan.lines[j]
+        if not line.strip():
+            k = j
+            while k < end and not scan.lines[k].strip() and k - j < 2:
+                k += 1
+            if k < end and scan.lines[k].strip() and is_error_part(scan.lines[k], sig, event):
+                j = k
+                continue
+            break
+        if not is_error_part(line, sig, event):
+            break
+        out.append(j)
+        j += 1
+    return out
 
 
 def block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[int]:
@@ -67,11 +95,7 @@ def hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, in
     traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
     in it). Returns (phase, the line that names it), (None, None) when nothing says."""
     event = _timestamp(scan.lines[i])
-    after = []
-    for j in range(i + 1, min(len(scan.lines), i + 80)):  # its own block only: the traceback that follows
-        if not is_error_part(scan.lines[j], sig, event):
-            break
-        after.append(j)
+    after = _block_after(scan, i, sig, event, 120)  # its own block only: the traceback(s) that follow
     before = []
     for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first
         if not is_error_part(scan.lines[j], sig, event):
@@ -80,7 +104,7 @@ def hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, in
     for j in [i, *after, *before]:
         if sig.serving_evidence.first(scan.lines[j]):
             return "serving", j
-    for j in [i, *reversed(after), *before]:
+    for j in [*reversed(after), *before]:  # frames and block lines only: the error message's own words never
         for p in sig.phase_hints:
             if p.regex.search(scan.lines[j]):
                 return p.phase, j

@@ -31,6 +31,11 @@ class _Hit:
     kind: str  # a failure kind, or "killed"
     echo: bool = False
     phase: str | None = None
+    rank: str | None = None
+    #: The milestone its rank had reached when it was logged: (phase, whether that phase had ended there, the line
+    #: of its newest marker), or None when no milestone came before it. A line without a rank takes the launch's
+    #: furthest; a ranked line its own rank's, and the milestones logged without a rank.
+    reached: tuple[str, bool, int] | None = None
 
 
 @dataclass
@@ -71,6 +76,8 @@ class LogScan:
     ready: list[int] = field(default_factory=list)
     shutdown: list[int] = field(default_factory=list)
     meaningful: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    stop_requested: int | None = None  # the first line that says a stop was asked for (a signal, Ctrl-C)
 
     @property
     def progress_advancing(self) -> bool:
@@ -186,12 +193,15 @@ class _Scanner:
         self.last_meaningful_ts: tuple[str, float] | None = None
         self.run_first_ts: tuple[str, float] | None = None
         self.last_marker: tuple[int, _Pat] | None = None
+        self.per_rank: dict[str | None, tuple[int, bool, int]] = {}  # rank -> (phase order, ended, marker line)
 
     def line(self, i: int) -> None:
         """Take line `i` into the scan."""
         scan, sig, line = self.scan, self.sig, self.lines[i]
         if not line.strip():
             return
+        if sig.completion.first(line):  # a program that came to its end (often a benign warning too)
+            scan.completed.append(i)
         if _benign(line, self.lines, i, sig):
             scan.benign.append(i)
             return
@@ -200,23 +210,30 @@ class _Scanner:
             scan.ranks.add(rank)
         hit = _failure_hit(i, line, sig)
         if hit is not None:
+            hit.rank, hit.reached = rank, self._reached(rank)
             scan.failures.append(hit)
         for kind, group in sig.context.items():
             if group.first(line):
                 scan.context.setdefault(kind, []).append(i)
         best = self._marker(line)
+        if hit is not None and best is not None and best.marker != "progress":
+            best = None  # the words of an error message never set the phase (a progress bar the error ran into does)
         counter = sig.progress_counter.search(line)
         if (best is not None and best.marker == "progress") or counter or sig.progress_generic.first(line):
             scan.progress.append(_progress_of(i, line, counter, best))
         is_ready = any(group.first(line) for group in self.ready_groups)
         if best is None and is_ready and "serving" in self.order:  # a readiness line: serving from here on
             best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
+        if best is None and scan.ready and "serving" in self.order and sig.request_line.first(line):
+            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")  # a request once ready
         if best is not None and best.phase is not None:
             self._advance(i, best, rank)
         if is_ready:
             scan.ready.append(i)
         if sig.shutdown.first(line):
             scan.shutdown.append(i)
+        if scan.stop_requested is None and sig.stop_requested.first(line):
+            scan.stop_requested = i
         self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
 
     def _marker(self, line: str) -> _Pat | None:
@@ -232,11 +249,26 @@ class _Scanner:
                     best = p
         return best
 
+    def _reached(self, rank: str | None) -> tuple[str, bool, int] | None:
+        """The milestone `rank` (None: the launch as a whole) has reached so far: (phase, ended there, marker line)."""
+        if rank is None:
+            if self.furthest < 0 or self.scan.phase_index is None:
+                return None
+            ranks = self.scan.ranks
+            ended = self.last_kind == "end" and ("*" in self.ended if not ranks else ranks <= self.ended)
+            return self.sig.phase_order[self.furthest], ended, self.scan.phase_index
+        own, shared = self.per_rank.get(rank), self.per_rank.get(None)
+        best = max((x for x in (own, shared) if x is not None), default=None)
+        return (self.sig.phase_order[best[0]], best[1], best[2]) if best is not None else None
+
     def _advance(self, i: int, best: _Pat, rank: str | None) -> None:
         """A phase marker at line `i`: the furthest phase so far, its last marker kind, which ranks ended it,
-        its grace."""
+        its grace; and the furthest milestone of the rank that logged it."""
         self.last_marker = (i, best)
         k = self.order[best.phase or ""]
+        mine = self.per_rank.get(rank)
+        if mine is None or k >= mine[0]:
+            self.per_rank[rank] = (k, best.marker == "end", i)
         if k > self.furthest:
             self.furthest, self.ended, self.grace = k, set(), None
         if k == self.furthest:
@@ -291,7 +323,31 @@ class _Scanner:
             scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last[0]
             scan.phase_grace_s = None
         _drop_benign_tracebacks(scan, sig)
+        _host_allocations(scan)
+        stop = scan.stop_requested
+        if stop is not None and not any(h.index < stop for h in scan.failures):
+            scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
         return scan
+
+
+#: An allocation that names host memory (llama.cpp's `ggml_backend_cpu_buffer_type_alloc_buffer`, a CPU or pinned
+#: host buffer), and words that name the GPU's: a failed host allocation is no CUDA OOM.
+_HOST_ALLOC = re.compile(r"(?i)(?<![a-z])cpu[_ ](?:buffer|backend|mapped)"
+                         r"|\b(?:host|pinned|cpu) (?:memory|buffer|ram)\b")
+_GPU_WORDS = re.compile(r"(?i)\b(?:cuda\w*|gpu\w*|device|vram|rocm|hip|metal)\b")
+
+
+def _host_allocations(scan: LogScan) -> None:
+    """An out-of-memory hit that names host memory, and the OOM hits of the next 3 lines that name no GPU (the same
+    failed allocation, said by its callers), are `crashed`: the host, not the GPU, ran out of memory."""
+    until = -1
+    for h in scan.failures:
+        if h.kind != "oom":
+            continue
+        if _HOST_ALLOC.search(h.line) and not _GPU_WORDS.search(h.line):
+            h.kind, until = "crashed", h.index + 3
+        elif h.index <= until and not _GPU_WORDS.search(h.line):
+            h.kind = "crashed"
 
 
 def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:

@@ -164,6 +164,10 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             later.append(scan.phase_index)
         if later:
             generic = []
+    if hits and alive is True and obs.port_open is True and not dmesg_oom and _went_on(hits, scan, sig):
+        # the engine got past them: a later start-up step began after the last failure (an allocation retried
+        # with a smaller setting), its process is alive and its port listens
+        return None
     if hits and alive is not False and scan.ready and scan.ready[-1] > hits[-1].index and not dmesg_oom:
         # every failure came before a readiness line: the engine survived them (a caught allocation failure
         # retried with a smaller setting, a failed warm-up probe) and went on to serve
@@ -193,6 +197,16 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             found.kind = "crashed"
             found.how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
     return found
+
+
+def _went_on(hits: list[_Hit], scan: LogScan, sig: Signatures) -> bool:
+    """Whether the launch reached a later start-up step after the last failure than the one it was in then."""
+    last = hits[-1]
+    if scan.phase_index is None or scan.phase_index <= last.index or scan.phase is None:
+        return False
+    order = sig.phase_order
+    was = last.reached[0] if last.reached is not None else None
+    return was is None or (was in order and scan.phase in order and order.index(scan.phase) > order.index(was))
 
 
 def _said_index(hit: _Hit, scan: LogScan, sig: Signatures) -> int | None:
@@ -262,15 +276,27 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
 
 
 def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
-    """The phase the failure happened in (the scan's, one its hits imply, or one its block hints at); the phase's
-    line is added to `ev`."""
-    phase = scan.phase
-    if phase is None and scan.phase_index is None:
+    """The phase the failure happened in: the last milestone its rank reached before it (a line without a rank: the
+    launch's furthest), else one its hits imply, else one its block's frames name (never before a phase that had
+    finished there); the phase's line is added to `ev`."""
+    root = f.root
+    reached = root.reached if root is not None else None
+    if reached is not None:
+        phase, phase_line, after = (None, None, reached[0]) if reached[1] else (reached[0], reached[2], None)
+    elif root is not None and (hint := hinted_phase(scan, root.index, sig))[0] is not None:
+        phase, phase_line, after = hint[0], hint[1], None  # no milestone before it: its own frames say where
+    else:  # a dmesg OOM or an exit status alone, or no milestone before the failure (an excerpt out of order, a
+        # progress bar on the failure's own line): where the launch got to
+        phase, phase_line, after = scan.phase, scan.phase_index, scan.finished_phase
+    if phase is None and after is None and scan.phase_index is None:
         implied = [h.phase for h in f.hits if h.phase and (h.kind == f.kind or f.root is None)]
         phase = implied[0] if implied else None
-    phase_line = scan.phase_index if phase is not None and phase == scan.phase else None
-    if phase is None and f.root is not None:
-        phase, phase_line = hinted_phase(scan, f.root.index, sig)
+    if phase is None and root is not None:
+        hinted, line = hinted_phase(scan, root.index, sig)
+        order = sig.phase_order
+        if hinted is not None and (after is None or (hinted in order and after in order
+                                                     and order.index(hinted) > order.index(after))):
+            phase, phase_line = hinted, line
     if f.kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
@@ -483,6 +509,10 @@ def _ended_rule(c: _Case) -> Verdict | None:
     if obs.process_alive is not False:
         return None
     ev = _Ev()
+    if scan.completed and not scan.shutdown and obs.exit_code in (None, 0):
+        ev.add(f"end of the program (log line {scan.completed[-1] + 1}): `{_q(scan.lines[scan.completed[-1]])}`")
+        summary = "The program ran to its end without an error: the log shows it finishing, not failing."
+        return _verdict(c.sig, "exited", None, ev, summary, obs, scan)
     if obs.exit_code == 0 or scan.shutdown:
         if scan.shutdown:
             ev.add(f"shutdown line: `{_q(scan.lines[scan.shutdown[-1]])}`")
@@ -495,6 +525,24 @@ def _ended_rule(c: _Case) -> Verdict | None:
         "(no error, no shutdown line, no exit status)."
     )
     return _verdict(c.sig, "unknown", scan.phase, ev, summary, obs, scan)
+
+
+def _stopped_rule(c: _Case) -> Verdict | None:
+    """4b. The log ends in a stop, in the engine's own words (a signal received, a graceful shutdown), with no
+    failure before it and nothing answering: `exited` in shutdown, though no process table says it is gone."""
+    obs, scan = c.obs, c.scan
+    if obs.process_alive is not None or not scan.shutdown or obs.health == "ok" or obs.port_open is True:
+        return None
+    first = scan.shutdown[0]
+    stops = set(scan.shutdown)
+    if sum(1 for i in scan.meaningful if i > first and i not in stops) > 3:  # the run went on after it
+        return None
+    ev = _Ev()
+    for i in dict.fromkeys([scan.stop_requested if scan.stop_requested is not None else first, scan.shutdown[-1]]):
+        ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
+    summary = ("The launch was stopping without an error: the log ends in its shutdown"
+               + (", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else "."))
+    return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
 
 
 def _health(obs: Observation) -> tuple[str | None, str | None]:
@@ -651,7 +699,7 @@ def _starting_rule(c: _Case) -> Verdict:
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
 RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
-    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _serving_rule, _starting_rule)
+    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _serving_rule, _starting_rule)
 
 
 def diagnose(

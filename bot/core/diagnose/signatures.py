@@ -150,6 +150,10 @@ class Signatures:
     comm_init_start: _Group
     causes: list[Cause]
     serving_evidence: _Group
+    error_tail: _Group
+    completion: _Group
+    request_line: _Group
+    stop_requested: _Group
     queued_requests: list[re.Pattern[str]]
     leftover_processes: _Group
     warning_severity: re.Pattern[str]
@@ -298,6 +302,10 @@ def load_signatures(text: str | None = None) -> Signatures:
         leftover_processes=generic("leftover_processes"),
         queued_requests=[p.regex for p in _pats(data.get("queued_requests"), "queued_requests", "generic")],
         serving_evidence=generic("serving_evidence"),
+        error_tail=generic("error_tail"),
+        completion=generic("completion"),
+        request_line=generic("request_line"),
+        stop_requested=generic("stop_requested"),
         comm_init_start=generic("comm_init_start"),
         error_severity=regex("error_severity", r"\bERROR\b"),
     ))
