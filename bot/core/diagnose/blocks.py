@@ -36,13 +36,7 @@ def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = 
         return True
     return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
                 or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
-                or line[:1] in (" ", "\t") or _CHAINED in line or _CAUSED in line
-                or sig.error_tail.first(line) is not None)
-
-
-#: The lines that chain one Python traceback to the next (the same event, told twice).
-_CHAINED = "During handling of the above exception, another exception occurred"
-_CAUSED = "The above exception was the direct cause of the following exception"
+                or line[:1] in (" ", "\t") or sig.error_tail.first(line) is not None)
 
 
 def _block_after(scan: LogScan, i: int, sig: Signatures, event: tuple[str, float] | None, limit: int) -> list[int]:

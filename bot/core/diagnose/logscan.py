@@ -19,6 +19,8 @@ from bot.core.parse.log import strip_control
 __all__ = ["LogScan", "scan_log"]
 
 _READY_RE = re.compile("ready")  # stands for a readiness line taken as the serving phase's marker
+#: The serving phase's marker that a readiness line, or a request line after one, stands for.
+_SERVING_MARK = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
 _MAX_LINE = 4000  # longer log lines are cut before matching (bounds regex work per line)
 
 
@@ -222,10 +224,9 @@ class _Scanner:
         if (best is not None and best.marker == "progress") or counter or sig.progress_generic.first(line):
             scan.progress.append(_progress_of(i, line, counter, best))
         is_ready = any(group.first(line) for group in self.ready_groups)
-        if best is None and is_ready and "serving" in self.order:  # a readiness line: serving from here on
-            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")
-        if best is None and scan.ready and "serving" in self.order and sig.request_line.first(line):
-            best = _Pat(regex=_READY_RE, engine="generic", phase="serving", marker="begin")  # a request once ready
+        # a readiness line, or a request once ready: serving from here on
+        if best is None and "serving" in self.order and (is_ready or (scan.ready and sig.request_line.first(line))):
+            best = _SERVING_MARK
         if best is not None and best.phase is not None:
             self._advance(i, best, rank)
         if is_ready:
@@ -254,12 +255,15 @@ class _Scanner:
         if rank is None:
             if self.furthest < 0 or self.scan.phase_index is None:
                 return None
-            ranks = self.scan.ranks
-            ended = self.last_kind == "end" and ("*" in self.ended if not ranks else ranks <= self.ended)
-            return self.sig.phase_order[self.furthest], ended, self.scan.phase_index
+            return self.sig.phase_order[self.furthest], self._ended_everywhere(), self.scan.phase_index
         own, shared = self.per_rank.get(rank), self.per_rank.get(None)
         best = max((x for x in (own, shared) if x is not None), default=None)
         return (self.sig.phase_order[best[0]], best[1], best[2]) if best is not None else None
+
+    def _ended_everywhere(self) -> bool:
+        """Whether the furthest phase's newest marker ends it, on every rank seen (or once, without ranks)."""
+        ranks = self.scan.ranks
+        return self.last_kind == "end" and ("*" in self.ended if not ranks else ranks <= self.ended)
 
     def _advance(self, i: int, best: _Pat, rank: str | None) -> None:
         """A phase marker at line `i`: the furthest phase so far, its last marker kind, which ranks ended it,
@@ -308,8 +312,7 @@ class _Scanner:
         if self.furthest >= 0:
             phase = sig.phase_order[self.furthest]
             scan.phase_grace_s = self.grace
-            done_everywhere = "*" in self.ended if not scan.ranks else scan.ranks <= self.ended
-            if self.last_kind == "end" and done_everywhere:
+            if self._ended_everywhere():
                 scan.finished_phase = phase
             else:
                 scan.phase = phase
@@ -323,30 +326,24 @@ class _Scanner:
             scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last[0]
             scan.phase_grace_s = None
         _drop_benign_tracebacks(scan, sig)
-        _host_allocations(scan)
+        _host_allocations(scan, sig)
         stop = scan.stop_requested
         if stop is not None and not any(h.index < stop for h in scan.failures):
             scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
         return scan
 
 
-#: An allocation that names host memory (llama.cpp's `ggml_backend_cpu_buffer_type_alloc_buffer`, a CPU or pinned
-#: host buffer), and words that name the GPU's: a failed host allocation is no CUDA OOM.
-_HOST_ALLOC = re.compile(r"(?i)(?<![a-z])cpu[_ ](?:buffer|backend|mapped)"
-                         r"|\b(?:host|pinned|cpu) (?:memory|buffer|ram)\b")
-_GPU_WORDS = re.compile(r"(?i)\b(?:cuda\w*|gpu\w*|device|vram|rocm|hip|metal)\b")
-
-
-def _host_allocations(scan: LogScan) -> None:
-    """An out-of-memory hit that names host memory, and the OOM hits of the next 3 lines that name no GPU (the same
-    failed allocation, said by its callers), are `crashed`: the host, not the GPU, ran out of memory."""
+def _host_allocations(scan: LogScan, sig: Signatures) -> None:
+    """An out-of-memory hit that names host memory (signatures.yaml `host_allocation`) and no GPU (`gpu_memory`), and
+    the OOM hits of the next 3 lines that name no GPU (the same failed allocation, said by its callers), are
+    `crashed`: the host, not the GPU, ran out of memory."""
     until = -1
     for h in scan.failures:
-        if h.kind != "oom":
+        if h.kind != "oom" or sig.gpu_memory.first(h.line):
             continue
-        if _HOST_ALLOC.search(h.line) and not _GPU_WORDS.search(h.line):
+        if sig.host_allocation.first(h.line):
             h.kind, until = "crashed", h.index + 3
-        elif h.index <= until and not _GPU_WORDS.search(h.line):
+        elif h.index <= until:
             h.kind = "crashed"
 
 

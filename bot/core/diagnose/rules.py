@@ -204,9 +204,14 @@ def _went_on(hits: list[_Hit], scan: LogScan, sig: Signatures) -> bool:
     last = hits[-1]
     if scan.phase_index is None or scan.phase_index <= last.index or scan.phase is None:
         return False
-    order = sig.phase_order
     was = last.reached[0] if last.reached is not None else None
-    return was is None or (was in order and scan.phase in order and order.index(scan.phase) > order.index(was))
+    return was is None or _later(scan.phase, was, sig)
+
+
+def _later(phase: str, than: str, sig: Signatures) -> bool:
+    """Whether start-up phase `phase` comes after `than` (False when either is no start-up phase)."""
+    order = sig.phase_order
+    return phase in order and than in order and order.index(phase) > order.index(than)
 
 
 def _said_index(hit: _Hit, scan: LogScan, sig: Signatures) -> int | None:
@@ -277,26 +282,23 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
 
 def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
     """The phase the failure happened in: the last milestone its rank reached before it (a line without a rank: the
-    launch's furthest), else one its hits imply, else one its block's frames name (never before a phase that had
-    finished there); the phase's line is added to `ev`."""
+    launch's furthest), else one its block's frames name, else where the launch got to, else one its hits imply; the
+    frames may also name a phase after one that had finished there. The phase's line is added to `ev`."""
     root = f.root
     reached = root.reached if root is not None else None
+    hinted, hint_line = hinted_phase(scan, root.index, sig) if root is not None else (None, None)
     if reached is not None:
         phase, phase_line, after = (None, None, reached[0]) if reached[1] else (reached[0], reached[2], None)
-    elif root is not None and (hint := hinted_phase(scan, root.index, sig))[0] is not None:
-        phase, phase_line, after = hint[0], hint[1], None  # no milestone before it: its own frames say where
+    elif hinted is not None:  # no milestone before it: its own frames say where
+        phase, phase_line, after = hinted, hint_line, None
     else:  # a dmesg OOM or an exit status alone, or no milestone before the failure (an excerpt out of order, a
         # progress bar on the failure's own line): where the launch got to
         phase, phase_line, after = scan.phase, scan.phase_index, scan.finished_phase
     if phase is None and after is None and scan.phase_index is None:
         implied = [h.phase for h in f.hits if h.phase and (h.kind == f.kind or f.root is None)]
         phase = implied[0] if implied else None
-    if phase is None and root is not None:
-        hinted, line = hinted_phase(scan, root.index, sig)
-        order = sig.phase_order
-        if hinted is not None and (after is None or (hinted in order and after in order
-                                                     and order.index(hinted) > order.index(after))):
-            phase, phase_line = hinted, line
+    if phase is None and hinted is not None and (after is None or _later(hinted, after, sig)):
+        phase, phase_line = hinted, hint_line
     if f.kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):

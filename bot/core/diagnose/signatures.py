@@ -152,6 +152,8 @@ class Signatures:
     serving_evidence: _Group
     error_tail: _Group
     completion: _Group
+    host_allocation: _Group
+    gpu_memory: _Group
     request_line: _Group
     stop_requested: _Group
     queued_requests: list[re.Pattern[str]]
@@ -304,6 +306,8 @@ def load_signatures(text: str | None = None) -> Signatures:
         serving_evidence=generic("serving_evidence"),
         error_tail=generic("error_tail"),
         completion=generic("completion"),
+        host_allocation=generic("host_allocation"),
+        gpu_memory=generic("gpu_memory"),
         request_line=generic("request_line"),
         stop_requested=generic("stop_requested"),
         comm_init_start=generic("comm_init_start"),
