@@ -233,8 +233,8 @@ class _Scanner:
             scan.ready.append(i)
         if sig.shutdown.first(line):
             scan.shutdown.append(i)
-        if scan.stop_requested is None and sig.stop_requested.first(line):
-            scan.stop_requested = i
+            if scan.stop_requested is None and sig.stop_requested.first(line):  # a stop request is shutdown wording
+                scan.stop_requested = i
         self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
 
     def _marker(self, line: str) -> _Pat | None:
