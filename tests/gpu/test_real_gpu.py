@@ -213,7 +213,8 @@ def gpu_config(srv, tmp_path) -> Config:
     variant = {
         "host": "gpu-host-1",
         "command": "{{ python }} {{ server }} --workers {{ workers }} --gib {{ gib }} --kv-gib {{ kv_gib }}"
-                   " --port {{ port }} --mode {{ mode }} --single {{ single }} --escape-gib {{ escape_gib }}",
+                   " --port {{ port }} --mode {{ mode }} --single {{ single }} --escape-gib {{ escape_gib }}"
+                   " --oom-after {{ oom_after }}",
         "params": {
             "python": {"type": "path", "default": sys.executable},
             "server": {"type": "path", "default": str(SERVER)},
@@ -223,6 +224,7 @@ def gpu_config(srv, tmp_path) -> Config:
             "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "init_hang"]},
             "single": {"type": "int", "default": 0, "min": 0, "max": 1},
             "escape_gib": {"type": "float", "default": 0.0, "min": 0, "max": 16},
+            "oom_after": {"type": "float", "default": 0.0, "min": 0, "max": 120},
         },
         "port": free_port(),
         "gpus": [0],

@@ -36,7 +36,8 @@ Then, by `--mode`:
 server's own PID holds the GPU memory, as a single-GPU vLLM or llama.cpp server does. `--escape-gib G` (G > 0):
 once ready, the launcher starts a grandchild through a shell that exits at once, with `setsid env -i` (no session,
 no environment of the launch: no GPUBOT_LAUNCH tag), which holds G GiB on cuda:0 and sleeps: the child that
-escapes a launch.
+escapes a launch. `--oom-after S` (ready mode): rank 0 logs decode lines for S s once ready, then a forward pass
+asks for twice the GPU's memory: a real `torch.OutOfMemoryError` while serving, its traceback, exit 1.
 
 A worker that fails (no CUDA, out of memory) prints its traceback and exits 1; the launcher then logs
 `Received sigquit from a child process` and exits 1, like SGLang. SIGTERM ends every process (the default
@@ -156,6 +157,8 @@ def worker(args: argparse.Namespace) -> int:
     if ready_file:
         open(ready_file, "w").close()
     held = (weights, kv)
+    if args.oom_after > 0 and rank == 0:
+        serve_then_oom(torch, device, args.oom_after, ready_file)
     while held:  # stay alive, holding the memory, until signalled; the heartbeat /health looks at
         if ready_file:
             try:
@@ -164,6 +167,32 @@ def worker(args: argparse.Namespace) -> int:
                 pass
         time.sleep(0.2)
     return 0
+
+
+def serve_then_oom(torch, device, after_s: float, ready_file: str | None) -> None:
+    """Serve for `after_s` s (a decode line, a real bf16 product, every 0.5 s), then run out of memory in a
+    forward pass: a real `torch.OutOfMemoryError` (twice the device's memory asked for) that nothing catches, so
+    its traceback is printed and the rank exits 1, like an SGLang scheduler that OOMs on a large batch."""
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < after_s:
+        a = torch.randn(1024, 1024, dtype=torch.bfloat16, device=device)
+        (a @ a).sum().item()
+        n += 1
+        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')} TP0] Decode batch. #running-req: 1, #token: {64 * n}, "
+              f"token usage: 0.01, gen throughput (token/s): 42.00, #queue-req: 0", flush=True)
+        if ready_file:
+            try:
+                os.utime(ready_file)
+            except OSError:
+                pass
+        time.sleep(0.5)
+    _, total = torch.cuda.mem_get_info(device)
+
+    def forward_decode(batch_tokens: int):
+        return torch.empty(batch_tokens, dtype=torch.uint8, device=device)  # more than the GPU has
+
+    forward_decode(2 * total)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -264,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--single", type=int, default=0, help="1: one process (the launcher is rank 0), no workers")
     p.add_argument("--escape-gib", type=float, default=0.0,
                    help="once ready, start a grandchild with `setsid env -i` holding this many GiB")
+    p.add_argument("--oom-after", type=float, default=0.0,
+                   help="ready mode: rank 0 serves this many seconds, then a forward pass runs out of GPU memory")
     p.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -234,9 +234,13 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     traceback, a later echo, context lines, dmesg's OOM kill and a `Killed` line."""
     ev = _Ev()
     root, first, hits = f.root, f.first, f.hits
-    if first is not None and root is not None and first.index < root.index:
-        ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
     said = _said_index(root, scan, sig) if root is not None else None
+    if first is not None and root is not None and first.index < root.index:
+        j = _said_index(first, scan, sig)  # a traceback header is quoted by what it says
+        if j is None:
+            ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
+        elif j not in (root.index, said):
+            ev.add(f"first failure (log line {j + 1}): `{_q(scan.lines[j])}`")
     if root is not None and said is not None:  # a traceback's header: what it says is its exception line
         ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {said + 1}): `{_q(scan.lines[said])}`")
     elif root is not None:
