@@ -6,8 +6,11 @@ the documented example with every key is `deploy/config.example.yaml`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -263,6 +266,84 @@ class WatchPolicy(_Model):
         return v
 
 
+#: The generation checks a variant may name by engine: path, JSON body (None: a GET).
+GENERATE_PRESETS: Mapping[str, tuple[str, dict[str, Any] | None]] = MappingProxyType({
+    "sglang": ("/health_generate", None),
+    "openai": ("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "temperature": 0}),
+    "tgi": ("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 1}}),
+})
+
+
+class GenerateCheck(_Model):
+    """A generation check beside the health endpoint: a request that makes the engine produce a token, so a server
+    whose HTTP front answers `/health` while generation hangs is seen.
+
+    `preset`: `sglang` (GET `/health_generate`), `openai` (POST `/v1/completions`, `max_tokens: 1`), `tgi` (POST
+    `/generate`, `max_new_tokens: 1`) or `custom` (`path`, and `body` for a POST). `path` and `body` override the
+    preset's; `model` is put in an OpenAI body (servers that need it: vLLM before 0.6, several gateways). Timing, in
+    seconds: each check waits up to `timeout_s` for the answer; it runs on every liveness check once the log has
+    been silent for `grace_s`, and otherwise at most every `interval_s` (a busy server is not asked for more
+    tokens than it needs). `failures` checks in a row that time out (with the log silent) make a serving hang; that
+    many that fail otherwise (an HTTP error) make `unhealthy`. A variant names it as `generate: openai` or as a
+    mapping of these keys."""
+
+    preset: Literal["sglang", "openai", "tgi", "custom"] = "custom"
+    path: str | None = None
+    body: dict[str, Any] | None = None
+    model: str | None = Field(default=None, max_length=200)
+    timeout_s: Number = 20.0
+    grace_s: Number = 60.0
+    interval_s: Number = 600.0
+    failures: int = Field(default=2, ge=1, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"preset": v} if isinstance(v, str) else v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"/[A-Za-z0-9_./-]{0,200}", v):
+            raise ValueError("must be a path like /v1/completions")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        v = _seconds(v)
+        if not 1 <= v <= 300:
+            raise ValueError("must be 1..300 seconds")
+        return v
+
+    @field_validator("grace_s", "interval_s")
+    @classmethod
+    def _every(cls, v: float) -> float:
+        return _seconds(v, limit=MAX_WATCH_SECONDS)
+
+    @field_validator("body")
+    @classmethod
+    def _body(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and len(json.dumps(v)) > 4096:
+            raise ValueError("must be at most 4096 characters as JSON")
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self) -> GenerateCheck:
+        if self.preset == "custom" and self.path is None:
+            raise ValueError("a custom generation check needs a `path` (or name a preset: sglang, openai, tgi)")
+        return self
+
+    def request(self) -> tuple[str, str | None]:
+        """(path, JSON body or None for a GET) of this check: the preset's, with `path`, `body` and `model` over it."""
+        path, body = GENERATE_PRESETS.get(self.preset, (None, None))
+        path = self.path or path or "/"
+        body = dict(self.body) if self.body is not None else (dict(body) if body is not None else None)
+        if self.model is not None and body is not None:
+            body["model"] = self.model
+        return path, None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
 class VariantConfig(_Model):
     """A server variant: how to launch it, where its log goes, which port and GPUs it uses.
 
@@ -280,6 +361,7 @@ class VariantConfig(_Model):
     log: str | None = None
     port: Int | None = None
     health: str | None = None
+    generate: GenerateCheck | None = None
     gpus: list[Int] | None = None
     engine: Literal["sglang", "vllm", "tgi", "trtllm", "llamacpp", "lmdeploy", "generic"] | None = None
     watch: WatchPolicy | None = None

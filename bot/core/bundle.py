@@ -464,11 +464,12 @@ def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
             out["policy_grace_s"] = ok
     if (x := _seconds(data.get("silence_after_s"))) is not None:
         out["policy_silence_after_s"] = x
-    v = data.get("health")
-    if isinstance(v, str) and (v in _HEALTH or re.fullmatch(r"http_\d{3}", v)):
-        out["health"] = v
-    elif v is not None:
-        notes.append("observed.json: health is not one of ok, http_NNN, refused, timeout, empty; ignored")
+    for key in ("health", "generate"):
+        v = data.get(key)
+        if isinstance(v, str) and (v in _HEALTH or re.fullmatch(r"http_\d{3}", v)):
+            out[key] = v
+        elif v is not None:
+            notes.append(f"observed.json: {key} is not one of ok, http_NNN, refused, timeout, empty; ignored")
     return out
 
 

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bot.core.models import ProcessInfo, Snapshot
+from bot.core.models import HealthResult, ProcessInfo, Snapshot
 from bot.core.shell import quote
 from bot.core.stackdump import ProcessDump
 
@@ -156,9 +156,10 @@ def observed_from_probes(first: Snapshot, second: Snapshot, *, pid: int | None =
         out["process_alive"] = any(p.pid == pid for p in second.table)
     if second.port_listening is not None:
         out["port_open"] = second.port_listening
-    status = second.health.status if second.health is not None else ""
-    if status in ("ok", "refused", "timeout", "empty") or re.fullmatch(r"http_\d{3}", status):
-        out["health"] = status
+    for key, result in (("health", second.health), ("generate", second.generate)):
+        status = result.status if result is not None else ""
+        if status in ("ok", "refused", "timeout", "empty") or re.fullmatch(r"http_\d{3}", status):
+            out[key] = status
     m1, m2 = _gpu_mib(first), _gpu_mib(second)
     if m1 is not None and m2 is not None:
         out["gpu_mem_rising"] = m2 > m1 + RISING_MIB
@@ -166,9 +167,12 @@ def observed_from_probes(first: Snapshot, second: Snapshot, *, pid: int | None =
 
 
 def _curl_text(snap: Snapshot) -> str | None:
-    h = snap.health
-    if h is None:
-        return None
+    text = "".join(_curl_lines(h) for h in (snap.health, snap.generate) if h is not None)
+    return text or None
+
+
+def _curl_lines(h: HealthResult) -> str:
+    """One HTTP check (health or generation) in curl's words: the command, then what it got."""
     got = {"ok": f"HTTP/1.1 {h.http_code or 200}", "refused": "curl: (7) Failed to connect: Connection refused",
            "timeout": f"curl: (28) Operation timed out after {h.elapsed_s or 0:.0f} seconds",
            "empty": "curl: (52) Empty reply from server"}.get(h.status)

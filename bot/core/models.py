@@ -375,6 +375,7 @@ class Snapshot:
     recorded): ages compared with the bot's own times (a launch's end) use it, so the two clocks never
     mix; `processes` the selected process rows (GPU holders
     plus whatever the probe asked for); `port_listening` is None when no port was asked for.
+    `generate` is the generation check's result (when asked: bot.core.probe.ProbeRequest.generate_path).
     `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
     `launch_tags` maps PID -> the GPUBOT_LAUNCH tag in its environment; `tagged_pids` are the PIDs carrying
     the tag a probe selected; `start_ticks` PID -> start time in clock ticks after boot (/proc/PID/stat), read for
@@ -395,6 +396,7 @@ class Snapshot:
     port: int | None = None
     port_listening: bool | None = None
     health: HealthResult | None = None
+    generate: HealthResult | None = None
     errors: list[str] = field(default_factory=list)
     duration_s: float | None = None
     tagged_pids: list[int] = field(default_factory=list)

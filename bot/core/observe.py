@@ -159,6 +159,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         port=la.port,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
+        generate=snap.generate.status if snap.generate else None,
     )
     record = CheckRecord(
         t=now,
@@ -173,6 +174,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         alive=alive,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
+        generate=snap.generate.status if snap.generate else None,
         exit_status=rc,
         log_cursor=snap.log.cursor.as_list() if snap.log and snap.log.cursor else None,
     )

@@ -75,6 +75,9 @@ class ProbeRequest:
     what was written after it (at most LOG_TAIL_BYTES) instead of the last `tail_lines` lines. With `select_tag`,
     the start time (/proc/PID/stat) of every tagged process and of each of `stat_pids` (the processes a launch
     remembers) is read too (`Snapshot.start_ticks`), and with `own_log` the launch's exit file (`<log>.exit`).
+    `generate_path` (with `port`): a generation check beside the health endpoint, a GET or, with `generate_body`
+    (JSON text, at most 8192 bytes), a POST of that body, waiting up to `generate_timeout_s` seconds (1..300); it
+    runs beside the other parts, so it adds nothing to a probe whose generation answers at once.
     Immutable: derive variants with `dataclasses.replace`.
     """
 
@@ -96,6 +99,9 @@ class ProbeRequest:
     log_cursor: LogCursor | None = None
     log_since: bool = False
     stat_pids: tuple[int, ...] = ()
+    generate_path: str | None = None
+    generate_body: str | None = None
+    generate_timeout_s: float = 20.0
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -122,6 +128,18 @@ class ProbeRequest:
                 raise ProbeRequestError("log path must not contain . or .. components")
         if self.health_path is not None and not _HEALTH_PATH_RE.fullmatch(self.health_path):
             raise ProbeRequestError("health path must look like /health")
+        if self.generate_path is not None and (len(self.generate_path) > 256
+                                               or not _HEALTH_PATH_RE.fullmatch(self.generate_path)):
+            raise ProbeRequestError("generation path must look like /v1/completions")
+        if self.generate_body is not None:
+            try:
+                ok = len(self.generate_body.encode("utf-8")) <= 8192 and "\x00" not in self.generate_body
+            except UnicodeEncodeError:
+                ok = False
+            if not ok:
+                raise ProbeRequestError("generation body must be text of at most 8192 bytes")
+        if not 1 <= self.generate_timeout_s <= 300:
+            raise ProbeRequestError("generation timeout must be 1..300 seconds")
         if not 1 <= self.tail_lines <= 500:
             raise ProbeRequestError("tail lines must be 1..500")
         for name in ("ps_pids", "stat_pids"):
@@ -324,6 +342,21 @@ def _at_once(foreground: str, jobs: list[str]) -> list[str]:
     ]
 
 
+def _generate_job(req: ProbeRequest) -> str:
+    """The shell function `j_gen`: the generation check (section `generate`), a curl GET of `generate_path`, or a
+    POST of `generate_body` fed on stdin (`--data-binary @-`: the body is never read as a file name or an option)."""
+    url = quote(f"http://127.0.0.1:{int(req.port or 0)}{req.generate_path}")
+    gt = max(1, round(req.generate_timeout_s))
+    curl = f"curl -sS -o /dev/null -m {gt} -w '%{{http_code}} %{{time_total}}'"
+    if req.generate_body is not None:
+        curl = (f"printf '%s' {quote(req.generate_body)} | {curl} -X POST -H 'Content-Type: application/json' "
+                f"--data-binary @- {url}")
+    else:
+        curl = f"{curl} {url}"
+    return ("j_gen() { b generate; if command -v curl >/dev/null 2>&1; then "
+            f"{curl} 2>&1; r=$?; else echo 'curl: command not found'; r=127; fi; e generate $r; }}")
+
+
 def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:
     """Return the POSIX sh script for `req` on a host with `policy` (default: `HostPolicy()`). Every value
     from a request is validated and shell-quoted.
@@ -387,6 +420,9 @@ def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None
                 f"curl -sS -o /dev/null -m {ht} -w '%{{http_code}} %{{time_total}}' {url} 2>&1; r=$?; "
                 "else echo 'curl: command not found'; r=127; fi; e health $r"
             )
+        if req.generate_path is not None:
+            lines.append(_generate_job(req))
+            jobs.append("j_gen")
     # the log last: a line written before the health endpoint answered is in the tail (no stale evidence)
     if req.log_path is not None:
         net += _log_part(req, log_dirs)
@@ -746,4 +782,8 @@ def assemble_snapshot(
         if h is not None and req.health_path is not None:
             url = f"http://127.0.0.1:{req.port}{req.health_path}"
             snap.health = health_parse.parse_curl(h.rc if h.complete else 124, _text(h), url)
+        g = sections.get("generate")
+        if g is not None and req.generate_path is not None:
+            url = f"http://127.0.0.1:{req.port}{req.generate_path}"
+            snap.generate = health_parse.parse_curl(g.rc if g.complete else 124, _text(g), url)
     return snap

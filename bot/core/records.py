@@ -26,7 +26,8 @@ class CheckRecord:
     gpu_mem_mib / gpu_util_pct / gpu_power_w: per GPU index (as a string): MiB, percent, W (None: not read).
     cpu_s: per pid (as a string): CPU seconds of the launch's processes.
     alive: any process of the launch left (None: unknown); port_open: its port listens; health: the health
-        state (bot.core.parse.health: `ok`, `http_503`, `timeout`, ...); exit_status: what the launch wrapper
+        state (bot.core.parse.health: `ok`, `http_503`, `timeout`, ...); generate: the generation check's state
+        (same values; None: none ran this time); exit_status: what the launch wrapper
         logged when the server ended (negative: the signal), else None.
     verdict / phase: the check's verdict, once judged.
     """
@@ -44,6 +45,7 @@ class CheckRecord:
     alive: bool | None = None
     port_open: bool | None = None
     health: str | None = None
+    generate: str | None = None
     exit_status: int | None = None
     log_cursor: list[Any] | None = None
     verdict: str | None = None
@@ -90,7 +92,8 @@ _CHECK_FIELDS = tuple(f.name for f in fields(CheckRecord))
 _CHECK_TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
     "error": (str,), "marker": (str,), "last_progress_t": (int, float), "log_bytes": (int,), "log_lines": (int,),
     "gpu_mem_mib": (dict,), "gpu_util_pct": (dict,), "gpu_power_w": (dict,), "cpu_s": (dict,),
-    "alive": (bool,), "port_open": (bool,), "health": (str,), "exit_status": (int,), "log_cursor": (list,),
+    "alive": (bool,), "port_open": (bool,), "health": (str,), "generate": (str,), "exit_status": (int,),
+    "log_cursor": (list,),
     "verdict": (str,), "phase": (str,),
 })
 

@@ -68,6 +68,33 @@ def failing_streak(records: Sequence[CheckRecord]) -> int:
     return n
 
 
+def generation_streak(records: Sequence[CheckRecord]) -> int:
+    """How many of the newest generation checks in `records` (oldest first; records without one are skipped) in a
+    row failed: any state but `ok`."""
+    n = 0
+    for rec in reversed(records):
+        if rec.error is not None or rec.generate is None:
+            continue
+        if rec.generate == "ok":
+            break
+        n += 1
+    return n
+
+
+def generation_due(records: Sequence[CheckRecord], *, step_s: float, grace_s: float, interval_s: float) -> bool:
+    """Whether the next liveness check runs the generation check (pure): on every check once the log will have been
+    silent for `grace_s` seconds by then, after a failed one (until it answers again), and otherwise when none ran
+    within `interval_s` seconds. `records`: the checks since ready, oldest first; `step_s`: seconds until the next
+    check (the serving interval). Times are the records' own (the host's clock), so the two clocks never mix."""
+    prev = next((r for r in reversed(records) if r.ok), None)
+    if prev is None:
+        return True
+    if prev.last_progress_t is not None and prev.t - prev.last_progress_t + step_s >= grace_s:
+        return True
+    last = next((r for r in reversed(records) if r.ok and r.generate is not None), None)
+    return last is None or last.generate != "ok" or prev.t - last.t + step_s >= interval_s
+
+
 def _steps(verdict: str, phase: str | None) -> list[str]:
     steps = list(SIGNATURES.next_steps.get(verdict, []))
     if phase:
@@ -119,7 +146,8 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
 
 def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[CheckRecord], *,
                   failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None,
-                  launch_id: int | None = None) -> Verdict:
+                  launch_id: int | None = None, generate_failures: int = 2,
+                  generate_silence_s: float | None = None) -> Verdict:
     """The verdict of one liveness check of a ready launch (pure).
 
     - `obs`: this check (bot.core.observe.observation_from_snapshot); `new_lines`: the log lines written
@@ -128,6 +156,9 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     - `failures_needed`: health checks failed in a row before an alert; `hang_silence_s`: seconds of log
       silence that, with health timeouts and idle or spinning GPUs, make a serving hang; `exit_code` the
       status the launch wrapper logged when the server ended, `launch_id` the launch (see ended_verdict).
+    - `generate_failures`: generation checks (`obs.generate`, `CheckRecord.generate`) failed in a row that make an
+      alert while the health endpoint answers: a serving hang when they time out and the log has been silent for
+      `generate_silence_s` seconds (default `hang_silence_s`), else `unhealthy`.
 
     Every verdict has phase `serving`, except that a failure the log places elsewhere keeps its phase.
     """
@@ -150,6 +181,12 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
             ev = ["the port listens"]
         else:
             ev = ["the server process runs (no health endpoint or port to ask)"]
+        gen = _generation_verdict(obs, records, generate_failures,
+                                  hang_silence_s if generate_silence_s is None else generate_silence_s)
+        if gen is not None:
+            return gen
+        if obs.generate is not None:
+            ev.append(f"generation check: {health_words(obs.generate)}")
         summary = "Serving: the health check answers." if obs.health == "ok" else "Serving, as far as can be seen."
         if streak:
             ev.append(f"{streak} failed health check(s) in a row; {failures_needed} make an alert")
@@ -181,4 +218,33 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
         return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"), summary)
     return Verdict("unhealthy", "serving", ev, _steps("unhealthy", "serving"),
                    f"The health endpoint failed {streak} checks in a row (now: {health_words(health)}); "
+                   "the process is alive.")
+
+
+def _generation_verdict(obs: Observation, records: Sequence[CheckRecord], needed: int,
+                        silence_s: float) -> Verdict | None:
+    """The verdict when the generation check failed `needed` times in a row, this check's included, while the health
+    endpoint is not (yet) failing: `silent_hang` in serving when it timed out with the log silent for `silence_s`
+    seconds, else `unhealthy`. None otherwise."""
+    if obs.generate is None or obs.generate == "ok":
+        return None
+    streak = generation_streak(records)
+    if streak < max(1, needed):
+        return None
+    silence = obs.log_silent_s
+    health = f"the health endpoint answers ({health_words(obs.health)})" if obs.health == "ok" else \
+        f"health endpoint: {health_words(obs.health or ('refused' if obs.port_open is False else None))}"
+    ev = [f"the generation check failed {streak} checks in a row (now: {health_words(obs.generate)})", health]
+    if silence is not None:
+        ev.append(f"no new log line for {silence:.0f} s")
+    for g in (obs.gpus or [])[:4]:
+        ev.append(f"GPU {g.index}: {(g.memory_used_mib or 0) / 1024:.1f} GiB used, "
+                  f"{g.utilization_gpu_pct if g.utilization_gpu_pct is not None else '?'} % utilization")
+    if obs.generate in TIMEOUT_HEALTH and silence is not None and silence >= silence_s:
+        return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"),
+                       f"Serving hang: {'the health endpoint answers, but ' if obs.health == 'ok' else ''}"
+                       f"generation times out ({streak} checks in a row) and the log has been silent for "
+                       f"{silence:.0f} s: the engine behind the HTTP front makes no tokens.")
+    return Verdict("unhealthy", "serving", ev, _steps("unhealthy", "serving"),
+                   f"The generation check failed {streak} checks in a row (now: {health_words(obs.generate)}) while "
                    "the process is alive.")

@@ -20,7 +20,10 @@ clears its environment (`env -i`, as a container runtime does), so it carries no
 Once ready, each TP rank touches its ready file every 0.2 s and GET /health answers only while every rank
 did so within 2 s (like SGLang's /health, which goes through the scheduler): a rank stopped with SIGSTOP
 makes /health time out. With `--control DIR`: the file DIR/health-503 makes /health answer 503, and DIR/oom
-makes rank 0 log a CUDA OOM and exit 1, after which the launcher stops the other ranks and exits 1.
+makes rank 0 log a CUDA OOM and exit 1, after which the launcher stops the other ranks and exits 1; while
+DIR/generate-hang exists, generation (POST /v1/completions, GET /health_generate) hangs while /health still
+answers 200 (an HTTP front whose engine makes no tokens), and DIR/generate-500 makes POST /v1/completions
+answer 500.
 """
 
 import argparse
@@ -138,7 +141,8 @@ def worker(args):
 
 class Health(http.server.BaseHTTPRequestHandler):
     """GET /health and /health_generate: 200 empty while every rank is alive (else no answer for 30 s, then
-    503), 503 while the control file `health-503` exists; /v1/models: a one-model list; anything else 404."""
+    503), 503 while the control file `health-503` exists; /health_generate hangs while `generate-hang` exists;
+    /v1/models: a one-model list; POST /v1/completions (do_POST); anything else 404."""
 
     ready_dir = None
     control = None
@@ -170,6 +174,8 @@ class Health(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/health") and not self._ranks_alive():
             time.sleep(30)  # a wedged scheduler: the request hangs
             return self._empty(503)
+        if self.path == "/health_generate" and self._generation_hangs():
+            return self._empty(503)
         if self.path in ("/health", "/health_generate", "/v1/models"):
             body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
             self.send_response(200)
@@ -179,6 +185,35 @@ class Health(http.server.BaseHTTPRequestHandler):
         else:
             self.send_response(404)
             self.end_headers()
+
+    def _generation_hangs(self):
+        """While the control file `generate-hang` exists, wait (up to 10 min) as an engine that makes no tokens
+        would; True when it was there (the request then gets a 503, if anyone still waits)."""
+        flag = os.path.join(self.control, "generate-hang") if self.control else None
+        if flag is None or not os.path.exists(flag):
+            return False
+        end = time.monotonic() + 600
+        while os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.2)
+        return True
+
+    def do_POST(self):
+        """POST /v1/completions (OpenAI style): one token, `{"choices": [{"text": "!"}]}`; it hangs while the
+        control file `generate-hang` exists, and answers 500 while `generate-500` exists. Anything else 404."""
+        length = min(int(self.headers.get("Content-Length") or 0), 65536)
+        self.rfile.read(length)
+        if self.path != "/v1/completions":
+            return self._empty(404)
+        if self.control and os.path.exists(os.path.join(self.control, "generate-500")):
+            return self._empty(500)
+        if self._generation_hangs():
+            return self._empty(503)
+        body = json.dumps({"object": "text_completion", "choices": [{"index": 0, "text": "!"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *a):
         """Keep the server log free of access lines."""
@@ -263,7 +298,8 @@ def main():
     p.add_argument("--hang-in", choices=["sleep", "rendezvous", "collective"], default="sleep",
                    help="where --mode hang hangs: every rank asleep after loading, or all but the last rank in "
                         "init_process_group (before loading) or in all_reduce (after loading)")
-    p.add_argument("--control", default=None, help="a directory of switch files (health-503, oom)")
+    p.add_argument("--control", default=None,
+                   help="a directory of switch files (health-503, oom, generate-hang, generate-500)")
     p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
     p.add_argument("--worker-rank", type=int, default=None)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)

@@ -85,9 +85,9 @@ class BundleService:
 
     async def collect(self, *, launch: Launch | None = None, host: str | None = None, user: str,
                       channel: str | None = None, tail_lines: int = 500) -> Bundle:
-        """Collect a bundle of `launch` (its processes, log, port, health, ranks' stacks) or of `host` (its GPU
-        holders, GPUs, sockets, dmesg). Raises CollectError when the host cannot be probed; anything that
-        could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
+        """Collect a bundle of `launch` (its processes, log, port, health and generation checks, ranks' stacks) or
+        of `host` (its GPU holders, GPUs, sockets, dmesg). Raises CollectError when the host cannot be probed;
+        anything that could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
         if launch is not None:
             host = launch.host
             req = self._launches.launch_probe_request(launch, tail_lines=tail_lines)
@@ -102,7 +102,10 @@ class BundleService:
             raise CollectError(f"{host} cannot be probed: {first.reason}")
         extras_task = asyncio.ensure_future(self._extras(host))
         await asyncio.sleep(self._gap_s)
-        second = await self._hosts.probe(host, req)
+        # the second probe also runs the variant's generation check, if it names one: observed.json records it
+        second = await self._hosts.probe(host, self._launches.launch_probe_request(launch, tail_lines=tail_lines,
+                                                                                    generate=True)
+                                         if launch is not None else req)
         missing: list[str] = []
         if isinstance(second, HostFailure):
             missing.append(f"second probe failed ({second.reason}): observed.json holds what one probe shows")

@@ -13,12 +13,13 @@ import logging
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bot.adapters.remote import RemoteError
 from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
-from bot.config import Config, render_launch
+from bot.config import Config, GenerateCheck, render_launch
 from bot.core.commands import slash
 from bot.core.lifecycle import (
     Holder,
@@ -79,6 +80,7 @@ class LaunchService:
                  sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
         self.config = config
         self._health_paths: dict[str, str] = {}
+        self._generate_checks: dict[str, GenerateCheck | None] = {}
         self.hosts = hosts
         self._launches = store.launches
         self._clock = store.clock  # the bot's one clock (bot.core.clock): wall times of records
@@ -203,12 +205,31 @@ class LaunchService:
 
     # -- probes of a launch -------------------------------------------------------------------------
     def launch_probe_request(self, la: Launch, *, tail_lines: int = 20, gpu: bool = True,
-                             port: bool = True) -> ProbeRequest:
+                             port: bool = True, generate: bool = False) -> ProbeRequest:
         """A probe of one launch: its session/process group, its tagged processes, its log (its own, rendered
-        from the config: allowed even on a host without log_dirs) and its port and health endpoint."""
-        return ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, own_log=True,
-                            port=la.port if port else None, health_path=self._health(la),
-                            tail_lines=max(1, min(500, tail_lines)), gpu=gpu, stat_pids=self._stat_pids(la))
+        from the config: allowed even on a host without log_dirs) and its port and health endpoint; with
+        `generate`, also its variant's generation check (when it names one; its timeout kept 2 s under the host's
+        command timeout, so the probe still answers)."""
+        req = ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, own_log=True,
+                           port=la.port if port else None, health_path=self._health(la),
+                           tail_lines=max(1, min(500, tail_lines)), gpu=gpu, stat_pids=self._stat_pids(la))
+        check = self.generation_check(la) if generate and port and la.port else None
+        if check is None:
+            return req
+        path, body = check.request()
+        host = self.config.hosts.get(la.host)
+        limit = max(1.0, (host.command_timeout_s if host else 30.0) - 2.0)
+        return replace(req, generate_path=path, generate_body=body, generate_timeout_s=min(check.timeout_s, limit))
+
+    def generation_check(self, la: Launch) -> GenerateCheck | None:
+        """The generation check of the launch's variant (bot.config.schema.GenerateCheck), or None when it names none
+        (or the variant is gone from the config)."""
+        if la.variant not in self._generate_checks:
+            check = None
+            if la.variant in self.config.variants:
+                check = self.config.resolved_variant(la.variant).generate
+            self._generate_checks[la.variant] = check
+        return self._generate_checks[la.variant]
 
     @staticmethod
     def _stat_pids(la: Launch) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Observation, Verdict
 from bot.core.diagnose.stacks import with_stacks
-from bot.core.models import HostFailure, Launch, LaunchState, LogCursor, Snapshot
+from bot.core.models import HealthResult, HostFailure, Launch, LaunchState, LogCursor, Snapshot
 from bot.core.observe import (
     FINAL_VERDICTS,
     QUIET_VERDICTS,
@@ -37,7 +37,7 @@ from bot.core.observe import (
 )
 from bot.core.probe import ProbeRequest
 from bot.core.records import CheckRecord
-from bot.core.serving import judge_serving
+from bot.core.serving import generation_due, judge_serving
 from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
@@ -260,7 +260,7 @@ class Watcher:
                 raise
             log.error("check of %s: cannot record %s: %s", la.name, what, e)
 
-    def _liveness_request(self, la: Launch, prev: CheckRecord | None) -> ProbeRequest | None:
+    def _liveness_request(self, la: Launch, prev: CheckRecord | None, *, generate: bool = False) -> ProbeRequest | None:
         """The cheap check of a launch that serves and was fine last time: only its own processes (`ps -p`, their
         tags), what its log got since the last check (from that check's cursor), its port, health endpoint and
         GPUs; not every process on the host nor the log's last 200 lines. None when a full look is due: while it
@@ -275,16 +275,29 @@ class Watcher:
             self._cheap[la.id] = 0
             return None
         self._cheap[la.id] = n + 1
-        req = self.launches.launch_probe_request(la, tail_lines=200)
+        req = self.launches.launch_probe_request(la, tail_lines=200, generate=generate)
         return replace(req, ps_pids=tuple(pids), log_cursor=cursor, log_since=cursor is not None)
 
+    def _generation_due(self, la: Launch, history: list[CheckRecord]) -> bool:
+        """Whether this check of `la` runs its variant's generation check: only once it serves, and then by
+        bot.core.serving.generation_due (every check once the log is silent, else at the check's own interval)."""
+        check = self.launches.generation_check(la)
+        if check is None or la.ready_at is None:
+            return False
+        since_ready = [r for r in history if r.t >= la.ready_at]
+        return generation_due(since_ready, step_s=self.policy_for(la).serving_interval_s, grace_s=check.grace_s,
+                              interval_s=check.interval_s)
+
     async def _look(self, la: Launch, req: ProbeRequest, history: list[CheckRecord],
-                    prev: CheckRecord | None) -> _Look | HostFailure:
+                    prev: CheckRecord | None, generated: HealthResult | None = None) -> _Look | HostFailure:
         """Probe the launch with `req`, and judge what it saw: the readiness rules while it starts, the liveness
-        rules once it was ready. Remembers the launch's processes (its row) as a side effect."""
+        rules once it was ready. Remembers the launch's processes (its row) as a side effect. `generated`: the
+        generation check an earlier look of this same check ran (it is not run twice)."""
         snap = await self.launches.probe_launch(la, request=req)
         if isinstance(snap, HostFailure):
             return snap
+        if generated is not None and snap.generate is None:
+            snap = replace(snap, generate=generated)
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
         seen = {p.pid for p in obs.processes or []}
         remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None)
@@ -300,9 +313,12 @@ class Watcher:
         policy = self.policy_for(la)
         if la.ready_at is not None:
             since_ready = [r for r in history if r.ok and r.t >= (la.ready_at or 0)]
+            check = self.launches.generation_check(la)
             verdict = judge_serving(obs, new_log_lines(snap, prev), [*since_ready, record],
                                     failures_needed=policy.health_failures, hang_silence_s=policy.serving_silence_s,
-                                    exit_code=record.exit_status, launch_id=la.id)
+                                    exit_code=record.exit_status, launch_id=la.id,
+                                    generate_failures=check.failures if check else 2,
+                                    generate_silence_s=check.grace_s if check else None)
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id)
@@ -326,14 +342,18 @@ class Watcher:
         """Look at `la`: the cheap liveness look when it serves and was fine, the full look when that saw a
         change (or is not due); each judged (`_look`)."""
         prev = next((r for r in reversed(history) if r.ok), None)
-        cheap = self._liveness_request(la, prev)
+        generate = self._generation_due(la, history)
+        cheap = self._liveness_request(la, prev, generate=generate)
+        generated = None
         if cheap is not None:
             looked = await self._look(la, cheap, history, prev)
             if isinstance(looked, _Look) and looked.verdict.verdict == "ready":
                 return looked
             self._cheap[la.id] = 0  # something changed (or the host did not answer): the full look decides
-        full = self.launches.launch_probe_request(la, tail_lines=200)
-        looked = await self._look(la, full, history, prev)
+            if isinstance(looked, _Look):  # its generation check counts: a hung one is not waited for twice
+                generated, generate = looked.snap.generate, False
+        full = self.launches.launch_probe_request(la, tail_lines=200, generate=generate)
+        looked = await self._look(la, full, history, prev, generated)
         # a server that is gone while its end is under way (the wrapper about to write its status, a CUDA process's
         # memory being freed): look again for a few seconds rather than judge a half-finished end
         deadline = self._clock.monotonic() + self.ending_wait_s

@@ -5,6 +5,7 @@ dead; two launches on one host; buttons of a replaced launch; kills that miss no
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -47,6 +48,9 @@ def serving_config(ssh_server, fake_gpu, tmp_path, control):
         "solo1": {"extends": "base", "command": cmd.replace("--gpus 0,1", "--gpus 1"), "gpus": [1],
                   "port": free_port()},
         "envless": {"extends": "base", "command": cmd + " --cleared-env-child"},
+        "gen": {"extends": "base", "generate": {"preset": "openai", "model": "fake", "timeout_s": 1, "grace_s": 1,
+                                                "failures": 2}},
+        "gensg": {"extends": "base", "generate": {"preset": "sglang", "timeout_s": 1, "grace_s": 1}},
     })
 
 
@@ -302,3 +306,76 @@ async def test_a_fine_serving_launch_gets_cheap_checks_and_trouble_gets_a_full_l
     assert any(r.ps_pids is None for r in after), "the alert came from a full look"
     (alert,) = alerts(serving, "oom")
     assert "CUDA out of memory" in alert.text
+
+
+@pytest.fixture
+async def generating(make_bot, serving_config):
+    """A watching bot with SERVING_WATCH whose `gen` launch (the fake server, with an OpenAI-style generation
+    check: 1 s timeout, every check once the log is 1 s silent, an alert after 2 failures) is ready."""
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    launched = await bot.chat.say("/launch gen mode=ready")
+    assert "Launched gen#1" in launched.text, launched.text
+    await wait_alert(bot, 1, {"ready"})
+    await wait_until(lambda: bot.launch(1).ready_at is not None, what="gen#1 recorded as ready")
+    return bot
+
+
+def generation_states(bot) -> list[str | None]:
+    """The generation check state of each recorded check of launch 1 since it was ready, oldest first."""
+    ready = bot.launch(1).ready_at or 0
+    return [r.generate for r in bot.store.observations.list(1) if r.ok and r.t >= ready]
+
+
+async def test_health_200_while_generation_hangs_is_a_serving_hang_that_says_so(generating, control):
+    await wait_until(lambda: "ok" in generation_states(generating), what="a generation check that answered")
+    (control / "generate-hang").touch()
+    try:
+        la = await wait_alert(generating, 1, {"silent_hang"}, timeout=60)
+        (posted,) = alerts(generating, "silent_hang")
+        assert posted.text.startswith("gen#1 on gpu-host-1: silent_hang in serving"), posted.text
+        assert "the health endpoint answers, but generation times out" in posted.text, posted.text
+        assert "the generation check failed" in full_text(posted) and "(now: timed out)" in full_text(posted)
+        assert la.state == LaunchState.RUNNING  # alive: a hang is not an end
+        states = generation_states(generating)
+        assert states[-2:] == ["timeout", "timeout"], states  # the two failures in a row that made it
+        health = [r.health for r in generating.store.observations.list(1) if r.ok and r.generate == "timeout"]
+        assert set(health) == {"ok"}, health  # /health answered all along
+    finally:
+        (control / "generate-hang").unlink(missing_ok=True)
+    # generation answers again: recovered
+    await wait_until(lambda: any(is_alert(p) and "recovered, serving again" in p.text for p in generating.chat.posts),
+                     60, what="the recovery message")
+    assert generating.launch(1).alert_state == "ready"
+
+
+async def test_a_server_whose_generation_answers_stays_ready_and_checks_it_every_time_the_log_is_silent(
+        generating, control):
+    await wait_checks(generating, 1, 5)
+    states = generation_states(generating)
+    assert states.count("ok") >= 4 and not {s for s in states if s not in (None, "ok")}, states
+    assert [p.text.split("\n", 1)[0] for p in generating.chat.posts if is_alert(p)] == \
+        [p.text.split("\n", 1)[0] for p in alerts(generating, "ready")], "nothing but the ready alert"
+    assert generating.launch(1).alert_state == "ready"
+
+
+async def test_generation_failing_with_http_500_while_health_answers_is_unhealthy(generating, control):
+    (control / "generate-500").touch()
+    await wait_alert(generating, 1, {"unhealthy"}, timeout=60)
+    (posted,) = alerts(generating, "unhealthy")
+    assert "The generation check failed 2 checks in a row (now: HTTP 500)" in posted.text, posted.text
+
+
+async def test_the_sglang_generation_check_hangs_too_and_the_bundle_records_it(make_bot, serving_config, control):
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    launched = await bot.chat.say("/launch gensg mode=ready")
+    assert "Launched gensg#1" in launched.text, launched.text
+    await wait_alert(bot, 1, {"ready"})
+    (control / "generate-hang").touch()
+    try:
+        await wait_alert(bot, 1, {"silent_hang"}, timeout=60)
+        bundle = await bot.runtime.services.bundles.collect(launch=bot.launch(1), user="U0OPERATOR")
+        observed = json.loads(bundle.files["observed.json"])
+        assert observed["generate"] == "timeout" and observed["health"] == "ok", observed
+        assert "/health_generate" in bundle.files["curl.txt"].decode(), bundle.files["curl.txt"]
+    finally:
+        (control / "generate-hang").unlink(missing_ok=True)

@@ -112,6 +112,8 @@ class Observation:
     - `port`: the server's HTTP port; `port_open` whether it listens; `listening` all listening sockets.
     - `health`: the result of a local probe of `/health` or `/v1/models` (see HEALTH_STATES);
       `probe_lines` the raw text of a probe (commands and what they printed), judged when `health` is None.
+    - `generate`: the result of a generation check (SGLang `/health_generate`, a one-token completion), in the
+      states of `health`; None when none ran.
     - `dmesg_lines`, `stack_lines` (`/proc/PID/stack`), `shm_segments` (`ipcs -m`), `containers`
       (`docker ps`): host evidence.
     - `rank_stacks`: py-spy dumps of the ranks, (label, ProcessDump) per rank (`("TP0", dump)`); a hang's
@@ -141,6 +143,7 @@ class Observation:
     port_open: bool | None = None
     listening: list[ListenObs] | None = None
     health: str | None = None
+    generate: str | None = None
     probe_lines: list[str] | None = None
     dmesg_lines: list[str] | None = None
     stack_lines: list[str] | None = None
