@@ -193,13 +193,17 @@ def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
 
 
 def _phase_evidence(ev: _Ev, scan: LogScan) -> None:
-    """Quote the newest phase marker and the two newest progress lines, newest first (a short alert shows
-    its first evidence lines: the newest is what counts)."""
+    """Quote the newest phase marker, the line where the launch entered that phase (when another) and the two
+    newest progress lines, newest first (a short alert shows its first evidence lines: the newest is what
+    counts)."""
     if scan.phase_index is not None:
         label = scan.phase or f"{scan.finished_phase} finished"
         if scan.finished_phase and scan.ranks:
             label += f" on all {len(scan.ranks)} ranks"
         ev.add(f"last start-up line ({label}): `{_q(scan.lines[scan.phase_index])}`")
+        entered = scan.phase_entered
+        if scan.phase and entered is not None and entered != scan.phase_index:
+            ev.add(f"{scan.phase} began (log line {entered + 1}): `{_q(scan.lines[entered])}`")
     seen: list[str] = []
     for p in reversed(scan.progress):
         text = p.line.strip()

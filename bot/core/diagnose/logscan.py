@@ -66,6 +66,7 @@ class LogScan:
     phase: str | None = None
     finished_phase: str | None = None
     phase_index: int | None = None
+    phase_entered: int | None = None  # the first marker of the furthest phase: where the launch entered it
     phase_grace_s: float | None = None
     ranks: set[str] = field(default_factory=set)
     failures: list[_Hit] = field(default_factory=list)
@@ -275,6 +276,7 @@ class _Scanner:
             self.per_rank[rank] = (k, best.marker == "end", i)
         if k > self.furthest:
             self.furthest, self.ended, self.grace = k, set(), None
+            self.scan.phase_entered = i
         if k == self.furthest:
             self.last_kind = best.marker
             self.scan.phase_index = i
@@ -324,6 +326,7 @@ class _Scanner:
             # the newest step line starts a communicator (a new process group after loading, a second init):
             # the launch is in comm_init, whatever phase came before
             scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last[0]
+            scan.phase_entered = last[0]
             scan.phase_grace_s = None
         _drop_benign_tracebacks(scan, sig)
         _host_allocations(scan, sig)

@@ -151,6 +151,10 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     """The decisive failure, or None (no failure, a survived error, or failures the engine served after)."""
     hits = list(scan.failures)
     alive = obs.process_alive
+    if alive is True and (obs.port_open is True or obs.health == "ok"):
+        # a warning the engine logged while it went on serving (a pinned-memory fallback, a retried allocation)
+        # is no failure while its process runs and its port answers
+        hits = [h for h in hits if not sig.warning_severity.search(h.line)]
     dmesg_oom = (
         [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
     )
@@ -300,6 +304,8 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
         phase, phase_line, after = scan.phase, scan.phase_index, scan.finished_phase
     if phase is None and after is None and scan.phase_index is None:
         implied = [h.phase for h in f.hits if h.phase and (h.kind == f.kind or f.root is None)]
+        # else the engine's own echo of it, after it ("Shard 0 failed to start" after the OOM that stopped it)
+        implied += [h.phase for h in f.hits if h.phase and root is not None and h.index > root.index]
         phase = implied[0] if implied else None
     if phase is None and hinted is not None and (after is None or _later(hinted, after, sig)):
         phase, phase_line = hinted, hint_line
@@ -366,6 +372,65 @@ def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s
                 summary = (f"Serving hang: {running} request(s) running and {pending} waiting, and the log has been "
                            f"silent for {_secs(silence)}; a serving engine with queued work logs every few seconds.")
                 return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+    return None
+
+
+#: How many stats lines in a row with requests running and no token made make a stuck engine.
+STALLED_STATS_LINES = 3
+
+
+def _stalled_requests(obs: Observation, scan: LogScan, sig: Signatures, grace_s: float) -> Verdict | None:
+    """A serving hang behind a live HTTP front, from the log alone: the newest STALLED_STATS_LINES stats lines all
+    show requests running and no token made, or a request was taken in and nothing but probes (health, metrics)
+    and access lines came after it for the serving grace. None otherwise."""
+    lines = scan.lines
+    low = max(scan.start, len(lines) - 200)  # this run, its newest lines
+    stalled: list[int] = []
+    for i in range(len(lines) - 1, low - 1, -1):
+        m = next((m for rx in sig.stalled_stats if (m := rx.search(lines[i]))), None)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        if int(groups["running"]) == 0 or float(groups["tokens"]) > 0 or float(groups.get("prompt") or 0) > 0:
+            break  # the newest stats line that shows work (or no request) ends the run
+        stalled.append(i)
+        if len(stalled) >= STALLED_STATS_LINES:
+            break
+    ev = _Ev()
+    if len(stalled) >= STALLED_STATS_LINES:
+        ev.add(f"{STALLED_STATS_LINES} stats lines in a row with requests running and no token made, the newest (log "
+               f"line {stalled[0] + 1}): `{_q(lines[stalled[0]])}`")
+        summary = ("Serving hang: requests are running but the engine makes no tokens (its stats lines say 0 tokens/s "
+                   f"{STALLED_STATS_LINES} times in a row)")
+    else:
+        taken = _taken_and_silent(scan, sig, low)
+        silence = obs.log_silent_s
+        if taken is None or silence is None or silence < grace_s:
+            return None
+        ev.add(f"request taken in (log line {taken + 1}): `{_q(lines[taken])}`")
+        ev.add(f"nothing but probes after it for {_secs(silence)}, beyond the {_secs(grace_s)} serving grace")
+        summary = (f"Serving hang: a request was taken in and the engine has logged nothing for it in {_secs(silence)}"
+                   "; only health probes followed")
+    probe = next((i for i in range(len(lines) - 1, low - 1, -1) if sig.probe_line.first(lines[i])), None)
+    if probe is not None:
+        ev.add(f"the health endpoint still answers (log line {probe + 1}): `{_q(lines[probe])}`")
+    if obs.health == "ok" or probe is not None:
+        summary += ", while the health endpoint answers: it does not go through the stuck engine."
+    else:
+        summary += "."
+    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+
+
+def _taken_and_silent(scan: LogScan, sig: Signatures, low: int) -> int | None:
+    """The index of the newest request-received line when every line after it is a probe, an HTTP access line or
+    blank (nothing the engine logged for it); None otherwise."""
+    lines = scan.lines
+    for i in range(len(lines) - 1, low - 1, -1):
+        line = lines[i]
+        if sig.request_received.first(line):
+            return i
+        if line.strip() and not sig.probe_line.first(line) and not sig.request_line.first(line):
+            return None
     return None
 
 
@@ -566,7 +631,8 @@ def _serving_rule(c: _Case) -> Verdict | None:
         health in (None, "connect_timeout")
         and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
     ):
-        stuck = _queued_but_silent(obs, scan, sig, c.grace.get("serving", c.silence_default))
+        grace = c.grace.get("serving", c.silence_default)
+        stuck = _queued_but_silent(obs, scan, sig, grace) or _stalled_requests(obs, scan, sig, grace)
         if stuck is not None:
             return stuck
         ev = _Ev()

@@ -157,6 +157,9 @@ class Signatures:
     request_line: _Group
     stop_requested: _Group
     queued_requests: list[re.Pattern[str]]
+    stalled_stats: list[re.Pattern[str]]
+    request_received: _Group
+    probe_line: _Group
     leftover_processes: _Group
     warning_severity: re.Pattern[str]
 
@@ -253,6 +256,14 @@ def _engine_parts(engines_data: Any, order: tuple[str, ...]) -> _EngineParts:
     return out
 
 
+#: The top-level keys of signatures.yaml that are one group of generic patterns each (`Signatures` fields).
+_GENERIC_GROUPS = ("killed", "progress_generic", "benign_exceptions", "shutdown", "leftover_processes",
+                   "request_received", "probe_line", "serving_evidence", "error_tail", "completion", "host_allocation",
+                   "gpu_memory", "request_line", "stop_requested", "comm_init_start")
+#: The top-level keys that are plain lists of compiled patterns (their named groups are read).
+_PATTERN_LISTS = ("ranks", "queued_requests", "stalled_stats")
+
+
 def load_signatures(text: str | None = None) -> Signatures:
     """Compile signatures from YAML `text`, or from the bundled `bot/core/diagnose/signatures.yaml` when None.
 
@@ -289,29 +300,16 @@ def load_signatures(text: str | None = None) -> Signatures:
         heartbeat=_Group(e.heartbeat),
         benign=_Group(e.benign),
         failures={k: _Group(v) for k, v in e.failures.items()},
-        killed=generic("killed"),
         context={str(k): _Group(_pats(v, f"context.{k}", "generic")) for k, v in (data.get("context") or {}).items()},
-        ranks=[p.regex for p in _pats(data.get("ranks"), "ranks", "generic")],
         progress_counter=regex("progress_counter", r"(?P<done>\d+)/(?P<total>\d+) \["),
-        progress_generic=generic("progress_generic"),
-        benign_exceptions=generic("benign_exceptions"),
         exception_line=regex("exception_line", r"^(\w+Error): "),
-        shutdown=generic("shutdown"),
         next_steps={str(k): [markup(str(s)) for s in (v or [])] for k, v in (data.get("next_steps") or {}).items()},
         phase_hints=_hints(data.get("phase_hints"), order),
         warning_severity=regex("warning_severity", r"\bWARN(?:ING)?\b"),
         causes=_causes(data.get("causes")),
-        leftover_processes=generic("leftover_processes"),
-        queued_requests=[p.regex for p in _pats(data.get("queued_requests"), "queued_requests", "generic")],
-        serving_evidence=generic("serving_evidence"),
-        error_tail=generic("error_tail"),
-        completion=generic("completion"),
-        host_allocation=generic("host_allocation"),
-        gpu_memory=generic("gpu_memory"),
-        request_line=generic("request_line"),
-        stop_requested=generic("stop_requested"),
-        comm_init_start=generic("comm_init_start"),
         error_severity=regex("error_severity", r"\bERROR\b"),
+        **{k: generic(k) for k in _GENERIC_GROUPS},
+        **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))
 
 
