@@ -6,7 +6,9 @@ server still serving?". In order: the launch's processes are gone (`crashed`, `o
 `exited`, with the exit status or signal the launch wrapper logged); a lost GPU; a new OOM / CUDA / NCCL
 error in the lines logged since the previous check; the health endpoint failing `failures_needed` checks
 in a row, which is a serving hang (`silent_hang` in `serving`) when it times out while the log is silent
-and the GPUs sit idle or spin, else `unhealthy`; otherwise `ready`.
+and the GPUs sit idle or spin, else `unhealthy`; engine stats lines that show requests running and no token made
+several times in a row, and a generation check that keeps failing while /health answers (a serving hang when it
+times out with the log silent); otherwise `ready`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from bot.core.commands import slash
-from bot.core.diagnose import Observation, Verdict, diagnose, nccl_in_play
+from bot.core.diagnose import STALLED_STATS_LINES, Observation, Verdict, diagnose, nccl_in_play, stalled_stats
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
 from bot.core.records import CheckRecord
@@ -172,6 +174,16 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
     if fresh.verdict in LIVE_ERRORS:
         return replace(fresh, phase="serving",
                        summary=fresh.summary + " The server process is still running.")
+    stalled = stalled_stats(new_lines)
+    if len(stalled) >= STALLED_STATS_LINES:
+        ev = [f"{STALLED_STATS_LINES} stats lines in a row with requests running and no token made, the newest: "
+              f"`{new_lines[stalled[0]].strip()[:300]}`"]
+        if obs.health is not None:
+            ev.append(f"health endpoint: {health_words(obs.health)}")
+        return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"),
+                       "Serving hang: requests are running but the engine makes no tokens (its stats lines say 0 "
+                       f"tokens/s {STALLED_STATS_LINES} times in a row)"
+                       + (", while the health endpoint answers." if obs.health == "ok" else "."))
     streak = failing_streak(records)
     health = obs.health or ("refused" if obs.port_open is False else None)
     if streak < max(1, failures_needed):

@@ -44,7 +44,13 @@ from bot.core.diagnose.observation import (
     ShmSegment,
     Verdict,
 )
-from bot.core.diagnose.rules import CPU_PROGRESS_CORES, diagnose, format_verdict
+from bot.core.diagnose.rules import (
+    CPU_PROGRESS_CORES,
+    STALLED_STATS_LINES,
+    diagnose,
+    format_verdict,
+    stalled_stats,
+)
 from bot.core.diagnose.signatures import SIGNATURES, Signatures, load_signatures
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "HEALTH_STATES",
     "PHASES",
     "SIGNATURES",
+    "STALLED_STATS_LINES",
     "VERDICTS",
     "ContainerObs",
     "ListenObs",
@@ -65,4 +72,5 @@ __all__ = [
     "load_signatures",
     "nccl_in_play",
     "scan_log",
+    "stalled_stats",
 ]

@@ -385,17 +385,7 @@ def _stalled_requests(obs: Observation, scan: LogScan, sig: Signatures, grace_s:
     and access lines came after it for the serving grace. None otherwise."""
     lines = scan.lines
     low = max(scan.start, len(lines) - 200)  # this run, its newest lines
-    stalled: list[int] = []
-    for i in range(len(lines) - 1, low - 1, -1):
-        m = next((m for rx in sig.stalled_stats if (m := rx.search(lines[i]))), None)
-        if m is None:
-            continue
-        groups = m.groupdict()
-        if int(groups["running"]) == 0 or float(groups["tokens"]) > 0 or float(groups.get("prompt") or 0) > 0:
-            break  # the newest stats line that shows work (or no request) ends the run
-        stalled.append(i)
-        if len(stalled) >= STALLED_STATS_LINES:
-            break
+    stalled = stalled_stats(lines, sig, low)
     ev = _Ev()
     if len(stalled) >= STALLED_STATS_LINES:
         ev.add(f"{STALLED_STATS_LINES} stats lines in a row with requests running and no token made, the newest (log "
@@ -419,6 +409,26 @@ def _stalled_requests(obs: Observation, scan: LogScan, sig: Signatures, grace_s:
     else:
         summary += "."
     return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+
+
+def stalled_stats(lines: Sequence[str], sig: Signatures | None = None, low: int = 0) -> list[int]:
+    """The indexes (newest first) of the newest run of engine stats lines (signatures' `stalled_stats`: vLLM's
+    `Avg generation throughput: 0.0 tokens/s, Running: 1 reqs`, SGLang's `#running-req: 1 ... gen throughput
+    (token/s): 0.00`) that show requests running and no token made, looking no further back than `low` and stopping
+    at STALLED_STATS_LINES; empty when the newest stats line shows work or no request."""
+    sig = sig or SIGNATURES
+    stalled: list[int] = []
+    for i in range(len(lines) - 1, low - 1, -1):
+        m = next((m for rx in sig.stalled_stats if (m := rx.search(lines[i]))), None)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        if int(groups["running"]) == 0 or float(groups["tokens"]) > 0 or float(groups.get("prompt") or 0) > 0:
+            break  # the newest stats line that shows work (or no request) ends the run
+        stalled.append(i)
+        if len(stalled) >= STALLED_STATS_LINES:
+            break
+    return stalled
 
 
 def _taken_and_silent(scan: LogScan, sig: Signatures, low: int) -> int | None:
