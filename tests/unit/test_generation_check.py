@@ -310,3 +310,21 @@ def test_diagnose_a_warning_while_the_server_answers_is_no_failure():
     # the same warning from a server that died is still read
     gone = diagnose(Observation(log_lines=lines, process_alive=False))
     assert gone.verdict != "ready"
+
+
+# --- long blocks keep both ends ---------------------------------------------------------------------------
+
+
+def test_a_long_traceback_keeps_its_outermost_and_innermost_frames_and_its_message():
+    frames = [f'  File "/srv/app/mod{i}.py", line {i + 10}, in step_{i}\n    step_{i + 1}()' for i in range(20)]
+    lines = ["[2026-01-01 10:00:00 TP0] Load weight begin. avail mem=70.00 GB", "Traceback (most recent call last):",
+             *"\n".join(frames).splitlines(),
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. " + "detail " * 100 + "END"]
+    v = diagnose(Observation(log_lines=lines, process_alive=False))
+    assert v.verdict == "oom"
+    text = "\n".join(v.evidence)
+    chain = next(e for e in v.evidence if e.startswith("traceback, last frame"))
+    assert "step_0 → step_1 → … →" in chain and chain.rstrip(")").endswith("step_19"), chain
+    # the over-long message line keeps its head (what failed) and its tail (its last words)
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in text and "END`" in text
+    assert "Traceback (most recent call last)" not in text

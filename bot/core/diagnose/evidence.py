@@ -188,7 +188,9 @@ def _traceback_summary(scan: LogScan, i: int, sig: Signatures) -> str | None:
         parts.append(f"`{_q(scan.lines[code])}`")
     if end is not None:
         parts.append(f"`{_q(scan.lines[end])}`")
-    chain = f" (frames, innermost last: {' → '.join(names[-8:])})" if len(names) > 1 else ""
+    # a long chain keeps both ends: where the program entered (the outermost frames) and where it failed
+    shown = names if len(names) <= 8 else [*names[:2], "…", *names[-5:]]
+    chain = f" (frames, innermost last: {' → '.join(shown)})" if len(names) > 1 else ""
     return "traceback, last frame: " + " → ".join(parts) + chain
 
 
