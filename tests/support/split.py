@@ -81,8 +81,6 @@ KNOWN_MISSES = {
     "64": "a one-shot run.py that completed: no process or exit evidence, so unknown",
     "75": "the evidence is in kubectl.txt, which is not a bundle file",
     "106": "ROCm evidence (fuser.txt, rocm-smi.txt) is not read",
-    "109": "a gloo send timeout wrapped in `Capture cuda graph failed` is read as a crash, not a collective failure",
     "115": "phase: Triton TRT-LLM engine deserialisation failure",
-    "117": "phase: SGLang torch.compile autotuning inside graph capture",
     "147": "LlamaEdge's `[ASSISTANT]:` answer lines are not quoted as what the user saw (the verdict is right)",
 }

@@ -305,7 +305,7 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
     if phase is None and after is None and scan.phase_index is None:
         implied = [h.phase for h in f.hits if h.phase and (h.kind == f.kind or f.root is None)]
         # else the engine's own echo of it, after it ("Shard 0 failed to start" after the OOM that stopped it)
-        implied += [h.phase for h in f.hits if h.phase and root is not None and h.index > root.index]
+        implied += [h.phase for h in f.hits if h.phase and root is not None and h.index >= root.index and h is not root]
         phase = implied[0] if implied else None
     if phase is None and hinted is not None and (after is None or _later(hinted, after, sig)):
         phase, phase_line = hinted, hint_line
