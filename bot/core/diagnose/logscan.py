@@ -67,6 +67,7 @@ class LogScan:
     finished_phase: str | None = None
     phase_index: int | None = None
     phase_entered: int | None = None  # the first marker of the furthest phase: where the launch entered it
+    phase_order: tuple[str, ...] = ()  # the start-up order the phases were read in (the engine's own, or the common)
     phase_grace_s: float | None = None
     ranks: set[str] = field(default_factory=set)
     failures: list[_Hit] = field(default_factory=list)
@@ -188,7 +189,11 @@ class _Scanner:
         self.ready_groups = [sig.ready[e] for e in scan.engines if e in sig.ready and sig.ready[e].pats]
         if not self.ready_groups:
             self.ready_groups = [g for g in sig.ready.values() if g.pats]
-        self.order = {p: k for k, p in enumerate(sig.phase_order)}
+        # the start-up order of the engine the log is from, where it has its own (TGI warms up before it sizes its
+        # KV cache; TensorRT-LLM autotunes before it captures graphs), else the common one
+        scan.phase_order = next((sig.engine_order[e] for e in scan.engines if e in sig.engine_order),
+                                sig.phase_order)
+        self.order = {p: k for k, p in enumerate(scan.phase_order)}
         self.furthest = -1
         self.last_kind: str | None = None
         self.ended: set[str] = set()
@@ -256,10 +261,10 @@ class _Scanner:
         if rank is None:
             if self.furthest < 0 or self.scan.phase_index is None:
                 return None
-            return self.sig.phase_order[self.furthest], self._ended_everywhere(), self.scan.phase_index
+            return self.scan.phase_order[self.furthest], self._ended_everywhere(), self.scan.phase_index
         own, shared = self.per_rank.get(rank), self.per_rank.get(None)
         best = max((x for x in (own, shared) if x is not None), default=None)
-        return (self.sig.phase_order[best[0]], best[1], best[2]) if best is not None else None
+        return (self.scan.phase_order[best[0]], best[1], best[2]) if best is not None else None
 
     def _ended_everywhere(self) -> bool:
         """Whether the furthest phase's newest marker ends it, on every rank seen (or once, without ranks)."""
@@ -312,7 +317,7 @@ class _Scanner:
         dropped; returns the scan."""
         scan, sig = self.scan, self.sig
         if self.furthest >= 0:
-            phase = sig.phase_order[self.furthest]
+            phase = scan.phase_order[self.furthest]
             scan.phase_grace_s = self.grace
             if self._ended_everywhere():
                 scan.finished_phase = phase

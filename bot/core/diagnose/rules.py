@@ -209,12 +209,13 @@ def _went_on(hits: list[_Hit], scan: LogScan, sig: Signatures) -> bool:
     if scan.phase_index is None or scan.phase_index <= last.index or scan.phase is None:
         return False
     was = last.reached[0] if last.reached is not None else None
-    return was is None or _later(scan.phase, was, sig)
+    return was is None or _later(scan.phase, was, scan)
 
 
-def _later(phase: str, than: str, sig: Signatures) -> bool:
-    """Whether start-up phase `phase` comes after `than` (False when either is no start-up phase)."""
-    order = sig.phase_order
+def _later(phase: str, than: str, scan: LogScan) -> bool:
+    """Whether start-up phase `phase` comes after `than` in the order the log was read in (its engine's own, or
+    the common one; False when either is no start-up phase)."""
+    order = scan.phase_order
     return phase in order and than in order and order.index(phase) > order.index(than)
 
 
@@ -307,7 +308,7 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
         # else the engine's own echo of it, after it ("Shard 0 failed to start" after the OOM that stopped it)
         implied += [h.phase for h in f.hits if h.phase and root is not None and h.index >= root.index and h is not root]
         phase = implied[0] if implied else None
-    if phase is None and hinted is not None and (after is None or _later(hinted, after, sig)):
+    if phase is None and hinted is not None and (after is None or _later(hinted, after, scan)):
         phase, phase_line = hinted, hint_line
     if f.kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first

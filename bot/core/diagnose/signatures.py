@@ -133,6 +133,7 @@ class Signatures:
     run_start: _Group
     markers: dict[str, _Group]  # engine -> begin/progress/end markers of every phase
     ready: dict[str, _Group]
+    engine_order: dict[str, tuple[str, ...]]  # engine -> its own start-up order, where it differs from phase_order
     heartbeat: _Group
     benign: _Group
     failures: dict[str, _Group]  # kind -> patterns of every engine
@@ -213,6 +214,7 @@ class _EngineParts:
     detect: dict[str, _Group] = field(default_factory=dict)
     markers: dict[str, _Group] = field(default_factory=dict)
     ready: dict[str, _Group] = field(default_factory=dict)
+    orders: dict[str, tuple[str, ...]] = field(default_factory=dict)
     processes: list[_Pat] = field(default_factory=list)
     run_start: list[_Pat] = field(default_factory=list)
     heartbeat: list[_Pat] = field(default_factory=list)
@@ -236,6 +238,11 @@ def _engine_parts(engines_data: Any, order: tuple[str, ...]) -> _EngineParts:
         out.heartbeat += _pats(eng.get("heartbeat"), f"{where}.heartbeat", name)
         out.benign += _pats(eng.get("benign"), f"{where}.benign", name)
         out.ready[name] = _Group(_pats(eng.get("ready"), f"{where}.ready", name))
+        own = eng.get("phase_order")
+        if own is not None:
+            if not isinstance(own, list) or sorted(map(str, own)) != sorted(order):
+                raise ValueError(f"signatures: {where}.phase_order: must list the phases {', '.join(order)}, each once")
+            out.orders[name] = tuple(map(str, own))
         mk: list[_Pat] = []
         for phase, kinds in (eng.get("phases") or {}).items():
             if phase not in order:
@@ -297,6 +304,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         run_start=_Group(e.run_start),
         markers=e.markers,
         ready=e.ready,
+        engine_order=e.orders,
         heartbeat=_Group(e.heartbeat),
         benign=_Group(e.benign),
         failures={k: _Group(v) for k, v in e.failures.items()},
