@@ -6,7 +6,8 @@
     python -m benchmarks.case_corpus --held-out-3 # also the held-out third of the issue-24 set (100 and up)
 
 Per part it prints how many bundles get the verdict right, the phase right, every evidence_must_mention quoted,
-and all three ("fully right"). The held-out third is measured once per issue and reported; its misses are not
+and all three ("fully right"), and the false alarms on the controls (bundles that expect `ready` or `loading` and
+get another verdict). The held-out third is measured once per issue and reported; its misses are not
 listed, so no rule is written against them.
 """
 
@@ -20,6 +21,9 @@ from bot.adapters.bundle import read_bundle
 from bot.core.diagnose import diagnose
 from tests.support.paths import CASES
 from tests.support.split import second_held_out, split, third_set
+
+#: Verdicts that raise no alarm: a control bundle (a healthy or still-progressing launch) expects one of them.
+QUIET = frozenset({"ready", "loading"})
 
 
 def score(bundle: Path) -> dict[str, object]:
@@ -39,8 +43,12 @@ def report(name: str, bundles: list[Path], list_misses: bool) -> None:
     n = len(rows)
     count = {k: sum(1 for _, r in rows if r[k]) for k in ("verdict_ok", "phase_ok", "quotes_ok")}
     full = sum(1 for _, r in rows if r["verdict_ok"] and r["phase_ok"] and r["quotes_ok"])
+    # controls: healthy or still-progressing launches; an alarm verdict on one is a false alarm
+    controls = [r for _, r in rows if r["expected"][0] in QUIET]
+    alarms = sum(1 for r in controls if r["got"][0] not in QUIET)
     print(f"{name:<13} {n:>3} bundles  verdict {count['verdict_ok']:>2}/{n}  phase {count['phase_ok']:>2}/{n}  "
-          f"quotes {count['quotes_ok']:>2}/{n}  fully right {full:>2}/{n} ({100 * full / max(1, n):.0f} %)")
+          f"quotes {count['quotes_ok']:>2}/{n}  fully right {full:>2}/{n} ({100 * full / max(1, n):.0f} %)  "
+          f"false alarms {alarms}/{len(controls)} controls")
     if list_misses:
         for b, r in rows:
             if not (r["verdict_ok"] and r["phase_ok"] and r["quotes_ok"]):
