@@ -81,6 +81,5 @@ KNOWN_MISSES = {
     "64": "a one-shot run.py that completed: no process or exit evidence, so unknown",
     "75": "the evidence is in kubectl.txt, which is not a bundle file",
     "106": "ROCm evidence (fuser.txt, rocm-smi.txt) is not read",
-    "115": "phase: Triton TRT-LLM engine deserialisation failure",
     "147": "LlamaEdge's `[ASSISTANT]:` answer lines are not quoted as what the user saw (the verdict is right)",
 }

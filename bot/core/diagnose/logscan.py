@@ -357,7 +357,7 @@ def _host_allocations(scan: LogScan, sig: Signatures) -> None:
 
 def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:
     """The failure on line `i`: the first kind (in priority order) that matches, with the phase its pattern (or,
-    when it gives none, a lower-ranked kind's pattern on the same line) names; a SIGKILL hint ranks just above
+    when it gives none, another pattern of its kind or of a lower-ranked one on the same line) names; a SIGKILL hint ranks just above
     `crashed`."""
     for n, kind in enumerate(_FAILURE_KINDS):
         if kind == "crashed" and (k := sig.killed.first(line)):
@@ -365,8 +365,8 @@ def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:
         if p := sig.failures[kind].first(line):
             phase = p.phase
             if phase is None:  # the engine's own words on the same line may say where ("Capture cuda graph
-                # failed: <a gloo timeout>"): the first phase a lower-ranked kind's pattern gives there
-                phase = next((q.phase for other in _FAILURE_KINDS[n + 1:] for q in sig.failures[other].all(line)
+                # failed: <a gloo timeout>"): the first phase another pattern of this or a lower kind gives there
+                phase = next((q.phase for other in _FAILURE_KINDS[n:] for q in sig.failures[other].all(line)
                               if q.phase is not None), None)
             return _Hit(i, line, kind, echo=p.echo, phase=phase)
     return None
