@@ -78,7 +78,6 @@ KNOWN_MISSES = {
     "58": "Ray Serve's 'taken more than 30s to be scheduled' is not quoted as the reason",
     "61": "a weight-loading bar stalled for 600 s is within the 1800 s weight_loading grace: loading, not a hang",
     "63": "phase: a Ray memory-monitor kill hours into serving: no serving line in the excerpt",
-    "64": "a one-shot run.py that completed: no process or exit evidence, so unknown",
     "75": "the evidence is in kubectl.txt, which is not a bundle file",
     "106": "ROCm evidence (fuser.txt, rocm-smi.txt) is not read",
     "147": "LlamaEdge's `[ASSISTANT]:` answer lines are not quoted as what the user saw (the verdict is right)",
