@@ -74,7 +74,6 @@ def miss_key(directory: Path) -> str:
 #: strict xfails: one that becomes right fails the run until it is taken off this list.
 KNOWN_MISSES = {
     "36": "the bare `AssertionError` that ends TP7's traceback is interleaved with TP6's lines: not quoted",
-    "54": "phase: TRT-LLM executor init (ncclInvalidUsage at communicator setup) not read as comm_init",
     "58": "Ray Serve's 'taken more than 30s to be scheduled' is not quoted as the reason",
     "61": "a weight-loading bar stalled for 600 s is within the 1800 s weight_loading grace: loading, not a hang",
     "63": "phase: a Ray memory-monitor kill hours into serving: no serving line in the excerpt",

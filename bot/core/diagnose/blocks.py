@@ -9,6 +9,8 @@ block right before the ERROR block of the same event).
 
 from __future__ import annotations
 
+import re
+
 from bot.core.diagnose.evidence import _q, _q_at
 from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp
 from bot.core.diagnose.signatures import Signatures
@@ -25,10 +27,15 @@ def quote_hit(h: _Hit, sig: Signatures) -> str:
     return _q_at(h.line, m.start()) if m else _q(h.line)
 
 
+#: A native backtrace frame (TensorRT-LLM's and glog's C++ stack traces): `2   0x7a14577171ec tensorrt_llm::...`.
+_NATIVE_FRAME = re.compile(r"\d{1,3}\s+0x[0-9a-f]{6,16} \S")
+
+
 def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = None) -> bool:
     """Whether a line belongs to a multi-line error block: an error-severity prefix, a traceback line (frame,
-    code, caret), an exception line, or (with `event`, the failure line's timestamp) a line logged in the same
-    second, whatever its severity (a CUDA error logged as a WARNING block right before the ERROR block)."""
+    code, caret, or a native backtrace frame), an exception line, or (with `event`, the failure line's timestamp) a
+    line logged in the same second, whatever its severity (a CUDA error logged as a WARNING block right before the
+    ERROR block)."""
     body = line.strip()
     if not body:
         return False
@@ -36,7 +43,8 @@ def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = 
         return True
     return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
                 or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
-                or line[:1] in (" ", "\t") or sig.error_tail.first(line) is not None)
+                or line[:1] in (" ", "\t") or sig.error_tail.first(line) is not None
+                or (line[:1].isdigit() and _NATIVE_FRAME.match(line) is not None))
 
 
 def _block_after(scan: LogScan, i: int, sig: Signatures, event: tuple[str, float] | None, limit: int) -> list[int]:

@@ -357,8 +357,8 @@ def _host_allocations(scan: LogScan, sig: Signatures) -> None:
 
 def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:
     """The failure on line `i`: the first kind (in priority order) that matches, with the phase its pattern (or,
-    when it gives none, another pattern of its kind or of a lower-ranked one on the same line) names; a SIGKILL hint ranks just above
-    `crashed`."""
+    when it gives none, another pattern of its kind or of a lower-ranked one on the same line) names; a SIGKILL
+    hint ranks just above `crashed`."""
     for n, kind in enumerate(_FAILURE_KINDS):
         if kind == "crashed" and (k := sig.killed.first(line)):
             return _Hit(i, line, "killed", phase=k.phase)
