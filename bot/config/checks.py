@@ -178,4 +178,21 @@ def config_warnings(cfg: Config) -> list[str]:
             if "${" in value and not ENV_REF_RE.fullmatch(value):
                 out.append(f"{where}.{key}: only a value that is exactly ${{NAME}} is expanded; "
                            "this one is passed literally")
+    out += _generation_warnings(cfg)
+    return out
+
+
+def _generation_warnings(cfg: Config) -> list[str]:
+    """A variant's generation check whose timeout the host's command timeout cuts (it is kept 2 s under it)."""
+    out = []
+    for name in cfg.variants:
+        try:
+            v = cfg.resolved_variant(name)
+        except KeyError:
+            continue
+        host = cfg.hosts.get(v.host or "")
+        if v.generate is not None and host is not None and v.generate.timeout_s > host.command_timeout_s - 2:
+            out.append(f"variants.{name}.generate.timeout_s: {v.generate.timeout_s:g} s is cut to "
+                       f"{max(1.0, host.command_timeout_s - 2):g} s (2 s under hosts.{v.host}.command_timeout_s); "
+                       "raise the host's command_timeout_s to wait longer")
     return out

@@ -283,8 +283,9 @@ class GenerateCheck(_Model):
     preset's; `model` is put in an OpenAI body (servers that need it: vLLM before 0.6, several gateways). Timing, in
     seconds: each check waits up to `timeout_s` for the answer; it runs on every liveness check once the log has
     been silent for `grace_s`, and otherwise at most every `interval_s` (a busy server is not asked for more
-    tokens than it needs). `failures` checks in a row that time out (with the log silent) make a serving hang; that
-    many that fail otherwise (an HTTP error) make `unhealthy`. A variant names it as `generate: openai` or as a
+    tokens than it needs). `failures` checks in a row that get no token in time (a timeout, or SGLang's 503) with the
+    log silent make a serving hang (while the log moves, a slow answer is a busy server: no alert); that many that
+    fail otherwise (another HTTP error) make `unhealthy`. A variant names it as `generate: openai` or as a
     mapping of these keys."""
 
     preset: Literal["sglang", "openai", "tgi", "custom"] = "custom"
@@ -341,7 +342,8 @@ class GenerateCheck(_Model):
         body = dict(self.body) if self.body is not None else (dict(body) if body is not None else None)
         if self.model is not None and body is not None:
             body["model"] = self.model
-        return path, None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        # ASCII JSON (\\uXXXX escapes): any text of the config goes, a lone surrogate included
+        return path, None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=True)
 
 
 class VariantConfig(_Model):

@@ -167,18 +167,20 @@ def observed_from_probes(first: Snapshot, second: Snapshot, *, pid: int | None =
 
 
 def _curl_text(snap: Snapshot) -> str | None:
-    text = "".join(_curl_lines(h) for h in (snap.health, snap.generate) if h is not None)
+    text = "".join(_curl_lines(h, label) for h, label in ((snap.health, "health check"),
+                                                          (snap.generate, "generation check")) if h is not None)
     return text or None
 
 
-def _curl_lines(h: HealthResult) -> str:
-    """One HTTP check (health or generation) in curl's words: the command, then what it got."""
+def _curl_lines(h: HealthResult, label: str) -> str:
+    """One HTTP check (`label`: health or generation) in curl's words: what was asked, then what it got."""
     got = {"ok": f"HTTP/1.1 {h.http_code or 200}", "refused": "curl: (7) Failed to connect: Connection refused",
            "timeout": f"curl: (28) Operation timed out after {h.elapsed_s or 0:.0f} seconds",
            "empty": "curl: (52) Empty reply from server"}.get(h.status)
     if got is None and h.http_code is not None:
         got = f"HTTP/1.1 {h.http_code}"
-    return f"$ curl -s -i -m 5 {h.url}\n{got or h.detail or h.status}\n"
+    took = f" after {h.elapsed_s:.1f} s" if h.elapsed_s is not None else ""
+    return f"# {label}: {h.url}{took}\n{got or h.detail or h.status}\n"
 
 
 def bundle_files(first: Snapshot, second: Snapshot, *, processes: Sequence[ProcessInfo],

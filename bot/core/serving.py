@@ -18,7 +18,15 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from bot.core.commands import slash
-from bot.core.diagnose import STALLED_STATS_LINES, Observation, Verdict, diagnose, nccl_in_play, stalled_stats
+from bot.core.diagnose import (
+    GENERATION_STUCK,
+    STALLED_STATS_LINES,
+    Observation,
+    Verdict,
+    diagnose,
+    nccl_in_play,
+    stalled_stats,
+)
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
 from bot.core.records import CheckRecord
@@ -84,14 +92,15 @@ def generation_streak(records: Sequence[CheckRecord]) -> int:
 
 
 def generation_due(records: Sequence[CheckRecord], *, step_s: float, grace_s: float, interval_s: float) -> bool:
-    """Whether the next liveness check runs the generation check (pure): on every check once the log will have been
-    silent for `grace_s` seconds by then, after a failed one (until it answers again), and otherwise when none ran
-    within `interval_s` seconds. `records`: the checks since ready, oldest first; `step_s`: seconds until the next
-    check (the serving interval). Times are the records' own (the host's clock), so the two clocks never mix."""
+    """Whether the next liveness check runs the generation check (pure): on every check once the previous one found
+    the log silent for `grace_s` seconds, after a failed one (until it answers again), and otherwise when none ran
+    within `interval_s` seconds (by the next check). `records`: the checks since ready, oldest first; `step_s`:
+    seconds until the next check (the serving interval). Times are the records' own (the host's clock), so the two
+    clocks never mix."""
     prev = next((r for r in reversed(records) if r.ok), None)
     if prev is None:
         return True
-    if prev.last_progress_t is not None and prev.t - prev.last_progress_t + step_s >= grace_s:
+    if prev.last_progress_t is not None and prev.t - prev.last_progress_t >= grace_s:
         return True
     last = next((r for r in reversed(records) if r.ok and r.generate is not None), None)
     return last is None or last.generate != "ok" or prev.t - last.t + step_s >= interval_s
@@ -236,8 +245,9 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
 def _generation_verdict(obs: Observation, records: Sequence[CheckRecord], needed: int,
                         silence_s: float) -> Verdict | None:
     """The verdict when the generation check failed `needed` times in a row, this check's included, while the health
-    endpoint is not (yet) failing: `silent_hang` in serving when it timed out with the log silent for `silence_s`
-    seconds, else `unhealthy`. None otherwise."""
+    endpoint is not (yet) failing: `silent_hang` in serving when it got no token in time (GENERATION_STUCK) with the
+    log silent for `silence_s` seconds, none while the log moves (a busy server), `unhealthy` for another failure
+    (an HTTP error). None otherwise."""
     if obs.generate is None or obs.generate == "ok":
         return None
     streak = generation_streak(records)
@@ -252,7 +262,9 @@ def _generation_verdict(obs: Observation, records: Sequence[CheckRecord], needed
     for g in (obs.gpus or [])[:4]:
         ev.append(f"GPU {g.index}: {(g.memory_used_mib or 0) / 1024:.1f} GiB used, "
                   f"{g.utilization_gpu_pct if g.utilization_gpu_pct is not None else '?'} % utilization")
-    if obs.generate in TIMEOUT_HEALTH and silence is not None and silence >= silence_s:
+    if obs.generate in GENERATION_STUCK:
+        if silence is None or silence < silence_s:
+            return None  # a slow answer while the log moves: a busy server, not a hang
         return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"),
                        f"Serving hang: {'the health endpoint answers, but ' if obs.health == 'ok' else ''}"
                        f"generation times out ({streak} checks in a row) and the log has been silent for "

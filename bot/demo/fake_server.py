@@ -22,7 +22,8 @@ did so within 2 s (like SGLang's /health, which goes through the scheduler): a r
 makes /health time out. With `--control DIR`: the file DIR/health-503 makes /health answer 503, and DIR/oom
 makes rank 0 log a CUDA OOM and exit 1, after which the launcher stops the other ranks and exits 1; while
 DIR/generate-hang exists, generation (POST /v1/completions, GET /health_generate) hangs while /health still
-answers 200 (an HTTP front whose engine makes no tokens), and DIR/generate-500 makes POST /v1/completions
+answers 200 (an HTTP front whose engine makes no tokens; /health_generate gives up after 3 s with SGLang's
+`Health check failed` line and a 503), and DIR/generate-500 makes POST /v1/completions
 answer 500.
 """
 
@@ -174,7 +175,10 @@ class Health(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/health") and not self._ranks_alive():
             time.sleep(30)  # a wedged scheduler: the request hangs
             return self._empty(503)
-        if self.path == "/health_generate" and self._generation_hangs():
+        if self.path == "/health_generate" and self._generation_hangs(give_up_s=3.0):
+            # like SGLang: it gives up on the detokenizer after a while, says so in its log, and answers 503
+            print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] Health check failed. Server couldn't get a response from "
+                  "detokenizer for last 3 seconds. tic start time: 0.0. last_heartbeat time: 0.0", flush=True)
             return self._empty(503)
         if self.path in ("/health", "/health_generate", "/v1/models"):
             body = b"" if self.path.startswith("/health") else json.dumps({"data": [{"id": "fake"}]}).encode()
@@ -186,13 +190,13 @@ class Health(http.server.BaseHTTPRequestHandler):
             self.send_response(404)
             self.end_headers()
 
-    def _generation_hangs(self):
-        """While the control file `generate-hang` exists, wait (up to 10 min) as an engine that makes no tokens
-        would; True when it was there (the request then gets a 503, if anyone still waits)."""
+    def _generation_hangs(self, give_up_s=600.0):
+        """While the control file `generate-hang` exists, wait (up to `give_up_s` seconds) as an engine that makes
+        no tokens would; True when it was there (the request then gets a 503, if anyone still waits)."""
         flag = os.path.join(self.control, "generate-hang") if self.control else None
         if flag is None or not os.path.exists(flag):
             return False
-        end = time.monotonic() + 600
+        end = time.monotonic() + give_up_s
         while os.path.exists(flag) and time.monotonic() < end:
             time.sleep(0.2)
         return True

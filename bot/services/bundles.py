@@ -103,9 +103,10 @@ class BundleService:
         extras_task = asyncio.ensure_future(self._extras(host))
         await asyncio.sleep(self._gap_s)
         # the second probe also runs the variant's generation check, if it names one: observed.json records it
+        # (a live launch only: an ended one's port may now belong to another server)
         second = await self._hosts.probe(host, self._launches.launch_probe_request(launch, tail_lines=tail_lines,
                                                                                     generate=True)
-                                         if launch is not None else req)
+                                         if launch is not None and launch.live else req)
         missing: list[str] = []
         if isinstance(second, HostFailure):
             missing.append(f"second probe failed ({second.reason}): observed.json holds what one probe shows")

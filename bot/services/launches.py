@@ -40,7 +40,7 @@ from bot.core.lifecycle import (
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import ended_by, own_processes, remember_processes, started_after
-from bot.core.probe import MAX_PS_PIDS, ProbeRequest
+from bot.core.probe import MAX_PS_PIDS, ProbeRequest, ProbeRequestError
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
 from bot.present.views import kill_view
@@ -219,7 +219,14 @@ class LaunchService:
         path, body = check.request()
         host = self.config.hosts.get(la.host)
         limit = max(1.0, (host.command_timeout_s if host else 30.0) - 2.0)
-        return replace(req, generate_path=path, generate_body=body, generate_timeout_s=min(check.timeout_s, limit))
+        with_check = replace(req, generate_path=path, generate_body=body,
+                             generate_timeout_s=min(check.timeout_s, limit))
+        try:
+            with_check.validate()
+        except ProbeRequestError as e:  # never let the check take the rest of the probe down with it
+            log.warning("%s: generation check left out: %s", la.name, e)
+            return req
+        return with_check
 
     def generation_check(self, la: Launch) -> GenerateCheck | None:
         """The generation check of the launch's variant (bot.config.schema.GenerateCheck), or None when it names none

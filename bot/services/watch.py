@@ -282,7 +282,7 @@ class Watcher:
         """Whether this check of `la` runs its variant's generation check: only once it serves, and then by
         bot.core.serving.generation_due (every check once the log is silent, else at the check's own interval)."""
         check = self.launches.generation_check(la)
-        if check is None or la.ready_at is None:
+        if check is None or la.ready_at is None or la.state != LaunchState.RUNNING:
             return False
         since_ready = [r for r in history if r.t >= la.ready_at]
         return generation_due(since_ready, step_s=self.policy_for(la).serving_interval_s, grace_s=check.grace_s,

@@ -17,7 +17,7 @@ import pytest
 from bot.core.models import LaunchState
 from bot.present.actions import SNOOZE_BUTTON_MIN
 from tests.support.alerts import alerts, full_text, is_alert, wait_alert, wait_checks
-from tests.support.builders import FAST_WATCH, launch_config
+from tests.support.builders import FAST_WATCH, launch_config, launch_row
 from tests.support.procs import free_port, pids_of_launch, wait_log, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -373,9 +373,53 @@ async def test_the_sglang_generation_check_hangs_too_and_the_bundle_records_it(m
     (control / "generate-hang").touch()
     try:
         await wait_alert(bot, 1, {"silent_hang"}, timeout=60)
+        # the server's own line about each failed /health_generate is the probe's echo, not progress: still a hang
+        await wait_until(lambda: "Health check failed" in Path(bot.launch(1).log_path).read_text(), 30,
+                         what="SGLang's health-check failure line")
+        await wait_checks(bot, 1, 3)
+        assert bot.launch(1).alert_state == "silent_hang"
+        assert not any(is_alert(p) and "recovered" in p.text for p in bot.chat.posts)
         bundle = await bot.runtime.services.bundles.collect(launch=bot.launch(1), user="U0OPERATOR")
         observed = json.loads(bundle.files["observed.json"])
         assert observed["generate"] == "timeout" and observed["health"] == "ok", observed
         assert "/health_generate" in bundle.files["curl.txt"].decode(), bundle.files["curl.txt"]
     finally:
         (control / "generate-hang").unlink(missing_ok=True)
+
+
+async def test_the_generation_check_is_capped_under_the_command_timeout_and_dropped_when_unsendable(
+        make_bot, serving_config, caplog):
+    data = serving_config.model_dump()
+    data["hosts"]["gpu-host-1"]["command_timeout_s"] = 5
+    data["variants"]["slow"] = {"extends": "base", "generate": {"preset": "openai", "timeout_s": 60}}
+    cfg = type(serving_config).model_validate(data)
+    from bot.config import GenerateCheck, config_warnings
+
+    assert any(w.startswith("variants.slow.generate.timeout_s: 60 s is cut to 3 s") for w in config_warnings(cfg))
+    bot = await make_bot(cfg)
+    launches = bot.runtime.launches
+    slow = launch_row(host="gpu-host-1", variant="slow", port=8000)
+    req = launches.launch_probe_request(slow, generate=True)
+    assert (req.generate_path, req.generate_timeout_s) == ("/v1/completions", 3.0)
+    assert launches.launch_probe_request(slow).generate_path is None  # only when asked
+    # a check the probe cannot send (the config refuses such values; a check built around it) is left out alone
+    bad = launch_row(host="gpu-host-1", variant="slow", port=8000)
+    launches._generate_checks["slow"] = GenerateCheck.model_construct(preset="custom", path="/x y", body=None,
+                                                                     model=None, timeout_s=5.0)
+    with caplog.at_level("WARNING"):
+        req = launches.launch_probe_request(bad, generate=True)
+    assert req.generate_path is None and req.port == 8000 and req.health_path == "/health"  # the rest stays
+    assert "generation check left out" in caplog.text
+
+
+async def test_no_generation_check_before_ready_or_once_the_launch_is_not_running(make_bot, serving_config):
+    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
+    watcher = bot.runtime.watcher
+    starting = launch_row(host="gpu-host-1", variant="gen", port=8000, ready_at=None)
+    assert not watcher._generation_due(starting, [])
+    ready = launch_row(host="gpu-host-1", variant="gen", port=8000, ready_at=900.0)
+    assert watcher._generation_due(ready, [])
+    for state in (LaunchState.KILL_FAILED, LaunchState.STOPPING):
+        assert not watcher._generation_due(launch_row(host="gpu-host-1", variant="gen", port=8000, ready_at=900.0,
+                                                      state=state), [])
+    assert not watcher._generation_due(launch_row(host="gpu-host-1", variant="base", port=8000, ready_at=900.0), [])

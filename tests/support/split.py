@@ -79,5 +79,7 @@ KNOWN_MISSES = {
     "63": "phase: a Ray memory-monitor kill hours into serving: no serving line in the excerpt",
     "75": "the evidence is in kubectl.txt, which is not a bundle file",
     "106": "ROCm evidence (fuser.txt, rocm-smi.txt) is not read",
+    "133": "a streamed request whose `POST ... 200` access line came at its start reads as answered (a non-streamed "
+           "one gets it when answered, and an idle server must not be called hung): ready",
     "147": "LlamaEdge's `[ASSISTANT]:` answer lines are not quoted as what the user saw (the verdict is right)",
 }

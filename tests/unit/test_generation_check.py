@@ -53,7 +53,8 @@ def test_a_generation_check_is_a_preset_or_a_path_and_body(value, path, body):
     ({"preset": "openai", "timeout_s": 301}, "must be 1..300 seconds"),
     ({"preset": "openai", "failures": 0}, "greater than or equal to 1"),
     ({"preset": "openai", "body": {"prompt": "x" * 5000}}, "at most 4096 characters"),
-    ({"preset": "openai", "grace_s": -1}, ""),
+    ({"preset": "openai", "grace_s": -1}, "must be > 0"),
+    ({"preset": "openai", "model": "m" * 201}, "at most 200 characters"),
 ])
 def test_a_bad_generation_check_is_refused_with_a_message(value, message):
     with pytest.raises(ValidationError) as e:
@@ -165,9 +166,11 @@ def test_it_runs_on_the_first_check_after_ready():
     assert generation_due([], step_s=60, grace_s=60, interval_s=600)
 
 
-def test_it_runs_every_check_once_the_log_is_silent_for_the_grace():
-    # the log last moved at t=1000; the next check (60 s after t=1010) sees 70 s of silence
-    assert generation_due([rec(1010, 1000, "ok")], step_s=60, grace_s=60, interval_s=600)
+def test_it_runs_every_check_once_the_previous_check_found_the_log_silent_for_the_grace():
+    # the log last moved at t=1000; the check at t=1070 found it silent for 70 s
+    assert generation_due([rec(1000, 990, "ok"), rec(1070, 1000)], step_s=60, grace_s=60, interval_s=600)
+    # with the defaults (grace 60 s, a check every 60 s), a log that moves between checks does not make it run
+    assert not generation_due([rec(1000, 990, "ok"), rec(1060, 1059)], step_s=60, grace_s=60, interval_s=600)
 
 
 def test_while_the_log_moves_it_waits_for_its_interval():
@@ -217,9 +220,15 @@ def test_one_generation_timeout_is_not_yet_an_alert():
     assert v.verdict == "ready" and "generation check: timed out" in v.evidence
 
 
-def test_a_generation_timeout_while_the_log_moves_is_unhealthy_not_a_hang():
+def test_a_generation_timeout_while_the_log_moves_is_a_busy_server_not_an_alert():
     v = judge(serving_obs(generate="timeout", log_silent_s=5.0), ["timeout", "timeout"], generate_failures=2)
-    assert (v.verdict, v.phase) == ("unhealthy", "serving"), v
+    assert (v.verdict, v.phase) == ("ready", "serving"), v
+    assert "generation check: timed out" in v.evidence
+
+
+def test_sglang_s_503_from_health_generate_with_a_silent_log_is_a_serving_hang():
+    v = judge(serving_obs(generate="http_503"), ["http_503", "http_503"], generate_failures=2)
+    assert (v.verdict, v.phase) == ("silent_hang", "serving"), v
 
 
 def test_a_generation_check_that_answers_500_is_unhealthy():
@@ -266,6 +275,9 @@ def vllm(s, g="0.0", r=1, p="0.0"):
     ([vllm(0), vllm(10, g="35.2"), vllm(20), vllm(30)], []),  # the newest run is 2 lines: not enough
     ([vllm(0), vllm(10), vllm(20, r=0)], []),  # no request running at the newest
     ([vllm(0), vllm(10), vllm(20, p="120.5")], []),  # a long prompt being read is work
+    # vLLM V1 counts prompt tokens only once a prefill completes: a KV-cache usage that grows is a long prefill
+    ([VLLM.format(s=s, p="0.0", g="0.0", r=1).replace("0.1%", kv) for s, kv in ((0, "18.0%"), (10, "37.0%"),
+                                                                               (20, "55.0%"))], []),
     ([HEALTH, HEALTH], []),
 ])
 def test_stalled_stats_needs_the_newest_lines_to_show_requests_running_and_no_token(lines, stalled):
@@ -291,16 +303,35 @@ def test_stats_lines_that_show_tokens_keep_a_live_check_ready():
 def test_diagnose_a_request_taken_in_then_only_probes_for_the_grace_is_a_serving_hang():
     lines = ["INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)",
              "INFO 02-12 15:20:24 logger.py:37] Received request chatcmpl-1: prompt: 'hi', params: SamplingParams()",
-             'INFO:     10.0.0.5:33816 - "POST /v1/chat/completions HTTP/1.1" 200 OK', HEALTH, HEALTH]
+             HEALTH, HEALTH]
     v = diagnose(serving_obs(log_lines=lines, log_silent_s=900.0))
     assert (v.verdict, v.phase) == ("silent_hang", "serving"), v
     text = "\n".join(v.evidence)
     assert "Received request chatcmpl-1" in text and '"GET /health HTTP/1.1" 200 OK' in text
     # the same log, not yet silent for the serving grace, is serving
     assert diagnose(serving_obs(log_lines=lines, log_silent_s=30.0)).verdict == "ready"
-    # a line the engine logged for it after the request (a finished request, stats) means it was served
+    # a line the engine logged for it after the request (a finished request), or the access line of its answer,
+    # means it was served: an idle server after it is no hang
     done = [*lines[:2], "INFO 02-12 15:20:26 engine.py:267] Finished request chatcmpl-1.", *lines[2:]]
     assert diagnose(serving_obs(log_lines=done, log_silent_s=900.0)).verdict == "ready"
+    answered = [*lines[:2], 'INFO:     10.0.0.5:33816 - "POST /v1/chat/completions HTTP/1.1" 200 OK', *lines[2:]]
+    assert diagnose(serving_obs(log_lines=answered, log_silent_s=900.0)).verdict == "ready"
+
+
+def test_diagnose_tgi_s_request_span_is_logged_when_it_ends_so_an_idle_tgi_is_serving():
+    lines = ["2025-04-14T15:52:02Z INFO text_generation_router::server: router/src/server.rs:2266: Connected",
+             '2025-04-14T15:53:00Z INFO generate{parameters=GenerateParameters { max_new_tokens: Some(20) } '
+             'total_time="1.2s" validation_time="1ms" queue_time="0.1ms" inference_time="1.2s"}: '
+             "text_generation_router::server: router/src/server.rs:322: Success"]
+    assert diagnose(serving_obs(log_lines=lines, log_silent_s=3600.0)).verdict == "ready"
+
+
+def test_diagnose_a_bundle_whose_generation_check_timed_out_with_a_silent_log_is_a_serving_hang():
+    v = diagnose(serving_obs(generate="timeout", log_silent_s=1800.0, log_lines=[HEALTH]))
+    assert (v.verdict, v.phase) == ("silent_hang", "serving"), v
+    assert v.summary.startswith("Serving hang: the health endpoint answers, but generation gets no token")
+    assert diagnose(serving_obs(generate="timeout", log_silent_s=10.0, log_lines=[HEALTH])).verdict == "ready"
+    assert diagnose(serving_obs(generate="ok", log_silent_s=1800.0, log_lines=[HEALTH])).verdict == "ready"
 
 
 def test_diagnose_a_warning_while_the_server_answers_is_no_failure():
@@ -309,7 +340,18 @@ def test_diagnose_a_warning_while_the_server_answers_is_no_failure():
     assert diagnose(serving_obs(log_lines=lines, log_silent_s=1.0, health=None)).verdict == "ready"
     # the same warning from a server that died is still read
     gone = diagnose(Observation(log_lines=lines, process_alive=False))
-    assert gone.verdict != "ready"
+    assert gone.verdict == "crashed" and "pinned memory" in gone.summary, gone  # host memory: no CUDA OOM
+
+
+@pytest.mark.parametrize(("line", "verdict"), [
+    ("gpu-host-1:2105:2301 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<43271> with status=12 "
+     "opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 hca mlx5_0", "nccl_error"),
+    ("[rank0]:[W311 18:21:36.413404 CUDAGuardImpl.h:122] Warning: CUDA warning: an illegal memory access was "
+     "encountered (function destroyEvent)", "cuda_error"),
+])
+def test_diagnose_an_nccl_or_cuda_fault_logged_as_a_warning_while_serving_is_still_a_failure(line, verdict):
+    lines = ["INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)", line, HEALTH]
+    assert diagnose(serving_obs(log_lines=lines, log_silent_s=900.0)).verdict == verdict
 
 
 # --- long blocks keep both ends ---------------------------------------------------------------------------

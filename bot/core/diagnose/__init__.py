@@ -46,6 +46,7 @@ from bot.core.diagnose.observation import (
 )
 from bot.core.diagnose.rules import (
     CPU_PROGRESS_CORES,
+    GENERATION_STUCK,
     STALLED_STATS_LINES,
     diagnose,
     format_verdict,
@@ -55,6 +56,7 @@ from bot.core.diagnose.signatures import SIGNATURES, Signatures, load_signatures
 
 __all__ = [
     "CPU_PROGRESS_CORES",
+    "GENERATION_STUCK",
     "HEALTH_STATES",
     "PHASES",
     "SIGNATURES",

@@ -152,9 +152,10 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     hits = list(scan.failures)
     alive = obs.process_alive
     if alive is True and (obs.port_open is True or obs.health == "ok"):
-        # a warning the engine logged while it went on serving (a pinned-memory fallback, a retried allocation)
-        # is no failure while its process runs and its port answers
-        hits = [h for h in hits if not sig.warning_severity.search(h.line)]
+        # an allocation warning the engine logged while it went on serving (a pinned-memory fallback, a retried
+        # allocation) is no failure while its process runs and its port answers; NCCL (whose errors are all
+        # `NCCL WARN`) and CUDA faults torch reports as warnings stay failures
+        hits = [h for h in hits if not (h.kind in ("oom", "crashed") and sig.warning_severity.search(h.line))]
     dmesg_oom = (
         [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
     )
@@ -376,6 +377,27 @@ def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s
     return None
 
 
+#: Generation-check states that mean the engine made no token in time (SGLang's /health_generate answers 503 when
+#: its detokenizer gave nothing within its own 20 s).
+GENERATION_STUCK = frozenset({"timeout", "empty", "http_503", "http_504"})
+
+
+def _generation_stuck(obs: Observation, scan: LogScan, sig: Signatures, grace_s: float) -> Verdict | None:
+    """A serving hang a generation check saw (a bundle's `observed.json` "generate"): it got no token in time while
+    the log has been silent for the serving grace. None otherwise."""
+    silence = obs.log_silent_s
+    if obs.generate not in GENERATION_STUCK or silence is None or silence < grace_s:
+        return None
+    ev = _Ev()
+    ev.add(f"generation check: {obs.generate.replace('_', ' ')} (no token in time)")
+    if obs.health == "ok":
+        ev.add("the health endpoint still answers: it does not go through the stuck engine")
+    ev.add(f"no log line for {_secs(silence)}, beyond the {_secs(grace_s)} serving grace")
+    summary = ("Serving hang: " + ("the health endpoint answers, but " if obs.health == "ok" else "")
+               + f"generation gets no token in time and the log has been silent for {_secs(silence)}.")
+    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+
+
 #: How many stats lines in a row with requests running and no token made make a stuck engine.
 STALLED_STATS_LINES = 3
 
@@ -415,10 +437,12 @@ def _stalled_requests(obs: Observation, scan: LogScan, sig: Signatures, grace_s:
 def stalled_stats(lines: Sequence[str], sig: Signatures | None = None, low: int = 0) -> list[int]:
     """The indexes (newest first) of the newest run of engine stats lines (signatures' `stalled_stats`: vLLM's
     `Avg generation throughput: 0.0 tokens/s, Running: 1 reqs`, SGLang's `#running-req: 1 ... gen throughput
-    (token/s): 0.00`) that show requests running and no token made, looking no further back than `low` and stopping
-    at STALLED_STATS_LINES; empty when the newest stats line shows work or no request."""
+    (token/s): 0.00`) that show requests running and no token made, each the same as the next from the stats on (a
+    growing KV-cache usage is work), looking no further back than `low` and stopping at STALLED_STATS_LINES; empty
+    when the newest stats line shows work or no request."""
     sig = sig or SIGNATURES
     stalled: list[int] = []
+    same: str | None = None
     for i in range(len(lines) - 1, low - 1, -1):
         m = next((m for rx in sig.stalled_stats if (m := rx.search(lines[i]))), None)
         if m is None:
@@ -426,6 +450,12 @@ def stalled_stats(lines: Sequence[str], sig: Signatures | None = None, low: int 
         groups = m.groupdict()
         if int(groups["running"]) == 0 or float(groups["tokens"]) > 0 or float(groups.get("prompt") or 0) > 0:
             break  # the newest stats line that shows work (or no request) ends the run
+        # the rest of the line too must not move: a KV-cache usage or token count that grows is a long prefill at
+        # work (vLLM V1 counts prompt tokens only once a prefill completes)
+        rest = lines[i][m.start():].strip()
+        if same is not None and rest != same:
+            break
+        same = rest
         stalled.append(i)
         if len(stalled) >= STALLED_STATS_LINES:
             break
@@ -433,15 +463,16 @@ def stalled_stats(lines: Sequence[str], sig: Signatures | None = None, low: int 
 
 
 def _taken_and_silent(scan: LogScan, sig: Signatures, low: int) -> int | None:
-    """The index of the newest request-received line when every line after it is a probe, an HTTP access line or
-    blank (nothing the engine logged for it); None otherwise."""
+    """The index of the newest request-received line when every line after it is a probe (health, metrics) or blank:
+    nothing logged for it, not even the access line of its answer (which a non-streaming request gets when it is
+    answered); None otherwise."""
     lines = scan.lines
     for i in range(len(lines) - 1, low - 1, -1):
         line = lines[i]
         if sig.request_received.first(line):
             return i
-        if line.strip() and not sig.probe_line.first(line) and not sig.request_line.first(line):
-            return None
+        if line.strip() and not sig.probe_line.first(line):
+            return None  # the engine logged something for it, or an access line says it was answered
     return None
 
 
@@ -643,7 +674,8 @@ def _serving_rule(c: _Case) -> Verdict | None:
         and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
     ):
         grace = c.grace.get("serving", c.silence_default)
-        stuck = _queued_but_silent(obs, scan, sig, grace) or _stalled_requests(obs, scan, sig, grace)
+        stuck = (_queued_but_silent(obs, scan, sig, grace) or _generation_stuck(obs, scan, sig, grace)
+                 or _stalled_requests(obs, scan, sig, grace))
         if stuck is not None:
             return stuck
         ev = _Ev()
