@@ -560,6 +560,12 @@ def prelaunch_checks(snap: Snapshot, r: RenderedLaunch, holders: list[Holder], *
             res.passed.append(f"port {r.port} free")
     if snap.gpu.ok:
         wanted = r.gpus or [g.index for g in snap.gpu.gpus]
+        have = sorted(g.index for g in snap.gpu.gpus)
+        missing = [i for i in wanted if i not in have]
+        if missing and have:  # a typo in `gpus:`, or a host with fewer GPUs than the variant was written for
+            res.problems.append(f"{'GPU' if len(missing) == 1 else 'GPUs'} {','.join(map(str, missing))} "
+                                f"{'does' if len(missing) == 1 else 'do'} not exist on {r.host} (it has GPU "
+                                f"{','.join(map(str, have))}); fix the variant's `gpus:`")
         for g in snap.gpu.gpus:
             if g.index not in wanted or g.memory_used_mib is None:
                 continue

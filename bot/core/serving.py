@@ -78,14 +78,14 @@ def failing_streak(records: Sequence[CheckRecord]) -> int:
     return n
 
 
-def generation_streak(records: Sequence[CheckRecord]) -> int:
+def generation_streak(records: Sequence[CheckRecord], states: frozenset[str] | None = None) -> int:
     """How many of the newest generation checks in `records` (oldest first; records without one are skipped) in a
-    row failed: any state but `ok`."""
+    row failed: any state but `ok`, or, with `states`, one of those."""
     n = 0
     for rec in reversed(records):
         if rec.error is not None or rec.generate is None:
             continue
-        if rec.generate == "ok":
+        if rec.generate == "ok" or (states is not None and rec.generate not in states):
             break
         n += 1
     return n
@@ -250,7 +250,8 @@ def _generation_verdict(obs: Observation, records: Sequence[CheckRecord], needed
     (an HTTP error). None otherwise."""
     if obs.generate is None or obs.generate == "ok":
         return None
-    streak = generation_streak(records)
+    stuck = obs.generate in GENERATION_STUCK  # no token in time; else an error answer: each counts its own kind
+    streak = generation_streak(records, GENERATION_STUCK if stuck else None)
     if streak < max(1, needed):
         return None
     silence = obs.log_silent_s
@@ -262,13 +263,16 @@ def _generation_verdict(obs: Observation, records: Sequence[CheckRecord], needed
     for g in (obs.gpus or [])[:4]:
         ev.append(f"GPU {g.index}: {(g.memory_used_mib or 0) / 1024:.1f} GiB used, "
                   f"{g.utilization_gpu_pct if g.utilization_gpu_pct is not None else '?'} % utilization")
-    if obs.generate in GENERATION_STUCK:
+    if stuck:
         if silence is None or silence < silence_s:
             return None  # a slow answer while the log moves: a busy server, not a hang
         return Verdict("silent_hang", "serving", ev, _steps("silent_hang", "serving"),
                        f"Serving hang: {'the health endpoint answers, but ' if obs.health == 'ok' else ''}"
                        f"generation times out ({streak} checks in a row) and the log has been silent for "
                        f"{silence:.0f} s: the engine behind the HTTP front makes no tokens.")
-    return Verdict("unhealthy", "serving", ev, _steps("unhealthy", "serving"),
+    steps = ["The health endpoint answers but a one-token request fails: read the newest log lines for the request's "
+             "error (the engine rejected it: a wrong model name or body, an API key, or a failing engine).",
+             "Check the variant's `generate:` (path, body, model) against what the server serves (`/v1/models`)."]
+    return Verdict("unhealthy", "serving", ev, steps,
                    f"The generation check failed {streak} checks in a row (now: {health_words(obs.generate)}) while "
-                   "the process is alive.")
+                   "the process is alive" + (" and the health endpoint answers." if obs.health == "ok" else "."))

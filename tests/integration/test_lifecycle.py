@@ -510,3 +510,13 @@ async def test_a_launch_left_starting_without_a_pid_by_a_restart_is_settled(make
     assert "none of its processes runs" in (restarted.launch(2).state_detail or "")
     refused = await restarted.chat.say("/launch base")
     assert "pid None" not in refused.text and f"pid {la.pid}" in refused.text, refused.text
+
+
+async def test_a_variant_naming_a_gpu_the_host_does_not_have_is_refused_before_anything_starts(
+        make_bot, ssh_server, fake_gpu, tmp_path):
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path, variants={"ghost": {"extends": "base", "gpus": [7],
+                                                                            "port": free_port()}})
+    bot = await make_bot(cfg)
+    refused = await bot.chat.say("/launch ghost")
+    assert "GPU 7 does not exist on gpu-host-1 (it has GPU 0,1)" in refused.text, refused.text
+    assert "Launched" not in refused.text and bot.runtime.store.launches.live() == []

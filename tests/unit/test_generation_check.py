@@ -370,3 +370,12 @@ def test_a_long_traceback_keeps_its_outermost_and_innermost_frames_and_its_messa
     # the over-long message line keeps its head (what failed) and its tail (its last words)
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in text and "END`" in text
     assert "Traceback (most recent call last)" not in text
+
+
+def test_a_hang_counts_only_the_checks_that_got_no_token_and_an_error_gets_its_own_next_steps():
+    v = judge(serving_obs(generate="timeout"), ["http_500"] * 12 + ["timeout", "timeout"], generate_failures=2)
+    assert v.verdict == "silent_hang" and "(2 checks in a row)" in v.summary, v
+    v = judge(serving_obs(generate="http_500"), ["timeout", "http_500", "http_500"], generate_failures=2)
+    assert v.verdict == "unhealthy" and "3 checks in a row" in v.summary  # any failure counts here
+    assert not any("health endpoint fails" in s for s in v.next_steps), v.next_steps
+    assert any("one-token request fails" in s for s in v.next_steps)
