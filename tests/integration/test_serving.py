@@ -57,11 +57,16 @@ def serving_config(ssh_server, fake_gpu, tmp_path, control):
 @pytest.fixture
 async def serving(make_bot, serving_config):
     """A watching bot with SERVING_WATCH whose `base` launch (2 ranks) is ready."""
-    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
-    launched = await bot.chat.say("/launch base mode=ready")
-    assert "Launched base#1" in launched.text, launched.text
+    return await ready_bot(make_bot, serving_config, "base")
+
+
+async def ready_bot(make_bot, config, variant: str):
+    """A watching bot with SERVING_WATCH on `config` whose launch 1 of `variant` (mode=ready) is ready."""
+    bot = await make_bot(config, watch=True, watch_policy=SERVING_WATCH)
+    launched = await bot.chat.say(f"/launch {variant} mode=ready")
+    assert f"Launched {variant}#1" in launched.text, launched.text
     await wait_alert(bot, 1, {"ready"})
-    await wait_until(lambda: bot.launch(1).ready_at is not None, what="base#1 recorded as ready")
+    await wait_until(lambda: bot.launch(1).ready_at is not None, what=f"{variant}#1 recorded as ready")
     return bot
 
 
@@ -312,12 +317,7 @@ async def test_a_fine_serving_launch_gets_cheap_checks_and_trouble_gets_a_full_l
 async def generating(make_bot, serving_config):
     """A watching bot with SERVING_WATCH whose `gen` launch (the fake server, with an OpenAI-style generation
     check: 1 s timeout, every check once the log is 1 s silent, an alert after 2 failures) is ready."""
-    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
-    launched = await bot.chat.say("/launch gen mode=ready")
-    assert "Launched gen#1" in launched.text, launched.text
-    await wait_alert(bot, 1, {"ready"})
-    await wait_until(lambda: bot.launch(1).ready_at is not None, what="gen#1 recorded as ready")
-    return bot
+    return await ready_bot(make_bot, serving_config, "gen")
 
 
 def generation_states(bot) -> list[str | None]:
@@ -366,10 +366,7 @@ async def test_generation_failing_with_http_500_while_health_answers_is_unhealth
 
 
 async def test_the_sglang_generation_check_hangs_too_and_the_bundle_records_it(make_bot, serving_config, control):
-    bot = await make_bot(serving_config, watch=True, watch_policy=SERVING_WATCH)
-    launched = await bot.chat.say("/launch gensg mode=ready")
-    assert "Launched gensg#1" in launched.text, launched.text
-    await wait_alert(bot, 1, {"ready"})
+    bot = await ready_bot(make_bot, serving_config, "gensg")
     (control / "generate-hang").touch()
     try:
         await wait_alert(bot, 1, {"silent_hang"}, timeout=60)
