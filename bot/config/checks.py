@@ -191,8 +191,8 @@ def _generation_warnings(cfg: Config) -> list[str]:
         except KeyError:
             continue
         host = cfg.hosts.get(v.host or "")
-        if v.generate is not None and host is not None and v.generate.timeout_s > host.command_timeout_s - 2:
-            out.append(f"variants.{name}.generate.timeout_s: {v.generate.timeout_s:g} s is cut to "
-                       f"{max(1.0, host.command_timeout_s - 2):g} s (2 s under hosts.{v.host}.command_timeout_s); "
-                       "raise the host's command_timeout_s to wait longer")
+        cut = v.generate.timeout_under(host.command_timeout_s) if v.generate and host else None
+        if v.generate is not None and cut is not None and cut < v.generate.timeout_s:
+            out.append(f"variants.{name}.generate.timeout_s: {v.generate.timeout_s:g} s is cut to {cut:g} s (kept "
+                       f"under hosts.{v.host}.command_timeout_s); raise the host's command_timeout_s to wait longer")
     return out

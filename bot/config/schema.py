@@ -274,6 +274,10 @@ GENERATE_PRESETS: Mapping[str, tuple[str, dict[str, Any] | None]] = MappingProxy
 })
 
 
+#: Seconds a generation check's timeout is kept under its host's command timeout (the rest of the probe's budget).
+GENERATE_MARGIN_S = 2.0
+
+
 class GenerateCheck(_Model):
     """A generation check beside the health endpoint: a request that makes the engine produce a token, so a server
     whose HTTP front answers `/health` while generation hangs is seen.
@@ -334,6 +338,11 @@ class GenerateCheck(_Model):
         if self.preset == "custom" and self.path is None:
             raise ValueError("a custom generation check needs a `path` (or name a preset: sglang, openai, tgi)")
         return self
+
+    def timeout_under(self, command_timeout_s: float) -> float:
+        """Seconds the check may wait on a host whose probe gets `command_timeout_s` seconds: `timeout_s`, kept
+        GENERATE_MARGIN_S under the command timeout (at least 1), so the probe still answers."""
+        return min(self.timeout_s, max(1.0, command_timeout_s - GENERATE_MARGIN_S))
 
     def request(self) -> tuple[str, str | None]:
         """(path, JSON body or None for a GET) of this check: the preset's, with `path`, `body` and `model` over it."""

@@ -13,7 +13,7 @@ import logging
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bot.adapters.remote import RemoteError
@@ -68,6 +68,16 @@ StartedHook = Callable[[Launch], Any]
 EarlyExitHook = Callable[[Launch], Awaitable[Any]]
 
 
+@dataclass
+class _ProbeParts:
+    """What probes of one variant's launches ask: `health_path`, the variant's generation `check` (None: none) and,
+    once checked sendable, `generate`: (path, JSON body or None, timeout in seconds) as the probe sends it."""
+
+    health_path: str
+    check: GenerateCheck | None
+    generate: tuple[str, str | None, float] | None = None
+
+
 class LaunchService:
     """Launch/kill/relaunch for every configured host. Timings in seconds, memory in MiB; the lifecycle
     policy (GPU free threshold, kill grace, release timeout, /dev/shm minimum) comes from `config.lifecycle`.
@@ -79,8 +89,7 @@ class LaunchService:
                  redactor: Redactor | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
                  sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
         self.config = config
-        self._health_paths: dict[str, str] = {}
-        self._generate_checks: dict[str, GenerateCheck | None] = {}
+        self._probe_parts: dict[str, _ProbeParts] = {}  # variant -> what a probe of its launches asks
         self.hosts = hosts
         self._launches = store.launches
         self._clock = store.clock  # the bot's one clock (bot.core.clock): wall times of records
@@ -210,33 +219,40 @@ class LaunchService:
         from the config: allowed even on a host without log_dirs) and its port and health endpoint; with
         `generate`, also its variant's generation check (when it names one; its timeout kept 2 s under the host's
         command timeout, so the probe still answers)."""
+        parts = self._parts(la)
         req = ProbeRequest(select_tag=la.tag or None, log_path=la.log_path, own_log=True,
-                           port=la.port if port else None, health_path=self._health(la),
+                           port=la.port if port else None, health_path=parts.health_path,
                            tail_lines=max(1, min(500, tail_lines)), gpu=gpu, stat_pids=self._stat_pids(la))
-        check = self.generation_check(la) if generate and port and la.port else None
-        if check is None:
+        if not (generate and port and la.port and parts.generate):
             return req
-        path, body = check.request()
-        host = self.config.hosts.get(la.host)
-        limit = max(1.0, (host.command_timeout_s if host else 30.0) - 2.0)
-        with_check = replace(req, generate_path=path, generate_body=body,
-                             generate_timeout_s=min(check.timeout_s, limit))
-        try:
-            with_check.validate()
-        except ProbeRequestError as e:  # never let the check take the rest of the probe down with it
-            log.warning("%s: generation check left out: %s", la.name, e)
-            return req
-        return with_check
+        path, body, timeout_s = parts.generate
+        return replace(req, generate_path=path, generate_body=body, generate_timeout_s=timeout_s)
 
     def generation_check(self, la: Launch) -> GenerateCheck | None:
         """The generation check of the launch's variant (bot.config.schema.GenerateCheck), or None when it names none
         (or the variant is gone from the config)."""
-        if la.variant not in self._generate_checks:
-            check = None
-            if la.variant in self.config.variants:
-                check = self.config.resolved_variant(la.variant).generate
-            self._generate_checks[la.variant] = check
-        return self._generate_checks[la.variant]
+        return self._parts(la).check
+
+    def _parts(self, la: Launch) -> _ProbeParts:
+        """What a probe of `la` asks of its variant, worked out once per variant (the config is fixed): its health
+        path, and its generation check as sent (path, JSON body, timeout under the host's command timeout) once
+        checked sendable; a check the probe could not send is left out alone (logged), never the whole probe."""
+        parts = self._probe_parts.get(la.variant)
+        if parts is not None:
+            return parts
+        v = self.config.resolved_variant(la.variant) if la.variant in self.config.variants else None
+        parts = _ProbeParts((v.health if v else None) or "/health", v.generate if v else None)
+        host = self.config.hosts.get(la.host)
+        if parts.check is not None and host is not None:
+            path, body = parts.check.request()
+            timeout_s = parts.check.timeout_under(host.command_timeout_s)
+            try:
+                ProbeRequest(port=1, generate_path=path, generate_body=body, generate_timeout_s=timeout_s).validate()
+                parts.generate = (path, body, timeout_s)
+            except ProbeRequestError as e:
+                log.warning("variant %s: generation check left out: %s", la.variant, e)
+        self._probe_parts[la.variant] = parts
+        return parts
 
     @staticmethod
     def _stat_pids(la: Launch) -> tuple[int, ...]:
@@ -244,16 +260,6 @@ class LaunchService:
         (newest last, at most MAX_PS_PIDS)."""
         pids = dict.fromkeys([*(p for p in (la.pid, la.pgid) if p), *la.seen_pids])
         return tuple(pids)[-MAX_PS_PIDS:]
-
-    def _health(self, la: Launch) -> str | None:
-        """The health endpoint of the launch's variant (worked out once per variant: the config is fixed)."""
-        path = self._health_paths.get(la.variant)
-        if path is None:
-            path = "/health"
-            if la.variant in self.config.variants:
-                path = self.config.resolved_variant(la.variant).health or "/health"
-            self._health_paths[la.variant] = path
-        return path
 
     async def probe_launch(self, la: Launch, *, tail_lines: int = 20,
                            request: ProbeRequest | None = None) -> Snapshot | HostFailure:

@@ -385,7 +385,7 @@ async def test_the_sglang_generation_check_hangs_too_and_the_bundle_records_it(m
 
 
 async def test_the_generation_check_is_capped_under_the_command_timeout_and_dropped_when_unsendable(
-        make_bot, serving_config, caplog):
+        make_bot, serving_config, caplog, monkeypatch):
     data = serving_config.model_dump()
     data["hosts"]["gpu-host-1"]["command_timeout_s"] = 5
     data["variants"]["slow"] = {"extends": "base", "generate": {"preset": "openai", "timeout_s": 60}}
@@ -399,12 +399,11 @@ async def test_the_generation_check_is_capped_under_the_command_timeout_and_drop
     req = launches.launch_probe_request(slow, generate=True)
     assert (req.generate_path, req.generate_timeout_s) == ("/v1/completions", 3.0)
     assert launches.launch_probe_request(slow).generate_path is None  # only when asked
-    # a check the probe cannot send (the config refuses such values; a check built around it) is left out alone
-    bad = launch_row(host="gpu-host-1", variant="slow", port=8000)
-    launches._generate_checks["slow"] = GenerateCheck.model_construct(preset="custom", path="/x y", body=None,
-                                                                     model=None, timeout_s=5.0)
+    # a check the probe cannot send (the config refuses such values; a request built around it) is left out alone
+    monkeypatch.setattr(GenerateCheck, "request", lambda self: ("/x y", None))
+    launches._probe_parts.clear()  # worked out again, as by a fresh bot
     with caplog.at_level("WARNING"):
-        req = launches.launch_probe_request(bad, generate=True)
+        req = launches.launch_probe_request(slow, generate=True)
     assert req.generate_path is None and req.port == 8000 and req.health_path == "/health"  # the rest stays
     assert "generation check left out" in caplog.text
 
