@@ -59,9 +59,16 @@ def escapees() -> list[int]:
 def no_escapee_left():
     """Kill every escaped grandchild at the end, whatever the test did (it has no tag of the launch)."""
     yield
-    for pid in escapees():
+    left = escapees()
+    for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # the driver frees a killed process's memory some time after the signal: the next test needs GPU 0 idle
+    deadline = time.monotonic() + 30
+    while left and time.monotonic() < deadline:
+        if not escapees() and not set(left) & set(nvml_read()["gpus"][0]["procs"]):
+            break
+        time.sleep(0.2)
 
 
 def cgroup_off(srv, tmp_path) -> Config:

@@ -274,7 +274,7 @@ def text_of(call) -> str:
     return call["params"].get("text") or ""
 
 
-KILL_ANSWER = re.compile(r"(?:Killed|Could not kill|Cannot kill) torch#1")
+KILL_ANSWER = re.compile(r"(?:Killed|Could not kill|Cannot kill|Stopped the processes of) torch#1")
 
 
 def is_alert(text: str) -> bool:
