@@ -1,5 +1,5 @@
 """`gpubot` command line (click): run | serve-http | console | demo | try-config | check-config | diagnose | bundle |
-manifest.
+manifest | db upgrade.
 
 Start-up is kept short: this module imports only click and two light exception modules; each command imports
 what it uses when it runs (`gpubot --version` loads no pydantic, `diagnose` no config, database, SSH or Slack
@@ -16,6 +16,10 @@ from typing import NoReturn
 import click
 
 from bot.adapters.statelock import StateDirLocked
+
+#: `--config FILE`, or the environment's GPUBOT_CONFIG (a container or unit sets it once).
+_config_option = click.option("--config", "config_path", required=True, envvar="GPUBOT_CONFIG", show_envvar=True,
+                              type=click.Path(), help="YAML config file")
 
 
 def _setup_logging(level: str) -> None:
@@ -86,7 +90,7 @@ def main(log_level: str) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+@_config_option
 def run(config_path: str) -> None:
     """Connect to Slack over Socket Mode (needs SLACK_BOT_TOKEN and SLACK_APP_TOKEN)."""
     import asyncio
@@ -101,7 +105,7 @@ def run(config_path: str) -> None:
 
 
 @main.command("serve-http")
-@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+@_config_option
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--host", "bind", default="0.0.0.0", show_default=True, help="address to listen on")
 def serve_http(config_path: str, port: int, bind: str) -> None:
@@ -122,7 +126,7 @@ _ALWAYS_WARN = ("bot.adapters.secretbox", "bot.services.secrets", "bot.wiring")
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+@_config_option
 def console(config_path: str) -> None:
     """The same commands in a terminal; reads one command per line when stdin is not a terminal."""
     import asyncio
@@ -229,7 +233,7 @@ def diagnose(directory: str, as_json: bool) -> None:
 @main.command()
 @click.argument("target")
 @click.argument("directory", type=click.Path())
-@click.option("--config", "config_path", required=True, type=click.Path(), help="YAML config file")
+@_config_option
 def bundle(target: str, directory: str, config_path: str) -> None:
     """Collect a bundle of TARGET (a launch: `12`, `base#12`, a variant's live launch; or a configured host)
     into DIRECTORY (new or empty), in the format `gpubot diagnose` reads: log tail, ps, nvidia-smi table and CSV,
@@ -272,7 +276,8 @@ def bundle(target: str, directory: str, config_path: str) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(), help="YAML config file (default: built-in defaults)")
+@click.option("--config", "config_path", type=click.Path(), envvar="GPUBOT_CONFIG", show_envvar=True,
+              help="YAML config file (default: built-in defaults)")
 @click.option("--request-url", default=None, help="https://HOST/slack/events for HTTP mode (default: Socket Mode)")
 def manifest(config_path: str | None, request_url: str | None) -> None:
     """Print the Slack app manifest (YAML) matching this install: its bot name and its slash commands under
@@ -290,3 +295,39 @@ def manifest(config_path: str | None, request_url: str | None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@main.group()
+def db() -> None:
+    """The database's schema (Alembic migrations; a bot also upgrades it when it starts)."""
+
+
+@db.command("upgrade")
+@_config_option
+def db_upgrade(config_path: str) -> None:
+    """Bring the database (`database_url`, else `state_dir`'s SQLite file) to this release's schema revision,
+    printing the revision before and after. Safe beside a running bot and with two bots on one PostgreSQL
+    database (they take turns through an advisory lock). Exit 2 when the database cannot be used."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from bot.adapters.store import tables
+    from bot.adapters.store.migrate import SchemaError, upgrade
+    from bot.wiring import state_url
+
+    config = _load(config_path)
+    url = config.database_url or state_url(config.state_dir)
+    shown = url.split("@")[-1]
+    try:
+        engine = create_engine(url)
+        try:
+            before, after = upgrade(engine, tables())
+        finally:
+            engine.dispose()
+    except (SchemaError, SQLAlchemyError, ImportError) as e:
+        _fail(f"database {shown}: {' '.join(str(e).split())[:300]}")
+    if before == after:
+        click.echo(f"database {shown}: already at schema revision {after}")
+    else:
+        click.echo(f"database {shown}: schema revision {before or '(none: new, or made before migrations)'} -> "
+                   f"{after}")

@@ -10,6 +10,7 @@ import pytest
 
 from bot.config import Config
 from bot.demo.fakegpu import FakeGpu, install_fake_gpu
+from tests.support import postgres
 from tests.support.bots import TestBot, start_bot
 from tests.support.builders import launch_config, ssh_host
 from tests.support.fakes.ssh_server import LoopbackSSHServer
@@ -84,3 +85,28 @@ async def make_bot() -> AsyncIterator[Callable[..., Awaitable[TestBot]]]:
 async def bot(make_bot, gpu_config) -> TestBot:
     """A bot (no readiness checks) on `gpu_config`."""
     return await make_bot(gpu_config)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throwaway PostgreSQL cluster per test process (skipped, with the reason, where it cannot run)."""
+    why = postgres.unavailable()
+    if why:
+        pytest.skip(why)
+    cluster = postgres.start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_url(postgres_cluster) -> str:
+    """URL of an empty PostgreSQL database of this test's own."""
+    return postgres_cluster.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """The test once on a SQLite file and once on a PostgreSQL database (skipped where PostgreSQL is missing)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/gpubot.db"
+    return request.getfixturevalue("pg_url")

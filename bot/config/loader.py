@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -121,7 +122,12 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
         raise ConfigError([f"(top level): nested too deeply (more than {MAX_YAML_DEPTH} levels)"]) from None
 
 
+#: Environment variables that override a key of the config file (12-factor: a container or unit sets them).
+ENV_OVERRIDES = MappingProxyType({"GPUBOT_DATABASE_URL": "database_url"})
+
+
 def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
+    data = {**data, **{key: environ[var] for var, key in ENV_OVERRIDES.items() if environ.get(var)}}
     secrets = _find_secret_keys(data)
     errors = [msg for _loc_, msg in secrets]
     for section in ("hosts", "variants"):

@@ -18,9 +18,11 @@ from bot.adapters.store.errors import DatabaseUnavailable
 from bot.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
+    from sqlalchemy import MetaData
+
     from bot.adapters.store.db import default_url
 
-__all__ = ["DatabaseUnavailable", "Store", "default_url"]
+__all__ = ["DatabaseUnavailable", "Store", "default_url", "tables"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +32,14 @@ def __getattr__(name: str) -> Any:
 
         return default_url
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def tables() -> MetaData:
+    """The declarative metadata with every repository's table (their modules imported)."""
+    from bot.adapters.store import confirmations, events, launches, observations, outbox  # noqa: F401
+    from bot.adapters.store.db import Base
+
+    return Base.metadata
 
 
 class Store:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, Oper
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from bot.adapters.store.errors import DatabaseUnavailable  # defined there so that catching it needs no SQLAlchemy
-from bot.adapters.store.migrations import add_missing_columns
+from bot.adapters.store.migrate import SchemaError, ensure_schema
 
 
 def _reason(e: BaseException) -> str:
@@ -66,7 +66,8 @@ class Database:
         self.path = parsed.database if parsed.drivername.startswith("sqlite") and parsed.database else \
             parsed.render_as_string(hide_password=True)
         try:
-            self.engine: Engine = create_engine(url, future=True)
+            # pre-ping: a connection the server dropped (a PostgreSQL restart) is replaced, not the next call's error
+            self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not url.startswith("sqlite"))
         except (ImportError, NoSuchModuleError, ArgumentError) as e:
             raise DatabaseUnavailable(self.path, f"no database driver for {parsed.drivername!r} ({e}); install it "
                                       "(e.g. pip install psycopg for postgresql) or use the SQLite default") from e
@@ -79,12 +80,14 @@ class Database:
             with contextlib.suppress(OSError):
                 os.close(os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         try:
-            Base.metadata.create_all(self.engine)
-            add_missing_columns(self.engine, Base.metadata)
+            ensure_schema(self.engine, Base.metadata)
             problem = _integrity_problem(self.engine) if url.startswith("sqlite") else None
         except (OperationalError, DatabaseError) as e:
             self.engine.dispose()
             raise DatabaseUnavailable(self.path, _reason(e)) from e
+        except SchemaError as e:
+            self.engine.dispose()
+            raise DatabaseUnavailable(self.path, str(e)) from e
         if problem is not None:
             self.engine.dispose()
             raise DatabaseUnavailable(self.path, f"database disk image is malformed ({problem})")
