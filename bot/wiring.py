@@ -13,16 +13,20 @@ services (and with them the database, SSH and the charts) when it wires them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.adapters import scheduler as scheduler_adapter
+from bot.adapters.leader import AdvisoryLeader, SoleLeader, leadership_for
+from bot.adapters.locks import DecisionLocks
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
 from bot.adapters.store import DatabaseUnavailable
@@ -51,6 +55,8 @@ if TYPE_CHECKING:
     from handlers import Dispatcher, Services
 
 log = logging.getLogger(__name__)
+#: Seconds between a shared database leader's looks for launches the other bots started (`Runtime._adopt`).
+ADOPT_EVERY_S = 1.0
 
 
 @functools.cache
@@ -98,23 +104,75 @@ class Runtime:
     services: Services
     dispatcher: Dispatcher
     lock: StateLock | None = None
+    leadership: SoleLeader | AdvisoryLeader = field(default_factory=SoleLeader)
+    recover: bool = True
+    _watch: bool = True
+    _leading_task: asyncio.Task | None = None
+    _adopting: asyncio.Task | None = None
 
     async def start(self, *, watch: bool = True, settle_heap: bool = False) -> None:
-        """Start the outbox sender (what an earlier run left queued goes out first) and, with `watch`, the
-        scheduled readiness checks. A long-running process (the Slack service, the console) passes `settle_heap`
-        (see `settle_heap`)."""
-        if self.outbox is not None:
-            self.outbox.start()
-        await self.launches.finish_interrupted_starts()  # before the checks: a launch left starting, no PID
-        await self.launches.finish_interrupted_kills()  # before the checks: they would call it kill_failed
-        if watch:
-            await self.watcher.start()
+        """Lead, or follow: the leader (the only bot on its database, or the holder of a shared database's
+        leadership) starts the outbox sender (what an earlier run left queued goes out first) and, with `watch`,
+        the scheduled readiness checks; a follower queues its answers for the leader to send and takes over when
+        the leader goes (bot.adapters.leader). A long-running process (the Slack service, the console) passes
+        `settle_heap` (see `settle_heap`)."""
+        self._watch = watch
+        if not self.leadership.shared:
+            await self._lead()
+        else:
+            self.watcher.following = True
+            self._leading_task = asyncio.get_running_loop().create_task(
+                self.leadership.run(self._lead, self._follow), name="gpubot-leadership")
         if settle_heap:
             settle_heap_now()
 
+    @property
+    def leading(self) -> bool:
+        """True while this bot sends the outbox and runs the checks."""
+        return self.leadership.leading
+
+    async def _lead(self) -> None:
+        if self.outbox is not None:
+            self.outbox.start()
+        if self.leadership.shared and self.recover:
+            await self.launches.recover_orphans()  # what a leader that died left half-done; never a live bot's
+        await self.launches.finish_interrupted_starts()  # before the checks: a launch left starting, no PID
+        await self.launches.finish_interrupted_kills()  # before the checks: they would call it kill_failed
+        if self._watch:
+            await self.watcher.start()
+            if self.leadership.shared:
+                self._adopting = asyncio.get_running_loop().create_task(self._adopt(), name="gpubot-adopt")
+
+    async def _adopt(self) -> None:
+        """While leading a shared database: follow the launches the other bots start (every ADOPT_EVERY_S)."""
+        while True:
+            await asyncio.sleep(ADOPT_EVERY_S)
+            try:
+                self.watcher.adopt()
+            except Exception as e:  # the database refuses for now: next time
+                log.warning("cannot look for other bots' launches: %s", e)
+
+    async def _follow(self) -> None:
+        """This bot stopped leading (its heartbeat failed): stop sending and checking at once."""
+        if self._adopting is not None:
+            self._adopting.cancel()
+            self._adopting = None
+        await self.watcher.stop()
+        self.watcher.following = True
+        if self.outbox is not None:
+            await self.outbox.stop()
+            self.outbox.hold()
+
     async def close(self, *, flush_s: float = 5.0) -> None:
         """Stop the checks, give the outbox `flush_s` seconds to send what is queued (the rest stays queued
-        in the database), close SSH connections and the database. Never raises."""
+        in the database; a follower leaves it to the leader), close SSH connections and the database. Never
+        raises."""
+        if self._leading_task is not None:
+            self._leading_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._leading_task
+        if self._adopting is not None:
+            self._adopting.cancel()
         for step in (self.watcher.stop, self.history.close, lambda: self._stop_outbox(flush_s), self.hosts.close):
             try:
                 await step()
@@ -126,7 +184,8 @@ class Runtime:
 
     async def _stop_outbox(self, flush_s: float) -> None:
         if self.outbox is not None:
-            await self.outbox.flush(flush_s)
+            if self.outbox.sending or not self.outbox.shared:
+                await self.outbox.flush(flush_s)
             await self.outbox.stop()
 
 
@@ -270,10 +329,15 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         surface = surface_factory(outbox) if surface_factory is not None else OutboxSurface(outbox)
     assert surface is not None
     threads = IncidentThreads(store.launches, surface, renderer)
+    leadership = leadership_for(store.db.engine)
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
-                             start_check_s=start_check_s, secretbox=_secret_box(store, config))
+                             start_check_s=start_check_s, secretbox=_secret_box(store, config),
+                             locks=DecisionLocks(store.db.engine))
     launches.secrets.relearn()
-    if recover:
+    if outbox is not None and leadership.shared:
+        outbox.shared = True
+        outbox.hold()  # until this bot leads
+    if recover and not leadership.shared:  # a shared database's leader does it when it takes the lead
         launches.recover_interrupted_kills()
     stacks = StackService(hosts, launches, audit)
     confirmations = ConfirmationService(store.confirmations, launches)
@@ -291,4 +355,4 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
                    history=history, surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,
-                   dispatcher=Dispatcher(services, audit), lock=lock)
+                   dispatcher=Dispatcher(services, audit), lock=lock, leadership=leadership, recover=recover)

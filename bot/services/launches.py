@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bot.adapters.locks import DecisionLocks, LockTimeout
 from bot.adapters.remote import RemoteError
 from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
@@ -59,6 +60,8 @@ RESUMED_BY = "gpubot"
 
 #: A launch in state `starting` younger than this counts as live without looking for its processes.
 STARTING_GRACE_S = 120.0
+#: Tries of a state change that another writer keeps winning (`transition`).
+TRANSITION_TRIES = 3
 #: Longest snooze, minutes.
 MAX_SNOOZE_MIN = 1440
 
@@ -87,7 +90,8 @@ class LaunchService:
 
     def __init__(self, config: Config, hosts: HostService, store: Store, audit: Audit, threads: IncidentThreads, *,
                  redactor: Redactor | None = None, poll_s: float = 0.5, start_check_s: float = 1.0,
-                 sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None):
+                 sigkill_wait_s: float = 5.0, secretbox: SecretBox | None = None,
+                 locks: DecisionLocks | None = None):
         self.config = config
         self._probe_parts: dict[str, _ProbeParts] = {}  # variant -> what a probe of its launches asks
         self.hosts = hosts
@@ -107,7 +111,8 @@ class LaunchService:
         self._unstarted: list[int] = []  # launches a restart left starting without a PID, to settle at start
         self.start_check_s = start_check_s
         self.sigkill_wait_s = sigkill_wait_s
-        self._locks: dict[str, asyncio.Lock] = {}
+        #: one launch decision per host and one kill per launch at a time, across the bots of a shared database
+        self.locks = locks or DecisionLocks()
         self._activity: dict[int, float] = {}
         self.started_hooks: list[StartedHook] = []
         self.early_exit_hooks: list[EarlyExitHook] = []
@@ -285,14 +290,23 @@ class LaunchService:
         """Apply `event` to launch `la` (bot.core.transitions: the one table of how a launch's state changes) and
         write its new state with `fields` in one update; the only writer of launches' states. An event that
         cannot happen in the state the launch has NOW (another writer won a race) writes `fields` alone and is
-        logged. Returns the launch as stored. Raises what the store raises (DatabaseUnavailable)."""
-        current = self._launches.get(la.id) or la
-        try:
-            state = next_state(current.state, event, to)
-        except InvalidTransition as e:
-            log.warning("%s: %s; its state stays %s", la.name, e, current.state.value)
-            return self._launches.update(la.id, **fields) if fields else current
-        return self._launches.update(la.id, state=state, **fields)
+        logged. The state is compared and set in one write: another bot on a shared database may have moved it
+        since it was read, and then the event is applied to the new state (up to TRANSITION_TRIES times). Returns
+        the launch as stored. Raises what the store raises (DatabaseUnavailable)."""
+        for _ in range(TRANSITION_TRIES):
+            current = self._launches.get(la.id) or la
+            try:
+                state = next_state(current.state, event, to)
+            except InvalidTransition as e:
+                log.warning("%s: %s; its state stays %s", la.name, e, current.state.value)
+                return self._launches.update(la.id, **fields) if fields else current
+            # compare and set: another bot on the database may have moved the state since it was read
+            done = self._launches.update_if(la.id, {"state": current.state}, state=state, **fields)
+            if done is not None:
+                return done
+        log.warning("%s: %s lost %d races for its state; it stays %s", la.name, event.value, TRANSITION_TRIES,
+                    current.state.value)
+        return self._launches.get(la.id) or current
 
     # -- launch -------------------------------------------------------------------------------------
     def recover_interrupted_kills(self) -> list[Launch]:
@@ -309,6 +323,23 @@ class LaunchService:
                    if la.state_detail == KILL_INTERRUPTED_DETAIL and la.id not in {x.id for x in out}]
         self._interrupted = [*earlier, *(la.id for la in out)]
         self._unstarted = [la.id for la in self._launches.in_state(LaunchState.STARTING) if la.pid is None]
+        return out
+
+    async def recover_orphans(self) -> list[Launch]:
+        """`recover_interrupted_kills` for a bot that just became the leader of a shared database, where other
+        bots live on: a launch left `stopping` counts as interrupted only while nobody holds its kill lock, one left
+        `starting` without a PID only while nobody holds its host's launch decision (the bot that was at it is
+        gone). Returns the launches that became `kill_failed`."""
+        out = []
+        for la in self._launches.in_state(LaunchState.STOPPING):
+            if await self.locks.kill_free(la.id):
+                out.append(self.transition(la, LaunchEvent.KILL_INTERRUPTED, state_detail=KILL_INTERRUPTED_DETAIL))
+                log.warning("%s was being stopped by a bot that is gone; it is now kill_failed", la.name)
+        earlier = [la.id for la in self._launches.in_state(LaunchState.KILL_FAILED)
+                   if la.state_detail == KILL_INTERRUPTED_DETAIL and la.id not in {x.id for x in out}]
+        self._interrupted = [*earlier, *(la.id for la in out)]
+        self._unstarted = [la.id for la in self._launches.in_state(LaunchState.STARTING)
+                           if la.pid is None and await self.locks.host_free(la.host)]
         return out
 
     async def finish_interrupted_starts(self) -> list[Launch]:
@@ -379,13 +410,15 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", result="invalid", detail=str(e), channel=channel,
                                args={"variant": variant, **self.secrets.for_record(params)})
             raise
-        # One launch decision at a time per host: two /launch racing must not both pass the checks.
-        async with self._host_lock(preview.host):
-            return await self._launch_locked(preview, variant, params, user=user, channel=channel,
-                                             thread_ts=thread_ts, relaunch_of=relaunch_of)
-
-    def _host_lock(self, host: str) -> asyncio.Lock:
-        return self._locks.setdefault(host, asyncio.Lock())
+        # One launch decision at a time per host: two /launch racing (on one bot or two) must not both pass the checks.
+        try:
+            async with self.locks.host(preview.host):
+                return await self._launch_locked(preview, variant, params, user=user, channel=channel,
+                                                 thread_ts=thread_ts, relaunch_of=relaunch_of)
+        except LockTimeout as e:
+            self._audit.record(user_id=user, action="launch", args={"variant": variant, "host": preview.host},
+                               result="error", detail=str(e), host=preview.host, channel=channel)
+            return LaunchOutcome(None, error=f"{e}; try again in a moment", host=preview.host)
 
     async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
                              channel: str | None, thread_ts: str | None, relaunch_of: int | None) -> LaunchOutcome:
@@ -540,6 +573,13 @@ class LaunchService:
         `kill_grace_s`, SIGKILL what is left, then poll GPU memory until the launch's GPUs are released
         (at most `release_timeout_s`). Records the end state, updates the root message and audits. Never
         raises for remote failures; the outcome says what happened."""
+        try:
+            async with self.locks.kill(la.id, wait_s=0):  # a second kill (on this bot or another) does not wait
+                return await self._kill_locked(la, user=user, channel=channel)
+        except LockTimeout:
+            return KillOutcome(target=la.name, host=la.host, error=being_stopped(la.name))
+
+    async def _kill_locked(self, la: Launch, *, user: str, channel: str | None) -> KillOutcome:
         t0 = time.monotonic()
         out = KillOutcome(target=la.name, host=la.host)
         current = self._launches.get(la.id) or la

@@ -67,6 +67,9 @@ MAX_RETRY_AFTER_S = 300.0
 PURGE_EVERY_S = 3600.0
 #: The metadata lookup starts this many seconds before the row was written (clock differences).
 LOOKUP_SKEW_S = 300.0
+#: Seconds between looks for rows another bot queued (a shared database; only the leader sends) and between a
+#: follower's looks at a row it waits for.
+SHARED_POLL_S = 0.2
 
 
 #: The first bytes of the binary attachments, never redacted as text: a PNG (a chart) and a gzip file (a bundle's
@@ -199,6 +202,9 @@ class Outbox:
         self._direct: dict[int, Delivery] = {}
         self._direct_tail: dict[str, asyncio.Task] = {}
         self._direct_seq = 0
+        #: True when other bots share the database (PostgreSQL): rows they queue are looked for every
+        #: SHARED_POLL_S, the pacing starts from what was sent last, and `wait` reads the row's state
+        self.shared = False
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
@@ -407,6 +413,12 @@ class Outbox:
             raise KeyError(row_id)
         if d.done or timeout_s <= 0:
             return d
+        if self.shared and not self.sending:  # another bot sends it: its state is in the database alone
+            deadline = time.monotonic() + timeout_s
+            while not d.done and time.monotonic() < deadline:
+                await asyncio.sleep(SHARED_POLL_S)
+                d = self.delivery(row_id) or d
+            return d
         fut = asyncio.get_running_loop().create_future()
         self._done_waiters.setdefault(row_id, []).append(fut)
         try:
@@ -435,12 +447,27 @@ class Outbox:
         with contextlib.suppress(RuntimeError):  # no running loop: start() will pick the rows up
             self.start()
 
+    def hold(self) -> None:
+        """Queue without sending until `start` (a follower: the leader of the shared database sends its rows)."""
+        self._stopped = True
+
+    @property
+    def sending(self) -> bool:
+        """True while this bot's sender runs."""
+        return self._task is not None and not self._task.done()
+
     def start(self) -> None:
         """Start the sender task on the running loop (idempotent). Rows left `sending` by a crash are
         checked first. Raises RuntimeError outside an event loop."""
         if self._task is not None and not self._task.done():
             return
         self._stopping = self._stopped = False
+        if self.shared:  # the channels' pacing goes on from the last sends, whichever bot made them
+            try:
+                for channel, at in self.rows.last_sent_at(self._clock.time() - 60.0).items():
+                    self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), at)
+            except Exception as e:
+                log.warning("outbox: cannot read the last sends (%s); pacing starts afresh", e)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="gpubot-outbox")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -473,7 +500,7 @@ class Outbox:
                 log.exception("outbox: cannot read the queue; retrying in %.0f s", DB_RETRY_S)
                 delay = DB_RETRY_S
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=min(delay, 5.0))
+                await asyncio.wait_for(self._wake.wait(), timeout=min(delay, SHARED_POLL_S if self.shared else 5.0))
 
     def _recover(self, *, first: bool) -> None:
         """At start, rows found `sending` were interrupted by a crash: they are sent again, after a lookup

@@ -109,6 +109,10 @@ def _new_fields(verdict: Verdict, current: Launch, record: CheckRecord, *, news:
     return fields
 
 
+class _Superseded(Exception):
+    """Another writer changed a launch's alert state between a check's read and its write."""
+
+
 class Watcher:
     """Schedules and runs readiness checks, and the `/gpu status` digest. `policy` overrides the config's
     `watch:` (a variant's own `watch:` still wins). With `stacks`, a new silent_hang takes the ranks' stack dumps
@@ -139,6 +143,9 @@ class Watcher:
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
+        #: a follower's watcher (another bot on the shared database leads): it runs no scheduled checks, but a
+        #: launch this bot started and found gone at its first look is diagnosed here at once
+        self.following = False
 
     async def start(self) -> None:
         """Start the scheduler (inside the running loop), follow every live launch (also the ones an earlier
@@ -199,9 +206,19 @@ class Watcher:
 
     async def exited_early(self, la: Launch) -> None:
         """A launch was gone at its first look (LaunchService's hook, wired in bot.wiring): diagnose it now while
-        this watcher runs."""
-        if self._started:
+        this watcher runs, or while it follows another bot's (`following`: the bot that launched it says it)."""
+        if self._started or self.following:
             await self.early_exit(la)
+
+    def adopt(self) -> int:
+        """Follow every live launch that this running watcher does not check yet: ones another bot on the shared
+        database started (its leader calls this every second or so). Returns how many it took on."""
+        if not self._started:
+            return 0
+        new = [la for la in self._launch_rows.live() if not self.scheduler.is_watched(la.id)]
+        for la in new:
+            self.watch(la)
+        return len(new)
 
     async def early_exit(self, la: Launch) -> None:
         """A launch gone at its first look (LaunchService hook): check it now, so a crash or an OOM gets its
@@ -381,6 +398,7 @@ class Watcher:
             return CheckOutcome(verdict, False, current)
         if current.state == LaunchState.KILL_FAILED and obs.process_alive is False:
             return await self._after_failed_kill(current, obs, verdict)
+        stored_alert = current.alert_state  # as the database has it (the compare and set of `_record`)
         if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
             current = replace(current, alert_state=self._unrecorded[la.id])
         # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
@@ -396,7 +414,10 @@ class Watcher:
         # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
         end = (LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED) if ended else None
         if fields or end is not None:
-            la = self._record(la, current, fields, end)
+            try:
+                la = self._record(la, current, fields, end, stored_alert)
+            except _Superseded:  # another bot recorded (and posts) this change: no second alert
+                return CheckOutcome(verdict, False, self._launch_rows.get(la.id))
         alerted = False
         if news:
             alerted = await self._alerts.post(la, verdict, record, recovered=serving and verdict.verdict == "ready",
@@ -433,13 +454,21 @@ class Watcher:
         """Whether `la`'s alerts are snoozed now (the bot's clock)."""
         return bool(la.snoozed_until and self._clock.time() < la.snoozed_until)
 
-    def _record(self, la: Launch, current: Launch, fields: dict[str, object], end: LaunchState | None) -> Launch:
+    def _record(self, la: Launch, current: Launch, fields: dict[str, object], end: LaunchState | None,
+                stored_alert: str | None) -> Launch:
         """Write a check's new fields first (a crash or restart after this never posts the same alert twice),
         with the launch's end (`end`: the ENDED event, applied by LaunchService). When the database refuses, the
-        alert goes anyway and is remembered here, so it is posted once."""
+        alert goes anyway and is remembered here, so it is posted once. A new alert state is compared and set
+        against `stored_alert` (the database's when the check read it): raises _Superseded when another bot on the
+        shared database recorded a change first."""
         try:
             if end is not None:
                 la = self.launches.transition(la, LaunchEvent.ENDED, to=end, **fields)
+            elif "alert_state" in fields:  # compare and set: of two bots checking it, one posts the change
+                changed = self._launch_rows.update_if(la.id, {"alert_state": stored_alert}, **fields)
+                if changed is None:
+                    raise _Superseded(la.id)
+                la = changed
             else:
                 la = self._launch_rows.update(la.id, **fields)
             self._unrecorded.pop(la.id, None)

@@ -55,7 +55,7 @@ def test_launch_states_are_written_by_launch_service_alone() -> None:
     writes = []
     for f in sorted((ROOT / "bot").rglob("*.py")) + sorted((ROOT / "handlers").rglob("*.py")):
         text = f.read_text()
-        for m in re.finditer(r"(?:_launches|_launch_rows|launches)\.update\([^)]*\bstate=", text):
+        for m in re.finditer(r"(?:_launches|_launch_rows|launches)\.update(?:_if)?\([^)]*\bstate=", text):
             writes.append(f"{f.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}")
     assert writes == ["bot/services/launches.py:" + str(_transition_write_line())], writes
 
@@ -63,7 +63,7 @@ def test_launch_states_are_written_by_launch_service_alone() -> None:
 def _transition_write_line() -> int:
     text = (ROOT / "bot/services/launches.py").read_text()
     start = text.index("    def transition(")
-    m = re.search(r"self\._launches\.update\(la\.id, state=state", text[start:])
+    m = re.search(r"self\._launches\.update_if\(la\.id, \{\"state\": current\.state\}, state=state", text[start:])
     assert m is not None
     return text[:start + m.start()].count("\n") + 1
 

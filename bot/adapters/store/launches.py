@@ -8,7 +8,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -132,8 +132,9 @@ class LaunchRepository:
         self._clock = clock
         # `get` answers from memory while this process wrote no launch since it read one: a watch check reads its
         # launch twice, hundreds of times a minute, and launches change rarely. Every write moves the generation.
-        # (One bot process per database: the state directory's lock. Several bots on one database need an
-        # expiring cache instead.)
+        # Only where this process is the database's one writer (SQLite: the state directory's lock); on a database
+        # that several bots share (PostgreSQL) another bot's writes are invisible to it, so every read goes through.
+        self._memo = db.url.startswith("sqlite")
         self._generation = 0
         self._rows: dict[int, tuple[int, Launch]] = {}
         self._recent: tuple[int, int, list[Launch]] | None = None  # (generation, limit, launches): `recent`
@@ -178,10 +179,22 @@ class LaunchRepository:
     def update(self, launch_id: int, **fields: Any) -> Launch:
         """Set columns of a launch (`params`/`gpus`/`seen_pids` are JSON-encoded; entering a terminal state sets
         `ended_at` once) and return the new version. Raises KeyError for an unknown id."""
+        out = self.update_if(launch_id, {}, **fields)
+        assert out is not None
+        return out
+
+    def update_if(self, launch_id: int, expect: Mapping[str, Any], **fields: Any) -> Launch | None:
+        """`update`, only while the launch's columns still hold `expect` (column -> value; `state` as a
+        LaunchState or its value): None, with nothing written, when another writer changed one since (the row is
+        locked while it is compared, `SELECT ... FOR UPDATE` on PostgreSQL). Raises KeyError for an unknown id."""
         with self._writing() as s:
-            row = s.get(LaunchRow, launch_id)
+            row = s.get(LaunchRow, launch_id, with_for_update=bool(expect))
             if row is None:
                 raise KeyError(launch_id)
+            for k, v in expect.items():
+                have = getattr(row, k)
+                if (LaunchState(v).value if k == "state" else v) != have:
+                    return None
             for k, v in fields.items():
                 if k == "params":
                     row.params_json = json.dumps(v, sort_keys=True)
@@ -224,7 +237,7 @@ class LaunchRepository:
     def get(self, launch_id: int) -> Launch | None:
         """The launch with this id, or None: a copy of what this process last read, when it wrote no launch since
         (see `__init__`), else read (a Core read: every watch check looks at its launch twice)."""
-        cached = self._rows.get(launch_id)
+        cached = self._rows.get(launch_id) if self._memo else None
         if cached is not None and cached[0] == self._generation:
             return replace(cached[1])
         generation = self._generation
@@ -274,7 +287,7 @@ class LaunchRepository:
     def recent(self, limit: int = 20) -> list[Launch]:
         """The newest `limit` launches, newest first: copies of what this process last read, when it wrote no
         launch since (see `__init__`; every `/gpu status` attributes GPU holders to them), else read."""
-        cached = self._recent
+        cached = self._recent if self._memo else None
         if cached is not None and cached[0] == self._generation and cached[1] == limit:
             return [replace(la) for la in cached[2]]
         generation = self._generation

@@ -161,14 +161,24 @@ class OutboxRepository:
 
     def claim(self, row_id: int) -> OutboxItem | None:
         """Move a pending row to `sending` (one more attempt) and return its columns; None when it is gone or
-        no longer pending."""
+        no longer pending. One conditional update: of two senders (bots on one database) only one claims it."""
         with self._db.transaction() as s:
-            row = s.get(OutboxRow, row_id)
-            if row is None or row.state != "pending":
+            res = s.execute(update(OutboxRow).where(OutboxRow.id == row_id, OutboxRow.state == "pending")
+                            .values(state="sending"))
+            if (res.rowcount or 0) != 1:
                 return None
-            row.state = "sending"
+            row = s.get(OutboxRow, row_id)
+            if row is None:
+                return None
             row.attempts = _count(row.attempts) + 1
             return _snapshot(row)
+
+    def last_sent_at(self, since: float) -> dict[str, float]:
+        """Channel -> when its last row was sent (epoch s), over rows sent after `since`."""
+        with self._db.transaction() as s:
+            rows = s.execute(select(OutboxRow.channel, func.max(OutboxRow.sent_at))
+                             .where(OutboxRow.sent_at > since).group_by(OutboxRow.channel)).all()
+            return {str(c): _number(t) for c, t in rows if t is not None}
 
     def set(self, row_id: int, **values: Any) -> None:
         """Write `values` (column -> value) to row `row_id`."""

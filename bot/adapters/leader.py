@@ -1,0 +1,149 @@
+"""Leadership among the bots that share one database: only the leader sends the outbox and runs the scheduled
+checks; every bot takes commands.
+
+PostgreSQL: the leader holds a session advisory lock (`pg_try_advisory_lock`) on a connection of its own and proves
+it alive with a heartbeat (`SELECT 1`) every `heartbeat_s`. A leader that dies closes its connection and the server
+releases the lock at once (a vanished host: when TCP keepalives give up, about 10 s); a follower tries the lock
+every `heartbeat_s`, so it takes over within about one heartbeat. A leader whose heartbeat fails or hangs steps
+down at once (it stops sending before another bot can lead). SQLite (one bot per database file,
+bot.adapters.statelock) and any other database: the one bot leads from the start (`SoleLeader`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
+
+#: PostgreSQL advisory lock key of the leader ("gpuc" in ASCII; the schema lock is "gpub").
+LEADER_KEY = 0x67707563
+#: Seconds between a follower's tries and a leader's heartbeats.
+HEARTBEAT_S = 1.0
+#: Seconds a heartbeat may take before the leader steps down (the database or the network is stuck).
+HEARTBEAT_TIMEOUT_S = 5.0
+#: libpq TCP keepalives on the leader's connection: a database host that vanished is noticed in about 10 s.
+KEEPALIVES = MappingProxyType({"keepalives": 1, "keepalives_idle": 4, "keepalives_interval": 2,
+                               "keepalives_count": 3})
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def bot_identity() -> str:
+    """`host:pid` of this bot (logs, metrics, /healthz)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class SoleLeader:
+    """The only bot on its database: leading from the start, for good."""
+
+    shared = False
+
+    def __init__(self) -> None:
+        self.leading = False
+
+    async def run(self, on_gain: Hook, on_lose: Hook) -> None:
+        """Call `on_gain` once, then wait until cancelled (`on_lose` is never called)."""
+        self.leading = True
+        await on_gain()
+        await asyncio.Event().wait()
+
+
+class AdvisoryLeader:
+    """Leadership through a PostgreSQL session advisory lock (see the module's docstring)."""
+
+    shared = True
+
+    def __init__(self, engine: Engine, *, key: int = LEADER_KEY, heartbeat_s: float = HEARTBEAT_S,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S):
+        self._engine = engine
+        self.key = key
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.leading = False
+        self._conn: Connection | None = None
+
+    async def run(self, on_gain: Hook, on_lose: Hook) -> None:
+        """Try to lead, and keep leading, until cancelled: `on_gain` when this bot becomes the leader, `on_lose`
+        when it stops being one (its heartbeat failed, or it is cancelled while leading). Never raises otherwise
+        (a database that cannot be reached is a follower's state, retried)."""
+        try:
+            while True:
+                if not self.leading:
+                    if await self._step(self._try_acquire):
+                        self.leading = True
+                        log.warning("this bot (%s) is now the leader: it sends and runs the checks", bot_identity())
+                        await on_gain()
+                elif not await self._step(self._heartbeat):
+                    self.leading = False
+                    self._drop()
+                    log.error("this bot (%s) lost the lead (its heartbeat failed): it stops sending", bot_identity())
+                    await on_lose()
+                await asyncio.sleep(self.heartbeat_s)
+        finally:
+            if self.leading:
+                self.leading = False
+                with contextlib.suppress(Exception):
+                    await on_lose()
+            self._drop()
+
+    async def _step(self, fn: Callable[[], bool]) -> bool:
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn), self.heartbeat_timeout_s)
+        except TimeoutError:
+            log.error("leadership: the database did not answer in %.0f s", self.heartbeat_timeout_s)
+            return False
+        except Exception as e:
+            log.warning("leadership: %s", " ".join(str(e).split())[:300])
+            return False
+
+    def _try_acquire(self) -> bool:
+        if self._conn is not None:  # a try that timed out got the lock after all
+            return True
+        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            got = bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({self.key})").scalar())
+        except Exception:
+            conn.invalidate()
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def _heartbeat(self) -> bool:
+        if self._conn is None:
+            return False
+        self._conn.exec_driver_sql("SELECT 1").scalar()
+        return True
+
+    def _drop(self) -> None:
+        """Close the leader's connection without returning it to the pool (the server releases the lock)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def leadership_for(engine: Engine) -> SoleLeader | AdvisoryLeader:
+    """AdvisoryLeader on PostgreSQL (its own engine, with TCP keepalives), else SoleLeader."""
+    if engine.dialect.name != "postgresql":
+        return SoleLeader()
+    from sqlalchemy import create_engine
+
+    own = create_engine(engine.url, pool_size=1, max_overflow=1, pool_pre_ping=False,
+                        connect_args=dict(KEEPALIVES))
+    return AdvisoryLeader(own)

@@ -1,0 +1,270 @@
+"""Two bots on one PostgreSQL database (issue 26): one leads (sends the outbox, runs the checks), the other follows
+and takes over when the leader goes; decisions that must happen once are made in the database (the outbox row's
+claim, a host's launch decision, a launch's kill, the alert state)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from bot.adapters.leader import AdvisoryLeader, SoleLeader, leadership_for
+from bot.adapters.locks import DecisionLocks, LockTimeout
+from bot.adapters.store import Store
+from bot.present.render import Message
+from bot.wiring import build_runtime
+from tests.integration.test_outbox import FakeTransport
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Hooks:
+    """Records a leadership's gains and losses."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    async def gain(self) -> None:
+        self.events.append("gain")
+
+    async def lose(self) -> None:
+        self.events.append("lose")
+
+
+def backend_pid(leader: AdvisoryLeader) -> int:
+    assert leader._conn is not None
+    return int(leader._conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+
+
+def terminate_backend(url: str, pid: int) -> None:
+    """End one PostgreSQL session from the server side, as the death of its process would."""
+    engine = sa.create_engine(url)
+    with engine.connect() as c:
+        assert c.exec_driver_sql(f"SELECT pg_terminate_backend({pid})").scalar()
+    engine.dispose()
+
+
+def counting(leader: AdvisoryLeader) -> list[int]:
+    """Count the leader's tries to take the lock (in the returned list's one item)."""
+    tries = [0]
+    take = leader._try_acquire
+
+    def counted() -> bool:
+        tries[0] += 1
+        return take()
+
+    leader._try_acquire = counted  # type: ignore[method-assign]
+    return tries
+
+
+@contextlib.asynccontextmanager
+async def running(leader, hooks: Hooks):
+    task = asyncio.ensure_future(leader.run(hooks.gain, hooks.lose))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_sqlite_has_a_sole_leader_and_postgresql_an_advisory_one(tmp_path, pg_url):
+    assert isinstance(leadership_for(sa.create_engine(f"sqlite:///{tmp_path}/x.db")), SoleLeader)
+    assert isinstance(leadership_for(sa.create_engine(pg_url)), AdvisoryLeader)
+
+
+async def test_one_of_two_leads_and_the_other_takes_over_when_its_session_ends(pg_url):
+    a = AdvisoryLeader(sa.create_engine(pg_url), heartbeat_s=0.1)
+    b = AdvisoryLeader(sa.create_engine(pg_url), heartbeat_s=0.1)
+    tries = counting(b)
+    ha, hb = Hooks(), Hooks()
+    async with running(a, ha):
+        await wait_until(lambda: a.leading, 30, what="a leading")
+        async with running(b, hb):
+            await wait_until(lambda: tries[0] >= 5, 30, what="b trying five times")
+            assert a.leading and not b.leading and hb.events == []
+            terminate_backend(pg_url, backend_pid(a))  # a's process "died": the server lets go of its lock
+            t0 = time.monotonic()
+            await wait_until(lambda: b.leading, 30, what="b taking over")
+            took = time.monotonic() - t0
+            await wait_until(lambda: "lose" in ha.events, 30, what="a stepping down")
+            print(f"takeover after the leader's session ended: {took:.2f} s (heartbeat 0.1 s)")
+            assert hb.events == ["gain"] and ha.events[:2] == ["gain", "lose"]
+            assert not (a.leading and b.leading)
+
+
+async def test_a_sigkilled_leader_process_is_replaced_within_a_few_seconds(pg_url):
+    code = ("import asyncio, sqlalchemy as sa, sys\n"
+            "from bot.adapters.leader import AdvisoryLeader\n"
+            "async def main():\n"
+            "    a = AdvisoryLeader(sa.create_engine(sys.argv[1]), heartbeat_s=0.2)\n"
+            "    async def gain(): print('leading', flush=True)\n"
+            "    async def lose(): pass\n"
+            "    await a.run(gain, lose)\n"
+            "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, pg_url], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.to_thread(proc.stdout.readline)).strip() == "leading"
+        b = AdvisoryLeader(sa.create_engine(pg_url), heartbeat_s=0.2)
+        tries, hb = counting(b), Hooks()
+        async with running(b, hb):
+            await wait_until(lambda: tries[0] >= 2, 30, what="the follower trying twice")
+            assert not b.leading
+            os.kill(proc.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            await wait_until(lambda: b.leading, 30, what="the follower taking over")
+            print(f"takeover after SIGKILL of the leader process: {time.monotonic() - t0:.2f} s")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
+
+
+async def test_decision_locks_are_shared_by_two_bots(pg_url):
+    one, two = DecisionLocks(sa.create_engine(pg_url)), DecisionLocks(sa.create_engine(pg_url), timeout_s=0.5)
+    assert one.shared and two.shared
+    async with one.host("gpu-host-1"):
+        assert not await two.host_free("gpu-host-1") and await two.host_free("gpu-host-2")
+        with pytest.raises(LockTimeout, match="another bot holds the decision on gpu-host-1"):
+            async with two.host("gpu-host-1"):
+                pass
+    assert await two.host_free("gpu-host-1")
+    async with two.host("gpu-host-1"):  # free again: taken at once
+        pass
+    async with one.kill(7):
+        with pytest.raises(LockTimeout):
+            async with two.kill(7, wait_s=0):
+                pass
+        async with two.kill(8, wait_s=0):  # another launch's kill is another lock
+            pass
+    assert await two.kill_free(7)
+
+
+def test_of_two_senders_only_one_claims_a_row(pg_url):
+    a, b = Store(pg_url), Store(pg_url)
+    try:
+        ids = [a.outbox.add(channel="C1", kind="post", text=f"m{i}") for i in range(20)]
+        claims = [(a.outbox.claim(i), b.outbox.claim(i)) for i in ids]
+        assert all((x is None) != (y is None) for x, y in claims)
+        assert all(b.outbox.claim(i) is None and a.outbox.claim(i) is None for i in ids)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_launch_state_change_is_compared_and_set(pg_url):
+    a, b = Store(pg_url), Store(pg_url)
+    try:
+        la = a.launches.create(host="h", variant="v", params={}, command="c", log_path=None, port=None, gpus=[0],
+                               created_by="U1")
+        assert b.launches.get(la.id).state.value == "starting"  # no stale copy: another bot wrote it
+        assert a.launches.update_if(la.id, {"state": "starting"}, state="running") is not None
+        assert b.launches.update_if(la.id, {"state": "starting"}, state="failed") is None  # lost the race
+        assert b.launches.get(la.id).state.value == "running"
+        assert b.launches.update_if(la.id, {"alert_state": None}, alert_state="ready").alert_state == "ready"
+        assert a.launches.update_if(la.id, {"alert_state": None}, alert_state="ready") is None
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_two_bots_send_every_message_once_across_a_handover_paced_per_channel(gpu_config, pg_url):
+    config = gpu_config.model_copy(update={"slack": gpu_config.slack.model_copy(update={"post_interval_s": 0.2})})
+    slack = FakeTransport()
+    bots = [build_runtime(config, transport=slack, store=Store(pg_url)) for _ in range(2)]
+    first, second = bots
+    try:
+        await first.start(watch=False)
+        await wait_until(lambda: first.leading, 30, what="the first bot leading")
+        await second.start(watch=False)
+        for i in range(10):
+            second.outbox.post("C1", Message(text=f"from the follower {i}"))
+            first.outbox.post("C2", Message(text=f"from the leader {i}"))
+        await wait_until(lambda: len(slack.posted()) >= 10, 60, what="ten messages sent")
+        assert not second.leading and not second.outbox.sending
+        first.leadership._drop()  # the leader's session ends (as a killed process's would) ...
+        await first._follow()  # ... and it stops on its next heartbeat
+        for i in range(10, 20):
+            second.outbox.post("C1", Message(text=f"from the follower {i}"))
+        await wait_until(lambda: second.leading, 30, what="the second bot taking over")
+        await wait_until(lambda: len(slack.posted()) >= 30, 60, what="every message sent")
+        texts = [m["text"] for m in slack.posted()]
+        assert sorted(texts) == sorted({*(f"from the follower {i}" for i in range(20)),
+                                        *(f"from the leader {i}" for i in range(10))})  # each once
+        assert [t for t in texts if "follower" in t] == [f"from the follower {i}" for i in range(20)]  # in order
+        for channel in ("C1", "C2"):
+            at = [c.at for c in slack.calls_for("post", channel)]
+            gaps = [b - a for a, b in itertools.pairwise(at)]
+            assert min(gaps) >= 0.2 - 0.02, (channel, gaps)  # the pacing held across the handover
+    finally:
+        for rt in bots:
+            await rt.close(flush_s=0)
+
+
+async def test_two_launches_of_the_same_gpus_through_two_bots_one_is_refused_naming_the_other(gpu_config, pg_url):
+    from bot.wiring import build_runtime
+    from tests.support.procs import kill_launches
+
+    slack = FakeTransport()
+    bots = [build_runtime(gpu_config, transport=slack, store=Store(pg_url), start_check_s=0.3) for _ in range(2)]
+    try:
+        for rt in bots:
+            await rt.start(watch=False)
+        outcomes = await asyncio.gather(*(rt.launches.launch("base", {}, user="U0OPERATOR", channel="C1")
+                                          for rt in bots))
+        started = [o for o in outcomes if o.launch is not None]
+        refused = [o for o in outcomes if o.launch is None]
+        assert len(started) == 1 and len(refused) == 1, outcomes
+        name = started[0].launch.name
+        problems = "; ".join(refused[0].checks.problems) if refused[0].checks else (refused[0].error or "")
+        assert name in problems, problems  # the refusal names the launch that got the GPUs
+    finally:
+        for rt in bots:
+            await rt.close(flush_s=0)
+        seen = Store(pg_url)
+        kill_launches(seen.launches.recent(50))
+        seen.close()
+
+
+async def test_a_follower_keeps_watching_the_launches_when_the_leader_goes(gpu_config, pg_url):
+    from tests.support.procs import kill_launches
+
+    config = gpu_config.model_copy(update={"watch": gpu_config.watch.model_copy(update={"interval_s": 0.3,
+                                                                                       "serving_interval_s": 0.3})})
+    slack = FakeTransport()
+    leader, follower = (build_runtime(config, transport=slack, store=Store(pg_url), start_check_s=0.3)
+                        for _ in range(2))
+    store = Store(pg_url)
+    try:
+        await leader.start()
+        await wait_until(lambda: leader.leading, 30, what="the first bot leading")
+        await follower.start()
+        out = await follower.launches.launch("base", {}, user="U0OPERATOR", channel="C1")  # the follower launches
+        la = out.launch
+        assert la is not None, out
+        checks = lambda: len(store.observations.list(la.id))  # noqa: E731
+        await wait_until(lambda: checks() >= 3, 60, what="the leader checking the follower's launch")
+        assert not follower.watcher.scheduler.is_watched(la.id)  # only the leader checks
+        leader.leadership._drop()
+        await leader._follow()
+        seen = checks()
+        await wait_until(lambda: follower.leading, 30, what="the follower taking over")
+        await wait_until(lambda: checks() >= seen + 3, 60, what="checks going on after the handover")
+        ready = [m["text"] for m in slack.posted() if "ready" in m["text"] and la.name in m["text"]]
+        assert len([t for t in ready if t.startswith(f"{la.name} on")]) <= 1, ready  # one alert per change
+    finally:
+        for rt in (leader, follower):
+            await rt.close(flush_s=0)
+        kill_launches(store.launches.recent(50))
+        store.close()
