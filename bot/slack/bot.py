@@ -92,6 +92,24 @@ class SlackBot:
                 out.add(gid)
         return frozenset(out)
 
+    async def first_delivery(self, key: str | None, *, memory: SeenIds | None = None, ttl_s: float = 3600.0) -> bool:
+        """True when this delivery (`key`, e.g. `cmd:<trigger_id>`) is to be acted on: not seen by this bot (the
+        in-memory `memory`, `seen` by default) and claimed in the database (the `deliveries` table, shared by every
+        bot of the database, so a delivery Slack retries to another bot is acted on once) within `ttl_s` seconds.
+        A database that refuses is logged and the delivery taken: an answer twice beats none. None keys: True."""
+        if not key:
+            return True
+        return (memory or self.seen).first(key) and await self.claimed(key, ttl_s)
+
+    async def claimed(self, key: str, ttl_s: float = 3600.0) -> bool:
+        """The database half of `first_delivery`: True when this bot's claim of `key` in the `deliveries` table
+        won (or the database refused, logged)."""
+        try:
+            return await asyncio.to_thread(self.runtime.store.deliveries.claim, key, ttl_s)
+        except Exception as e:
+            log.warning("cannot record delivery %s in the database (acting on it anyway): %s", key, e)
+            return True
+
     def spawn(self, coro: Awaitable[Any]) -> asyncio.Task:
         """Run `coro` as a tracked task (Bolt does not track work started after the ack)."""
         task = asyncio.ensure_future(coro)

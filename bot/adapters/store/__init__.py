@@ -2,8 +2,9 @@
 
 `Store(url)` opens the database (creating and migrating its tables) and exposes the repositories:
 `launches` (launches and their incident threads), `events` (the audit trail), `observations` (readiness
-check records), `confirmations` (typed kills waiting for a click) and `outbox` (messages to Slack). Only
-services use it (bot.services); `url` is also the APScheduler job store's URL.
+check records), `confirmations` (typed kills waiting for a click), `outbox` (messages to Slack) and
+`deliveries` (Slack deliveries taken, acted on once). Only services use it (bot.services); `url` is also the
+APScheduler job store's URL.
 
 Importing this package does not import SQLAlchemy: `DatabaseUnavailable` comes from the light `errors` module,
 `default_url` is imported on first use (PEP 562 `__getattr__`) and `Store` imports the repositories when one is
@@ -36,7 +37,7 @@ def __getattr__(name: str) -> Any:
 
 def tables() -> MetaData:
     """The declarative metadata with every repository's table (their modules imported)."""
-    from bot.adapters.store import confirmations, events, launches, observations, outbox  # noqa: F401
+    from bot.adapters.store import confirmations, deliveries, events, launches, observations, outbox  # noqa: F401
     from bot.adapters.store.db import Base
 
     return Base.metadata
@@ -49,6 +50,7 @@ class Store:
     def __init__(self, url: str, clock: Clock = SYSTEM_CLOCK):
         from bot.adapters.store.confirmations import ConfirmationRepository
         from bot.adapters.store.db import Database
+        from bot.adapters.store.deliveries import DeliveryRepository
         from bot.adapters.store.events import EventRepository
         from bot.adapters.store.launches import LaunchRepository
         from bot.adapters.store.observations import ObservationRepository
@@ -62,6 +64,7 @@ class Store:
         self.observations = ObservationRepository(self.db, clock)
         self.confirmations = ConfirmationRepository(self.db, clock)
         self.outbox = OutboxRepository(self.db, clock)
+        self.deliveries = DeliveryRepository(self.db, clock)
 
     def close(self) -> None:
         """Dispose of the engine's connections."""

@@ -80,7 +80,9 @@ class Database:
             with contextlib.suppress(OSError):
                 os.close(os.open(file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         try:
-            ensure_schema(self.engine, Base.metadata)
+            from bot.adapters.store import tables  # every repository's table, whoever opened the database
+
+            ensure_schema(self.engine, tables())
             problem = _integrity_problem(self.engine) if url.startswith("sqlite") else None
         except (OperationalError, DatabaseError) as e:
             self.engine.dispose()

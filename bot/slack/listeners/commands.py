@@ -23,7 +23,7 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
     async def on_slash(ack, command, respond) -> None:
         """One slash command: ack, dedupe, parse, dispatch."""
         await ack()  # first, always: Slack shows an error after 3 s without it
-        if not bot.seen.first(f"cmd:{command['trigger_id']}" if command.get("trigger_id") else None):
+        if not await bot.first_delivery(f"cmd:{command['trigger_id']}" if command.get("trigger_id") else None):
             log.info("duplicate slash command delivery dropped")
             return
         try:

@@ -25,9 +25,9 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
 
     async def handle(event: dict, context, source: Source) -> None:
         """One message event: run it when it is a command for the bot, once."""
+        key = f"msg:{event.get('channel')}:{event['ts']}" if event.get("ts") else None
         if event.get("bot_id") or event.get("subtype") in IGNORED_SUBTYPES or not event.get("channel") \
-                or not event.get("user") or not bot.seen.first(f"msg:{event['channel']}:{event.get('ts')}"
-                                                               if event.get("ts") else None):
+                or not event.get("user") or not bot.seen.first(key):
             return
         text = event.get("text") or ""
         if source == Source.PREFIX and not grammar.addresses(text, prefix, bot.config.hosts):
@@ -37,7 +37,7 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
                 text, bot_user_id=context.get("bot_user_id"), prefix=prefix)
         except CommandParseError as e:
             call = e
-        if call is None:
+        if call is None or (key and not await bot.claimed(key)):  # chat costs no database write
             return
         bot.spawn(bot.run(user_id=event["user"], channel_id=event["channel"], source=source,
                           thread_ts=event.get("thread_ts") or event.get("ts"),
@@ -65,7 +65,7 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
             return None
         addressed = grammar.addresses(text, prefix, bot.config.hosts) or (
             context.get("bot_user_id") and f"<@{context.get('bot_user_id')}>" in text)
-        if not addressed or not bot.seen.first(f"edit:{channel}:{edited.get('ts')}:{event.get('event_ts')}"):
+        if not addressed or not await bot.first_delivery(f"edit:{channel}:{edited.get('ts')}:{event.get('event_ts')}"):
             return None
         why = "an edited message is not run as a command; send it again as a new message"
         bot.spawn(bot.run(user_id=user, channel_id=channel, source=Source.PREFIX,
