@@ -22,9 +22,19 @@ _config_option = click.option("--config", "config_path", required=True, envvar="
                               type=click.Path(), help="YAML config file")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at `level`: `text` lines (`TIME LEVEL LOGGER: MESSAGE`), or `json`, one object per line with
+    the keys time, level, logger, message (and exc_info with a traceback) for a log collector (python-json-logger).
+    Every record is redacted before it is written (bot.adapters.logs, installed by the runtime)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 def _load(path: str):
@@ -84,41 +94,69 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gpubot", prog_name="gpubot", message="%(prog)s %(version)s")
 @click.option("--log-level", default="WARNING", show_default=True, help="DEBUG, INFO, WARNING or ERROR")
-def main(log_level: str) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              envvar="GPUBOT_LOG_FORMAT", show_envvar=True, help="json: one JSON object per line (a log collector's)")
+def main(log_level: str, log_format: str) -> None:
     """gpubot: debug GPU inference servers from Slack, as a team."""
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format)
+
+
+#: `--metrics-port` / `--metrics-host`: where /metrics and /healthz are served (they override the config's `metrics:`).
+def _metrics_options(f):
+    f = click.option("--metrics-host", default=None,
+                     help="address for --metrics-port (default: the config's metrics.host, 127.0.0.1)")(f)
+    return click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, envvar="GPUBOT_METRICS_PORT",
+                        show_envvar=True,
+                        help="serve /metrics and /healthz on this port (default: the config's metrics.port)")(f)
+
+
+def _with_metrics(config, port: int | None, host: str | None):
+    """`config` with its `metrics:` overridden by the command line's --metrics-port / --metrics-host."""
+    if port is None and host is None:
+        return config
+    metrics = config.metrics.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
+    return config.model_copy(update={"metrics": metrics})
+
+
+def _serve(coro_factory) -> None:
+    """Run the service coroutine; a missing token or an address that cannot be bound is one line, exit 2."""
+    import asyncio
+
+    from bot.slack.runner import MissingSecret
+
+    try:
+        asyncio.run(coro_factory())
+    except MissingSecret as e:
+        _fail(str(e))
+    except OSError as e:
+        if e.errno is None or not e.strerror or "address" not in e.strerror.lower():
+            raise
+        _fail(f"cannot listen: {e.strerror} (choose another --metrics-port or --port)")
 
 
 @main.command()
 @_config_option
-def run(config_path: str) -> None:
+@_metrics_options
+def run(config_path: str, metrics_port: int | None, metrics_host: str | None) -> None:
     """Connect to Slack over Socket Mode (needs SLACK_BOT_TOKEN and SLACK_APP_TOKEN)."""
-    import asyncio
+    from bot.slack.runner import run_socket_mode
 
-    from bot.slack.runner import MissingSecret, run_socket_mode
-
-    config = _load(config_path)
-    try:
-        asyncio.run(run_socket_mode(config))
-    except MissingSecret as e:
-        _fail(str(e))
+    config = _with_metrics(_load(config_path), metrics_port, metrics_host)
+    _serve(lambda: run_socket_mode(config))
 
 
 @main.command("serve-http")
 @_config_option
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--host", "bind", default="0.0.0.0", show_default=True, help="address to listen on")
-def serve_http(config_path: str, port: int, bind: str) -> None:
-    """Serve Slack's HTTP requests at /slack/events (needs SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)."""
-    import asyncio
+@_metrics_options
+def serve_http(config_path: str, port: int, bind: str, metrics_port: int | None, metrics_host: str | None) -> None:
+    """Serve Slack's HTTP requests at /slack/events, with /healthz and /metrics beside them (needs SLACK_BOT_TOKEN
+    and SLACK_SIGNING_SECRET)."""
+    from bot.slack.runner import run_http
 
-    from bot.slack.runner import MissingSecret, run_http
-
-    config = _load(config_path)
-    try:
-        asyncio.run(run_http(config, port=port, host=bind))
-    except MissingSecret as e:
-        _fail(str(e))
+    config = _with_metrics(_load(config_path), metrics_port, metrics_host)
+    _serve(lambda: run_http(config, port=port, host=bind))
 
 
 #: Loggers whose warnings the console shows even at its quiet default: what no answer in the chat would say.

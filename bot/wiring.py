@@ -36,6 +36,7 @@ from handlers import derive as handler_derive
 
 if TYPE_CHECKING:
     from bot.adapters.cpu import CpuPool
+    from bot.adapters.metrics import Metrics
     from bot.adapters.remote import Executor
     from bot.adapters.secretbox import SecretBox
     from bot.adapters.store import Store
@@ -103,6 +104,7 @@ class Runtime:
     watcher: Watcher
     services: Services
     dispatcher: Dispatcher
+    metrics: Metrics | None = None
     lock: StateLock | None = None
     leadership: SoleLeader | AdvisoryLeader = field(default_factory=SoleLeader)
     recover: bool = True
@@ -130,6 +132,35 @@ class Runtime:
     def leading(self) -> bool:
         """True while this bot sends the outbox and runs the checks."""
         return self.leadership.leading
+
+    async def vitals(self, *, slack: bool | None = None, timeout_s: float = 3.0) -> dict[str, object]:
+        """The bot's health for /healthz (and the gauges of /metrics, refreshed): `healthy` (the database answered
+        within `timeout_s` seconds and Slack, where known, is connected; a follower is healthy), `role` (leader or
+        follower), `slack` (`slack`: True, False or None when not known), `database`, `watched` (launches checked
+        here), `outbox_depth` and `outbox_oldest_age_s` (rows still to send). Never raises."""
+        async def ask(fn: Callable[[], object]) -> object:
+            return await asyncio.wait_for(asyncio.to_thread(fn), timeout_s)
+
+        try:
+            await ask(self.store.db.ping)
+            database = True
+        except Exception as e:
+            log.warning("health: the database did not answer: %s", e)
+            database = False
+        backlog: tuple[int, float] | None = None
+        if self.outbox is not None and database:
+            try:
+                depth, oldest = await ask(self.store.outbox.backlog)  # type: ignore[misc]
+                backlog = (depth, max(0.0, self.store.clock.time() - oldest) if oldest is not None else 0.0)
+            except Exception as e:
+                log.warning("health: the outbox could not be read: %s", e)
+        watched = self.watcher.scheduler.watched_count()
+        if self.metrics is not None:
+            self.metrics.refresh(outbox=backlog, leader=self.leading, watched=watched, slack=slack, database=database)
+        return {"healthy": database and slack is not False, "role": "leader" if self.leading else "follower",
+                "slack": slack, "database": database, "watched": watched,
+                "outbox_depth": backlog[0] if backlog else None,
+                "outbox_oldest_age_s": round(backlog[1], 3) if backlog else None}
 
     async def _lead(self) -> None:
         if self.outbox is not None:
@@ -280,6 +311,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     and checks' times (tests pass tests.support.clock.ManualClock).
     """
     from bot.adapters.logs import redact_logs
+    from bot.adapters.metrics import Metrics
     from bot.adapters.store import Store
     from bot.core.redact import Redactor
     from bot.present.render import Renderer
@@ -318,9 +350,10 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
         if lock is not None:
             lock.release()
         raise
-    audit = Audit(store.events, redactor)
+    metrics = Metrics()
+    audit = Audit(store.events, redactor, metrics)
     hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
-                        extra_path=extra_path, clock=store.clock)
+                        extra_path=extra_path, clock=store.clock, metrics=metrics)
     outbox = None
     if transport is not None:
         outbox = Outbox(store.outbox, transport, min_interval_s=config.slack.post_interval_s,
@@ -343,7 +376,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     confirmations = ConfirmationService(store.confirmations, launches)
     history = CheckHistory(store.observations)
     cpu = shared_cpu_pool()
-    alerts = AlertPoster(surface, renderer, threads, history, cpu, store.clock)
+    alerts = AlertPoster(surface, renderer, threads, history, cpu, store.clock, metrics)
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       history=history, cpu=cpu, policy=watch_policy, stacks=stacks)
     # the watcher follows new launches while it runs: LaunchService calls these hooks, wired here
@@ -355,4 +388,5 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
                    history=history, surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,
-                   dispatcher=Dispatcher(services, audit), lock=lock, leadership=leadership, recover=recover)
+                   dispatcher=Dispatcher(services, audit), metrics=metrics, lock=lock, leadership=leadership,
+                   recover=recover)

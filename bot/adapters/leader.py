@@ -49,11 +49,10 @@ class SoleLeader:
     shared = False
 
     def __init__(self) -> None:
-        self.leading = False
+        self.leading = True
 
     async def run(self, on_gain: Hook, on_lose: Hook) -> None:
         """Call `on_gain` once, then wait until cancelled (`on_lose` is never called)."""
-        self.leading = True
         await on_gain()
         await asyncio.Event().wait()
 

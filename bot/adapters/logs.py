@@ -26,6 +26,8 @@ class RedactingFilter(logging.Filter):
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
             record.exc_text = self.redactor(record.exc_text)
+            # formatters print exc_text; one that formats exc_info itself (JSON) would print it unredacted
+            record.exc_info = None
         return True
 
 

@@ -92,9 +92,13 @@ class _TargetExecutor(AsyncIOExecutor):
         super()._do_submit_job(_Bound(job, self.target), run_times)
 
 
+#: The id of every launch's check job starts with this.
+WATCH_JOB_PREFIX = "watch:"
+
+
 def watch_job_id(launch_id: int) -> str:
     """The job id of launch `launch_id`'s checks: `watch:<id>`."""
-    return f"watch:{launch_id}"
+    return f"{WATCH_JOB_PREFIX}{launch_id}"
 
 
 def crontab_problem(expr: str) -> str | None:
@@ -303,6 +307,12 @@ class Scheduler:
     def is_watched(self, launch_id: int) -> bool:
         """True while launch `launch_id` has a check job."""
         return self._aps.get_job(watch_job_id(launch_id)) is not None
+
+    def watched_count(self) -> int:
+        """How many launches have check jobs running here (0 while the scheduler is stopped: a follower's)."""
+        if not self._aps.running:
+            return 0
+        return sum(1 for job in self._aps.get_jobs() if job.id.startswith(WATCH_JOB_PREFIX))
 
     def set_digest(self, cron: str | None) -> None:
         """Schedule the digest on crontab `cron` (UTC), or remove it when None. Raises ValueError for a bad

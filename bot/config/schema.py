@@ -528,6 +528,15 @@ class LifecyclePolicy(_Model):
 _NESTED_QUANTIFIER_RE = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]")
 
 
+class MetricsSettings(_Model):
+    """Where the bot serves `/metrics` (Prometheus) and `/healthz`: `port` (none: not served, unless `gpubot run
+    --metrics-port` asks) on `host` (loopback by default: a scraper on the same machine or a sidecar; `0.0.0.0` in a
+    container whose port is published)."""
+
+    port: int | None = Field(default=None, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+
+
 class Config(_Model):
     """The whole configuration. `state_dir` holds the SQLite database and other state; `database_url`
     (any SQLAlchemy URL) replaces the default `sqlite:///STATE_DIR/gpubot.db`."""
@@ -540,6 +549,7 @@ class Config(_Model):
     _expanded_env_values: tuple[str, ...] = PrivateAttr(default=())
     watch: WatchPolicy = Field(default_factory=WatchPolicy)
     slack: SlackSettings = Field(default_factory=SlackSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     state_dir: str = "~/.local/state/gpubot"
     database_url: str | None = None
     lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from bot.adapters.cpu import CpuPool
+from bot.adapters.metrics import Metrics
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
@@ -26,8 +27,9 @@ class AlertPoster:
     loop)."""
 
     def __init__(self, surface: Surface, renderer: Renderer, threads: IncidentThreads, history: CheckHistory,
-                 cpu: CpuPool, clock: Clock = SYSTEM_CLOCK):
+                 cpu: CpuPool, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None):
         self._clock = clock
+        self._metrics = metrics
         self._surface = surface
         self._render = renderer
         self._threads = threads
@@ -67,4 +69,6 @@ class AlertPoster:
             log.exception("timeline chart of %s failed", la.name)
         ts = await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
         await self._threads.show(la, verdict)
+        if ts is not None and self._metrics is not None:
+            self._metrics.count_alert(verdict.verdict)
         return ts is not None

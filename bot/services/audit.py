@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.adapters.store.events import EventRepository
 from bot.core.models import Event
 from bot.core.redact import Redactor
+
+if TYPE_CHECKING:
+    from bot.adapters.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +25,12 @@ RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 class Audit:
     """Writes and reads the audit trail. `redactor` masks secrets in args and details before they are
-    stored; writing never fails the caller (a database fault is logged)."""
+    stored; writing never fails the caller (a database fault is logged). With `metrics`, every command's row
+    (`command:<name>`) is counted there by name and result."""
 
-    def __init__(self, events: EventRepository, redactor: Redactor):
+    def __init__(self, events: EventRepository, redactor: Redactor, metrics: Metrics | None = None):
         self._events = events
+        self._metrics = metrics
         self._redactor = redactor
         self._retries: set[asyncio.Task] = set()
 
@@ -36,6 +41,8 @@ class Audit:
         database refused it. Never raises: a refused row is logged with all it says (redacted), and written
         again later, RETRY_DELAYS_S apart, while an event loop runs (a lock held past the busy timeout, a disk
         that fills up then frees); one that never goes in is logged as lost."""
+        if self._metrics is not None and action.startswith("command:"):
+            self._metrics.count_command(action.removeprefix("command:"), result)
         row = dict(user_id=user_id, action=action, args=self._redactor.deep(args or {}), result=result,
                    detail=self._redactor(detail) if detail else detail, launch_id=launch_id, host=host,
                    channel=channel)

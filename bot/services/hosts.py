@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from bot.adapters.metrics import Metrics
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
@@ -72,8 +73,10 @@ class HostService:
         nvml_reader: NvmlReader | None = None,
         extra_path: list[str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        metrics: Metrics | None = None,
     ):
         self.config = config
+        self._metrics = metrics
         self._clock = clock  # the bot's one clock: when a probe was sent (Snapshot.local_clock)
         self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
@@ -135,11 +138,15 @@ class HostService:
         if host_slots is None:
             host_slots = self._host_slots[host] = asyncio.Semaphore(max(1, self.executor(host).script_slots()))
         async with host_slots, self._slots:
+            started = time.monotonic()
             try:
-                return await asyncio.wait_for(self._probe(host, cfg, policy, req), limit)
+                result = await asyncio.wait_for(self._probe(host, cfg, policy, req), limit)
             except TimeoutError:
                 log.warning("probe of %s: no answer within %g s", host, limit)
-                return HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")
+                result = HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")
+            if self._metrics is not None:
+                self._metrics.observe_probe(host, time.monotonic() - started, not isinstance(result, HostFailure))
+            return result
 
     async def _probe(self, host: str, cfg: HostConfig, policy: HostPolicy,
                      req: ProbeRequest) -> Snapshot | HostFailure:

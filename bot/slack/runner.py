@@ -15,9 +15,11 @@ import signal
 import aiohttp
 from aiohttp import web
 
+from bot.adapters import sdnotify
 from bot.config import Config
 from bot.slack.app import build_app, slack_runtime
 from bot.slack.client import make_client
+from bot.slack.health import HealthEndpoints
 from bot.slack.socket import SocketModeThread
 
 log = logging.getLogger(__name__)
@@ -91,11 +93,31 @@ async def socket_watchdog(handler: SocketModeThread, every_s: float = 10.0, miss
             down = 0
 
 
+@contextlib.asynccontextmanager
+async def _serving(config: Config, health: HealthEndpoints, status: str):
+    """While the bot serves: /healthz and /metrics on `metrics.port` (when set), systemd told READY=1 with `status`
+    and its watchdog fed; on the way out STOPPING=1 and the endpoints closed. Raises OSError when the metrics port
+    cannot be bound."""
+    runner = await health.serve(config.metrics.host, config.metrics.port) if config.metrics.port else None
+    feeder = asyncio.get_running_loop().create_task(sdnotify.keep_watchdog_fed(), name="gpubot-sd-watchdog")
+    sdnotify.notify(f"READY=1\nSTATUS={status}")
+    try:
+        yield
+    finally:
+        sdnotify.notify("STOPPING=1")
+        feeder.cancel()
+        if runner is not None:
+            await runner.cleanup()
+
+
 async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Connect over Socket Mode and serve until SIGINT/SIGTERM (or `stop` is set). The websocket and the acks
-    live on a thread of their own (bot.slack.socket), so acks never wait behind the bot's work.
+    live on a thread of their own (bot.slack.socket), so acks never wait behind the bot's work. With
+    `metrics.port`, /healthz and /metrics are served there; under systemd (`Type=notify`) READY=1 is sent once
+    connected, and the watchdog fed while the event loop runs.
 
-    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_APP_TOKEN is missing.
+    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_APP_TOKEN is missing, OSError when the metrics port cannot
+    be bound.
     """
     bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
     stop = stop or asyncio.Event()
@@ -105,33 +127,34 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
         try:
             await handler.connect_async()
             log.info("connected to Slack over Socket Mode")
-            await _wait_for_stop(stop)
+            role = "leading" if bot.runtime.leading else "following"
+            async with _serving(config, HealthEndpoints(bot.runtime, handler.connected),
+                                f"connected to Slack over Socket Mode ({role} at start)"):
+                await _wait_for_stop(stop)
         finally:
             watchdog.cancel()
             await handler.close_async()
 
 
-async def _healthz(request: web.Request) -> web.Response:
-    """GET /healthz for load balancers and reverse proxies: 200 "ok" while the process serves."""
-    return web.Response(text="ok")
-
-
 async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: asyncio.Event | None = None) -> None:
-    """Serve Slack's HTTP requests on `host:port` at /slack/events (GET /healthz for probes), verifying
-    request signatures.
+    """Serve Slack's HTTP requests on `host:port` at /slack/events, with GET /healthz and /metrics beside them
+    (and on `metrics.port` too, when set), verifying request signatures. systemd is told as in Socket Mode.
 
-    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET is missing.
+    Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET is missing, OSError when a port cannot be
+    bound.
     """
     bot_token, secret = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_SIGNING_SECRET")
     stop = stop or asyncio.Event()
-    async with _bolt_app(config, bot_token, secret) as (app, _bot):
+    async with _bolt_app(config, bot_token, secret) as (app, bot):
+        health = HealthEndpoints(bot.runtime)
         web_app = app.web_app(path="/slack/events")
-        web_app.router.add_get("/healthz", _healthz)
+        health.add_routes(web_app)
         runner = web.AppRunner(web_app)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
             log.info("serving Slack HTTP requests on %s:%s/slack/events", host, port)
-            await _wait_for_stop(stop)
+            async with _serving(config, health, f"serving Slack HTTP requests on port {port}"):
+                await _wait_for_stop(stop)
         finally:
             await runner.cleanup()

@@ -133,6 +133,11 @@ class Database:
         with self._refusals(), self.engine.begin() as c:
             yield c
 
+    def ping(self) -> None:
+        """Ask the database for `SELECT 1` (a health check). Raises DatabaseUnavailable when it does not answer."""
+        with self.reading() as c:
+            c.exec_driver_sql("SELECT 1")
+
     def close(self) -> None:
         """Dispose of the engine's connections."""
         self.engine.dispose()

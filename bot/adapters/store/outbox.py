@@ -137,6 +137,13 @@ class OutboxRepository:
                 q = q.where(OutboxRow.channel == channel)
             return int(s.scalar(q) or 0)
 
+    def backlog(self) -> tuple[int, float | None]:
+        """(rows still to send, the oldest one's created_at in epoch seconds or None when there is none)."""
+        with self._db.transaction() as s:
+            n, oldest = s.execute(select(func.count(), func.min(OutboxRow.created_at))
+                                  .where(OutboxRow.state.in_(("pending", "sending")))).one()
+            return int(n or 0), (None if oldest is None else float(oldest))
+
     def pending(self) -> list[tuple[int, str, float]]:
         """(id, channel, next_at epoch s) of every pending row, in id order."""
         with self._db.transaction() as s:
