@@ -1,0 +1,238 @@
+"""Failover of two real `gpubot run` processes on one PostgreSQL database against the fake Slack (issue 26): the
+leader is SIGKILLed while 60 answers are being sent and 3 launches are watched. Nothing is lost or posted twice,
+the watches go on under the new leader with one alert per state change, the per-channel pacing holds across the
+handover, and each bot's /healthz and /metrics say which one leads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+import sqlalchemy as sa
+import yaml
+from cryptography.fernet import Fernet
+
+from bot.adapters.store import Store
+from bot.demo.fakegpu import install_fake_gpu
+from tests.support.builders import OPERATOR, launch_config
+from tests.support.fakes.slack_server import BOT_USER_ID, FakeSlack
+from tests.support.procs import free_port, kill_launches, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+INTERVAL_S = 0.4  # slack.post_interval_s: 60 answers in 2 channels take 12 s to send
+SILENCE_S = 8.0
+ALERT_RE = re.compile(r"^(v\d#\d+) on gpu-host-1: (silent_hang|[a-z_]+)", re.M)
+
+
+class ServiceBot:
+    """`gpubot run` (Socket Mode) as a process of its own, with /healthz and /metrics on `port`; its stderr goes to a
+    file (read on failure)."""
+
+    def __init__(self, name: str, config: Path, env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.port = free_port()
+        self.log = log_dir / f"{name}.log"
+        self._args = [sys.executable, "-m", "bot.cli", "--log-level", "INFO", "run", "--config", str(config),
+                      "--metrics-port", str(self.port)]
+        self._env = env
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> ServiceBot:
+        with open(self.log, "ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(*self._args, env=self._env, stdout=out, stderr=out,
+                                                             start_new_session=True)
+        return self
+
+    async def vitals(self) -> dict | None:
+        """/healthz's JSON, or None while it does not answer."""
+        try:
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}/healthz",
+                                                           timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return json.loads(await r.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}/metrics",
+                                                       timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return await r.text()
+
+    async def role(self) -> str | None:
+        """The role /healthz names; AssertionError when the process has ended."""
+        if self.proc is not None and self.proc.returncode is not None:
+            raise AssertionError(f"bot {self.name} exited with {self.proc.returncode}:\n{self.output()}")
+        v = await self.vitals()
+        return None if v is None else v["role"]
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+
+
+def service_config(ssh_server, fake_gpu, tmp_path: Path, database_url: str) -> Path:
+    """Three hang variants on 2 GPUs each of the loopback host (6 fake GPUs), watched every 0.5 s."""
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=6)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    base = data["variants"].pop("base")
+    data["variants"].pop("helper")
+    for i, gpus in enumerate(([0, 1], [2, 3], [4, 5]), start=1):
+        data["variants"][f"v{i}"] = {**base, "gpus": gpus, "port": free_port(),
+                                     "command": base["command"].replace("--gpus 0,1", "--gpus " +
+                                                                        ",".join(map(str, gpus)))}
+    data["watch"] = {"interval_s": 0.5, "silence_after_s": SILENCE_S,
+                     "phase_grace_s": {p: SILENCE_S for p in ("comm_init", "weight_loading", "kv_cache_alloc",
+                                                              "cuda_graph_capture", "warmup")}}
+    data["permissions"] = {"operators": [OPERATOR]}
+    data["slack"] = {"post_interval_s": INTERVAL_S, "progress_after_s": 5.0}
+    data["database_url"] = database_url
+    path = tmp_path / "bot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def posts(fake: FakeSlack, channel: str) -> list[dict]:
+    return [c for c in fake.calls if c["method"] in ("chat.postMessage", "chat.update")
+            and c["params"].get("channel") == channel and c.get("status") == 200]
+
+
+def queued_answers(url: str, channels: tuple[str, ...]) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return int(c.execute(sa.text("SELECT count(*) FROM outbox WHERE channel IN :chs")
+                                 .bindparams(sa.bindparam("chs", expanding=True)), {"chs": list(channels)}).scalar())
+    finally:
+        engine.dispose()
+
+
+async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_watching(
+        ssh_server, fake_gpu, tmp_path, pg_url):
+    config = service_config(ssh_server, fake_gpu, tmp_path, pg_url)
+    store: Store | None = None
+    bots: list[ServiceBot] = []
+    async with FakeSlack() as fake:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLACK_BOT_TOKEN": "xoxb-test",
+               "SLACK_APP_TOKEN": "xapp-test", "SLACK_API_URL": fake.api_url,
+               "GPUBOT_SECRET_KEY": Fernet.generate_key().decode()}  # the bots share their sealing key
+        try:
+            a = await ServiceBot("a", config, env, tmp_path).start()
+            bots.append(a)
+            await wait_until(lambda: _role_is(a, "leader"), 60, what=f"bot a leading; its log:\n{a.output()}")
+            b = await ServiceBot("b", config, env, tmp_path).start()
+            bots.append(b)
+            await wait_until(lambda: _role_is(b, "follower"), 60, what=f"bot b following; its log:\n{b.output()}")
+            await fake.wait_connected(30, count=2)
+            assert re.search(r"^gpubot_leader 0\.0$", await b.metrics(), re.M)
+            assert re.search(r"^gpubot_leader 1\.0$", await a.metrics(), re.M)
+
+            # three watched launches (the commands reach either bot; only the leader checks them)
+            for i in (1, 2, 3):
+                await fake.push_slash_command("/launch", f"v{i} mode=hang workers=1", user_id=OPERATOR, channel_id="C1")
+            store = Store(pg_url)
+            await wait_until(lambda: len([la for la in store.launches.recent() if la.pid]) == 3, 60,
+                             what=f"three launches running; {_slack_state(fake)}; logs:\n{a.output()}\n{b.output()}")
+
+            # 60 answers in two channels, queued by both bots, sent by the leader INTERVAL_S apart per channel
+            asked: list[tuple[str, str]] = []
+            envelopes = []
+            for n in range(60):
+                channel = ("C2", "C3")[n % 2]
+                envelopes.append(await fake.push_app_mention(f"<@{BOT_USER_ID}> help", user_id=OPERATOR,
+                                                             channel_id=channel))
+                asked.append((channel, fake.envelopes[envelopes[-1]]["payload"]["event"]["ts"]))
+            for env_id in envelopes[:10]:  # Slack's retries, taken by either bot: acted on once all the same
+                await fake.redeliver(env_id)
+            await wait_until(lambda: queued_answers(pg_url, ("C2", "C3")) >= 60, 60,
+                             what="the 60 answers queued")
+            await wait_until(lambda: len(posts(fake, "C2")) + len(posts(fake, "C3")) >= 6, 60,
+                             what="the leader sending them")
+            sent_before = len(posts(fake, "C2")) + len(posts(fake, "C3"))
+            await a.kill()  # SIGKILL: no clean shutdown, the leader's session and advisory lock die with it
+            killed = time.monotonic()
+            assert sent_before < 60, "the answers were all sent before the leader died: nothing was in flight"
+            await wait_until(lambda: _role_is(b, "leader"), 30, what=f"bot b taking over; its log:\n{b.output()}")
+            print(f"{sent_before} of 60 answers sent when the leader was killed; bot b led "
+                  f"{time.monotonic() - killed:.2f} s later")
+
+            def answered() -> Counter:
+                mine = {ts for _, ts in asked}
+                return Counter(m["thread_ts"] for m in fake.messages if m.get("thread_ts") in mine)
+
+            await wait_until(lambda: len(answered()) == 60, 120,
+                             what=f"all 60 answered; {len(answered())} so far; b's log:\n{b.output()}")
+            # the launches' hangs are alerted (whichever bot led when they came due), and the watch goes on
+            await wait_until(lambda: len(_alerts(fake)) >= 3, 90, what=f"three hang alerts; b's log:\n{b.output()}")
+            checks = _observations(pg_url)
+            await wait_until(lambda: _observations(pg_url) >= checks + 6, 60, what="more checks under bot b")
+            await asyncio.sleep(0)  # a duplicate alert of the last checks would be posted by now
+            # a sync point: b still answers
+            await fake.push_app_mention(f"<@{BOT_USER_ID}> help", user_id=OPERATOR, channel_id="C2")
+            await wait_until(lambda: len(posts(fake, "C2")) >= 31, 30, what="one more answer")
+
+            counts = answered()
+            assert set(counts.values()) == {1}, {ts: n for ts, n in counts.items() if n != 1}  # 0 lost, 0 twice
+            names = sorted(la.name for la in store.launches.recent())
+            assert sorted(v for v, _ in _alerts(fake)) == names, _alerts(fake)  # one alert each, no repeat
+            for channel in ("C1", "C2", "C3"):
+                times = [c["time"] for c in posts(fake, channel)]
+                gaps = [t2 - t1 for t1, t2 in itertools.pairwise(times)]
+                assert gaps and min(gaps) >= INTERVAL_S - 0.03, (channel, sorted(gaps)[:5])
+            m = await b.metrics()
+            assert re.search(r"^gpubot_leader 1\.0$", m, re.M)
+            assert re.search(r'^gpubot_commands_total\{command="help",result="ok"\} \d', m, re.M)
+        finally:
+            for bot in bots:
+                await bot.kill()
+            store = store or Store(pg_url)
+            try:
+                kill_launches(store.launches.recent())
+            finally:
+                store.close()
+
+
+def _slack_state(fake: FakeSlack) -> str:
+    senders = [(repr(t), t.get_loop() is asyncio.get_running_loop(), asyncio.get_running_loop().is_running()) for t in asyncio.all_tasks() if "_sender" in repr(t.get_coro())]
+    return (f"calls {[c['method'] for c in fake.calls]} unsent {len(fake._outbox)} acks {len(fake.acks)} "
+            f"senders {senders} lock {fake._cond._lock!r} lw {fake._cond._lock._waiters} cw {fake._cond._waiters} ready {len(asyncio.get_running_loop()._ready)}")
+
+
+async def _role_is(bot: ServiceBot, role: str) -> bool:
+    return await bot.role() == role
+
+
+def _alerts(fake: FakeSlack) -> list[tuple[str, str]]:
+    """(launch, verdict) of every alert posted in a launch's thread (its first line names both; the thread's root
+    names the launch's state the same way, but is no reply)."""
+    out = []
+    for m in fake.messages:
+        hit = ALERT_RE.match(m.get("text") or "") if m.get("thread_ts") else None
+        if hit and hit.group(2) != "recovered":
+            out.append((hit.group(1), hit.group(2)))
+    return out
+
+
+def _observations(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return int(c.execute(sa.text("SELECT count(*) FROM observations")).scalar())
+    finally:
+        engine.dispose()
