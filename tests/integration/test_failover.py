@@ -6,18 +6,13 @@ handover, and each bot's /healthz and /metrics say which one leads."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import json
 import os
 import re
-import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import pytest
 import sqlalchemy as sa
 import yaml
@@ -28,62 +23,13 @@ from bot.demo.fakegpu import install_fake_gpu
 from tests.support.builders import OPERATOR, launch_config
 from tests.support.fakes.slack_server import BOT_USER_ID, FakeSlack
 from tests.support.procs import free_port, kill_launches, wait_until
+from tests.support.service import ServiceBot
 
 pytestmark = pytest.mark.timeout(300)
 
 INTERVAL_S = 0.4  # slack.post_interval_s: 60 answers in 2 channels take 12 s to send
 SILENCE_S = 8.0
 ALERT_RE = re.compile(r"^(v\d#\d+) on gpu-host-1: (silent_hang|[a-z_]+)", re.M)
-
-
-class ServiceBot:
-    """`gpubot run` (Socket Mode) as a process of its own, with /healthz and /metrics on `port`; its stderr goes to a
-    file (read on failure)."""
-
-    def __init__(self, name: str, config: Path, env: dict[str, str], log_dir: Path):
-        self.name = name
-        self.port = free_port()
-        self.log = log_dir / f"{name}.log"
-        self._args = [sys.executable, "-m", "bot.cli", "--log-level", "INFO", "run", "--config", str(config),
-                      "--metrics-port", str(self.port)]
-        self._env = env
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> ServiceBot:
-        with open(self.log, "ab") as out:
-            self.proc = await asyncio.create_subprocess_exec(*self._args, env=self._env, stdout=out, stderr=out,
-                                                             start_new_session=True)
-        return self
-
-    async def vitals(self) -> dict | None:
-        """/healthz's JSON, or None while it does not answer."""
-        try:
-            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}/healthz",
-                                                           timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return json.loads(await r.text())
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-
-    async def metrics(self) -> str:
-        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}/metrics",
-                                                       timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return await r.text()
-
-    async def role(self) -> str | None:
-        """The role /healthz names; AssertionError when the process has ended."""
-        if self.proc is not None and self.proc.returncode is not None:
-            raise AssertionError(f"bot {self.name} exited with {self.proc.returncode}:\n{self.output()}")
-        v = await self.vitals()
-        return None if v is None else v["role"]
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
 
 
 def service_config(ssh_server, fake_gpu, tmp_path: Path, database_url: str) -> Path:
@@ -210,7 +156,8 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
 
 def _slack_state(fake: FakeSlack) -> str:
     """What the fake Slack did so far, for a failure message."""
-    return f"calls {[c['method'] for c in fake.calls]}, envelopes not yet sent {len(fake._outbox)}, acks {len(fake.acks)}"
+    methods = [c["method"] for c in fake.calls]
+    return f"calls {methods}, envelopes not yet sent {len(fake._outbox)}, acks {len(fake.acks)}"
 
 
 async def _role_is(bot: ServiceBot, role: str) -> bool:
