@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from handlers import Dispatcher, Services
 
 log = logging.getLogger(__name__)
-#: Seconds between a shared database leader's looks for launches the other bots started (`Runtime._adopt`).
+#: Seconds between a shared database bot's looks at the launches the other bots started (`Runtime._keep_up`): the
+#: leader adopts their watches, and every bot learns their secret values (to mask them).
 ADOPT_EVERY_S = 1.0
 
 
@@ -111,6 +112,7 @@ class Runtime:
     _watch: bool = True
     _leading_task: asyncio.Task | None = None
     _adopting: asyncio.Task | None = None
+    _keeping_up: asyncio.Task | None = None
 
     async def start(self, *, watch: bool = True, settle_heap: bool = False) -> None:
         """Lead, or follow: the leader (the only bot on its database, or the holder of a shared database's
@@ -125,6 +127,7 @@ class Runtime:
             self.watcher.following = True
             self._leading_task = asyncio.get_running_loop().create_task(
                 self.leadership.run(self._lead, self._follow), name="gpubot-leadership")
+            self._keeping_up = asyncio.get_running_loop().create_task(self._keep_up(), name="gpubot-keep-up")
         if settle_heap:
             settle_heap_now()
 
@@ -183,6 +186,13 @@ class Runtime:
             except Exception as e:  # the database refuses for now: next time
                 log.warning("cannot look for other bots' launches: %s", e)
 
+    async def _keep_up(self) -> None:
+        """On a shared database, leader or follower: learn the secret values of the launches the other bots start
+        (every ADOPT_EVERY_S, off the event loop), so that this bot masks them too."""
+        while True:
+            await asyncio.sleep(ADOPT_EVERY_S)
+            await asyncio.to_thread(self.launches.secrets.learn_new)
+
     async def _follow(self) -> None:
         """This bot stopped leading (its heartbeat failed): stop sending and checking at once."""
         if self._adopting is not None:
@@ -202,8 +212,9 @@ class Runtime:
             self._leading_task.cancel()
             with contextlib.suppress(BaseException):
                 await self._leading_task
-        if self._adopting is not None:
-            self._adopting.cancel()
+        for task in (self._adopting, self._keeping_up):
+            if task is not None:
+                task.cancel()
         for step in (self.watcher.stop, self.history.close, lambda: self._stop_outbox(flush_s), self.hosts.close):
             try:
                 await step()

@@ -28,6 +28,7 @@ class SecretService:
         self._redactor = redactor
         self._box = box
         self._names: set[str] | None = None
+        self._learned_up_to: int | None = None  # the newest launch id whose sealed secrets were learned
 
     def params(self, variant: str, params: dict[str, Any]) -> dict[str, str]:
         """The params among `params` that are secrets (secret-named, or `secret: true` in the variant), as
@@ -81,14 +82,24 @@ class SecretService:
         """Teach the redactor the sealed secret values of the newest launches (a restart: the live servers
         still show them). Returns how many launches' values were learned; values this key cannot open (the key
         changed) are skipped with one warning. Never raises for a database or key problem (logged)."""
+        return self._learn_sealed(after_id=None)
+
+    def learn_new(self) -> int:
+        """Teach the redactor the sealed secret values of the launches made since the last `relearn` or `learn_new`
+        (by another bot of a shared database). Returns how many; never raises (logged)."""
+        return self._learn_sealed(after_id=self._learned_up_to)
+
+    def _learn_sealed(self, *, after_id: int | None) -> int:
         if self._box is None:
             return 0
         try:
-            rows = self._launches.sealed_secrets()
+            rows = self._launches.sealed_secrets(after_id=after_id)
         except Exception as e:
             log.warning("cannot read the sealed secrets of earlier launches: %s", e)
             return 0
         learned, failed = 0, 0
+        if rows:
+            self._learned_up_to = max(self._learned_up_to or 0, max(i for i, _ in rows))
         for _launch_id, token in rows:
             try:
                 self._redactor.add_values(self._box.unseal(token).values())

@@ -66,6 +66,7 @@ class SlackBot:
         self.seen = SeenIds()
         self.clicks = SeenIds(ttl_s=3.0)  # a double click (two action_ts within a moment) acts once
         self.tasks: set[asyncio.Task] = set()
+        self._claiming = asyncio.Lock()  # FIFO: deliveries are claimed, and so started, in the order they came
         self._groups: dict[str, tuple[float, set[str]]] = {}
 
     def _configured_groups(self) -> set[str]:
@@ -92,20 +93,29 @@ class SlackBot:
                 out.add(gid)
         return frozenset(out)
 
-    async def first_delivery(self, key: str | None, *, memory: SeenIds | None = None, ttl_s: float = 3600.0) -> bool:
+    async def first_delivery(self, key: str | None, *, click: str | None = None) -> bool:
         """True when this delivery (`key`, e.g. `cmd:<trigger_id>`) is to be acted on: not seen by this bot (the
-        in-memory `memory`, `seen` by default) and claimed in the database (the `deliveries` table, shared by every
-        bot of the database, so a delivery Slack retries to another bot is acted on once) within `ttl_s` seconds.
-        A database that refuses is logged and the delivery taken: an answer twice beats none. None keys: True."""
+        in-memory `seen`) and claimed in the database (the `deliveries` table, shared by every bot of the database,
+        so a delivery Slack retries to another bot is acted on once) within the hour. `click` (a button's
+        `click:<message>:<action>:<value>:<user>`) must also be new within the double-click window (`clicks`).
+        Claims are made one delivery at a time, in the order they came, so deliveries start in that order. A
+        database that refuses is logged and the delivery taken: an answer twice beats none. None keys: True."""
         if not key:
             return True
-        return (memory or self.seen).first(key) and await self.claimed(key, ttl_s)
+        if not self.seen.first(key) or (click is not None and not self.clicks.first(click)):
+            return False
+        return await self.claimed(key, *([(click, self.clicks.ttl_s)] if click is not None else []))
 
-    async def claimed(self, key: str, ttl_s: float = 3600.0) -> bool:
-        """The database half of `first_delivery`: True when this bot's claim of `key` in the `deliveries` table
-        won (or the database refused, logged)."""
+    async def claimed(self, key: str, *more: tuple[str, float]) -> bool:
+        """The database half of `first_delivery`: True when this bot's claim of `key` (for an hour) and of each
+        (key, seconds) of `more` in the `deliveries` table won (or the database refused, logged)."""
+        def claim_all() -> bool:
+            deliveries = self.runtime.store.deliveries
+            return deliveries.claim(key) and all(deliveries.claim(k, ttl) for k, ttl in more)
+
         try:
-            return await asyncio.to_thread(self.runtime.store.deliveries.claim, key, ttl_s)
+            async with self._claiming:
+                return await asyncio.to_thread(claim_all)
         except Exception as e:
             log.warning("cannot record delivery %s in the database (acting on it anyway): %s", key, e)
             return True

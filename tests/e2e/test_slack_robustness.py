@@ -4,6 +4,7 @@ oversized answers, links Slack adds, HTTP health endpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import contextlib
 import time
 
@@ -144,7 +145,10 @@ async def test_http_mode_health_endpoint(own_state, monkeypatch, runner_tasks):
         except aiohttp.ClientConnectorError:
             return None
 
-    assert await wait_until(healthy, 30, what="serve-http to listen") == (200, "ok")
+    status, body = await wait_until(healthy, 30, what="serve-http to listen")
+    vitals = json.loads(body)
+    assert status == 200 and vitals["healthy"] is True and vitals["database"] is True
+    assert vitals["slack"] is None  # HTTP mode: Slack calls in, the bot cannot tell
     stop.set()
     await asyncio.wait_for(task, 15)  # it stops when asked
 

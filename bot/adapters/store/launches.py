@@ -168,12 +168,16 @@ class LaunchRepository:
             s.flush()
             return _launch(row)
 
-    def sealed_secrets(self, launch_id: int | None = None, limit: int = 2000) -> list[tuple[int, str]]:
-        """(launch id, sealed secrets) of launch `launch_id`, or of the newest `limit` launches that have them."""
+    def sealed_secrets(self, launch_id: int | None = None, limit: int = 2000,
+                       after_id: int | None = None) -> list[tuple[int, str]]:
+        """(launch id, sealed secrets) of launch `launch_id`, or of the newest `limit` launches that have them (with
+        `after_id`: only those with a greater id)."""
         with self._db.transaction() as s:
             q = select(LaunchRow.id, LaunchRow.sealed_secrets).where(LaunchRow.sealed_secrets.is_not(None))
             if launch_id is not None:
                 q = q.where(LaunchRow.id == launch_id)
+            if after_id is not None:
+                q = q.where(LaunchRow.id > after_id)
             return [(int(i), str(t)) for i, t in s.execute(q.order_by(LaunchRow.id.desc()).limit(limit))]
 
     def update(self, launch_id: int, **fields: Any) -> Launch:

@@ -26,9 +26,8 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
         msg_ts = container.get("message_ts")
         user = (body.get("user") or {}).get("id", "")
         action_id, value = str(action.get("action_id", "")), str(action.get("value", ""))
-        if not await bot.first_delivery(f"act:{msg_ts}:{action.get('action_ts')}") \
-                or not await bot.first_delivery(f"click:{msg_ts}:{action_id}:{value}:{user}", memory=bot.clicks,
-                                                ttl_s=bot.clicks.ttl_s):
+        if not await bot.first_delivery(f"act:{msg_ts}:{action.get('action_ts')}",
+                                        click=f"click:{msg_ts}:{action_id}:{value}:{user}"):
             return  # the same click delivered twice, or a double click
         bot.spawn(bot.run(user_id=user, channel_id=channel, source=Source.BUTTON, message_ts=msg_ts,
                           thread_ts=(body.get("message") or {}).get("thread_ts") or msg_ts,
