@@ -4,8 +4,8 @@ oversized answers, links Slack adds, HTTP health endpoint."""
 from __future__ import annotations
 
 import asyncio
-import json
 import contextlib
+import json
 import time
 
 import aiohttp
