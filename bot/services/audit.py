@@ -42,7 +42,10 @@ class Audit:
         again later, RETRY_DELAYS_S apart, while an event loop runs (a lock held past the busy timeout, a disk
         that fills up then frees); one that never goes in is logged as lost."""
         if self._metrics is not None and action.startswith("command:"):
-            self._metrics.count_command(action.removeprefix("command:"), result)
+            # an unknown command's name is what the user typed: one label for all of them (no label per typo,
+            # and nothing typed, such as a pasted token, in the metrics)
+            name = "unknown" if result == "unknown" else action.removeprefix("command:")
+            self._metrics.count_command(name, result)
         row = dict(user_id=user_id, action=action, args=self._redactor.deep(args or {}), result=result,
                    detail=self._redactor(detail) if detail else detail, launch_id=launch_id, host=host,
                    channel=channel)

@@ -107,7 +107,10 @@ async def test_socket_mode_serves_healthz_and_metrics_and_tells_systemd(monkeypa
             assert metric(text, "gpubot_slack_connected") == 1.0
             assert metric(text, "gpubot_database_up") == 1.0
             assert metric(text, "gpubot_outbox_depth") is not None
-            assert sum(float(v) for v in re.findall(r"^gpubot_commands_total\{[^}]*\} (\S+)$", text, re.M)) >= 2
+            await wait_until(lambda: _metrics_with(port, 'gpubot_commands_total{command="unknown",result="unknown"}'),
+                             30, what="the unknown command counted under one label")
+            text = await _metrics_with(port, "gpubot_leader")
+            assert "frobnicate" not in text  # what a user typed never becomes a label
 
             # two watchdog feeds at least (every 0.1 s here); still READY once
             await wait_until(lambda: notify_socket.read().count("WATCHDOG=1") >= 2, 10, what="the watchdog fed")

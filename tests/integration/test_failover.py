@@ -20,10 +20,9 @@ import yaml
 from cryptography.fernet import Fernet
 
 from bot.adapters.store import Store
-from bot.demo.fakegpu import install_fake_gpu
-from tests.support.builders import OPERATOR, launch_config
+from tests.support.builders import OPERATOR, three_watched_variants
 from tests.support.fakes.slack_server import BOT_USER_ID, FakeSlack
-from tests.support.procs import free_port, kill_launches, wait_until
+from tests.support.procs import kill_launches, wait_until
 from tests.support.service import ServiceBot
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,21 +35,10 @@ ALERT_RE = re.compile(r"^(v\d#\d+) on gpu-host-1: (silent_hang|[a-z_]+)", re.M)
 
 def service_config(ssh_server, fake_gpu, tmp_path: Path, database_url: str) -> Path:
     """Three hang variants on 2 GPUs each of the loopback host (6 fake GPUs), watched every 0.5 s."""
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=6)
-    data = cfg.model_dump(mode="json", exclude_none=True)
-    base = data["variants"].pop("base")
-    data["variants"].pop("helper")
-    for i, gpus in enumerate(([0, 1], [2, 3], [4, 5]), start=1):
-        data["variants"][f"v{i}"] = {**base, "gpus": gpus, "port": free_port(),
-                                     "command": base["command"].replace("--gpus 0,1", "--gpus " +
-                                                                        ",".join(map(str, gpus)))}
+    data = three_watched_variants(ssh_server, fake_gpu, tmp_path, SILENCE_S)
     # v1 takes a secret param, passed under an ordinary flag: masked by value only, sealed in its row
     data["variants"]["v1"]["command"] += " --served-model-name {{ api_key }}"
     data["variants"]["v1"]["params"]["api_key"] = {"type": "str", "secret": True, "default": "none-given"}
-    data["watch"] = {"interval_s": 0.5, "silence_after_s": SILENCE_S,
-                     "phase_grace_s": {p: SILENCE_S for p in ("comm_init", "weight_loading", "kv_cache_alloc",
-                                                              "cuda_graph_capture", "warmup")}}
     data["permissions"] = {"operators": [OPERATOR]}
     data["slack"] = {"post_interval_s": INTERVAL_S, "progress_after_s": 5.0}
     data["database_url"] = database_url

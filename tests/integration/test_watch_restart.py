@@ -14,9 +14,8 @@ import pytest
 import yaml
 
 from bot.adapters.store import Store
-from bot.demo.fakegpu import install_fake_gpu
-from tests.support.builders import launch_config
-from tests.support.procs import free_port, kill_launches, wait_until
+from tests.support.builders import three_watched_variants
+from tests.support.procs import kill_launches, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,18 +63,7 @@ def observations(store: Store) -> int:
 
 
 async def test_sigkill_and_restart_loses_no_alert_and_repeats_none(ssh_server, fake_gpu, tmp_path):
-    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
-    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=6)
-    data = cfg.model_dump(mode="json", exclude_none=True)
-    base = data["variants"].pop("base")
-    data["variants"].pop("helper")
-    for i, gpus in enumerate(([0, 1], [2, 3], [4, 5]), start=1):
-        data["variants"][f"v{i}"] = {**base, "gpus": gpus, "port": free_port(),
-                                     "command": base["command"].replace("--gpus 0,1", "--gpus " +
-                                                                        ",".join(map(str, gpus)))}
-    data["watch"] = {"interval_s": 0.5, "silence_after_s": SILENCE_S,
-                     "phase_grace_s": {p: SILENCE_S for p in ("comm_init", "weight_loading", "kv_cache_alloc",
-                                                              "cuda_graph_capture", "warmup")}}
+    data = three_watched_variants(ssh_server, fake_gpu, tmp_path, SILENCE_S)
     data["permissions"] = {}
     path = tmp_path / "bot.yaml"
     path.write_text(yaml.safe_dump(data))

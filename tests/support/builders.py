@@ -93,3 +93,22 @@ def launch_row(**overrides: Any) -> Launch:
                                   tag="3-abc")
     fields.update(overrides)
     return Launch(**fields)
+
+
+def three_watched_variants(ssh_server: Any, fake_gpu: FakeGpu, tmp_path: Path, silence_s: float) -> dict[str, Any]:
+    """launch_config's data (a dict, to edit and write as YAML) with variants v1, v2, v3 instead of base and helper:
+    the fake server on GPUs 0-1, 2-3 and 4-5 of 6 replayed GPUs, each on a port of its own, watched every 0.5 s and
+    called silent after `silence_s` seconds in any phase."""
+    cfg = launch_config(ssh_server, fake_gpu, tmp_path)
+    install_fake_gpu(fake_gpu.state_dir.parent, gpu_count=6)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    base = data["variants"].pop("base")
+    data["variants"].pop("helper")
+    for i, gpus in enumerate(([0, 1], [2, 3], [4, 5]), start=1):
+        data["variants"][f"v{i}"] = {**base, "gpus": gpus, "port": free_port(),
+                                     "command": base["command"].replace("--gpus 0,1", "--gpus " +
+                                                                        ",".join(map(str, gpus)))}
+    data["watch"] = {"interval_s": 0.5, "silence_after_s": silence_s,
+                     "phase_grace_s": {p: silence_s for p in ("comm_init", "weight_loading", "kv_cache_alloc",
+                                                              "cuda_graph_capture", "warmup")}}
+    return data
