@@ -24,14 +24,15 @@ _config_option = click.option("--config", "config_path", required=True, envvar="
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
     """Log to stderr at `level`: `text` lines (`TIME LEVEL LOGGER: MESSAGE`), or `json`, one object per line with
-    the keys time, level, logger, message (and exc_info with a traceback) for a log collector (python-json-logger).
+    the keys time (ISO 8601, UTC), level, logger, message (and exc_info with a traceback) for a log collector
+    (python-json-logger).
     Every record is redacted before it is written (bot.adapters.logs, installed by the runtime)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+        handler.setFormatter(JsonFormatter("%(levelname)s %(name)s %(message)s", timestamp="time",
+                                           rename_fields={"levelname": "level", "name": "logger"}))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
@@ -219,7 +220,7 @@ def try_config(directory: str, force: bool) -> None:
 
 
 @main.command("check-config")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(), envvar="GPUBOT_CONFIG", required=True)
 def check_config(path: str) -> None:
     """Validate a config file: prints every error with its location and exits 2, or prints a summary.
 

@@ -30,8 +30,8 @@ class StateLock:
     @classmethod
     def for_database(cls, database_url: str | None, state_dir: str) -> StateLock | None:
         """The lock of the database a bot uses: `STATE_DIR/gpubot.lock` for the default database,
-        `FILE.lock` beside an SQLite file named by `database_url`, None for a server database (PostgreSQL,
-        ...: not lockable from here; run one bot per database yourself)."""
+        `FILE.lock` beside an SQLite file named by `database_url`, None for a server database (PostgreSQL: bots
+        that share it elect a leader instead, bot.adapters.leader)."""
         if database_url is None:
             return cls(state_dir)
         prefix = "sqlite:///"

@@ -82,20 +82,21 @@ class SecretService:
         """Teach the redactor the sealed secret values of the newest launches (a restart: the live servers
         still show them). Returns how many launches' values were learned; values this key cannot open (the key
         changed) are skipped with one warning. Never raises for a database or key problem (logged)."""
-        return self._learn_sealed(after_id=None)
+        return self._learn_sealed(after_id=None, quiet=False)
 
     def learn_new(self) -> int:
         """Teach the redactor the sealed secret values of the launches made since the last `relearn` or `learn_new`
         (by another bot of a shared database). Returns how many; never raises (logged)."""
-        return self._learn_sealed(after_id=self._learned_up_to)
+        return self._learn_sealed(after_id=self._learned_up_to, quiet=True)
 
-    def _learn_sealed(self, *, after_id: int | None) -> int:
+    def _learn_sealed(self, *, after_id: int | None, quiet: bool) -> int:
         if self._box is None:
             return 0
         try:
             rows = self._launches.sealed_secrets(after_id=after_id)
-        except Exception as e:
-            log.warning("cannot read the sealed secrets of earlier launches: %s", e)
+        except Exception as e:  # at start a warning; the every-second look for new launches is only debug
+            log.log(logging.DEBUG if quiet else logging.WARNING,
+                    "cannot read the sealed secrets of earlier launches: %s", e)
             return 0
         learned, failed = 0, 0
         if rows:

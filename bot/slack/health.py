@@ -1,5 +1,5 @@
-"""`/healthz` and `/metrics` over HTTP (aiohttp), in Socket Mode on a port of their own (`metrics.port`, or
-`gpubot run --metrics-port`) and in HTTP mode beside /slack/events.
+"""`/healthz` and `/metrics` over HTTP (aiohttp) on a port of their own (`metrics.port`, or `--metrics-port`), in
+Socket Mode and HTTP mode; in HTTP mode /healthz is also served beside /slack/events (for the load balancer).
 
 `/healthz` answers 200 with a JSON body while the database answers and Slack is connected (a follower is healthy:
 it takes commands and stands by), 503 with the same body otherwise; `/metrics` is Prometheus' text format
@@ -43,10 +43,11 @@ class HealthEndpoints:
         body = self.runtime.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
-    def add_routes(self, app: web.Application) -> None:
-        """Add GET /healthz and GET /metrics to `app`."""
+    def add_routes(self, app: web.Application, *, metrics: bool = True) -> None:
+        """Add GET /healthz and (with `metrics`) GET /metrics to `app`."""
         app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/metrics", self.metrics)
+        if metrics:
+            app.router.add_get("/metrics", self.metrics)
 
     async def serve(self, host: str, port: int) -> web.AppRunner:
         """Listen on `host:port` with the two endpoints alone; returns the runner (`await runner.cleanup()` stops

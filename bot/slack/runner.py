@@ -51,6 +51,30 @@ async def _wait_for_stop(stop: asyncio.Event) -> None:
     await stop.wait()
 
 
+#: auth.test errors that mean the bot token itself is refused: retrying cannot help.
+REFUSED_TOKEN_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
+                                  "token_expired", "not_allowed_token_type"})
+
+
+async def check_bot_token(client) -> None:
+    """Ask Slack's auth.test once before serving. Raises MissingSecret naming the error when Slack refuses the bot
+    token (REFUSED_TOKEN_ERRORS: a placeholder, a revoked or a wrong-type token), so the service stops with one
+    clear line instead of retrying forever; any other failure (Slack unreachable, 5xx) is logged and left to the
+    retries of the running bot."""
+    from slack_sdk.errors import SlackApiError
+
+    try:
+        await asyncio.wait_for(client.auth_test(), 30.0)
+    except SlackApiError as e:
+        error = str((e.response or {}).get("error", ""))
+        if error in REFUSED_TOKEN_ERRORS:
+            raise MissingSecret(f"Slack refused SLACK_BOT_TOKEN ({error}): set the app's Bot User OAuth Token "
+                                "(xoxb-...) in the environment") from None
+        log.warning("auth.test failed at start (%s); starting anyway", error or e)
+    except Exception as e:
+        log.warning("auth.test failed at start (%s); starting anyway", type(e).__name__)
+
+
 @contextlib.asynccontextmanager
 async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None = None):
     """Yield the Bolt app and its SlackBot, wired (bot.wiring) to a shared aiohttp session and the Slack client; on
@@ -59,6 +83,7 @@ async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None =
     session = aiohttp.ClientSession()
     try:
         client = make_client(bot_token, _api_url(config), session=session)
+        await check_bot_token(client)
         runtime = slack_runtime(config, client)
         app, bot = build_app(runtime, client, signing_secret=signing_secret)
         await runtime.start(settle_heap=True)  # the outbox sender first: what an earlier run left queued goes first
@@ -137,8 +162,9 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
 
 
 async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: asyncio.Event | None = None) -> None:
-    """Serve Slack's HTTP requests on `host:port` at /slack/events, with GET /healthz and /metrics beside them
-    (and on `metrics.port` too, when set), verifying request signatures. systemd is told as in Socket Mode.
+    """Serve Slack's HTTP requests on `host:port` at /slack/events, with GET /healthz beside them (for the load
+    balancer; /metrics, which names hosts, only on `metrics.port`, with /healthz), verifying request signatures.
+    systemd is told as in Socket Mode.
 
     Raises MissingSecret when SLACK_BOT_TOKEN or SLACK_SIGNING_SECRET is missing, OSError when a port cannot be
     bound.
@@ -148,7 +174,7 @@ async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: as
     async with _bolt_app(config, bot_token, secret) as (app, bot):
         health = HealthEndpoints(bot.runtime)
         web_app = app.web_app(path="/slack/events")
-        health.add_routes(web_app)
+        health.add_routes(web_app, metrics=False)  # /metrics names hosts: only on the metrics port (loopback)
         runner = web.AppRunner(web_app)
         await runner.setup()
         try:

@@ -161,3 +161,27 @@ def test_json_logs_are_one_redacted_object_per_line(tmp_path):
         rec = json.loads(ln)
         assert {"time", "level", "logger", "message"} <= rec.keys()
     assert token not in proc.stderr
+
+
+async def test_a_bot_token_slack_refuses_stops_the_service_with_one_clear_line(monkeypatch, tmp_path):
+    """A placeholder or revoked SLACK_BOT_TOKEN is not retried forever: `gpubot run` stops at once, naming it."""
+    from bot.slack.runner import MissingSecret
+
+    config = Config.model_validate({"state_dir": str(tmp_path / "state")})
+    async with FakeSlack() as fake:
+        for k, v in {"SLACK_BOT_TOKEN": "xoxb-REPLACE-ME", "SLACK_APP_TOKEN": "xapp-test",
+                     "SLACK_API_URL": fake.api_url}.items():
+            monkeypatch.setenv(k, v)
+        fake.set_error("auth.test", "invalid_auth")
+        with pytest.raises(MissingSecret, match=r"Slack refused SLACK_BOT_TOKEN \(invalid_auth\)"):
+            await asyncio.wait_for(run_socket_mode(config), 30)
+        assert fake.connection_count == 0  # it never connected
+        fake.clear_errors()
+        fake.set_error("auth.test", "ratelimited", times=1)  # anything else: started anyway
+        stop = asyncio.Event()
+        bot = asyncio.ensure_future(run_socket_mode(config, stop=stop))
+        try:
+            await fake.wait_connected(30)
+        finally:
+            stop.set()
+            await asyncio.wait_for(bot, 30)

@@ -150,11 +150,13 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
         finally:
             for bot in bots:
                 await bot.kill()
-            store = store or Store(pg_url)
-            try:
-                kill_launches(store.launches.recent())
-            finally:
+            if store is not None:
                 store.close()
+            final = Store(pg_url)  # a fresh store: another process's writes are not in an old one's memo
+            try:
+                kill_launches(final.launches.recent())
+            finally:
+                final.close()
 
 
 def _slack_state(fake: FakeSlack) -> str:

@@ -90,11 +90,13 @@ async def test_a_local_launch_keeps_running_across_a_bot_restart(tmp_path, fake_
         finally:
             for bot in bots:
                 await bot.kill()
-            store = store or Store(db)
-            try:
-                kill_launches(store.launches.recent())
-            finally:
+            if store is not None:
                 store.close()
+            final = Store(db)  # a fresh store: another process's writes are not in an old one's memo
+            try:
+                kill_launches(final.launches.recent())
+            finally:
+                final.close()
 
 
 async def _role(bot: ServiceBot) -> str | None:

@@ -3,6 +3,7 @@ by gpubot 0.1.0 (before migrations) or older, the check at start, and two bots c
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sqlite3
 import threading
@@ -13,6 +14,7 @@ import sqlalchemy as sa
 
 from bot.adapters.store import DatabaseUnavailable, Store, migrate
 from bot.adapters.store.db import Base
+from tests.support.procs import wait_until
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "db"
 
@@ -179,14 +181,31 @@ def start_together(url: str, n: int = 2) -> tuple[list[Store], list[BaseExceptio
     return stores, errors
 
 
-def test_two_bots_starting_at_once_on_an_empty_postgresql_database_both_come_up(postgres_cluster):
+def settled(leaders: list, tries: list[list[int]]) -> bool:
+    """One of `leaders` leads, and every other tried twice (a heartbeat apart) and was refused both times."""
+    return any(le.leading for le in leaders) and all(
+        t[0] >= 2 for t, le in zip(tries, leaders, strict=True) if not le.leading)
+
+
+async def test_two_bots_starting_at_once_on_an_empty_postgresql_database_both_come_up_and_one_leads(
+        postgres_cluster):
+    from bot.adapters.leader import leadership_for
+    from tests.integration.test_leadership import Hooks, counting, running
+
     for _ in range(10):
         url = postgres_cluster.new_database()
         stores, errors = start_together(url)
         assert not errors and len(stores) == 2, errors
         assert revision_of(url) == migrate.HEAD
-        for s in stores:
-            s.close()
+        leaders = [leadership_for(s.db.engine) for s in stores]
+        tries = [counting(leader) for leader in leaders]
+        try:
+            async with running(leaders[0], Hooks()), running(leaders[1], Hooks()):
+                await wait_until(functools.partial(settled, leaders, tries), 30, what="the two bots to settle")
+                assert sum(le.leading for le in leaders) == 1
+        finally:
+            for s in stores:
+                s.close()
 
 
 def test_the_first_call_after_a_postgresql_restart_succeeds(postgres_cluster):
