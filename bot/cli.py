@@ -62,6 +62,10 @@ def _fail(message: str) -> NoReturn:
 def _state_hint(reason: str) -> str:
     """What to do about a database or state directory that cannot be used, by the database's own words."""
     r = reason.lower()
+    if "database url" in r or "driver" in r:
+        return "fix database_url in the config (or GPUBOT_DATABASE_URL)"
+    if "connection" in r or "could not" in r or "timeout" in r or "password" in r:
+        return "check that the database server is up and reachable, and its user and password"
     if "not a database" in r or "malformed" in r:
         return "the database is corrupted: move it aside and the bot starts a new one, or restore a backup"
     if "full" in r:
@@ -115,7 +119,16 @@ def _with_metrics(config, port: int | None, host: str | None):
     """`config` with its `metrics:` overridden by the command line's --metrics-port / --metrics-host."""
     if port is None and host is None:
         return config
-    metrics = config.metrics.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
+    from pydantic import ValidationError
+
+    from bot.config import MetricsSettings
+
+    given = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
+    try:
+        metrics = MetricsSettings.model_validate({**config.metrics.model_dump(), **given})
+    except ValidationError as e:
+        _fail("bad --metrics-host or --metrics-port: " + "; ".join(
+            f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()))
     return config.model_copy(update={"metrics": metrics})
 
 
@@ -130,6 +143,10 @@ def _serve(coro_factory) -> None:
     except MissingSecret as e:
         _fail(str(e))
     except OSError as e:
+        import socket
+
+        if isinstance(e, socket.gaierror):
+            _fail(f"cannot listen: the address does not resolve ({e.strerror or e}): fix --metrics-host or --host")
         if e.errno is None or not e.strerror or "address" not in e.strerror.lower():
             raise
         _fail(f"cannot listen: {e.strerror} (choose another --metrics-port or --port)")
@@ -332,9 +349,6 @@ def manifest(config_path: str | None, request_url: str | None) -> None:
     click.echo(yaml.safe_dump(build_manifest(config, request_url=request_url), sort_keys=False), nl=False)
 
 
-if __name__ == "__main__":
-    main()
-
 
 @main.group()
 def db() -> None:
@@ -351,6 +365,7 @@ def db_upgrade(config_path: str) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from bot.adapters.store import tables
+    from bot.adapters.store.db import pg_connect_args
     from bot.adapters.store.migrate import SchemaError, upgrade
     from bot.wiring import state_url
 
@@ -358,15 +373,19 @@ def db_upgrade(config_path: str) -> None:
     url = config.database_url or state_url(config.state_dir)
     shown = url.split("@")[-1]
     try:
-        engine = create_engine(url)
+        engine = create_engine(url, connect_args=pg_connect_args(url))
         try:
             before, after = upgrade(engine, tables())
         finally:
             engine.dispose()
-    except (SchemaError, SQLAlchemyError, ImportError) as e:
+    except (SchemaError, SQLAlchemyError, ImportError, ValueError) as e:  # ValueError: e.g. a port no number
         _fail(f"database {shown}: {' '.join(str(e).split())[:300]}")
     if before == after:
         click.echo(f"database {shown}: already at schema revision {after}")
     else:
         click.echo(f"database {shown}: schema revision {before or '(none: new, or made before migrations)'} -> "
                    f"{after}")
+
+
+if __name__ == "__main__":
+    main()

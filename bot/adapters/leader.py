@@ -31,9 +31,14 @@ LEADER_KEY = 0x67707563
 HEARTBEAT_S = 1.0
 #: Seconds a heartbeat may take before the leader steps down (the database or the network is stuck).
 HEARTBEAT_TIMEOUT_S = 5.0
-#: libpq TCP keepalives on the leader's connection: a database host that vanished is noticed in about 10 s.
+#: libpq settings of the leader's connection. On the client: TCP keepalives and a TCP user timeout, so a database
+#: host that vanished is noticed in about 10 s. On the server (`options`): the same for the leader's session, so
+#: a leader cut off by the network loses its session, and with it the lock, in about 10 s (not after the server's
+#: default 2 hours), and a follower can take over.
 KEEPALIVES = MappingProxyType({"keepalives": 1, "keepalives_idle": 4, "keepalives_interval": 2,
-                               "keepalives_count": 3})
+                               "keepalives_count": 3, "tcp_user_timeout": 10000, "connect_timeout": 5,
+                               "options": "-c tcp_keepalives_idle=4 -c tcp_keepalives_interval=2 "
+                                          "-c tcp_keepalives_count=3 -c tcp_user_timeout=10000"})
 
 Hook = Callable[[], Awaitable[None]]
 

@@ -16,6 +16,8 @@ import socket
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
+#: The watchdog period is taken within these bounds (seconds): a tiny WATCHDOG_USEC would feed it in a busy loop.
+MIN_PERIOD_S, MAX_PERIOD_S = 1.0, 3600.0
 
 
 def notify(state: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -27,8 +29,8 @@ def notify(state: str, environ: Mapping[str, str] | None = None) -> bool:
         return False
     address = "\0" + path[1:] if path.startswith("@") else path
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.sendto(state.encode("utf-8", "replace"), address)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
+            s.sendto(state.encode("utf-8", "replace"), address)  # never waits: a full socket drops this one
         return True
     except OSError as e:
         log.debug("sd_notify %r to %s failed: %s", state.split("\n", 1)[0], path, e)
@@ -43,10 +45,10 @@ def watchdog_period_s(environ: Mapping[str, str] | None = None) -> float | None:
     if pid and pid != str(os.getpid()):
         return None
     try:
-        usec = int(env.get("WATCHDOG_USEC", ""))
+        usec = int(env.get("WATCHDOG_USEC", "")[:20])
     except ValueError:
         return None
-    return usec / 1e6 if usec > 0 else None
+    return min(max(usec / 1e6, MIN_PERIOD_S), MAX_PERIOD_S) if usec > 0 else None
 
 
 async def keep_watchdog_fed(environ: Mapping[str, str] | None = None) -> None:

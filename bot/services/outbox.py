@@ -65,6 +65,12 @@ RECORD_TRIES = 8
 MAX_RETRY_AFTER_S = 300.0
 #: Seconds between purges of rows done longer than `retention_s` ago.
 PURGE_EVERY_S = 3600.0
+#: On a shared database, a row another bot claimed this many seconds ago and still shows `sending` was abandoned
+#: (its bot died or lost the database): it is sent again, after a lookup for posts. Longer than a Slack call may
+#: take (the Web API client's 30 s timeout), so a row a live bot is still sending is never sent twice.
+STALE_CLAIM_S = 35.0
+#: Seconds between two looks for abandoned rows on a shared database.
+STALE_CHECK_S = 5.0
 #: The metadata lookup starts this many seconds before the row was written (clock differences).
 LOOKUP_SKEW_S = 300.0
 #: Seconds between looks for rows another bot queued (a shared database; only the leader sends) and between a
@@ -486,13 +492,16 @@ class Outbox:
         self._task = None
 
     async def _run(self) -> None:
-        next_purge = 0.0
+        next_purge = next_stale = 0.0
         while not self._stopping:
             self._wake.clear()
             try:
                 if time.monotonic() >= next_purge:
                     self._recover(first=next_purge == 0.0)
                     next_purge = time.monotonic() + PURGE_EVERY_S
+                if self.shared and time.monotonic() >= next_stale:
+                    self.rows.requeue_interrupted(claimed_before=self._clock.time() - STALE_CLAIM_S)
+                    next_stale = time.monotonic() + STALE_CHECK_S
                 delay = self._dispatch_due()
             except asyncio.CancelledError:
                 raise
@@ -504,8 +513,9 @@ class Outbox:
 
     def _recover(self, *, first: bool) -> None:
         """At start, rows found `sending` were interrupted by a crash: they are sent again, after a lookup
-        for posts. Every PURGE_EVERY_S: rows done longer than `retention_s` ago are deleted."""
-        if first:
+        for posts (on a shared database only the abandoned ones: see STALE_CLAIM_S). Every PURGE_EVERY_S: rows done
+        longer than `retention_s` ago are deleted."""
+        if first and not self.shared:
             self.rows.requeue_interrupted()
         self.rows.purge(self._clock.time() - self.retention_s)
 
@@ -535,7 +545,10 @@ class Outbox:
     def _finish(self, row_id: int, **values: Any) -> None:
         """Write `values` to row `row_id` and wake whoever waits for it once it is done. Raises the
         database's error (callers use `_record`, which retries)."""
-        self.rows.set(row_id, **values)
+        # on a shared database the row may have been taken back as abandoned meanwhile: then its new sender writes
+        if not self.rows.set(row_id, only_if="sending" if self.shared else None, **values):
+            log.warning("outbox: row %s was taken over by another bot while this one sent it", row_id)
+            return
         if values.get("state") in DONE_STATES:
             self._wake_waiters(row_id)
 

@@ -15,6 +15,8 @@ from bot.core.models import Launch
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 
 log = logging.getLogger(__name__)
+#: How many launch ids below the newest learned `learn_new` reads again (see there).
+LEARN_OVERLAP = 50
 
 
 class SecretService:
@@ -87,7 +89,10 @@ class SecretService:
     def learn_new(self) -> int:
         """Teach the redactor the sealed secret values of the launches made since the last `relearn` or `learn_new`
         (by another bot of a shared database). Returns how many; never raises (logged)."""
-        return self._learn_sealed(after_id=self._learned_up_to, quiet=True)
+        # ids are taken at insert and committed later: a launch of a lower id may commit after a higher one, so
+        # the newest LEARN_OVERLAP ids are read again (learning a value twice is harmless)
+        after = None if self._learned_up_to is None else max(0, self._learned_up_to - LEARN_OVERLAP)
+        return self._learn_sealed(after_id=after, quiet=True)
 
     def _learn_sealed(self, *, after_id: int | None, quiet: bool) -> int:
         if self._box is None:

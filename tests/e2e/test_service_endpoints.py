@@ -185,3 +185,36 @@ async def test_a_bot_token_slack_refuses_stops_the_service_with_one_clear_line(m
         finally:
             stop.set()
             await asyncio.wait_for(bot, 30)
+
+
+def test_json_logs_redact_the_extras_a_library_passes(tmp_path):
+    """aiohttp's access log passes the request line and headers as `extra` fields, which the JSON formatter writes
+    out: a token in them is masked like one in the message."""
+    import logging
+
+    from multidict import CIMultiDict
+    from pythonjsonlogger.json import JsonFormatter
+
+    from bot.adapters.logs import RedactingFilter
+    from bot.core.redact import Redactor
+
+    token = "xoxb-" + "1234567890-" * 3 + "abcdefabcdef"
+    out = tmp_path / "log.json"
+    handler = logging.FileHandler(out)
+    handler.setFormatter(JsonFormatter("%(levelname)s %(name)s %(message)s", timestamp="time"))
+    handler.addFilter(RedactingFilter(Redactor([], values=[token])))
+    logger = logging.getLogger("test.json.extras")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("GET %s", f"/healthz?token={token}",
+                       extra={"first_request_line": f"GET /healthz?token={token}",
+                              "request_header": CIMultiDict({"User-Agent": f"curl {token}"}), "n": 3})
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    rec = json.loads(out.read_text())
+    assert token not in out.read_text()
+    assert rec["first_request_line"].startswith("GET /healthz?token=") and rec["n"] == 3
+    assert "User-Agent" in rec["request_header"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d.*", rec["time"])  # ISO 8601

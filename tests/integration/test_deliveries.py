@@ -1,5 +1,6 @@
-"""Deliveries taken once across bots (issue 26): the `deliveries` table decides which bot of a database acts on a
-Slack delivery, on SQLite and on PostgreSQL, including two bots claiming the same delivery at the same moment."""
+"""Decisions taken once across bots (issue 26): the `deliveries` table decides which bot of a database acts on a
+Slack delivery, on SQLite and on PostgreSQL, including two bots claiming the same delivery at the same moment; an
+outbox row another bot is sending is taken back only once its claim is stale."""
 
 from __future__ import annotations
 
@@ -51,3 +52,27 @@ def test_two_bots_claiming_the_same_deliveries_at_once_take_each_exactly_once(db
     finally:
         for s in bots:
             s.close()
+
+
+def test_a_row_another_bot_is_sending_is_not_taken_back_until_its_claim_is_stale(db_url):
+    """A new leader finds a row `sending`: it is left to the bot that claimed it (which may still be sending it to
+    Slack) until STALE_CLAIM_S after the claim; that bot's late result never overwrites what the new sender wrote."""
+    from bot.services.outbox import STALE_CLAIM_S
+
+    clock = ManualClock()
+    a, b = Store(db_url, clock), Store(db_url, clock)
+    try:
+        row = a.outbox.add(channel="C1", kind="post", text="deploy answer")
+        assert a.outbox.claim(row) is not None  # bot a sends it...
+        clock.advance(STALE_CLAIM_S - 5)
+        assert b.outbox.requeue_interrupted(claimed_before=clock.time() - STALE_CLAIM_S) == 0  # ...b leaves it
+        clock.advance(10)
+        assert b.outbox.requeue_interrupted(claimed_before=clock.time() - STALE_CLAIM_S) == 1  # abandoned: taken
+        assert b.outbox.get(row).state == "pending" and b.outbox.get(row).needs_lookup  # looked up before a resend
+        assert b.outbox.claim(row) is not None
+        assert b.outbox.set(row, only_if="sending", state="sent", result_ts="1.2") is True
+        assert a.outbox.set(row, only_if="sending", state="pending", error="interrupted") is False  # a, late
+        assert a.outbox.get(row).state == "sent"
+    finally:
+        a.close()
+        b.close()

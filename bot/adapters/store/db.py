@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -60,14 +61,15 @@ class Database:
         self.url = url
         try:
             parsed = make_url(url)
-        except ArgumentError as e:
+        except (ArgumentError, ValueError) as e:  # ValueError: e.g. a port that is no number
             raise DatabaseUnavailable(url.split("@")[-1], f"not a database URL: {e}") from e
         #: The file of an SQLite database, else the URL with its password hidden (for messages).
         self.path = parsed.database if parsed.drivername.startswith("sqlite") and parsed.database else \
             parsed.render_as_string(hide_password=True)
         try:
             # pre-ping: a connection the server dropped (a PostgreSQL restart) is replaced, not the next call's error
-            self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not url.startswith("sqlite"))
+            self.engine: Engine = create_engine(url, future=True, pool_pre_ping=not url.startswith("sqlite"),
+                                                connect_args=pg_connect_args(url))
         except (ImportError, NoSuchModuleError, ArgumentError) as e:
             raise DatabaseUnavailable(self.path, f"no database driver for {parsed.drivername!r} ({e}); install it "
                                       "(e.g. pip install psycopg for postgresql) or use the SQLite default") from e
@@ -141,6 +143,20 @@ class Database:
     def close(self) -> None:
         """Dispose of the engine's connections."""
         self.engine.dispose()
+
+
+#: libpq settings of every PostgreSQL connection: a server that does not answer a connect within 5 s, or a network
+#: that stops carrying the connection's data for 15 s (TCP keepalives, TCP user timeout), is an error, not a wait
+#: without end (the outbox reads its queue on the event loop).
+PG_CONNECT_ARGS = MappingProxyType({"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5,
+                                    "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 15000})
+
+
+def pg_connect_args(url: str) -> dict[str, Any]:
+    """The DBAPI connect arguments for the database at `url`: PG_CONNECT_ARGS for a libpq driver (psycopg,
+    psycopg2), none otherwise. Raises ValueError (or ArgumentError) for a URL that does not parse."""
+    driver = make_url(url).drivername
+    return dict(PG_CONNECT_ARGS) if driver in ("postgresql", "postgresql+psycopg", "postgresql+psycopg2") else {}
 
 
 def _integrity_problem(engine: Engine) -> str | None:

@@ -151,12 +151,15 @@ class OutboxRepository:
                              .where(OutboxRow.state == "pending").order_by(OutboxRow.id)).all()
             return [(int(r.id), str(r.channel), _number(r.next_at)) for r in rows]
 
-    def requeue_interrupted(self) -> int:
-        """Rows left `sending` by a crash become pending again, to be looked up before a resend. Returns
-        how many."""
+    def requeue_interrupted(self, claimed_before: float | None = None) -> int:
+        """Rows left `sending` by a crash become pending again, to be looked up before a resend; with
+        `claimed_before` (epoch s) only those claimed before then (a row another bot may still be sending stays).
+        Returns how many."""
         with self._db.transaction() as s:
-            res = s.execute(update(OutboxRow).where(OutboxRow.state == "sending")
-                            .values(state="pending", error="interrupted", next_at=0.0, needs_lookup=1))
+            q = update(OutboxRow).where(OutboxRow.state == "sending")
+            if claimed_before is not None:
+                q = q.where(OutboxRow.next_at < claimed_before)
+            res = s.execute(q.values(state="pending", error="interrupted", next_at=0.0, needs_lookup=1))
             return int(res.rowcount or 0)
 
     def purge(self, older_than: float) -> int:
@@ -167,11 +170,12 @@ class OutboxRepository:
             return int(res.rowcount or 0)
 
     def claim(self, row_id: int) -> OutboxItem | None:
-        """Move a pending row to `sending` (one more attempt) and return its columns; None when it is gone or
-        no longer pending. One conditional update: of two senders (bots on one database) only one claims it."""
+        """Move a pending row to `sending` (one more attempt; `next_at` becomes the claim's time) and return its
+        columns; None when it is gone or no longer pending. One conditional update: of two senders (bots on one
+        database) only one claims it."""
         with self._db.transaction() as s:
             res = s.execute(update(OutboxRow).where(OutboxRow.id == row_id, OutboxRow.state == "pending")
-                            .values(state="sending"))
+                            .values(state="sending", next_at=self._clock.time()))
             if (res.rowcount or 0) != 1:
                 return None
             row = s.get(OutboxRow, row_id)
@@ -187,7 +191,11 @@ class OutboxRepository:
                              .where(OutboxRow.sent_at > since).group_by(OutboxRow.channel)).all()
             return {str(c): _number(t) for c, t in rows if t is not None}
 
-    def set(self, row_id: int, **values: Any) -> None:
-        """Write `values` (column -> value) to row `row_id`."""
+    def set(self, row_id: int, *, only_if: str | None = None, **values: Any) -> bool:
+        """Write `values` (column -> value) to row `row_id` (with `only_if`, only while its state is that one).
+        Returns whether the row was written."""
         with self._db.transaction() as s:
-            s.execute(update(OutboxRow).where(OutboxRow.id == row_id).values(**values))
+            q = update(OutboxRow).where(OutboxRow.id == row_id)
+            if only_if is not None:
+                q = q.where(OutboxRow.state == only_if)
+            return bool(s.execute(q.values(**values)).rowcount)
