@@ -22,8 +22,8 @@ from cryptography.fernet import Fernet
 from bot.adapters.store import Store
 from tests.support.builders import OPERATOR, three_watched_variants
 from tests.support.fakes.slack_server import BOT_USER_ID, FakeSlack
-from tests.support.procs import kill_launches, wait_until
-from tests.support.service import ServiceBot
+from tests.support.procs import wait_until
+from tests.support.service import ServiceBot, stop_everything
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -148,15 +148,7 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
             assert re.search(r"^gpubot_leader 1\.0$", m, re.M)
             assert re.search(r'^gpubot_commands_total\{command="probe",result="ok"\} \d', m, re.M), m
         finally:
-            for bot in bots:
-                await bot.kill()
-            if store is not None:
-                store.close()
-            final = Store(pg_url)  # a fresh store: another process's writes are not in an old one's memo
-            try:
-                kill_launches(final.launches.recent())
-            finally:
-                final.close()
+            await stop_everything(bots, store, pg_url)
 
 
 def _slack_state(fake: FakeSlack) -> str:

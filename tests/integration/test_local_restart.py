@@ -17,8 +17,8 @@ from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
 from tests.support.builders import OPERATOR, fake_variant
 from tests.support.fakes.slack_server import FakeSlack
-from tests.support.procs import kill_launches, wait_until
-from tests.support.service import ServiceBot
+from tests.support.procs import wait_until
+from tests.support.service import ServiceBot, stop_everything
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -88,15 +88,7 @@ async def test_a_local_launch_keeps_running_across_a_bot_restart(tmp_path, fake_
                 print(bot.name, bot.output())
             raise
         finally:
-            for bot in bots:
-                await bot.kill()
-            if store is not None:
-                store.close()
-            final = Store(db)  # a fresh store: another process's writes are not in an old one's memo
-            try:
-                kill_launches(final.launches.recent())
-            finally:
-                final.close()
+            await stop_everything(bots, store, db)
 
 
 async def _role(bot: ServiceBot) -> str | None:

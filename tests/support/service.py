@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -76,3 +77,21 @@ class ServiceBot:
                 await self.kill()
         assert self.proc.returncode is not None
         return self.proc.returncode
+
+
+async def stop_everything(bots: list[ServiceBot], store: Any, url: str) -> None:
+    """A test's finalizer: SIGKILL every bot, close the test's `store` (when it has one), then SIGKILL every
+    launch recorded in the database at `url`, read through a fresh store (another process's writes are not in an
+    old one's memo)."""
+    from bot.adapters.store import Store
+    from tests.support.procs import kill_launches
+
+    for bot in bots:
+        await bot.kill()
+    if store is not None:
+        store.close()
+    final = Store(url)
+    try:
+        kill_launches(final.launches.recent())
+    finally:
+        final.close()
