@@ -75,22 +75,38 @@ async def check_bot_token(client) -> None:
         log.warning("auth.test failed at start (%s); starting anyway", type(e).__name__)
 
 
+async def _not_connected() -> bool:
+    """Slack's connection before Socket Mode connects: not there."""
+    return False
+
+
 @contextlib.asynccontextmanager
 async def _bolt_app(config: Config, bot_token: str, signing_secret: str | None = None):
-    """Yield the Bolt app and its SlackBot, wired (bot.wiring) to a shared aiohttp session and the Slack client; on
-    exit wait (bounded) for running commands, stop the checks, flush the outbox, close SSH connections and the
-    session."""
+    """Yield the Bolt app, its SlackBot and its HealthEndpoints, wired (bot.wiring) to a shared aiohttp session and
+    the Slack client. The metrics port (`metrics.port`) is bound before the bot starts (before it leads, sends or
+    takes a command), so a port in use stops it first. On exit wait (bounded) for running commands, close the
+    endpoints, stop the checks, flush the outbox, close SSH connections and the session. Raises MissingSecret for a
+    refused bot token, OSError for a metrics port that cannot be bound."""
     session = aiohttp.ClientSession()
     try:
         client = make_client(bot_token, _api_url(config), session=session)
         await check_bot_token(client)
         runtime = slack_runtime(config, client)
         app, bot = build_app(runtime, client, signing_secret=signing_secret)
-        await runtime.start(settle_heap=True)  # the outbox sender first: what an earlier run left queued goes first
+        # Socket Mode: not connected until the websocket is (run_socket_mode sets the real check); HTTP: not known
+        health = HealthEndpoints(runtime, _not_connected if signing_secret is None else None)
         try:
-            yield app, bot
+            runner = await health.serve(config.metrics.host, config.metrics.port) if config.metrics.port else None
+            try:
+                await runtime.start(settle_heap=True)  # the outbox sender first: what an earlier run left queued
+                try:
+                    yield app, bot, health
+                finally:
+                    await bot.drain()
+            finally:
+                if runner is not None:
+                    await runner.cleanup()
         finally:
-            await bot.drain()
             await runtime.close()
     finally:
         await session.close()
@@ -119,11 +135,8 @@ async def socket_watchdog(handler: SocketModeThread, every_s: float = 10.0, miss
 
 
 @contextlib.asynccontextmanager
-async def _serving(config: Config, health: HealthEndpoints, status: str):
-    """While the bot serves: /healthz and /metrics on `metrics.port` (when set), systemd told READY=1 with `status`
-    and its watchdog fed; on the way out STOPPING=1 and the endpoints closed. Raises OSError when the metrics port
-    cannot be bound."""
-    runner = await health.serve(config.metrics.host, config.metrics.port) if config.metrics.port else None
+async def _serving(status: str):
+    """While the bot serves: systemd told READY=1 with `status` and its watchdog fed; on the way out STOPPING=1."""
     feeder = asyncio.get_running_loop().create_task(sdnotify.keep_watchdog_fed(), name="gpubot-sd-watchdog")
     sdnotify.notify(f"READY=1\nSTATUS={status}")
     try:
@@ -131,8 +144,6 @@ async def _serving(config: Config, health: HealthEndpoints, status: str):
     finally:
         sdnotify.notify("STOPPING=1")
         feeder.cancel()
-        if runner is not None:
-            await runner.cleanup()
 
 
 async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) -> None:
@@ -146,15 +157,15 @@ async def run_socket_mode(config: Config, *, stop: asyncio.Event | None = None) 
     """
     bot_token, app_token = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_APP_TOKEN")
     stop = stop or asyncio.Event()
-    async with _bolt_app(config, bot_token) as (app, bot):
+    async with _bolt_app(config, bot_token) as (app, bot, health):
         handler = SocketModeThread(app, app_token, ping_interval=PING_INTERVAL_S, spawn=bot.spawn)
+        health.slack_connected = handler.connected
         watchdog = asyncio.get_running_loop().create_task(socket_watchdog(handler))
         try:
             await handler.connect_async()
             log.info("connected to Slack over Socket Mode")
             role = "leading" if bot.runtime.leading else "following"
-            async with _serving(config, HealthEndpoints(bot.runtime, handler.connected),
-                                f"connected to Slack over Socket Mode ({role} at start)"):
+            async with _serving(f"connected to Slack over Socket Mode ({role} at start)"):
                 await _wait_for_stop(stop)
         finally:
             watchdog.cancel()
@@ -171,8 +182,7 @@ async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: as
     """
     bot_token, secret = env_secret("SLACK_BOT_TOKEN"), env_secret("SLACK_SIGNING_SECRET")
     stop = stop or asyncio.Event()
-    async with _bolt_app(config, bot_token, secret) as (app, bot):
-        health = HealthEndpoints(bot.runtime)
+    async with _bolt_app(config, bot_token, secret) as (app, _bot, health):
         web_app = app.web_app(path="/slack/events")
         health.add_routes(web_app, metrics=False)  # /metrics names hosts: only on the metrics port (loopback)
         runner = web.AppRunner(web_app)
@@ -180,7 +190,7 @@ async def run_http(config: Config, *, port: int, host: str = "0.0.0.0", stop: as
         try:
             await web.TCPSite(runner, host, port).start()
             log.info("serving Slack HTTP requests on %s:%s/slack/events", host, port)
-            async with _serving(config, health, f"serving Slack HTTP requests on port {port}"):
+            async with _serving(f"serving Slack HTTP requests on port {port}"):
                 await _wait_for_stop(stop)
         finally:
             await runner.cleanup()

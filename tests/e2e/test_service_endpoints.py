@@ -218,3 +218,28 @@ def test_json_logs_redact_the_extras_a_library_passes(tmp_path):
     assert rec["first_request_line"].startswith("GET /healthz?token=") and rec["n"] == 3
     assert "User-Agent" in rec["request_header"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d.*", rec["time"])  # ISO 8601
+
+
+async def test_a_metrics_port_in_use_stops_the_bot_before_it_connects_or_leads(monkeypatch, tmp_path):
+    """The port is bound before the bot starts: a port in use is an OSError at once, with no Slack connection and
+    no command taken, and the state directory is free again for the next try."""
+    config = Config.model_validate({"state_dir": str(tmp_path / "state"), "metrics": {"port": free_port()}})
+    async with FakeSlack() as fake:
+        for k, v in {"SLACK_BOT_TOKEN": "xoxb-test", "SLACK_APP_TOKEN": "xapp-test",
+                     "SLACK_API_URL": fake.api_url}.items():
+            monkeypatch.setenv(k, v)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", config.metrics.port))
+            taken.listen()
+            with pytest.raises(OSError):
+                await asyncio.wait_for(run_socket_mode(config), 30)
+        assert fake.connection_count == 0 and not fake.calls_for("apps.connections.open")
+        stop = asyncio.Event()  # the port free again: the same state directory starts (its lock was released)
+        bot = asyncio.ensure_future(run_socket_mode(config, stop=stop))
+        try:
+            await fake.wait_connected(30)
+            status, body = await wait_until(lambda: _ok(config.metrics.port), 30, what="/healthz answering")
+            assert json.loads(body)["slack"] is True
+        finally:
+            stop.set()
+            await asyncio.wait_for(bot, 30)
