@@ -238,7 +238,7 @@ async def test_a_metrics_port_in_use_stops_the_bot_before_it_connects_or_leads(m
         bot = asyncio.ensure_future(run_socket_mode(config, stop=stop))
         try:
             await fake.wait_connected(30)
-            status, body = await wait_until(lambda: _ok(config.metrics.port), 30, what="/healthz answering")
+            _, body = await wait_until(lambda: _ok(config.metrics.port), 30, what="/healthz answering")
             assert json.loads(body)["slack"] is True
         finally:
             stop.set()
