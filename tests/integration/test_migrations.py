@@ -187,6 +187,7 @@ def settled(leaders: list, tries: list[list[int]]) -> bool:
         t[0] >= 2 for t, le in zip(tries, leaders, strict=True) if not le.leading)
 
 
+@pytest.mark.timeout(240)  # ten databases, each with two bots settling a heartbeat apart: ~40 s on a loaded machine
 async def test_two_bots_starting_at_once_on_an_empty_postgresql_database_both_come_up_and_one_leads(
         postgres_cluster):
     from bot.adapters.leader import leadership_for
