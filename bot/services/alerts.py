@@ -4,9 +4,9 @@ the root message edited to show the verdict."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from bot.adapters.cpu import CpuPool
-from bot.adapters.metrics import Metrics
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.diagnose import Verdict
 from bot.core.models import Launch
@@ -18,6 +18,9 @@ from bot.present.views import alert_view
 from bot.services.history import CheckHistory
 from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
+
+if TYPE_CHECKING:
+    from bot.adapters.metrics import Metrics  # only the type: prometheus_client is imported by the wiring
 
 log = logging.getLogger(__name__)
 

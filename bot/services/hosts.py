@@ -13,8 +13,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from bot.adapters.metrics import Metrics
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
@@ -32,6 +32,9 @@ from bot.core.probe import (
     split_sections,
 )
 from bot.core.redact import Redactor
+
+if TYPE_CHECKING:
+    from bot.adapters.metrics import Metrics  # only the type: prometheus_client is imported by the wiring
 
 log = logging.getLogger(__name__)
 
