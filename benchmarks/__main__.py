@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 SUITE = ["row_cost", "probe_speed", "big_log", "startup", "fleet", "watch_load", "burst"]
 #: Modules of this folder that are not benchmarks.
 NOT_BENCHMARKS = {"__init__", "__main__", "_bootstrap", "support", "delay_proxy", "health_server", "loopback_host",
-                  "subreaper", "fake_slack_server"}
+                  "replay_host", "subreaper", "fake_slack_server"}
 
 
 def available() -> list[str]:

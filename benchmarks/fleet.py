@@ -1,14 +1,17 @@
 """`/gpu status all` at fleet size: 1, 64 and 256 warm hosts (issue 21: 64 hosts within 2x of one host).
 
 N host entries with distinct names, all the same loopback SSH host (OpenSSH sshd with MaxStartups high enough
-for N concurrent logins; see benchmarks/support.py), so HostService holds N pooled connections. All of them are
-connected first (each runs `true`, concurrently); then the median wall of HostService.status(names) (what
-`/gpu status all` does), the bot's CPU per host probe (support.bot_cpu_s / N), and the host side's CPU per
-probe: the CPU of sshd and of every process it reaped (sshd runs under benchmarks/subreaper.py, so sessions are
-reaped too; /proc/PID/stat cutime+cstime), read after every connection closed, less N connection set-ups
-(measured first on 16), divided by the probes. Every "host" here shares this machine's cores, so
-N x host CPU / cores is a floor under the wall that a real fleet (one machine per host) does not have, and each
-probe's `ps` also lists the other probes' processes (the host CPU per probe grows with N here).
+for N concurrent logins; see benchmarks/support.py), so HostService holds N pooled connections (in its probe
+workers, in trees that have them, for 8 hosts or more). All of them are connected first, by one untimed
+HostService.status over the N hosts; then the median wall of HostService.status(names) (what `/gpu status all`
+does), the bot's CPU per host probe (support.bot_cpu_s plus the probe workers' CPU, / N), and the host side's CPU
+per probe: the CPU of sshd and of every process it reaped (sshd runs under benchmarks/subreaper.py, so sessions
+are reaped too; /proc/PID/stat cutime+cstime), read after every connection closed, less N connection set-ups
+(measured first on 16), divided by the probes (the warming one included). Every "host" here shares this machine's
+cores, so N x host CPU / cores is a floor under the wall that a real fleet (one machine per host) does not have, and
+each probe's `ps` also lists the other probes' processes (the host CPU per probe grows with N here). So the sizes
+are measured again over replaying hosts (benchmarks/replay_host.py, `replayed`): each answers with the real host's
+recorded probe output after sleeping as long as the real host took, using no CPU of its own for the work.
 
 nvidia-smi is a `sh` stub printing the replayed H200 rows of bot.demo.fakegpu (support.static_gpu_stub): the
 Python fake's start-up, twice per probe, times 256 hosts on 2 cores would otherwise be most of the figure.
@@ -26,6 +29,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchmarks.support import (
@@ -42,7 +46,9 @@ from benchmarks.support import (
     ms,
     note,
     parse_args,
+    proc_cpu_s,
     ratio,
+    replay_hosts,
     shared_tmpdir,
     static_gpu_stub,
     wait_for,
@@ -70,9 +76,10 @@ def _names(n: int) -> list[str]:
     return [f"h{i:03d}" for i in range(n)]
 
 
-async def _closed(host: BenchHost, svc: HostService) -> None:
+async def _closed(host: BenchHost | None, svc: HostService) -> None:
     await svc.close()
-    await asyncio.to_thread(wait_for, lambda: host.live_children() == 0, 120, "the server to reap every session")
+    if host is not None:
+        await asyncio.to_thread(wait_for, lambda: host.live_children() == 0, 120, "the server to reap every session")
 
 
 async def connect_cost(host: BenchHost, hc: Any, n: int) -> float:
@@ -87,31 +94,39 @@ async def connect_cost(host: BenchHost, hc: Any, n: int) -> float:
     return (host.host_cpu_s() - h0) / n
 
 
-async def fleet(host: BenchHost, hc: Any, n: int, rounds: int, conn_cost_s: float | None) -> Run:
-    """Warm n connections (each runs `true`), then `rounds` timed HostService.status calls over all n hosts."""
+def _bot_cpu_s(svc: HostService) -> float:
+    """The bot's CPU seconds so far, its probe workers' included (in trees that have them)."""
+    return bot_cpu_s() + sum(proc_cpu_s(pid) for pid in getattr(svc, "worker_pids", []))
+
+
+async def fleet(host: BenchHost | None, hc: Any, n: int, rounds: int, conn_cost_s: float | None) -> Run:
+    """Warm n connections with one untimed HostService.status over all n hosts (in trees with probe workers, they
+    start and connect then), then `rounds` timed calls. `hc` is the HostConfig of every host, or a list of them
+    that the hosts take in turn; `host` None: no host CPU is read."""
     names = _names(n)
-    svc = HostService(Config(hosts=dict.fromkeys(names, hc)))
-    h0 = host.host_cpu_s()
+    hcs = hc if isinstance(hc, list) else [hc]
+    svc = HostService(Config(hosts={nm: hcs[i % len(hcs)] for i, nm in enumerate(names)}))
+    h0 = host.host_cpu_s() if host is not None else 0.0
     walls, cpu = [], []
     failures, rows, errors = 0, [], []
     try:
         t = time.perf_counter()
-        await asyncio.gather(*(svc.executor(nm).run("true", timeout_s=60) for nm in names))
+        await svc.status(names)
         warm_s = time.perf_counter() - t
         for _ in range(rounds):
-            c0 = bot_cpu_s()
+            c0 = _bot_cpu_s(svc)
             t = time.perf_counter()
             res = await svc.status(names)
             walls.append(time.perf_counter() - t)
-            cpu.append((bot_cpu_s() - c0) / n)
+            cpu.append((_bot_cpu_s(svc) - c0) / n)
             failures += sum(1 for r in res if not hasattr(r, "table"))
-            rows += [len(r.table) for r in res if hasattr(r, "table")]
+            rows += [r.all_process_count for r in res if hasattr(r, "table")]
             errors += [e for r in res for e in getattr(r, "errors", [])]
     finally:
         await _closed(host, svc)
     per_probe = None
-    if conn_cost_s is not None:
-        per_probe = (host.host_cpu_s() - h0 - n * conn_cost_s) / (n * rounds)
+    if conn_cost_s is not None and host is not None:
+        per_probe = (host.host_cpu_s() - h0 - n * conn_cost_s) / (n * (rounds + 1))  # + the warming round
     return Run(n, rounds, warm_s, walls, cpu, per_probe, failures, rows, errors)
 
 
@@ -139,6 +154,41 @@ def _print(runs: list[Run], label: str) -> None:
                        "an estimate of what fanning out adds where every host has its own CPUs")
 
 
+async def record(hc: Any, path: Path) -> float:
+    """Write one status probe's raw output from the host of `hc` to `path` (its nonce replaced by NONCE) and return
+    the median seconds the script took there, as the bot saw it (5 runs after a first)."""
+    from bot.core.probe import ProbeRequest, build_script, new_nonce
+    from bot.services.hosts import host_policy
+
+    svc = HostService(Config(hosts={"recorded": hc}))
+    durations = []
+    try:
+        for _ in range(6):
+            nonce = new_nonce()
+            res = await svc.executor("recorded").run_script(build_script(ProbeRequest(), nonce, host_policy(hc)),
+                                                             timeout_s=60)
+            durations.append(res.duration_s)
+        await asyncio.to_thread(path.write_bytes, res.stdout.replace(nonce.encode(), b"NONCE"))
+    finally:
+        await svc.close()
+    return median(durations[1:])
+
+
+async def replayed(tmp: Path, hc: Any, stub: Path, sizes: list[int], quick: bool) -> None:
+    """The sizes again over replaying hosts (benchmarks/replay_host.py): each answers a probe with the real host's
+    recorded output after sleeping as long as the real host took, so the hosts' own work costs this machine no
+    CPU, as on a real fleet where every host has its own."""
+    recording = tmp / "recorded-probe.out"
+    delay_s = await record(hc, recording)
+    servers = 1 if (os.cpu_count() or 1) <= 4 else min(8, (os.cpu_count() or 1) // 4)
+    with replay_hosts(tmp, servers, recording, delay_s * 1000, max_sessions=10) as hosts:
+        hcs = [host_config(h, nvidia_smi=str(stub), log_dirs=[str(tmp)]) for h in hosts]
+        runs = [await fleet(None, hcs, n, (4 if n == 1 else 2) if quick else (10 if n == 1 else 3), None)
+                for n in sizes]
+    _print(runs, f"replayed hosts: {servers} server process(es), each probe answered after {ms(delay_s)} (the "
+                 f"real host's script time) with no CPU of its own; acceptance (64 hosts within x2) read here")
+
+
 async def main(args: argparse.Namespace) -> None:
     """Run the figures and print them."""
     sizes = [int(x) for x in args.hosts.split(",")]
@@ -155,6 +205,7 @@ async def main(args: argparse.Namespace) -> None:
                 rounds = (4 if n == 1 else 1) if args.quick else (10 if n == 1 else 3 if n <= 64 else 1)
                 runs.append(await fleet(host, hc, n, rounds, cost))
             _print(runs, "loopback (0 ms RTT)")
+            await replayed(tmp, hc, stub, sizes, args.quick)
             if args.rtt_ms:
                 with delay_proxy(host.port, args.rtt_ms) as pport:
                     kh = host.known_hosts_for(pport, tmp)

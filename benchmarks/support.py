@@ -38,7 +38,7 @@ TREE = Path(bot.__file__).resolve().parents[1]
 #: The login user of the benchmark host when running as root (root's login shell, bash, reads a .bashrc).
 BENCH_USER = "gpubot-bench"
 #: Helper processes of the benchmarks themselves (never counted as the bot's CPU).
-HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py", "subreaper.py")
+HELPER_SCRIPTS = ("delay_proxy.py", "health_server.py", "loopback_host.py", "replay_host.py", "subreaper.py")
 
 
 # ---------------------------------------------------------------------------------------------- header, figures
@@ -459,6 +459,37 @@ def _loopback_host(tmp: Path, max_sessions: int) -> Iterator[BenchHost]:
                         client_key_path=Path(info["client_key_path"]),
                         known_hosts_path=Path(info["known_hosts_path"]), host_pub_key=info["host_pub_key"],
                         server_pid=proc.pid, python=_python_for(user))
+
+
+@dataclass
+class ReplayHost:
+    """One replaying SSH server (benchmarks/replay_host.py), with what `host_config` reads, and its process."""
+
+    host: str
+    port: int
+    username: str
+    client_key_path: Path
+    known_hosts_path: Path
+    server_pid: int
+
+
+@contextlib.contextmanager
+def replay_hosts(tmp: Path, count: int, recording: Path, delay_ms: float, *,
+                 max_sessions: int = 10) -> Iterator[list[ReplayHost]]:
+    """`count` replaying SSH servers (benchmarks/replay_host.py), each a process of its own, answering every probe
+    with `recording` after `delay_ms` ms of sleep; stopped on exit."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TREE), os.environ.get("PYTHONPATH", "")]).rstrip(":"))
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(count):
+            proc, line = _helper("replay_host.py", str(tmp / f"replay{i}"), str(max_sessions), str(recording),
+                                 str(delay_ms), env=env)
+            stack.enter_context(cleanup(lambda proc=proc: _stop(proc)))
+            info = json.loads(line)
+            servers.append(ReplayHost(host=info["host"], port=info["port"], username=info["username"],
+                                      client_key_path=Path(info["client_key_path"]),
+                                      known_hosts_path=Path(info["known_hosts_path"]), server_pid=proc.pid))
+        yield servers
 
 
 @contextlib.contextmanager

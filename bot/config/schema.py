@@ -562,6 +562,16 @@ class Config(_Model):
     @classmethod
     def _probe_concurrency(cls, v: int) -> int:
         return _within(v, 1, 1024, " (probes at once over all hosts)")
+
+    #: Probe worker processes (bot.adapters.probe_pool) for a `/gpu status` of 8 SSH hosts or more: each probes its
+    #: share of the hosts over connections of its own, on a core of its own, off the event loop that acks Slack.
+    #: Unset: one per CPU core but one, at most 8 (none on a one-core machine); 0: every probe in the bot's process.
+    probe_workers: Int | None = None
+
+    @field_validator("probe_workers")
+    @classmethod
+    def _probe_workers(cls, v: int | None) -> int | None:
+        return None if v is None else _within(v, 0, 64, " (probe worker processes)")
     #: Extra secret patterns (Python regexes): whatever they match is masked in everything posted, on top
     #: of the built-in rules (bot/core/redact.py). E.g. `ACME-[0-9A-F]{32}` for an internal token format.
     redact_patterns: list[str] = Field(default_factory=list, max_length=100)

@@ -1351,6 +1351,8 @@ class Redactor:
         self._lines: dict[str, str] = {}
         self._line_bits: dict[str, int] = {}
         self._memos: dict[str, dict[str, str]] = {}
+        self._given: list[str] = []  # the values as given (stripped), in the order they came
+        self._given_set: set[str] = set()
         self.add_values(values)
 
     @property
@@ -1365,6 +1367,9 @@ class Redactor:
         new = set()
         for v in values:
             text = str(v).strip() if v is not None else ""
+            if text and text not in self._given_set:
+                self._given_set.add(text)
+                self._given.append(text)
             # a value with line breaks: each of its lines; and the forms a value takes when it is quoted for a
             # URL, a JSON or Python string, or a shell
             for part in text.splitlines() or [""]:
@@ -1386,6 +1391,12 @@ class Redactor:
         self._lines = {}
         self._line_bits = {}
         self._memos = {}
+
+    @property
+    def given_values(self) -> tuple[str, ...]:
+        """Every value given to `add_values` (and the constructor), stripped, once each, in the order given: a list
+        that only grows, so another Redactor fed its new tail masks the same (a probe worker's: bot.services.hosts)."""
+        return tuple(self._given)
 
     def memo(self, name: str) -> dict[str, str]:
         """A dict named `name` where a caller keeps what it made of redacted texts (a probe's shown command lines:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bot.adapters.nvml import LocalNvml
+from bot.adapters.probe_pool import ProbePool, WorkerGone
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
 from bot.core.clock import SYSTEM_CLOCK, Clock
@@ -46,6 +49,18 @@ PROBE_MARGIN_S = 5.0
 #: Seconds a running `/gpu status` probe of a host may have been started before a new caller joins it instead of
 #: starting another (`HostService._shared_status`): an answer is never older than that when it is asked for.
 STATUS_SHARE_S = 0.25
+#: A `/gpu status` of at least this many SSH hosts is spread over the probe workers (when there are any).
+POOL_MIN_HOSTS = 8
+#: The most probe workers that `probe_workers` left unset gives (one per core but one).
+AUTO_WORKERS_MAX = 8
+
+
+def probe_worker_count(config: Config) -> int:
+    """How many probe workers `config` asks for: `probe_workers`, or when unset one per CPU core but one, at most
+    AUTO_WORKERS_MAX (0 on a one-core machine)."""
+    if config.probe_workers is not None:
+        return config.probe_workers
+    return max(0, min(AUTO_WORKERS_MAX, (os.cpu_count() or 1) - 1))
 
 
 class UnknownHost(KeyError):
@@ -65,7 +80,9 @@ def host_policy(cfg: HostConfig) -> HostPolicy:
 
 class HostService:
     """Probes configured hosts. Executors are created lazily, one per host, and reused (pooled SSH).
-    `redactor` masks secrets in command lines and log lines before they are cut (bot.core.probe)."""
+    `redactor` masks secrets in command lines and log lines before they are cut (bot.core.probe). A `status` of
+    POOL_MIN_HOSTS SSH hosts or more is spread over `probe_workers` worker processes (default: from the config,
+    `probe_worker_count`), each with SSH connections of its own (bot.adapters.probe_pool)."""
 
     def __init__(
         self,
@@ -77,8 +94,13 @@ class HostService:
         extra_path: list[str] | None = None,
         clock: Clock = SYSTEM_CLOCK,
         metrics: Metrics | None = None,
+        probe_workers: int | None = None,
     ):
         self.config = config
+        self._workers = probe_worker_count(config) if probe_workers is None else probe_workers
+        self._pool: ProbePool | None = None
+        self._pool_calls: set[asyncio.Task[None]] = set()
+        self._injected = frozenset(executors or {})  # hosts whose executor was given: probed in this process
         self._metrics = metrics
         self._clock = clock  # the bot's one clock: when a probe was sent (Snapshot.local_clock)
         self.redactor = redactor or Redactor(config.redact_patterns)
@@ -116,6 +138,11 @@ class HostService:
             ex = build_executor(host, self.config.hosts[host], extra_path=self._extra_path)
             self._executors[host] = ex
         return ex
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The pids of the probe workers running now (none before the first status of a fleet)."""
+        return self._pool.pids if self._pool is not None else []
 
     def probe_deadline_s(self, host: str) -> float:
         """Seconds a probe of `host` may take in all: its connect, command and nvidia-smi timeouts (a probe whose
@@ -247,40 +274,127 @@ class HostService:
     async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:
         """Probe `hosts` in parallel for GPU status (GPU table + GPU holders). One result per host, in order;
         a failing host yields a HostFailure while the others still answer. A host whose status probe started at
-        most STATUS_SHARE_S ago (another `/gpu status` of a burst) answers from that probe (`_shared_status`)."""
+        most STATUS_SHARE_S ago (another `/gpu status` of a burst) answers from that probe (`status_here`). With
+        POOL_MIN_HOSTS SSH hosts or more and probe workers, those hosts are probed in the workers (`_pooled`): a
+        Snapshot from there carries only the rows a status needs (bot.core.probe.status_snapshot)."""
+        pooled = self._poolable(hosts)
+        if pooled:
+            self._start_pooled(pooled)
 
         async def one(h: str) -> Snapshot | HostFailure:
             try:
-                return await self._shared_status(h)
+                return await self.status_here(h)
             except Exception as e:  # a bug for one host must not hide the others
                 log.exception("status of %s failed", h)
                 return HostFailure(host=h, reason=f"internal error: {type(e).__name__}")
 
         return list(await asyncio.gather(*(one(h) for h in hosts)))
 
-    async def _shared_status(self, host: str) -> Snapshot | HostFailure:
-        """The status probe of `host` started at most STATUS_SHARE_S ago, or a new one; each caller gets its own
-        Snapshot (a shallow copy with its own lists), and one caller giving up (cancelled) stops nobody else's
-        answer."""
+    async def status_here(self, host: str) -> Snapshot | HostFailure:
+        """The status probe of `host` started at most STATUS_SHARE_S ago (here or in a probe worker), or a new one in
+        this process; each caller gets its own Snapshot (a shallow copy with its own lists), and one caller giving
+        up (cancelled) stops nobody else's answer."""
         now = asyncio.get_running_loop().time()
         entry = self._status_in_flight.get(host)
         if entry is not None and now - entry[1] <= STATUS_SHARE_S:
             running = entry[0]
         else:
             running = asyncio.ensure_future(self.probe(host, ProbeRequest()))
-            self._status_in_flight[host] = (running, now)
-
-            def done(fut: asyncio.Future[Snapshot | HostFailure], host: str = host) -> None:
-                if (got := self._status_in_flight.get(host)) is not None and got[0] is fut:
-                    del self._status_in_flight[host]
-
-            running.add_done_callback(done)
+            self._share(host, running, now)
         result = await asyncio.shield(running)
         if isinstance(result, Snapshot):
             return result.shallow_copy()
         return result
 
+    def _share(self, host: str, running: asyncio.Future[Snapshot | HostFailure], now: float) -> None:
+        """Let status callers of `host` for the next STATUS_SHARE_S join `running`."""
+        self._status_in_flight[host] = (running, now)
+
+        def done(fut: asyncio.Future[Snapshot | HostFailure], host: str = host) -> None:
+            if (got := self._status_in_flight.get(host)) is not None and got[0] is fut:
+                del self._status_in_flight[host]
+
+        running.add_done_callback(done)
+
+    def _poolable(self, hosts: list[str]) -> list[str]:
+        """The hosts of a status that go to the probe workers: the configured SSH hosts whose executor was not
+        given, when there are POOL_MIN_HOSTS of them and workers; else none."""
+        if self._workers < 1:
+            return []
+        names = [h for h in dict.fromkeys(hosts)
+                 if (cfg := self.config.hosts.get(h)) is not None and not cfg.local and h not in self._injected]
+        return names if len(names) >= POOL_MIN_HOSTS else []
+
+    def _start_pooled(self, hosts: list[str]) -> None:
+        """Start the worker probes of those `hosts` not already being probed (STATUS_SHARE_S), each shared as its
+        host's status probe until it is done."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        fresh = [h for h in hosts
+                 if (e := self._status_in_flight.get(h)) is None or now - e[1] > STATUS_SHARE_S]
+        if not fresh:
+            return
+        futures: dict[str, asyncio.Future[Snapshot | HostFailure]] = {}
+        for h in fresh:
+            futures[h] = loop.create_future()
+            self._share(h, futures[h], now)
+        task = asyncio.ensure_future(self._pooled(futures))
+        self._pool_calls.add(task)
+        task.add_done_callback(self._pool_calls.discard)
+
+    async def _pooled(self, futures: dict[str, asyncio.Future[Snapshot | HostFailure]]) -> None:
+        """Probe the hosts of `futures` in the probe workers, one call per worker, and resolve each future with its
+        host's result. A worker that fails (ended, no answer in time) has its hosts probed here instead."""
+        if self._pool is None:
+            per_worker = max(1, math.ceil(self.config.probe_concurrency / self._workers))
+            self._pool = ProbePool(self._workers, (self.config.model_copy(update={"probe_concurrency": per_worker}),
+                                                   self._extra_path))
+        pool = self._pool
+        shards: dict[int, list[str]] = {}
+        for h in futures:
+            shards.setdefault(pool.shard(h), []).append(h)
+        values = self.redactor.given_values
+        per_worker = max(1, math.ceil(self.config.probe_concurrency / self._workers))
+
+        async def here(h: str) -> None:
+            result = await self.probe(h, ProbeRequest())
+            if not futures[h].done():
+                futures[h].set_result(result)
+
+        async def shard(k: int, names: list[str]) -> None:
+            limit = max(self.probe_deadline_s(h) for h in names) * math.ceil(len(names) / per_worker) + PROBE_MARGIN_S
+            try:
+                got = await pool.call(k, names, values, limit)
+            except WorkerGone as e:
+                log.warning("probe worker %d failed (%s); probing its %d hosts here", k, e, len(names))
+                got = {}
+            missed = []
+            for h in names:
+                entry = got.get(h)
+                if entry is None:
+                    missed.append(h)
+                    continue
+                result, seconds = entry
+                if isinstance(result, HostFailure):
+                    log.warning("probe of %s failed: %s", h, result.reason)
+                if self._metrics is not None:
+                    self._metrics.observe_probe(h, seconds, not isinstance(result, HostFailure))
+                if not futures[h].done():
+                    futures[h].set_result(result)
+            await asyncio.gather(*(here(h) for h in missed))
+
+        try:
+            await asyncio.gather(*(shard(k, names) for k, names in shards.items()))
+        finally:  # never leave a caller waiting: a bug or a cancel gives its host an error
+            for h, fut in futures.items():
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"the status probe of {h} was not finished"))
+
     async def close(self) -> None:
-        """Close every executor (SSH connections)."""
+        """Close every executor (SSH connections) and end the probe workers."""
+        for task in list(self._pool_calls):
+            task.cancel()
+        if self._pool is not None:
+            await self._pool.close()
         for ex in self._executors.values():
             await ex.close()

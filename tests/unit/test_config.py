@@ -1289,3 +1289,16 @@ def test_the_layout_map_names_every_module():
     missing = [str(f.relative_to(root)) for pkg in ("bot", "handlers") for f in sorted((root / pkg).rglob("*.py"))
                if f.name != "__init__.py" and not re.search(rf"(?<![\w.-]){re.escape(f.stem)}(?![\w-])", layout)]
     assert missing == [], f"modules the layout map (docs/development.md) does not name: {missing}"
+
+
+def test_probe_workers_are_checked_and_unset_means_one_per_core_but_one(monkeypatch):
+    from bot.services.hosts import AUTO_WORKERS_MAX, probe_worker_count
+
+    assert probe_worker_count(Config(probe_workers=0)) == 0
+    assert probe_worker_count(Config(probe_workers=3)) == 3
+    for cores, want in ((1, 0), (2, 1), (4, 3), (64, AUTO_WORKERS_MAX)):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert probe_worker_count(Config()) == want
+    for bad in (-1, 65, True):
+        with pytest.raises(ValueError, match="probe_workers"):
+            Config(probe_workers=bad)

@@ -98,3 +98,14 @@ def test_log_records_are_redacted_debug_included():
 ])
 def test_more_well_known_token_formats(text, want):
     assert redact(text) == want and redact(want) == want
+
+
+def test_given_values_list_each_value_once_in_order_and_feed_another_redactor_the_same():
+    a = Redactor(values=["  first-secret-1 "])
+    a.add_values(["second-secret-2", "first-secret-1", None, 12345678, ""])
+    assert a.given_values == ("first-secret-1", "second-secret-2", "12345678")
+    b = Redactor()
+    b.add_values(a.given_values[:1])
+    b.add_values(a.given_values[1:])  # a worker fed the tail it has not had
+    line = "x first-secret-1 y second-secret-2 z 12345678"
+    assert b.lines([line]) == a.lines([line]) and "secret" not in b.lines([line])[0]
