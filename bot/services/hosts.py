@@ -313,6 +313,8 @@ class HostService:
         def done(fut: asyncio.Future[Snapshot | HostFailure], host: str = host) -> None:
             if (got := self._status_in_flight.get(host)) is not None and got[0] is fut:
                 del self._status_in_flight[host]
+            if not fut.cancelled():
+                fut.exception()  # seen: a caller that gave up leaves no "never retrieved" warning behind
 
         running.add_done_callback(done)
 

@@ -268,3 +268,37 @@ async def test_a_follower_keeps_watching_the_launches_when_the_leader_goes(gpu_c
             await rt.close(flush_s=0)
         kill_launches(store.launches.recent(50))
         store.close()
+
+
+async def test_a_cancel_that_comes_with_the_database_s_answer_still_stops_the_leader(monkeypatch):
+    # Python 3.11's asyncio.wait_for returns the answer that came in the same turn as a cancel, and the cancel is
+    # lost (python/cpython#86296): here every step does that, so only the leader's own check can stop its loop
+    entered = asyncio.Event()
+
+    async def answer_despite_cancel(aw, timeout):
+        fut = asyncio.ensure_future(aw)
+        entered.set()
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            return await fut
+
+    real_wait_for = asyncio.wait_for
+    monkeypatch.setattr("bot.adapters.leader.asyncio.wait_for", answer_despite_cancel)  # asyncio's own, for the test
+    leader = AdvisoryLeader(sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"), heartbeat_s=0.01)
+    tries = [0]
+
+    def try_acquire() -> bool:
+        tries[0] += 1
+        time.sleep(0.05)  # the database's answer, in the step's thread
+        return False
+
+    leader._try_acquire = try_acquire  # type: ignore[method-assign]
+    task = asyncio.ensure_future(leader.run(Hooks().gain, Hooks().lose))
+    await wait_until(lambda: tries[0] >= 2, 30, what="the follower to try twice")
+    entered.clear()
+    await entered.wait()  # the leader's task waits in a step now
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await real_wait_for(asyncio.shield(task), 10)
+    assert task.done() and not leader.leading
