@@ -7,8 +7,9 @@ Protocol on the worker's stdin and stdout, framed like bot.adapters.cpu_worker (
 pickle; only the bot writes to the worker's stdin, so the pickles are the bot's own):
 
 - bot -> worker, once: `("init", config, extra_path)`;
-- bot -> worker, per call: `("status", call_id, hosts, new_secret_values)`: the values are those the bot learnt
-  since its last call to that worker (they only grow), added to the worker's Redactor before it probes;
+- bot -> worker, per call: `("status", call_id, hosts, new_secret_values, limit)`: the values are those the bot
+  learnt since its last call to that worker (they only grow), added to the worker's Redactor before it probes; at
+  most `limit` of the call's hosts are probed at once (the call's share of the bot's `probe_concurrency`);
 - worker -> bot: `(call_id, {host: (Snapshot | HostFailure, seconds)})`.
 
 A worker ends at EOF on its stdin: when the pool closes it and when the bot dies, however it died; its stderr is
@@ -130,9 +131,11 @@ class ProbePool:
             self._workers[k] = w
             return w
 
-    async def call(self, k: int, hosts: Sequence[str], values: Sequence[str], timeout_s: float) -> dict[str, Any]:
-        """Status probes of `hosts` (all of shard `k`) in worker `k`: {host: (Snapshot | HostFailure, seconds)}.
-        `values` are every secret value the bot knows (the worker is sent those it has not had yet). Raises
+    async def call(self, k: int, hosts: Sequence[str], values: Sequence[str], timeout_s: float, *,
+                   limit: int = 32) -> dict[str, Any]:
+        """Status probes of `hosts` (all of shard `k`) in worker `k`, at most `limit` at once: {host: (Snapshot |
+        HostFailure, seconds)}. `values` are every secret value the bot knows (the worker is sent those it has not
+        had yet). Raises
         WorkerGone when the worker could not start, ended, or gave no answer within `timeout_s` seconds (then it is
         killed: the next call starts another)."""
         w = await self._worker(k)
@@ -144,7 +147,7 @@ class ProbePool:
         w.values_sent = len(values)
         assert w.proc.stdin is not None
         try:
-            w.proc.stdin.write(frame(("status", call_id, list(hosts), new_values)))
+            w.proc.stdin.write(frame(("status", call_id, list(hosts), new_values, max(1, limit))))
             await w.proc.stdin.drain()
         except (ConnectionError, RuntimeError) as e:
             w.gone(f"the probe worker (pid {w.proc.pid}) could not be written to: {e}")

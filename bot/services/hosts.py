@@ -348,15 +348,15 @@ class HostService:
         """Probe the hosts of `futures` in the probe workers, one call per worker, and resolve each future with its
         host's result. A worker that fails (ended, no answer in time) has its hosts probed here instead."""
         if self._pool is None:
-            per_worker = max(1, math.ceil(self.config.probe_concurrency / self._workers))
-            self._pool = ProbePool(self._workers, (self.config.model_copy(update={"probe_concurrency": per_worker}),
-                                                   self._extra_path))
+            self._pool = ProbePool(self._workers, (self.config, self._extra_path))
         pool = self._pool
         shards: dict[int, list[str]] = {}
         for h in futures:
             shards.setdefault(pool.shard(h), []).append(h)
         values = self.redactor.given_values
-        per_worker = max(1, math.ceil(self.config.probe_concurrency / self._workers))
+        # probe_concurrency over the whole status: each worker's call gets its hosts' share of it
+        concurrency = self.config.probe_concurrency
+        share = {k: max(1, concurrency * len(names) // len(futures)) for k, names in shards.items()}
 
         async def here(h: str) -> None:
             result = await self.probe(h, ProbeRequest())
@@ -364,9 +364,9 @@ class HostService:
                 futures[h].set_result(result)
 
         async def shard(k: int, names: list[str]) -> None:
-            limit = max(self.probe_deadline_s(h) for h in names) * math.ceil(len(names) / per_worker) + PROBE_MARGIN_S
+            deadline = max(self.probe_deadline_s(h) for h in names) * math.ceil(len(names) / share[k]) + PROBE_MARGIN_S
             try:
-                got = await pool.call(k, names, values, limit)
+                got = await pool.call(k, names, values, deadline, limit=share[k])
             except WorkerGone as e:
                 log.warning("probe worker %d failed (%s); probing its %d hosts here", k, e, len(names))
                 got = {}

@@ -2,10 +2,10 @@
 a share of the hosts for `/gpu status`. Its protocol is described there.
 
 It keeps a HostService of its own (its own pooled SSH connections, its own Redactor with the config's patterns and
-the secret values the bot sends it), probes every host of a call in parallel within its share of
-`probe_concurrency`, and answers with each host's Snapshot cut to what a status needs (`status_snapshot`): the
-GPU table, the GPU holders and the rows that attribute them to launches, never the thousands of other rows. Calls
-are answered as they finish (several may be in flight). It exits at EOF on its stdin.
+the secret values the bot sends it), probes the hosts of a call in parallel, as many at once as the call allows
+(its share of the bot's `probe_concurrency`), and answers with each host's Snapshot cut to what a status needs
+(`status_snapshot`): the GPU table, the GPU holders and the rows that attribute them to launches, never the
+thousands of other rows. Calls are answered as they finish (several may be in flight). It exits at EOF on its stdin.
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ from bot.services.hosts import HostService
 log = logging.getLogger(__name__)
 
 
-async def _answer(svc: HostService, call_id: int, hosts: list[str], out: asyncio.StreamWriter) -> None:
+async def _answer(svc: HostService, call_id: int, hosts: list[str], limit: int, out: asyncio.StreamWriter) -> None:
+    slots = asyncio.Semaphore(limit)
+
     async def one(host: str) -> tuple[str, tuple[Snapshot | HostFailure, float]]:
+        async with slots:
+            return await _timed(host)
+
+    async def _timed(host: str) -> tuple[str, tuple[Snapshot | HostFailure, float]]:
         started = time.monotonic()
         try:
             result = await svc.status_here(host)
@@ -58,12 +64,12 @@ async def serve() -> None:
     try:
         while True:
             try:
-                kind, call_id, hosts, values = await read_frame(reader)
+                kind, call_id, hosts, values, limit = await read_frame(reader)
             except asyncio.IncompleteReadError:
                 return
             if values:  # before any probe of this call: what it shows is masked with them
                 svc.redactor.add_values(values)
-            task = asyncio.ensure_future(_answer(svc, call_id, hosts, out))
+            task = asyncio.ensure_future(_answer(svc, call_id, hosts, limit, out))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     finally:
