@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -52,7 +53,13 @@ async def serve() -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=2**26)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sys.stdout)
+    # the answers go to the pipe that was stdout; stdout itself becomes /dev/null, so that nothing a library prints
+    # can be read by the bot as part of an answer
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, answers)
     out = asyncio.StreamWriter(transport, protocol, None, loop)
     try:
         kind, config, extra_path = await read_frame(reader)
