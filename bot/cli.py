@@ -244,6 +244,7 @@ def check_config(path: str) -> None:
     Warnings (a missing known_hosts or key file, a host without log_dirs, no hosts at all) are printed
     to stderr after the summary; they do not change the exit code 0.
     """
+    from bot.adapters.probe_pool import POOL_MIN_HOSTS, probe_worker_count
     from bot.config import config_warnings
 
     config = _load(path)
@@ -253,6 +254,11 @@ def check_config(path: str) -> None:
         return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
     summary = f"{count(len(config.hosts), 'host')}, {count(len(config.variants), 'variant')}"
+    ssh_hosts = sum(1 for h in config.hosts.values() if not h.local)
+    if ssh_hosts >= POOL_MIN_HOSTS:
+        workers = probe_worker_count(config)
+        summary += (f"; /gpu status of all {ssh_hosts} SSH hosts over {count(workers, 'probe worker')}" if workers
+                    else "; /gpu status of every host in the bot's own process (probe_workers: 0)")
     if warnings:
         summary += f"; {count(len(warnings), 'warning')}"
     click.echo(f"{path}: OK ({summary})")

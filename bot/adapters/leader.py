@@ -103,20 +103,20 @@ class AdvisoryLeader:
     async def _step(self, fn: Callable[[], bool]) -> bool:
         """`fn` in a thread, within the heartbeat timeout: its answer, False when it failed or timed out. Raises
         CancelledError when this task was cancelled meanwhile, even where asyncio.wait_for of Python 3.11 returned
-        the answer that came in the same turn of the loop as the cancel (python/cpython#86296): the loop of `run`
-        would go on for ever, and whoever cancelled it would wait for ever."""
+        the answer (or raised the error) that came in the same turn of the loop as the cancel (python/cpython#86296):
+        the loop of `run` would go on for ever, and whoever cancelled it would wait for ever."""
         try:
             got = await asyncio.wait_for(asyncio.to_thread(fn), self.heartbeat_timeout_s)
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
-            return got
         except TimeoutError:
             log.error("leadership: the database did not answer in %.0f s", self.heartbeat_timeout_s)
-            return False
-        except Exception as e:
+            got = False
+        except Exception as e:  # an error that came with the cancel too
             log.warning("leadership: %s", " ".join(str(e).split())[:300])
-            return False
+            got = False
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        return got
 
     def _try_acquire(self) -> bool:
         if self._conn is not None:  # a try that timed out got the lock after all

@@ -555,7 +555,8 @@ class Config(_Model):
     lifecycle: LifecyclePolicy = Field(default_factory=LifecyclePolicy)
     default_host: str | None = None
     #: Probes running at once at most (hosts probed in parallel by `/gpu status all`, watch checks, commands); the
-    #: others wait for a slot. Each probe also has a deadline: its host's connect, command and nvidia-smi timeouts.
+    #: others wait for a slot. One fleet status spread over the probe workers has the same bound, shared among them.
+    #: Each probe also has a deadline: its host's connect, command and nvidia-smi timeouts.
     probe_concurrency: Int = 32
 
     @field_validator("probe_concurrency")
@@ -564,8 +565,8 @@ class Config(_Model):
         return _within(v, 1, 1024, " (probes at once over all hosts)")
 
     #: Probe worker processes (bot.adapters.probe_pool) for a `/gpu status` of 8 SSH hosts or more: each probes its
-    #: share of the hosts over connections of its own, on a core of its own, off the event loop that acks Slack.
-    #: Unset: one per CPU core but one, at most 8 (none on a one-core machine); 0: every probe in the bot's process.
+    #: share of the hosts over connections of its own, off the event loop that acks Slack. Unset (null): one per
+    #: usable CPU but one, at most 8, none below 4 usable CPUs (probe_pool.probe_worker_count); 0: none.
     probe_workers: Int | None = None
 
     @field_validator("probe_workers")

@@ -789,21 +789,21 @@ def assemble_snapshot(
     return snap
 
 
-def status_snapshot(snap: Snapshot) -> Snapshot:
+def status_snapshot(snap: Snapshot, keep: Collection[int] = ()) -> Snapshot:
     """A copy of `snap` cut to what a GPU status needs (pure; `snap` is not changed): its process `table` keeps only
-    the GPU holders' rows (`processes`), the rows tagged as a launch's (`launch_tags`) and every ancestor of those,
-    which is all that labels each holder with its launch (bot.core.lifecycle.attribute_holders); the other fields
-    are kept, `all_process_count` included. What a probe worker sends the bot: a few rows, not a host's
-    thousands."""
+    the GPU holders' rows (`processes`), the rows tagged as a launch's (`launch_tags`), the rows of `keep` (the
+    recorded pids of the host's launches, tagged or not) and every ancestor of those, which is all that labels each
+    holder with its launch (bot.core.lifecycle.attribute_holders); the other fields are kept, `all_process_count`
+    included. What a probe worker sends the bot: a few rows, not a host's thousands."""
     by_pid = {p.pid: p for p in snap.table}
-    keep: set[int] = set()
-    for pid in [p.pid for p in snap.processes] + list(snap.launch_tags):
-        while pid in by_pid and pid not in keep:
-            keep.add(pid)
+    kept: set[int] = set()
+    for pid in [p.pid for p in snap.processes] + list(snap.launch_tags) + list(keep):
+        while pid in by_pid and pid not in kept:
+            kept.add(pid)
             parent = by_pid[pid].ppid
             if parent is None or parent == pid:
                 break
             pid = parent
     out = snap.shallow_copy()
-    out.table = [p for p in snap.table if p.pid in keep]
+    out.table = [p for p in snap.table if p.pid in kept]
     return out

@@ -12,13 +12,12 @@ import asyncio
 import dataclasses
 import logging
 import math
-import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from bot.adapters.nvml import LocalNvml
-from bot.adapters.probe_pool import ProbePool, WorkerGone
+from bot.adapters.probe_pool import POOL_MIN_HOSTS, ProbePool, WorkerGone, probe_worker_count
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
 from bot.config import Config, HostConfig
 from bot.core.clock import SYSTEM_CLOCK, Clock
@@ -32,6 +31,7 @@ from bot.core.probe import (
     build_gpu_script,
     build_script,
     new_nonce,
+    shown_command,
     split_sections,
 )
 from bot.core.redact import Redactor
@@ -49,18 +49,20 @@ PROBE_MARGIN_S = 5.0
 #: Seconds a running `/gpu status` probe of a host may have been started before a new caller joins it instead of
 #: starting another (`HostService._shared_status`): an answer is never older than that when it is asked for.
 STATUS_SHARE_S = 0.25
-#: A `/gpu status` of at least this many SSH hosts is spread over the probe workers (when there are any).
-POOL_MIN_HOSTS = 8
-#: The most probe workers that `probe_workers` left unset gives (one per core but one).
-AUTO_WORKERS_MAX = 8
+def split_concurrency(total: int, sizes: dict[int, int]) -> dict[int, int]:
+    """`total` probes at once split among the shards of a status, in proportion to their hosts (`sizes`: shard ->
+    hosts): each gets all its hosts when they fit in `total`, else its share by largest remainder, at least 1 (so
+    the shares add up to `total`, or to one per shard where there are more shards than that)."""
+    hosts = sum(sizes.values())
+    if hosts <= total:
+        return dict(sizes)
+    exact = {k: total * n / hosts for k, n in sizes.items()}
+    share = {k: max(1, int(x)) for k, x in exact.items()}
+    left = total - sum(share.values())
+    for k in sorted(exact, key=lambda k: exact[k] - int(exact[k]), reverse=True)[:max(0, left)]:
+        share[k] += 1
+    return share
 
-
-def probe_worker_count(config: Config) -> int:
-    """How many probe workers `config` asks for: `probe_workers`, or when unset one per CPU core but one, at most
-    AUTO_WORKERS_MAX (0 on a one-core machine)."""
-    if config.probe_workers is not None:
-        return config.probe_workers
-    return max(0, min(AUTO_WORKERS_MAX, (os.cpu_count() or 1) - 1))
 
 
 class UnknownHost(KeyError):
@@ -101,6 +103,8 @@ class HostService:
         self._pool: ProbePool | None = None
         self._pool_calls: set[asyncio.Task[None]] = set()
         self._injected = frozenset(executors or {})  # hosts whose executor was given: probed in this process
+        # per host, the probe worker's own long-lived processes there (its probe agents): left out of this bot's probes
+        self._remote_helpers: dict[str, tuple[int, ...]] = {}
         self._metrics = metrics
         self._clock = clock  # the bot's one clock: when a probe was sent (Snapshot.local_clock)
         self.redactor = redactor or Redactor(config.redact_patterns)
@@ -220,8 +224,9 @@ class HostService:
                 gpu_note = gpu_note or f"from nvidia-smi: {problem}"
             else:
                 req = dataclasses.replace(req, gpu=False)
+        helpers = [*executor.helper_pids(), *self._remote_helpers.get(host, ())]
         snap = assemble_snapshot(host, req, sections, policy=policy, gpu_override=gpu_override,
-                                 gpu_note=gpu_note, redactor=self.redactor, helper_pids=executor.helper_pids())
+                                 gpu_note=gpu_note, redactor=self.redactor, helper_pids=helpers)
         if res.exit_status in (124, 137):
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         if snap.log is not None and snap.log.cursor is not None:
@@ -271,15 +276,17 @@ class HostService:
             return {}
         return split_sections(res.stdout, nonce)
 
-    async def status(self, hosts: list[str]) -> list[Snapshot | HostFailure]:
+    async def status(self, hosts: list[str], *,
+                     keep_pids: Mapping[str, Collection[int]] | None = None) -> list[Snapshot | HostFailure]:
         """Probe `hosts` in parallel for GPU status (GPU table + GPU holders). One result per host, in order;
         a failing host yields a HostFailure while the others still answer. A host whose status probe started at
         most STATUS_SHARE_S ago (another `/gpu status` of a burst) answers from that probe (`status_here`). With
         POOL_MIN_HOSTS SSH hosts or more and probe workers, those hosts are probed in the workers (`_pooled`): a
-        Snapshot from there carries only the rows a status needs (bot.core.probe.status_snapshot)."""
+        Snapshot from there carries only the rows a status needs (bot.core.probe.status_snapshot), and the rows of
+        `keep_pids` (host -> pids: its launches' recorded processes)."""
         pooled = self._poolable(hosts)
         if pooled:
-            self._start_pooled(pooled)
+            self._start_pooled(pooled, keep_pids or {})
 
         async def one(h: str) -> Snapshot | HostFailure:
             try:
@@ -327,7 +334,7 @@ class HostService:
                  if (cfg := self.config.hosts.get(h)) is not None and not cfg.local and h not in self._injected]
         return names if len(names) >= POOL_MIN_HOSTS else []
 
-    def _start_pooled(self, hosts: list[str]) -> None:
+    def _start_pooled(self, hosts: list[str], keep: Mapping[str, Collection[int]]) -> None:
         """Start the worker probes of those `hosts` not already being probed (STATUS_SHARE_S), each shared as its
         host's status probe until it is done."""
         loop = asyncio.get_running_loop()
@@ -340,13 +347,15 @@ class HostService:
         for h in fresh:
             futures[h] = loop.create_future()
             self._share(h, futures[h], now)
-        task = asyncio.ensure_future(self._pooled(futures))
+        task = asyncio.ensure_future(self._pooled(futures, keep))
         self._pool_calls.add(task)
         task.add_done_callback(self._pool_calls.discard)
 
-    async def _pooled(self, futures: dict[str, asyncio.Future[Snapshot | HostFailure]]) -> None:
+    async def _pooled(self, futures: dict[str, asyncio.Future[Snapshot | HostFailure]],
+                      keep: Mapping[str, Collection[int]]) -> None:
         """Probe the hosts of `futures` in the probe workers, one call per worker, and resolve each future with its
-        host's result. A worker that fails (ended, no answer in time) has its hosts probed here instead."""
+        host's result. A worker that fails (ended, no answer in time) has its hosts probed here instead. A secret
+        value learnt while the workers probed is masked here in what they sent."""
         if self._pool is None:
             self._pool = ProbePool(self._workers, (self.config, self._extra_path))
         pool = self._pool
@@ -355,8 +364,7 @@ class HostService:
             shards.setdefault(pool.shard(h), []).append(h)
         values = self.redactor.given_values
         # probe_concurrency over the whole status: each worker's call gets its hosts' share of it
-        concurrency = self.config.probe_concurrency
-        share = {k: max(1, concurrency * len(names) // len(futures)) for k, names in shards.items()}
+        share = split_concurrency(self.config.probe_concurrency, {k: len(names) for k, names in shards.items()})
 
         async def here(h: str) -> None:
             result = await self.probe(h, ProbeRequest())
@@ -366,7 +374,7 @@ class HostService:
         async def shard(k: int, names: list[str]) -> None:
             deadline = max(self.probe_deadline_s(h) for h in names) * math.ceil(len(names) / share[k]) + PROBE_MARGIN_S
             try:
-                got = await pool.call(k, names, values, deadline, limit=share[k])
+                got = await pool.call(k, names, values, deadline, limit=share[k], keep=keep)
             except WorkerGone as e:
                 log.warning("probe worker %d failed (%s); probing its %d hosts here", k, e, len(names))
                 got = {}
@@ -376,7 +384,12 @@ class HostService:
                 if entry is None:
                     missed.append(h)
                     continue
-                result, seconds = entry
+                result, seconds, helpers = entry
+                self._remote_helpers[h] = tuple(helpers)
+                if isinstance(result, Snapshot) and len(self.redactor.given_values) != len(values):
+                    redact = shown_command(self.redactor)  # learnt meanwhile: the worker did not know it
+                    for row in (*result.processes, *result.table):
+                        row.args = redact(row.args)
                 if isinstance(result, HostFailure):
                     log.warning("probe of %s failed: %s", h, result.reason)
                 if self._metrics is not None:

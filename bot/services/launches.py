@@ -204,7 +204,9 @@ class LaunchService:
     async def status(self, hosts: Sequence[str]) -> tuple[list[Snapshot | HostFailure], dict[str, dict[int, str]]]:
         """GPU status of `hosts` probed in parallel (one result per host, in order; a failing host is a
         HostFailure) and, per host, the owner label of each GPU holder."""
-        results = await self.hosts.status(list(hosts))
+        recent = self._launches.recent(200)
+        keep = {h: [la.pid for la in recent if la.host == h and la.pid] for h in hosts}
+        results = await self.hosts.status(list(hosts), keep_pids=keep)
         owners = {r.host: self.owners(r) for r in results if not isinstance(r, HostFailure)}
         return results, owners
 

@@ -26,22 +26,28 @@ from bot.services.hosts import HostService
 log = logging.getLogger(__name__)
 
 
-async def _answer(svc: HostService, call_id: int, hosts: list[str], limit: int, out: asyncio.StreamWriter) -> None:
+Answer = tuple[Snapshot | HostFailure, float, list[int]]
+
+
+async def _answer(svc: HostService, call_id: int, hosts: list[str], limit: int, keep: dict[str, list[int]],
+                  out: asyncio.StreamWriter) -> None:
     slots = asyncio.Semaphore(limit)
 
-    async def one(host: str) -> tuple[str, tuple[Snapshot | HostFailure, float]]:
+    async def one(host: str) -> tuple[str, Answer]:
         async with slots:
             return await _timed(host)
 
-    async def _timed(host: str) -> tuple[str, tuple[Snapshot | HostFailure, float]]:
+    async def _timed(host: str) -> tuple[str, Answer]:
         started = time.monotonic()
         try:
             result = await svc.status_here(host)
+            if isinstance(result, Snapshot):
+                result = status_snapshot(result, keep=keep.get(host, ()))
+            helpers = list(svc.executor(host).helper_pids())
         except Exception as e:  # a bug for one host must not hide the others
-            result = HostFailure(host=host, reason=f"internal error: {type(e).__name__}")
-        if isinstance(result, Snapshot):
-            result = status_snapshot(result)
-        return host, (result, time.monotonic() - started)
+            log.exception("status of %s failed in the probe worker", host)
+            result, helpers = HostFailure(host=host, reason=f"internal error: {type(e).__name__}"), []
+        return host, (result, time.monotonic() - started, helpers)
 
     answer = dict(await asyncio.gather(*(one(h) for h in hosts)))
     out.write(frame((call_id, answer)))
@@ -71,12 +77,12 @@ async def serve() -> None:
     try:
         while True:
             try:
-                kind, call_id, hosts, values, limit = await read_frame(reader)
+                kind, call_id, hosts, values, limit, keep = await read_frame(reader)
             except asyncio.IncompleteReadError:
                 return
             if values:  # before any probe of this call: what it shows is masked with them
                 svc.redactor.add_values(values)
-            task = asyncio.ensure_future(_answer(svc, call_id, hosts, limit, out))
+            task = asyncio.ensure_future(_answer(svc, call_id, hosts, limit, keep, out))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     finally:
@@ -86,5 +92,6 @@ async def serve() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
+    # what it logs goes to its stderr, a pipe the bot reads and logs (bot.adapters.probe_pool)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     asyncio.run(serve())

@@ -270,7 +270,8 @@ async def test_a_follower_keeps_watching_the_launches_when_the_leader_goes(gpu_c
         store.close()
 
 
-async def test_a_cancel_that_comes_with_the_database_s_answer_still_stops_the_leader(monkeypatch):
+@pytest.mark.parametrize("answer", ["no", "an error"])
+async def test_a_cancel_that_comes_with_the_database_s_answer_still_stops_the_leader(monkeypatch, answer):
     # Python 3.11's asyncio.wait_for returns the answer that came in the same turn as a cancel, and the cancel is
     # lost (python/cpython#86296): here every step does that, so only the leader's own check can stop its loop
     entered = asyncio.Event()
@@ -291,6 +292,8 @@ async def test_a_cancel_that_comes_with_the_database_s_answer_still_stops_the_le
     def try_acquire() -> bool:
         tries[0] += 1
         time.sleep(0.05)  # the database's answer, in the step's thread
+        if answer == "an error":
+            raise OSError("connection refused")
         return False
 
     leader._try_acquire = try_acquire  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -19,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from bot.adapters.probe_pool import POOL_MIN_HOSTS
 from bot.config import Config, HostConfig
 from bot.core.models import HostFailure, Snapshot
-from bot.services.hosts import POOL_MIN_HOSTS, HostService
+from bot.core.probe import ProbeRequest
+from bot.services.hosts import HostService
 from tests.support.builders import ssh_host
+from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.procs import wait_until, wait_until_sync
 
 pytestmark = pytest.mark.timeout(120)
@@ -229,3 +233,63 @@ def test_the_workers_end_with_a_sigkilled_bot_and_hold_none_of_its_streams():
     finally:
         bot.kill()
         bot.wait()
+
+
+async def test_a_secret_learnt_while_the_workers_probe_is_masked_in_what_they_send(tmp_path, fake_gpu, holder,
+                                                                                    services):
+    # a host whose first command (the workers' connections starting their probe agents) waits 1 s: the value is
+    # learnt by the bot meanwhile, after the call to the workers was sent
+    env = {"PATH": f"{fake_gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    async with LoopbackSSHServer(tmp_path / "slow", env=env, exec_delay_s=1.0) as slow:
+        cfg = _fleet(slow)
+        svc = HostService(cfg, probe_workers=2)
+        services.append(svc)
+        call = asyncio.ensure_future(svc.status(cfg.host_names()))
+        await wait_until(lambda: svc.worker_pids, 30, what="the probe workers to start")
+        svc.redactor.add_values([LATER])
+        results = await call
+        await svc.close()
+    for r in results:
+        cmd = _holder_command(r, holder.pid)
+        assert LATER not in cmd and "--revision" in cmd, cmd
+
+
+async def test_the_workers_probe_agents_are_left_out_of_the_bot_s_own_probes(ssh_server, services):
+    # one reachable host and seven that refuse: the only probe agents on this machine are that host's
+    cfg = _fleet(ssh_server)
+    dead = ssh_host(ssh_server, port=_closed_port(), connect_timeout_s=2)
+    cfg = Config(hosts={"gpu-00": cfg.hosts["gpu-00"], **{f"gpu-{i:02d}": dead for i in range(1, POOL_MIN_HOSTS)}})
+    svc = HostService(cfg, probe_workers=2)
+    services.append(svc)
+    first = await svc.status(cfg.host_names())
+    assert isinstance(first[0], Snapshot) and all(isinstance(r, HostFailure) for r in first[1:])
+    snap = await svc.probe("gpu-00", ProbeRequest())  # the bot's own connection, its own agent
+    agents = [p for p in snap.table if "gpubot-agent" in p.args]
+    assert agents == [], agents
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_worker_that_cannot_start_leaves_the_bot_probing_itself_for_a_while(ssh_server, services,
+                                                                                   monkeypatch, caplog):
+    from bot.adapters import probe_pool
+
+    monkeypatch.setattr(probe_pool, "WORKER_MODULE", "bot.no_such_module")  # a broken install
+    caplog.set_level(logging.INFO, logger="bot.adapters.probe_pool")
+    cfg = _fleet(ssh_server)
+    svc = HostService(cfg, probe_workers=2)
+    services.append(svc)
+    for _ in range(3):
+        results = await svc.status(cfg.host_names())
+        assert all(isinstance(r, Snapshot) for r in results)  # probed in the bot instead
+    assert svc.worker_pids == []
+    started = [r for r in caplog.records if "started (pid" in r.getMessage()]
+    assert 1 <= len(started) <= 2  # not one more per status: the pool waits RETRY_AFTER_S before it tries again
+    await wait_until(lambda: any("No module named" in r.getMessage() for r in caplog.records), 30,
+                     what="the worker's own error in the bot's log")

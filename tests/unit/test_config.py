@@ -1291,14 +1291,35 @@ def test_the_layout_map_names_every_module():
     assert missing == [], f"modules the layout map (docs/development.md) does not name: {missing}"
 
 
-def test_probe_workers_are_checked_and_unset_means_one_per_core_but_one(monkeypatch):
-    from bot.services.hosts import AUTO_WORKERS_MAX, probe_worker_count
+def test_probe_workers_are_checked_and_unset_means_one_per_usable_cpu_but_one_from_four(monkeypatch):
+    from bot.adapters import probe_pool
+    from bot.adapters.probe_pool import AUTO_WORKERS_MAX, probe_worker_count
 
     assert probe_worker_count(Config(probe_workers=0)) == 0
     assert probe_worker_count(Config(probe_workers=3)) == 3
-    for cores, want in ((1, 0), (2, 1), (4, 3), (64, AUTO_WORKERS_MAX)):
-        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+    for cpus, want in ((1, 0), (2, 0), (3, 0), (4, 3), (6, 5), (64, AUTO_WORKERS_MAX)):
+        monkeypatch.setattr(probe_pool, "usable_cpus", lambda cpus=cpus: cpus)
         assert probe_worker_count(Config()) == want
     for bad in (-1, 65, True):
         with pytest.raises(ValueError, match="probe_workers"):
             Config(probe_workers=bad)
+
+
+def test_usable_cpus_follow_the_affinity_mask_and_the_cgroup_quota(monkeypatch, tmp_path):
+    import builtins
+
+    from bot.adapters.probe_pool import usable_cpus
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    real_open = builtins.open
+    quota = tmp_path / "cpu.max"
+
+    def fake_open(path, *a, **k):
+        return real_open(quota if str(path) == "/sys/fs/cgroup/cpu.max" else path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    for text, want in (("max 100000\n", 16), ("250000 100000\n", 3), ("50000 100000\n", 1), ("junk", 16)):
+        quota.write_text(text)
+        assert usable_cpus() == want
+    quota.unlink()
+    assert usable_cpus() == 16

@@ -46,3 +46,30 @@ def test_only_the_rows_that_label_holders_are_kept():
 def test_a_parent_cycle_ends_the_walk():
     snap = Snapshot(host="h", table=[_row(5, 6), _row(6, 5)], launch_tags={5: "t"})
     assert sorted(p.pid for p in status_snapshot(snap).table) == [5, 6]
+
+
+def test_probe_concurrency_is_split_among_the_shards_of_a_status():
+    from bot.services.hosts import split_concurrency
+
+    assert split_concurrency(32, {0: 5, 1: 3}) == {0: 5, 1: 3}  # they fit: one wave
+    shares = split_concurrency(32, {k: n for k, n in enumerate([5, 11, 9, 7, 8, 6, 10, 8])})
+    assert sum(shares.values()) == 32 and all(s >= 1 for s in shares.values())
+    assert shares[1] >= shares[0] and max(-(-n // shares[k]) for k, n in
+                                          enumerate([5, 11, 9, 7, 8, 6, 10, 8])) <= 3
+    assert split_concurrency(2, {0: 10, 1: 10, 2: 10}) == {0: 1, 1: 1, 2: 1}  # at least one each
+
+
+def test_a_launch_s_recorded_process_is_kept_even_untagged_and_apart_from_the_holders():
+    snap = _snapshot()
+    snap.table.append(_row(900, 1, "launcher that cleared its environment"))
+    class La:
+        tag, pid, live, name, id = "t9", 900, True, "t9#9", 9
+    snap.launch_tags[200] = "t9"  # the holder 200 carries t9's tag; its launcher 900 carries none
+    cut = status_snapshot(snap, keep=[900])
+    assert 900 in [p.pid for p in cut.table]
+    owners = [h.owner for h in attribute_holders(cut.gpu, cut.table, [La()], cut.launch_tags) if h.pid == 200]
+    assert owners == ["t9#9"]
+    # without it the launcher would look gone: the holder an orphan
+    bare = status_snapshot(snap)
+    assert [h.owner for h in attribute_holders(bare.gpu, bare.table, [La()], bare.launch_tags)
+            if h.pid == 200] == ["orphan of t9#9"]
