@@ -19,7 +19,7 @@ With --rtt-ms 20, the sizes up to 64 are measured again at 20 ms RTT through one
 process). Rounds: 10 for one host, 3 for 64, 1 for 256 (--quick: 4, 1, 1): a call over 256 hosts costs the
 previous release about a minute on 2 cores.
 
-    python -m benchmarks.fleet [--quick] [--hosts 1,64,256] [--rtt-ms 20]
+    python -m benchmarks.fleet [--quick] [--hosts 1,64,256] [--probe-workers N] [--rtt-ms 20]
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class Run:
     failures: int
     rows: list[int]
     errors: list[str]
+    workers: int = 0
 
 
 def _names(n: int) -> list[str]:
@@ -100,14 +101,17 @@ def _bot_cpu_s(svc: HostService) -> float:
 
 
 async def fleet(host: BenchHost | None, hc: Any, n: int, rounds: int, conn_cost_s: float | None, *,
-                one_wave: bool = False) -> Run:
+                one_wave: bool = False, probe_workers: int | None = None) -> Run:
     """Warm n connections with one untimed HostService.status over all n hosts (in trees with probe workers, they
     start and connect then), then `rounds` timed calls. `hc` is the HostConfig of every host, or a list of them
     that the hosts take in turn; `host` None: no host CPU is read. `one_wave`: probe_concurrency at least n (the
-    default, 32, probes 64 hosts in two waves)."""
+    default, 32, probes 64 hosts in two waves); `probe_workers` None: the config's default."""
     names = _names(n)
+    workers = 0
     hcs = hc if isinstance(hc, list) else [hc]
-    extra = {"probe_concurrency": max(32, n)} if one_wave else {}
+    extra: dict[str, Any] = {"probe_concurrency": max(32, n)} if one_wave else {}
+    if probe_workers is not None and "probe_workers" in Config.model_fields:  # trees that have probe workers
+        extra["probe_workers"] = probe_workers
     svc = HostService(Config(hosts={nm: hcs[i % len(hcs)] for i, nm in enumerate(names)}, **extra))
     h0 = host.host_cpu_s() if host is not None else 0.0
     walls, cpu = [], []
@@ -125,12 +129,13 @@ async def fleet(host: BenchHost | None, hc: Any, n: int, rounds: int, conn_cost_
             failures += sum(1 for r in res if not hasattr(r, "table"))
             rows += [r.all_process_count for r in res if hasattr(r, "table")]
             errors += [e for r in res for e in getattr(r, "errors", [])]
+        workers = len(getattr(svc, "worker_pids", []))
     finally:
         await _closed(host, svc)
     per_probe = None
     if conn_cost_s is not None and host is not None:
         per_probe = (host.host_cpu_s() - h0 - n * conn_cost_s) / (n * (rounds + 1))  # + the warming round
-    return Run(n, rounds, warm_s, walls, cpu, per_probe, failures, rows, errors)
+    return Run(n, rounds, warm_s, walls, cpu, per_probe, failures, rows, errors, workers)
 
 
 def _print(runs: list[Run], label: str) -> None:
@@ -139,7 +144,8 @@ def _print(runs: list[Run], label: str) -> None:
     for r in runs:
         wall = median(r.wall_s)
         figure(f"{r.n} host(s): status wall", ms(wall),
-               f"median of {r.rounds} HostService.status calls, all connected first ({ms(r.warm_s)})"
+               f"median of {r.rounds} HostService.status calls, all connected first ({ms(r.warm_s)}); "
+               f"{r.workers or 'no'} probe worker(s)"
                + (f"; {r.failures} FAILED probes" if r.failures else ""))
         if r.errors:
             note(f"{len(r.errors)} snapshot errors, e.g. {r.errors[0]!r}")
@@ -177,7 +183,7 @@ async def record(hc: Any, path: Path) -> float:
     return median(durations[1:])
 
 
-async def replayed(tmp: Path, hc: Any, stub: Path, sizes: list[int], quick: bool) -> None:
+async def replayed(tmp: Path, hc: Any, stub: Path, sizes: list[int], quick: bool, workers: int | None) -> None:
     """The sizes again over replaying hosts (benchmarks/replay_host.py): each answers a probe with the real host's
     recorded output after sleeping as long as the real host took, so the hosts' own work costs this machine no
     CPU, as on a real fleet where every host has its own."""
@@ -188,8 +194,10 @@ async def replayed(tmp: Path, hc: Any, stub: Path, sizes: list[int], quick: bool
     with replay_hosts(tmp, servers, recording, delay_s * 1000, max_sessions=10) as hosts:
         hcs = [host_config(h, nvidia_smi=str(stub), log_dirs=[str(tmp)]) for h in hosts]
         rounds = [(4 if n == 1 else 2) if quick else (10 if n == 1 else 3) for n in sizes]
-        default = [await fleet(None, hcs, n, r, None) for n, r in zip(sizes, rounds, strict=True)]
-        wave = [await fleet(None, hcs, n, r, None, one_wave=True) for n, r in zip(sizes, rounds, strict=True)]
+        default = [await fleet(None, hcs, n, r, None, probe_workers=workers)
+                   for n, r in zip(sizes, rounds, strict=True)]
+        wave = [await fleet(None, hcs, n, r, None, one_wave=True, probe_workers=workers)
+                for n, r in zip(sizes, rounds, strict=True)]
     what = (f"replayed hosts ({servers} server process(es), each probe answered after {ms(delay_s)}, the real host's "
             f"script time, with no CPU of its own)")
     _print(default, f"{what}, probe_concurrency 32 (the default: 64 hosts in two waves)")
@@ -210,15 +218,16 @@ async def main(args: argparse.Namespace) -> None:
             runs = []
             for n in sizes:
                 rounds = (4 if n == 1 else 1) if args.quick else (10 if n == 1 else 3 if n <= 64 else 1)
-                runs.append(await fleet(host, hc, n, rounds, cost))
+                runs.append(await fleet(host, hc, n, rounds, cost, probe_workers=args.probe_workers))
             _print(runs, "loopback (0 ms RTT)")
-            await replayed(tmp, hc, stub, sizes, args.quick)
+            await replayed(tmp, hc, stub, sizes, args.quick, args.probe_workers)
             if args.rtt_ms:
                 with delay_proxy(host.port, args.rtt_ms) as pport:
                     kh = host.known_hosts_for(pport, tmp)
                     phc = host_config(host, nvidia_smi=str(stub), log_dirs=[str(tmp)], port=pport,
                                       known_hosts=str(kh))
-                    rtt_runs = [await fleet(host, phc, n, 10 if n == 1 else 3, None) for n in sizes if n <= 64]
+                    rtt_runs = [await fleet(host, phc, n, 10 if n == 1 else 3, None, probe_workers=args.probe_workers)
+                                for n in sizes if n <= 64]
                 _print(rtt_runs, f"{args.rtt_ms:g} ms RTT (one delay proxy for every connection)")
     finally:
         footer(start)
@@ -226,6 +235,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def _add(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--hosts", default="1,64,256", help="fleet sizes, comma-separated (default 1,64,256)")
+    ap.add_argument("--probe-workers", type=int, default=None,
+                    help="probe_workers for every HostService (default: the config's default for this machine)")
     ap.add_argument("--rtt-ms", type=float, default=0.0,
                     help="also measure the sizes up to 64 at this RTT through a delay proxy (e.g. 20; default: skip)")
 
