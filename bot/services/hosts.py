@@ -47,8 +47,10 @@ LOG_CURSORS = 4096
 #: Seconds a probe may take beyond its host's timeouts before it is given up (`HostService.probe_deadline_s`).
 PROBE_MARGIN_S = 5.0
 #: Seconds a running `/gpu status` probe of a host may have been started before a new caller joins it instead of
-#: starting another (`HostService._shared_status`): an answer is never older than that when it is asked for.
+#: starting another (`HostService.status_here`): an answer is never older than that when it is asked for.
 STATUS_SHARE_S = 0.25
+
+
 def split_concurrency(total: int, sizes: dict[int, int]) -> dict[int, int]:
     """`total` probes at once split among the shards of a status, in proportion to their hosts (`sizes`: shard ->
     hosts): each gets all its hosts when they fit in `total`, else its share by largest remainder, at least 1 (so
@@ -62,7 +64,6 @@ def split_concurrency(total: int, sizes: dict[int, int]) -> dict[int, int]:
     for k in sorted(exact, key=lambda k: exact[k] - int(exact[k]), reverse=True)[:max(0, left)]:
         share[k] += 1
     return share
-
 
 
 class UnknownHost(KeyError):
