@@ -246,6 +246,7 @@ def check_config(path: str) -> None:
     """
     from bot.adapters.probe_pool import POOL_MIN_HOSTS, probe_worker_count
     from bot.config import config_warnings
+    from bot.config.checks import collapse_host_warnings
 
     config = _load(path)
     warnings = config_warnings(config)
@@ -253,16 +254,18 @@ def check_config(path: str) -> None:
     def count(n: int, word: str) -> str:
         return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
-    summary = f"{count(len(config.hosts), 'host')}, {count(len(config.variants), 'variant')}"
+    groups = f", {count(len(config.host_groups), 'host group')}" if config.host_groups else ""
+    summary = f"{count(len(config.hosts), 'host')}{groups}, {count(len(config.variants), 'variant')}"
     ssh_hosts = sum(1 for h in config.hosts.values() if not h.local)
     if ssh_hosts >= POOL_MIN_HOSTS:
         workers = probe_worker_count(config)
+        why = "probe_workers: 0" if config.probe_workers == 0 else "fewer than 4 usable CPUs here; see probe_workers"
         summary += (f"; /gpu status of all {ssh_hosts} SSH hosts over {count(workers, 'probe worker')}" if workers
-                    else "; /gpu status of every host in the bot's own process (probe_workers: 0)")
+                    else f"; /gpu status of every host in the bot's own process ({why})")
     if warnings:
         summary += f"; {count(len(warnings), 'warning')}"
     click.echo(f"{path}: OK ({summary})")
-    for line in warnings:
+    for line in collapse_host_warnings(warnings):
         click.echo(f"  warning: {line}", err=True)
 
 

@@ -196,3 +196,32 @@ def _generation_warnings(cfg: Config) -> list[str]:
             out.append(f"variants.{name}.generate.timeout_s: {v.generate.timeout_s:g} s is cut to {cut:g} s (kept "
                        f"under hosts.{v.host}.command_timeout_s); raise the host's command_timeout_s to wait longer")
     return out
+
+
+_HOST_WARNING_RE = re.compile(r"^hosts\.(?P<host>.+)\.(?P<key>[a-z_]+): (?P<message>.*)$", re.DOTALL)
+#: A warning shared by more hosts than this is printed once, naming the first few of them and their count.
+SHARED_WARNING_HOSTS = 3
+
+
+def collapse_host_warnings(lines: list[str]) -> list[str]:
+    """`config_warnings` lines with each warning that more than SHARED_WARNING_HOSTS hosts share (the same key and
+    message, as hosts of one group or range have) said once, as `hosts.{gpu-01, gpu-02, gpu-03, ... (64 hosts)}.KEY:
+    MESSAGE`, where the first of them was; other lines kept, in order."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for line in lines:
+        m = _HOST_WARNING_RE.match(line)
+        if m is not None:
+            groups.setdefault((m["key"], m["message"]), []).append(m["host"])
+    out: list[str] = []
+    done: set[tuple[str, str]] = set()
+    for line in lines:
+        m = _HOST_WARNING_RE.match(line)
+        shared = (m["key"], m["message"]) if m is not None else None
+        if shared is None or len(groups[shared]) <= SHARED_WARNING_HOSTS:
+            out.append(line)
+        elif shared not in done:
+            done.add(shared)
+            hosts = groups[shared]
+            out.append(f"hosts.{{{', '.join(hosts[:SHARED_WARNING_HOSTS])}, ... ({len(hosts)} hosts)}}.{shared[0]}: "
+                       f"{shared[1]}")
+    return out

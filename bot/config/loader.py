@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from bot.config.checks import _cross_checks
 from bot.config.errors import ConfigError, _format_pydantic, _Index, _loc
+from bot.config.fleet import expand_hosts
 from bot.config.schema import ENV_REF_RE, NAME_RE, Config
 from bot.core.redact import SECRET_NAME_RE
 
@@ -38,8 +39,9 @@ SECRETS_HINT = (
 
 
 def _is_env_map(path: tuple[Any, ...]) -> bool:
-    """True for the path of `hosts.NAME.env` or `variants.NAME.env`, the maps that may hold ${NAME}."""
-    return len(path) == 3 and path[0] in ("hosts", "variants") and path[2] == "env"
+    """True for the path of `hosts.NAME.env`, `host_groups.NAME.env` or `variants.NAME.env`, the maps that may hold
+    ${NAME}."""
+    return len(path) == 3 and path[0] in ("hosts", "host_groups", "variants") and path[2] == "env"
 
 
 def _find_secret_keys(data: Any) -> list[tuple[str, str]]:
@@ -128,8 +130,10 @@ ENV_OVERRIDES = MappingProxyType({"GPUBOT_DATABASE_URL": "database_url"})
 
 def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
     data = {**data, **{key: environ[var] for var, key in ENV_OVERRIDES.items() if environ.get(var)}}
-    secrets = _find_secret_keys(data)
+    secrets = _find_secret_keys(data)  # in the file as written: a group's literal secret is named once
     errors = [msg for _loc_, msg in secrets]
+    data, fleet_errors = expand_hosts(data)  # host groups and ranges (bot.config.fleet)
+    errors.extend(fleet_errors)
     for section in ("hosts", "variants"):
         names = data.get(section)
         if isinstance(names, dict):

@@ -108,6 +108,8 @@ class HostConfig(_Model):
     keepalive_interval_s: Number = 15.0
     max_channels: Int = 8
     probe_agent: bool = True
+    #: The host group (`host_groups:`) whose keys this host takes where it sets none (bot.config.fleet).
+    group: str | None = None
     nvml_python: str | None = None
     nvidia_smi: str = "nvidia-smi"
     nvidia_smi_timeout_s: Number = 10.0
@@ -542,6 +544,9 @@ class Config(_Model):
     (any SQLAlchemy URL) replaces the default `sqlite:///STATE_DIR/gpubot.db`."""
 
     hosts: dict[str, HostConfig] = Field(default_factory=dict)
+    #: Group name -> the host keys its hosts share (bot.config.fleet: merged into each host that names the group
+    #: before validation; kept here so commands can name a group).
+    host_groups: dict[str, dict[str, Any]] = Field(default_factory=dict)
     variants: dict[str, VariantConfig] = Field(default_factory=dict)
     permissions: Permissions = Field(default_factory=Permissions)
     #: The values the loader put in for `${NAME}` references of env maps (secrets kept out of the file):
@@ -603,6 +608,10 @@ class Config(_Model):
     def host_names(self) -> list[str]:
         """Configured host names, in file order."""
         return list(self.hosts)
+
+    def group_hosts(self, group: str) -> list[str]:
+        """The hosts of `group` (those whose entry says `group: NAME`), in file order; [] for an unknown group."""
+        return [name for name, h in self.hosts.items() if h.group == group]
 
     @property
     def expanded_env_values(self) -> tuple[str, ...]:

@@ -357,7 +357,7 @@ def test_render_help_with_real_command_table():
     assert "Hosts: gpu-host-1, gpu-host-2" in m.text
     text = all_block_text(m)
     assert "Unknown command 'x&lt;y&gt;'" in text
-    assert "`/gpu status [HOST|all]`  GPU table per host and who holds each GPU" in text
+    assert "`/gpu status [HOST...|all] [group=GROUP]`  GPU table per host and who holds each GPU" in text
     assert "Hosts: gpu-host-1, gpu-host-2" in text
 
 

@@ -1,0 +1,123 @@
+"""Host groups and host ranges: what the loader makes of `hosts:` before it is validated (pure).
+
+A fleet's config names tens of hosts that differ in a number. `host_groups:` maps a group name to the keys its hosts
+share (any HostConfig key but `group`: user, key_file, known_hosts, log_dirs, nvidia_smi, env, ...); a host entry
+joins one with `group: NAME`, and its own keys win (its `env` is merged over the group's, key by key). A host name
+may be a range, Slurm's hostlist style: `gpu-[01-64]` (zero padding kept as written), `gpu-[1-4,7,10-12]`; each
+name it stands for gets a copy of its entry. In `address`, `{name}` is the host's name and `{n}` its number in the
+range (no padding: `10.0.1.{n}`), so `address: "{name}.cluster.internal"` fits a whole group. The names made must
+not repeat another host's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: `head[ITEMS]tail`, ITEMS a comma-separated list of numbers and LOW-HIGH ranges (Slurm hostlist notation).
+RANGE_RE = re.compile(r"^(?P<head>[^\[\]]*)\[(?P<items>[0-9]{1,6}(?:-[0-9]{1,6})?(?:,[0-9]{1,6}(?:-[0-9]{1,6})?)*)\]"
+                      r"(?P<tail>[^\[\]]*)$")
+#: The most hosts one range may stand for, and all of `hosts:` once expanded.
+MAX_RANGE_HOSTS = 1024
+MAX_HOSTS = 4096
+#: The keys whose values may hold `{name}` and `{n}`.
+TEMPLATE_KEYS = ("address",)
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+
+
+def range_names(key: str) -> list[tuple[str, int]] | None:
+    """The (name, number) pairs a range name stands for, in order (`gpu-[01-03]` -> gpu-01/1, gpu-02/2,
+    gpu-03/3); None for a plain name. Raises ValueError for a range that is empty, backwards or too large
+    (MAX_RANGE_HOSTS)."""
+    m = RANGE_RE.fullmatch(key)
+    if m is None:
+        return None
+    out: list[tuple[str, int]] = []
+    for item in m.group("items").split(","):
+        low, _, high = item.partition("-")
+        high = high or low
+        if int(high) < int(low):
+            raise ValueError(f"range {item!r} goes backwards")
+        width = len(low) if low.startswith("0") and len(low) > 1 else 0
+        if int(high) - int(low) + 1 + len(out) > MAX_RANGE_HOSTS:
+            raise ValueError(f"stands for more than {MAX_RANGE_HOSTS} hosts")
+        out += [(f"{m.group('head')}{n:0{width}d}{m.group('tail')}", n) for n in range(int(low), int(high) + 1)]
+    return out
+
+
+def _fill(value: Any, name: str, number: int | None, where: str, errors: list[str]) -> Any:
+    """`value` with `{name}` and `{n}` put in (a value that is not a string is returned as it is)."""
+    if not isinstance(value, str):
+        return value
+
+    def put(m: re.Match[str]) -> str:
+        word = m.group(1)
+        if word == "name":
+            return name
+        if word == "n" and number is not None:
+            return str(number)
+        if word == "n":
+            errors.append(f"{where}: {{n}} is the number of a host in a range (like gpu-[01-64]); {name} is none")
+        else:
+            errors.append(f"{where}: unknown placeholder {{{word}}} (only {{name}} and {{n}})")
+        return m.group(0)
+
+    return _PLACEHOLDER_RE.sub(put, value)
+
+
+def expand_hosts(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of `data` (`data` is not changed) whose `hosts` has each range name expanded, each entry's group's
+    keys merged under its own, and `{name}` / `{n}` put into TEMPLATE_KEYS; and the errors found, each with its
+    location (an unknown group, a bad range, a name made twice, a group that names a group or is not a mapping,
+    an unknown placeholder). What is left to check (each key's value) is the schema's."""
+    errors: list[str] = []
+    groups = data.get("host_groups")
+    if groups is None:
+        groups = {}
+    if not isinstance(groups, dict):
+        return data, ["host_groups: must be a mapping of group names to host keys"]
+    for gname, gkeys in groups.items():
+        if not isinstance(gkeys, dict):
+            errors.append(f"host_groups.{gname}: must be a mapping of host keys (user, key_file, known_hosts, ...)")
+        elif "group" in gkeys:
+            errors.append(f"host_groups.{gname}.group: a group cannot join another group")
+    hosts = data.get("hosts")
+    if not isinstance(hosts, dict):
+        return data, errors
+    out: dict[str, Any] = {}
+    made_by: dict[str, str] = {}
+    for key, entry in hosts.items():
+        key_s = str(key)
+        try:
+            names = range_names(key_s)
+        except ValueError as e:
+            errors.append(f"hosts.{key_s}: {e}")
+            continue
+        if not isinstance(entry, dict):
+            out.setdefault(key_s, entry)  # the schema says what is wrong with it
+            continue
+        group = entry.get("group")
+        base = dict(entry)
+        if group is not None:
+            gkeys = groups.get(group) if isinstance(group, str) else None
+            if not isinstance(gkeys, dict):
+                known = ", ".join(map(str, groups)) or "none defined under host_groups:"
+                errors.append(f"hosts.{key_s}.group: unknown group {group!r} (groups: {known})")
+            else:
+                base = {k: v for k, v in gkeys.items() if k != "group"} | entry
+                if isinstance(gkeys.get("env"), dict) and isinstance(entry.get("env"), dict):
+                    base["env"] = {**gkeys["env"], **entry["env"]}
+        for name, number in names if names is not None else [(key_s, None)]:
+            if name in made_by:
+                errors.append(f"hosts.{key_s}: the host {name} is also named by hosts.{made_by[name]}")
+                continue
+            made_by[name] = key_s
+            host = dict(base)
+            for k in TEMPLATE_KEYS:
+                if k in host:
+                    host[k] = _fill(host[k], name, number, f"hosts.{key_s}.{k}", errors)
+            out[name] = host
+        if len(out) > MAX_HOSTS:
+            errors.append(f"hosts: more than {MAX_HOSTS} hosts once ranges are expanded")
+            break
+    return {**data, "hosts": out}, list(dict.fromkeys(errors))
