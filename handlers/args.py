@@ -59,6 +59,25 @@ def host(ctx: Context, name: str | None) -> str:
                         audit="invalid") from None
 
 
+def hosts(ctx: Context, names: list[str], group: str | None) -> list[str]:
+    """The hosts a command names: those of host group `group` (when given) with the hosts `names` names; without a
+    group, `names`, or every configured host when `names` is empty or `all`. Each once, in order. UserError for
+    an unknown host or group, or no hosts at all."""
+    names = [n for n in names if n.lower() != "all"] if group is not None or len(names) == 1 else names
+    if group is not None:
+        members = ctx.config.group_hosts(group)
+        if not members:
+            known = ", ".join(ctx.config.host_groups) or "none are configured (host_groups:)"
+            raise UserError("Unknown host group", repr(group[:60]), f"Host groups: {known}", audit="invalid")
+        return list(dict.fromkeys([host(ctx, n) for n in names] + members))
+    if not names:
+        every = ctx.config.host_names()
+        if not every:
+            raise UserError("No hosts", "no hosts are configured", "Add hosts to the config file.")
+        return every
+    return list(dict.fromkeys(host(ctx, n) for n in names))
+
+
 def is_launch_ref(word: str) -> bool:
     """True for a word that names a launch by its id: `12`, `#12` or `base#12`."""
     _prefix, _sep, num = word.rpartition("#")

@@ -1,42 +1,42 @@
-"""`/gpu status [HOST|all]`: per host a GPU table and who holds each GPU; hosts probed in parallel."""
+"""`/gpu status [HOST...|all] [group=G]`: per host a GPU table and who holds each GPU, or for a fleet one line per
+host; hosts probed in parallel."""
 
 from __future__ import annotations
 
 from bot.core.commands import slash
+from bot.core.fleet import summarize
 from bot.core.grammar import CommandCall
-from bot.present.views import status_view
+from bot.present.views import fleet_view, status_view
 from handlers import args
 from handlers.context import Context, Role
-from handlers.reply import Reply, UserError
+from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
-USAGE = slash("status", "[HOST...|all] [group=GROUP]")
+USAGE = slash("status", "[HOST...|all] [group=GROUP] [detail=yes]")
+#: More hosts than this are shown one line each (a fleet view), unless `detail=yes` asks for every GPU table.
+TABLES_UP_TO = 8
+DETAIL_HINT = ("Each host's GPU table: /gpu status HOST, or /gpu status group=GROUP detail=yes. "
+               "Hosts with free GPUs: /gpu free N")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:
     """Every named host (none or `all`: every configured host; `group=NAME`: the hosts of that host group, with any
     named hosts): its GPUs and their holders, each holder labelled with its launch (`base#12`, `orphan of base#12`,
-    `foreign`). A host that fails is shown with its reason; the others still show."""
-    args.no_kwargs(call, USAGE, frozenset({"group"}))
-    if "group" in call.kwargs:
-        group = call.kwargs["group"]
-        members = ctx.config.group_hosts(group)
-        if not members:
-            known = ", ".join(ctx.config.host_groups) or "none are configured (host_groups:)"
-            raise UserError("Unknown host group", repr(group[:60]), f"Host groups: {known}", audit="invalid")
-        named = [args.host(ctx, name) for name in call.args if name.lower() != "all"]
-        hosts = list(dict.fromkeys(named + members))
-    elif not call.args or [a.lower() for a in call.args] == ["all"]:
-        hosts = ctx.config.host_names()
-        if not hosts:
-            raise UserError("No hosts", "no hosts are configured", "Add hosts to the config file.")
-    else:
-        hosts = list(dict.fromkeys(args.host(ctx, name) for name in call.args))
+    `foreign`). More than TABLES_UP_TO hosts (without `detail=yes`) are one line each, grouped by host group, under
+    the fleet's totals (bot.core.fleet). A host that fails is shown with its reason; the others still show."""
+    args.no_kwargs(call, USAGE, frozenset({"group", "detail"}))
+    detail = call.kwargs.get("detail", "no").lower()
+    if detail not in ("yes", "no"):
+        raise args.bad(f"detail={call.kwargs['detail'][:20]!r}: say detail=yes or detail=no", USAGE)
+    hosts = args.hosts(ctx, call.args, call.kwargs.get("group"))
+    if len(hosts) > TABLES_UP_TO and detail == "no":
+        lines = await ctx.services.launches.fleet(hosts)
+        return ctx.reply(ctx.render("fleet", **fleet_view(summarize(lines), title="GPU fleet", hint=DETAIL_HINT)))
     results, owners = await ctx.services.launches.status(hosts)
     return ctx.reply(ctx.render("status", **status_view(results, owners)))
 
 
 COMMAND = CommandSpec(
     "status", handle, Role.VIEWER, USAGE, "GPU table per host and who holds each GPU", default_of="gpu",
-    description="GPU and server status, probes and help", hint="status [HOST|all|group=G] | probe ... | help",
+    description="GPU and server status, probes and help", hint="status [HOST|all|group=G] | free N | probe ... | help",
 )

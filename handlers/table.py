@@ -4,11 +4,27 @@ it (handlers.vocabulary)."""
 
 from __future__ import annotations
 
-from handlers import bundle, cancel, chart, confirm, help, kill, launch, logs, probe, relaunch, snooze, stack, status
+from handlers import (
+    bundle,
+    cancel,
+    chart,
+    confirm,
+    free,
+    help,
+    kill,
+    launch,
+    logs,
+    probe,
+    relaunch,
+    snooze,
+    stack,
+    status,
+)
 from handlers.spec import CommandSpec
 
 COMMANDS: tuple[CommandSpec, ...] = (
     status.COMMAND,
+    free.COMMAND,
     probe.COMMAND,
     logs.COMMAND,
     launch.COMMAND,

@@ -13,6 +13,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from bot.core.commands import OPEN, SLASH, for_launch, slash
+from bot.core.fleet import FleetSummary
+from bot.core.fleet import HostLine as FleetLine
 from bot.core.lifecycle import CGROUP_PARENT, is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.ps import process_tree
@@ -391,3 +393,37 @@ def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[t
         "launch_id": la.id, "pgid": la.pgid, "buttons": buttons, "snooze_min": SNOOZE_BUTTON_MIN,
         "recovered": recovered, "ended": not la.live,
     }
+
+
+#: One host of a fleet view (templates/fleet.*): name, GPUs, free, mean util, memory, launches, foreign holders.
+FLEET_FORMAT = "%-*s %3s GPUs %3s free  util %4s  mem %11s  %s"
+
+
+def _fleet_row(h: FleetLine, width: int, show_free: bool = False) -> str:
+    if h.failed:
+        return f"{h.name:<{width}} DOWN: {' '.join(h.reason.split())}"  # never cut here: before redaction
+    util = f"{h.util_pct:.0f}%" if h.util_pct is not None else "?"
+    mem = f"{h.used_mib / 1024:.0f}/{h.total_mib / 1024:.0f} GiB"
+    who = ", ".join(h.launches[:4]) + (f" +{len(h.launches) - 4}" if len(h.launches) > 4 else "")
+    if h.foreign:
+        who = f"{who}{', ' if who else ''}{h.foreign} foreign"
+    row = (FLEET_FORMAT % (width, h.name, h.gpus, len(h.free), util, mem, who or "-")).rstrip()
+    if show_free:
+        row += f"  free GPUs: {','.join(map(str, h.free))}"
+    return row
+
+
+def fleet_view(summary: FleetSummary, *, title: str, hint: str = "", show_free: bool = False,
+               totals: str | None = None) -> dict[str, Any]:
+    """Context for templates/fleet.*: {title, totals (one line; `totals` replaces it), groups: [{name, count, rows
+    (one text line per host)}], hint}. Host lines are fixed-width text (FLEET_FORMAT; with `show_free`, the free
+    GPUs' indexes too), grouped by host group ("" last, as `other hosts` when there are groups)."""
+    width = max((len(h.name) for hs in summary.groups.values() for h in hs), default=4)
+    named = [g for g in summary.groups if g]
+    order = named + ([""] if "" in summary.groups else [])
+    groups = [{"name": g or ("other hosts" if named else ""), "count": len(summary.groups[g]),
+               "rows": [_fleet_row(h, width, show_free) for h in summary.groups[g]]} for g in order]
+    down = f" ({summary.up} up, {summary.down} down)" if summary.down else ""
+    totals = totals or (f"{summary.hosts} host{'' if summary.hosts == 1 else 's'}{down} · {summary.gpus} GPUs, "
+              f"{summary.free} free · {summary.launches} live launch{'' if summary.launches == 1 else 'es'}")
+    return {"title": title, "totals": totals, "groups": groups, "hint": hint}

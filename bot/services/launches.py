@@ -22,6 +22,7 @@ from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
 from bot.config import Config, GenerateCheck, render_launch
 from bot.core.commands import slash
+from bot.core.fleet import HostLine, host_line
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
@@ -209,6 +210,19 @@ class LaunchService:
         results = await self.hosts.status(list(hosts), keep_pids=keep)
         owners = {r.host: self.owners(r) for r in results if not isinstance(r, HostFailure)}
         return results, owners
+
+    async def fleet(self, hosts: Sequence[str]) -> list[HostLine]:
+        """One line per host of `hosts`, in order (bot.core.fleet): its GPUs free and used (free: under the config's
+        `gpu_free_mib` and claimed by no live launch), utilisation, memory, its live launches and foreign holders,
+        or why it could not be read."""
+        results, owners = await self.status(hosts)
+        live: dict[str, list[Launch]] = {}
+        for la in self._launches.live():
+            live.setdefault(la.host, []).append(la)
+        free_mib = self.config.lifecycle.gpu_free_mib
+        return [host_line(r, live.get(r.host, []), owners.get(r.host, {}), free_mib,
+                          cfg.group if (cfg := self.config.hosts.get(r.host)) is not None else None)
+                for r in results]
 
     @staticmethod
     def _tagged(la: Launch, snap: Snapshot) -> list[int]:

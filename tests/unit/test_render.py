@@ -357,7 +357,7 @@ def test_render_help_with_real_command_table():
     assert "Hosts: gpu-host-1, gpu-host-2" in m.text
     text = all_block_text(m)
     assert "Unknown command 'x&lt;y&gt;'" in text
-    assert "`/gpu status [HOST...|all] [group=GROUP]`  GPU table per host and who holds each GPU" in text
+    assert "`/gpu status [HOST...|all] [group=GROUP] [detail=yes]`  GPU table per host and who holds each GPU" in text
     assert "Hosts: gpu-host-1, gpu-host-2" in text
 
 
@@ -679,3 +679,25 @@ def test_a_notice_is_a_success_with_its_icon_not_a_warning() -> None:
     shown = msg.blocks[0]["text"]["text"]
     assert shown.startswith(":no_entry_sign: Kill cancelled:") and ":warning:" not in shown
     assert "&lt;@U1&gt;" in shown  # host or user text is escaped, never a mention
+
+
+@pytest.mark.parametrize("n", [64, 256])
+def test_a_fleet_of_64_or_256_hosts_is_one_message_within_slack_s_limits(n):
+    from bot.core.fleet import HostLine, summarize
+    from bot.present.views import fleet_view
+
+    groups = ["h200", "h100", None]
+    lines = [HostLine(name=f"gpu-{i:03d}", group=groups[i % 3], gpus=8, free=tuple(range(i % 9)),
+                      util_pct=float(i % 100), used_mib=1000.0 * i, total_mib=8 * 143771.0,
+                      launches=(f"base#{i}", f"eagle#{i + 1000}") if i % 5 == 0 else (), foreign=i % 2)
+             if i % 17 else HostLine(name=f"gpu-{i:03d}", group=groups[i % 3], failed=True,
+                                     reason="ssh: connection refused (port 22)")
+             for i in range(n)]
+    m = render("fleet", **fleet_view(summarize(lines), title="GPU fleet", hint="details: /gpu status HOST"))
+    assert_slack_valid(m)
+    assert not m.files  # nothing cut, nothing attached
+    shown = "\n".join(b["text"]["text"] for b in m.blocks if b["type"] == "section")
+    assert [line.split()[0] for line in shown.replace("```", "\n").splitlines() if line.startswith("gpu-")] == \
+        [h.name for g in ("h200", "h100", None) for h in lines if h.group == g]
+    assert f"{n} hosts ({n - len([h for h in lines if h.failed])} up, {len([h for h in lines if h.failed])} down)" \
+        in m.text

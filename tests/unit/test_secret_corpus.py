@@ -157,6 +157,17 @@ def _status(lines, line):
     return RENDERER.render("status", **status_view([_snapshot(lines, line)], {10: "base#3"}))
 
 
+def _fleet(lines, line):
+    from bot.core.fleet import HostLine, summarize
+    from bot.present.views import fleet_view
+
+    hosts = [HostLine(name="gpu-01", group="h200", gpus=8, free=(0, 1), util_pct=5.0, used_mib=1.0, total_mib=2.0,
+                      launches=(line, "base#3"), foreign=1),
+             HostLine(name="gpu-02", failed=True, reason=line)]
+    return RENDERER.render("fleet", **fleet_view(summarize(hosts), title="GPU fleet", hint=line,
+                                                 show_free=True))
+
+
 def _probe(lines, line):
     return RENDERER.render("probe", **probe_view(_snapshot(lines, line), line))
 
@@ -226,7 +237,7 @@ def _stackdump(lines, line):
 SINKS: dict[str, Callable[[list[str], str], Message]] = {
     "status": _status, "probe": _probe, "logs": _logs, "alert": _alert, "launch_root": _launch_root,
     "launch_result": _launch_result, "kill_confirm": _kill_confirm, "kill_result": _kill_result, "error": _error,
-    "notice": _notice, "progress": _progress, "stackdump": _stackdump,
+    "notice": _notice, "progress": _progress, "stackdump": _stackdump, "fleet": _fleet,
 }
 #: Templates covered by another sink's message, and the one that shows no host or user data at all.
 COVERED_ELSEWHERE = {"alert_evidence": "alert", "help": "the command table only"}
