@@ -4,7 +4,7 @@ host; hosts probed in parallel."""
 from __future__ import annotations
 
 from bot.core.commands import slash
-from bot.core.fleet import summarize
+from bot.core.fleet import TABLES_UP_TO, summarize
 from bot.core.grammar import CommandCall
 from bot.present.views import fleet_view, status_view
 from handlers import args
@@ -13,8 +13,6 @@ from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
 USAGE = slash("status", "[HOST...|all] [group=GROUP] [detail=yes]")
-#: More hosts than this are shown one line each (a fleet view), unless `detail=yes` asks for every GPU table.
-TABLES_UP_TO = 8
 DETAIL_HINT = ("Each host's GPU table: /gpu status HOST, or /gpu status group=GROUP detail=yes. "
                "Hosts with free GPUs: /gpu free N")
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from bot.core.models import GpuSection, HostFailure, Launch, Snapshot
 
+#: A status of more hosts than this is a fleet view (one line per host) unless every table is asked for.
+TABLES_UP_TO = 8
+
 
 @dataclass(frozen=True)
 class HostLine:

@@ -24,6 +24,7 @@ from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.diagnose import Observation, Verdict
 from bot.core.diagnose.stacks import with_stacks
+from bot.core.fleet import TABLES_UP_TO, summarize
 from bot.core.models import HealthResult, HostFailure, Launch, LaunchState, LogCursor, Snapshot
 from bot.core.observe import (
     FINAL_VERDICTS,
@@ -42,7 +43,7 @@ from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer, fmt_duration
-from bot.present.views import status_view
+from bot.present.views import fleet_view, status_view
 from bot.services.alerts import AlertPoster
 from bot.services.history import HISTORY_CHECKS, CheckHistory
 from bot.services.launches import LaunchService
@@ -232,8 +233,13 @@ class Watcher:
         if not channel:
             return False
         try:
-            results, owners = await self.launches.status(self.config.host_names())
-            msg = self._render.render("status", **status_view(results, owners))
+            hosts = self.config.host_names()
+            if len(hosts) > TABLES_UP_TO:  # a fleet: one line per host under its totals
+                lines = await self.launches.fleet(hosts)
+                msg = self._render.render("fleet", **fleet_view(summarize(lines), title="GPU fleet digest"))
+            else:
+                results, owners = await self.launches.status(hosts)
+                msg = self._render.render("status", **status_view(results, owners))
             return await self._surface.post(channel, msg) is not None
         except Exception:
             log.exception("the digest failed")

@@ -91,3 +91,12 @@ async def test_a_live_launch_s_gpus_are_not_free_even_before_its_memory_shows(ss
     one = await bot.chat.say("/gpu free 1 group=idle", user="U1")
     assert _host_rows(one.text)[:3] == ["idle-01", "idle-03", "idle-05"] and "idle-02" in _host_rows(one.text)
     assert "idle-04" not in _host_rows(one.text)
+
+
+async def test_the_digest_of_a_fleet_is_one_line_per_host(ssh_server, two_kinds, make_bot, tmp_path):
+    cfg = _config(ssh_server, tmp_path, *two_kinds, watch={"digest_cron": "0 9 * * 1-5", "digest_channel": "C0DIG"})
+    bot = await make_bot(cfg)
+    assert await bot.runtime.watcher.digest()
+    post = bot.chat.posts[-1]
+    assert post.channel == "C0DIG" and post.text.startswith("GPU fleet digest: 10 hosts · 20 GPUs, 15 free")
+    assert len(_host_rows(post.text)) == 10
