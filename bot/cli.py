@@ -262,10 +262,11 @@ def check_config(path: str) -> None:
         why = "probe_workers: 0" if config.probe_workers == 0 else "fewer than 4 usable CPUs here; see probe_workers"
         summary += (f"; /gpu status of all {ssh_hosts} SSH hosts over {count(workers, 'probe worker')}" if workers
                     else f"; /gpu status of every host in the bot's own process ({why})")
+    warnings = collapse_host_warnings(warnings, config.hosts)
     if warnings:
         summary += f"; {count(len(warnings), 'warning')}"
     click.echo(f"{path}: OK ({summary})")
-    for line in collapse_host_warnings(warnings):
+    for line in warnings:
         click.echo(f"  warning: {line}", err=True)
 
 

@@ -66,6 +66,9 @@ def hosts(ctx: Context, names: list[str], group: str | None) -> list[str]:
     names = [n for n in names if n.lower() != "all"] if group is not None or len(names) == 1 else names
     if group is not None:
         members = ctx.config.group_hosts(group)
+        if not members and group in ctx.config.host_groups:
+            raise UserError("Empty host group", f"no host joins {group[:60]!r} (`group: {group[:60]}`)",
+                            "Give a host `group:` in the config, or name another group.", audit="invalid")
         if not members:
             known = ", ".join(ctx.config.host_groups) or "none are configured (host_groups:)"
             raise UserError("Unknown host group", repr(group[:60]), f"Host groups: {known}", audit="invalid")

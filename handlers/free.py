@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bot.core.commands import slash
 from bot.core.fleet import summarize, with_free
 from bot.core.grammar import CommandCall
@@ -28,12 +30,15 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     fit = with_free(lines, n)
     down = sum(1 for h in lines if h.failed)
     where = f" in group {call.kwargs['group']}" if "group" in call.kwargs else ""
-    totals = (f"{len(fit)} of {len(lines)} host{'' if len(lines) == 1 else 's'}{where} have {n} or more free GPU"
-              f"{'' if n == 1 else 's'}" + (f"; {down} could not be read" if down else ""))
-    hint = ("Free: under lifecycle.gpu_free_mib used and claimed by no live launch. "
-            "Launch on one: /launch VARIANT host=HOST")
-    view = fleet_view(summarize(fit), title=f"Hosts with {n}+ free GPU{'' if n == 1 else 's'}", hint=hint,
-                      show_free=True, totals=totals)
+    totals = (f"{len(fit)} of {len(lines)} host{'' if len(lines) == 1 else 's'}{where} "
+              f"{'has' if len(lines) == 1 else 'have'} {n} or more free GPU{'' if n == 1 else 's'}"
+              + (f"; {down} could not be read" if down else ""))
+    hint = (f"Free: under lifecycle.gpu_free_mib used and claimed by no live launch. Launch on one: "
+            f"{slash('launch', 'VARIANT host=HOST')}")
+    # best first over the whole fleet: one list, not one per host group
+    view = fleet_view(summarize([replace(h, group=None) for h in fit]),
+                      title=f"Hosts with {n}+ free GPU{'' if n == 1 else 's'}", hint=hint, show_free=True,
+                      totals=totals)
     return ctx.reply(ctx.render("fleet", **view))
 
 

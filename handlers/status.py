@@ -13,8 +13,8 @@ from handlers.reply import Reply
 from handlers.spec import CommandSpec
 
 USAGE = slash("status", "[HOST...|all] [group=GROUP] [detail=yes]")
-DETAIL_HINT = ("Each host's GPU table: /gpu status HOST, or /gpu status group=GROUP detail=yes. "
-               "Hosts with free GPUs: /gpu free N")
+DETAIL_HINT = (f"Each host's GPU table: {slash('status', 'HOST')}, or {slash('status', 'group=GROUP detail=yes')}. "
+               f"Hosts with free GPUs: {slash('free', 'N')}")
 
 
 async def handle(call: CommandCall, ctx: Context) -> Reply:

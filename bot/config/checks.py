@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 import jinja2
@@ -198,30 +199,48 @@ def _generation_warnings(cfg: Config) -> list[str]:
     return out
 
 
-_HOST_WARNING_RE = re.compile(r"^hosts\.(?P<host>.+)\.(?P<key>[a-z_]+): (?P<message>.*)$", re.DOTALL)
-#: A warning shared by more hosts than this is printed once, naming the first few of them and their count.
+#: A warning (or error) shared by more hosts than this is said once, naming the first few of them and their count.
 SHARED_WARNING_HOSTS = 3
 
 
-def collapse_host_warnings(lines: list[str]) -> list[str]:
-    """`config_warnings` lines with each warning that more than SHARED_WARNING_HOSTS hosts share (the same key and
-    message, as hosts of one group or range have) said once, as `hosts.{gpu-01, gpu-02, gpu-03, ... (64 hosts)}.KEY:
-    MESSAGE`, where the first of them was; other lines kept, in order."""
+def _split_host_line(line: str, hosts: Collection[str]) -> tuple[str, str, str] | None:
+    """(host, key path, message) of a `hosts.NAME.KEY...: MESSAGE` line whose NAME is one of `hosts` (the longest
+    that fits: names may hold dots), else None."""
+    if not line.startswith("hosts."):
+        return None
+    rest = line[len("hosts."):]
+    head, sep, message = rest.partition(": ")
+    if not sep:
+        return None
+    best = None
+    for i, ch in enumerate(head):
+        if ch == "." and head[:i] in hosts:
+            best = i
+    if best is None:
+        return None
+    return head[:best], head[best + 1:], message
+
+
+def collapse_host_warnings(lines: list[str], hosts: Collection[str]) -> list[str]:
+    """`lines` (`location: message`, as config_warnings and ConfigError give them) with each one that more than
+    SHARED_WARNING_HOSTS of `hosts` share (the same key and message, as hosts of one group or range have) said
+    once, as `hosts.{gpu-01, gpu-02, gpu-03, ... (64 hosts)}.KEY: MESSAGE`, where the first of them was; other
+    lines kept, in order."""
+    hosts = hosts if isinstance(hosts, (set, frozenset, dict)) else set(hosts)
+    split = [_split_host_line(line, hosts) for line in lines]
     groups: dict[tuple[str, str], list[str]] = {}
-    for line in lines:
-        m = _HOST_WARNING_RE.match(line)
-        if m is not None:
-            groups.setdefault((m["key"], m["message"]), []).append(m["host"])
+    for parts in split:
+        if parts is not None:
+            groups.setdefault(parts[1:], []).append(parts[0])
     out: list[str] = []
     done: set[tuple[str, str]] = set()
-    for line in lines:
-        m = _HOST_WARNING_RE.match(line)
-        shared = (m["key"], m["message"]) if m is not None else None
+    for line, parts in zip(lines, split, strict=True):
+        shared = parts[1:] if parts is not None else None
         if shared is None or len(groups[shared]) <= SHARED_WARNING_HOSTS:
             out.append(line)
         elif shared not in done:
             done.add(shared)
-            hosts = groups[shared]
-            out.append(f"hosts.{{{', '.join(hosts[:SHARED_WARNING_HOSTS])}, ... ({len(hosts)} hosts)}}.{shared[0]}: "
+            names = groups[shared]
+            out.append(f"hosts.{{{', '.join(names[:SHARED_WARNING_HOSTS])}, ... ({len(names)} hosts)}}.{shared[0]}: "
                        f"{shared[1]}")
     return out

@@ -11,7 +11,9 @@ not repeat another host's.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Collection
 from typing import Any
 
 #: `head[ITEMS]tail`, ITEMS a comma-separated list of numbers and LOW-HIGH ranges (Slurm hostlist notation).
@@ -65,22 +67,31 @@ def _fill(value: Any, name: str, number: int | None, where: str, errors: list[st
     return _PLACEHOLDER_RE.sub(put, value)
 
 
-def expand_hosts(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def expand_hosts(data: dict[str, Any], host_keys: Collection[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """A copy of `data` (`data` is not changed) whose `hosts` has each range name expanded, each entry's group's
     keys merged under its own, and `{name}` / `{n}` put into TEMPLATE_KEYS; and the errors found, each with its
     location (an unknown group, a bad range, a name made twice, a group that names a group or is not a mapping,
-    an unknown placeholder). What is left to check (each key's value) is the schema's."""
+    a group key that is not one of `host_keys` (when given: said once, at the group, and left out), an unknown
+    placeholder). What is left to check (each key's value) is the schema's."""
     errors: list[str] = []
     groups = data.get("host_groups")
     if groups is None:
         groups = {}
     if not isinstance(groups, dict):
         return data, ["host_groups: must be a mapping of group names to host keys"]
+    groups = dict(groups)
     for gname, gkeys in groups.items():
         if not isinstance(gkeys, dict):
             errors.append(f"host_groups.{gname}: must be a mapping of host keys (user, key_file, known_hosts, ...)")
-        elif "group" in gkeys:
+            continue
+        if "group" in gkeys:
             errors.append(f"host_groups.{gname}.group: a group cannot join another group")
+        unknown = [k for k in gkeys if host_keys and k != "group" and k not in host_keys]
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), list(host_keys), n=1)
+            errors.append(f"host_groups.{gname}.{k}: unknown host key" + (f" (did you mean {close[0]}?)" if close
+                                                                          else ""))
+        groups[gname] = {k: v for k, v in gkeys.items() if k not in unknown}
     hosts = data.get("hosts")
     if not isinstance(hosts, dict):
         return data, errors
@@ -98,8 +109,10 @@ def expand_hosts(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             continue
         group = entry.get("group")
         base = dict(entry)
-        if group is not None:
-            gkeys = groups.get(group) if isinstance(group, str) else None
+        if group is not None and not isinstance(group, str):
+            errors.append(f"hosts.{key_s}.group: must be the name of a group under host_groups")
+        elif group is not None:
+            gkeys = groups.get(group)
             if not isinstance(gkeys, dict):
                 known = ", ".join(map(str, groups)) or "none defined under host_groups:"
                 errors.append(f"hosts.{key_s}.group: unknown group {group!r} (groups: {known})")

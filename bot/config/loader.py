@@ -17,14 +17,17 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from bot.config.checks import _cross_checks
+from bot.config.checks import _cross_checks, collapse_host_warnings
 from bot.config.errors import ConfigError, _format_pydantic, _Index, _loc
 from bot.config.fleet import expand_hosts
-from bot.config.schema import ENV_REF_RE, NAME_RE, Config
+from bot.config.schema import ENV_REF_RE, NAME_RE, Config, HostConfig
 from bot.core.redact import SECRET_NAME_RE
 
 #: Keys whose NAME ends in a secret word (slack_token, signing_secret, api_key, HF_TOKEN); not max_tokens, tokenizer.
 SECRET_KEY_RE = SECRET_NAME_RE  # one rule for what names a secret (bot.core.redact)
+
+#: The keys a host (and so a host group) may have.
+HOST_KEYS = frozenset(HostConfig.model_fields)
 
 #: Limits on the YAML file: a config is a few KiB with a handful of anchors.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -128,19 +131,26 @@ def parse_config(data: Any, environ: Mapping[str, str] | None = None) -> Config:
 ENV_OVERRIDES = MappingProxyType({"GPUBOT_DATABASE_URL": "database_url"})
 
 
+def _host_names(data: dict[str, Any]) -> set[str]:
+    hosts = data.get("hosts")
+    return {str(h) for h in hosts} if isinstance(hosts, dict) else set()
+
+
 def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
     data = {**data, **{key: environ[var] for var, key in ENV_OVERRIDES.items() if environ.get(var)}}
     secrets = _find_secret_keys(data)  # in the file as written: a group's literal secret is named once
     errors = [msg for _loc_, msg in secrets]
-    data, fleet_errors = expand_hosts(data)  # host groups and ranges (bot.config.fleet)
+    data, fleet_errors = expand_hosts(data, HOST_KEYS)  # host groups and ranges (bot.config.fleet)
     errors.extend(fleet_errors)
-    for section in ("hosts", "variants"):
+    for section in ("hosts", "variants", "host_groups"):
         names = data.get(section)
         if isinstance(names, dict):
             for name in names:
                 if not NAME_RE.fullmatch(str(name)):
+                    what = ("; a host range is written like gpu-[01-64] or node[1-4,7] (ASCII digits, at most 6 "
+                            "per number, one [...] per name)" if "[" in str(name) else "")
                     errors.append(f"{section}.{name}: name must be 1-63 letters, digits, '.', '_' or '-', "
-                                  "starting with a letter or digit")
+                                  f"starting with a letter or digit{what}")
     # Secrets are looked for in the file as written; references are expanded only afterwards.
     expanded: list[str] = []
     data, env_errors = _expand_env_refs(data, environ, expanded)
@@ -150,11 +160,12 @@ def _parse(data: dict[str, Any], environ: Mapping[str, str]) -> Config:
         cfg._expanded_env_values = tuple(expanded)
     except ValidationError as e:
         problems = _format_pydantic(e, Config, {loc for loc, _ in secrets})
-        raise ConfigError(list(dict.fromkeys(errors + problems))) from None
+        # a group's mistake is every one of its hosts' mistake: said once for them all
+        raise ConfigError(collapse_host_warnings(list(dict.fromkeys(errors + problems)), _host_names(data))) from None
     errors.extend(_cross_checks(cfg))
     errors = list(dict.fromkeys(errors))
     if errors:
-        raise ConfigError(errors)
+        raise ConfigError(collapse_host_warnings(errors, _host_names(data)))
     return cfg
 
 

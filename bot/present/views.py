@@ -401,7 +401,8 @@ FLEET_FORMAT = "%-*s %3s GPUs %3s free  util %4s  mem %11s  %s"
 
 def _fleet_row(h: FleetLine, width: int, show_free: bool = False) -> str:
     if h.failed:
-        return f"{h.name:<{width}} DOWN: {' '.join(h.reason.split())}"  # never cut here: before redaction
+        # redacted with its lines' context (a key on one line, its value on the next) before they are joined
+        return f"{h.name:<{width}} DOWN: {' '.join(redact(h.reason).split())}"
     util = f"{h.util_pct:.0f}%" if h.util_pct is not None else "?"
     mem = f"{h.used_mib / 1024:.0f}/{h.total_mib / 1024:.0f} GiB"
     who = ", ".join(h.launches[:4]) + (f" +{len(h.launches) - 4}" if len(h.launches) > 4 else "")
@@ -415,15 +416,19 @@ def _fleet_row(h: FleetLine, width: int, show_free: bool = False) -> str:
 
 def fleet_view(summary: FleetSummary, *, title: str, hint: str = "", show_free: bool = False,
                totals: str | None = None) -> dict[str, Any]:
-    """Context for templates/fleet.*: {title, totals (one line; `totals` replaces it), groups: [{name, count, rows
-    (one text line per host)}], hint}. Host lines are fixed-width text (FLEET_FORMAT; with `show_free`, the free
-    GPUs' indexes too), grouped by host group ("" last, as `other hosts` when there are groups)."""
+    """Context for templates/fleet.*: {title, totals (one line; `totals` replaces it), rows, hint}: `rows` are
+    fixed-width text lines (FLEET_FORMAT; with `show_free`, the free GPUs' indexes too), one per host, under a
+    `== GROUP (N hosts) ==` line per host group ("" last, as `other hosts` when there are groups)."""
     width = max((len(h.name) for hs in summary.groups.values() for h in hs), default=4)
     named = [g for g in summary.groups if g]
     order = named + ([""] if "" in summary.groups else [])
-    groups = [{"name": g or ("other hosts" if named else ""), "count": len(summary.groups[g]),
-               "rows": [_fleet_row(h, width, show_free) for h in summary.groups[g]]} for g in order]
+    rows: list[str] = []
+    for g in order:
+        name, count = g or ("other hosts" if named else ""), len(summary.groups[g])
+        if name:
+            rows += [*([""] if rows else []), f"== {name} ({count} host{'' if count == 1 else 's'}) =="]
+        rows += [_fleet_row(h, width, show_free) for h in summary.groups[g]]
     down = f" ({summary.up} up, {summary.down} down)" if summary.down else ""
     totals = totals or (f"{summary.hosts} host{'' if summary.hosts == 1 else 's'}{down} · {summary.gpus} GPUs, "
               f"{summary.free} free · {summary.launches} live launch{'' if summary.launches == 1 else 'es'}")
-    return {"title": title, "totals": totals, "groups": groups, "hint": hint}
+    return {"title": title, "totals": totals, "rows": rows, "hint": hint}

@@ -31,7 +31,7 @@ def two_kinds(tmp_path):
     proc.wait()
 
 
-def _config(ssh_server, tmp_path, idle, busy, **extra):
+def _config(ssh_server, tmp_path, idle, busy, *, busy_first: bool = False, **extra):
     srv = {"address": ssh_server.host, "port": ssh_server.port, "user": ssh_server.username,
            "key_file": str(ssh_server.client_key_path), "known_hosts": str(ssh_server.known_hosts_path),
            "connect_timeout_s": 5, "command_timeout_s": 20, "nvidia_smi_timeout_s": 5, "log_dirs": ["/tmp"]}
@@ -39,7 +39,8 @@ def _config(ssh_server, tmp_path, idle, busy, **extra):
         "state_dir": str(tmp_path / "state"), "probe_workers": 0,
         "host_groups": {"idle": {**srv, "nvidia_smi": str(idle.nvidia_smi)},
                         "busy": {**srv, "nvidia_smi": str(busy.nvidia_smi)}},
-        "hosts": {"idle-[01-05]": {"group": "idle"}, "busy-[1-5]": {"group": "busy"}},
+        "hosts": ({"busy-[1-5]": {"group": "busy"}, "idle-[01-05]": {"group": "idle"}} if busy_first
+                  else {"idle-[01-05]": {"group": "idle"}, "busy-[1-5]": {"group": "busy"}}),
         **extra,
     })
 
@@ -100,3 +101,14 @@ async def test_the_digest_of_a_fleet_is_one_line_per_host(ssh_server, two_kinds,
     post = bot.chat.posts[-1]
     assert post.channel == "C0DIG" and post.text.startswith("GPU fleet digest: 10 hosts · 20 GPUs, 15 free")
     assert len(_host_rows(post.text)) == 10
+
+
+async def test_free_is_best_first_across_groups_and_an_empty_group_is_said(ssh_server, two_kinds, make_bot,
+                                                                            tmp_path):
+    cfg = _config(ssh_server, tmp_path, *two_kinds, busy_first=True)
+    cfg = cfg.model_copy(update={"host_groups": {**cfg.host_groups, "spare": {}}})
+    bot = await make_bot(cfg)
+    anyone = await bot.chat.say("/gpu free", user="U1")
+    assert _host_rows(anyone.text) == [f"idle-0{i}" for i in range(1, 6)] + [f"busy-{i}" for i in range(1, 6)]
+    empty = await bot.chat.say("/gpu status group=spare", user="U1")
+    assert empty.audit == "invalid" and "Empty host group" in empty.text

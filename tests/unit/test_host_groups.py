@@ -100,3 +100,39 @@ def test_check_config_says_how_many_hosts_and_groups_it_read(tmp_path):
     warnings = [line for line in res.output.splitlines() if line.startswith("  warning:")]
     assert warnings == [f"  warning: hosts.{{gpu-01, gpu-02, gpu-03, ... (64 hosts)}}.known_hosts: {KH} does not "
                         "exist on this machine; host keys cannot be verified, so SSH connections will be refused"]
+
+
+def test_a_group_s_mistake_is_said_once_at_the_group_not_once_per_host():
+    hosts = {"gpu-[01-64]": {"group": "h200", "address": "x"}}
+    with pytest.raises(ConfigError) as e:
+        parse_config({"host_groups": {"h200": {"usr": "ml", "known_hosts": KH}}, "hosts": hosts})
+    assert e.value.errors == ["host_groups.h200.usr: unknown host key (did you mean user?)"]
+    with pytest.raises(ConfigError) as e:
+        parse_config({"host_groups": {"h200": {"port": "many", "known_hosts": KH}}, "hosts": hosts})
+    assert len(e.value.errors) == 1 and e.value.errors[0].startswith(
+        "hosts.{gpu-01, gpu-02, gpu-03, ... (64 hosts)}.port:")
+    with pytest.raises(ConfigError) as e:
+        parse_config({"host_groups": {"h200": {"known_hosts": KH, "env": {"HF_TOKEN": "${HF_TOKEN}"}}},
+                      "hosts": hosts}, environ={})
+    assert e.value.errors == ["hosts.{gpu-01, gpu-02, gpu-03, ... (64 hosts)}.env.HF_TOKEN: environment variable "
+                              "HF_TOKEN is not set"]
+
+
+@pytest.mark.parametrize(("data", "wanted"), [
+    ({"host_groups": {"a b": {}}, "hosts": {}}, "host_groups.a b: name must be"),
+    ({"hosts": {"h": {"group": 5, "address": "x", "known_hosts": KH}}}, "hosts.h.group: must be the name of a group"),
+    ({"hosts": {"gpu-[01-]": {"address": "x", "known_hosts": KH}}}, "a host range is written like gpu-[01-64]"),
+])
+def test_group_names_and_range_syntax_are_checked(data, wanted):
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert any(wanted in line for line in e.value.errors), e.value.errors
+
+
+def test_host_names_with_dots_are_collapsed_by_their_whole_name():
+    from bot.config.checks import collapse_host_warnings
+
+    names = [f"node{i}.ib" for i in range(1, 6)]
+    lines = [f"hosts.{n}.log_dirs: not set" for n in names] + ["hosts.solo.port: bad"]
+    assert collapse_host_warnings(lines, set(names) | {"solo"}) == [
+        "hosts.{node1.ib, node2.ib, node3.ib, ... (5 hosts)}.log_dirs: not set", "hosts.solo.port: bad"]

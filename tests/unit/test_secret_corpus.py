@@ -163,7 +163,8 @@ def _fleet(lines, line):
 
     hosts = [HostLine(name="gpu-01", group="h200", gpus=8, free=(0, 1), util_pct=5.0, used_mib=1.0, total_mib=2.0,
                       launches=(line, "base#3"), foreign=1),
-             HostLine(name="gpu-02", failed=True, reason=line)]
+             HostLine(name="gpu-02", failed=True, reason=line),
+             HostLine(name="gpu-03", failed=True, reason="\n".join(lines))]  # a host's stderr, lines and all
     return RENDERER.render("fleet", **fleet_view(summarize(hosts), title="GPU fleet", hint=line,
                                                  show_free=True))
 
