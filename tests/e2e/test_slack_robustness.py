@@ -111,7 +111,7 @@ async def test_permissions_by_user_group(slack_stacks, ssh_server):
 async def test_oversized_answer_is_cut_and_full_output_attached(slack_stacks, ssh_server):
     hosts = {f"h{i:02d}": ssh_host(ssh_server) for i in range(40)}
     stack = await slack_stacks(Config(hosts=hosts))
-    env_id = await stack.fake.push_slash_command("/gpu", "status all")
+    env_id = await stack.fake.push_slash_command("/gpu", "status all detail=yes")  # every host's table
     answer = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU status"), timeout=60)
     done = await stack.fake.wait_for_call("files.completeUploadExternal", timeout=30)
     await stack.settled(env_id)
@@ -253,3 +253,16 @@ async def test_slow_answer_in_a_channel_that_refuses_posts_goes_to_the_user_priv
     assert "GPU status" in body["text"] and "not_in_channel" in body["text"]
     assert body.get("response_type") == "ephemeral"
     assert not fake.calls_for("chat.update")
+
+
+async def test_a_fleet_s_status_is_one_answer_with_nothing_attached(slack_stacks, ssh_server):
+    hosts = {f"h{i:02d}": ssh_host(ssh_server) for i in range(40)}
+    stack = await slack_stacks(Config(hosts=hosts))
+    env_id = await stack.fake.push_slash_command("/gpu", "status all")
+    answer = await stack.fake.wait_for_answer(lambda c: text_of(c).startswith("GPU fleet"), timeout=60)
+    await stack.settled(env_id)
+    blocks = answer["params"]["blocks"]
+    assert len(blocks) <= 50 and "truncated" not in str(blocks) and not stack.fake.uploads
+    shown = "".join(b["text"]["text"] for b in blocks if b["type"] == "section")
+    assert all(f"h{i:02d} " in shown for i in range(40))
+    assert text_of(answer).startswith("GPU fleet: 40 hosts · 40 GPUs, 40 free · 0 live launches")

@@ -71,7 +71,7 @@ async def test_a_renamed_install_names_no_default_command_in_a_console_session(s
         relaunched = await run("/relaunch-staging 1")
         assert "Launched base#2" in relaunched, relaunched
         helped = await run("/gpubot-staging")
-        assert "/gpu-staging status [HOST|all]" in helped and "/kill-staging [LAUNCH|VARIANT]" in helped, helped
+        assert "/gpu-staging status [HOST...|all]" in helped and "/kill-staging [LAUNCH|VARIANT]" in helped, helped
         assert "?logs [N] in a launch thread, or /gpu-staging logs LAUNCH [N]" in helped, helped
         unknown_variant = await run("/launch-staging nosuchvariant")
         assert "nosuchvariant" in unknown_variant and "/launch-staging VARIANT" in unknown_variant, unknown_variant

@@ -146,7 +146,7 @@ async def test_a_second_install_suggests_its_own_commands(make_bot, ssh_server, 
     assert "`/kill-staging 1 --yes`" in ask.text and "`/kill 1" not in ask.text, ask.text
     assert "/kill-staging 1 --yes" in str(ask.post.blocks)
     helped = await bot.chat.say("/gpubot-staging")
-    assert "/gpu-staging status [HOST|all]" in helped.text and "\n  /gpu status" not in helped.text
+    assert "/gpu-staging status [HOST...|all]" in helped.text and "\n  /gpu status" not in helped.text
     assert "/kill-staging [LAUNCH|VARIANT]" in helped.text
     refused = await bot.chat.say("/launch-staging base")  # a refusal's hint names this install's /kill
     assert "`/kill-staging 1`" in refused.text, refused.text
