@@ -17,6 +17,7 @@ from bot.core.fleet import FleetSummary
 from bot.core.fleet import HostLine as FleetLine
 from bot.core.lifecycle import CGROUP_PARENT, is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.parse.log import no_mentions
 from bot.core.parse.ps import process_tree
 from bot.core.redact import RedactedLines, redact, redact_lines
 from bot.present.actions import SNOOZE_BUTTON_MIN, ActionId
@@ -89,7 +90,7 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo],
     unassigned = [h for k, hs in holders_by_gpu.items() if k not in known for h in hs]
     return {
         "ok": gpu.ok,
-        "error": gpu.error,
+        "error": no_mentions(gpu.error) if gpu.error else gpu.error,  # nvidia-smi's own words: host text
         "note": gpu.note,
         "source": gpu.source.value,
         "processes_error": gpu.processes_error,
@@ -107,7 +108,7 @@ def status_view(results: list[Snapshot | HostFailure],
     hosts = []
     for r in results:
         if isinstance(r, HostFailure):
-            hosts.append({"name": r.host, "failed": True, "reason": redact(r.reason)})
+            hosts.append({"name": r.host, "failed": True, "reason": no_mentions(redact(r.reason))})
             continue
         by_pid = {p.pid: p for p in r.processes}
         hosts.append(
@@ -117,7 +118,7 @@ def status_view(results: list[Snapshot | HostFailure],
                 "reason": None,
                 "hostname": r.hostname,
                 "gpu": gpu_view(r.gpu, by_pid, (owners or {}).get(r.host)),
-                "errors": r.errors,
+                "errors": [no_mentions(e) for e in r.errors],
             }
         )
     return {"hosts": hosts, "failed": sum(1 for h in hosts if h["failed"])}
@@ -402,7 +403,7 @@ FLEET_FORMAT = "%-*s %3s GPUs %3s free  util %4s  mem %11s  %s"
 def _fleet_row(h: FleetLine, width: int, show_free: bool = False) -> str:
     if h.failed:
         # redacted with its lines' context (a key on one line, its value on the next) before they are joined
-        return f"{h.name:<{width}} DOWN: {' '.join(redact(h.reason).split())}"
+        return f"{h.name:<{width}} DOWN: {no_mentions(' '.join(redact(h.reason).split()))}"
     util = f"{h.util_pct:.0f}%" if h.util_pct is not None else "?"
     mem = f"{h.used_mib / 1024:.0f}/{h.total_mib / 1024:.0f} GiB"
     who = ", ".join(h.launches[:4]) + (f" +{len(h.launches) - 4}" if len(h.launches) > 4 else "")

@@ -112,3 +112,22 @@ async def test_free_is_best_first_across_groups_and_an_empty_group_is_said(ssh_s
     assert _host_rows(anyone.text) == [f"idle-0{i}" for i in range(1, 6)] + [f"busy-{i}" for i in range(1, 6)]
     empty = await bot.chat.say("/gpu status group=spare", user="U1")
     assert empty.audit == "invalid" and "Empty host group" in empty.text
+
+
+@pytest.mark.parametrize("hosts", [1, 9])
+async def test_a_mention_a_host_prints_pings_nobody(ssh_server, make_bot, tmp_path, hosts):
+    # nvidia-smi fails with a user mention and a channel ping in its own words: the status (one host: its table;
+    # nine: the fleet view) shows them, and Slack makes neither of them a mention
+    noisy = tmp_path / "nvidia-smi"
+    noisy.write_text("#!/bin/sh\necho 'NVML failed: ask <@U0BOSS> or <!channel>' >&2\nexit 9\n")
+    noisy.chmod(0o755)
+    srv = {"address": ssh_server.host, "port": ssh_server.port, "user": ssh_server.username,
+           "key_file": str(ssh_server.client_key_path), "known_hosts": str(ssh_server.known_hosts_path),
+           "nvidia_smi": str(noisy), "log_dirs": ["/tmp"]}
+    cfg = parse_config({"state_dir": str(tmp_path / "state"), "probe_workers": 0,
+                        "hosts": {f"n-[1-{hosts}]": dict(srv)}})
+    bot = await make_bot(cfg)
+    answer = await bot.chat.say("/gpu status", user="U1")
+    assert answer.audit == "ok" and "U0BOSS" in answer.text, answer.text
+    for where in (answer.text, str(answer.post.blocks)):
+        assert "<@U0BOSS>" not in where and "<!channel>" not in where
