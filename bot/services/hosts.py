@@ -380,6 +380,7 @@ class HostService:
                 log.warning("probe worker %d failed (%s); probing its %d hosts here", k, e, len(names))
                 got = {}
             missed = []
+            learnt = len(self.redactor.given_values) != len(values)  # values learnt while the worker probed
             for h in names:
                 entry = got.get(h)
                 if entry is None:
@@ -387,8 +388,8 @@ class HostService:
                     continue
                 result, seconds, helpers = entry
                 self._remote_helpers[h] = tuple(helpers)
-                if isinstance(result, Snapshot) and len(self.redactor.given_values) != len(values):
-                    redact = shown_command(self.redactor)  # learnt meanwhile: the worker did not know it
+                if isinstance(result, Snapshot) and learnt:
+                    redact = shown_command(self.redactor)  # the worker did not know them
                     for row in (*result.processes, *result.table):
                         row.args = redact(row.args)
                 if isinstance(result, HostFailure):

@@ -193,22 +193,27 @@ class LaunchService:
         return self._activity.get(launch_id)
 
     # -- who holds what -----------------------------------------------------------------------------
-    def holders(self, snap: Snapshot) -> list[Holder]:
-        """GPU holders of a snapshot, attributed to this host's launches by tag (or orphan / foreign)."""
-        host_launches = [la for la in self._launches.recent(200) if la.host == snap.host]
+    def holders(self, snap: Snapshot, host_launches: Sequence[Launch] | None = None) -> list[Holder]:
+        """GPU holders of a snapshot, attributed to this host's launches by tag (or orphan / foreign).
+        `host_launches`: the host's recent launches when the caller has read them already (else read here)."""
+        if host_launches is None:
+            host_launches = [la for la in self._launches.recent(200) if la.host == snap.host]
         return attribute_holders(snap.gpu, snap.table, host_launches, snap.launch_tags)
 
-    def owners(self, snap: Snapshot) -> dict[int, str]:
-        """pid -> owner label (`base#12`, `orphan of base#12`, `foreign`) of each GPU holder in `snap`."""
-        return {h.pid: h.owner for h in self.holders(snap)}
+    def owners(self, snap: Snapshot, host_launches: Sequence[Launch] | None = None) -> dict[int, str]:
+        """pid -> owner label (`base#12`, `orphan of base#12`, `foreign`) of each GPU holder in `snap`
+        (`host_launches` as `holders` takes them)."""
+        return {h.pid: h.owner for h in self.holders(snap, host_launches)}
 
     async def status(self, hosts: Sequence[str]) -> tuple[list[Snapshot | HostFailure], dict[str, dict[int, str]]]:
         """GPU status of `hosts` probed in parallel (one result per host, in order; a failing host is a
         HostFailure) and, per host, the owner label of each GPU holder."""
-        recent = self._launches.recent(200)
-        keep = {h: [la.pid for la in recent if la.host == h and la.pid] for h in hosts}
+        by_host: dict[str, list[Launch]] = {}
+        for la in self._launches.recent(200):  # read once for every host, not once per host
+            by_host.setdefault(la.host, []).append(la)
+        keep = {h: [la.pid for la in by_host.get(h, ()) if la.pid] for h in hosts}
         results = await self.hosts.status(list(hosts), keep_pids=keep)
-        owners = {r.host: self.owners(r) for r in results if not isinstance(r, HostFailure)}
+        owners = {r.host: self.owners(r, by_host.get(r.host, [])) for r in results if not isinstance(r, HostFailure)}
         return results, owners
 
     async def fleet(self, hosts: Sequence[str]) -> list[HostLine]:
