@@ -54,7 +54,7 @@ from bot.config.schema import (
     VariantConfig,
     WatchPolicy,
 )
-from bot.config.variants import coerce_param, param_specs, render_launch, resolve_params
+from bot.config.variants import coerce_param, param_specs, placement_plan, render_launch, resolve_params
 
 __all__ = [
     "BUILTIN_TEMPLATE_VARS",
@@ -90,6 +90,7 @@ __all__ = [
     "load_config",
     "param_specs",
     "parse_config",
+    "placement_plan",
     "render_launch",
     "resolve_params",
 ]

@@ -17,6 +17,7 @@ import jinja2.sandbox
 
 from bot.config.schema import ENV_REF_RE, Config, ParamSpec
 from bot.core.lifecycle import exec_problems
+from bot.core.placement import GROUP_PREFIX
 
 #: Names a variant's command template may use besides its declared params.
 BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})
@@ -92,8 +93,18 @@ def _cross_checks(cfg: Config) -> list[str]:
             continue
         if rv.host is None:
             errors.append(f"variants.{name}.host: required (directly or through extends)")
+        elif rv.host.startswith(GROUP_PREFIX):
+            group = rv.host[len(GROUP_PREFIX):]
+            if not cfg.group_hosts(group):
+                known = ", ".join(sorted({h.group for h in cfg.hosts.values() if h.group})) or "(none)"
+                errors.append(f"variants.{name}.host: no host is in group {group!r}; groups with hosts: {known}")
+            if rv.gpu_count is None and not rv.gpus:
+                errors.append(f"variants.{name}.gpu_count: required when the variant is placed on a host group "
+                              f"(how many free GPUs to pick), or name fixed `gpus:`")
         elif rv.host not in cfg.hosts:
             errors.append(f"variants.{name}.host: unknown host {rv.host!r}; known: {', '.join(cfg.hosts)}")
+        if rv.gpu_count is not None and rv.gpus:
+            errors.append(f"variants.{name}.gpu_count: give fixed `gpus:` or a `gpu_count` to pick, not both")
         if not rv.command:
             errors.append(f"variants.{name}.command: required (directly or through extends)")
             continue

@@ -376,6 +376,10 @@ class VariantConfig(_Model):
     health: str | None = None
     generate: GenerateCheck | None = None
     gpus: list[Int] | None = None
+    #: How many GPUs the launch takes, chosen at launch among the free ones (bot.core.placement): of the one host
+    #: named, or of a host picked from the group named by `host: group:NAME`. Into `{{ gpus }}` and
+    #: `{{ cuda_visible_devices }}` like fixed `gpus`.
+    gpu_count: Int | None = None
     engine: Literal["sglang", "vllm", "tgi", "trtllm", "llamacpp", "lmdeploy", "generic"] | None = None
     watch: WatchPolicy | None = None
 
@@ -428,6 +432,11 @@ class VariantConfig(_Model):
             if len(set(v)) != len(v):
                 raise ValueError("GPU indexes must be unique")
         return v
+
+    @field_validator("gpu_count")
+    @classmethod
+    def _gpu_count(cls, v: int | None) -> int | None:
+        return None if v is None else _within(v, 1, 256, " (GPUs one launch takes)")
 
     @field_validator("health")
     @classmethod

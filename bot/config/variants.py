@@ -19,6 +19,7 @@ import jinja2.sandbox
 from bot.config.checks import command_template_problems
 from bot.config.schema import Config, ParamSpec, VariantConfig
 from bot.core.lifecycle import LAUNCH_ENV, LaunchError, RenderedLaunch, exec_problems
+from bot.core.placement import GROUP_PREFIX, PlacementPlan
 
 _CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -116,23 +117,64 @@ def _quote_value(v: Any) -> str:
 _ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
 
 
-def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
-                  host: str | None = None, tag: str = "") -> RenderedLaunch:
-    """Render a variant into a RenderedLaunch (pure).
-
-    Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
-    `extra_args` are appended quoted. The log path defaults to `/tmp/gpubot-VARIANT-ID.log`.
-    Raises LaunchError for an unknown variant/host, bad params, or a template that fails to render.
-    """
+def _variant(config: Config, variant_name: str) -> VariantConfig:
+    """The variant resolved (extends applied). Raises LaunchError for an unknown one."""
     if variant_name not in config.variants:
         known = ", ".join(config.variants) or "(none configured)"
         raise LaunchError(f"unknown variant {variant_name[:40]!r}; known variants: {known}")
-    v = config.resolved_variant(variant_name)
+    return config.resolved_variant(variant_name)
+
+
+def placement_plan(config: Config, variant_name: str, host: str | None = None,
+                   prefer: tuple[int, ...] | list[int] = ()) -> PlacementPlan | None:
+    """What placing a launch of the variant needs (bot.core.placement), or None when its GPUs are fixed (a host and
+    `gpus:`, or neither `gpu_count` nor a group): the group's hosts (or `host`, which must be one of them) and the
+    GPU count; for one host with `gpu_count`, that host. `prefer`: GPUs to keep when free (a relaunch's).
+    Raises LaunchError for an unknown variant or host, or a host outside the variant's group."""
+    v = _variant(config, variant_name)
+    target = v.host or ""
+    if not target.startswith(GROUP_PREFIX):
+        if v.gpu_count is None:
+            return None
+        name = host or target
+        if name not in config.hosts:
+            raise LaunchError(f"unknown host {str(name)[:40]!r}; known hosts: {', '.join(config.hosts)}")
+        return PlacementPlan(hosts=(name,), count=v.gpu_count, prefer=tuple(prefer))
+    group = target[len(GROUP_PREFIX):]
+    members = config.group_hosts(group)
+    if not members:
+        raise LaunchError(f"{variant_name} is placed on group {group!r}, which has no hosts in the config")
+    if host is not None:
+        if host not in config.hosts:
+            raise LaunchError(f"unknown host {host[:40]!r}; {variant_name} runs on a host of group {group}: "
+                              f"{', '.join(members[:10])}{' ...' if len(members) > 10 else ''}")
+        if host not in members:
+            raise LaunchError(f"{host} is not in group {group}, where {variant_name} runs; leave out host= to "
+                              f"let the bot pick one of its {len(members)} hosts")
+        members = [host]
+    count = v.gpu_count if v.gpu_count is not None else len(v.gpus or ())
+    return PlacementPlan(hosts=tuple(members), count=count, gpus=tuple(v.gpus or ()) if v.gpu_count is None else (),
+                         group=group if host is None else None, prefer=tuple(prefer))
+
+
+def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
+                  host: str | None = None, tag: str = "", gpus: list[int] | tuple[int, ...] | None = None
+                  ) -> RenderedLaunch:
+    """Render a variant into a RenderedLaunch (pure).
+
+    Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
+    `extra_args` are appended quoted. The log path defaults to `/tmp/gpubot-VARIANT-ID.log`. `host` and `gpus`
+    replace the variant's (a placed launch: bot.core.placement).
+    Raises LaunchError for an unknown variant/host, bad params, or a template that fails to render.
+    """
+    v = _variant(config, variant_name)
     host = host or v.host
+    if host is not None and host.startswith(GROUP_PREFIX):
+        raise LaunchError(f"{variant_name} runs on a host of {host}: the host is picked when it launches")
     if host not in config.hosts:
         raise LaunchError(f"unknown host {str(host)[:40]!r}; known hosts: {', '.join(config.hosts)}")
     params = resolve_params(v, given)
-    gpus = list(v.gpus or [])
+    gpus = list(gpus if gpus is not None else v.gpus or [])
     builtins = {"variant": variant_name, "launch_id": launch_id, "host": host,
                 "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
                 "cuda_visible_devices": ",".join(map(str, gpus))}

@@ -626,13 +626,16 @@ def gpu_memory(gpu: GpuSection, indexes: list[int] | None) -> float | None:
 @dataclass
 class LaunchOutcome:
     """Result of a launch: `launch` (None when refused before recording), the pre-launch `checks`, `error`
-    when starting failed, `exited_early` (its last log lines) when it was gone at the first check."""
+    when starting failed, `exited_early` (its last log lines) when it was gone at the first check, `placement`
+    where a placed launch went and why."""
 
     launch: Launch | None
     checks: PreflightResult = field(default_factory=PreflightResult)
     error: str | None = None
     exited_early: list[str] = field(default_factory=list)
     host: str | None = None
+    #: Where a placed launch went and why (bot.core.placement.PlacementNote.describe), None for a fixed host.
+    placement: str | None = None
 
     @property
     def ok(self) -> bool:

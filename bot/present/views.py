@@ -269,6 +269,7 @@ def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[st
         "error": redact(outcome.error) if outcome.error else None,
         "exited_early": [redact(x) for x in outcome.exited_early],
         "ok": outcome.ok,
+        "placement": getattr(outcome, "placement", None),
     }
 
 

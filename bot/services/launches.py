@@ -20,15 +20,16 @@ from bot.adapters.locks import DecisionLocks, LockTimeout
 from bot.adapters.remote import RemoteError
 from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
-from bot.config import Config, GenerateCheck, render_launch
+from bot.config import Config, GenerateCheck, placement_plan, render_launch
 from bot.core.commands import slash
-from bot.core.fleet import HostLine, host_line
+from bot.core.fleet import HostLine, free_gpus, host_line
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
     KillPreview,
     LaunchError,
     LaunchOutcome,
+    PreflightResult,
     RenderedLaunch,
     attribute_holders,
     gpu_memory,
@@ -42,6 +43,7 @@ from bot.core.lifecycle import (
 )
 from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import ended_by, own_processes, remember_processes, started_after
+from bot.core.placement import PlacementNote, PlacementPlan, order_hosts, pick_gpus
 from bot.core.probe import MAX_PS_PIDS, ProbeRequest, ProbeRequestError
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
@@ -420,17 +422,24 @@ class LaunchService:
 
     async def launch(self, variant: str, params: dict[str, str], *, user: str, channel: str | None = None,
                      host: str | None = None, thread_ts: str | None = None,
-                     relaunch_of: int | None = None) -> LaunchOutcome:
-        """Check, record, open the incident thread (unless `thread_ts` continues one) and start one launch.
-        Raises LaunchError for bad input (audited as invalid; nothing recorded); never raises for remote
-        failures (they are in the outcome and the audit trail)."""
+                     relaunch_of: int | None = None, prefer_gpus: Sequence[int] = ()) -> LaunchOutcome:
+        """Check, record, open the incident thread (unless `thread_ts` continues one) and start one launch. A variant
+        placed on a host group, or with a `gpu_count`, gets its host and GPUs picked first (`_launch_placed`;
+        `prefer_gpus` are kept when free). Raises LaunchError for bad input (audited as invalid; nothing recorded);
+        never raises for remote failures (they are in the outcome and the audit trail)."""
         self.secrets.learn(variant, params)  # before anything is recorded, posted or logged
         try:
-            preview = render_launch(self.config, variant, params, launch_id=0, host=host)
+            plan = placement_plan(self.config, variant, host, tuple(prefer_gpus))
+            preview = render_launch(self.config, variant, params, launch_id=0,
+                                    host=plan.hosts[0] if plan else host,
+                                    gpus=(plan.gpus or tuple(range(plan.count))) if plan else None)
         except LaunchError as e:
             self._audit.record(user_id=user, action="launch", result="invalid", detail=str(e), channel=channel,
                                args={"variant": variant, **self.secrets.for_record(params)})
             raise
+        if plan is not None:
+            return await self._launch_placed(plan, variant, params, user=user, channel=channel, thread_ts=thread_ts,
+                                             relaunch_of=relaunch_of)
         # One launch decision at a time per host: two /launch racing (on one bot or two) must not both pass the checks.
         try:
             async with self.locks.host(preview.host):
@@ -441,16 +450,62 @@ class LaunchService:
                                result="error", detail=str(e), host=preview.host, channel=channel)
             return LaunchOutcome(None, error=f"{e}; try again in a moment", host=preview.host)
 
-    async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
+    async def _launch_placed(self, plan: PlacementPlan, variant: str, params: dict[str, str], *, user: str,
                              channel: str | None, thread_ts: str | None, relaunch_of: int | None) -> LaunchOutcome:
-        host = preview.host
-        args = {"variant": variant, "host": host, "params": self.secrets.for_record(params)}
-        try:
-            snap = await self._snapshot(host, ProbeRequest(port=preview.port, health_path=None, shm=True))
-        except RemoteError as e:
-            self._audit.record(user_id=user, action="launch", args=args, result="error", detail=str(e), host=host,
-                               channel=channel)
-            return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}", host=host)
+        """Pick a host and GPUs for `plan` and launch there. The hosts are tried best fit first (a status of the
+        group); on each, under its launch lock, the free GPUs are read again from a fresh probe and the launches
+        recorded in the database, which a launch placed at the same moment has claimed (recorded with its GPUs)
+        before it released the lock. A host that cannot take it now is passed over with its reason."""
+        if len(plan.hosts) > 1:
+            order, skipped = order_hosts(await self.fleet(list(plan.hosts)), plan)
+        else:
+            order, skipped = list(plan.hosts), {}
+        fitting = len(order)
+        port = self.config.resolved_variant(variant).port
+        for host in order:
+            try:
+                async with self.locks.host(host):
+                    try:
+                        snap = await self._snapshot(host, ProbeRequest(port=port, health_path=None, shm=True))
+                    except RemoteError as e:
+                        skipped[host] = f"down: {str(e)[:120]}"
+                        continue
+                    same, others = await self._live_on(host, snap, variant)
+                    free = free_gpus(snap.gpu, [*same, *others], self.gpu_free_mib)
+                    gpus = pick_gpus(free, plan)
+                    if gpus is None:
+                        skipped[host] = (f"too few free GPUs: {len(free)} of {len(snap.gpu.gpus)} free"
+                                         if snap.gpu.ok else f"GPUs unreadable: {(snap.gpu.error or '?')[:120]}")
+                        continue
+                    preview = render_launch(self.config, variant, params, launch_id=0, host=host, gpus=gpus)
+                    note = PlacementNote(host=host, gpus=gpus, free_there=len(free), plan=plan, skipped=dict(skipped),
+                                         fitting=fitting)
+                    out = await self._launch_locked(preview, variant, params, user=user, channel=channel,
+                                                    thread_ts=thread_ts, relaunch_of=relaunch_of, snap=snap,
+                                                    live=(same, others), placed=note)
+                    if out.launch is None and out.checks.problems and host != order[-1]:
+                        skipped[host] = f"refused: {out.checks.problems[0][:160]}"
+                        continue
+                    return out
+            except LockTimeout:
+                skipped[host] = "busy: another launch was being decided there"
+        where = plan.where
+        need = (f"GPU{'' if len(plan.gpus) == 1 else 's'} {','.join(map(str, plan.gpus))} free" if plan.gpus else
+                f"{plan.count} free GPU{'' if plan.count == 1 else 's'}")
+        lines = [f"{h}: {why}" for h, why in sorted(skipped.items())]
+        shown = lines[:8] + ([f"... and {len(lines) - 8} more hosts"] if len(lines) > 8 else [])
+        problem = (f"no host of {where} has {need} now" if plan.group else f"{plan.hosts[0]} does not have {need} now")
+        problem += (": " + "; ".join(shown) if shown else "") + (
+            f". Find room with `{slash('free', plan.count, f'group={plan.group}' if plan.group else '')}`".rstrip()
+            if plan.count else "")
+        self._audit.record(user_id=user, action="launch", args={"variant": variant, "where": where}, result="refused",
+                           detail=problem, channel=channel)
+        return LaunchOutcome(None, checks=PreflightResult(problems=[problem]), host=where)
+
+    async def _live_on(self, host: str, snap: Snapshot, variant: str) -> tuple[list[Launch], list[Launch]]:
+        """The live launches of ours on `host` that still run (or started a moment ago), split into those of
+        `variant` and the others; a live launch with no process left in `snap` is marked gone (and its thread
+        shown)."""
         same, others = [], []
         for la in self._launches.live(host):
             recent = la.state == LaunchState.STARTING and self._clock.time() - la.created_at < STARTING_GRACE_S
@@ -459,6 +514,29 @@ class LaunchService:
             else:
                 la = self.transition(la, LaunchEvent.GONE, state_detail="no process left (seen at a later launch)")
                 await self._threads.show(la)
+        return same, others
+
+    async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
+                             channel: str | None, thread_ts: str | None, relaunch_of: int | None,
+                             snap: Snapshot | None = None, live: tuple[list[Launch], list[Launch]] | None = None,
+                             placed: PlacementNote | None = None) -> LaunchOutcome:
+        """The checks, the record (the GPUs' claim) and the start, under the host's launch lock. `snap` and `live`
+        when the caller has read them under the lock; `placed`: the launch's placement (then another live launch of
+        the same variant on other GPUs and port is no obstacle)."""
+        host = preview.host
+        args = {"variant": variant, "host": host, "params": self.secrets.for_record(params)}
+        if placed is not None:
+            args["gpus"] = list(placed.gpus)
+        if snap is None:
+            try:
+                snap = await self._snapshot(host, ProbeRequest(port=preview.port, health_path=None, shm=True))
+            except RemoteError as e:
+                self._audit.record(user_id=user, action="launch", args=args, result="error", detail=str(e), host=host,
+                                   channel=channel)
+                return LaunchOutcome(None, error=f"pre-launch check of {host} failed: {e}", host=host)
+        same, others = live if live is not None else await self._live_on(host, snap, variant)
+        if placed is not None:
+            same, others = [], [*same, *others]
         checks = prelaunch_checks(snap, preview, self.holders(snap), live_same_variant=same, other_live=others,
                                   gpu_free_mib=self.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
                                   min_shm_free_mib=self.min_shm_free_mib)
@@ -471,7 +549,7 @@ class LaunchService:
                                    command="", log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
                                    channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of,
                                    sealed_secrets=self.secrets.seal(secret))
-        r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag)
+        r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag, gpus=preview.gpus)
         command = r.command
         for k, v in r.params.items():  # values of secret-named params never reach the database
             if SECRET_NAME_RE.search(k) and str(v):
@@ -479,7 +557,9 @@ class LaunchService:
         la = self._launches.update(la.id, command=self._redactor(command), log_path=r.log_path)
         if thread_ts is None:
             la = await self._threads.open(la)
-        return await self._start(la, r, user, args, checks)
+        out = await self._start(la, r, user, args, checks)
+        out.placement = placed.describe() if placed is not None else None
+        return out
 
     async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
         try:
@@ -817,7 +897,7 @@ class LaunchService:
                                channel=channel)
             return k, None
         new = await self.launch(la.variant, merged, user=user, channel=la.channel or channel, host=la.host,
-                                thread_ts=la.thread_ts, relaunch_of=la.id)
+                                thread_ts=la.thread_ts, relaunch_of=la.id, prefer_gpus=la.gpus)
         self._audit.record(user_id=user, action="relaunch", args=args, result="started" if new.ok else "failed",
                            detail=new.launch.name if new.launch else "; ".join(new.checks.problems) or new.error,
                            launch_id=la.id, host=la.host, channel=channel)
