@@ -36,5 +36,6 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
 
 COMMAND = CommandSpec(
     "status", handle, Role.VIEWER, USAGE, "GPU table per host and who holds each GPU", default_of="gpu",
-    description="GPU and server status, probes and help", hint="status [HOST|all|group=G] | free N | probe ... | help",
+    description="GPU and server status, probes and help",
+    hint="status [HOST|all|group=G] | free N | whois HOST:GPU | probe ... | help",
 )

@@ -19,12 +19,14 @@ from handlers import (
     snooze,
     stack,
     status,
+    whois,
 )
 from handlers.spec import CommandSpec
 
 COMMANDS: tuple[CommandSpec, ...] = (
     status.COMMAND,
     free.COMMAND,
+    whois.COMMAND,
     probe.COMMAND,
     logs.COMMAND,
     launch.COMMAND,

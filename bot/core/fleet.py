@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from bot.core.commands import slash
 from bot.core.models import GpuSection, HostFailure, Launch, Snapshot
 
 #: A status of more hosts than this is a fleet view (one line per host) unless every table is asked for.
@@ -21,8 +22,8 @@ TABLES_UP_TO = 8
 class HostLine:
     """One host of the fleet: `free` the indexes of its free GPUs, `gpus` how many it has, `util_pct` its GPUs'
     mean utilisation (None when unknown), `used_mib` / `total_mib` memory over all its GPUs, `launches` the names of
-    the live launches of ours on it, `foreign` how many GPU holders are no launch of ours; `reason` why it could not
-    be read (then `failed`)."""
+    the live launches of ours on it, `foreign` how many GPU holders are no launch of ours (`foreign_users`: their users
+    on the host); `reason` why it could not be read (then `failed`)."""
 
     name: str
     group: str | None = None
@@ -35,6 +36,7 @@ class HostLine:
     total_mib: float = 0.0
     launches: tuple[str, ...] = ()
     foreign: int = 0
+    foreign_users: tuple[str, ...] = ()
 
     @property
     def used(self) -> int:
@@ -73,7 +75,7 @@ def free_gpus(gpu: GpuSection, live: Iterable[Launch], gpu_free_mib: float) -> t
 def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], owners: Mapping[int, str],
               gpu_free_mib: float, group: str | None = None) -> HostLine:
     """The line of one host from its status probe, its live launches and its holders' owner labels (pid -> label,
-    `foreign` for a holder that is no launch of ours)."""
+    starting with `foreign` for a holder that is no launch of ours: Holder.label)."""
     if isinstance(result, HostFailure):
         return HostLine(name=result.host, group=group, failed=True, reason=result.reason,
                         launches=tuple(la.name for la in live))
@@ -82,13 +84,15 @@ def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], owners: Ma
         return HostLine(name=result.host, group=group, failed=True, reason=gpu.error or "GPU readings missing",
                         launches=tuple(la.name for la in live))
     utils = [g.utilization_gpu_pct for g in gpu.gpus if g.utilization_gpu_pct is not None]
-    foreign = sum(1 for p in gpu.processes if owners.get(p.pid, "foreign") == "foreign")
+    labels = [owners.get(p.pid, "foreign") for p in gpu.processes]
+    foreign = sum(1 for label in labels if label.startswith("foreign"))
+    users = tuple(sorted({label.partition(" · ")[2] for label in labels if label.startswith("foreign · ")}))
     return HostLine(
         name=result.host, group=group, gpus=len(gpu.gpus), free=free_gpus(gpu, live, gpu_free_mib),
         util_pct=sum(utils) / len(utils) if utils else None,
         used_mib=sum(g.memory_used_mib or 0.0 for g in gpu.gpus),
         total_mib=sum(g.memory_total_mib or 0.0 for g in gpu.gpus),
-        launches=tuple(la.name for la in live), foreign=foreign)
+        launches=tuple(la.name for la in live), foreign=foreign, foreign_users=users)
 
 
 def summarize(lines: Sequence[HostLine]) -> FleetSummary:
@@ -107,3 +111,89 @@ def with_free(lines: Iterable[HostLine], n: int) -> list[HostLine]:
     then by name."""
     fit = [line for line in lines if not line.failed and len(line.free) >= n]
     return sorted(fit, key=lambda h: (-len(h.free), h.util_pct if h.util_pct is not None else 101.0, h.name))
+
+
+#: A GPU holder older than this (seconds), on a GPU at 0 % utilisation, is an idle GPU held (the digest lists it).
+IDLE_HELD_S = 3600.0
+#: Verdicts of a launch that is fine or not yet judged: any other one on a live launch is a failure left standing.
+_FINE_VERDICTS = frozenset({None, "", "loading", "unknown", "ready"})
+
+
+@dataclass(frozen=True)
+class DigestNotes:
+    """What the fleet digest points out, one line each: `idle` GPUs held for more than IDLE_HELD_S at 0 % now (host,
+    GPUs, memory, holders and for how long), `uncleaned` failed launches not yet cleaned up (a live launch whose last
+    verdict is a failure, a kill that failed, an ended launch whose processes still hold GPUs), `unreachable` hosts
+    (and why)."""
+
+    idle: list[str] = field(default_factory=list)
+    uncleaned: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+
+
+def _age(seconds: float) -> str:
+    """`5 h`, `2 d`, `45 min`."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 60:.0f} min"
+
+
+def digest_notes(results: Sequence[Snapshot | HostFailure], labels: Mapping[str, Mapping[int, str]],
+                 launches: Sequence[Launch], *, now: float, gpu_free_mib: float,
+                 idle_after_s: float = IDLE_HELD_S) -> DigestNotes:
+    """The digest's lines from one status of the fleet (`results`), each holder's label (host -> pid -> Holder.label)
+    and the recent launches (store Launch objects; `now` epoch seconds). A GPU is idle held when it uses at least
+    `gpu_free_mib` MiB, reads 0 % utilisation now, and every process on it has run for `idle_after_s` or more (one
+    reading: a GPU between requests reads 0 % too, which the line says)."""
+    notes = DigestNotes()
+    holding: dict[tuple[str, int], list[int]] = {}  # (host, launch id) -> GPUs its processes still hold
+    by_name = {la.name: la for la in launches}
+    for r in results:
+        if isinstance(r, HostFailure):
+            notes.unreachable.append(f"{r.host}: {' '.join(r.reason.split())[:200]}")
+            continue
+        if not r.gpu.ok:
+            notes.unreachable.append(f"{r.host}: GPUs unreadable: {' '.join((r.gpu.error or '?').split())[:200]}")
+            continue
+        ages = {p.pid: p.elapsed_s for p in r.table}
+        host_labels = labels.get(r.host, {})
+        on_gpu: dict[int, list[int]] = {}
+        for p in r.gpu.processes:
+            if p.gpu_index is not None:
+                on_gpu.setdefault(p.gpu_index, []).append(p.pid)
+            label = host_labels.get(p.pid, "")
+            if label.startswith("orphan of "):
+                la = by_name.get(label[len("orphan of "):].split(" by ", 1)[0])
+                if la is not None and p.gpu_index is not None:
+                    holding.setdefault((r.host, la.id), []).append(p.gpu_index)
+        idle: dict[tuple[str, ...], list[tuple[int, float, float]]] = {}
+        for g in r.gpu.gpus:
+            pids = on_gpu.get(g.index, [])
+            known = [ages.get(pid) for pid in pids]
+            if (not pids or g.memory_used_mib is None or g.memory_used_mib < gpu_free_mib
+                    or g.utilization_gpu_pct is None or g.utilization_gpu_pct > 0
+                    or any(a is None or a < idle_after_s for a in known)):
+                continue
+            who = tuple(sorted({host_labels.get(pid, "foreign") for pid in pids}))
+            idle.setdefault(who, []).append((g.index, g.memory_used_mib, min(a for a in known if a is not None)))
+        for who, gpus in idle.items():
+            indexes = ",".join(str(i) for i, _, _ in gpus)
+            gib = sum(m for _, m, _ in gpus) / 1024
+            notes.idle.append(f"{r.host} GPU{'' if len(gpus) == 1 else 's'} {indexes}: {gib:.0f} GiB held for "
+                              f"{_age(min(a for _, _, a in gpus))}+ at 0% util now, by {'; '.join(who)}")
+    for la in launches:
+        gpus = sorted(set(holding.get((la.host, la.id), [])))
+        held = f"; its processes still hold GPU{'' if len(gpus) == 1 else 's'} {','.join(map(str, gpus))}" \
+            if gpus else ""
+        kill = f": `{slash('kill', la.id)}`"
+        if la.state.value == "kill_failed":
+            notes.uncleaned.append(f"{la.name} on {la.host}: the kill did not finish{held}{kill}")
+        elif la.live and la.alert_state not in _FINE_VERDICTS:
+            verdict = f"{la.alert_state} at its last check"
+            notes.uncleaned.append(f"{la.name} on {la.host}: {verdict}, still live{held}{kill}")
+        elif la.state.value == "failed" and gpus:
+            ended = f" {_age(now - la.ended_at)} ago" if la.ended_at else ""
+            notes.uncleaned.append(f"{la.name} on {la.host}: failed{ended}{held}{kill}")
+    return notes

@@ -432,7 +432,8 @@ def unit_cleanup_script(unit: str | None, manager: str | None) -> str | None:
 @dataclass
 class Holder:
     """A process holding GPU memory, attributed: `owner` is a launch name (`base#12`), `orphan of base#12`
-    (the launch's launcher is gone but this process lives), or `foreign` (no launch of ours)."""
+    (the launch's launcher is gone but this process lives), or `foreign` (no launch of ours); `label` adds who:
+    the Slack user who launched it, or the foreign process's user on the host."""
 
     pid: int
     gpu_index: int | None
@@ -441,6 +442,18 @@ class Holder:
     state: str
     owner: str
     launch_id: int | None = None
+    #: The process's user on the host (ps USER), None when its row was not read.
+    user: str | None = None
+    #: The Slack user ID that launched its launch (None for a foreign holder).
+    launched_by: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Who holds it, for tables: `base#12 by U0ALICE`, `orphan of base#12 by U0ALICE`, `foreign · bob` (its
+        user on the host), or `foreign`."""
+        if self.launch_id is None:
+            return f"foreign · {self.user}" if self.user else "foreign"
+        return f"{self.owner} by {self.launched_by}" if self.launched_by else self.owner
 
 
 def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int, ...] | set[int],
@@ -511,7 +524,8 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
             owner = la.name if (la.live and leader_alive) else f"orphan of {la.name}"
         out.append(Holder(pid=gp.pid, gpu_index=gp.gpu_index, mib=gp.used_memory_mib,
                           command=(row.args if row else gp.process_name or "?"), state=row.stat if row else "?",
-                          owner=owner, launch_id=lid))
+                          owner=owner, launch_id=lid, user=row.user if row else None,
+                          launched_by=getattr(la, "created_by", None) if la is not None else None))
     return out
 
 

@@ -90,11 +90,11 @@ class GpuSection:
 
 
 class ProcessInfo:
-    """One row of `ps -eo pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args` (procps-ng).
+    """One row of `ps -eo pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,user:32,args` (procps-ng).
 
     `rss_kib` is KiB as ps prints it, `elapsed_s` seconds since start, `cpu_time_s` cumulative CPU
     seconds (parsed from ps `TIME`, `[[DD-]HH:]MM:SS`), `pcpu` percent of one core averaged over the
-    process lifetime. Fields ps could not print are None.
+    process lifetime, `user` the effective user's name (or number). Fields ps could not print are None.
 
     A host's table holds thousands of rows and a probe keeps only a few, so a parser may hand a row over half
     read: `pid`, `ppid`, `pgid`, `sid` and `stat` (what selecting and walking the tree need), with the function
@@ -104,14 +104,15 @@ class ProcessInfo:
     line can be read (pickling or comparing a row reads it). A plain class with slots, not a dataclass.
     """
 
-    __slots__ = ("_args", "_cpu_time_s", "_elapsed_s", "_pcpu", "_redact", "_rest", "_rss_kib", "_wchan", "pgid",
-                 "pid", "ppid", "sid", "stat")
-    FIELDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss_kib", "elapsed_s", "cpu_time_s", "wchan", "args")
+    __slots__ = ("_args", "_cpu_time_s", "_elapsed_s", "_pcpu", "_redact", "_rest", "_rss_kib", "_user", "_wchan",
+                 "pgid", "pid", "ppid", "sid", "stat")
+    FIELDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss_kib", "elapsed_s", "cpu_time_s", "wchan", "args",
+              "user")
 
     def __init__(self, pid: int, ppid: int | None = None, pgid: int | None = None, sid: int | None = None,
                  stat: str = "", pcpu: float | None = None, rss_kib: int | None = None,
                  elapsed_s: int | None = None, cpu_time_s: int | None = None, wchan: str | None = None,
-                 args: str = ""):
+                 args: str = "", user: str | None = None):
         self.pid = pid
         self.ppid = ppid
         self.pgid = pgid
@@ -123,6 +124,7 @@ class ProcessInfo:
         self._cpu_time_s = cpu_time_s
         self._wchan = wchan
         self._args = args
+        self._user = user
         self._redact: Any = None
         self._rest: Any = None
 
@@ -144,10 +146,10 @@ class ProcessInfo:
         return self
 
     def set_rest(self, pcpu: float | None, rss_kib: int | None, elapsed_s: int | None, cpu_time_s: int | None,
-                 wchan: str | None, args: str) -> None:
+                 wchan: str | None, args: str, user: str | None = None) -> None:
         """Set the fields after `stat` (a parser's `pending_rest` function does); a pending redaction stays."""
-        self._pcpu, self._rss_kib, self._elapsed_s, self._cpu_time_s, self._wchan = (
-            pcpu, rss_kib, elapsed_s, cpu_time_s, wchan)
+        self._pcpu, self._rss_kib, self._elapsed_s, self._cpu_time_s, self._wchan, self._user = (
+            pcpu, rss_kib, elapsed_s, cpu_time_s, wchan, user)
         self._args = args
 
     def _read_rest(self) -> None:
@@ -218,6 +220,19 @@ class ProcessInfo:
         if self._rest is not None:
             self._read_rest()
         self._wchan = value
+
+    @property
+    def user(self) -> str | None:
+        """The effective user's name (its number when ps could not name it), or None when not read."""
+        if self._rest is not None:
+            self._read_rest()
+        return self._user
+
+    @user.setter
+    def user(self, value: str | None) -> None:
+        if self._rest is not None:
+            self._read_rest()
+        self._user = value
 
     @property
     def args(self) -> str:

@@ -409,7 +409,9 @@ def _fleet_row(h: FleetLine, width: int, show_free: bool = False) -> str:
     mem = f"{h.used_mib / 1024:.0f}/{h.total_mib / 1024:.0f} GiB"
     who = ", ".join(h.launches[:4]) + (f" +{len(h.launches) - 4}" if len(h.launches) > 4 else "")
     if h.foreign:
-        who = f"{who}{', ' if who else ''}{h.foreign} foreign"
+        users = no_mentions(redact(f" ({', '.join(h.foreign_users[:3])}{' +' if len(h.foreign_users) > 3 else ''})")) \
+            if h.foreign_users else ""  # users' names are host text
+        who = f"{who}{', ' if who else ''}{h.foreign} foreign{users}"
     row = (FLEET_FORMAT % (width, h.name, h.gpus, len(h.free), util, mem, who or "-")).rstrip()
     if show_free:
         row += f"  free GPUs: {','.join(map(str, h.free))}"
@@ -434,3 +436,60 @@ def fleet_view(summary: FleetSummary, *, title: str, hint: str = "", show_free: 
     totals = totals or (f"{summary.hosts} host{'' if summary.hosts == 1 else 's'}{down} · {summary.gpus} GPUs, "
               f"{summary.free} free · {summary.launches} live launch{'' if summary.launches == 1 else 'es'}")
     return {"title": title, "totals": totals, "rows": rows, "hint": hint}
+
+
+def whois_view(w: Any) -> dict[str, Any]:
+    """Context for templates/whois.*: one GPU (a bot.services.launches.GpuWhois) and who holds it. `status` one line
+    (its reading, or why it could not be read), `holders` [{pid, gib, who (mrkdwn: the launch and a mention of the
+    Slack user who launched it, or `[foreign]` and its user on the host), command, age (text), kill (a command)}],
+    `claims` the live launches that claim it without memory showing, `free` True when it is free (under
+    `gpu_free_mib` and claimed by no live launch). Host text is redacted and cannot mention anyone."""
+    holders = []
+    held_by = {h.launch_id for h in w.holders if h.launch_id is not None}
+    for h in w.holders:
+        la = w.launches.get(h.launch_id) if h.launch_id is not None else None
+        if la is not None:
+            ended = "" if la.live else f", {la.state.value}"
+            who = f"*{mrkdwn_escape(h.owner)}*{ended}, launched by {user_mention(la.created_by)}"
+            kill = for_launch("kill", la.id)
+        else:
+            user = no_mentions(redact(h.user)) if h.user else "unknown user"
+            who = f"[foreign] user *{mrkdwn_escape(user)}*"
+            kill = slash("kill", f"pid={h.pid}", f"host={w.host}")
+        holders.append({"pid": h.pid, "gib": None if h.mib is None else h.mib / 1024, "who": who,
+                        "command": short_command(h.command, 100), "age": fmt_duration(w.elapsed_s.get(h.pid)),
+                        "kill": kill})
+    claims = [{"name": la.name, "state": la.state.value, "who": user_mention(la.created_by),
+               "all": not la.gpus} for la in w.claims if la.id not in held_by]
+    if w.error:
+        status = f"could not be read: {no_mentions(' '.join(redact(w.error).split()))[:300]}"
+    elif w.gpu is None:
+        status = f"{w.host} has no GPU {w.index} (its GPUs: {', '.join(map(str, w.gpus)) or 'none'})"
+    else:
+        g = w.gpu
+        util = f", util {g.utilization_gpu_pct:.0f}%" if g.utilization_gpu_pct is not None else ""
+        used = "?" if g.memory_used_mib is None else f"{g.memory_used_mib / 1024:.1f}"
+        total = "?" if g.memory_total_mib is None else f"{g.memory_total_mib / 1024:.0f}"
+        status = f"{no_mentions((g.name or 'GPU').replace('NVIDIA ', ''))}, {used} / {total} GiB used{util}"
+    free = (not w.error and w.gpu is not None and w.gpu.memory_used_mib is not None
+            and w.gpu.memory_used_mib < w.gpu_free_mib and not w.claims)
+    return {"host": w.host, "index": w.index, "status": status, "holders": holders, "claims": claims,
+            "free": free, "readable": not w.error and w.gpu is not None}
+
+
+#: Lines a digest note section shows at most (the rest are counted).
+DIGEST_NOTE_LINES = 15
+
+
+def digest_notes_view(notes: Any) -> dict[str, Any]:
+    """Context for templates/digest_notes.*: the fleet digest's notes (a bot.core.fleet.DigestNotes) as `sections`
+    [{title, icon, lines, more}] (only those with lines; host text redacted, mentions broken)."""
+    sections = []
+    for title, icon, lines in (("Idle GPUs held for over an hour", ":zzz:", notes.idle),
+                               ("Failed launches not cleaned up", ":warning:", notes.uncleaned),
+                               ("Hosts unreachable", ":x:", notes.unreachable)):
+        if lines:
+            sections.append({"title": f"{title} ({len(lines)})", "icon": icon,
+                             "lines": [no_mentions(redact(x)) for x in lines[:DIGEST_NOTE_LINES]],
+                             "more": max(0, len(lines) - DIGEST_NOTE_LINES)})
+    return {"sections": sections}

@@ -13,7 +13,7 @@ import logging
 import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.adapters.locks import DecisionLocks, LockTimeout
@@ -22,7 +22,7 @@ from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
 from bot.config import Config, GenerateCheck, placement_plan, render_launch
 from bot.core.commands import slash
-from bot.core.fleet import HostLine, free_gpus, host_line
+from bot.core.fleet import DigestNotes, HostLine, digest_notes, free_gpus, host_line
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
@@ -82,6 +82,25 @@ class _ProbeParts:
     health_path: str
     check: GenerateCheck | None
     generate: tuple[str, str | None, float] | None = None
+
+
+@dataclass
+class GpuWhois:
+    """Who holds one GPU (LaunchService.whois): `gpu` its reading (None when the host has no such index; `gpus`
+    the indexes it has), `holders` the processes with memory on it, `elapsed_s` each holder's age (pid -> seconds),
+    `launches` the launches they belong to (id -> Launch), `claims` the live launches that claim the GPU, `error`
+    why the host or its GPUs could not be read."""
+
+    host: str
+    index: int
+    gpu: Any = None
+    gpus: list[int] = field(default_factory=list)
+    holders: list[Holder] = field(default_factory=list)
+    elapsed_s: dict[int, int | None] = field(default_factory=dict)
+    launches: dict[int, Launch] = field(default_factory=dict)
+    claims: list[Launch] = field(default_factory=list)
+    error: str | None = None
+    gpu_free_mib: float = 1024.0
 
 
 class LaunchService:
@@ -203,9 +222,9 @@ class LaunchService:
         return attribute_holders(snap.gpu, snap.table, host_launches, snap.launch_tags)
 
     def owners(self, snap: Snapshot, host_launches: Sequence[Launch] | None = None) -> dict[int, str]:
-        """pid -> owner label (`base#12`, `orphan of base#12`, `foreign`) of each GPU holder in `snap`
-        (`host_launches` as `holders` takes them)."""
-        return {h.pid: h.owner for h in self.holders(snap, host_launches)}
+        """pid -> owner label (`base#12 by U0ALICE`, `orphan of base#12 by U0ALICE`, `foreign · bob`: Holder.label)
+        of each GPU holder in `snap` (`host_launches` as `holders` takes them)."""
+        return {h.pid: h.label for h in self.holders(snap, host_launches)}
 
     async def status(self, hosts: Sequence[str]) -> tuple[list[Snapshot | HostFailure], dict[str, dict[int, str]]]:
         """GPU status of `hosts` probed in parallel (one result per host, in order; a failing host is a
@@ -218,11 +237,38 @@ class LaunchService:
         owners = {r.host: self.owners(r, by_host.get(r.host, [])) for r in results if not isinstance(r, HostFailure)}
         return results, owners
 
+    async def whois(self, host: str, index: int) -> GpuWhois:
+        """Who holds GPU `index` of `host` now: its reading, each holder (its launch and the Slack user who launched
+        it, or foreign with its user on the host), how long each has run (seconds), and the live launches that claim
+        the GPU (a launch still loading holds no memory yet). Never raises for remote failures (`error`)."""
+        results, _ = await self.status([host])
+        result = results[0]
+        live = [la for la in self._launches.live(host) if not la.gpus or index in la.gpus]
+        if isinstance(result, HostFailure):
+            return GpuWhois(host=host, index=index, error=result.reason, claims=live)
+        if not result.gpu.ok:
+            return GpuWhois(host=host, index=index, error=result.gpu.error or "GPU readings missing", claims=live)
+        gpu = next((g for g in result.gpu.gpus if g.index == index), None)
+        recent = [la for la in self._launches.recent(200) if la.host == host]
+        holders = [h for h in self.holders(result, recent) if h.gpu_index == index]
+        rows = {p.pid: p for p in result.table}
+        by_id = {la.id: la for la in recent}
+        return GpuWhois(host=host, index=index, gpu=gpu, gpus=[g.index for g in result.gpu.gpus], holders=holders,
+                        elapsed_s={h.pid: rows[h.pid].elapsed_s for h in holders if h.pid in rows},
+                        launches={h.launch_id: by_id[h.launch_id] for h in holders
+                                  if h.launch_id is not None and h.launch_id in by_id},
+                        claims=live, gpu_free_mib=self.config.lifecycle.gpu_free_mib)
+
     async def fleet(self, hosts: Sequence[str]) -> list[HostLine]:
         """One line per host of `hosts`, in order (bot.core.fleet): its GPUs free and used (free: under the config's
         `gpu_free_mib` and claimed by no live launch), utilisation, memory, its live launches and foreign holders,
         or why it could not be read."""
         results, owners = await self.status(hosts)
+        return self.fleet_lines(results, owners)
+
+    def fleet_lines(self, results: Sequence[Snapshot | HostFailure],
+                    owners: Mapping[str, Mapping[int, str]]) -> list[HostLine]:
+        """`fleet`'s lines from a status already probed (`status`'s results and owner labels)."""
         live: dict[str, list[Launch]] = {}
         for la in self._launches.live():
             live.setdefault(la.host, []).append(la)
@@ -230,6 +276,13 @@ class LaunchService:
         return [host_line(r, live.get(r.host, []), owners.get(r.host, {}), free_mib,
                           cfg.group if (cfg := self.config.hosts.get(r.host)) is not None else None)
                 for r in results]
+
+    def digest_notes(self, results: Sequence[Snapshot | HostFailure],
+                     owners: Mapping[str, Mapping[int, str]]) -> DigestNotes:
+        """The digest's notes (bot.core.fleet.digest_notes) from a status already probed: idle GPUs held for more than
+        an hour, failed launches not cleaned up, unreachable hosts."""
+        return digest_notes(results, owners, self._launches.recent(200), now=self._clock.time(),
+                            gpu_free_mib=self.config.lifecycle.gpu_free_mib)
 
     @staticmethod
     def _tagged(la: Launch, snap: Snapshot) -> list[int]:

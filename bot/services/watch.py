@@ -43,7 +43,7 @@ from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer, fmt_duration
-from bot.present.views import fleet_view, status_view
+from bot.present.views import digest_notes_view, fleet_view, status_view
 from bot.services.alerts import AlertPoster
 from bot.services.history import HISTORY_CHECKS, CheckHistory
 from bot.services.launches import LaunchService
@@ -234,12 +234,14 @@ class Watcher:
             return False
         try:
             hosts = self.config.host_names()
+            results, owners = await self.launches.status(hosts)
             if len(hosts) > TABLES_UP_TO:  # a fleet: one line per host under its totals
-                lines = await self.launches.fleet(hosts)
+                lines = self.launches.fleet_lines(results, owners)
                 msg = self._render.render("fleet", **fleet_view(summarize(lines), title="GPU fleet digest"))
             else:
-                results, owners = await self.launches.status(hosts)
                 msg = self._render.render("status", **status_view(results, owners))
+            notes = self.launches.digest_notes(results, owners)
+            msg = msg.then(self._render.render("digest_notes", **digest_notes_view(notes)))
             return await self._surface.post(channel, msg) is not None
         except Exception:
             log.exception("the digest failed")

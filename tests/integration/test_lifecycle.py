@@ -92,7 +92,7 @@ async def test_parent_sigkilled_alone_leaves_orphans_shown_in_status(bot):
 
     async def orphans() -> str | None:
         status = await bot.chat.say("/gpu status")
-        return status.text if status.text.count("[orphan of base#1]") == 2 else None
+        return status.text if status.text.count("[orphan of base#1 by U0OPERATOR]") == 2 else None
 
     await wait_until(orphans, what="both workers shown as orphans of base#1")
     # /kill still finds and stops them (same session), and the memory comes back

@@ -228,7 +228,7 @@ async def test_scheduled_digest_posts_gpu_status_to_its_channel(make_bot, gpu_co
     assert await bot.runtime.watcher.digest()
     digest = bot.chat.posts[-1]
     assert digest.channel == "C0DIGEST" and digest.thread_ts is None and digest.text.startswith("GPU status: 1 host")
-    assert "[base#1]" in digest.text
+    assert "[base#1 by U0OPERATOR]" in digest.text
 
 
 def test_bad_digest_cron_is_a_config_error():

@@ -187,14 +187,15 @@ def _ps_row(cells: list[str], sep: str, indent: str) -> str:
     return indent + sep.join(cells)
 
 
-#: One `ps` data row: PS_COLUMNS order (pid ppid pgid sid stat pcpu rss elapsed time wchan args), every cell
+#: One `ps` data row: PS_COLUMNS order (pid ppid pgid sid stat pcpu rss elapsed time wchan user args), every cell
 #: drawn from normal and odd values, or a row with a random number of random cells.
 PS_ROW = st.one_of(
     st.builds(
         lambda cells, sep, indent: _ps_row(cells, sep, indent),
         st.tuples(*(st.sampled_from(INTS) for _ in range(4)), st.sampled_from(_STATS), st.sampled_from(_FLOATS),
                   st.sampled_from(INTS), st.sampled_from(DURATIONS), st.sampled_from(DURATIONS),
-                  st.sampled_from(_WCHANS), st.one_of(st.sampled_from(_ARGS), ARBITRARY_TEXT)).map(list),
+                  st.sampled_from(_WCHANS), st.sampled_from(["root", "ubuntu", "1001", "-", "a" * 32]),
+                  st.one_of(st.sampled_from(_ARGS), ARBITRARY_TEXT)).map(list),
         st.sampled_from([" ", "  ", "\t", " \t ", "      "]),
         st.sampled_from(["", " ", "    ", "\t"]),
     ),
@@ -523,12 +524,12 @@ UNIT_NVIDIA_TEXT = st.one_of(
 #: `ps` output exactly as the probe's `ps -eww -o PS_COLUMNS` prints it (an etime under ELAPSED, a zombie,
 #: internal spaces and a trailing tab in commands).
 PS_PROBE_OUTPUT = """\
-    PID    PPID    PGID     SID STAT %CPU   RSS ELAPSED     TIME WCHAN                            COMMAND
-      1       0       1       1 Ss    0.0 12800  864000 00:00:09 do_epoll_wait                    /sbin/init
-    566     561     566     566 Ss    0.2 16856      20 00:00:00 do_wait                          python3 /srv/fake_server.py 2
-    569     566     566     566 Sl   20.2 628504     20 00:00:04 hrtimer_nanosleep                /opt/venv/bin/python3 -B -c x  y
-    700     566     566     566 Z     0.0     0      20 00:00:00 -                                [python3] <defunct>
-    701     566     566     566 R     9.5  1000 1-02:03:04 1-00:00:01 -                             busy   loop\t
+    PID    PPID    PGID     SID STAT %CPU   RSS ELAPSED     TIME WCHAN                            USER     COMMAND
+      1       0       1       1 Ss    0.0 12800  864000 00:00:09 do_epoll_wait                    root     /sbin/init
+    566     561     566     566 Ss    0.2 16856      20 00:00:00 do_wait                          ubuntu   python3 /srv/fake_server.py 2
+    569     566     566     566 Sl   20.2 628504     20 00:00:04 hrtimer_nanosleep                ubuntu   /opt/venv/bin/python3 -B -c x  y
+    700     566     566     566 Z     0.0     0      20 00:00:00 -                                ubuntu   [python3] <defunct>
+    701     566     566     566 R     9.5  1000 1-02:03:04 1-00:00:01 -                             1001     busy   loop\t
 """  # noqa: E501
 
 _PS_REAL_LINES = (read(H200 / "hung.ps.txt").splitlines() + PS_PROBE_OUTPUT.splitlines()

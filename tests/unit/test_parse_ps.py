@@ -149,10 +149,10 @@ def test_probe_columns_without_header() -> None:
 def test_bad_rows_are_skipped() -> None:
     text = (
         PROBE_OUTPUT.splitlines()[0]
-        + "\n  abc 1 1 1 S 0.0 1 1 00:00:00 - junk\n"
+        + "\n  abc 1 1 1 S 0.0 1 1 00:00:00 - root junk\n"
         + "  12 1\n"
         + "\x00\x1b[31m garbage \ufffd\n"
-        + "  13 1 13 13 S 0.0 1 1 00:00:00 -\n"  # empty command line is allowed
+        + "  13 1 13 13 S 0.0 1 1 00:00:00 - root\n"  # empty command line is allowed
     )
     rows = parse_ps(text)
     assert [(r.pid, r.args) for r in rows] == [(13, "")]
@@ -315,6 +315,7 @@ _ROW = st.tuples(
     _CELL, _CELL,
     st.one_of(_CELL, st.sampled_from(["00:00:00", "23:59:59", "100:00:00", "1-00:00:01"])),
     st.sampled_from(["-", "do_wait", "futex_wait_queue", ""]),
+    st.sampled_from(["-", "root", "ubuntu", "1001"]),
     st.one_of(st.just(""), st.text(max_size=40).filter(lambda s: "\n" not in s and "\r" not in s)),
 )
 
@@ -328,8 +329,8 @@ def _fields(info: ProcessInfo | None) -> tuple | None:
 def test_fuzz_probe_row_fast_path_equals_careful_path(row: tuple, gap: str) -> None:
     from bot.core.parse.ps import _probe_row, _probe_row_split
 
-    ids, stat, pcpu, rss, etimes, cputime, wchan, args = row
-    line = "  " + gap.join([*ids, stat, pcpu, rss, etimes, cputime, wchan or "-"]) + (gap + args if args else "")
+    ids, stat, pcpu, rss, etimes, cputime, wchan, user, args = row
+    line = "  " + gap.join([*ids, stat, pcpu, rss, etimes, cputime, wchan or "-", user]) + (gap + args if args else "")
     assert _fields(_probe_row(line)) == _fields(_probe_row_split(line))
 
 

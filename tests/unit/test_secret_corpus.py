@@ -169,6 +169,29 @@ def _fleet(lines, line):
                                                  show_free=True))
 
 
+def _whois(lines, line):
+    from bot.core.lifecycle import Holder
+    from bot.core.models import GpuReading
+    from bot.present.views import whois_view
+    from bot.services.launches import GpuWhois
+
+    holders = [Holder(pid=10, gpu_index=0, mib=1.0, command=line, state="S", owner="foreign", user=line),
+               Holder(pid=11, gpu_index=0, mib=1.0, command="\n".join(lines), state="S", owner="foreign")]
+    held = RENDERER.render("whois", **whois_view(GpuWhois(host="gpu-01", index=0, gpu=GpuReading(index=0, name=line),
+                                                          holders=holders, elapsed_s={10: 5})))
+    down = RENDERER.render("whois", **whois_view(GpuWhois(host="gpu-01", index=0, error="\n".join(lines))))
+    return held.then(down)
+
+
+def _digest_notes(lines, line):
+    from bot.core.fleet import DigestNotes
+    from bot.present.views import digest_notes_view
+
+    notes = DigestNotes(idle=[f"gpu-01 GPU 0: 70 GiB held for 2 h+ at 0% util now, by foreign · {line}"],
+                        uncleaned=[line], unreachable=[f"gpu-02: {line}", "gpu-03: " + "\n".join(lines)])
+    return RENDERER.render("digest_notes", **digest_notes_view(notes))
+
+
 def _probe(lines, line):
     return RENDERER.render("probe", **probe_view(_snapshot(lines, line), line))
 
@@ -239,6 +262,7 @@ SINKS: dict[str, Callable[[list[str], str], Message]] = {
     "status": _status, "probe": _probe, "logs": _logs, "alert": _alert, "launch_root": _launch_root,
     "launch_result": _launch_result, "kill_confirm": _kill_confirm, "kill_result": _kill_result, "error": _error,
     "notice": _notice, "progress": _progress, "stackdump": _stackdump, "fleet": _fleet,
+    "whois": _whois, "digest_notes": _digest_notes,
 }
 #: Templates covered by another sink's message, and the one that shows no host or user data at all.
 COVERED_ELSEWHERE = {"alert_evidence": "alert", "help": "the command table only"}

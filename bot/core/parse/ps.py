@@ -3,8 +3,9 @@
 No I/O here. Formats come from real captures (procps-ng on Ubuntu 24.04, `tests/fixtures/h200/*.ps.txt`)
 and public bug reports (`ps aux`, `tests/fixtures/cases/00-*/ps.txt`):
 
-- the probe: `ps -eww -o pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args`
-  (header `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN COMMAND`)
+- the probe: `ps -eww -o pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,user:32,args`
+  (header `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN USER COMMAND`; USER is the effective user's name, or
+  its number when the name is wider than 32 characters or unknown)
 - the fixtures: the same plus `pmem,vsz` (`%MEM`, `VSZ` columns)
 - `ps aux` (`USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND`)
 """
@@ -28,7 +29,7 @@ __all__ = [
     "select_processes",
 ]
 
-PS_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,args"
+PS_COLUMNS = "pid,ppid,pgid,sid,stat,pcpu,rss,etimes,time,wchan:32,user:32,args"
 """The `-o` format the probe passes to `ps -eww -o` (procps-ng). `args` must stay last."""
 
 # Header names procps-ng prints -> internal column kind.
@@ -47,6 +48,8 @@ _HEADER_KINDS: Mapping[str, str] = MappingProxyType({
     "ELAPSED": "elapsed",
     "TIME": "cputime",
     "WCHAN": "wchan",
+    "USER": "user",
+    "EUSER": "user",
     "COMMAND": "args",
     "CMD": "args",
     "ARGS": "args",
@@ -76,6 +79,9 @@ _SPEC_KINDS: Mapping[str, str] = MappingProxyType({
     "cputimes": "cputime",
     "times": "cputime",
     "wchan": "wchan",
+    "user": "user",
+    "euser": "user",
+    "uname": "user",
     "args": "args",
     "command": "args",
     "cmd": "args",
@@ -162,7 +168,7 @@ def _header_kinds(tokens: list[str]) -> list[str | None] | None:
 
 
 #: The column kinds of the probe's own layout (PS_COLUMNS): rows in it take the fast path (`_probe_row`).
-_PROBE_KINDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss", "elapsed", "cputime", "wchan", "args")
+_PROBE_KINDS = ("pid", "ppid", "pgid", "sid", "stat", "pcpu", "rss", "elapsed", "cputime", "wchan", "user", "args")
 
 
 def _clock(text: str) -> int | None:
@@ -206,20 +212,21 @@ def _read_rest(info: ProcessInfo, line: str, start: int) -> None:
     """Set the fields after `stat` of `info` from its row `line` (they start at `start`): what
     `_probe_row_split` reads from them, split the same way, with the common cells (whole numbers for RSS and
     ELAPSED) taken at once and any other row read by `_probe_row_split` itself."""
-    parts = line[start:].split(None, 5)
-    if len(parts) >= 5:
+    parts = line[start:].split(None, 6)
+    if len(parts) >= 6:
         pcpu, rss, elapsed, cpu, wchan = parts[0], parts[1], parts[2], parts[3], parts[4]
         if (rss.isdigit() and elapsed.isdigit() and rss.isascii() and elapsed.isascii() and len(rss) <= 18
                 and len(elapsed) <= 12):
             el = int(elapsed)
             info.set_rest(_pcpu_cell(pcpu), int(rss), el if el < MAX_PLAUSIBLE_ELAPSED_S else None, _clock_cell(cpu),
-                          None if wchan == "-" else wchan, parts[5].rstrip() if len(parts) == 6 else "")
+                          None if wchan == "-" else wchan, parts[6].rstrip() if len(parts) == 7 else "",
+                          None if parts[5] == "-" else parts[5])
             return
     full = _probe_row_split(line)  # an unusual row: every field checked one by one
     if full is None:  # cannot happen for a row whose start matched; keep what is known
-        info.set_rest(None, None, None, None, None, "")
+        info.set_rest(None, None, None, None, None, "", None)
         return
-    info.set_rest(full.pcpu, full.rss_kib, full.elapsed_s, full.cpu_time_s, full.wchan, full.args)
+    info.set_rest(full.pcpu, full.rss_kib, full.elapsed_s, full.cpu_time_s, full.wchan, full.args, full.user)
 
 
 def _plausible(elapsed: int | None) -> int | None:
@@ -229,12 +236,12 @@ def _plausible(elapsed: int | None) -> int | None:
 
 def _probe_row_split(line: str) -> ProcessInfo | None:
     """`_probe_row` for any row: split into cells, each checked."""
-    parts = line.split(None, 10)
-    if len(parts) < 11:
-        if len(parts) != 10:
+    parts = line.split(None, 11)
+    if len(parts) < 12:
+        if len(parts) != 11:
             return None
         parts.append("")  # empty command line
-    pid_s, ppid_s, pgid_s, sid_s, stat, pcpu_s, rss_s, el_s, cpu_s, wchan, args = parts
+    pid_s, ppid_s, pgid_s, sid_s, stat, pcpu_s, rss_s, el_s, cpu_s, wchan, user, args = parts
     if not (pid_s.isdigit() and pid_s.isascii() and len(pid_s) <= 18):
         return None
     return ProcessInfo(
@@ -249,6 +256,7 @@ def _probe_row_split(line: str) -> ProcessInfo | None:
         _clock(cpu_s),
         None if wchan in ("-", "") else wchan,
         args.rstrip(),
+        None if user in ("-", "") else user,
     )
 
 
@@ -291,6 +299,8 @@ def _row(kinds: Sequence[str | None], line: str) -> ProcessInfo | None:
         info.wchan = None if w in ("-", "") else w
     if "args" in values:
         info.args = values["args"].rstrip()
+    if "user" in values:
+        info.user = None if values["user"] in ("-", "") else values["user"]
     return info
 
 
@@ -299,9 +309,9 @@ def parse_ps(text: str, columns: Sequence[str] | None = None, *,
     """Parse procps-ng `ps` output into ProcessInfo rows, in input order.
 
     Without `columns` the text must start with (or contain) a header line; its names decide the
-    columns: `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN COMMAND` (the probe's PS_COLUMNS),
+    columns: `PID PPID PGID SID STAT %CPU RSS ELAPSED TIME WCHAN USER COMMAND` (the probe's PS_COLUMNS),
     the same with `%MEM VSZ` (fixtures) and `ps aux` (`USER PID %CPU %MEM VSZ RSS TTY STAT START TIME
-    COMMAND`) all work; unknown columns (USER, %MEM, VSZ, TTY, START, ...) are ignored. A later header
+    COMMAND`) all work; unknown columns (%MEM, VSZ, TTY, START, ...) are ignored. A later header
     line switches the layout (concatenated outputs). If no header appears before the first data line,
     the PS_COLUMNS layout is assumed.
 
