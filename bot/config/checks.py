@@ -223,6 +223,8 @@ def _split_host_line(line: str, hosts: Collection[str]) -> tuple[str, str, str] 
     head, sep, message = rest.partition(": ")
     if not sep:
         return None
+    if head in hosts:  # a problem of the whole entry (`hosts.gpu-01: address is required ...`)
+        return head, "", message
     best = None
     for i, ch in enumerate(head):
         if ch == "." and head[:i] in hosts:
@@ -252,6 +254,7 @@ def collapse_host_warnings(lines: list[str], hosts: Collection[str]) -> list[str
         elif shared not in done:
             done.add(shared)
             names = groups[shared]
-            out.append(f"hosts.{{{', '.join(names[:SHARED_WARNING_HOSTS])}, ... ({len(names)} hosts)}}.{shared[0]}: "
+            key = f".{shared[0]}" if shared[0] else ""
+            out.append(f"hosts.{{{', '.join(names[:SHARED_WARNING_HOSTS])}, ... ({len(names)} hosts)}}{key}: "
                        f"{shared[1]}")
     return out

@@ -85,7 +85,7 @@ def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], owners: Ma
                         launches=tuple(la.name for la in live))
     utils = [g.utilization_gpu_pct for g in gpu.gpus if g.utilization_gpu_pct is not None]
     labels = [owners.get(p.pid, "foreign") for p in gpu.processes]
-    foreign = sum(1 for label in labels if label.startswith("foreign"))
+    foreign = sum(1 for label in labels if label == "foreign" or label.startswith("foreign · "))
     users = tuple(sorted({label.partition(" · ")[2] for label in labels if label.startswith("foreign · ")}))
     return HostLine(
         name=result.host, group=group, gpus=len(gpu.gpus), free=free_gpus(gpu, live, gpu_free_mib),

@@ -451,7 +451,7 @@ def whois_view(w: Any) -> dict[str, Any]:
         if la is not None:
             ended = "" if la.live else f", {la.state.value}"
             who = f"*{mrkdwn_escape(h.owner)}*{ended}, launched by {user_mention(la.created_by)}"
-            kill = for_launch("kill", la.id)
+            kill = slash("kill", la.id)
         else:
             user = no_mentions(redact(h.user)) if h.user else "unknown user"
             who = f"[foreign] user *{mrkdwn_escape(user)}*"

@@ -536,18 +536,24 @@ class LaunchService:
                     out = await self._launch_locked(preview, variant, params, user=user, channel=channel,
                                                     thread_ts=thread_ts, relaunch_of=relaunch_of, snap=snap,
                                                     live=(same, others), placed=note)
-                    if out.launch is None and out.checks.problems and host != order[-1]:
+                    if out.launch is None and out.checks.problems and len(order) > 1:
                         skipped[host] = f"refused: {out.checks.problems[0][:160]}"
-                        continue
+                        continue  # the next host; when none is left, every host's reason is said below
                     return out
             except LockTimeout:
                 skipped[host] = "busy: another launch was being decided there"
         where = plan.where
+        if skipped and all(why.startswith("busy:") for why in skipped.values()) and len(skipped) == len(order):
+            detail = f"every host of {where} that had room was busy deciding another launch"
+            self._audit.record(user_id=user, action="launch", args={"variant": variant, "where": where},
+                               result="error", detail=detail, channel=channel)
+            return LaunchOutcome(None, error=f"{detail}; try again in a moment", host=where)
         need = (f"GPU{'' if len(plan.gpus) == 1 else 's'} {','.join(map(str, plan.gpus))} free" if plan.gpus else
                 f"{plan.count} free GPU{'' if plan.count == 1 else 's'}")
         lines = [f"{h}: {why}" for h, why in sorted(skipped.items())]
         shown = lines[:8] + ([f"... and {len(lines) - 8} more hosts"] if len(lines) > 8 else [])
-        problem = (f"no host of {where} has {need} now" if plan.group else f"{plan.hosts[0]} does not have {need} now")
+        problem = (f"no host of {where} can take it now (it needs {need})" if plan.group
+                   else f"{plan.hosts[0]} does not have {need} now")
         problem += (": " + "; ".join(shown) if shown else "") + (
             f". Find room with `{slash('free', plan.count, f'group={plan.group}' if plan.group else '')}`".rstrip()
             if plan.count else "")
@@ -935,7 +941,10 @@ class LaunchService:
                               f"cannot be reused here (its sealed copy is missing or its key changed): give "
                               f"{'it' if len(lost) == 1 else 'them'} again: `{slash('relaunch', la.id, given)}` with "
                               f"the value after {'the' if len(lost) == 1 else 'each'} `=`")
-        render_launch(self.config, la.variant, merged, launch_id=0, host=la.host)  # validate before killing
+        # validate before killing: the params, and a placed launch's host still in its group
+        plan = placement_plan(self.config, la.variant, la.host, la.gpus)
+        render_launch(self.config, la.variant, merged, launch_id=0, host=la.host,
+                      gpus=(plan.gpus or tuple(range(plan.count))) if plan else None)
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:
             raise LaunchError(f"{being_stopped(la.name)}; relaunch it when that has answered")

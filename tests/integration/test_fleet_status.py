@@ -131,3 +131,22 @@ async def test_a_mention_a_host_prints_pings_nobody(ssh_server, make_bot, tmp_pa
     assert answer.audit == "ok" and "U0BOSS" in answer.text, answer.text
     for where in (answer.text, str(answer.post.blocks)):
         assert "<@U0BOSS>" not in where and "<!channel>" not in where
+
+
+async def test_the_digest_says_what_needs_someone(ssh_server, two_kinds, make_bot, tmp_path):
+    from tests.support.procs import free_port
+
+    cfg = _config(ssh_server, tmp_path, *two_kinds, watch={"digest_cron": "0 9 * * 1-5", "digest_channel": "C0DIG"})
+    dead = cfg.hosts["idle-01"].model_copy(update={"port": free_port(), "connect_timeout_s": 2})
+    bot = await make_bot(cfg.model_copy(update={"hosts": {**cfg.hosts, "dead-1": dead}}))
+    assert await bot.runtime.watcher.digest()
+    post = bot.chat.posts[-1]
+    assert "Hosts unreachable (1)" in post.text and "dead-1: " in post.text, post.text
+    assert "Idle GPUs held" not in post.text  # busy GPU 0's holder started a moment ago
+    made = {"variant": "base", "params": {}, "command": "x", "log_path": None, "port": None, "created_by": "U1"}
+    la = bot.runtime.store.launches.create(host="idle-02", gpus=[1], **made)
+    bot.runtime.store.launches.update(la.id, alert_state="silent_hang")
+    assert await bot.runtime.watcher.digest()
+    post = bot.chat.posts[-1]
+    assert "Failed launches not cleaned up (1)" in post.text
+    assert f"{la.name} on idle-02: silent_hang at its last check, still live: `/kill {la.id}`" in post.text, post.text

@@ -69,7 +69,7 @@ async def test_two_launches_at_once_land_on_different_gpus_and_a_third_finds_no_
     # every host name shows the same 4 GPUs (one machine): all held now, so a third has no room anywhere
     third = await bot.chat.say("/launch svc")
     assert third.audit == "refused", third.text
-    assert "no host of group pool has 2 free GPUs now" in third.text
+    assert "no host of group pool can take it now (it needs 2 free GPUs)" in third.text
     for host in ("pool-1", "pool-2", "pool-3"):
         assert f"{host}: too few free GPUs: 0 of 4 free" in third.text, third.text
     assert "/gpu free 2 group=pool" in third.text
@@ -96,3 +96,23 @@ async def test_a_relaunch_keeps_its_host_and_gpus_and_host_must_be_in_the_group(
     new = bot.launch(3)
     assert new.host == "pool-1" and new.gpus == [0, 1] and new.relaunch_of == la.id
     assert bot.launch(la.id).state != LaunchState.RUNNING
+
+
+async def test_a_busy_host_lock_is_said_as_busy_not_as_no_room(ssh_server, fake_gpu, make_bot, tmp_path):
+    import contextlib
+
+    from bot.adapters.locks import LockTimeout
+
+    bot = await make_bot(_placed_config(ssh_server, fake_gpu, tmp_path))
+    launches = bot.runtime.launches
+
+    @contextlib.asynccontextmanager
+    async def busy(host):
+        raise LockTimeout(f"another launch decision on {host} holds its lock")
+        yield
+
+    launches.locks.host = busy
+    answer = await bot.chat.say("/launch svc host=pool-1")
+    assert answer.audit == "failed" and "busy deciding another launch; try again in a moment" in answer.text, \
+        answer.text
+    assert bot.runtime.store.launches.recent() == []

@@ -86,3 +86,15 @@ def test_a_group_variant_is_planned_over_its_hosts_and_rendered_with_the_gpus_pi
 def test_what_a_placed_variant_must_say(variant, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("`", ".")):
         _config(**variant)
+
+
+def test_a_launch_of_a_variant_named_foreign_is_ours_in_the_fleet_line():
+    from bot.core.fleet import host_line
+    from bot.core.models import GpuProcess, GpuReading, GpuSection, Snapshot
+
+    snap = Snapshot(host="h")
+    snap.gpu = GpuSection(ok=True, gpus=[GpuReading(index=0, memory_used_mib=9000)],
+                          processes=[GpuProcess(pid=100, gpu_index=0), GpuProcess(pid=101, gpu_index=0),
+                                     GpuProcess(pid=102, gpu_index=0)])
+    line = host_line(snap, [], {100: "foreign#3 by U0ALICE", 101: "foreign · bob", 102: "foreign"}, 1024.0)
+    assert line.foreign == 2 and line.foreign_users == ("bob",)
