@@ -78,7 +78,7 @@ async def test_demo_launches_probes_and_kills_a_real_local_server(cli):
     assert "Checks passed: port" in out
     # /gpu status: the replayed H200s, each held by one TP rank of the launch
     assert "$ /gpu status" in out and "H200" in out and out.count("8.4 / 140.4") >= 2
-    assert len(re.findall(r"\[demo#1\] python\S* fake_server\.py --worker-rank", out)) == 4  # status + probe
+    assert len(re.findall(r"\[demo#1 by console\] python\S* fake_server\.py --worker-rank", out)) == 4  # status + probe
     # /probe of the launch's process group: the real local launcher and its two workers, log, port, health
     assert f"$ /probe local pgid={pgid}" in out
     assert re.search(rf"^\s+{pid}\s+{pgid}\s+S", out, re.M), out

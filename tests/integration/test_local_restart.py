@@ -45,7 +45,7 @@ async def test_a_local_launch_keeps_running_across_a_bot_restart(tmp_path, fake_
     data = {"hosts": {"me": {"local": True, "use_nvml": False, "nvidia_smi": str(fake_gpu.nvidia_smi),
                              "log_dirs": [str(tmp_path)]}},
             "variants": {"base": variant}, "state_dir": str(tmp_path / "state"),
-            "permissions": {"operators": [OPERATOR]}, "watch": {"interval_s": 0.5},
+            "permissions": {"operators": [OPERATOR]}, "watch": {"interval_s": 0.5, "serving_interval_s": 0.5},
             "slack": {"post_interval_s": 0.0}}
     config = tmp_path / "bot.yaml"
     config.write_text(yaml.safe_dump(data))
