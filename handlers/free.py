@@ -28,11 +28,13 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     hosts = args.hosts(ctx, [], call.kwargs.get("group"))
     lines = await ctx.services.launches.fleet(hosts)
     fit = with_free(lines, n)
-    down = sum(1 for h in lines if h.failed)
+    failed = [h.name for h in lines if h.failed]
+    down = len(failed)
     where = f" in group {call.kwargs['group']}" if "group" in call.kwargs else ""
     totals = (f"{len(fit)} of {len(lines)} host{'' if len(lines) == 1 else 's'}{where} "
               f"{'has' if len(lines) == 1 else 'have'} {n} or more free GPU{'' if n == 1 else 's'}"
-              + (f"; {down} could not be read" if down else ""))
+              + (f"; {down} could not be read ({', '.join(failed[:3])}{', ...' if down > 3 else ''}: "
+                 f"`{slash('status', 'HOST')}` says why)" if down else ""))
     hint = (f"Free: under lifecycle.gpu_free_mib used and claimed by no live launch. Launch on one: "
             f"{slash('launch', 'VARIANT host=HOST')}")
     # best first over the whole fleet: one list, not one per host group

@@ -102,7 +102,13 @@ def _cross_checks(cfg: Config) -> list[str]:
                 errors.append(f"variants.{name}.gpu_count: required when the variant is placed on a host group "
                               f"(how many free GPUs to pick), or name fixed `gpus:`")
         elif rv.host not in cfg.hosts:
-            errors.append(f"variants.{name}.host: unknown host {rv.host!r}; known: {', '.join(cfg.hosts)}")
+            if cfg.group_hosts(rv.host):  # a group's name without its prefix
+                errors.append(f"variants.{name}.host: {rv.host!r} is a host group, not a host; write "
+                              f"`host: {GROUP_PREFIX}{rv.host}` to place it on one of its hosts (with `gpu_count`)")
+            else:
+                names = list(cfg.hosts)
+                known = ", ".join(names[:10]) + (f", ... ({len(names)} hosts)" if len(names) > 10 else "")
+                errors.append(f"variants.{name}.host: unknown host {rv.host!r}; known: {known}")
         if rv.gpu_count is not None and rv.gpus:
             errors.append(f"variants.{name}.gpu_count: give fixed `gpus:` or a `gpu_count` to pick, not both")
         if not rv.command:

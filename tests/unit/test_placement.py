@@ -98,3 +98,8 @@ def test_a_launch_of_a_variant_named_foreign_is_ours_in_the_fleet_line():
                                      GpuProcess(pid=102, gpu_index=0)])
     line = host_line(snap, [], {100: "foreign#3 by U0ALICE", 101: "foreign · bob", 102: "foreign"}, 1024.0)
     assert line.foreign == 2 and line.foreign_users == ("bob",)
+
+
+def test_a_group_name_written_as_a_host_gets_the_prefix_it_needs():
+    with pytest.raises(ConfigError, match="'h200' is a host group, not a host; write `host: group:h200`"):
+        _config(host="h200")
