@@ -30,8 +30,8 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     if len(hosts) > TABLES_UP_TO and detail == "no":
         lines = await ctx.services.launches.fleet(hosts)
         return ctx.reply(ctx.render("fleet", **fleet_view(summarize(lines), title="GPU fleet", hint=DETAIL_HINT)))
-    results, owners = await ctx.services.launches.status(hosts)
-    return ctx.reply(ctx.render("status", **status_view(results, owners)))
+    results, holders, _ = await ctx.services.launches.status(hosts)
+    return ctx.reply(ctx.render("status", **status_view(results, holders)))
 
 
 COMMAND = CommandSpec(

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bot.core.commands import slash
-from bot.core.models import GpuSection, HostFailure, Launch, Snapshot
+from bot.core.lifecycle import Holder
+from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, Snapshot
 
 #: A status of more hosts than this is a fleet view (one line per host) unless every table is asked for.
 TABLES_UP_TO = 8
@@ -72,10 +73,10 @@ def free_gpus(gpu: GpuSection, live: Iterable[Launch], gpu_free_mib: float) -> t
                  if g.memory_used_mib is not None and g.memory_used_mib < gpu_free_mib and g.index not in claimed)
 
 
-def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], owners: Mapping[int, str],
+def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], holders: Sequence[Holder],
               gpu_free_mib: float, group: str | None = None) -> HostLine:
-    """The line of one host from its status probe, its live launches and its holders' owner labels (pid -> label,
-    starting with `foreign` for a holder that is no launch of ours: Holder.label)."""
+    """The line of one host from its status probe, its live launches and its GPU holders (attributed:
+    bot.core.lifecycle.attribute_holders; one without a launch is foreign)."""
     if isinstance(result, HostFailure):
         return HostLine(name=result.host, group=group, failed=True, reason=result.reason,
                         launches=tuple(la.name for la in live))
@@ -84,15 +85,14 @@ def host_line(result: Snapshot | HostFailure, live: Sequence[Launch], owners: Ma
         return HostLine(name=result.host, group=group, failed=True, reason=gpu.error or "GPU readings missing",
                         launches=tuple(la.name for la in live))
     utils = [g.utilization_gpu_pct for g in gpu.gpus if g.utilization_gpu_pct is not None]
-    labels = [owners.get(p.pid, "foreign") for p in gpu.processes]
-    foreign = sum(1 for label in labels if label == "foreign" or label.startswith("foreign · "))
-    users = tuple(sorted({label.partition(" · ")[2] for label in labels if label.startswith("foreign · ")}))
+    strangers = [h for h in holders if h.launch_id is None]
+    users = tuple(sorted({h.user for h in strangers if h.user}))
     return HostLine(
         name=result.host, group=group, gpus=len(gpu.gpus), free=free_gpus(gpu, live, gpu_free_mib),
         util_pct=sum(utils) / len(utils) if utils else None,
         used_mib=sum(g.memory_used_mib or 0.0 for g in gpu.gpus),
         total_mib=sum(g.memory_total_mib or 0.0 for g in gpu.gpus),
-        launches=tuple(la.name for la in live), foreign=foreign, foreign_users=users)
+        launches=tuple(la.name for la in live), foreign=len(strangers), foreign_users=users)
 
 
 def summarize(lines: Sequence[HostLine]) -> FleetSummary:
@@ -140,16 +140,16 @@ def _age(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def digest_notes(results: Sequence[Snapshot | HostFailure], labels: Mapping[str, Mapping[int, str]],
+def digest_notes(results: Sequence[Snapshot | HostFailure], holders: Mapping[str, Sequence[Holder]],
                  launches: Sequence[Launch], *, now: float, gpu_free_mib: float,
                  idle_after_s: float = IDLE_HELD_S) -> DigestNotes:
-    """The digest's lines from one status of the fleet (`results`), each holder's label (host -> pid -> Holder.label)
-    and the recent launches (store Launch objects; `now` epoch seconds). A GPU is idle held when it uses at least
-    `gpu_free_mib` MiB, reads 0 % utilisation now, and every process on it has run for `idle_after_s` or more (one
-    reading: a GPU between requests reads 0 % too, which the line says)."""
+    """The digest's lines from one status of the fleet (`results`), its GPU holders (host -> attributed holders:
+    bot.core.lifecycle.attribute_holders) and the recent launches (store Launch objects; `now` epoch seconds). A GPU
+    is idle held when it uses at least `gpu_free_mib` MiB, reads 0 % utilisation now, and every process on it has
+    run for `idle_after_s` (seconds) or more (one reading: a GPU between requests reads 0 % too, which the line
+    says). Never raises for a well-formed status."""
     notes = DigestNotes()
-    holding: dict[tuple[str, int], list[int]] = {}  # (host, launch id) -> GPUs its processes still hold
-    by_name = {la.name: la for la in launches}
+    holding: dict[tuple[str, int], set[int]] = {}  # (host, launch id) -> GPUs its orphaned processes still hold
     for r in results:
         if isinstance(r, HostFailure):
             notes.unreachable.append(f"{r.host}: {' '.join(r.reason.split())[:200]}")
@@ -158,25 +158,22 @@ def digest_notes(results: Sequence[Snapshot | HostFailure], labels: Mapping[str,
             notes.unreachable.append(f"{r.host}: GPUs unreadable: {' '.join((r.gpu.error or '?').split())[:200]}")
             continue
         ages = {p.pid: p.elapsed_s for p in r.table}
-        host_labels = labels.get(r.host, {})
-        on_gpu: dict[int, list[int]] = {}
-        for p in r.gpu.processes:
-            if p.gpu_index is not None:
-                on_gpu.setdefault(p.gpu_index, []).append(p.pid)
-            label = host_labels.get(p.pid, "")
-            if label.startswith("orphan of "):
-                la = by_name.get(label[len("orphan of "):].split(" by ", 1)[0])
-                if la is not None and p.gpu_index is not None:
-                    holding.setdefault((r.host, la.id), []).append(p.gpu_index)
+        on_gpu: dict[int, list[Holder]] = {}
+        for h in holders.get(r.host, ()):
+            if h.gpu_index is None:
+                continue
+            on_gpu.setdefault(h.gpu_index, []).append(h)
+            if h.orphan and h.launch_id is not None:
+                holding.setdefault((r.host, h.launch_id), set()).add(h.gpu_index)
         idle: dict[tuple[str, ...], list[tuple[int, float, float]]] = {}
         for g in r.gpu.gpus:
-            pids = on_gpu.get(g.index, [])
-            known = [ages.get(pid) for pid in pids]
-            if (not pids or g.memory_used_mib is None or g.memory_used_mib < gpu_free_mib
+            held_by = on_gpu.get(g.index, [])
+            known = [ages.get(h.pid) for h in held_by]
+            if (not held_by or g.memory_used_mib is None or g.memory_used_mib < gpu_free_mib
                     or g.utilization_gpu_pct is None or g.utilization_gpu_pct > 0
                     or any(a is None or a < idle_after_s for a in known)):
                 continue
-            who = tuple(sorted({host_labels.get(pid, "foreign") for pid in pids}))
+            who = tuple(sorted({h.label for h in held_by}))
             idle.setdefault(who, []).append((g.index, g.memory_used_mib, min(a for a in known if a is not None)))
         for who, gpus in idle.items():
             indexes = ",".join(str(i) for i, _, _ in gpus)
@@ -184,16 +181,16 @@ def digest_notes(results: Sequence[Snapshot | HostFailure], labels: Mapping[str,
             notes.idle.append(f"{r.host} GPU{'' if len(gpus) == 1 else 's'} {indexes}: {gib:.0f} GiB held for "
                               f"{_age(min(a for _, _, a in gpus))}+ at 0% util now, by {'; '.join(who)}")
     for la in launches:
-        gpus = sorted(set(holding.get((la.host, la.id), [])))
+        gpus = sorted(holding.get((la.host, la.id), ()))
         held = f"; its processes still hold GPU{'' if len(gpus) == 1 else 's'} {','.join(map(str, gpus))}" \
             if gpus else ""
         kill = f": `{slash('kill', la.id)}`"
-        if la.state.value == "kill_failed":
+        if la.state == LaunchState.KILL_FAILED:
             notes.uncleaned.append(f"{la.name} on {la.host}: the kill did not finish{held}{kill}")
         elif la.live and la.alert_state not in _FINE_VERDICTS:
             verdict = f"{la.alert_state} at its last check"
             notes.uncleaned.append(f"{la.name} on {la.host}: {verdict}, still live{held}{kill}")
-        elif la.state.value == "failed" and gpus:
+        elif la.state == LaunchState.FAILED and gpus:
             ended = f" {_age(now - la.ended_at)} ago" if la.ended_at else ""
             notes.uncleaned.append(f"{la.name} on {la.host}: failed{ended}{held}{kill}")
     return notes

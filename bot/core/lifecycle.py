@@ -446,6 +446,8 @@ class Holder:
     user: str | None = None
     #: The Slack user ID that launched its launch (None for a foreign holder).
     launched_by: str | None = None
+    #: Its launch's launcher is gone or the launch has ended (`owner` is `orphan of NAME`).
+    orphan: bool = False
 
     @property
     def label(self) -> str:
@@ -454,6 +456,11 @@ class Holder:
         if self.launch_id is None:
             return f"foreign · {self.user}" if self.user else "foreign"
         return f"{self.owner} by {self.launched_by}" if self.launched_by else self.owner
+
+
+def holder_labels(holders: Sequence[Holder]) -> dict[int, str]:
+    """pid -> Holder.label of each holder (what GPU tables show beside a holder)."""
+    return {h.pid: h.label for h in holders}
 
 
 def launch_processes(procs: list[ProcessInfo], *, tagged: list[int] | tuple[int, ...] | set[int],
@@ -515,16 +522,17 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
     out = []
     for gp in gpu.processes:
         row = by_pid.get(gp.pid)
-        owner, lid = "foreign", None
+        owner, lid, orphan = "foreign", None, False
         la = by_tag.get(tags.get(gp.pid, ""))
         if la is not None:
             leader = by_pid.get(la.pid)
             leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
             lid = la.id
-            owner = la.name if (la.live and leader_alive) else f"orphan of {la.name}"
+            orphan = not (la.live and leader_alive)
+            owner = f"orphan of {la.name}" if orphan else la.name
         out.append(Holder(pid=gp.pid, gpu_index=gp.gpu_index, mib=gp.used_memory_mib,
                           command=(row.args if row else gp.process_name or "?"), state=row.stat if row else "?",
-                          owner=owner, launch_id=lid, user=row.user if row else None,
+                          owner=owner, launch_id=lid, user=row.user if row else None, orphan=orphan,
                           launched_by=getattr(la, "created_by", None) if la is not None else None))
     return out
 

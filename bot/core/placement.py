@@ -32,6 +32,12 @@ class PlacementPlan:
     prefer: tuple[int, ...] = ()
 
     @property
+    def stand_in_gpus(self) -> tuple[int, ...]:
+        """GPUs to render the variant with before any are picked (checking its params and templates): the fixed
+        ones, else indexes 0..count-1."""
+        return self.gpus or tuple(range(self.count))
+
+    @property
     def where(self) -> str:
         """`group h200` or `host gpu-01`, for messages."""
         return f"group {self.group}" if self.group else f"host {self.hosts[0]}"

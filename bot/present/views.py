@@ -8,14 +8,14 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from bot.core.commands import OPEN, SLASH, for_launch, slash
 from bot.core.fleet import FleetSummary
 from bot.core.fleet import HostLine as FleetLine
-from bot.core.lifecycle import CGROUP_PARENT, is_launch_wrapper
+from bot.core.lifecycle import CGROUP_PARENT, Holder, holder_labels, is_launch_wrapper
 from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.log import no_mentions
 from bot.core.parse.ps import process_tree
@@ -101,10 +101,11 @@ def gpu_view(gpu: GpuSection, procs_by_pid: dict[int, ProcessInfo],
 
 
 def status_view(results: list[Snapshot | HostFailure],
-                owners: dict[str, dict[int, str]] | None = None) -> dict[str, Any]:
+                holders: Mapping[str, Sequence[Holder]] | None = None) -> dict[str, Any]:
     """Context for templates/status.*: {hosts: [{name, failed, reason, hostname, gpu, errors}]}.
 
-    `owners` maps host -> pid -> label (`base#12`, `orphan of base#12`, `foreign`) for GPU holders."""
+    `holders`: host -> its GPU holders, attributed (each shown with Holder.label: `base#12 by U0ALICE`,
+    `orphan of base#12 by U0ALICE`, `foreign · bob`)."""
     hosts = []
     for r in results:
         if isinstance(r, HostFailure):
@@ -117,7 +118,7 @@ def status_view(results: list[Snapshot | HostFailure],
                 "failed": False,
                 "reason": None,
                 "hostname": r.hostname,
-                "gpu": gpu_view(r.gpu, by_pid, (owners or {}).get(r.host)),
+                "gpu": gpu_view(r.gpu, by_pid, holder_labels((holders or {}).get(r.host, ()))),
                 "errors": [no_mentions(e) for e in r.errors],
             }
         )

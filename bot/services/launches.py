@@ -24,6 +24,7 @@ from bot.config import Config, GenerateCheck, placement_plan, render_launch
 from bot.core.commands import slash
 from bot.core.fleet import DigestNotes, HostLine, digest_notes, free_gpus, host_line
 from bot.core.lifecycle import (
+    DEFAULT_GPU_FREE_MIB,
     Holder,
     KillOutcome,
     KillPreview,
@@ -34,6 +35,7 @@ from bot.core.lifecycle import (
     attribute_holders,
     gpu_memory,
     group_confirmed,
+    holder_labels,
     kill_end,
     launch_script,
     parse_launch_output,
@@ -41,7 +43,7 @@ from bot.core.lifecycle import (
     signal_script,
     unit_cleanup_script,
 )
-from bot.core.models import HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.models import GpuReading, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import ended_by, own_processes, remember_processes, started_after
 from bot.core.placement import PlacementNote, PlacementPlan, order_hosts, pick_gpus
 from bot.core.probe import MAX_PS_PIDS, ProbeRequest, ProbeRequestError
@@ -93,14 +95,14 @@ class GpuWhois:
 
     host: str
     index: int
-    gpu: Any = None
+    gpu: GpuReading | None = None
     gpus: list[int] = field(default_factory=list)
     holders: list[Holder] = field(default_factory=list)
     elapsed_s: dict[int, int | None] = field(default_factory=dict)
     launches: dict[int, Launch] = field(default_factory=dict)
     claims: list[Launch] = field(default_factory=list)
     error: str | None = None
-    gpu_free_mib: float = 1024.0
+    gpu_free_mib: float = DEFAULT_GPU_FREE_MIB
 
 
 class LaunchService:
@@ -224,24 +226,27 @@ class LaunchService:
     def owners(self, snap: Snapshot, host_launches: Sequence[Launch] | None = None) -> dict[int, str]:
         """pid -> owner label (`base#12 by U0ALICE`, `orphan of base#12 by U0ALICE`, `foreign · bob`: Holder.label)
         of each GPU holder in `snap` (`host_launches` as `holders` takes them)."""
-        return {h.pid: h.label for h in self.holders(snap, host_launches)}
+        return holder_labels(self.holders(snap, host_launches))
 
-    async def status(self, hosts: Sequence[str]) -> tuple[list[Snapshot | HostFailure], dict[str, dict[int, str]]]:
+    async def status(self, hosts: Sequence[str]
+                     ) -> tuple[list[Snapshot | HostFailure], dict[str, list[Holder]], dict[str, list[Launch]]]:
         """GPU status of `hosts` probed in parallel (one result per host, in order; a failing host is a
-        HostFailure) and, per host, the owner label of each GPU holder."""
+        HostFailure), each host's GPU holders attributed to its launches (Holder; labels: Holder.label), and each
+        host's recent launches (read once for every host)."""
         by_host: dict[str, list[Launch]] = {}
         for la in self._launches.recent(200):  # read once for every host, not once per host
             by_host.setdefault(la.host, []).append(la)
         keep = {h: [la.pid for la in by_host.get(h, ()) if la.pid] for h in hosts}
         results = await self.hosts.status(list(hosts), keep_pids=keep)
-        owners = {r.host: self.owners(r, by_host.get(r.host, [])) for r in results if not isinstance(r, HostFailure)}
-        return results, owners
+        holders = {r.host: self.holders(r, by_host.get(r.host, [])) for r in results
+                   if not isinstance(r, HostFailure)}
+        return results, holders, by_host
 
     async def whois(self, host: str, index: int) -> GpuWhois:
         """Who holds GPU `index` of `host` now: its reading, each holder (its launch and the Slack user who launched
         it, or foreign with its user on the host), how long each has run (seconds), and the live launches that claim
         the GPU (a launch still loading holds no memory yet). Never raises for remote failures (`error`)."""
-        results, _ = await self.status([host])
+        results, holders_of, recent_of = await self.status([host])
         result = results[0]
         live = [la for la in self._launches.live(host) if not la.gpus or index in la.gpus]
         if isinstance(result, HostFailure):
@@ -249,10 +254,9 @@ class LaunchService:
         if not result.gpu.ok:
             return GpuWhois(host=host, index=index, error=result.gpu.error or "GPU readings missing", claims=live)
         gpu = next((g for g in result.gpu.gpus if g.index == index), None)
-        recent = [la for la in self._launches.recent(200) if la.host == host]
-        holders = [h for h in self.holders(result, recent) if h.gpu_index == index]
+        holders = [h for h in holders_of.get(host, ()) if h.gpu_index == index]
         rows = {p.pid: p for p in result.table}
-        by_id = {la.id: la for la in recent}
+        by_id = {la.id: la for la in recent_of.get(host, ())}
         return GpuWhois(host=host, index=index, gpu=gpu, gpus=[g.index for g in result.gpu.gpus], holders=holders,
                         elapsed_s={h.pid: rows[h.pid].elapsed_s for h in holders if h.pid in rows},
                         launches={h.launch_id: by_id[h.launch_id] for h in holders
@@ -263,25 +267,25 @@ class LaunchService:
         """One line per host of `hosts`, in order (bot.core.fleet): its GPUs free and used (free: under the config's
         `gpu_free_mib` and claimed by no live launch), utilisation, memory, its live launches and foreign holders,
         or why it could not be read."""
-        results, owners = await self.status(hosts)
-        return self.fleet_lines(results, owners)
+        results, holders, _ = await self.status(hosts)
+        return self.fleet_lines(results, holders)
 
     def fleet_lines(self, results: Sequence[Snapshot | HostFailure],
-                    owners: Mapping[str, Mapping[int, str]]) -> list[HostLine]:
-        """`fleet`'s lines from a status already probed (`status`'s results and owner labels)."""
+                    holders: Mapping[str, Sequence[Holder]]) -> list[HostLine]:
+        """`fleet`'s lines from a status already probed (`status`'s results and holders)."""
         live: dict[str, list[Launch]] = {}
         for la in self._launches.live():
             live.setdefault(la.host, []).append(la)
         free_mib = self.config.lifecycle.gpu_free_mib
-        return [host_line(r, live.get(r.host, []), owners.get(r.host, {}), free_mib,
+        return [host_line(r, live.get(r.host, []), holders.get(r.host, ()), free_mib,
                           cfg.group if (cfg := self.config.hosts.get(r.host)) is not None else None)
                 for r in results]
 
-    def digest_notes(self, results: Sequence[Snapshot | HostFailure],
-                     owners: Mapping[str, Mapping[int, str]]) -> DigestNotes:
-        """The digest's notes (bot.core.fleet.digest_notes) from a status already probed: idle GPUs held for more than
-        an hour, failed launches not cleaned up, unreachable hosts."""
-        return digest_notes(results, owners, self._launches.recent(200), now=self._clock.time(),
+    def digest_notes(self, results: Sequence[Snapshot | HostFailure], holders: Mapping[str, Sequence[Holder]],
+                     recent: Mapping[str, Sequence[Launch]]) -> DigestNotes:
+        """The digest's notes (bot.core.fleet.digest_notes) from a status already probed (`status`'s three parts):
+        idle GPUs held for more than an hour, failed launches not cleaned up, unreachable hosts."""
+        return digest_notes(results, holders, [la for las in recent.values() for la in las], now=self._clock.time(),
                             gpu_free_mib=self.config.lifecycle.gpu_free_mib)
 
     @staticmethod
@@ -483,9 +487,8 @@ class LaunchService:
         self.secrets.learn(variant, params)  # before anything is recorded, posted or logged
         try:
             plan = placement_plan(self.config, variant, host, tuple(prefer_gpus))
-            preview = render_launch(self.config, variant, params, launch_id=0,
-                                    host=plan.hosts[0] if plan else host,
-                                    gpus=(plan.gpus or tuple(range(plan.count))) if plan else None)
+            preview = render_launch(self.config, variant, params, launch_id=0, host=plan.hosts[0] if plan else host,
+                                    gpus=plan.stand_in_gpus if plan else None)
         except LaunchError as e:
             self._audit.record(user_id=user, action="launch", result="invalid", detail=str(e), channel=channel,
                                args={"variant": variant, **self.secrets.for_record(params)})
@@ -944,7 +947,7 @@ class LaunchService:
         # validate before killing: the params, and a placed launch's host still in its group
         plan = placement_plan(self.config, la.variant, la.host, la.gpus)
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host,
-                      gpus=(plan.gpus or tuple(range(plan.count))) if plan else None)
+                      gpus=plan.stand_in_gpus if plan else None)
         current = self._launches.get(la.id) or la
         if current.state == LaunchState.STOPPING:
             raise LaunchError(f"{being_stopped(la.name)}; relaunch it when that has answered")

@@ -234,13 +234,13 @@ class Watcher:
             return False
         try:
             hosts = self.config.host_names()
-            results, owners = await self.launches.status(hosts)
+            results, holders, recent = await self.launches.status(hosts)
             if len(hosts) > TABLES_UP_TO:  # a fleet: one line per host under its totals
-                lines = self.launches.fleet_lines(results, owners)
+                lines = self.launches.fleet_lines(results, holders)
                 msg = self._render.render("fleet", **fleet_view(summarize(lines), title="GPU fleet digest"))
             else:
-                msg = self._render.render("status", **status_view(results, owners))
-            notes = self.launches.digest_notes(results, owners)
+                msg = self._render.render("status", **status_view(results, holders))
+            notes = self.launches.digest_notes(results, holders, recent)
             msg = msg.then(self._render.render("digest_notes", **digest_notes_view(notes)))
             return await self._surface.post(channel, msg) is not None
         except Exception:

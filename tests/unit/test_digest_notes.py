@@ -12,6 +12,10 @@ from tests.support.builders import launch_row
 from tests.support.names import renderer
 
 
+def _holder(pid: int, gpu: int, owner: str = "foreign", **kw) -> Holder:
+    return Holder(pid=pid, gpu_index=gpu, mib=70000.0, command="python serve.py", state="S", owner=owner, **kw)
+
+
 def _snap(host: str, gpus: list[tuple[int, float, float]], holders: list[tuple[int, int]],
           ages: dict[int, int]) -> Snapshot:
     snap = Snapshot(host=host)
@@ -25,8 +29,9 @@ def _snap(host: str, gpus: list[tuple[int, float, float]], holders: list[tuple[i
 def test_idle_gpus_held_over_an_hour_are_listed_with_their_holders_and_busy_or_young_ones_are_not():
     snap = _snap("gpu-01", [(0, 70000, 0), (1, 70000, 0), (2, 70000, 35), (3, 70000, 0), (4, 10, 0)],
                  [(10, 0), (10, 1), (11, 2), (12, 3)], {10: 5 * 3600, 11: 9 * 3600, 12: 600})
-    notes = digest_notes([snap], {"gpu-01": {10: "base#3 by U1", 11: "foreign · bob", 12: "foreign · eve"}}, [],
-                         now=10_000.0, gpu_free_mib=1024)
+    holders = [_holder(10, 0, "base#3", launch_id=3, launched_by="U1"), _holder(10, 1, "base#3", launch_id=3,
+               launched_by="U1"), _holder(11, 2, user="bob"), _holder(12, 3, user="eve")]
+    notes = digest_notes([snap], {"gpu-01": holders}, [], now=10_000.0, gpu_free_mib=1024)
     assert notes.idle == ["gpu-01 GPUs 0,1: 137 GiB held for 5 h+ at 0% util now, by base#3 by U1"]
     assert notes.uncleaned == [] and notes.unreachable == []
 
@@ -39,7 +44,8 @@ def test_failed_launches_left_standing_and_unreachable_hosts():
     gone = launch_row(id=8, host="gpu-01", state=LaunchState.FAILED, ended_at=9000.0)  # nothing left: cleaned
     snap = _snap("gpu-01", [(0, 70000, 0)], [(20, 0)], {20: 60})
     down = HostFailure(host="gpu-02", reason="connection\nrefused")
-    notes = digest_notes([snap, down], {"gpu-01": {20: "orphan of base#7 by U1"}}, [hung, ready, stuck, failed, gone],
+    orphan = _holder(20, 0, "orphan of base#7", launch_id=7, launched_by="U1", orphan=True)
+    notes = digest_notes([snap, down], {"gpu-01": [orphan]}, [hung, ready, stuck, failed, gone],
                          now=10_000.0, gpu_free_mib=1024)
     assert len(notes.uncleaned) == 3, notes.uncleaned
     assert notes.uncleaned[0].startswith("base#4 on gpu-01: silent_hang at its last check, still live: `")

@@ -96,7 +96,13 @@ def test_a_launch_of_a_variant_named_foreign_is_ours_in_the_fleet_line():
     snap.gpu = GpuSection(ok=True, gpus=[GpuReading(index=0, memory_used_mib=9000)],
                           processes=[GpuProcess(pid=100, gpu_index=0), GpuProcess(pid=101, gpu_index=0),
                                      GpuProcess(pid=102, gpu_index=0)])
-    line = host_line(snap, [], {100: "foreign#3 by U0ALICE", 101: "foreign · bob", 102: "foreign"}, 1024.0)
+    from bot.core.lifecycle import Holder
+
+    def holder(pid: int, **kw) -> Holder:
+        return Holder(pid=pid, gpu_index=0, mib=3000.0, command="x", state="S", **kw)
+
+    line = host_line(snap, [], [holder(100, owner="foreign#3", launch_id=3, launched_by="U0ALICE"),
+                                holder(101, owner="foreign", user="bob"), holder(102, owner="foreign")], 1024.0)
     assert line.foreign == 2 and line.foreign_users == ("bob",)
 
 

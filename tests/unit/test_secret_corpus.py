@@ -154,7 +154,10 @@ def _snapshot(lines: list[str], line: str) -> Snapshot:
 
 
 def _status(lines, line):
-    return RENDERER.render("status", **status_view([_snapshot(lines, line)], {10: "base#3"}))
+    from bot.core.lifecycle import Holder
+
+    holder = Holder(pid=10, gpu_index=0, mib=1.0, command=line, state="S", owner="foreign", user=line)
+    return RENDERER.render("status", **status_view([_snapshot(lines, line)], {"gpu-host-1": [holder]}))
 
 
 def _fleet(lines, line):
