@@ -16,35 +16,15 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-#: `head[ITEMS]tail`, ITEMS a comma-separated list of numbers and LOW-HIGH ranges (Slurm hostlist notation).
-RANGE_RE = re.compile(r"^(?P<head>[^\[\]]*)\[(?P<items>[0-9]{1,6}(?:-[0-9]{1,6})?(?:,[0-9]{1,6}(?:-[0-9]{1,6})?)*)\]"
-                      r"(?P<tail>[^\[\]]*)$")
-#: The most hosts one range may stand for, and all of `hosts:` once expanded.
-MAX_RANGE_HOSTS = 1024
+from bot.core.hostlist import MAX_RANGE_HOSTS, RANGE_RE, range_names
+
+__all__ = ["MAX_HOSTS", "MAX_RANGE_HOSTS", "RANGE_RE", "TEMPLATE_KEYS", "expand_hosts", "range_names"]
+
+#: The most hosts all of `hosts:` may stand for once expanded.
 MAX_HOSTS = 4096
 #: The keys whose values may hold `{name}` and `{n}`.
 TEMPLATE_KEYS = ("address",)
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
-
-
-def range_names(key: str) -> list[tuple[str, int]] | None:
-    """The (name, number) pairs a range name stands for, in order (`gpu-[01-03]` -> gpu-01/1, gpu-02/2,
-    gpu-03/3); None for a plain name. Raises ValueError for a range that is empty, backwards or too large
-    (MAX_RANGE_HOSTS)."""
-    m = RANGE_RE.fullmatch(key)
-    if m is None:
-        return None
-    out: list[tuple[str, int]] = []
-    for item in m.group("items").split(","):
-        low, _, high = item.partition("-")
-        high = high or low
-        if int(high) < int(low):
-            raise ValueError(f"range {item!r} goes backwards")
-        width = len(low) if low.startswith("0") and len(low) > 1 else 0
-        if int(high) - int(low) + 1 + len(out) > MAX_RANGE_HOSTS:
-            raise ValueError(f"stands for more than {MAX_RANGE_HOSTS} hosts")
-        out += [(f"{m.group('head')}{n:0{width}d}{m.group('tail')}", n) for n in range(int(low), int(high) + 1)]
-    return out
 
 
 def _fill(value: Any, name: str, number: int | None, where: str, errors: list[str]) -> Any:

@@ -1,0 +1,253 @@
+"""Slurm, the cluster's own scheduler (pure): a launch's batch script, and what Slurm says of its job.
+
+Formats, from Slurm 22.05 (`slurm-wlm` on Debian 12, a two-node cluster on one host, 2026-12-06):
+
+- `sbatch --parsable` prints `JOBID` (or `JOBID;CLUSTER`) on success.
+- `scontrol show job -o JOBID` prints one line per job of `Key=Value` pairs separated by spaces, e.g.
+  `JobId=2 JobName=job.sh ... JobState=PENDING Reason=Resources Dependency=(null) ... ExitCode=0:0 RunTime=00:00:00
+  TimeLimit=UNLIMITED ... NodeList= ... StdOut=/tmp/sl/job-2.out ...`; keys may hold `:` and `/` (`AllocNode:Sid`,
+  `CPUs/Task`); an unknown job prints `slurm_load_jobs error: Invalid job id specified` on stderr.
+- Job states (`JobState`): PENDING, CONFIGURING, RUNNING, COMPLETING, SUSPENDED, REQUEUED, and the ends COMPLETED,
+  FAILED (`Reason=NonZeroExitCode`, `ExitCode=3:0`), CANCELLED (`ExitCode=0:15`: signal 15), TIMEOUT, NODE_FAIL,
+  PREEMPTED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE. `ExitCode=CODE:SIGNAL`.
+- Durations (`RunTime`, `TimeLimit`): `[DD-]HH:MM:SS`, `MM:SS`, or `UNLIMITED`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from bot.core.hostlist import expand_hostlist
+
+__all__ = [
+    "ACTIVE_STATES",
+    "SbatchSpec",
+    "SlurmError",
+    "SlurmJob",
+    "batch_script",
+    "ended_verdict",
+    "parse_sbatch",
+    "parse_show_job",
+    "pending_text",
+    "sbatch_problems",
+]
+
+#: States of a job that has not ended (it may still start or run).
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                           "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"})
+#: `--name=value` options of `extra_sbatch` that gpubot sets itself or that would run something else.
+_OWN_OPTIONS = frozenset({"wrap", "output", "error", "input", "job-name", "nodes", "gres", "gpus-per-node",
+                          "ntasks-per-node", "partition", "time", "account", "uid", "gid", "chdir", "parsable",
+                          "export", "export-file", "get-user-env", "test-only", "wait", "hold", "array"})
+_OPTION_RE = re.compile(r"--([a-z][a-z0-9-]{0,40})(?:=([^\x00-\x1f\x7f]{1,200}))?")
+_TIME_RE = re.compile(r"(?:(\d{1,3})-)?(?:(\d{1,2}):)?(\d{1,4})(?::(\d{1,2}))?")
+_PAIR_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|\s*$)")
+_JOB_ID_RE = re.compile(r"([0-9]{1,12})(?:;\S+)?")
+
+
+class SlurmError(ValueError):
+    """Slurm answered something gpubot cannot use; str() says what, with Slurm's own words."""
+
+
+@dataclass(frozen=True)
+class SbatchSpec:
+    """A Slurm launch's allocation: `nodes`, `gpus_per_node` (one task per node), and the optional `partition`,
+    `time` (Slurm's `[DD-]HH:MM:SS` or minutes), `account` and `extra_sbatch` (`--name=value` options, checked by
+    `sbatch_problems`)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    extra_sbatch: tuple[str, ...] = ()
+
+
+def sbatch_problems(spec: SbatchSpec) -> list[str]:
+    """Why `spec` cannot become sbatch options (empty when it can): nodes 1..1024, gpus_per_node 0..64, a partition
+    or account that is a plain name, a time Slurm reads, and extra options that are `--name[=value]`, one line,
+    and not one gpubot sets itself or one that would run another command (`--wrap`, `--output`, ...)."""
+    out = []
+    if not 1 <= spec.nodes <= 1024:
+        out.append("nodes must be 1..1024")
+    if not 0 <= spec.gpus_per_node <= 64:
+        out.append("gpus_per_node must be 0..64")
+    for name, value in (("partition", spec.partition), ("account", spec.account)):
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", value):
+            out.append(f"{name} must be a plain name (letters, digits, _ . -)")
+    if spec.time is not None and (spec.time == "UNLIMITED" or not _TIME_RE.fullmatch(spec.time)):
+        out.append("time must be minutes or [DD-]HH:MM:SS, like 4:00:00 or 1-00:00:00")
+    for opt in spec.extra_sbatch:
+        m = _OPTION_RE.fullmatch(opt)
+        if m is None:
+            out.append(f"extra_sbatch: {opt[:60]!r} is not one --name or --name=value option on one line")
+        elif m.group(1) in _OWN_OPTIONS:
+            out.append(f"extra_sbatch: --{m.group(1)} is set by gpubot (or would run something else); use the "
+                       f"variant's own keys")
+    return out
+
+
+def batch_script(spec: SbatchSpec, command: str, *, job_name: str, output: str, env: Mapping[str, str],
+                 master_port: int) -> str:
+    """The batch script of one launch (POSIX sh): the `#SBATCH` lines of `spec` (one task per node, its GPUs with
+    `--gres=gpu:N`), `env` exported, then one `srun` step across the allocation that runs `command` (already
+    rendered and quoted) on every node, with `GPUBOT_NODE_RANK` (`SLURM_NODEID`), `GPUBOT_NNODES`,
+    `GPUBOT_MASTER_ADDR` (the allocation's first node) and `GPUBOT_MASTER_PORT` set for it. `output` is the
+    `--output` pattern (`%j` the job id, `%N` the node, `%t` the task rank). `--kill-on-bad-exit` ends the step when
+    one rank fails. Raises SlurmError for a spec that `sbatch_problems` refuses."""
+    problems = sbatch_problems(spec)
+    if problems:
+        raise SlurmError("; ".join(problems))
+    lines = ["#!/bin/sh", f"#SBATCH --job-name={shlex.quote(job_name)}", f"#SBATCH --nodes={spec.nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={shlex.quote(output)}"]
+    if spec.gpus_per_node:
+        lines.append(f"#SBATCH --gres=gpu:{spec.gpus_per_node}")
+    for key, value in (("partition", spec.partition), ("time", spec.time), ("account", spec.account)):
+        if value is not None:
+            lines.append(f"#SBATCH --{key}={value}")
+    lines += [f"#SBATCH {opt}" for opt in spec.extra_sbatch]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    lines += [
+        'GPUBOT_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"export GPUBOT_MASTER_ADDR GPUBOT_MASTER_PORT={int(master_port)} GPUBOT_NNODES=$SLURM_JOB_NUM_NODES",
+        "exec srun --kill-on-bad-exit=1 sh -c "
+        + shlex.quote(f"GPUBOT_NODE_RANK=$SLURM_NODEID; export GPUBOT_NODE_RANK; exec {command}"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_sbatch(stdout: str) -> str:
+    """The job id `sbatch --parsable` printed (`1234` or `1234;cluster`). Raises SlurmError otherwise, with the
+    output's first line."""
+    line = (stdout or "").strip().splitlines()[-1:] or [""]
+    m = _JOB_ID_RE.fullmatch(line[0].strip())
+    if m is None:
+        raise SlurmError(f"sbatch did not print a job id: {line[0][:200]!r}")
+    return m.group(1)
+
+
+def _seconds(text: str | None) -> int | None:
+    """Seconds of a Slurm duration (`1-02:03:04`, `02:03:04`, `03:04`), None for UNLIMITED or anything else."""
+    if not text:
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if m is None:
+        return None
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + s
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job as `scontrol show job -o` gives it: `state` (JobState), `reason` (None for `None`), `nodes` (NodeList
+    expanded; empty while it is pending), `exit_code` and `signal` (from `ExitCode=CODE:SIGNAL`), `run_time_s` and
+    `time_limit_s` (seconds; None for UNLIMITED), `stdout` (StdOut), `fields` every pair as printed."""
+
+    job_id: str
+    name: str = ""
+    state: str = "UNKNOWN"
+    reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    run_time_s: int | None = None
+    time_limit_s: int | None = None
+    stdout: str | None = None
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        """True while the job has not ended (pending, starting, running, completing, suspended, requeued)."""
+        return self.state in ACTIVE_STATES
+
+    @property
+    def pending(self) -> bool:
+        """True while Slurm has not started it (it waits in the queue: never a hang)."""
+        return self.state == "PENDING"
+
+
+def parse_show_job(text: str) -> list[SlurmJob]:
+    """The jobs of `scontrol show job -o` output (one line each; lines without `JobId=` are skipped). Never raises."""
+    jobs = []
+    for line in (text or "").splitlines():
+        pairs = dict(_PAIR_RE.findall(line))
+        job_id = pairs.get("JobId", "")
+        if not job_id.isdigit():
+            continue
+        code, _, sig = pairs.get("ExitCode", "").partition(":")
+        state = pairs.get("JobState", "UNKNOWN").split()[0] if pairs.get("JobState") else "UNKNOWN"
+        reason = pairs.get("Reason")
+        jobs.append(SlurmJob(
+            job_id=job_id, name=pairs.get("JobName", ""), state=state,
+            reason=None if reason in (None, "", "None", "(null)") else reason,
+            nodes=tuple(expand_hostlist(pairs.get("NodeList", ""))),
+            exit_code=int(code) if code.isdigit() else None, signal=int(sig) if sig.isdigit() else None,
+            run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
+            stdout=pairs.get("StdOut") or None, fields=pairs))
+    return jobs
+
+
+#: What common pending reasons mean (Slurm's `squeue --help`/`man squeue` JOB REASON CODES), for the thread.
+_PENDING_REASONS: Mapping[str, str] = MappingProxyType({
+    "Resources": "waiting for nodes or GPUs to free up",
+    "Priority": "higher-priority jobs are ahead of it",
+    "Dependency": "waiting for a job it depends on",
+    "BeginTime": "its start time has not come",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "PartitionTimeLimit": "its time limit is over the partition's: it will never start",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows: it will never start",
+    "PartitionConfig": "it asks for more than the partition has (nodes, GPUs): it will never start",
+    "QOSMaxGRESPerUser": "the user's GPU quota (QOS) is used up",
+    "AssocGrpGRES": "the account's GPU quota is used up",
+    "JobHeldUser": "held by its user",
+    "JobHeldAdmin": "held by an administrator",
+    "Reservation": "waiting for its reservation",
+    "launch failed requeued held": "its start failed and Slurm held it",
+})
+
+
+def pending_text(job: SlurmJob) -> str:
+    """`PENDING (Resources: waiting for nodes or GPUs to free up)`: Slurm's reason and what it means."""
+    reason = job.reason or "no reason given"
+    meaning = _PENDING_REASONS.get(reason.split(",")[0])
+    return f"PENDING ({reason}{': ' + meaning if meaning else ''})"
+
+
+def ended_verdict(job: SlurmJob) -> tuple[str, str]:
+    """(verdict, summary) of a job that ended by itself or was ended by Slurm: `time_limit`, `node_fail`,
+    `preempted`, `oom`, `cancelled`, `crashed` (a non-zero exit or a signal), `exited` (exit 0), `boot_fail`,
+    `deadline`; ("unknown", ...) for a state gpubot does not know. Summaries quote Slurm's state, reason and exit
+    code."""
+    code = "" if job.exit_code is None else f", exit code {job.exit_code}"
+    sig = f", signal {job.signal}" if job.signal else ""
+    said = f"Slurm says {job.state}" + (f" ({job.reason})" if job.reason else "") + code + sig
+    limit = f" of {job.fields.get('TimeLimit')}" if job.fields.get("TimeLimit") else ""
+    table: Mapping[str, tuple[str, str]] = {
+        "TIMEOUT": ("time_limit", f"Slurm ended the job at its time limit{limit}"),
+        "DEADLINE": ("deadline", "Slurm ended the job at its deadline"),
+        "NODE_FAIL": ("node_fail", "a node of the job failed and Slurm ended it"),
+        "BOOT_FAIL": ("boot_fail", "a node of the job failed to boot"),
+        "PREEMPTED": ("preempted", "a job of higher priority preempted it"),
+        "OUT_OF_MEMORY": ("oom", "Slurm killed it for using more memory than it was allocated"),
+        "CANCELLED": ("cancelled", "the job was cancelled (scancel)"),
+        "COMPLETED": ("exited", "the job ended by itself with exit code 0"),
+    }
+    if job.state in table:
+        verdict, what = table[job.state]
+        return verdict, f"{what}: {said}"
+    if job.state == "FAILED":
+        return "crashed", f"the job's command failed: {said}"
+    return "unknown", said
+
+
+def job_nodes_text(job: SlurmJob, shown: Sequence[str] | None = None) -> str:
+    """`RUNNING on n1, n2` (at most 8 nodes named, then a count), or the pending text."""
+    if job.pending:
+        return pending_text(job)
+    nodes = list(shown if shown is not None else job.nodes)
+    named = ", ".join(nodes[:8]) + (f" +{len(nodes) - 8}" if len(nodes) > 8 else "")
+    return f"{job.state} on {named}" if named else job.state

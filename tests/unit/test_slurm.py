@@ -1,0 +1,91 @@
+"""Slurm's side of a launch (bot.core.slurm, bot.core.hostlist): real `scontrol show job -o` lines of Slurm 22.05
+(tests/fixtures/slurm), the verdict of a job Slurm ended, pending reasons, and the batch script's options checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.core.hostlist import expand_hostlist
+from bot.core.slurm import (
+    SbatchSpec,
+    SlurmError,
+    batch_script,
+    ended_verdict,
+    parse_sbatch,
+    parse_show_job,
+    pending_text,
+    sbatch_problems,
+)
+from tests.support.paths import FIXTURES
+
+SLURM = FIXTURES / "slurm"
+
+
+def _job(name: str):
+    jobs = parse_show_job((SLURM / f"{name}.txt").read_text())
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+def test_a_running_two_node_job_and_one_pending_behind_it():
+    running = _job("running")
+    assert running.state == "RUNNING" and running.active and not running.pending
+    assert running.nodes == ("n1", "n2") and running.reason is None and running.time_limit_s is None
+    assert running.fields["TresPerNode"] == "gres:gpu:2" and running.fields["AllocNode:Sid"].startswith("localhost")
+    pending = _job("pending")
+    assert pending.pending and pending.nodes == () and pending.reason == "Resources"
+    assert pending_text(pending) == "PENDING (Resources: waiting for nodes or GPUs to free up)"
+
+
+@pytest.mark.parametrize(("name", "verdict", "words"), [
+    ("timeout", "time_limit", "Slurm ended the job at its time limit of 00:01:00: Slurm says TIMEOUT (TimeLimit), "
+                              "exit code 0, signal 15"),
+    ("failed", "crashed", "the job's command failed: Slurm says FAILED (NonZeroExitCode), exit code 3"),
+    ("cancelled", "cancelled", "the job was cancelled (scancel): Slurm says CANCELLED, exit code 0, signal 15"),
+])
+def test_a_job_slurm_ended_gets_its_own_verdict(name, verdict, words):
+    job = _job(name)
+    assert not job.active
+    assert ended_verdict(job) == (verdict, words)
+
+
+def test_unparsable_output_gives_no_job_and_sbatch_output_gives_the_id():
+    assert parse_show_job((SLURM / "unknown.stderr.txt").read_text()) == []
+    assert parse_show_job("JobId=x JobState=RUNNING\n\x00garbage") == []
+    assert parse_sbatch("1234\n") == "1234" and parse_sbatch("77;cluster-a") == "77"
+    with pytest.raises(SlurmError, match="did not print a job id: 'sbatch: error: Batch job submission failed"):
+        parse_sbatch("sbatch: error: Batch job submission failed: Requested node configuration is not available")
+
+
+def test_hostlists_as_slurm_prints_them():
+    assert expand_hostlist("n[1-2],gpu07") == ["n1", "n2", "gpu07"]
+    assert expand_hostlist("gpu-[01-03,10]") == ["gpu-01", "gpu-02", "gpu-03", "gpu-10"]
+    assert expand_hostlist("") == [] and expand_hostlist("(null)") == [] and expand_hostlist("odd[9-1]") == ["odd[9-1]"]
+
+
+def test_the_batch_script_sets_one_task_per_node_and_the_rank_variables():
+    spec = SbatchSpec(nodes=2, gpus_per_node=8, partition="h200", time="4:00:00", account="ml-infra",
+                      extra_sbatch=("--exclusive", "--constraint=ib"))
+    script = batch_script(spec, "python3 -m sglang.launch_server --nnodes \"$GPUBOT_NNODES\"", job_name="big#3",
+                          output="/logs/big-3-%N.log", env={"HF_HOME": "/data/hf x"}, master_port=29500)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:8", "#SBATCH --partition=h200",
+                 "#SBATCH --time=4:00:00", "#SBATCH --account=ml-infra", "#SBATCH --exclusive",
+                 "#SBATCH --constraint=ib", "#SBATCH --job-name='big#3'", "export HF_HOME='/data/hf x'",
+                 "export GPUBOT_MASTER_ADDR GPUBOT_MASTER_PORT=29500 GPUBOT_NNODES=$SLURM_JOB_NUM_NODES"):
+        assert line in script.splitlines(), line
+    assert script.splitlines()[-1].startswith("exec srun --kill-on-bad-exit=1 sh -c 'GPUBOT_NODE_RANK=$SLURM_NODEID;")
+
+
+@pytest.mark.parametrize(("spec", "problem"), [
+    (SbatchSpec(nodes=0), "nodes must be 1..1024"),
+    (SbatchSpec(gpus_per_node=99), "gpus_per_node must be 0..64"),
+    (SbatchSpec(partition="h200; rm -rf /"), "partition must be a plain name"),
+    (SbatchSpec(time="soon"), "time must be minutes or [DD-]HH:MM:SS"),
+    (SbatchSpec(extra_sbatch=("--wrap=id",)), "--wrap is set by gpubot"),
+    (SbatchSpec(extra_sbatch=("--comment=a\nb",)), "is not one --name or --name=value option on one line"),
+    (SbatchSpec(extra_sbatch=("-N 4",)), "is not one --name or --name=value option"),
+])
+def test_what_the_allocation_may_not_say(spec, problem):
+    assert any(problem in p for p in sbatch_problems(spec)), sbatch_problems(spec)
+    with pytest.raises(SlurmError):
+        batch_script(spec, "true", job_name="x", output="/tmp/x", env={}, master_port=1)
