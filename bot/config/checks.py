@@ -15,12 +15,14 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from bot.config.schema import ENV_REF_RE, Config, ParamSpec
+from bot.config.schema import ENV_REF_RE, Config, ParamSpec, VariantConfig
 from bot.core.lifecycle import exec_problems
 from bot.core.placement import GROUP_PREFIX
+from bot.core.slurm import SbatchSpec, sbatch_problems
 
 #: Names a variant's command template may use besides its declared params.
-BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices"})
+BUILTIN_TEMPLATE_VARS = frozenset({"port", "variant", "launch_id", "log", "host", "gpus", "cuda_visible_devices",
+                                   "node_rank", "nnodes", "master_addr", "master_port"})
 
 #: Characters a command template may not contain outside its {{ }} expressions: each can undo the
 #: shell-quoting of a value (quotes and backslashes re-open or escape it; backticks and $( run it).
@@ -111,6 +113,7 @@ def _cross_checks(cfg: Config) -> list[str]:
                 errors.append(f"variants.{name}.host: unknown host {rv.host!r}; known: {known}")
         if rv.gpu_count is not None and rv.gpus:
             errors.append(f"variants.{name}.gpu_count: give fixed `gpus:` or a `gpu_count` to pick, not both")
+        errors.extend(f"variants.{name}.{p}" for p in spans_problems(cfg, rv))
         if not rv.command:
             errors.append(f"variants.{name}.command: required (directly or through extends)")
             continue
@@ -142,6 +145,49 @@ def _cross_checks(cfg: Config) -> list[str]:
                 if spec.default not in spec.choices:
                     errors.append(f"variants.{name}.params.{pname}.default: not one of the choices")
     return errors
+
+
+#: The variant keys that only a Slurm launch reads.
+_SLURM_KEYS = ("nodes", "gpus_per_node", "partition", "time", "account", "extra_sbatch")
+
+
+def spans_problems(cfg: Config, rv: VariantConfig) -> list[str]:
+    """`key: message` problems of a resolved variant's runner (pure): a Slurm variant needs a login host (not a group
+    nor `hosts`), leaves the GPUs to Slurm (`gpus_per_node`, not `gpus`/`gpu_count`) and has sbatch options Slurm
+    takes (bot.core.slurm.sbatch_problems); Slurm's keys on an SSH variant are refused; a multi-host variant names
+    known hosts, with `host`, when given, as its first (rank 0), and fixed GPUs only."""
+    out: list[str] = []
+    if cfg.runner_of(rv) == "slurm":
+        if rv.hosts:
+            out.append("hosts: a Slurm variant runs on the nodes Slurm gives it; name its login node as `host`")
+        if rv.host and rv.host.startswith(GROUP_PREFIX):
+            out.append("host: a Slurm variant's host is the cluster's login node (where sbatch runs), not a group")
+        if rv.gpus or rv.gpu_count is not None:
+            out.append("gpus_per_node: Slurm picks a Slurm job's GPUs; say how many with `gpus_per_node`, not "
+                       "`gpus` or `gpu_count`")
+        for p in sbatch_problems(sbatch_spec(rv)):  # "nodes must be ..." -> "nodes: must be ..."
+            key, _, rest = p.partition(" ")
+            out.append(p if key.endswith(":") else f"{key}: {rest}")
+        return out
+    set_keys = [k for k in _SLURM_KEYS if getattr(rv, k)]
+    if set_keys:
+        out.append(f"{set_keys[0]}: only a Slurm variant reads {', '.join(set_keys)}; add `runner: slurm` (with a "
+                   f"login node as `host`)")
+    if rv.hosts:
+        unknown = [h for h in rv.hosts if h not in cfg.hosts]
+        if unknown:
+            out.append(f"hosts: unknown host{'s' if len(unknown) > 1 else ''} {', '.join(unknown[:5])}")
+        if rv.host and rv.host != rv.hosts[0]:
+            out.append(f"host: {rv.host} is not the first of `hosts` (rank 0, {rv.hosts[0]}); leave `host` out")
+        if rv.gpu_count is not None:
+            out.append("gpu_count: a multi-host variant uses fixed `gpus` on each host")
+    return out
+
+
+def sbatch_spec(v: VariantConfig) -> SbatchSpec:
+    """The Slurm allocation a (resolved) Slurm variant asks for (bot.core.slurm.SbatchSpec)."""
+    return SbatchSpec(nodes=v.nodes or 1, gpus_per_node=v.gpus_per_node or 0, partition=v.partition, time=v.time,
+                      account=v.account, extra_sbatch=tuple(v.extra_sbatch))
 
 
 # moved to the scheduler adapter in the next step

@@ -121,6 +121,11 @@ class HostConfig(_Model):
     cgroup: Literal["auto", "off"] = "auto"
     env: dict[str, str] = Field(default_factory=dict)
     log_dirs: list[str] = Field(default_factory=list)
+    #: `slurm`: this host is a Slurm cluster's login node, where variants on it submit jobs (sbatch) unless they
+    #: say `runner: ssh`; `ssh` (default): launches run on it directly.
+    runner: Literal["ssh", "slurm"] = "ssh"
+    #: The cluster's slurm.conf when Slurm's commands on this host do not find it by default (SLURM_CONF).
+    slurm_conf: str | None = None
 
     @field_validator("systemd", "cgroup", mode="before")
     @classmethod
@@ -382,6 +387,22 @@ class VariantConfig(_Model):
     gpu_count: Int | None = None
     engine: Literal["sglang", "vllm", "tgi", "trtllm", "llamacpp", "lmdeploy", "generic"] | None = None
     watch: WatchPolicy | None = None
+    #: How the launch starts: `ssh` (its process tree on `host`, or one per host of `hosts`) or `slurm` (a job
+    #: submitted with sbatch on `host`, the cluster's login node). Default: the host's `runner`.
+    runner: Literal["ssh", "slurm"] | None = None
+    #: A multi-host launch over SSH (no scheduler): one process tree per host, rank = position in this list,
+    #: `host` (when given) must be the first; one launch, one thread, one watch, one kill.
+    hosts: list[str] | None = None
+    #: Slurm (runner: slurm): how many nodes (one task per node), GPUs per node (`--gres=gpu:N`), and the optional
+    #: partition, time limit, account and other `--name=value` sbatch options (bot.core.slurm.sbatch_problems).
+    nodes: Int | None = None
+    gpus_per_node: Int | None = None
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    extra_sbatch: list[str] = Field(default_factory=list)
+    #: The rendezvous port of a launch across nodes (`{{ master_port }}`, on `{{ master_addr }}`, rank 0's node).
+    master_port: Int = 29500
 
     @field_validator("params", mode="before")
     @classmethod
@@ -422,6 +443,21 @@ class VariantConfig(_Model):
     @classmethod
     def _port(cls, v: int | None) -> int | None:
         return None if v is None else _within(v, 1, 65535)
+
+    @field_validator("master_port")
+    @classmethod
+    def _master_port(cls, v: int) -> int:
+        return _within(v, 1, 65535)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not 2 <= len(v) <= 64:
+                raise ValueError("a multi-host variant names 2..64 hosts (one host: use `host:`)")
+            if len(set(v)) != len(v):
+                raise ValueError("each host may be named once")
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -628,6 +664,13 @@ class Config(_Model):
         for a config not made by the loader)."""
         return self._expanded_env_values
 
+    def runner_of(self, v: VariantConfig) -> str:
+        """How a (resolved) variant starts: its own `runner`, else its host's (`slurm` on a login node), else `ssh`."""
+        if v.runner is not None:
+            return v.runner
+        host = self.hosts.get(v.host or "")
+        return host.runner if host is not None and not v.hosts else "ssh"
+
     def resolved_variant(self, name: str) -> VariantConfig:
         """The variant with `extends` applied (child keys win; params, env and watch (with its phase_grace_s)
         are merged key by key).
@@ -657,4 +700,6 @@ class Config(_Model):
                 else:
                     merged[key] = value
         merged.pop("extends", None)
+        if merged.get("hosts") and not merged.get("host"):
+            merged["host"] = merged["hosts"][0]  # a multi-host variant's rank 0
         return VariantConfig.model_validate(merged)

@@ -158,13 +158,16 @@ def placement_plan(config: Config, variant_name: str, host: str | None = None,
 
 
 def render_launch(config: Config, variant_name: str, given: dict[str, str], *, launch_id: int,
-                  host: str | None = None, tag: str = "", gpus: list[int] | tuple[int, ...] | None = None
-                  ) -> RenderedLaunch:
+                  host: str | None = None, tag: str = "", gpus: list[int] | tuple[int, ...] | None = None,
+                  rank: int = 0, slurm: bool = False) -> RenderedLaunch:
     """Render a variant into a RenderedLaunch (pure).
 
     Values are validated (resolve_params), shell-quoted, then the sandboxed command template renders them;
     `extra_args` are appended quoted. The log path defaults to `/tmp/gpubot-VARIANT-ID.log`. `host` and `gpus`
-    replace the variant's (a placed launch: bot.core.placement).
+    replace the variant's (a placed launch: bot.core.placement). The ranks' variables: `node_rank` (`rank`),
+    `nnodes` (the variant's `hosts`, else 1), `master_addr` (the address of its first host) and `master_port`; with
+    `slurm`, `node_rank`, `nnodes` and `master_addr` are the GPUBOT_* shell variables the job's step sets
+    (bot.core.slurm.batch_script), expanded on each node.
     Raises LaunchError for an unknown variant/host, bad params, or a template that fails to render.
     """
     v = _variant(config, variant_name)
@@ -175,9 +178,12 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
         raise LaunchError(f"unknown host {str(host)[:40]!r}; known hosts: {', '.join(config.hosts)}")
     params = resolve_params(v, given)
     gpus = list(gpus if gpus is not None else v.gpus or [])
+    first = (v.hosts or [host])[0]
     builtins = {"variant": variant_name, "launch_id": launch_id, "host": host,
                 "port": v.port if v.port is not None else "", "gpus": ",".join(map(str, gpus)),
-                "cuda_visible_devices": ",".join(map(str, gpus))}
+                "cuda_visible_devices": ",".join(map(str, gpus)), "node_rank": rank, "nnodes": len(v.hosts or [host]),
+                "master_addr": (config.hosts[first].address if first in config.hosts else None) or first,
+                "master_port": v.master_port}
     log_dirs = config.hosts[host].log_dirs
     if v.log and not log_dirs:
         raise LaunchError(f"{variant_name} sets a log path, but host {host} has no log_dirs: list the log "
@@ -200,6 +206,9 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
     quoted = {k: _quote_value(val) for k, val in params.items()}
     qbuiltins = {k: _quote_value(val) for k, val in builtins.items()}
     qbuiltins["log"] = shlex.quote(log_path)
+    if slurm:  # known only on the nodes, when the job runs: the step's variables, expanded there
+        qbuiltins.update(node_rank='"${GPUBOT_NODE_RANK}"', nnodes='"${GPUBOT_NNODES}"',
+                         master_addr='"${GPUBOT_MASTER_ADDR}"')
     try:
         command = _ENV.from_string(v.command or "").render(**qbuiltins, **quoted).strip()
     except jinja2.TemplateError as e:

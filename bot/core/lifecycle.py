@@ -26,6 +26,7 @@ from typing import Any
 
 from bot.core.commands import slash
 from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.ranks import base_tag
 from bot.core.text import counted
 
 #: Environment variable that tags every process of a launch (inherited by all children).
@@ -519,6 +520,7 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
     or the launch was ended, `foreign` without a tag of ours. `launches` are store Launch objects."""
     by_pid = {p.pid: p for p in procs}
     by_tag = {la.tag: la for la in launches if getattr(la, "tag", None)}
+    tags = {pid: base_tag(t) for pid, t in tags.items()}  # a rank of a launch across nodes is the launch's
     out = []
     for gp in gpu.processes:
         row = by_pid.get(gp.pid)
@@ -527,6 +529,8 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
         if la is not None:
             leader = by_pid.get(la.pid)
             leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
+            if getattr(la, "spans_nodes", False):  # its ranks on other nodes have no launcher here: live is live
+                leader_alive = True
             lid = la.id
             orphan = not (la.live and leader_alive)
             owner = f"orphan of {la.name}" if orphan else la.name

@@ -481,7 +481,9 @@ class Launch:
     ours; `seen_starts` the same processes' start times in clock ticks after boot (/proc/PID/stat, where it was
     read): exact, so a remembered PID counts only while the process holding it started at that very tick; `unit`
     the cgroup it runs in and `unit_manager`: a transient systemd scope (`system` or `user`) or the bot's own cgroup
-    v2 directory (`cgroup`), both None when it runs in no cgroup of its own."""
+    v2 directory (`cgroup`), both None when it runs in no cgroup of its own. `job_id`: its Slurm job (then `host` is
+    the login node sbatch ran on); `nodes`: where its ranks run, rank order (a Slurm job's allocated nodes once it
+    runs, or a multi-host variant's hosts; empty for a launch on `host` alone)."""
 
     id: int
     host: str
@@ -511,6 +513,14 @@ class Launch:
     seen_starts: dict[int, int] = field(default_factory=dict)
     unit: str | None = None
     unit_manager: str | None = None
+    job_id: str | None = None
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """True for a launch that runs on nodes of its own (`nodes`: a Slurm job's allocation, or a multi-host SSH
+        variant's hosts) rather than as one process tree on `host`."""
+        return bool(self.job_id or self.nodes)
 
     @property
     def live(self) -> bool:

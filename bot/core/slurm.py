@@ -92,13 +92,17 @@ def sbatch_problems(spec: SbatchSpec) -> list[str]:
 
 
 def batch_script(spec: SbatchSpec, command: str, *, job_name: str, output: str, env: Mapping[str, str],
-                 master_port: int) -> str:
+                 master_port: int, log_path: str | None = None, rank_logs: tuple[str, str] | None = None,
+                 tag_var: str | None = None, workdir: str | None = None) -> str:
     """The batch script of one launch (POSIX sh): the `#SBATCH` lines of `spec` (one task per node, its GPUs with
     `--gres=gpu:N`), `env` exported, then one `srun` step across the allocation that runs `command` (already
     rendered and quoted) on every node, with `GPUBOT_NODE_RANK` (`SLURM_NODEID`), `GPUBOT_NNODES`,
-    `GPUBOT_MASTER_ADDR` (the allocation's first node) and `GPUBOT_MASTER_PORT` set for it. `output` is the
-    `--output` pattern (`%j` the job id, `%N` the node, `%t` the task rank). `--kill-on-bad-exit` ends the step when
-    one rank fails. Raises SlurmError for a spec that `sbatch_problems` refuses."""
+    `GPUBOT_MASTER_ADDR` (the address of the allocation's first node, its NodeAddr) and `GPUBOT_MASTER_PORT` set for it. `output` is the batch
+    script's own `--output` (`%j` the job id). With `log_path`, rank 0 appends its output there and rank K to
+    `<rank_logs[0]>K<rank_logs[1]>` (bot.core.ranks.rank_log); without, every rank's output goes to `output`. With
+    `tag_var`, ranks above 0 get `-rK` appended to that variable (bot.core.ranks.rank_tag). `workdir`: the directory
+    the step runs in. `--kill-on-bad-exit` ends the step when one rank fails. Raises SlurmError for a spec that
+    `sbatch_problems` refuses."""
     problems = sbatch_problems(spec)
     if problems:
         raise SlurmError("; ".join(problems))
@@ -111,11 +115,24 @@ def batch_script(spec: SbatchSpec, command: str, *, job_name: str, output: str, 
             lines.append(f"#SBATCH --{key}={value}")
     lines += [f"#SBATCH {opt}" for opt in spec.extra_sbatch]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)} || exit 1")
+    step = ["GPUBOT_NODE_RANK=$SLURM_NODEID; export GPUBOT_NODE_RANK"]
+    if tag_var and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", tag_var):
+        step.append(f'[ "$SLURM_NODEID" = 0 ] || {tag_var}="${{{tag_var}}}-r$SLURM_NODEID"; export {tag_var}')
+    if log_path:
+        stem, ext = rank_logs or (log_path + ".rank", "")
+        step.append(f'if [ "$SLURM_NODEID" = 0 ]; then exec >>{shlex.quote(log_path)} 2>&1; else exec '
+                    f'>>{shlex.quote(stem)}"$SLURM_NODEID"{shlex.quote(ext) if ext else ""} 2>&1; fi')
+    step.append(f"exec {command}")
     lines += [
-        'GPUBOT_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'GPUBOT_MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # the node's address as Slurm reaches it (NodeAddr), else its name
+        "GPUBOT_MASTER_ADDR=$(scontrol show node -o \"$GPUBOT_MASTER_NODE\" 2>/dev/null | "
+        "sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
+        '[ -n "$GPUBOT_MASTER_ADDR" ] || GPUBOT_MASTER_ADDR=$GPUBOT_MASTER_NODE',
         f"export GPUBOT_MASTER_ADDR GPUBOT_MASTER_PORT={int(master_port)} GPUBOT_NNODES=$SLURM_JOB_NUM_NODES",
-        "exec srun --kill-on-bad-exit=1 sh -c "
-        + shlex.quote(f"GPUBOT_NODE_RANK=$SLURM_NODEID; export GPUBOT_NODE_RANK; exec {command}"),
+        "exec srun --kill-on-bad-exit=1 sh -c " + shlex.quote("; ".join(step)),
     ]
     return "\n".join(lines) + "\n"
 
@@ -212,7 +229,7 @@ _PENDING_REASONS: Mapping[str, str] = MappingProxyType({
 
 def pending_text(job: SlurmJob) -> str:
     """`PENDING (Resources: waiting for nodes or GPUs to free up)`: Slurm's reason and what it means."""
-    reason = job.reason or "no reason given"
+    reason = job.reason or "not looked at by the scheduler yet"
     meaning = _PENDING_REASONS.get(reason.split(",")[0])
     return f"PENDING ({reason}{': ' + meaning if meaning else ''})"
 

@@ -256,6 +256,7 @@ def _launcher(args, ready_dir):
         for c in children:
             c.terminate()
         return 0
+    joined = _rendezvous(args) if args.nnodes > 1 and args.node_rank == 0 else None
     if args.mode == "ready":
         # like SGLang: the HTTP port opens only after every TP rank reported ready
         while len(os.listdir(ready_dir)) < args.workers:
@@ -263,6 +264,9 @@ def _launcher(args, ready_dir):
                 log("A TP rank exited before it was ready.")
                 return 1
             time.sleep(0.05)
+        if args.nnodes > 1 and not _nodes_ready(args, joined, children):
+            return 1
+    if args.mode == "ready" and args.node_rank == 0:
         Health.ready_dir, Health.control, Health.workers = ready_dir, args.control, args.workers
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)
         srv.daemon_threads = True
@@ -282,6 +286,50 @@ def _launcher(args, ready_dir):
                         o.terminate()
                 return 1
         time.sleep(0.2)
+
+
+def _rendezvous(args):
+    """Node 0 of a multi-node launch: listen on --dist-init-addr's port for the other nodes; returns the set of
+    node ranks that joined (filled by a thread as each node says `ready K`)."""
+    import socket
+    joined = set()
+    port = int(args.dist_init_addr.rpartition(":")[2])
+    srv = socket.create_server(("", port), reuse_port=False)
+
+    def accept():
+        while True:
+            conn, _ = srv.accept()
+            data = conn.recv(64).decode(errors="replace").split()
+            if len(data) == 2 and data[0] == "ready" and data[1].isdigit():
+                joined.add(int(data[1]))
+    threading.Thread(target=accept, daemon=True).start()
+    return joined
+
+
+def _nodes_ready(args, joined, children):
+    """After this node's ranks are ready: node 0 waits until every other node joined (True), logging once what it
+    waits for; another node tells node 0 it is ready (retrying until node 0 listens) and returns True. False when a
+    local rank exited meanwhile."""
+    import socket
+    if args.node_rank == 0:
+        log(f"Waiting for {args.nnodes - 1} other node(s) to join at {args.dist_init_addr}")
+        while len(joined) < args.nnodes - 1:
+            if any(c.poll() not in (None, 0) for c in children):
+                return False
+            time.sleep(0.1)
+        log(f"All {args.nnodes} nodes joined.")
+        return True
+    host, _, port = args.dist_init_addr.rpartition(":")
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2) as c:
+                c.sendall(f"ready {args.node_rank}".encode())
+            log(f"Node {args.node_rank} joined node 0 at {args.dist_init_addr}.")
+            return True
+        except OSError:
+            if any(c.poll() not in (None, 0) for c in children):
+                return False
+            time.sleep(0.2)
 
 
 def main():
@@ -305,9 +353,16 @@ def main():
     p.add_argument("--control", default=None,
                    help="a directory of switch files (health-503, oom, generate-hang, generate-500)")
     p.add_argument("--served-model-name", default=None, help="accepted and ignored, like a real server's")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes of a multi-node launch (like SGLang's)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (0 serves HTTP once all joined)")
+    p.add_argument("--dist-init-addr", default=None, help="HOST:PORT where node 0 waits for the other nodes")
+    p.add_argument("--hang-node", type=int, default=-1,
+                   help="the node whose ranks hang in init_process_group before loading (-1: none)")
     p.add_argument("--worker-rank", type=int, default=None)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.nnodes > 1 and args.hang_node == args.node_rank:  # this node's ranks never join
+        args.mode, args.hang_in = "hang", "rendezvous"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.worker_rank is not None:
         return worker(args)

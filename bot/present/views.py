@@ -255,7 +255,21 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "unit": (f"{CGROUP_PARENT}/{la.unit}" if la.unit_manager == "cgroup" else
                  f"{la.unit}{' (user manager)' if la.unit_manager == 'user' else ''}") if la.unit else None,
         "unit_kind": "cgroup" if la.unit_manager == "cgroup" else "systemd scope",
+        "job_id": la.job_id,
+        "nodes": ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else ""),
+        "where": _where(la),
     }
+
+
+def _where(la: Launch) -> str:
+    """Where a launch runs, for its root's PID field: `Slurm job 12 on n1, n2`, `job 12 (not running yet)`, `ranks on
+    a, b (rank 0: pid 123)`, or the pid and process group of a launch on one host."""
+    nodes = ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else "")
+    if la.job_id:
+        return f"Slurm job {la.job_id}" + (f" on {nodes}" if nodes else " (not running yet)")
+    if la.nodes:
+        return f"{len(la.nodes)} hosts: {nodes}" + (f" (rank 0: pid {la.pid})" if la.pid else "")
+    return f"{la.pid} ({la.pgid})" if la.pid else "(not started yet)"
 
 
 def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from bot.present.views import kill_view
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.secrets import SecretService
+from bot.services.spans import SpanService
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,11 @@ class LaunchService:
         self.locks = locks or DecisionLocks()
         self._activity: dict[int, float] = {}
         self.started_hooks: list[StartedHook] = []
+        # what SpanService (launches across nodes) shares of this one
+        self.threads, self.audit, self.rows = threads, audit, store.launches
+        self.snapshot, self.live_on, self.kill_view, self.start_rank0 = (self._snapshot, self._live_on, self._kill,
+                                                                         self._start)
+        self.spans = SpanService(self)
         self.early_exit_hooks: list[EarlyExitHook] = []
 
     # -- lookup -------------------------------------------------------------------------------------
@@ -220,7 +226,7 @@ class LaunchService:
         """GPU holders of a snapshot, attributed to this host's launches by tag (or orphan / foreign).
         `host_launches`: the host's recent launches when the caller has read them already (else read here)."""
         if host_launches is None:
-            host_launches = [la for la in self._launches.recent(200) if la.host == snap.host]
+            host_launches = [la for la in self._launches.recent(200) if la.host == snap.host or snap.host in la.nodes]
         return attribute_holders(snap.gpu, snap.table, host_launches, snap.launch_tags)
 
     def owners(self, snap: Snapshot, host_launches: Sequence[Launch] | None = None) -> dict[int, str]:
@@ -235,7 +241,8 @@ class LaunchService:
         host's recent launches (read once for every host)."""
         by_host: dict[str, list[Launch]] = {}
         for la in self._launches.recent(200):  # read once for every host, not once per host
-            by_host.setdefault(la.host, []).append(la)
+            for h in dict.fromkeys([la.host, *la.nodes]):  # a launch across nodes holds GPUs on each
+                by_host.setdefault(h, []).append(la)
         keep = {h: [la.pid for la in by_host.get(h, ()) if la.pid] for h in hosts}
         results = await self.hosts.status(list(hosts), keep_pids=keep)
         holders = {r.host: self.holders(r, by_host.get(r.host, [])) for r in results
@@ -275,7 +282,8 @@ class LaunchService:
         """`fleet`'s lines from a status already probed (`status`'s results and holders)."""
         live: dict[str, list[Launch]] = {}
         for la in self._launches.live():
-            live.setdefault(la.host, []).append(la)
+            for h in dict.fromkeys([la.host, *la.nodes]):
+                live.setdefault(h, []).append(la)
         free_mib = self.config.lifecycle.gpu_free_mib
         return [host_line(r, live.get(r.host, []), holders.get(r.host, ()), free_mib,
                           cfg.group if (cfg := self.config.hosts.get(r.host)) is not None else None)
@@ -349,7 +357,9 @@ class LaunchService:
     async def probe_launch(self, la: Launch, *, tail_lines: int = 20,
                            request: ProbeRequest | None = None) -> Snapshot | HostFailure:
         """One probe of the launch: `request` (a launch_probe_request, perhaps narrowed to what a liveness check
-        needs), by default launch_probe_request with `tail_lines`."""
+        needs), by default launch_probe_request with `tail_lines`. A launch across nodes: its rank 0, on its node."""
+        if la.spans_nodes:
+            la = self.spans.rank0(la)
         return await self.hosts.probe(la.host, request or self.launch_probe_request(la, tail_lines=tail_lines))
 
     async def read_log(self, la: Launch, lines: int) -> Snapshot | HostFailure:
@@ -357,6 +367,8 @@ class LaunchService:
         Raises LaunchError when the launch has no log path."""
         if not la.log_path:
             raise LaunchError(f"{la.name} has no log path")
+        if la.spans_nodes:  # rank 0's log, on its node
+            la = self.spans.rank0(la)
         return await self.hosts.probe(la.host, self.launch_probe_request(la, tail_lines=lines, gpu=False, port=False))
 
     async def _snapshot(self, host: str, req: ProbeRequest) -> Snapshot:
@@ -486,6 +498,10 @@ class LaunchService:
         never raises for remote failures (they are in the outcome and the audit trail)."""
         self.secrets.learn(variant, params)  # before anything is recorded, posted or logged
         try:
+            spanning = self._spanning(variant, host)
+            if spanning is not None:
+                return await spanning(variant, params, user=user, channel=channel, thread_ts=thread_ts,
+                                      relaunch_of=relaunch_of)
             plan = placement_plan(self.config, variant, host, tuple(prefer_gpus))
             preview = render_launch(self.config, variant, params, launch_id=0, host=plan.hosts[0] if plan else host,
                                     gpus=plan.stand_in_gpus if plan else None)
@@ -505,6 +521,20 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", args={"variant": variant, "host": preview.host},
                                result="error", detail=str(e), host=preview.host, channel=channel)
             return LaunchOutcome(None, error=f"{e}; try again in a moment", host=preview.host)
+
+    def _spanning(self, variant: str, host: str | None) -> Callable[..., Awaitable[LaunchOutcome]] | None:
+        """The SpanService launch of a variant that spans nodes (a Slurm variant, or one with `hosts:`), else None.
+        Raises LaunchError for an unknown variant, or a `host=` such a variant cannot take."""
+        if variant not in self.config.variants:
+            return None  # placement_plan says it is unknown
+        v = self.config.resolved_variant(variant)
+        runner = self.config.runner_of(v)
+        if runner != "slurm" and not v.hosts:
+            return None
+        if host is not None and host != v.host:
+            where = "where Slurm places it" if runner == "slurm" else f"on its hosts {', '.join(v.hosts or [])}"
+            raise LaunchError(f"{variant} runs {where}; leave out host=")
+        return self.spans.launch_slurm if runner == "slurm" else self.spans.launch_multi
 
     async def _launch_placed(self, plan: PlacementPlan, variant: str, params: dict[str, str], *, user: str,
                              channel: str | None, thread_ts: str | None, relaunch_of: int | None) -> LaunchOutcome:
@@ -571,7 +601,9 @@ class LaunchService:
         same, others = [], []
         for la in self._launches.live(host):
             recent = la.state == LaunchState.STARTING and self._clock.time() - la.created_at < STARTING_GRACE_S
-            if recent or self.launch_processes_of(la, snap):
+            if la.spans_nodes:  # its own checks (the job, every rank) decide when it ended, not one host's look
+                (same if la.variant == variant and host in la.nodes else others).append(la)
+            elif recent or self.launch_processes_of(la, snap):
                 (same if la.variant == variant else others).append(la)
             else:
                 la = self.transition(la, LaunchEvent.GONE, state_detail="no process left (seen at a later launch)")
@@ -606,22 +638,41 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", args=args, result="refused",
                                detail="; ".join(checks.problems), host=host, channel=channel)
             return LaunchOutcome(None, checks=checks, host=host)
-        secret = self.secrets.params(variant, preview.params)
-        la = self._launches.create(host=host, variant=variant, params=self.secrets.for_record(preview.params),
-                                   command="", log_path=None, port=preview.port, gpus=preview.gpus, created_by=user,
-                                   channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of,
-                                   sealed_secrets=self.secrets.seal(secret))
+        la = self.record_launch(variant, preview.params, host=host, port=preview.port, gpus=preview.gpus, user=user,
+                                channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of)
         r = render_launch(self.config, variant, params, launch_id=la.id, host=host, tag=la.tag, gpus=preview.gpus)
-        command = r.command
-        for k, v in r.params.items():  # values of secret-named params never reach the database
-            if SECRET_NAME_RE.search(k) and str(v):
-                command = command.replace(shlex.quote(str(v)), MASK)
-        la = self._launches.update(la.id, command=self._redactor(command), log_path=r.log_path)
+        la = self.store_command(la, r)
         if thread_ts is None:
             la = await self._threads.open(la)
         out = await self._start(la, r, user, args, checks)
         out.placement = placed.describe() if placed is not None else None
         return out
+
+    def record_launch(self, variant: str, params: Mapping[str, Any], *, host: str, port: int | None,
+                      gpus: list[int], user: str, channel: str | None, thread_ts: str | None,
+                      relaunch_of: int | None, nodes: list[str] | None = None) -> Launch:
+        """Record a new launch (state `starting`; its secret params masked, sealed apart). Returns it, with its tag."""
+        secret = self.secrets.params(variant, dict(params))
+        return self._launches.create(host=host, variant=variant, params=self.secrets.for_record(dict(params)),
+                                     command="", log_path=None, port=port, gpus=gpus, created_by=user,
+                                     channel=channel, thread_ts=thread_ts, relaunch_of=relaunch_of,
+                                     sealed_secrets=self.secrets.seal(secret), nodes=nodes)
+
+    def store_command(self, la: Launch, r: RenderedLaunch) -> Launch:
+        """Record the launch's rendered command (secret-named params' values masked, redacted) and its log path."""
+        command = r.command
+        for k, v in r.params.items():  # values of secret-named params never reach the database
+            if SECRET_NAME_RE.search(k) and str(v):
+                command = command.replace(shlex.quote(str(v)), MASK)
+        return self._launches.update(la.id, command=self._redactor(command), log_path=r.log_path)
+
+    def run_started_hooks(self, la: Launch) -> None:
+        """Tell the started hooks (the watcher schedules its checks) that `la` started; a failing hook is logged."""
+        for hook in self.started_hooks:
+            try:
+                hook(la)
+            except Exception:
+                log.exception("a started hook failed for %s", la.name)
 
     async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
         try:
@@ -655,11 +706,7 @@ class LaunchService:
                            detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
         await self._threads.show(la)
         outcome = LaunchOutcome(la, checks=checks)
-        for hook in self.started_hooks:
-            try:
-                hook(la)
-            except Exception:
-                log.exception("a started hook failed for %s", la.name)
+        self.run_started_hooks(la)
         await asyncio.sleep(self.start_check_s)
         try:
             snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))
@@ -689,6 +736,8 @@ class LaunchService:
         """What `kill(la)` would stop now (one probe of the host). Never raises: an unreadable host is
         reported in `error`."""
         out = KillPreview(target=la.name, host=la.host, launch_id=la.id, pgid=la.pgid, gpus=list(la.gpus))
+        if la.spans_nodes:  # what shows is rank 0's; the kill stops every rank (scancel for a Slurm job)
+            la = self.spans.rank0(la)
         try:
             snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None))
         except RemoteError as e:
@@ -760,7 +809,7 @@ class LaunchService:
         # not live while it is being stopped: the readiness checks stay quiet about a deliberate stop
         self.transition(current, LaunchEvent.KILL_BEGUN)
         try:
-            out = await self._kill(current, out)
+            out = await (self.spans.kill(current, out) if current.spans_nodes else self._kill(current, out))
         except RemoteError as e:
             out.error = str(e)
         except BaseException:  # cancelled (shutdown) mid-kill: never leave it `stopping`, which nothing may kill

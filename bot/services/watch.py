@@ -15,13 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from bot.adapters.cpu import CpuPool
+from bot.adapters.remote import RemoteError
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
+from bot.core.commands import slash
 from bot.core.diagnose import Observation, Verdict
 from bot.core.diagnose.stacks import with_stacks
 from bot.core.fleet import TABLES_UP_TO, summarize
@@ -37,8 +40,10 @@ from bot.core.observe import (
     server_ending,
 )
 from bot.core.probe import ProbeRequest
+from bot.core.ranks import rank_view, weigh_nodes
 from bot.core.records import CheckRecord
 from bot.core.serving import generation_due, judge_serving
+from bot.core.slurm import SlurmError, SlurmJob, ended_verdict, job_nodes_text
 from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
@@ -52,6 +57,21 @@ from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
+
+#: What to do after a Slurm job ended by each verdict (bot.core.slurm.ended_verdict).
+SLURM_NEXT_STEPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "time_limit": ("Relaunch with a longer `time:` in the variant (or a partition that allows it)",
+                   "Read the ranks' logs to see how far it got"),
+    "node_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
+    "boot_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
+    "preempted": ("Relaunch, or use a partition or QOS that is not preempted",),
+    "oom": ("Ask Slurm for more host memory (`extra_sbatch: [--mem=...]`) and relaunch",),
+    "cancelled": ("Someone cancelled the job outside gpubot (scancel): ask in the channel before relaunching",),
+    "deadline": ("Relaunch with a later deadline",),
+    "exited": ("Relaunch when you want it serving again",),
+    "crashed": ("Read the ranks' logs (`/logs`) for the error, fix it and relaunch",),
+    "unknown": ("Read the ranks' logs (`/logs`) and `scontrol show job` on the login node",),
+})
 
 #: Seconds py-spy may take per rank when the watcher dumps a hang (a hung py-spy delays the alert by at most
 #: this plus the kill grace, per rank).
@@ -356,12 +376,123 @@ class Watcher:
             self.unwatch(launch_id)
             return CheckOutcome(None, False, la)
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
+        if la.spans_nodes:
+            return await self._check_spanning(la, history)
         looked = await self._gather(la, history)
         if isinstance(looked, HostFailure):
             self._history.add(la.id, CheckRecord.failed(self._clock.time(), looked.reason))
             await self._host_unreachable(la, looked.reason)
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         return await self._act(looked, history)
+
+    async def _check_spanning(self, la: Launch, history: list[CheckRecord]) -> CheckOutcome:
+        """One check of a launch across nodes. A Slurm job is read first (`scontrol show job`): one Slurm ended gets
+        its verdict from Slurm's state, reason and exit code (`_job_ended`); a pending one is shown with its reason
+        and never judged (`_job_pending`); a running one gets its nodes recorded. Then rank 0 is looked at and judged
+        as any launch (on its node), every other rank is probed, and the verdict weighs every rank's evidence and
+        names the odd one (bot.core.ranks.weigh_nodes)."""
+        spans = self.launches.spans
+        job = None
+        if la.job_id:
+            try:
+                job = await spans.job(la)
+            except (RemoteError, SlurmError) as e:
+                reason = f"Slurm on {la.host}: {e}"
+                self._history.add(la.id, CheckRecord.failed(self._clock.time(), reason))
+                await self._host_unreachable(la, reason)
+                return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
+            if job is None or not job.active:
+                return await self._job_ended(la, job)
+            if job.pending or not job.nodes:
+                return await self._job_pending(la, job)
+            if list(job.nodes) != la.nodes:
+                la = self._launch_rows.update(la.id, nodes=list(job.nodes), state_detail=job_nodes_text(job))
+                await self._threads.show(la)
+                await self._notice(la, ":arrow_forward:", f"Slurm job {la.job_id} of {la.name} is "
+                                                          f"{job_nodes_text(job)}",
+                                   "The checks now look at every node of the job.")
+        ranks = spans.ranks(la)
+        if not ranks or ranks[0][2] is None:  # no node gpubot can probe: Slurm's word alone
+            return CheckOutcome(None, False, la)
+        view = rank_view(la, 0, ranks[0][2])
+        looked = await self._gather(view, history)
+        if isinstance(looked, HostFailure):
+            self._history.add(la.id, CheckRecord.failed(self._clock.time(), looked.reason))
+            await self._host_unreachable(view, looked.reason)
+            return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
+        looks = [spans.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
+                 *await spans.look_ranks(la, ranks[1:])]
+        verdict = weigh_nodes(looked.verdict, looks)
+        if job is not None and looked.obs.process_alive is False:
+            # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
+            job = await self._job_after_end(la)
+            if job is None or not job.active:
+                return await self._job_ended(la, job, evidence=[x.line() for x in looks])
+        return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
+
+    async def _job_after_end(self, la: Launch) -> SlurmJob | None:
+        """The job read again until Slurm says it ended (at most `ending_wait_s`): its ranks are gone."""
+        deadline = self._clock.monotonic() + self.ending_wait_s
+        job = None
+        while True:
+            try:
+                job = await self.launches.spans.job(la)
+            except (RemoteError, SlurmError) as e:
+                log.warning("%s: job %s not read: %s", la.name, la.job_id, e)
+                return job
+            if job is None or not job.active or self._clock.monotonic() >= deadline:
+                return job
+            await asyncio.sleep(self.ending_poll_s)
+
+    async def _job_pending(self, la: Launch, job: SlurmJob) -> CheckOutcome:
+        """A job waiting in Slurm's queue: its state and reason on the root, a notice in the thread when the reason
+        changes (once Slurm gave one). Never a hang: nothing is judged."""
+        text = job_nodes_text(job)
+        if la.state_detail != text:
+            la = self._launch_rows.update(la.id, state_detail=text)
+            await self._threads.show(la)
+            if job.reason:
+                await self._notice(la, ":hourglass_flowing_sand:", f"{la.name} waits in Slurm's queue: {text}",
+                                   f"Not a hang: the checks start when Slurm runs job {la.job_id}. "
+                                   f"`{slash('kill', la.id)}` takes it out of the queue.")
+        return CheckOutcome(None, False, la)
+
+    async def _job_ended(self, la: Launch, job: SlurmJob | None, evidence: list[str] | None = None) -> CheckOutcome:
+        """A job Slurm ended (or forgot): the verdict from Slurm's state, reason and exit code (bot.core.slurm.
+        ended_verdict), with its `scontrol` line and `evidence` (the ranks' last looks), posted once; the launch
+        ends (exited for exit 0, else failed)."""
+        if job is None:
+            name, summary = "exited", f"Slurm no longer knows job {la.job_id}: it ended a while ago"
+            said = []
+        else:
+            name, summary = ended_verdict(job)
+            said = [f"`scontrol show job {la.job_id}`: " + " ".join(
+                f"{k}={job.fields[k]}" for k in ("JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList")
+                if k in job.fields)]
+        verdict = Verdict(verdict=name, phase=None, evidence=[*said, *(evidence or [])],
+                          next_steps=list(SLURM_NEXT_STEPS.get(name, SLURM_NEXT_STEPS["crashed"])), summary=summary)
+        record = CheckRecord(t=self._clock.time(), alive=False, verdict=name)
+        self._history.add(la.id, record)
+        current = self._launch_rows.get(la.id)
+        if current is None or not current.live:  # killed meanwhile: a deliberate stop is no news
+            self.unwatch(la.id)
+            return CheckOutcome(verdict, False, current)
+        fields = {"alert_state": name, "state_detail": summary[:300]}
+        try:
+            la = self._record(la, current, fields, LaunchState.EXITED if name == "exited" else LaunchState.FAILED,
+                              current.alert_state)
+        except _Superseded:
+            return CheckOutcome(verdict, False, self._launch_rows.get(la.id))
+        alerted = await self._alerts.post(la, verdict, record)
+        with self._unless_refused(la, "its schedule"):
+            self.unwatch(la.id)
+        return CheckOutcome(verdict, alerted, la)
+
+    async def _notice(self, la: Launch, icon: str, text: str, hint: str) -> None:
+        """A notice in the launch's thread (none without a channel)."""
+        if la.channel:
+            msg = self._render.render("notice", icon=icon, text=text, hint=hint)
+            await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
 
     async def _gather(self, la: Launch, history: list[CheckRecord]) -> _Look | HostFailure:
         """Look at `la`: the cheap liveness look when it serves and was fine, the full look when that saw a

@@ -55,6 +55,10 @@ class LaunchRow(Base):
     seen_pids_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     unit: Mapped[str | None] = mapped_column(String(128), nullable=True)
     unit_manager: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: Its Slurm job id (bot.core.slurm), None for a launch started over SSH.
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    #: Where its ranks run, rank order (JSON list of node or host names); None for a launch on `host` alone.
+    nodes_json: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: The launch's secret param values, encrypted (bot.adapters.secretbox); None when it had none.
     sealed_secrets: Mapped[str | None] = mapped_column(Text, nullable=True)
 
@@ -72,7 +76,7 @@ def _launch(row: Any) -> Launch:
         thread_ts=row.thread_ts, relaunch_of=row.relaunch_of, tag=row.tag or "", alert_state=row.alert_state,
         snoozed_until=row.snoozed_until, ready_at=row.ready_at, unreachable_since=row.unreachable_since,
         seen_pids=_seen_pids(row.seen_pids_json), seen_starts=_seen_starts(row.seen_pids_json), unit=row.unit,
-        unit_manager=row.unit_manager,
+        unit_manager=row.unit_manager, job_id=row.job_id, nodes=json.loads(row.nodes_json or "[]"),
     )
 
 
@@ -152,7 +156,7 @@ class LaunchRepository:
     def create(self, *, host: str, variant: str, params: dict[str, Any], command: str, log_path: str | None,
                port: int | None, gpus: list[int], created_by: str, channel: str | None = None,
                thread_ts: str | None = None, relaunch_of: int | None = None,
-               sealed_secrets: str | None = None) -> Launch:
+               sealed_secrets: str | None = None, nodes: list[str] | None = None) -> Launch:
         """Insert a launch in state `starting` with a fresh tag `<id>-<12 hex>` (unique across bots and
         databases: the id alone repeats in a fresh state_dir) and return it. `sealed_secrets`: its secret param
         values, already encrypted (bot.adapters.secretbox)."""
@@ -161,7 +165,7 @@ class LaunchRepository:
                             command=command, log_path=log_path, port=port, gpus_json=json.dumps(gpus),
                             created_by=created_by, created_at=self._clock.time(), channel=channel,
                             thread_ts=thread_ts, relaunch_of=relaunch_of, state=LaunchState.STARTING.value,
-                            sealed_secrets=sealed_secrets)
+                            sealed_secrets=sealed_secrets, nodes_json=json.dumps(nodes) if nodes else None)
             s.add(row)
             s.flush()
             row.tag = f"{row.id}-{secrets.token_hex(6)}"
@@ -204,6 +208,8 @@ class LaunchRepository:
                     row.params_json = json.dumps(v, sort_keys=True)
                 elif k == "gpus":
                     row.gpus_json = json.dumps(v)
+                elif k == "nodes":
+                    row.nodes_json = json.dumps(list(v)) if v else None
                 elif k in ("seen_pids", "seen_starts"):
                     # one JSON object: PID -> epoch start (read by every release), and `starts`: PID -> ticks
                     pids = dict(v) if k == "seen_pids" else _seen_pids(row.seen_pids_json)

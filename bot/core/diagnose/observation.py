@@ -36,6 +36,12 @@ VERDICTS: tuple[str, ...] = (
     "gpu_lost",
     "orphans_hold_gpu",
     "exited",
+    "time_limit",
+    "node_fail",
+    "preempted",
+    "cancelled",
+    "boot_fail",
+    "deadline",
     "unknown",
 )
 """Every verdict `diagnose` can return (tests/fixtures/cases/README.md)."""

@@ -1,0 +1,135 @@
+"""A launch across nodes (pure): its ranks, one per node (a Slurm job's allocation, or a multi-host SSH variant's
+hosts), each seen as a launch of its own on its node, and the verdict that weighs every node's evidence and names
+the node and rank that is odd.
+
+Rank K's processes carry the launch tag `<tag>-rK` (rank 0: the launch's own tag), so two ranks on one machine are
+still told apart; rank K writes its log to `<stem>-rankK<ext>` beside the launch's log (rank 0: the launch's log).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from bot.core.diagnose import Verdict
+from bot.core.models import Launch
+
+__all__ = ["NodeLook", "base_tag", "odd_rank", "rank_log", "rank_log_parts", "rank_tag", "rank_view", "weigh_nodes"]
+
+def _secs(s: float) -> str:
+    """`42s`, `3m12s`, `1h05m`: a duration for an evidence line."""
+    s = int(max(0.0, s))
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+_RANK_TAG_RE = re.compile(r"^(.+)-r[0-9]{1,4}$")
+#: Seconds by which one rank's log must have gone silent before the others' for it to be named as the odd one.
+ODD_SILENCE_GAP_S = 1.0
+
+
+def rank_tag(tag: str, rank: int) -> str:
+    """The launch tag rank `rank`'s processes carry: `tag` for rank 0, `<tag>-rK` for rank K."""
+    return tag if rank == 0 or not tag else f"{tag}-r{rank}"
+
+
+def base_tag(tag: str) -> str:
+    """The launch's own tag of a rank's tag (`12-ab..-r3` -> `12-ab..`); any other tag as it is."""
+    m = _RANK_TAG_RE.match(tag)
+    return m.group(1) if m else tag
+
+
+def rank_log_parts(log_path: str) -> tuple[str, str]:
+    """(prefix, suffix) of the ranks' logs beside `log_path`: rank K's is prefix + K + suffix."""
+    head, _, name = log_path.rpartition("/")
+    stem, dot, ext = name.rpartition(".") if "." in name.lstrip(".") else (name, "", "")
+    return f"{head}/{stem}-rank", f"{dot}{ext}"
+
+
+def rank_log(log_path: str | None, rank: int) -> str | None:
+    """Rank `rank`'s log: the launch's log for rank 0, `<stem>-rankK<ext>` beside it for rank K."""
+    if not log_path or rank == 0:
+        return log_path
+    prefix, suffix = rank_log_parts(log_path)
+    return f"{prefix}{rank}{suffix}"
+
+
+def rank_view(la: Launch, rank: int, host: str) -> Launch:
+    """Rank `rank` of a launch across nodes as a launch on `host` (the node's host in the config): its tag, its log,
+    the port only on rank 0 (where the server answers), and none of the launch's recorded processes but rank 0's
+    of a multi-host SSH launch (its server and wrapper). Same id: what a check learns is the launch's."""
+    own = rank == 0 and not la.job_id
+    return replace(la, host=host, tag=rank_tag(la.tag, rank), log_path=rank_log(la.log_path, rank),
+                   port=la.port if rank == 0 else None, pid=la.pid if own else None, pgid=la.pgid if own else None,
+                   sid=la.sid if own else None, seen_pids=dict(la.seen_pids) if own else {},
+                   seen_starts=dict(la.seen_starts) if own else {}, unit=la.unit if own else None,
+                   unit_manager=la.unit_manager if own else None, job_id=None, nodes=[])
+
+
+@dataclass(frozen=True)
+class NodeLook:
+    """What one check saw of one rank: `rank`, `node` (its node name), `alive` (processes of the rank run; None:
+    the node could not be read, `error` says why), `silent_s` (seconds since its log last grew; None: unknown),
+    `last_line` (its log's last line), `gpu_util` (mean % over the GPUs its processes hold; None: unknown) and
+    `verdict` (its own verdict by the single-host rules, for rank 0 the launch's)."""
+
+    rank: int
+    node: str
+    alive: bool | None
+    silent_s: float | None = None
+    last_line: str | None = None
+    gpu_util: float | None = None
+    verdict: str | None = None
+    error: str | None = None
+
+    def line(self) -> str:
+        """One evidence line: `rank 1 on n2: running, log silent for 42s (last: `...`), GPU 0 %`."""
+        if self.alive is None:
+            return f"rank {self.rank} on {self.node}: could not be read ({(self.error or '?')[:120]})"
+        parts = ["running" if self.alive else "no process left"]
+        if self.silent_s is not None:
+            parts.append(f"log silent for {_secs(self.silent_s)}")
+        if self.last_line:
+            parts.append(f"last line `{self.last_line.strip()[:160]}`")
+        if self.gpu_util is not None:
+            parts.append(f"GPU {self.gpu_util:.0f} %")
+        return f"rank {self.rank} on {self.node}: " + ", ".join(parts)
+
+
+def odd_rank(looks: Sequence[NodeLook]) -> tuple[NodeLook, str] | None:
+    """The rank that is odd among `looks` and why, or None when none stands out: a rank with no process left while
+    others run; else a rank whose own verdict is a failure while rank 0's is not; else the rank whose log went silent
+    first, ODD_SILENCE_GAP_S or more before every other rank's."""
+    if len(looks) < 2:
+        return None
+    gone = [x for x in looks if x.alive is False]
+    if gone and len(gone) < len(looks):
+        return gone[0], "its processes are gone while the other ranks run"
+    unread = [x for x in looks if x.alive is None]
+    if unread and len(unread) < len(looks):
+        return unread[0], "its node could not be read"
+    quiet = sorted((x for x in looks if x.silent_s is not None), key=lambda x: -(x.silent_s or 0.0))
+    if len(quiet) == len(looks) and (quiet[0].silent_s or 0.0) - (quiet[1].silent_s or 0.0) >= ODD_SILENCE_GAP_S:
+        return quiet[0], f"its log went silent first, {_secs((quiet[0].silent_s or 0) - (quiet[1].silent_s or 0))} " \
+                         "before the other ranks'"
+    return None
+
+
+def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
+    """Rank 0's verdict (`verdict`, by the single-host rules) weighed with every rank's evidence (`looks`, rank
+    order): one evidence line per rank first, and for any verdict but ready or loading the odd rank named in the
+    summary (`rank 1 on node n2 went silent first ...`) with a next step to look at its node. A rank whose processes
+    are gone while rank 0 still looks fine makes the launch `crashed`. Returns a new Verdict."""
+    if len(looks) < 2:
+        return verdict
+    lines = [x.line() for x in looks]
+    odd = odd_rank(looks)
+    summary, steps, name = verdict.summary, list(verdict.next_steps), verdict.verdict
+    if odd is not None and odd[0].rank != 0 and odd[0].alive is False and name in ("ready", "loading", "unknown"):
+        name = "crashed"
+        summary = f"rank {odd[0].rank} on node {odd[0].node} is gone while rank 0 still runs."
+    if odd is not None and name not in ("ready", "loading"):
+        look, why = odd
+        summary = f"{summary.rstrip()} Odd one out: rank {look.rank} on node {look.node} ({why})."
+        steps.insert(0, f"Look at node {look.node} (rank {look.rank}): its log and `py-spy dump` of its ranks")
+    return replace(verdict, verdict=name, summary=summary, evidence=[*lines, *verdict.evidence], next_steps=steps)

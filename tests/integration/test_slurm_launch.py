@@ -1,0 +1,183 @@
+"""Launches through Slurm, as chat transcripts against a real two-node cluster on this host (tests/support/slurm.py):
+`/launch` of a Slurm variant of the demo server submits a job on the login node (here the bot's own machine), the
+thread shows Slurm's state (PENDING with its reason; RUNNING on its nodes), the watch follows the job and every node
+(nodes n1 and n2 are hosts of the config, probed like any host), `/kill` is scancel with nothing left, a job Slurm
+ends at its time limit gets a verdict that says so, `/relaunch` resubmits in the same thread; on two nodes, a rank
+that hangs on node 2 is named with its node."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.config import Config
+from bot.core.models import LaunchState
+from bot.demo.fakegpu import install_fake_gpu
+from tests.support import slurm
+from tests.support.alerts import alerts, full_text, wait_alert
+from tests.support.builders import FAST_WATCH, OPERATOR
+from tests.support.procs import FAKE_SERVER, free_port, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
+
+COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --mode {{ mode }} --load-s {{ load_s }}"
+           " --gpu-state {{ state }} --nnodes {{ nnodes }} --node-rank {{ node_rank }}"
+           " --dist-init-addr {{ master_addr }}:{{ master_port }} --hang-node {{ hang_node }}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = slurm.unavailable()
+    if why:
+        pytest.skip(why)
+    c = slurm.start_cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def slurm_config(cluster, tmp_path) -> Config:
+    """Host `login` (the bot's machine, Slurm's login node), nodes n1 and n2 as local hosts with a fake nvidia-smi,
+    and Slurm variants of the fake server: `one` (1 node, 2 GPUs), `two` (2 nodes, one rank each), `short` (one
+    with a 1-minute time limit)."""
+    gpu = install_fake_gpu(tmp_path / "fakegpu", gpu_count=2)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o777)
+    node = {"local": True, "nvidia_smi": str(gpu.bin_dir / "nvidia-smi"), "use_nvml": False, "log_dirs": [str(logs)],
+            "systemd": "off", "cgroup": "off"}
+    one = {
+        "host": "login", "command": COMMAND, "nodes": 1, "gpus_per_node": 2, "port": free_port(),
+        "master_port": free_port(),
+        "params": {"python": {"type": "path", "default": sys.executable},
+                   "server": {"type": "path", "default": FAKE_SERVER},
+                   "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "crash"]},
+                   "load_s": {"type": "float", "default": 0.3},
+                   "state": {"type": "path", "default": str(gpu.state_dir)},
+                   "hang_node": {"type": "int", "default": -1}},
+    }
+    return Config.model_validate({
+        "hosts": {"login": {"local": True, "runner": "slurm", "slurm_conf": str(cluster.conf),
+                            "log_dirs": [str(logs)]},
+                  "n1": node, "n2": dict(node)},
+        "variants": {"one": one,
+                     "two": {"extends": "one", "nodes": 2, "gpus_per_node": 1, "port": free_port(),
+                             "master_port": free_port()},
+                     "short": {"extends": "one", "time": "1"}},
+        "state_dir": str(tmp_path / "state"),
+        "permissions": {"operators": [OPERATOR]},
+        "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10},
+    })
+
+
+@pytest.fixture
+async def slurm_bot(make_bot, slurm_config, cluster):
+    bot = await make_bot(slurm_config, watch=True, watch_policy=FAST_WATCH)
+    yield bot
+    cluster.cancel_all()
+
+
+def _fake_servers(cluster) -> list[int]:
+    """Pids of the fake servers the cluster's jobs run."""
+    out = []
+    for pid in cluster.processes():
+        try:
+            if FAKE_SERVER.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, cluster):
+    bot = slurm_bot
+    said = await bot.chat.say("/launch one")
+    assert "Submitted one#1 to Slurm on login as job" in said.text, said.text
+    la = bot.launch(1)
+    assert la.job_id and la.job_id in cluster.jobs()
+    la = await wait_alert(bot, 1, {"ready"}, timeout=120)
+    assert la.nodes and la.nodes[0] in ("n1", "n2")
+    root = bot.chat.posts[0]
+    assert f"Slurm job {la.job_id}" in root.text and la.nodes[0] in root.text, root.text
+    (ready,) = alerts(bot, "ready")
+    assert ready.thread_ts == la.thread_ts
+    # the GPUs Slurm gave the job are the ones the rank sees
+    log_text = Path(la.log_path).read_text()
+    assert "fired up and ready to roll" in log_text
+    killed = await bot.chat.say("/kill 1", thread_ts=la.thread_ts)
+    assert "killed" in killed.text.lower() or "stopped" in killed.text.lower(), killed.text
+    await wait_until(lambda: bot.launch(1).state == LaunchState.KILLED, what="one#1 killed")
+    await wait_until(lambda: not cluster.jobs(), what="the queue empty")
+    await wait_until(lambda: not _fake_servers(cluster), what="no fake server left")
+
+
+async def test_pending_job_is_shown_with_slurms_reason_never_a_hang(slurm_bot, cluster):
+    bot = slurm_bot
+    # every GPU of the cluster taken by someone else's job
+    held = cluster.run("sbatch", "--parsable", "--nodes=2", "--gres=gpu:2", "--wrap", "sleep 600")
+    assert held.returncode == 0, held.stderr
+    said = await bot.chat.say("/launch one")
+    assert "PENDING" in said.text, said.text
+    await wait_until(lambda: "Resources" in (bot.launch(1).state_detail or ""), timeout=60,
+                     what="Slurm's reason on the launch")
+    notice = await wait_until(lambda: next((p for p in bot.chat.posts if "waits in Slurm's queue" in p.text), None),
+                              what="the pending notice")
+    assert "Resources" in notice.text and "Not a hang" in notice.text
+    la = bot.launch(1)
+    assert la.state == LaunchState.RUNNING and la.alert_state in (None, "")
+    assert not alerts(bot, "silent_hang")
+    killed = await bot.chat.say("/kill 1")
+    assert bot.launch(1).state == LaunchState.KILLED, killed.text
+    await wait_until(lambda: la.job_id not in cluster.jobs(), what="the pending job gone from the queue")
+
+
+async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(slurm_bot, cluster):
+    bot = slurm_bot
+    await bot.chat.say("/launch one mode=hang")
+    la = await wait_alert(bot, 1, {"silent_hang"}, timeout=120)
+    (hang,) = alerts(bot, "silent_hang")
+    text = full_text(hang)
+    assert "Load weight end" in text, text
+    assert hang.thread_ts == la.thread_ts
+    said = await bot.chat.say("/relaunch 1 mode=ready", thread_ts=la.thread_ts)
+    assert "Submitted one#2" in said.text, said.text
+    new = bot.launch(2)
+    assert new.relaunch_of == 1 and new.thread_ts == la.thread_ts and new.job_id != la.job_id
+    assert bot.launch(1).state == LaunchState.KILLED
+    await wait_alert(bot, 2, {"ready"}, timeout=120)
+    assert la.job_id not in cluster.jobs()
+
+
+async def test_time_limit_gets_its_own_verdict(slurm_bot, cluster):
+    bot = slurm_bot
+    await bot.chat.say("/launch short")
+    await wait_alert(bot, 1, {"ready"}, timeout=120)
+    la = await wait_alert(bot, 1, {"time_limit"}, timeout=180)  # Slurm ends it a minute after it started
+    assert la.state == LaunchState.FAILED
+    (posted,) = alerts(bot, "time_limit")
+    assert "time limit" in posted.text and "TIMEOUT" in full_text(posted), full_text(posted)
+    await wait_until(lambda: not _fake_servers(cluster), what="no fake server left")
+
+
+async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slurm_bot, cluster):
+    bot = slurm_bot
+    said = await bot.chat.say("/launch two")
+    assert "Submitted two#1" in said.text, said.text
+    la = await wait_alert(bot, 1, {"ready"}, timeout=120)
+    assert la.nodes == ["n1", "n2"]
+    rank1 = Path(la.log_path.replace(".log", "-rank1.log"))
+    assert "Node 1 joined node 0" in rank1.read_text()
+    await bot.chat.say("/kill 1")
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+
+    await bot.chat.say("/launch two hang_node=1 load_s=3")
+    la = await wait_alert(bot, 2, {"silent_hang"}, timeout=120)
+    (hang,) = alerts(bot, "silent_hang")
+    text = full_text(hang)
+    assert "rank 1 on node n2" in text, text
+    assert "rank 0 on n1" in text and "rank 1 on n2" in text
+    await bot.chat.say("/kill 2")
+    assert bot.launch(2).state == LaunchState.KILLED
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
