@@ -181,6 +181,10 @@ def spans_problems(cfg: Config, rv: VariantConfig) -> list[str]:
             out.append(f"host: {rv.host} is not the first of `hosts` (rank 0, {rv.hosts[0]}); leave `host` out")
         if rv.gpu_count is not None:
             out.append("gpu_count: a multi-host variant uses fixed `gpus` on each host")
+        dirs = {tuple(cfg.hosts[h].log_dirs[:1]) for h in rv.hosts if h in cfg.hosts}
+        if len(dirs) > 1:
+            out.append("hosts: the hosts of a multi-host variant need the same first `log_dirs` entry (rank K "
+                       "writes its log beside rank 0's)")
     return out
 
 

@@ -20,6 +20,7 @@ from bot.config.checks import command_template_problems
 from bot.config.schema import Config, ParamSpec, VariantConfig
 from bot.core.lifecycle import LAUNCH_ENV, LaunchError, RenderedLaunch, exec_problems
 from bot.core.placement import GROUP_PREFIX, PlacementPlan
+from bot.core.ranks import base_tag, rank_log
 
 _CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -192,14 +193,14 @@ def render_launch(config: Config, variant_name: str, given: dict[str, str], *, l
     default_dir = log_dirs[0] if log_dirs else "/tmp"
     try:
         log_path = _ENV.from_string(v.log).render(**builtins, **params) if v.log else \
-            f"{default_dir}/gpubot-{variant_name}-{tag or launch_id}.log"
+            f"{default_dir}/gpubot-{variant_name}-{base_tag(tag) or launch_id}.log"
     except jinja2.TemplateError as e:
         raise LaunchError(f"log template of {variant_name} failed: {e}") from None
     if not log_path.startswith("/") or _CTRL_RE.search(log_path) or "/../" in log_path + "/":
         raise LaunchError(f"log path {log_path[:100]!r} must be an absolute path without '..'")
     if log_dirs and not any(log_path.startswith(d.rstrip("/") + "/") for d in log_dirs):
         raise LaunchError(f"log path {log_path[:100]!r} is outside {host}'s log_dirs ({', '.join(log_dirs)})")
-    log_path = unpredictable_log_name(log_path, tag)
+    log_path = rank_log(unpredictable_log_name(log_path, base_tag(tag)), rank) or log_path
     problems = command_template_problems(v.command or "")
     if problems:  # check-config reports these too; never render a template that would undo the quoting
         raise LaunchError(f"the command template of {variant_name} is unsafe: {problems[0]}")

@@ -97,12 +97,12 @@ def batch_script(spec: SbatchSpec, command: str, *, job_name: str, output: str, 
     """The batch script of one launch (POSIX sh): the `#SBATCH` lines of `spec` (one task per node, its GPUs with
     `--gres=gpu:N`), `env` exported, then one `srun` step across the allocation that runs `command` (already
     rendered and quoted) on every node, with `GPUBOT_NODE_RANK` (`SLURM_NODEID`), `GPUBOT_NNODES`,
-    `GPUBOT_MASTER_ADDR` (the address of the allocation's first node, its NodeAddr) and `GPUBOT_MASTER_PORT` set for it. `output` is the batch
-    script's own `--output` (`%j` the job id). With `log_path`, rank 0 appends its output there and rank K to
-    `<rank_logs[0]>K<rank_logs[1]>` (bot.core.ranks.rank_log); without, every rank's output goes to `output`. With
-    `tag_var`, ranks above 0 get `-rK` appended to that variable (bot.core.ranks.rank_tag). `workdir`: the directory
-    the step runs in. `--kill-on-bad-exit` ends the step when one rank fails. Raises SlurmError for a spec that
-    `sbatch_problems` refuses."""
+    `GPUBOT_MASTER_ADDR` (the address of the allocation's first node, its NodeAddr) and `GPUBOT_MASTER_PORT` set
+    for it. `output` is the batch script's own `--output` (`%j` the job id). With `log_path`, rank 0 appends its
+    output there and rank K to `<rank_logs[0]>K<rank_logs[1]>` (bot.core.ranks.rank_log); without, every rank's
+    output goes to `output`. With `tag_var`, ranks above 0 get `-rK` appended to that variable
+    (bot.core.ranks.rank_tag). `workdir`: the directory the step runs in. `--kill-on-bad-exit` ends the step when
+    one rank fails. Raises SlurmError for a spec that `sbatch_problems` refuses."""
     problems = sbatch_problems(spec)
     if problems:
         raise SlurmError("; ".join(problems))

@@ -248,7 +248,8 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "pid": la.pid,
         "pgid": la.pgid,
         "port": la.port,
-        "gpus": ",".join(map(str, la.gpus)) if la.gpus else "all",
+        "gpus": ",".join(map(str, la.gpus)) + (" on each host" if la.nodes and not la.job_id else "") if la.gpus
+        else "Slurm's" if la.job_id else "all",
         "log": la.log_path,
         "command": redact(short_command(la.command, 300)) if la.command else "",
         "relaunch_of": la.relaunch_of,

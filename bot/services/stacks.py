@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.adapters.remote import RemoteError
 from bot.core.models import HostFailure, Launch, ProcessInfo
+from bot.core.ranks import rank_view
 from bot.core.stackdump import MAX_PIDS, ProcessDump, check_pids, dump_script, finish_dumps, script_budget_s
 from bot.core.stackgroups import CrossRankSummary, rank_label, summarize_ranks
 from bot.services.audit import Audit
@@ -55,13 +57,39 @@ class StackService:
                    timeout_s: int = 20, ranks_only: bool = False) -> StackDump:
         """Probe the launch's processes (no GPUs, no port: a wedged GPU must not delay the dump of a hung
         server), then `dump_processes`. Raises StackDumpError when the host cannot be read or no process of
-        the launch is alive."""
+        the launch is alive. A launch across nodes: every rank's node, in one StackDump (`_dump_ranks`)."""
+        if la.spans_nodes:
+            return await self._dump_ranks(la, native=native, user=user, channel=channel, timeout_s=timeout_s,
+                                          ranks_only=ranks_only)
         req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)
         snap = await self._hosts.probe(la.host, req)
         if isinstance(snap, HostFailure):
             raise StackDumpError(snap.reason)
         return await self.dump_processes(la, self._launches.launch_processes_of(la, snap), native=native,
                                          user=user, channel=channel, timeout_s=timeout_s, ranks_only=ranks_only)
+
+    async def _dump_ranks(self, la: Launch, **options: Any) -> StackDump:
+        """The dump of every rank of a launch across nodes, each on its node (bot.core.ranks.rank_view), merged:
+        host `n1, n2`, each process labelled `NODE:LABEL` (its rank label, else `pid N`), so the cross-rank summary
+        spans the nodes. A node that cannot be dumped is left out; raises StackDumpError when none could be."""
+        parts: list[tuple[str, StackDump]] = []
+        errors: list[str] = []
+        for rank, node, host in self._launches.spans.ranks(la):
+            if host is None:
+                errors.append(f"rank {rank} on {node}: not a host of the config")
+                continue
+            try:
+                parts.append((node, await self.dump(rank_view(la, rank, host), **options)))
+            except StackDumpError as e:
+                errors.append(f"rank {rank} on {node}: {e}")
+        if not parts:
+            raise StackDumpError("; ".join(errors) or f"{la.name} runs on no node yet")
+        merged = StackDump(", ".join(node for node, _ in parts), [pid for _, d in parts for pid in d.pids],
+                           [x for _, d in parts for x in d.dumps])
+        for node, d in parts:
+            named = d.labels or {x.pid: f"pid {x.pid}" for x in d.dumps}
+            merged.labels.update({pid: f"{node}:{label}" for pid, label in named.items()})
+        return merged
 
     async def dump_processes(self, la: Launch, procs: list[ProcessInfo], *, native: bool, user: str,
                              channel: str | None = None, timeout_s: int = 20,

@@ -620,16 +620,21 @@ class Watcher:
     async def _stack_evidence(self, la: Launch, verdict: Verdict, policy: WatchPolicy,
                               snap: Snapshot) -> tuple[Verdict, list[tuple[str, bytes]]]:
         """A new silent_hang with the ranks' stacks: the verdict with where each rank waits (with_stacks) and the
-        full dump as a file to attach. The ranks are those of `snap`, the check's own probe (no second probe).
-        Any other verdict, no StackService or `stack_dump_on_hang` off: unchanged. A dump that fails is one
-        evidence line; it never costs the alert."""
+        full dump as a file to attach. The ranks are those of `snap`, the check's own probe (no second probe); of a
+        launch across nodes, every rank, each node probed for the dump. Any other verdict, no StackService or
+        `stack_dump_on_hang` off: unchanged. A dump that fails is one evidence line; it never costs the alert."""
         if verdict.verdict != "silent_hang" or self._stacks is None or not policy.stack_dump_on_hang:
             return verdict, []
+        row = self._launch_rows.get(la.id)
         try:
-            dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
-                                                     native=policy.stack_dump_native, user="watcher",
-                                                     channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
-                                                     ranks_only=True)
+            if row is not None and row.spans_nodes:  # every rank, each on its node: the summary spans the nodes
+                dump = await self._stacks.dump(row, native=policy.stack_dump_native, user="watcher",
+                                               channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
+            else:
+                dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
+                                                         native=policy.stack_dump_native, user="watcher",
+                                                         channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
+                                                         ranks_only=True)
         except StackDumpError as e:
             return with_stacks(verdict, None, unavailable=str(e))[0], []
         except Exception:

@@ -65,7 +65,10 @@ def slurm_config(cluster, tmp_path) -> Config:
         "variants": {"one": one,
                      "two": {"extends": "one", "nodes": 2, "gpus_per_node": 1, "port": free_port(),
                              "master_port": free_port()},
-                     "short": {"extends": "one", "time": "1"}},
+                     "short": {"extends": "one", "time": "1"},
+                     # rank 0 loads for longer than the grace of weight loading would allow elsewhere: its log goes
+                     # silent well after the hung rank's
+                     "two_slow": {"extends": "two", "watch": {"phase_grace_s": {"weight_loading": 5}}}},
         "state_dir": str(tmp_path / "state"),
         "permissions": {"operators": [OPERATOR]},
         "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10},
@@ -106,7 +109,7 @@ async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, clu
     # the GPUs Slurm gave the job are the ones the rank sees
     log_text = Path(la.log_path).read_text()
     assert "fired up and ready to roll" in log_text
-    killed = await bot.chat.say("/kill 1", thread_ts=la.thread_ts)
+    killed = await bot.chat.say("/kill 1 --yes")
     assert "killed" in killed.text.lower() or "stopped" in killed.text.lower(), killed.text
     await wait_until(lambda: bot.launch(1).state == LaunchState.KILLED, what="one#1 killed")
     await wait_until(lambda: not cluster.jobs(), what="the queue empty")
@@ -128,7 +131,7 @@ async def test_pending_job_is_shown_with_slurms_reason_never_a_hang(slurm_bot, c
     la = bot.launch(1)
     assert la.state == LaunchState.RUNNING and la.alert_state in (None, "")
     assert not alerts(bot, "silent_hang")
-    killed = await bot.chat.say("/kill 1")
+    killed = await bot.chat.say("/kill 1 --yes")
     assert bot.launch(1).state == LaunchState.KILLED, killed.text
     await wait_until(lambda: la.job_id not in cluster.jobs(), what="the pending job gone from the queue")
 
@@ -141,7 +144,7 @@ async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(sl
     text = full_text(hang)
     assert "Load weight end" in text, text
     assert hang.thread_ts == la.thread_ts
-    said = await bot.chat.say("/relaunch 1 mode=ready", thread_ts=la.thread_ts)
+    said = await bot.chat.say("!relaunch mode=ready", thread=la.thread_ts)
     assert "Submitted one#2" in said.text, said.text
     new = bot.launch(2)
     assert new.relaunch_of == 1 and new.thread_ts == la.thread_ts and new.job_id != la.job_id
@@ -169,15 +172,15 @@ async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slu
     assert la.nodes == ["n1", "n2"]
     rank1 = Path(la.log_path.replace(".log", "-rank1.log"))
     assert "Node 1 joined node 0" in rank1.read_text()
-    await bot.chat.say("/kill 1")
+    await bot.chat.say("/kill 1 --yes")
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
 
-    await bot.chat.say("/launch two hang_node=1 load_s=3")
+    await bot.chat.say("/launch two_slow hang_node=1 load_s=2.5")
     la = await wait_alert(bot, 2, {"silent_hang"}, timeout=120)
     (hang,) = alerts(bot, "silent_hang")
     text = full_text(hang)
     assert "rank 1 on node n2" in text, text
     assert "rank 0 on n1" in text and "rank 1 on n2" in text
-    await bot.chat.say("/kill 2")
+    await bot.chat.say("/kill 2 --yes")
     assert bot.launch(2).state == LaunchState.KILLED
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")

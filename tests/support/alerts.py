@@ -3,16 +3,20 @@ more checks."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tests.support.procs import wait_until
 
+_HEAD = re.compile(r"^\S+#\d+ on \S+: (\w+)\b.*\(after ")
+
 
 def is_alert(post: Any, verdict: str | None = None) -> bool:
-    """An alert of the watcher (`base#1 on gpu-host-1: silent_hang in ... (after 5s)`), optionally of one verdict."""
+    """An alert of the watcher (`base#1 on gpu-host-1: silent_hang in ... (after 5s)`, on any host), optionally of
+    one verdict."""
     head = post.text.splitlines()[0] if post.text else ""
-    return post.thread_ts is not None and " on gpu-host-1: " in head and "(after " in head and (
-        verdict is None or f": {verdict}" in head)
+    m = _HEAD.match(head)
+    return post.thread_ts is not None and m is not None and (verdict is None or m.group(1) == verdict)
 
 
 def alerts(bot: Any, verdict: str | None = None) -> list:

@@ -1,0 +1,121 @@
+"""A multi-host variant over SSH (no scheduler), as chat transcripts against two loopback SSH hosts, each with its
+own fake GPUs: `/launch` starts one process tree per host (rank 0 on the first, rank 1 on the second, with the
+template's `node_rank`, `nnodes` and `master_addr`) as one launch with one thread that becomes ready; a rank that
+hangs on the second host is named with its host in the alert; `/kill` stops both hosts' ranks."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.config import Config
+from bot.core.models import LaunchState
+from bot.demo.fakegpu import install_fake_gpu
+from tests.support.alerts import alerts, full_text, wait_alert
+from tests.support.builders import FAST_WATCH, OPERATOR, ssh_host
+from tests.support.fakes.ssh_server import LoopbackSSHServer
+from tests.support.procs import FAKE_SERVER, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --mode ready --load-s {{ load_s }}"
+           " --gpu-state {{ state }}/{{ host }}/state --nnodes {{ nnodes }} --node-rank {{ node_rank }}"
+           " --dist-init-addr {{ master_addr }}:{{ master_port }} --hang-node {{ hang_node }}")
+HOSTS = ("gpu-a", "gpu-b")
+
+
+@pytest.fixture
+async def two_hosts(tmp_path):
+    """Two real SSH servers on loopback, hosts gpu-a and gpu-b, each with its own replayed GPU."""
+    async with LoopbackSSHServer(tmp_path / "ssh-a", env=_path(tmp_path, "gpu-a")) as a, \
+            LoopbackSSHServer(tmp_path / "ssh-b", env=_path(tmp_path, "gpu-b")) as b:
+        yield {"gpu-a": a, "gpu-b": b}
+
+
+def _path(tmp_path: Path, host: str) -> dict[str, str]:
+    gpu = install_fake_gpu(tmp_path / "gpus" / host, gpu_count=1)
+    return {"PATH": f"{gpu.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+@pytest.fixture
+async def duo_bot(make_bot, two_hosts, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    py_spy = Path(sys.executable).parent / "py-spy"  # a dev dependency; without it the alert says so
+    hosts = {name: ssh_host(srv, log_dirs=[str(logs)], py_spy=str(py_spy)).model_dump()
+             for name, srv in two_hosts.items()}
+    cfg = Config.model_validate({
+        "hosts": hosts,
+        "variants": {"duo": {
+            "hosts": list(HOSTS), "command": COMMAND, "port": free_port(), "master_port": free_port(), "gpus": [0],
+            "params": {"python": {"type": "path", "default": sys.executable},
+                       "server": {"type": "path", "default": FAKE_SERVER},
+                       "load_s": {"type": "float", "default": 0.3},
+                       "state": {"type": "path", "default": str(tmp_path / "gpus")},
+                       "hang_node": {"type": "int", "default": -1}}},
+            # rank 0 loads for longer than the grace of weight loading would allow elsewhere: its log goes silent
+            # well after the hung rank's
+            "duo_slow": {"extends": "duo", "watch": {"phase_grace_s": {"weight_loading": 5}}}},
+        "state_dir": str(tmp_path / "state"),
+        "permissions": {"operators": [OPERATOR]},
+        "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10},
+    })
+    return await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
+
+
+def _ranks_running(tag: str) -> list[int]:
+    """Pids of processes whose environment carries launch tag `tag` or one of its rank tags."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e == f"GPUBOT_LAUNCH={tag}".encode() or e.startswith(f"GPUBOT_LAUNCH={tag}-r".encode()) for e in env):
+            out.append(int(entry.name))
+    return out
+
+
+async def test_two_hosts_one_launch_ready_then_kill_stops_both(duo_bot):
+    bot = duo_bot
+    said = await bot.chat.say("/launch duo")
+    assert "Launched duo#1 on gpu-a, gpu-b" in said.text, said.text
+    la = await wait_alert(bot, 1, {"ready"}, timeout=90)
+    assert la.host == "gpu-a" and la.nodes == list(HOSTS) and la.job_id is None
+    rank1_log = Path(la.log_path.replace(".log", "-rank1.log")) if la.log_path.endswith(".log") else None
+    assert rank1_log is not None and "Node 1 joined node 0" in rank1_log.read_text()
+    assert "All 2 nodes joined" in Path(la.log_path).read_text()
+    # one thread: every post of the launch is in it
+    (ready,) = alerts(bot, "ready")
+    assert ready.thread_ts == la.thread_ts
+    assert len({p.thread_ts for p in bot.chat.posts if p.thread_ts}) == 1
+    # /gpu status names both hosts' ranks as the one launch
+    status = await bot.chat.say("/gpu status")
+    assert "duo#1" in status.text
+    assert len(_ranks_running(la.tag)) >= 2
+    killed = await bot.chat.say("/kill 1 --yes")
+    assert bot.launch(1).state == LaunchState.KILLED, killed.text
+    await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")
+
+
+async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
+    bot = duo_bot
+    await bot.chat.say("/launch duo_slow hang_node=1 load_s=2.5")
+    la = await wait_alert(bot, 1, {"silent_hang"}, timeout=120)
+    (hang,) = alerts(bot, "silent_hang")
+    text = full_text(hang)
+    assert "rank 1 on node gpu-b" in text, text
+    assert "rank 0 on gpu-a" in text and "rank 1 on gpu-b" in text, text
+    assert hang.thread_ts == la.thread_ts
+    # the watcher's stack dump took every rank, each on its host: the cross-rank summary spans both
+    if "ptrace" not in text and "not installed" not in text:
+        stacks = next(line for line in text.splitlines() if "stacks (py-spy" in line)
+        assert "gpu-a:" in stacks and "gpu-b:" in stacks, stacks
+    await bot.chat.say("/kill 1 --yes")
+    assert bot.launch(1).state == LaunchState.KILLED
+    await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")
