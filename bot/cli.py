@@ -274,22 +274,27 @@ def check_config(path: str) -> None:
 @click.argument("directory", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
 def diagnose(directory: str, as_json: bool) -> None:
-    """Diagnose one case bundle DIRECTORY (server.log, ps.txt, nvidia-smi.*, observed.json, ...).
+    """Diagnose one case bundle DIRECTORY (server.log, ps.txt, nvidia-smi.*, observed.json, ...; of a launch across
+    nodes also node-NAME/ folders, ranks.txt and scontrol.txt).
 
     Prints the verdict, phase, summary, evidence and next steps; with --json an object with the keys
     verdict, phase, summary, evidence, next_steps. Exit 0; exit 2 when the directory is missing or unreadable.
     """
     import json
 
-    from bot.adapters.bundle import BundleError, read_bundle
+    from bot.adapters.bundle import BundleError, read_bundle, read_nodes
     from bot.core.diagnose import diagnose as run_diagnosis
     from bot.core.diagnose import format_verdict
+    from bot.core.ranks import weigh_bundle
 
     try:
         observation = read_bundle(directory)
     except BundleError as e:
         _fail(str(e))
     verdict = run_diagnosis(observation)
+    nodes = read_nodes(directory)  # a launch across nodes: every rank's folder and Slurm's word weigh in
+    if nodes:
+        verdict = weigh_bundle(verdict, observation, nodes.rank0, nodes.ranks, nodes.scontrol)
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
     else:

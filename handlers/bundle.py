@@ -21,10 +21,16 @@ USAGE = thread("bundle", "[LAUNCH]")
 
 def offline_verdict(bundle: Bundle) -> tuple[str, str | None]:
     """(verdict, phase) `gpubot diagnose` gives on the bundle's files, read from memory as it reads them from disk."""
-    from bot.core.bundle import observation_from_files  # here: the diagnosis compiles its signatures on import
+    from bot.core.bundle import node_bundles, observation_from_files  # here: the diagnosis compiles on import
     from bot.core.diagnose import diagnose
+    from bot.core.ranks import weigh_bundle
 
-    v = diagnose(observation_from_files({n: d.decode("utf-8", "replace") for n, d in bundle.files.items()}))
+    files = {n: d.decode("utf-8", "replace") for n, d in bundle.files.items()}
+    top = observation_from_files(files)
+    v = diagnose(top)
+    nodes = node_bundles(files)  # a launch across nodes: every rank's folder and Slurm's word weigh in
+    if nodes:
+        v = weigh_bundle(v, top, nodes.rank0, nodes.ranks, nodes.scontrol)
     return v.verdict, v.phase
 
 

@@ -12,10 +12,14 @@ import os
 import stat
 from pathlib import Path
 
-from bot.core.bundle import BUNDLE_FILES, STACK_DIR, observation_from_files
+from bot.core.bundle import BUNDLE_FILES, STACK_DIR, NodeBundles, node_bundles, observation_from_files
 from bot.core.diagnose import Observation
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE
 
-__all__ = ["BundleError", "read_bundle"]
+__all__ = ["BundleError", "NodeBundles", "read_bundle", "read_nodes"]
+
+#: At most this many `node-NAME/` folders are read (a launch across nodes has at most 1024 nodes).
+_MAX_NODES = 64
 
 _MAX_FILE_BYTES = 2 * 1024 * 1024  # a bigger file is read from its end (logs) or its start (others)
 _MAX_STACK_FILES = 64
@@ -56,6 +60,13 @@ def read_bundle(directory: str | Path) -> Observation:
     a note says so; a missing one leaves the facts to what the files' times and contents tell (with a note).
     `py-spy/*.json` (at most 64) are the ranks' stack dumps.
     """
+    files, mtimes = _bundle_files(directory)
+    return observation_from_files(files, mtimes)
+
+
+def _bundle_files(directory: str | Path) -> tuple[dict[str, str], dict[str, float]]:
+    """(relative path -> text, relative path -> mtime) of one bundle directory's files (read_bundle's rules).
+    Raises BundleError."""
     root = Path(directory)
     if not root.exists():
         raise BundleError(f"{directory}: no such directory")
@@ -90,4 +101,34 @@ def read_bundle(directory: str | Path) -> Observation:
             files[path.relative_to(root).as_posix()] = _read_text(path, from_end=False)
         except OSError:
             continue
-    return observation_from_files(files, mtimes)
+    return files, mtimes
+
+
+def read_nodes(directory: str | Path) -> NodeBundles:
+    """The ranks of a bundle of a launch across nodes (bot.core.bundle.node_bundles): its `node-NAME/` folders (at
+    most 64, each read as a bundle of its own; one that cannot be read is left out), `ranks.txt` and
+    `scontrol.txt`. A bundle of one host has none of them (an empty NodeBundles). Never raises for a directory
+    read_bundle accepted."""
+    root = Path(directory)
+    files: dict[str, str] = {}
+    mtimes: dict[str, float] = {}
+    try:
+        folders = sorted(p for p in root.iterdir() if p.name.startswith(NODE_DIR_PREFIX) and p.is_dir()
+                         and not p.is_symlink())[:_MAX_NODES]
+    except OSError:
+        return NodeBundles()
+    for folder in folders:
+        try:
+            got, times = _bundle_files(folder)
+        except BundleError:
+            continue
+        files.update({f"{folder.name}/{rel}": text for rel, text in got.items()})
+        mtimes.update({f"{folder.name}/{rel}": t for rel, t in times.items()})
+    for name in (RANKS_FILE, SCONTROL_FILE):
+        path = root / name
+        try:
+            if path.is_file() and not path.is_symlink():
+                files[name] = _read_text(path, from_end=False)
+        except OSError:
+            continue
+    return node_bundles(files, mtimes)

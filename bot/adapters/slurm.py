@@ -41,15 +41,21 @@ class SlurmClient:
             raise SlurmError(f"sbatch refused the job: {_said(res)}")
         return parse_sbatch(res.stdout.decode("utf-8", "replace"))
 
-    async def show(self, job_id: str) -> SlurmJob | None:
-        """The job as `scontrol show job -o` says it now, or None when Slurm no longer knows it (it ended longer ago
-        than the controller's MinJobAge)."""
+    async def show_text(self, job_id: str) -> str | None:
+        """`scontrol show job -o JOB`'s output as Slurm printed it, or None when Slurm no longer knows the job (it
+        ended longer ago than the controller's MinJobAge)."""
         res = await self.executor.run(self._command(f"scontrol show job -o {int(job_id)}"), timeout_s=self.timeout_s)
         if res.exit_status != 0:
             if b"Invalid job id" in res.stderr:
                 return None
             raise SlurmError(f"scontrol could not read job {job_id}: {_said(res)}")
-        jobs = [j for j in parse_show_job(res.stdout.decode("utf-8", "replace")) if j.job_id == str(int(job_id))]
+        return res.stdout.decode("utf-8", "replace")
+
+    async def show(self, job_id: str) -> SlurmJob | None:
+        """The job as `scontrol show job -o` says it now (bot.core.slurm.parse_show_job), or None when Slurm no
+        longer knows it."""
+        text = await self.show_text(job_id)
+        jobs = [j for j in parse_show_job(text) if j.job_id == str(int(job_id))] if text is not None else []
         return jobs[0] if jobs else None
 
     async def cancel(self, job_id: str) -> None:

@@ -190,7 +190,8 @@ def spans_problems(cfg: Config, rv: VariantConfig) -> list[str]:
 
 def sbatch_spec(v: VariantConfig) -> SbatchSpec:
     """The Slurm allocation a (resolved) Slurm variant asks for (bot.core.slurm.SbatchSpec)."""
-    return SbatchSpec(nodes=v.nodes or 1, gpus_per_node=v.gpus_per_node or 0, partition=v.partition, time=v.time,
+    return SbatchSpec(nodes=1 if v.nodes is None else v.nodes, gpus_per_node=v.gpus_per_node or 0,
+                      partition=v.partition, time=v.time,
                       account=v.account, extra_sbatch=tuple(v.extra_sbatch))
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -26,13 +27,16 @@ from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.parse.log import strip_control
 from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
 from bot.core.parse.ps import parse_ps
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, parse_ranks
 from bot.core.stackdump import ProcessDump, parse_stack_json
 
 __all__ = [
     "BUNDLE_FILES",
     "STACK_DIR",
+    "NodeBundles",
     "detect_ps_layout",
     "guess_port",
+    "node_bundles",
     "observation_from_files",
     "observation_from_texts",
     "parse_docker_ps",
@@ -591,3 +595,39 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
     if observed is None:
         _inferred(obs, mtimes or {}, notes)
     return obs
+
+
+@dataclass
+class NodeBundles:
+    """The other ranks of a bundle of a launch across nodes: `rank0` (rank 0's node, whose files are the bundle's
+    top level), `ranks` ((rank, node, Observation) of each `node-NAME/` folder), `scontrol` (`scontrol.txt`: a
+    Slurm job as `scontrol show job -o` printed it, or None)."""
+
+    rank0: str = "rank 0"
+    ranks: list[tuple[int, str, Observation]] = field(default_factory=list)
+    scontrol: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.ranks or self.scontrol)
+
+
+def node_bundles(files: Mapping[str, str], mtimes: Mapping[str, float] | None = None) -> NodeBundles:
+    """The ranks of a bundle of a launch across nodes from its files (relative path -> text; bot.core.ranks names
+    the layout): each `node-NAME/` folder's files read as a bundle of their own (observation_from_files), which
+    rank is on which node from `ranks.txt` (without it, the folders are ranks 1, 2, ... in name order), and
+    `scontrol.txt`. A bundle of one host gives an empty NodeBundles. Never raises."""
+    mtimes = mtimes or {}
+    ranks = parse_ranks(files.get(RANKS_FILE, ""))
+    rank_of = {node: k for k, node in ranks.items()}
+    by_node: dict[str, dict[str, str]] = {}
+    for rel, text in files.items():
+        head, sep, tail = rel.partition("/")
+        if sep and head.startswith(NODE_DIR_PREFIX) and len(head) > len(NODE_DIR_PREFIX):
+            by_node.setdefault(head[len(NODE_DIR_PREFIX):], {})[tail] = text
+    out = NodeBundles(rank0=ranks.get(0, "rank 0"), scontrol=files.get(SCONTROL_FILE))
+    for i, node in enumerate(sorted(by_node), start=1):
+        own = by_node[node]
+        prefix = f"{NODE_DIR_PREFIX}{node}/"
+        times = {rel: mtimes[prefix + rel] for rel in own if prefix + rel in mtimes}
+        out.ranks.append((rank_of.get(node, i), node, observation_from_files(own, times)))
+    return out

@@ -520,12 +520,12 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
     or the launch was ended, `foreign` without a tag of ours. `launches` are store Launch objects."""
     by_pid = {p.pid: p for p in procs}
     by_tag = {la.tag: la for la in launches if getattr(la, "tag", None)}
-    tags = {pid: base_tag(t) for pid, t in tags.items()}  # a rank of a launch across nodes is the launch's
     out = []
     for gp in gpu.processes:
         row = by_pid.get(gp.pid)
         owner, lid, orphan = "foreign", None, False
-        la = by_tag.get(tags.get(gp.pid, ""))
+        tag = tags.get(gp.pid, "")
+        la = by_tag.get(tag) or (by_tag.get(base_tag(tag)) if tag else None)  # a rank's tag: its launch's
         if la is not None:
             leader = by_pid.get(la.pid)
             leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead

@@ -11,11 +11,34 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from bot.core.diagnose import Verdict
 from bot.core.models import Launch
+from bot.core.slurm import job_line, job_verdict, parse_show_job, pending_text
 
-__all__ = ["NodeLook", "base_tag", "odd_rank", "rank_log", "rank_log_parts", "rank_tag", "rank_view", "weigh_nodes"]
+if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; rendering a launch needs none of it
+    from bot.core.diagnose import Observation, Verdict
+
+__all__ = [
+    "NodeLook",
+    "base_tag",
+    "look_of",
+    "odd_rank",
+    "parse_ranks",
+    "rank_log",
+    "rank_log_parts",
+    "rank_tag",
+    "rank_view",
+    "weigh_bundle",
+    "weigh_nodes",
+]
+
+#: A bundle of a launch across nodes: rank 0's files at its top, every other rank's in `node-NAME/`, which rank
+#: is on which node in `ranks.txt` (`K NAME` lines), and a Slurm job's `scontrol show job -o` in `scontrol.txt`.
+NODE_DIR_PREFIX = "node-"
+RANKS_FILE = "ranks.txt"
+SCONTROL_FILE = "scontrol.txt"
+
 
 def _secs(s: float) -> str:
     """`42s`, `3m12s`, `1h05m`: a duration for an evidence line."""
@@ -96,6 +119,20 @@ class NodeLook:
         return f"rank {self.rank} on {self.node}: " + ", ".join(parts)
 
 
+def look_of(obs: Observation, rank: int, node: str, verdict: str | None = None) -> NodeLook:
+    """What one rank's Observation (a bundle's `node-NAME/` folder, or its top level for rank 0) says of it: whether
+    its processes run, its log's silence, its last line and its GPUs' mean utilisation (the GPUs its processes
+    hold, else every GPU the observation lists)."""
+    held = {gp.gpu_index for gp in obs.gpu_processes or ()
+            if gp.gpu_index is not None and (obs.launch_pids is None or gp.pid in obs.launch_pids)}
+    utils = [g.utilization_gpu_pct for g in obs.gpus or () if (not held or g.index in held)
+             and g.utilization_gpu_pct is not None]
+    last = next((ln for ln in reversed(obs.log_lines or []) if ln.strip()), None)
+    return NodeLook(rank, node, obs.process_alive, silent_s=obs.log_silent_s, last_line=last,
+                    gpu_util=sum(utils) / len(utils) if utils else None, verdict=verdict,
+                    error=None if obs.process_alive is not None else "its processes are not in the bundle")
+
+
 def odd_rank(looks: Sequence[NodeLook]) -> tuple[NodeLook, str] | None:
     """The rank that is odd among `looks` and why, or None when none stands out: a rank with no process left while
     others run; else a rank whose own verdict is a failure while rank 0's is not; else the rank whose log went silent
@@ -133,3 +170,36 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
         summary = f"{summary.rstrip()} Odd one out: rank {look.rank} on node {look.node} ({why})."
         steps.insert(0, f"Look at node {look.node} (rank {look.rank}): its log and `py-spy dump` of its ranks")
     return replace(verdict, verdict=name, summary=summary, evidence=[*lines, *verdict.evidence], next_steps=steps)
+
+
+def parse_ranks(text: str) -> dict[int, str]:
+    """Rank -> node of a bundle's `ranks.txt` (`0 n1` lines; others skipped). Never raises."""
+    out: dict[int, str] = {}
+    for line in (text or "").splitlines():
+        rank, _, node = line.strip().partition(" ")
+        if rank.isdigit() and len(rank) <= 4 and node.strip():
+            out[int(rank)] = node.strip()[:100]
+    return out
+
+
+def weigh_bundle(verdict: Verdict, top: Observation, rank0: str, others: Sequence[tuple[int, str, Observation]],
+                 scontrol: str | None = None) -> Verdict:
+    """The verdict of a bundle of a launch across nodes: `verdict` (rank 0's, from the bundle's top level `top`)
+    weighed with every other rank's evidence (`others`: rank, node, observation; weigh_nodes), then Slurm's word
+    when `scontrol` (`scontrol show job -o`) is there: a job Slurm ended gets Slurm's verdict (job_verdict), a
+    pending one is `loading` (never a hang), a running one gets its line as evidence."""
+    from bot.core.diagnose import Verdict
+    looks = [look_of(top, 0, rank0, verdict.verdict), *(look_of(o, k, n) for k, n, o in sorted(others))]
+    out = weigh_nodes(verdict, looks) if others else verdict
+    jobs = parse_show_job(scontrol or "")
+    if not jobs:
+        return out
+    job = jobs[0]
+    if not job.active:
+        return job_verdict(job, job.job_id, [x.line() for x in looks] if others else [])
+    if job.pending:
+        return Verdict("loading", None, [job_line(job)],
+                       [f"Wait for Slurm to run it, or cancel it (`scancel {job.job_id}`)"],
+                       f"Slurm job {job.job_id} waits in Slurm's queue: {pending_text(job)}. Not a hang.")
+    n = len(looks) if others else 0
+    return replace(out, evidence=[*out.evidence[:n], job_line(job), *out.evidence[n:]])

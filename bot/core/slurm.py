@@ -20,8 +20,12 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from bot.core.hostlist import expand_hostlist
+
+if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; check-config needs none of it
+    from bot.core.diagnose import Verdict
 
 __all__ = [
     "ACTIVE_STATES",
@@ -30,6 +34,8 @@ __all__ = [
     "SlurmJob",
     "batch_script",
     "ended_verdict",
+    "job_line",
+    "job_verdict",
     "parse_sbatch",
     "parse_show_job",
     "pending_text",
@@ -268,3 +274,38 @@ def job_nodes_text(job: SlurmJob, shown: Sequence[str] | None = None) -> str:
     nodes = list(shown if shown is not None else job.nodes)
     named = ", ".join(nodes[:8]) + (f" +{len(nodes) - 8}" if len(nodes) > 8 else "")
     return f"{job.state} on {named}" if named else job.state
+
+
+#: What to do after a Slurm job ended by each verdict (ended_verdict).
+SLURM_NEXT_STEPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "time_limit": ("Relaunch with a longer `time:` in the variant (or a partition that allows it)",
+                   "Read the ranks' logs to see how far it got"),
+    "node_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
+    "boot_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
+    "preempted": ("Relaunch, or use a partition or QOS that is not preempted",),
+    "oom": ("Ask Slurm for more host memory (`extra_sbatch: [--mem=...]`) and relaunch",),
+    "cancelled": ("Someone cancelled the job outside gpubot (scancel): ask in the channel before relaunching",),
+    "deadline": ("Relaunch with a later deadline",),
+    "exited": ("Relaunch when you want it serving again",),
+    "crashed": ("Read the ranks' logs (`/logs`) for the error, fix it and relaunch",),
+    "unknown": ("Read the ranks' logs (`/logs`) and `scontrol show job` on the login node",),
+})
+_SHOWN_FIELDS = ("JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList")
+
+
+def job_line(job: SlurmJob) -> str:
+    """One evidence line: `` `scontrol show job 12`: JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15 ...``."""
+    return f"`scontrol show job {job.job_id}`: " + " ".join(
+        f"{k}={job.fields[k]}" for k in _SHOWN_FIELDS if k in job.fields)
+
+
+def job_verdict(job: SlurmJob | None, job_id: str, evidence: Sequence[str] = ()) -> Verdict:
+    """The verdict of a job Slurm ended (ended_verdict; None: Slurm forgot it, `exited`), with its `scontrol` line
+    and `evidence` (the ranks' last looks), and what to do next (SLURM_NEXT_STEPS)."""
+    from bot.core.diagnose import Verdict
+    if job is None:
+        name, summary, said = "exited", f"Slurm no longer knows job {job_id}: it ended a while ago", []
+    else:
+        (name, summary), said = ended_verdict(job), [job_line(job)]
+    return Verdict(verdict=name, phase=None, evidence=[*said, *evidence],
+                   next_steps=list(SLURM_NEXT_STEPS.get(name, SLURM_NEXT_STEPS["crashed"])), summary=summary)

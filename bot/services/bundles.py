@@ -18,7 +18,9 @@ from bot.core.collect import bundle_files, extras_budget_s, extras_script, obser
 from bot.core.diagnose import SIGNATURES
 from bot.core.models import HostFailure, Launch
 from bot.core.probe import ProbeRequest
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, rank_view
 from bot.core.redact import Redactor
+from bot.core.slurm import SlurmError
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.launches import LaunchService
@@ -88,6 +90,8 @@ class BundleService:
         """Collect a bundle of `launch` (its processes, log, port, health and generation checks, ranks' stacks) or
         of `host` (its GPU holders, GPUs, sockets, dmesg). Raises CollectError when the host cannot be probed;
         anything that could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
+        if launch is not None and launch.spans_nodes:
+            return await self._collect_ranks(launch, user=user, channel=channel, tail_lines=tail_lines)
         if launch is not None:
             host = launch.host
             req = self._launches.launch_probe_request(launch, tail_lines=tail_lines)
@@ -147,6 +151,44 @@ class BundleService:
                            result="ok", detail=f"{len(files)} files", host=host, channel=channel,
                            launch_id=launch.id if launch else None)
         return Bundle(name=name, host=host, launch=launch, files=files)
+
+    async def _collect_ranks(self, launch: Launch, *, user: str, channel: str | None, tail_lines: int) -> Bundle:
+        """The bundle of a launch across nodes: rank 0's at the top level, every other rank's (each collected on its
+        node, at the same time) in `node-NAME/`, `ranks.txt` (`K NAME` lines) and, for a Slurm job, `scontrol.txt`
+        (`scontrol show job -o`). A rank whose node cannot be probed is listed in collected.md. Raises
+        CollectError when rank 0 cannot be collected (the job has not started, or its node is no host of the
+        config or cannot be probed)."""
+        ranks = self._launches.spans.ranks(launch)
+        if not ranks or ranks[0][2] is None:
+            where = f"node {ranks[0][1]} is not a host of the config" if ranks else "it runs on no node yet"
+            raise CollectError(f"{launch.name}: rank 0 cannot be collected: {where}")
+
+        async def one(rank: int, host: str) -> Bundle:
+            return await self.collect(launch=rank_view(launch, rank, host), user=user, channel=channel,
+                                      tail_lines=tail_lines)
+
+        got = await asyncio.gather(*(one(k, h) for k, _, h in ranks if h is not None), return_exceptions=True)
+        if isinstance(got[0], BaseException):
+            raise got[0]
+        main = got[0]
+        files = dict(main.files)
+        missing = [f"rank {k} on {node}: not a host of the config, so not probed" for k, node, h in ranks if h is None]
+        for (k, node, _), res in zip([r for r in ranks if r[2] is not None][1:], got[1:], strict=True):
+            if isinstance(res, BaseException):
+                missing.append(f"rank {k} on {node}: {res}")
+                continue
+            files.update({f"{NODE_DIR_PREFIX}{node}/{rel}": data for rel, data in res.files.items()})
+        files[RANKS_FILE] = "".join(f"{k} {node}\n" for k, node, _ in ranks).encode()
+        if launch.job_id:
+            try:
+                text = await self._launches.spans.slurm(launch.host).show_text(launch.job_id)
+                files[SCONTROL_FILE] = self._redact(text or f"Slurm no longer knows job {launch.job_id}\n").encode()
+            except (RemoteError, SlurmError) as e:
+                missing.append(f"scontrol show job {launch.job_id}: {e}")
+        if missing:
+            files["collected.md"] = files.get("collected.md", b"") + (
+                "\n## Ranks not collected\n\n" + "".join(f"- {m}\n" for m in missing)).encode()
+        return Bundle(name=main.name, host=launch.host, launch=launch, files=files)
 
     async def _extras(self, host: str) -> tuple[dict[str, tuple[str, int | None]], str | None]:
         cfg = self._hosts.config.hosts[host]

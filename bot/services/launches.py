@@ -737,6 +737,8 @@ class LaunchService:
         reported in `error`."""
         out = KillPreview(target=la.name, host=la.host, launch_id=la.id, pgid=la.pgid, gpus=list(la.gpus))
         if la.spans_nodes:  # what shows is rank 0's; the kill stops every rank (scancel for a Slurm job)
+            out.host = (f"Slurm job {la.job_id} on {la.host}" if la.job_id else "") + \
+                (f"{', ' if la.job_id else ''}ranks on {', '.join(la.nodes[:8])}" if la.nodes else "")
             la = self.spans.rank0(la)
         try:
             snap = await self._snapshot(la.host, ProbeRequest(select_tag=la.tag or None, health_path=None))

@@ -15,9 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 
 from bot.adapters.cpu import CpuPool
 from bot.adapters.remote import RemoteError
@@ -43,7 +42,7 @@ from bot.core.probe import ProbeRequest
 from bot.core.ranks import rank_view, weigh_nodes
 from bot.core.records import CheckRecord
 from bot.core.serving import generation_due, judge_serving
-from bot.core.slurm import SlurmError, SlurmJob, ended_verdict, job_nodes_text
+from bot.core.slurm import SlurmError, SlurmJob, job_line, job_nodes_text, job_verdict
 from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
@@ -57,21 +56,6 @@ from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
 
 log = logging.getLogger(__name__)
-
-#: What to do after a Slurm job ended by each verdict (bot.core.slurm.ended_verdict).
-SLURM_NEXT_STEPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "time_limit": ("Relaunch with a longer `time:` in the variant (or a partition that allows it)",
-                   "Read the ranks' logs to see how far it got"),
-    "node_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
-    "boot_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
-    "preempted": ("Relaunch, or use a partition or QOS that is not preempted",),
-    "oom": ("Ask Slurm for more host memory (`extra_sbatch: [--mem=...]`) and relaunch",),
-    "cancelled": ("Someone cancelled the job outside gpubot (scancel): ask in the channel before relaunching",),
-    "deadline": ("Relaunch with a later deadline",),
-    "exited": ("Relaunch when you want it serving again",),
-    "crashed": ("Read the ranks' logs (`/logs`) for the error, fix it and relaunch",),
-    "unknown": ("Read the ranks' logs (`/logs`) and `scontrol show job` on the login node",),
-})
 
 #: Seconds py-spy may take per rank when the watcher dumps a hang (a hung py-spy delays the alert by at most
 #: this plus the kill grace, per rank).
@@ -423,6 +407,9 @@ class Watcher:
         looks = [spans.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
                  *await spans.look_ranks(la, ranks[1:])]
         verdict = weigh_nodes(looked.verdict, looks)
+        if job is not None:  # the job as Slurm sees it, after the ranks' lines
+            n = len(looks) if len(looks) > 1 else 0
+            verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
         if job is not None and looked.obs.process_alive is False:
             # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
             job = await self._job_after_end(la)
@@ -461,16 +448,8 @@ class Watcher:
         """A job Slurm ended (or forgot): the verdict from Slurm's state, reason and exit code (bot.core.slurm.
         ended_verdict), with its `scontrol` line and `evidence` (the ranks' last looks), posted once; the launch
         ends (exited for exit 0, else failed)."""
-        if job is None:
-            name, summary = "exited", f"Slurm no longer knows job {la.job_id}: it ended a while ago"
-            said = []
-        else:
-            name, summary = ended_verdict(job)
-            said = [f"`scontrol show job {la.job_id}`: " + " ".join(
-                f"{k}={job.fields[k]}" for k in ("JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList")
-                if k in job.fields)]
-        verdict = Verdict(verdict=name, phase=None, evidence=[*said, *(evidence or [])],
-                          next_steps=list(SLURM_NEXT_STEPS.get(name, SLURM_NEXT_STEPS["crashed"])), summary=summary)
+        verdict = job_verdict(job, la.job_id or "", evidence or [])
+        name, summary = verdict.verdict, verdict.summary
         record = CheckRecord(t=self._clock.time(), alive=False, verdict=name)
         self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)

@@ -5,8 +5,10 @@ hangs on the second host is named with its host in the alert; `/kill` stops both
 
 from __future__ import annotations
 
+import io
 import os
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,7 @@ def _ranks_running(tag: str) -> list[int]:
     return out
 
 
-async def test_two_hosts_one_launch_ready_then_kill_stops_both(duo_bot):
+async def test_two_hosts_one_launch_ready_relaunched_in_its_thread_then_kill_stops_both(duo_bot):
     bot = duo_bot
     said = await bot.chat.say("/launch duo")
     assert "Launched duo#1 on gpu-a, gpu-b" in said.text, said.text
@@ -98,9 +100,15 @@ async def test_two_hosts_one_launch_ready_then_kill_stops_both(duo_bot):
     status = await bot.chat.say("/gpu status")
     assert "duo#1" in status.text
     assert len(_ranks_running(la.tag)) >= 2
-    killed = await bot.chat.say("/kill 1 --yes")
-    assert bot.launch(1).state == LaunchState.KILLED, killed.text
-    await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")
+    # `!relaunch` in the thread: both hosts' ranks of #1 stopped, #2 started on both, in the same thread
+    said = await bot.chat.say("!relaunch", thread=la.thread_ts)
+    assert "Launched duo#2 on gpu-a, gpu-b" in said.text, said.text
+    new = await wait_alert(bot, 2, {"ready"}, timeout=90)
+    assert new.relaunch_of == 1 and new.thread_ts == la.thread_ts and new.nodes == list(HOSTS)
+    assert bot.launch(1).state == LaunchState.KILLED and not _ranks_running(la.tag)
+    killed = await bot.chat.say("/kill 2 --yes")
+    assert bot.launch(2).state == LaunchState.KILLED, killed.text
+    await wait_until(lambda: not _ranks_running(new.tag), what="no process of either rank left")
 
 
 async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
@@ -116,6 +124,16 @@ async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
     if "ptrace" not in text and "not installed" not in text:
         stacks = next(line for line in text.splitlines() if "stacks (py-spy" in line)
         assert "gpu-a:" in stacks and "gpu-b:" in stacks, stacks
+    # `!bundle`: rank 0's files at the top, rank 1's in node-gpu-b/, diagnosed offline across both
+    answer = await bot.chat.say("!bundle", thread=la.thread_ts)
+    assert answer.audit == "ok", answer.text
+    assert "diagnosed offline: silent_hang" in answer.text, answer.text
+    ((name, data),) = answer.post.files
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers()}
+        ranks = tar.extractfile(f"{name.removesuffix('.tar.gz')}/ranks.txt").read().decode()
+    assert {"server.log", "ps.txt", "node-gpu-b/server.log", "node-gpu-b/ps.txt", "ranks.txt"} <= members, members
+    assert ranks == "0 gpu-a\n1 gpu-b\n"
     await bot.chat.say("/kill 1 --yes")
     assert bot.launch(1).state == LaunchState.KILLED
     await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")

@@ -98,3 +98,17 @@ def test_ready_stays_ready_and_one_rank_is_left_alone():
     assert weigh_nodes(_verdict("ready"), looks).summary == "The launch went silent."
     single = _verdict("silent_hang")
     assert weigh_nodes(single, [NodeLook(0, "n1", True)]) is single
+
+
+def test_a_ranks_gpu_holders_are_its_launchs():
+    from bot.core.lifecycle import attribute_holders
+    from bot.core.models import GpuProcess, GpuSection, ProcessInfo
+
+    la = _launch(job_id=None, host="a", nodes=["a", "b"], pid=10, tag="7-ab")
+    procs = [ProcessInfo(10, args="sh wrapper"), ProcessInfo(11, ppid=10, args="python serve --node-rank 0"),
+             ProcessInfo(21, args="python serve --node-rank 1"), ProcessInfo(31, args="python other")]
+    gpu = GpuSection(ok=True, processes=[GpuProcess(pid=11, gpu_index=0), GpuProcess(pid=21, gpu_index=1),
+                                         GpuProcess(pid=31, gpu_index=2)])
+    holders = attribute_holders(gpu, procs, [la], {10: "7-ab", 11: "7-ab", 21: "7-ab-r1", 31: "9-zz"})
+    assert [(h.pid, h.owner, h.launch_id) for h in holders][:2] == [(11, "two#7", 7), (21, "two#7", 7)]
+    assert holders[2].owner == "foreign" and holders[2].launch_id is None

@@ -1,0 +1,78 @@
+"""Variants across nodes in the config: the checks of a Slurm variant and of a multi-host one (bot.config.checks.
+spans_problems, through parse_config), the ranks' template variables (render_launch), and the batch script's rank
+logs and tags (bot.core.slurm.batch_script)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.config import ConfigError, parse_config, render_launch
+from bot.core.slurm import SbatchSpec, batch_script
+
+HOST = {"address": "10.0.0.5", "user": "u", "known_hosts": "/etc/kh", "log_dirs": ["/logs"]}
+CMD = "serve --nnodes {{ nnodes }} --node-rank {{ node_rank }} --dist-init-addr {{ master_addr }}:{{ master_port }}"
+
+
+def _data(**variant) -> dict:
+    return {"hosts": {"login": {**HOST, "runner": "slurm"}, "a": dict(HOST), "b": {**HOST, "address": "10.0.0.6"},
+                      "c": {**HOST, "log_dirs": ["/other"]}},
+            "variants": {"v": {"command": CMD, **variant}}}
+
+
+def _errors(**variant) -> list[str]:
+    with pytest.raises(ConfigError) as ei:
+        parse_config(_data(**variant))
+    return ei.value.errors
+
+
+def test_a_slurm_variant_and_a_multi_host_variant_are_valid():
+    cfg = parse_config(_data(host="login", nodes=2, gpus_per_node=8, partition="gpu", time="4:00:00"))
+    v = cfg.resolved_variant("v")
+    assert cfg.runner_of(v) == "slurm" and v.master_port == 29500
+    cfg = parse_config(_data(hosts=["a", "b"], gpus=[0, 1]))
+    v = cfg.resolved_variant("v")
+    assert cfg.runner_of(v) == "ssh" and v.host == "a"
+
+
+@pytest.mark.parametrize(("variant", "words"), [
+    ({"host": "login", "nodes": 2, "gpus": [0, 1]}, "gpus_per_node: Slurm picks a Slurm job's GPUs"),
+    ({"host": "login", "nodes": 0}, "nodes"),
+    ({"host": "login", "time": "soon"}, "time: must be minutes"),
+    ({"host": "login", "extra_sbatch": ["--wrap=id"]}, "--wrap is set by gpubot"),
+    ({"host": "a", "nodes": 2}, "nodes: only a Slurm variant reads nodes"),
+    ({"hosts": ["a", "nosuch"]}, "nosuch"),
+    ({"hosts": ["a", "b"], "host": "b"}, "host: b is not the first of `hosts`"),
+    ({"hosts": ["a", "c"]}, "need the same first `log_dirs` entry"),
+    ({"hosts": ["a", "b"], "gpu_count": 2}, "gpu_count: a multi-host variant uses fixed `gpus`"),
+])
+def test_what_a_variant_across_nodes_may_not_say(variant, words):
+    errors = _errors(**variant)
+    assert any(words in e for e in errors), errors
+
+
+def test_each_rank_renders_its_own_rank_the_first_hosts_address_and_a_log_beside_rank_0s():
+    cfg = parse_config(_data(hosts=["a", "b"], gpus=[0]))
+    r0 = render_launch(cfg, "v", {}, launch_id=3, host="a", tag="3-0123456789ab", rank=0)
+    r1 = render_launch(cfg, "v", {}, launch_id=3, host="b", tag="3-0123456789ab-r1", rank=1)
+    assert "--nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.5:29500" in r0.command
+    assert "--nnodes 2 --node-rank 1 --dist-init-addr 10.0.0.5:29500" in r1.command
+    assert r0.log_path == "/logs/gpubot-v-3-0123456789ab.log"
+    assert r1.log_path == "/logs/gpubot-v-3-0123456789ab-rank1.log"
+    assert r1.env["GPUBOT_LAUNCH"] == "3-0123456789ab-r1"
+
+
+def test_a_slurm_launch_leaves_the_ranks_variables_to_the_nodes():
+    cfg = parse_config(_data(host="login", nodes=2, gpus_per_node=1))
+    r = render_launch(cfg, "v", {}, launch_id=4, host="login", tag="4-0123456789ab", slurm=True)
+    assert '--nnodes "${GPUBOT_NNODES}" --node-rank "${GPUBOT_NODE_RANK}"' in r.command
+    assert '--dist-init-addr "${GPUBOT_MASTER_ADDR}":29500' in r.command
+
+
+def test_the_batch_script_sends_each_ranks_output_to_its_log_and_tags_its_processes():
+    script = batch_script(SbatchSpec(nodes=2, gpus_per_node=1), "serve", job_name="v-4", output="/logs/v-batch.log",
+                          env={"GPUBOT_LAUNCH": "4-ab"}, master_port=29500, log_path="/logs/v.log",
+                          rank_logs=("/logs/v-rank", ".log"), tag_var="GPUBOT_LAUNCH", workdir="/data/run x")
+    assert "cd '/data/run x' || exit 1" in script.splitlines()
+    step = script.splitlines()[-1]
+    assert 'GPUBOT_LAUNCH="${GPUBOT_LAUNCH}-r$SLURM_NODEID"' in step
+    assert "exec >>/logs/v.log 2>&1" in step and '>>/logs/v-rank"$SLURM_NODEID".log' in step
