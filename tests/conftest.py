@@ -10,7 +10,7 @@ import pytest
 
 from bot.config import Config
 from bot.demo.fakegpu import FakeGpu, install_fake_gpu
-from tests.support import postgres
+from tests.support import postgres, slurm
 from tests.support.bots import TestBot, start_bot
 from tests.support.builders import launch_config, ssh_host
 from tests.support.fakes.ssh_server import LoopbackSSHServer
@@ -85,6 +85,19 @@ async def make_bot() -> AsyncIterator[Callable[..., Awaitable[TestBot]]]:
 async def bot(make_bot, gpu_config) -> TestBot:
     """A bot (no readiness checks) on `gpu_config`."""
     return await make_bot(gpu_config)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A two-node Slurm cluster on this host (tests/support/slurm.py), one per test module, stopped (every job and
+    process with it) when the module ends; the module's tests are skipped with the reason where Slurm or munge is
+    absent."""
+    why = slurm.unavailable()
+    if why:
+        pytest.skip(why)
+    c = slurm.start_cluster()
+    yield c
+    c.stop()
 
 
 @pytest.fixture(scope="session")

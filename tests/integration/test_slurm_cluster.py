@@ -14,20 +14,15 @@ import pytest
 from bot.adapters.remote import LocalExecutor
 from bot.adapters.slurm import SlurmClient
 from bot.core.slurm import SbatchSpec, SlurmError, batch_script, ended_verdict, pending_text
-from tests.support import slurm
 from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    why = slurm.unavailable()
-    if why:
-        pytest.skip(why)
-    c = slurm.start_cluster()
-    yield c
-    c.stop()
+@pytest.fixture
+def cluster(slurm_cluster):
+    """This module's two-node cluster (tests/conftest.py)."""
+    return slurm_cluster
 
 
 @pytest.fixture

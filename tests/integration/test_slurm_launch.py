@@ -15,7 +15,6 @@ import pytest
 from bot.config import Config
 from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
-from tests.support import slurm
 from tests.support.alerts import alerts, full_text, wait_alert
 from tests.support.builders import FAST_WATCH, OPERATOR
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
@@ -27,14 +26,10 @@ COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --m
            " --dist-init-addr {{ master_addr }}:{{ master_port }} --hang-node {{ hang_node }}")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    why = slurm.unavailable()
-    if why:
-        pytest.skip(why)
-    c = slurm.start_cluster()
-    yield c
-    c.stop()
+@pytest.fixture
+def cluster(slurm_cluster):
+    """This module's two-node cluster (tests/conftest.py)."""
+    return slurm_cluster
 
 
 @pytest.fixture
@@ -143,6 +138,7 @@ async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(sl
     (hang,) = alerts(bot, "silent_hang")
     text = full_text(hang)
     assert "Load weight end" in text, text
+    assert f"`scontrol show job {la.job_id}`: JobState=RUNNING" in text, text  # the job's evidence
     assert hang.thread_ts == la.thread_ts
     said = await bot.chat.say("!relaunch mode=ready", thread=la.thread_ts)
     assert "Submitted one#2" in said.text, said.text
