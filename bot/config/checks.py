@@ -216,7 +216,8 @@ def config_warnings(cfg: Config) -> list[str]:
     Returns `location: message` strings, empty when there is nothing to say: no hosts configured; an SSH
     host whose `known_hosts` or `key_file` does not exist here; a host with no `log_dirs` (`/probe log=`
     reads are then refused); an env value with `${...}` that is not the whole value (passed literally); variants
-    but no operator or admin (nobody may launch from Slack).
+    but no operator or admin (nobody may launch from Slack); a multi-host variant whose first host has no address
+    (`{{ master_addr }}` is then its name).
     Never raises for a valid `Config`.
     """
     out: list[str] = []
@@ -230,6 +231,15 @@ def config_warnings(cfg: Config) -> list[str]:
     if cfg.variants and not (cfg.permissions.operators or cfg.permissions.admins):
         out.append(f"permissions.operators: nobody is an operator or admin, so nobody may {sl('launch')}, "
                    f"{sl('kill')} or {sl('relaunch')} from Slack; put your Slack user ID (U...) there")
+    for vname in cfg.variants:
+        try:
+            rv = cfg.resolved_variant(vname)
+        except KeyError:
+            continue
+        first = (rv.hosts or [None])[0]
+        if first in cfg.hosts and not cfg.hosts[first].address:
+            out.append(f"variants.{vname}.hosts: its first host {first} has no `address`, so {{{{ master_addr }}}} "
+                       f"is the name {first!r}, which the other ranks must resolve; give {first} an address")
     for name, host in cfg.hosts.items():
         if not host.local:
             for field_name, consequence in (("known_hosts", "host keys cannot be verified, so SSH connections "

@@ -91,9 +91,11 @@ def sbatch_problems(spec: SbatchSpec) -> list[str]:
         m = _OPTION_RE.fullmatch(opt)
         if m is None:
             out.append(f"extra_sbatch: {opt[:60]!r} is not one --name or --name=value option on one line")
-        elif m.group(1) in _OWN_OPTIONS:
-            out.append(f"extra_sbatch: --{m.group(1)} is set by gpubot (or would run something else); use the "
-                       f"variant's own keys")
+        elif any(own.startswith(m.group(1)) for own in _OWN_OPTIONS) or (m.group(2) and re.search(r"\s", m.group(2))):
+            # sbatch takes any unambiguous prefix of a long option (`--out=` is `--output=`) and splits a #SBATCH
+            # line at blanks (`--comment=x --output=y` sets both)
+            out.append(f"extra_sbatch: --{m.group(1)} is (a prefix of) an option gpubot sets or one that would run "
+                       f"something else, or its value has blanks; use the variant's own keys")
     return out
 
 
@@ -197,7 +199,9 @@ def parse_show_job(text: str) -> list[SlurmJob]:
     """The jobs of `scontrol show job -o` output (one line each; lines without `JobId=` are skipped). Never raises."""
     jobs = []
     for line in (text or "").splitlines():
-        pairs = dict(_PAIR_RE.findall(line))
+        pairs: dict[str, str] = {}
+        for key, value in _PAIR_RE.findall(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
+            pairs.setdefault(key, value)
         job_id = pairs.get("JobId", "")
         if not job_id.isdigit():
             continue

@@ -801,6 +801,11 @@ class LaunchService:
             out.error = being_stopped(la.name)
             return out
         if current.state == LaunchState.STARTING and current.pid is None and not await self._has_processes(current):
+            if current.spans_nodes:  # ranks above 0 may run already (a Slurm job is cancelled once sbatch returns)
+                try:
+                    out = await self.spans.kill(current, out)
+                except RemoteError as e:
+                    log.warning("%s: ranks not stopped while starting: %s", la.name, e)
             la = self.transition(current, LaunchEvent.CANCELLED, state_detail="cancelled while starting")
             out.nothing_to_kill = out.released = True
             self._audit.record(user_id=user, action="kill", args={"launch": la.name}, result="cancelled",

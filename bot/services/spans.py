@@ -145,6 +145,18 @@ class SpanService:
                              host=login, channel=la.channel)
             await svc.threads.show(la)
             return LaunchOutcome(la, error=f"could not submit: {why}", host=login)
+        current = svc.rows.get(la.id)
+        if current is None or current.state != LaunchState.STARTING:  # killed while sbatch ran: cancel the job
+            why = f"killed while it was being submitted: Slurm job {job_id} cancelled"
+            try:
+                await client.cancel(job_id)
+            except (SlurmError, RemoteError) as e:
+                why = f"killed while it was being submitted, but Slurm job {job_id} could not be cancelled: {e}"
+            la = svc.rows.update(la.id, job_id=job_id, state_detail=why)
+            svc.audit.record(user_id=user, action="launch", args=args, result="cancelled", detail=why,
+                             launch_id=la.id, host=login, channel=la.channel)
+            await svc.threads.show(la)
+            return LaunchOutcome(la, error=why, host=login)
         la = svc.transition(la, LaunchEvent.STARTED, job_id=job_id, state_detail=f"Slurm job {job_id} submitted")
         try:
             job = await client.show(job_id)
@@ -191,8 +203,13 @@ class SpanService:
                     la = await svc.threads.open(la)
                 for k in range(1, len(hosts)):
                     why = await self._start_rank(rendered[k], hosts[k])
+                    current = svc.rows.get(la.id)
+                    if why is None and (current is None or current.state != LaunchState.STARTING):
+                        await self._stop_ranks(la, range(1, k + 1))  # killed while its ranks started
+                        return LaunchOutcome(current or la, error="killed while its ranks were starting",
+                                             host=", ".join(hosts))
                     if why is not None:
-                        await self._stop_ranks(la, range(1, k))
+                        await self._stop_ranks(la, range(1, k + 1))  # rank k too: it may have started half way
                         why = f"rank {k} on {hosts[k]} could not start: {why}"
                         la = svc.transition(la, LaunchEvent.START_FAILED, state_detail=why)
                         svc.audit.record(user_id=user, action="launch", args=args, result="error", detail=why,

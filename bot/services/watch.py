@@ -415,6 +415,9 @@ class Watcher:
             job = await self._job_after_end(la)
             if job is None or not job.active:
                 return await self._job_ended(la, job, evidence=[x.line() for x in looks])
+            # Slurm still runs the job (its prolog, an image pull, a step not started yet, or one that is ending):
+            # Slurm's word decides when it ended, never a look at one node
+            return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
         return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
 
     async def _job_after_end(self, la: Launch) -> SlurmJob | None:

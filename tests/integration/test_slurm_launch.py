@@ -19,7 +19,7 @@ from tests.support.alerts import alerts, full_text, wait_alert
 from tests.support.builders import FAST_WATCH, OPERATOR
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --mode {{ mode }} --load-s {{ load_s }}"
            " --gpu-state {{ state }} --nnodes {{ nnodes }} --node-rank {{ node_rank }}"
@@ -95,7 +95,7 @@ async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, clu
     assert "Submitted one#1 to Slurm on login as job" in said.text, said.text
     la = bot.launch(1)
     assert la.job_id and la.job_id in cluster.jobs()
-    la = await wait_alert(bot, 1, {"ready"}, timeout=120)
+    la = await wait_alert(bot, 1, {"ready"}, timeout=200)
     assert la.nodes and la.nodes[0] in ("n1", "n2")
     root = bot.chat.posts[0]
     assert f"Slurm job {la.job_id}" in root.text and la.nodes[0] in root.text, root.text
@@ -114,7 +114,7 @@ async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, clu
 async def test_pending_job_is_shown_with_slurms_reason_never_a_hang(slurm_bot, cluster):
     bot = slurm_bot
     # every GPU of the cluster taken by someone else's job
-    held = cluster.run("sbatch", "--parsable", "--nodes=2", "--gres=gpu:2", "--wrap", "sleep 600")
+    held = cluster.run("sbatch", "--parsable", "--nodes=2", "--gres=gpu:2", "--output=/dev/null", "--wrap", "sleep 600")
     assert held.returncode == 0, held.stderr
     said = await bot.chat.say("/launch one")
     assert "PENDING" in said.text, said.text
@@ -134,7 +134,7 @@ async def test_pending_job_is_shown_with_slurms_reason_never_a_hang(slurm_bot, c
 async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(slurm_bot, cluster):
     bot = slurm_bot
     await bot.chat.say("/launch one mode=hang")
-    la = await wait_alert(bot, 1, {"silent_hang"}, timeout=120)
+    la = await wait_alert(bot, 1, {"silent_hang"}, timeout=200)
     (hang,) = alerts(bot, "silent_hang")
     text = full_text(hang)
     assert "Load weight end" in text, text
@@ -145,14 +145,14 @@ async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(sl
     new = bot.launch(2)
     assert new.relaunch_of == 1 and new.thread_ts == la.thread_ts and new.job_id != la.job_id
     assert bot.launch(1).state == LaunchState.KILLED
-    await wait_alert(bot, 2, {"ready"}, timeout=120)
+    await wait_alert(bot, 2, {"ready"}, timeout=200)
     assert la.job_id not in cluster.jobs()
 
 
 async def test_time_limit_gets_its_own_verdict(slurm_bot, cluster):
     bot = slurm_bot
     await bot.chat.say("/launch short")
-    await wait_alert(bot, 1, {"ready"}, timeout=120)
+    await wait_alert(bot, 1, {"ready"}, timeout=200)
     la = await wait_alert(bot, 1, {"time_limit"}, timeout=180)  # Slurm ends it a minute after it started
     assert la.state == LaunchState.FAILED
     (posted,) = alerts(bot, "time_limit")
@@ -164,7 +164,7 @@ async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slu
     bot = slurm_bot
     said = await bot.chat.say("/launch two")
     assert "Submitted two#1" in said.text, said.text
-    la = await wait_alert(bot, 1, {"ready"}, timeout=120)
+    la = await wait_alert(bot, 1, {"ready"}, timeout=200)
     assert la.nodes == ["n1", "n2"]
     rank1 = Path(la.log_path.replace(".log", "-rank1.log"))
     assert "Node 1 joined node 0" in rank1.read_text()
@@ -172,7 +172,7 @@ async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slu
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
 
     await bot.chat.say("/launch two_slow hang_node=1 load_s=2.5")
-    la = await wait_alert(bot, 2, {"silent_hang"}, timeout=120)
+    la = await wait_alert(bot, 2, {"silent_hang"}, timeout=200)
     (hang,) = alerts(bot, "silent_hang")
     text = full_text(hang)
     assert "rank 1 on node n2" in text, text

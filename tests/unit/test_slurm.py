@@ -81,11 +81,20 @@ def test_the_batch_script_sets_one_task_per_node_and_the_rank_variables():
     (SbatchSpec(gpus_per_node=99), "gpus_per_node must be 0..64"),
     (SbatchSpec(partition="h200; rm -rf /"), "partition must be a plain name"),
     (SbatchSpec(time="soon"), "time must be minutes or [DD-]HH:MM:SS"),
-    (SbatchSpec(extra_sbatch=("--wrap=id",)), "--wrap is set by gpubot"),
+    (SbatchSpec(extra_sbatch=("--wrap=id",)), "--wrap is (a prefix of) an option gpubot sets"),
     (SbatchSpec(extra_sbatch=("--comment=a\nb",)), "is not one --name or --name=value option on one line"),
     (SbatchSpec(extra_sbatch=("-N 4",)), "is not one --name or --name=value option"),
+    (SbatchSpec(extra_sbatch=("--out=/tmp/evil-%j",)), "--out is (a prefix of) an option gpubot sets"),
+    (SbatchSpec(extra_sbatch=("--comment=x --output=/tmp/evil",)), "its value has blanks"),
 ])
 def test_what_the_allocation_may_not_say(spec, problem):
     assert any(problem in p for p in sbatch_problems(spec)), sbatch_problems(spec)
     with pytest.raises(SlurmError):
         batch_script(spec, "true", job_name="x", output="/tmp/x", env={}, master_port=1)
+
+
+def test_a_path_in_a_later_field_cannot_forge_the_jobs_state():
+    line = ("JobId=3 JobName=x JobState=RUNNING Reason=None ExitCode=0:0 NodeList=n1 "
+            "StdOut=/logs/x JobState=COMPLETED ExitCode=0:0 y.log")
+    (job,) = parse_show_job(line)
+    assert job.state == "RUNNING" and job.active

@@ -38,7 +38,7 @@ def test_a_slurm_variant_and_a_multi_host_variant_are_valid():
     ({"host": "login", "nodes": 2, "gpus": [0, 1]}, "gpus_per_node: Slurm picks a Slurm job's GPUs"),
     ({"host": "login", "nodes": 0}, "nodes"),
     ({"host": "login", "time": "soon"}, "time: must be minutes"),
-    ({"host": "login", "extra_sbatch": ["--wrap=id"]}, "--wrap is set by gpubot"),
+    ({"host": "login", "extra_sbatch": ["--wrap=id"]}, "--wrap is (a prefix of) an option gpubot sets"),
     ({"host": "a", "nodes": 2}, "nodes: only a Slurm variant reads nodes"),
     ({"hosts": ["a", "nosuch"]}, "nosuch"),
     ({"hosts": ["a", "b"], "host": "b"}, "host: b is not the first of `hosts`"),
@@ -76,3 +76,13 @@ def test_the_batch_script_sends_each_ranks_output_to_its_log_and_tags_its_proces
     step = script.splitlines()[-1]
     assert 'GPUBOT_LAUNCH="${GPUBOT_LAUNCH}-r$SLURM_NODEID"' in step
     assert "exec >>/logs/v.log 2>&1" in step and '>>/logs/v-rank"$SLURM_NODEID".log' in step
+
+
+def test_a_multi_host_variant_whose_first_host_has_no_address_is_warned_about():
+    from bot.config.checks import config_warnings
+
+    data = _data(hosts=["l1", "l2"], gpus=[0])
+    data["hosts"].update({"l1": {"local": True, "log_dirs": ["/logs"]}, "l2": {"local": True, "log_dirs": ["/logs"]}})
+    warnings = config_warnings(parse_config(data))
+    assert any("variants.v.hosts: its first host l1 has no `address`" in w for w in warnings), warnings
+    assert not any("master_addr" in w for w in config_warnings(parse_config(_data(hosts=["a", "b"], gpus=[0]))))

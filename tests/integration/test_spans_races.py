@@ -1,0 +1,149 @@
+"""Races of /kill and of Slurm with launches across nodes, with stand-ins for sbatch/scontrol/scancel on PATH (Slurm's
+side is tested for real in test_slurm_launch.py) and two local hosts: a kill while sbatch runs cancels the job it
+returns; a kill while a multi-host launch's ranks start leaves no rank; a rank whose start failed half way is
+stopped; a job Slurm still runs is never ended by a look at one node."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from bot.config import Config
+from bot.core.models import LaunchState
+from bot.demo.fakegpu import install_fake_gpu
+from bot.services.spans import SpanService
+from tests.support.builders import FAST_WATCH, OPERATOR
+from tests.support.procs import free_port, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+SBATCH = """#!/bin/sh
+D={d}
+cat > $D/script
+sleep $(cat $D/delay 2>/dev/null || echo 0)
+echo 4242 >> $D/submitted
+echo 4242
+"""
+SCONTROL = """#!/bin/sh
+D={d}
+echo >> $D/shown
+if [ -e $D/cancelled ]; then st=CANCELLED; else st=RUNNING; fi
+echo "JobId=4242 JobName=x JobState=$st Reason=None ExitCode=0:0 RunTime=00:00:05 TimeLimit=UNLIMITED" \
+     "NodeList=elsewhere1 StdOut=/tmp/x"
+"""
+SCANCEL = """#!/bin/sh
+touch {d}/cancelled
+"""
+
+
+def _fake_slurm(d: Path) -> Path:
+    b = d / "bin"
+    b.mkdir(parents=True)
+    for name, text in (("sbatch", SBATCH), ("scontrol", SCONTROL), ("scancel", SCANCEL)):
+        (b / name).write_text(text.format(d=d))
+        (b / name).chmod(0o755)
+    return b
+
+
+@pytest.fixture
+async def sl_bot(make_bot, tmp_path, monkeypatch):
+    b = _fake_slurm(tmp_path)
+    monkeypatch.setenv("PATH", f"{b}:{os.environ['PATH']}")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    gpu = install_fake_gpu(tmp_path / "fakegpu", gpu_count=2)
+    node = {"local": True, "nvidia_smi": str(gpu.bin_dir / "nvidia-smi"), "use_nvml": False,
+            "log_dirs": [str(logs)], "systemd": "off", "cgroup": "off"}
+    cfg = Config.model_validate({
+        "hosts": {"login": {"local": True, "runner": "slurm", "log_dirs": [str(logs)]},
+                  "a": node, "b": dict(node)},
+        "variants": {
+            "s": {"host": "login", "command": "sleep 300", "nodes": 1, "gpus_per_node": 1, "port": free_port()},
+            "m": {"hosts": ["a", "b"], "command": "sleep 300", "gpus": [0], "port": free_port()},
+        },
+        "state_dir": str(tmp_path / "state"),
+        "permissions": {"operators": [OPERATOR]},
+        "lifecycle": {"kill_grace_s": 2, "release_timeout_s": 5},
+    })
+    bot = await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
+    bot.dir = tmp_path
+    return bot
+
+
+async def test_kill_while_sbatch_in_flight_leaves_no_job(sl_bot):
+    bot = sl_bot
+    (bot.dir / "delay").write_text("3")
+    t = asyncio.ensure_future(bot.chat.say("/launch s"))
+    await wait_until(lambda: (bot.dir / "script").exists(), what="sbatch reading the script")
+    await bot.chat.say("/kill 1 --yes")
+    said = await t
+    assert "Slurm job 4242 cancelled" in said.text, said.text
+    assert (bot.dir / "cancelled").exists()
+    la = bot.launch(1)
+    assert not la.live and la.job_id == "4242"
+
+
+def _tagged(tag: str) -> list[tuple[int, str]]:
+    out = []
+    for e in Path("/proc").iterdir():
+        if e.name.isdigit():
+            try:
+                env = (e / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for x in env:
+                if x == f"GPUBOT_LAUNCH={tag}".encode() or x.startswith(f"GPUBOT_LAUNCH={tag}-r".encode()):
+                    out.append((int(e.name), x.decode()))
+    return out
+
+
+async def test_kill_while_multi_host_ranks_start_stops_every_rank(sl_bot, monkeypatch):
+    bot = sl_bot
+    orig = SpanService._start_rank
+
+    async def slow(self, r, host):  # an SSH round trip to a far host
+        res = await orig(self, r, host)
+        await asyncio.sleep(2)
+        return res
+    monkeypatch.setattr(SpanService, "_start_rank", slow)
+    t = asyncio.ensure_future(bot.chat.say("/launch m"))
+    row = await wait_until(lambda: bot.runtime.launches.get(1), what="the launch recorded")
+    await wait_until(lambda: _tagged(row.tag), what="rank 1 started")
+    await bot.chat.say("/kill 1 --yes")
+    said = await t
+    assert "killed while its ranks were starting" in said.text, said.text
+    await wait_until(lambda: not _tagged(row.tag), timeout=20, what="no rank left")
+    assert not bot.launch(1).live
+
+
+async def test_rank1_fails_rank0_not_started_and_nothing_left(sl_bot, monkeypatch):
+    bot = sl_bot
+    orig = SpanService._start_rank
+
+    async def failing(self, r, host):  # rank 1's script ran (its process started) but the SSH session timed out
+        await orig(self, r, host)
+        return "timed out after 30 s"
+    monkeypatch.setattr(SpanService, "_start_rank", failing)
+    said = await bot.chat.say("/launch m")
+    assert "rank 1 on b could not start" in said.text, said.text
+    la = bot.launch(1)
+    assert la.state == LaunchState.FAILED
+    await wait_until(lambda: not _tagged(la.tag), timeout=20, what="rank 1 stopped")
+
+
+async def test_job_running_but_step_not_started_yet_is_not_ended(sl_bot):
+    """Slurm says RUNNING on node a (a host of the config), but srun has not started rank 0 yet (a prolog, a
+    container image being pulled): the launch must not end while Slurm still runs the job."""
+    bot = sl_bot
+    (bot.dir / "bin" / "scontrol").write_text(SCONTROL.format(d=bot.dir).replace("NodeList=elsewhere1", "NodeList=a"))
+    said = await bot.chat.say("/launch s")
+    assert "Submitted s#1" in said.text, said.text
+    await wait_until(lambda: bot.launch(1).nodes == ["a"], what="the job's node recorded")
+    shown = len((bot.dir / "shown").read_text().splitlines())
+    await wait_until(lambda: len((bot.dir / "shown").read_text().splitlines()) >= shown + 6, timeout=60,
+                     what="several checks of the job")
+    la = bot.launch(1)
+    assert la.live and la.alert_state is None, (la.state, la.alert_state, la.state_detail)
+    assert not (bot.dir / "cancelled").exists()
