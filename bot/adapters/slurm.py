@@ -1,13 +1,22 @@
 """Slurm's commands on a login node (or the bot's own machine), through any Executor of bot.adapters.remote:
-`sbatch --parsable` (the batch script on stdin), `scontrol show job -o`, `scancel`. What they print is read by
-bot.core.slurm."""
+`sbatch --parsable` (the batch script on stdin), `scontrol show job -o`, `sacct` (where accounting is on), `scancel`,
+and `srun --overlap --jobid` to run commands on a job's node that gpubot cannot reach over SSH (SrunExecutor). What
+they print is read by bot.core.slurm."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import re
 import shlex
 
-from bot.adapters.remote import CommandResult, Executor
-from bot.core.slurm import SlurmError, SlurmJob, parse_sbatch, parse_show_job
+from bot.adapters.remote import CommandResult, Executor, RemoteError
+from bot.core.slurm import SACCT_FIELDS, SlurmError, SlurmJob, parse_sacct, parse_sbatch, parse_show_job
+
+log = logging.getLogger(__name__)
+
+#: srun's report of how a task of the step ended (srun(1)), one line each: not the command's own output.
+_TASK_END_RE = re.compile(rb"(?m)^srun: error: [^\s:]+: tasks? [0-9,\-]+: [^\n]*\n?")
 
 #: Seconds one Slurm command may take (the controller answers in milliseconds; a busy one in seconds).
 SLURM_COMMAND_TIMEOUT_S = 30.0
@@ -29,6 +38,7 @@ class SlurmClient:
         self.executor = executor
         self.conf = conf
         self.timeout_s = timeout_s
+        self.accounting_on: bool | None = None  # None until sacct was asked once
 
     def _command(self, words: str) -> str:
         return (f"env SLURM_CONF={shlex.quote(self.conf)} " if self.conf else "") + words
@@ -52,14 +62,85 @@ class SlurmClient:
         return res.stdout.decode("utf-8", "replace")
 
     async def show(self, job_id: str) -> SlurmJob | None:
-        """The job as `scontrol show job -o` says it now (bot.core.slurm.parse_show_job), or None when Slurm no
-        longer knows it."""
+        """The job as `scontrol show job -o` says it now (bot.core.slurm.parse_show_job); once the controller forgot
+        it (MinJobAge after its end), as its accounting says (`accounting`); None when neither knows it."""
         text = await self.show_text(job_id)
         jobs = [j for j in parse_show_job(text) if j.job_id == str(int(job_id))] if text is not None else []
-        return jobs[0] if jobs else None
+        if jobs:
+            return jobs[0]
+        try:
+            return await self.accounting(job_id)
+        except SlurmError as e:  # Slurm's controller said it forgot the job: that stands, whatever sacct says
+            log.warning("job %s: %s", job_id, e)
+            return None
+
+    async def accounting(self, job_id: str) -> SlurmJob | None:
+        """The job as `sacct -X -j` records it (bot.core.slurm.parse_sacct), or None when it has no record of it or
+        the cluster keeps no accounting (`Slurm accounting storage is disabled`; then sacct is not asked again).
+        Raises SlurmError when sacct fails otherwise (slurmdbd down), RemoteError when the node cannot be reached."""
+        if self.accounting_on is False:
+            return None
+        res = await self.executor.run(
+            self._command(f"sacct -X -n -P -j {int(job_id)} -o {','.join(SACCT_FIELDS)}"), timeout_s=self.timeout_s)
+        if res.exit_status != 0:
+            if b"accounting storage is disabled" in res.stderr + res.stdout:
+                self.accounting_on = False
+                return None
+            raise SlurmError(f"sacct could not read job {job_id}: {_said(res)}")
+        self.accounting_on = True
+        return parse_sacct(res.stdout.decode("utf-8", "replace"), str(int(job_id)))
 
     async def cancel(self, job_id: str) -> None:
         """`scancel` the job (every step of it, on every node). A job Slurm no longer knows is not an error."""
         res = await self.executor.run(self._command(f"scancel {int(job_id)}"), timeout_s=self.timeout_s)
         if res.exit_status != 0 and b"Invalid job id" not in res.stderr:
             raise SlurmError(f"scancel could not cancel job {job_id}: {_said(res)}")
+
+
+class SrunExecutor:
+    """An Executor for node `node` of Slurm job `job_id`, for a node gpubot cannot reach over SSH: each command runs
+    there as a step that overlaps the job's own (`srun --overlap --jobid=JOB --nodelist=NODE --nodes=1 --ntasks=1`,
+    srun(1) of Slurm 22.05), started through `login`, the executor of the login node. stdin reaches the step. A
+    command fails with RemoteError (srun's words) when srun could not start the step: the job ended, or the node
+    is not one of its nodes."""
+
+    def __init__(self, login: Executor, job_id: str, node: str, *, conf: str | None = None) -> None:
+        self.login = login
+        self.job_id = str(int(job_id))
+        self.node = node
+        self.conf = conf
+        self.name = f"{node} (Slurm job {self.job_id})"
+
+    def step_command(self, command: str) -> str:
+        """`command` as the overlapping step on the node runs it (quoted for the login node's shell)."""
+        env = f"env SLURM_CONF={shlex.quote(self.conf)} " if self.conf else ""
+        return (f"{env}srun --overlap --quiet --jobid={self.job_id} --nodelist={shlex.quote(self.node)} --nodes=1 "
+                f"--ntasks=1 sh -c {shlex.quote(command)}")
+
+    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        """Run `command` on the node (see the class). Raises RemoteError when the step could not start."""
+        res = await self.login.run(self.step_command(command), input=input, timeout_s=timeout_s)
+        if res.exit_status == 0:
+            return res
+        # srun's line on how the task ended (`srun: error: n1: task 0: Exited with exit code 127`) is not the
+        # command's: left out, the command's own exit status and stderr come back as over SSH
+        stderr = _TASK_END_RE.sub(b"", res.stderr)
+        if stderr.lstrip().startswith(b"srun: error:"):  # no step started: srun's own refusal
+            raise RemoteError(self.name, f"srun could not run on {self.node} in job {self.job_id}: "
+                                         f"{_said(dataclasses.replace(res, stderr=stderr))}")
+        return dataclasses.replace(res, stderr=stderr)
+
+    async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
+        """Run the POSIX sh `script` on the node (`sh -s`, the script on the step's stdin)."""
+        return await self.run("sh -s", input=script.encode(), timeout_s=timeout_s)
+
+    def helper_pids(self) -> set[int]:
+        """None: each command is its own step."""
+        return set()
+
+    def script_slots(self) -> int:
+        """One script at a time: each is a step of the job."""
+        return 1
+
+    async def close(self) -> None:
+        """Nothing to release (the login node's executor is pooled by its host)."""

@@ -11,6 +11,10 @@ Formats, from Slurm 22.05 (`slurm-wlm` on Debian 12, a two-node cluster on one h
   FAILED (`Reason=NonZeroExitCode`, `ExitCode=3:0`), CANCELLED (`ExitCode=0:15`: signal 15), TIMEOUT, NODE_FAIL,
   PREEMPTED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE. `ExitCode=CODE:SIGNAL`.
 - Durations (`RunTime`, `TimeLimit`): `[DD-]HH:MM:SS`, `MM:SS`, or `UNLIMITED`.
+- `sacct -X -n -P -j JOBID -o JobID,State,ExitCode,Reason,NodeList,Elapsed,Timelimit,JobName` (sacct(1): `-X` the
+  allocation only, `-n` no header, `-P` fields split by `|`) prints one line per job, e.g.
+  `12|CANCELLED by 0|0:15|None|n[1-2]|00:01:07|01:00:00|base`; `State` may carry ` by UID`; an unknown job prints
+  nothing; with accounting off it prints `Slurm accounting storage is disabled` and exits 1.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -36,6 +40,7 @@ __all__ = [
     "ended_verdict",
     "job_line",
     "job_verdict",
+    "parse_sacct",
     "parse_sbatch",
     "parse_show_job",
     "pending_text",
@@ -170,7 +175,8 @@ def _seconds(text: str | None) -> int | None:
 class SlurmJob:
     """One job as `scontrol show job -o` gives it: `state` (JobState), `reason` (None for `None`), `nodes` (NodeList
     expanded; empty while it is pending), `exit_code` and `signal` (from `ExitCode=CODE:SIGNAL`), `run_time_s` and
-    `time_limit_s` (seconds; None for UNLIMITED), `stdout` (StdOut), `fields` every pair as printed."""
+    `time_limit_s` (seconds; None for UNLIMITED), `stdout` (StdOut), `fields` every pair as printed (scontrol's keys),
+    `source` the command that said it (`scontrol show job`, or `sacct -j` for a job scontrol had forgotten)."""
 
     job_id: str
     name: str = ""
@@ -183,6 +189,7 @@ class SlurmJob:
     time_limit_s: int | None = None
     stdout: str | None = None
     fields: Mapping[str, str] = field(default_factory=dict)
+    source: str = "scontrol show job"
 
     @property
     def active(self) -> bool:
@@ -216,6 +223,35 @@ def parse_show_job(text: str) -> list[SlurmJob]:
             run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
             stdout=pairs.get("StdOut") or None, fields=pairs))
     return jobs
+
+
+#: The fields gpubot asks `sacct` for, in order (the job's name last: it may hold the `|` that splits them).
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Reason", "NodeList", "Elapsed", "Timelimit", "JobName")
+#: scontrol's key for each sacct field, so that a job read from either says the same (`job_line`, `ended_verdict`).
+_SACCT_AS_SCONTROL: Mapping[str, str] = MappingProxyType(
+    {"JobID": "JobId", "State": "JobState", "Elapsed": "RunTime", "Timelimit": "TimeLimit"})
+
+
+def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
+    """Job `job_id` as `sacct -X -n -P -o` SACCT_FIELDS prints it (the last line of that job: the latest run of a
+    requeued one), its fields under scontrol's keys (`JobState`, `RunTime`, ...) and `source` `sacct -j`; None when
+    sacct printed no line of it. `State` loses its ` by UID`. Never raises."""
+    found = None
+    for line in (text or "").splitlines():
+        parts = line.rstrip("\r").split("|", len(SACCT_FIELDS) - 1)
+        if len(parts) != len(SACCT_FIELDS) or parts[0].strip() != job_id:
+            continue
+        raw = dict(zip(SACCT_FIELDS, (x.strip() for x in parts), strict=True))
+        fields = {_SACCT_AS_SCONTROL.get(k, k): v for k, v in raw.items()}
+        fields["JobState"] = fields["JobState"].split()[0] if fields["JobState"] else "UNKNOWN"
+        if fields["NodeList"].startswith("None"):  # `None assigned`: it never ran
+            fields["NodeList"] = ""
+        found = fields
+    if found is None:
+        return None
+    line = " ".join(f"{k}={v}" for k, v in found.items() if k != "JobName")
+    job = parse_show_job(f"{line} JobName={found['JobName']}")
+    return replace(job[0], source="sacct -j") if job else None
 
 
 #: What common pending reasons mean (Slurm's `squeue --help`/`man squeue` JOB REASON CODES), for the thread.
@@ -299,16 +335,19 @@ _SHOWN_FIELDS = ("JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "Node
 
 def job_line(job: SlurmJob) -> str:
     """One evidence line: `` `scontrol show job 12`: JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15 ...``."""
-    return f"`scontrol show job {job.job_id}`: " + " ".join(
+    return f"`{job.source} {job.job_id}`: " + " ".join(
         f"{k}={job.fields[k]}" for k in _SHOWN_FIELDS if k in job.fields)
 
 
 def job_verdict(job: SlurmJob | None, job_id: str, evidence: Sequence[str] = ()) -> Verdict:
-    """The verdict of a job Slurm ended (ended_verdict; None: Slurm forgot it, `exited`), with its `scontrol` line
-    and `evidence` (the ranks' last looks), and what to do next (SLURM_NEXT_STEPS)."""
+    """The verdict of a job Slurm ended (ended_verdict; None: Slurm forgot it and sacct has no record, `unknown`),
+    with its `scontrol` (or `sacct`) line and `evidence` (the ranks' last looks), and what to do next
+    (SLURM_NEXT_STEPS)."""
     from bot.core.diagnose import Verdict
     if job is None:
-        name, summary, said = "exited", f"Slurm no longer knows job {job_id}: it ended a while ago", []
+        name, summary, said = "unknown", (f"Slurm no longer knows job {job_id} (it ended longer ago than the "
+                                          "controller keeps jobs) and has no accounting of it: how it ended is "
+                                          "unknown"), []
     else:
         (name, summary), said = ended_verdict(job), [job_line(job)]
     return Verdict(verdict=name, phase=None, evidence=[*said, *evidence],

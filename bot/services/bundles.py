@@ -181,8 +181,14 @@ class BundleService:
         files[RANKS_FILE] = "".join(f"{k} {node}\n" for k, node, _ in ranks).encode()
         if launch.job_id:
             try:
-                text = await self._launches.spans.slurm(launch.host).show_text(launch.job_id)
-                files[SCONTROL_FILE] = self._redact(text or f"Slurm no longer knows job {launch.job_id}\n").encode()
+                client = self._launches.spans.slurm(launch.host)
+                text = await client.show_text(launch.job_id)
+                if text is None:  # the controller forgot it: its accounting's record, under scontrol's keys
+                    job = await client.accounting(launch.job_id)
+                    text = f"Slurm no longer knows job {launch.job_id}\n" + (
+                        "" if job is None else f"{job.source} {launch.job_id}: " + " ".join(
+                            f"{k}={v}" for k, v in job.fields.items()) + "\n")
+                files[SCONTROL_FILE] = self._redact(text).encode()
             except (RemoteError, SlurmError) as e:
                 missing.append(f"scontrol show job {launch.job_id}: {e}")
         if missing:
@@ -191,7 +197,7 @@ class BundleService:
         return Bundle(name=main.name, host=launch.host, launch=launch, files=files)
 
     async def _extras(self, host: str) -> tuple[dict[str, tuple[str, int | None]], str | None]:
-        cfg = self._hosts.config.hosts[host]
+        cfg = self._hosts.host_config(host)
         timeout = max(1, int(cfg.nvidia_smi_timeout_s))
         script = extras_script(cfg.nvidia_smi, timeout_s=timeout, env=list(cfg.env.items()))
         try:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.probe_pool import POOL_MIN_HOSTS, ProbePool, WorkerGone, probe_worker_count
 from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
+from bot.adapters.slurm import SrunExecutor
 from bot.config import Config, HostConfig
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.models import GpuSection, HostFailure, LogCursor, Snapshot
@@ -110,6 +111,8 @@ class HostService:
         self._clock = clock  # the bot's one clock: when a probe was sent (Snapshot.local_clock)
         self.redactor = redactor or Redactor(config.redact_patterns)
         self._executors: dict[str, Executor] = dict(executors or {})
+        # nodes of Slurm jobs that the config has no host for, reached through their login node (job_node)
+        self._job_nodes: dict[str, tuple[HostConfig, str, str, str]] = {}
         # where the line count of each log read so far stopped: the next probe counts on from there
         self._log_cursors: dict[tuple[str, str], LogCursor] = {}
         self._nvml_reader = nvml_reader or LocalNvml().read_async
@@ -136,11 +139,34 @@ class HostService:
             raise UnknownHost(name, hosts)
         return name
 
+    def job_node(self, login: str, job_id: str, node: str) -> str:
+        """The host name (`NODE@jobJOB`) under which node `node` of Slurm job `job_id`, submitted on host `login`, is
+        probed, dumped and bundled when the config has no host of that name: its commands run there as steps that
+        overlap the job's own (bot.adapters.slurm.SrunExecutor, started on the login node), with the login node's
+        settings (timeouts, nvidia-smi, py-spy, log_dirs, env) but never the bot's own NVML nor a probe agent.
+        Raises KeyError for a login node the config does not have."""
+        name = f"{node}@job{job_id}"
+        if name not in self._job_nodes:
+            cfg = self.config.hosts[login].model_copy(update={
+                "local": False, "use_nvml": False, "nvml_python": None, "probe_agent": False, "address": None})
+            self._job_nodes[name] = (cfg, login, str(job_id), node)
+        return name
+
+    def host_config(self, host: str) -> HostConfig:
+        """The settings of `host`: a host of the config, or a node of a Slurm job (job_node). Raises KeyError."""
+        cfg = self.config.hosts.get(host)
+        return cfg if cfg is not None else self._job_nodes[host][0]
+
     def executor(self, host: str) -> Executor:
-        """The pooled executor of `host` (created on first use)."""
+        """The pooled executor of `host` (created on first use); for a node of a Slurm job (job_node), its steps
+        through the login node's executor."""
         ex = self._executors.get(host)
         if ex is None:
-            ex = build_executor(host, self.config.hosts[host], extra_path=self._extra_path)
+            if host in self._job_nodes:
+                _cfg, login, job_id, node = self._job_nodes[host]
+                ex = SrunExecutor(self.executor(login), job_id, node, conf=self.config.hosts[login].slurm_conf)
+            else:
+                ex = build_executor(host, self.config.hosts[host], extra_path=self._extra_path)
             self._executors[host] = ex
         return ex
 
@@ -152,7 +178,7 @@ class HostService:
     def probe_deadline_s(self, host: str) -> float:
         """Seconds a probe of `host` may take in all: its connect, command and nvidia-smi timeouts (a probe whose
         NVML reader fails asks nvidia-smi in a second round trip) and PROBE_MARGIN_S."""
-        cfg = self.config.hosts[host]
+        cfg = self.host_config(host)
         return cfg.connect_timeout_s + cfg.command_timeout_s + cfg.nvidia_smi_timeout_s + PROBE_MARGIN_S
 
     async def probe(self, host: str, req: ProbeRequest) -> Snapshot | HostFailure:
@@ -165,7 +191,7 @@ class HostService:
         Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
         its log_dirs), before anything is sent. `req` is not modified.
         """
-        cfg = self.config.hosts[host]
+        cfg = self.host_config(host)
         policy = host_policy(cfg)
         policy.check(req)
         limit = self.probe_deadline_s(host)
@@ -179,8 +205,9 @@ class HostService:
             except TimeoutError:
                 log.warning("probe of %s: no answer within %g s", host, limit)
                 result = HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")
-            if self._metrics is not None:
-                self._metrics.observe_probe(host, time.monotonic() - started, not isinstance(result, HostFailure))
+            if self._metrics is not None:  # a job's node counts as its login node (one label per host of the config)
+                self._metrics.observe_probe(self._job_nodes[host][1] if host in self._job_nodes else host,
+                                            time.monotonic() - started, not isinstance(result, HostFailure))
             return result
 
     async def _probe(self, host: str, cfg: HostConfig, policy: HostPolicy,

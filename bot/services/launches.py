@@ -335,7 +335,10 @@ class LaunchService:
             return parts
         v = self.config.resolved_variant(la.variant) if la.variant in self.config.variants else None
         parts = _ProbeParts((v.health if v else None) or "/health", v.generate if v else None)
-        host = self.config.hosts.get(la.host)
+        try:
+            host = self.hosts.host_config(la.host)  # a host of the config, or a node of a Slurm job
+        except KeyError:
+            host = None
         if parts.check is not None and host is not None:
             path, body = parts.check.request()
             timeout_s = parts.check.timeout_under(host.command_timeout_s)

@@ -3,8 +3,9 @@ node, or one process tree per host of a multi-host SSH variant, as one launch: o
 kill. The runner of a variant is `Config.runner_of`: `slurm` (sbatch on its host) or `ssh` (with `hosts:`, here).
 
 A Slurm launch's row has `host` = the login node, `job_id`, and `nodes` once Slurm gave it some. Its ranks run in one
-`srun` step (one task per node); a node that is a host of the config is probed over SSH like any host (rank K's
-processes carry the tag `<tag>-rK`). A multi-host launch's row has `host` = its first host (rank 0, with its PID) and
+`srun` step (one task per node); a node that is a host of the config is probed over SSH like any host, any other
+node through the login node as a step that overlaps the job's (`srun --overlap --jobid`); rank K's processes carry the
+tag `<tag>-rK`. A multi-host launch's row has `host` = its first host (rank 0, with its PID) and
 `nodes` = its hosts.
 """
 
@@ -63,9 +64,19 @@ class SpanService:
         return client
 
     def ranks(self, la: Launch) -> list[tuple[int, str, str | None]]:
-        """(rank, node, host) of each rank of `la`, rank order: host is the config's host of that name (None for a
-        node the config does not know: it cannot be probed)."""
-        return [(k, node, node if node in self._svc.config.hosts else None) for k, node in enumerate(la.nodes)]
+        """(rank, node, host) of each rank of `la`, rank order: host is the config's host of that name, probed over
+        SSH; a node of a Slurm job that the config does not have is reached through the login node with `srun
+        --overlap --jobid` (HostService.job_node); None for a node nothing can reach."""
+        hosts = self._svc.config.hosts
+
+        def host_of(node: str) -> str | None:
+            if node in hosts:
+                return node
+            if la.job_id and la.host in hosts:
+                return self._svc.hosts.job_node(la.host, la.job_id, node)
+            return None
+
+        return [(k, node, host_of(node)) for k, node in enumerate(la.nodes)]
 
     def rank0(self, la: Launch) -> Launch:
         """Rank 0 of a launch across nodes as a launch on its node (bot.core.ranks.rank_view); a Slurm job not
@@ -292,7 +303,10 @@ class SpanService:
                 said.append(f"Slurm job {la.job_id} is still {job.state} after scancel")
             if job is not None and job.nodes and not la.nodes:
                 la = self._svc.rows.update(la.id, nodes=list(job.nodes))
-        parts = await asyncio.gather(*(self._kill_rank(la, k, node, host) for k, node, host in self.ranks(la)))
+        # a node reached through Slurm (no host of the config) is Slurm's to clean: once its job ended, every step of
+        # it was stopped there, and srun can no longer reach it
+        parts = await asyncio.gather(*(self._kill_rank(la, k, node, host if host in self._svc.config.hosts else None)
+                                       for k, node, host in self.ranks(la)))
         for part in parts:
             out.signalled += part.signalled
             out.remaining += part.remaining

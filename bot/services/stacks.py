@@ -122,7 +122,7 @@ class StackService:
     async def dump_pids(self, host: str, pids: list[int], *, native: bool = False, timeout_s: int = 20) -> StackDump:
         """Dump the given pids on `host` in one command (each under `timeout -k 5 timeout_s`). Raises ValueError
         for bad pids (before anything runs) and StackDumpError when the host cannot run the script."""
-        host_cfg = self._hosts.config.hosts[host]
+        host_cfg = self._hosts.host_config(host)
         pid_list = check_pids(pids)
         script = dump_script(pid_list, sudo=host_cfg.py_spy_sudo, native=native, timeout_s=timeout_s,
                              py_spy=host_cfg.py_spy)

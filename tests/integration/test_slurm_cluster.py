@@ -1,7 +1,8 @@
 """Slurm's side of a launch against a real two-node cluster on this host (tests/support/slurm.py): the batch script
 of bot.core.slurm submitted with bot.adapters.slurm over the bot's local executor runs one task per node with the
 rank variables and its GPUs; a job that cannot get GPUs is pending with Slurm's reason; scancel stops every step
-on both nodes; a failing command gets its verdict from Slurm's state and exit code."""
+on both nodes; a failing command gets its verdict from Slurm's state and exit code; commands reach each node of a
+running job as overlapping steps (`srun --overlap --jobid`), and a cluster without accounting says so to sacct."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import uuid
 
 import pytest
 
-from bot.adapters.remote import LocalExecutor
-from bot.adapters.slurm import SlurmClient
+from bot.adapters.remote import LocalExecutor, RemoteError
+from bot.adapters.slurm import SlurmClient, SrunExecutor
 from bot.core.slurm import SbatchSpec, SlurmError, batch_script, ended_verdict, pending_text
 from tests.support.procs import wait_until
 
@@ -116,4 +117,34 @@ async def test_slurm_s_refusals_are_said_in_its_words(client, tmp_path):
     assert pending_text(never) == ("PENDING (PartitionConfig: it asks for more than the partition has (nodes, GPUs): "
                                    "it will never start)")
     assert await client.show("999999") is None
+    assert client.accounting_on is False  # sacct: "Slurm accounting storage is disabled" (this cluster has no slurmdbd)
+    assert await client.accounting("999999") is None
     await client.cancel("999999")  # a job Slurm no longer knows is not an error
+
+
+async def test_commands_reach_each_node_of_a_running_job_as_overlapping_steps(client, cluster, tmp_path):
+    marker = f"gpubot-overlap-{uuid.uuid4().hex[:8]}"
+    command = f"sh -c 'exec sh -c \"sleep 300; true\" {marker}'"
+    job_id = await client.submit(batch_script(SbatchSpec(nodes=2, gpus_per_node=1), command, job_name="ov#6",
+                                              output=str(tmp_path / "ov-%j.log"), env={}, master_port=1))
+    await _state(client, job_id, "RUNNING")
+    await wait_until(lambda: _marker_alive(marker), what="the job's step running")
+    login = LocalExecutor("login")
+    for node in ("n1", "n2"):
+        ex = SrunExecutor(login, job_id, node, conf=str(cluster.conf))
+        res = await ex.run("echo $SLURMD_NODENAME $SLURM_JOB_ID; cat", input=b"from stdin\n", timeout_s=30)
+        assert res.exit_status == 0, res.stderr
+        assert res.stdout.decode().split("\n")[:2] == [f"{node} {job_id}", "from stdin"]
+        # the overlapping step sees the job's own processes (a probe's ps finds the ranks)
+        ps = await ex.run_script(f"ps -eo args | grep -c '[{marker[0]}]{marker[1:]}'", timeout_s=30)
+        assert int(ps.stdout.decode().strip()) >= 1, ps
+        # a command that fails is the command's failure (its exit status and stderr), not srun's
+        failed = await ex.run("echo no such tool >&2; exit 127", timeout_s=30)
+        assert failed.exit_status == 127 and failed.stderr == b"no such tool\n", failed
+    with pytest.raises(RemoteError, match="srun could not run on n3"):
+        await SrunExecutor(login, job_id, "n3", conf=str(cluster.conf)).run("true", timeout_s=30)
+    await client.cancel(job_id)
+    await _state(client, job_id, "CANCELLED")
+    with pytest.raises(RemoteError, match=f"in job {job_id}"):  # the job ended: no step can start
+        await SrunExecutor(login, job_id, "n1", conf=str(cluster.conf)).run("true", timeout_s=30)
+    await wait_until(lambda: not _marker_alive(marker), what="no step left")

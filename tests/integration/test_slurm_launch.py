@@ -3,11 +3,14 @@
 thread shows Slurm's state (PENDING with its reason; RUNNING on its nodes), the watch follows the job and every node
 (nodes n1 and n2 are hosts of the config, probed like any host), `/kill` is scancel with nothing left, a job Slurm
 ends at its time limit gets a verdict that says so, `/relaunch` resubmits in the same thread; on two nodes, a rank
-that hangs on node 2 is named with its node."""
+that hangs on node 2 is named with its node, also where the nodes are no hosts of the config (each probed through
+the login node with `srun --overlap --jobid`)."""
 
 from __future__ import annotations
 
+import io
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,11 @@ def slurm_config(cluster, tmp_path) -> Config:
     """Host `login` (the bot's machine, Slurm's login node), nodes n1 and n2 as local hosts with a fake nvidia-smi,
     and Slurm variants of the fake server: `one` (1 node, 2 GPUs), `two` (2 nodes, one rank each), `short` (one
     with a 1-minute time limit)."""
+    return _config(cluster, tmp_path, nodes_are_hosts=True)
+
+
+def _config(cluster, tmp_path, *, nodes_are_hosts: bool) -> Config:
+    """slurm_config; without `nodes_are_hosts`, `login` alone (with the fake nvidia-smi) and no host for a node."""
     gpu = install_fake_gpu(tmp_path / "fakegpu", gpu_count=2)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -53,10 +61,11 @@ def slurm_config(cluster, tmp_path) -> Config:
                    "state": {"type": "path", "default": str(gpu.state_dir)},
                    "hang_node": {"type": "int", "default": -1}},
     }
+    login = {"local": True, "runner": "slurm", "slurm_conf": str(cluster.conf), "log_dirs": [str(logs)]}
+    if not nodes_are_hosts:
+        login["nvidia_smi"] = node["nvidia_smi"]
     return Config.model_validate({
-        "hosts": {"login": {"local": True, "runner": "slurm", "slurm_conf": str(cluster.conf),
-                            "log_dirs": [str(logs)]},
-                  "n1": node, "n2": dict(node)},
+        "hosts": {"login": login, "n1": node, "n2": dict(node)} if nodes_are_hosts else {"login": login},
         "variants": {"one": one,
                      "two": {"extends": "one", "nodes": 2, "gpus_per_node": 1, "port": free_port(),
                              "master_port": free_port()},
@@ -180,3 +189,31 @@ async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slu
     await bot.chat.say("/kill 2 --yes")
     assert bot.launch(2).state == LaunchState.KILLED
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+
+
+async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluster, tmp_path):
+    bot = await make_bot(_config(cluster, tmp_path, nodes_are_hosts=False), watch=True, watch_policy=FAST_WATCH)
+    try:
+        await bot.chat.say("/launch two_slow hang_node=1 load_s=2.5")
+        la = await wait_alert(bot, 1, {"silent_hang"}, timeout=200)
+        assert la.nodes == ["n1", "n2"]
+        (hang,) = alerts(bot, "silent_hang")
+        text = full_text(hang)
+        assert "rank 1 on node n2" in text, text  # the odd one, named with its node
+        # both ranks were read on their nodes (srun --overlap), not only followed through scontrol
+        assert "rank 0 on n1: running" in text and "rank 1 on n2: running" in text, text
+        assert "could not be read" not in text and "srun could not run" not in text, text
+        # `!bundle`: each node's files read through srun, rank 1's in node-n2/, with the job as scontrol says it
+        answer = await bot.chat.say("!bundle", thread=la.thread_ts)
+        assert answer.audit == "ok", answer.text
+        ((name, data),) = answer.post.files
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            members = {m.name.split("/", 1)[1] for m in tar.getmembers()}
+            log1 = tar.extractfile(f"{name.removesuffix('.tar.gz')}/node-n2/server.log").read().decode()
+        assert {"server.log", "ps.txt", "node-n2/ps.txt", "ranks.txt", "scontrol.txt"} <= members, members
+        assert "Init torch distributed begin" in log1, log1
+        await bot.chat.say("/kill 1 --yes")
+        assert bot.launch(1).state == LaunchState.KILLED
+        await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+    finally:
+        cluster.cancel_all()

@@ -1,8 +1,11 @@
 """Variants across nodes in the config: the checks of a Slurm variant and of a multi-host one (bot.config.checks.
 spans_problems, through parse_config), the ranks' template variables (render_launch), and the batch script's rank
-logs and tags (bot.core.slurm.batch_script)."""
+logs and tags (bot.core.slurm.batch_script), and how a node of a Slurm job that is no host of the config is reached
+(HostService.job_node)."""
 
 from __future__ import annotations
+
+import shlex
 
 import pytest
 
@@ -86,3 +89,25 @@ def test_a_multi_host_variant_whose_first_host_has_no_address_is_warned_about():
     warnings = config_warnings(parse_config(data))
     assert any("variants.v.hosts: its first host l1 has no `address`" in w for w in warnings), warnings
     assert not any("master_addr" in w for w in config_warnings(parse_config(_data(hosts=["a", "b"], gpus=[0]))))
+
+
+def test_a_job_node_the_config_does_not_have_is_reached_through_its_login_node():
+    from bot.adapters.slurm import SrunExecutor
+    from bot.services.hosts import HostService
+
+    hosts = HostService(parse_config(_data(host="login", nodes=2)))
+    name = hosts.job_node("login", "12", "gpu-9")
+    assert name == "gpu-9@job12" and hosts.job_node("login", "12", "gpu-9") == name
+    cfg = hosts.host_config(name)
+    assert cfg.log_dirs == ["/logs"] and not cfg.local and not cfg.probe_agent and not cfg.use_nvml
+    ex = hosts.executor(name)
+    assert isinstance(ex, SrunExecutor) and ex.login is hosts.executor("login")
+    # the command reaches the node quoted once for the login node's shell
+    words = shlex.split(ex.step_command("echo 'a b'; exit 3"))
+    assert words == ["srun", "--overlap", "--quiet", "--jobid=12", "--nodelist=gpu-9", "--nodes=1", "--ntasks=1",
+                     "sh", "-c", "echo 'a b'; exit 3"]
+    assert hosts.host_config("a").log_dirs == ["/logs"]
+    with pytest.raises(KeyError):
+        hosts.host_config("gpu-9")
+    with pytest.raises(KeyError):
+        hosts.job_node("nope", "13", "gpu-9")
