@@ -15,8 +15,12 @@ from bot.core.slurm import SACCT_FIELDS, SlurmError, SlurmJob, parse_sacct, pars
 
 log = logging.getLogger(__name__)
 
-#: srun's report of how a task of the step ended (srun(1)), one line each: not the command's own output.
-_TASK_END_RE = re.compile(rb"(?m)^srun: error: [^\s:]+: tasks? [0-9,\-]+: [^\n]*\n?")
+#: srun's refusals to start a step (srun(1), Slurm 22.05): the job ended or is unknown, the node is not one of its
+#: nodes, or the job has used up its steps (MaxStepCount).
+_REFUSALS = (b"Unable to create step", b"Unable to confirm allocation", b"has expired", b"Invalid job id",
+             b"Step limit reached", b"Invalid node name", b"Job step creation")
+#: slurmstepd's word that the job (and so this step) was cancelled while the command ran.
+_STEP_CANCELLED_RE = re.compile(rb"slurmstepd[^\n]*\*\*\* STEP [0-9.]+ ON \S+ CANCELLED")
 
 #: Seconds one Slurm command may take (the controller answers in milliseconds; a busy one in seconds).
 SLURM_COMMAND_TIMEOUT_S = 30.0
@@ -69,10 +73,15 @@ class SlurmClient:
         if jobs:
             return jobs[0]
         try:
-            return await self.accounting(job_id)
+            job = await self.accounting(job_id)
         except SlurmError as e:  # Slurm's controller said it forgot the job: that stands, whatever sacct says
             log.warning("job %s: %s", job_id, e)
             return None
+        if job is not None and job.active:  # a job the controller no longer has cannot run (a runaway record)
+            said = f"sacct still says {job.state}, but the controller no longer knows the job"
+            job = dataclasses.replace(job, state="UNKNOWN", reason=said,
+                                      fields={**job.fields, "JobState": "UNKNOWN", "Reason": said})
+        return job
 
     async def accounting(self, job_id: str) -> SlurmJob | None:
         """The job as `sacct -X -j` records it (bot.core.slurm.parse_sacct), or None when it has no record of it or
@@ -110,24 +119,32 @@ class SrunExecutor:
         self.node = node
         self.conf = conf
         self.name = f"{node} (Slurm job {self.job_id})"
+        # srun's report of how this node's task ended (`srun: error: n1: task 0: Exited with exit code 127`)
+        self._task_end = re.compile(rb"(?m)^srun: error: " + re.escape(node.encode()) + rb": task 0: [^\n]*\n?")
 
     def step_command(self, command: str) -> str:
-        """`command` as the overlapping step on the node runs it (quoted for the login node's shell)."""
+        """`command` as the overlapping step on the node runs it (quoted for the login node's shell), from `/` (the
+        login node's working directory may not exist on the node)."""
         env = f"env SLURM_CONF={shlex.quote(self.conf)} " if self.conf else ""
-        return (f"{env}srun --overlap --quiet --jobid={self.job_id} --nodelist={shlex.quote(self.node)} --nodes=1 "
-                f"--ntasks=1 sh -c {shlex.quote(command)}")
+        return (f"{env}srun --overlap --quiet --chdir=/ --jobid={self.job_id} --nodelist={shlex.quote(self.node)} "
+                f"--nodes=1 --ntasks=1 sh -c {shlex.quote(command)}")
 
     async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
-        """Run `command` on the node (see the class). Raises RemoteError when the step could not start."""
+        """Run `command` on the node (see the class): its own exit status, stdout and stderr as over SSH (srun's line
+        on how the task ended left out). Raises RemoteError when srun could not start the step (its words), or when
+        the job was cancelled while the command ran."""
         res = await self.login.run(self.step_command(command), input=input, timeout_s=timeout_s)
         if res.exit_status == 0:
             return res
-        # srun's line on how the task ended (`srun: error: n1: task 0: Exited with exit code 127`) is not the
-        # command's: left out, the command's own exit status and stderr come back as over SSH
-        stderr = _TASK_END_RE.sub(b"", res.stderr)
-        if stderr.lstrip().startswith(b"srun: error:"):  # no step started: srun's own refusal
-            raise RemoteError(self.name, f"srun could not run on {self.node} in job {self.job_id}: "
-                                         f"{_said(dataclasses.replace(res, stderr=stderr))}")
+        if _STEP_CANCELLED_RE.search(res.stderr):
+            raise RemoteError(self.name, f"Slurm job {self.job_id} was cancelled while the command ran on {self.node}")
+        ends = list(self._task_end.finditer(res.stderr))
+        if not ends:  # no task ran: srun's own refusal (only its known words: a command may print `srun: error:`)
+            if not res.stdout and any(w in res.stderr for w in _REFUSALS):
+                raise RemoteError(self.name, f"srun could not run on {self.node} in job {self.job_id}: {_said(res)}")
+            return res
+        last = ends[-1]
+        stderr = res.stderr[:last.start()] + res.stderr[last.end():]
         return dataclasses.replace(res, stderr=stderr)
 
     async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:

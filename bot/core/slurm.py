@@ -250,8 +250,8 @@ def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
     if found is None:
         return None
     line = " ".join(f"{k}={v}" for k, v in found.items() if k != "JobName")
-    job = parse_show_job(f"{line} JobName={found['JobName']}")
-    return replace(job[0], source="sacct -j") if job else None
+    job = parse_show_job(line)
+    return replace(job[0], name=found["JobName"], fields=found, source="sacct -j") if job else None
 
 
 #: What common pending reasons mean (Slurm's `squeue --help`/`man squeue` JOB REASON CODES), for the thread.

@@ -160,7 +160,9 @@ class BundleService:
         config or cannot be probed)."""
         ranks = self._launches.spans.ranks(launch)
         if not ranks or ranks[0][2] is None:
-            where = f"node {ranks[0][1]} is not a host of the config" if ranks else "it runs on no node yet"
+            where = (f"node {ranks[0][1]} is not a host of the config" + (
+                " and the job has ended (srun reaches a node only while its job runs)" if launch.job_id else "")
+                if ranks else "it runs on no node yet")
             raise CollectError(f"{launch.name}: rank 0 cannot be collected: {where}")
 
         async def one(rank: int, host: str) -> Bundle:

@@ -47,6 +47,8 @@ NvmlReader = Callable[[], Awaitable[GpuSection]]
 LOG_CURSORS = 4096
 #: Seconds a probe may take beyond its host's timeouts before it is given up (`HostService.probe_deadline_s`).
 PROBE_MARGIN_S = 5.0
+#: Nodes of Slurm jobs (HostService.job_node) kept at most, with their executors: 64 jobs of 16 nodes.
+JOB_NODES_KEPT = 1024
 #: Seconds a running `/gpu status` probe of a host may have been started before a new caller joins it instead of
 #: starting another (`HostService.status_here`): an answer is never older than that when it is asked for.
 STATUS_SHARE_S = 0.25
@@ -140,16 +142,21 @@ class HostService:
         return name
 
     def job_node(self, login: str, job_id: str, node: str) -> str:
-        """The host name (`NODE@jobJOB`) under which node `node` of Slurm job `job_id`, submitted on host `login`, is
-        probed, dumped and bundled when the config has no host of that name: its commands run there as steps that
-        overlap the job's own (bot.adapters.slurm.SrunExecutor, started on the login node), with the login node's
-        settings (timeouts, nvidia-smi, py-spy, log_dirs, env) but never the bot's own NVML nor a probe agent.
-        Raises KeyError for a login node the config does not have."""
-        name = f"{node}@job{job_id}"
+        """The host name (`NODE@LOGIN:jobJOB`) under which node `node` of Slurm job `job_id`, submitted on host
+        `login`, is probed, dumped and bundled when the config has no host of that name: its commands run there as
+        steps that overlap the job's own (bot.adapters.slurm.SrunExecutor, started on the login node), with the login
+        node's settings (timeouts, nvidia-smi, py-spy, log_dirs, env) but never the bot's own NVML nor a probe agent.
+        The last JOB_NODES_KEPT are kept. Raises KeyError for a login node the config does not have."""
+        name = f"{node}@{login}:job{job_id}"
         if name not in self._job_nodes:
             cfg = self.config.hosts[login].model_copy(update={
                 "local": False, "use_nvml": False, "nvml_python": None, "probe_agent": False, "address": None})
             self._job_nodes[name] = (cfg, login, str(job_id), node)
+            while len(self._job_nodes) > JOB_NODES_KEPT:  # the oldest jobs' nodes go (made again if asked for)
+                gone = next(iter(self._job_nodes))
+                del self._job_nodes[gone]
+                self._executors.pop(gone, None)
+                self._host_slots.pop(gone, None)
         return name
 
     def host_config(self, host: str) -> HostConfig:

@@ -65,14 +65,15 @@ class SpanService:
 
     def ranks(self, la: Launch) -> list[tuple[int, str, str | None]]:
         """(rank, node, host) of each rank of `la`, rank order: host is the config's host of that name, probed over
-        SSH; a node of a Slurm job that the config does not have is reached through the login node with `srun
-        --overlap --jobid` (HostService.job_node); None for a node nothing can reach."""
+        SSH; a node of a live launch's Slurm job that the config does not have is reached through the login node with
+        `srun --overlap --jobid` (HostService.job_node); None for a node nothing can reach (then rank 0's files are
+        read on the login node, rank0)."""
         hosts = self._svc.config.hosts
 
         def host_of(node: str) -> str | None:
             if node in hosts:
                 return node
-            if la.job_id and la.host in hosts:
+            if la.job_id and la.live and la.host in hosts:  # an ended job has no step to run in
                 return self._svc.hosts.job_node(la.host, la.job_id, node)
             return None
 

@@ -141,6 +141,10 @@ async def test_commands_reach_each_node_of_a_running_job_as_overlapping_steps(cl
         # a command that fails is the command's failure (its exit status and stderr), not srun's
         failed = await ex.run("echo no such tool >&2; exit 127", timeout_s=30)
         assert failed.exit_status == 127 and failed.stderr == b"no such tool\n", failed
+        # even when its own words look like srun's
+        odd = await ex.run("echo out; echo 'srun: error: cannot open /data/x' >&2; exit 2", timeout_s=30)
+        assert odd.exit_status == 2 and odd.stdout == b"out\n", odd
+        assert odd.stderr == b"srun: error: cannot open /data/x\n", odd
     with pytest.raises(RemoteError, match="srun could not run on n3"):
         await SrunExecutor(login, job_id, "n3", conf=str(cluster.conf)).run("true", timeout_s=30)
     await client.cancel(job_id)

@@ -40,6 +40,7 @@ def test_accounting_lines_read_like_scontrol_s():
     assert first.time_limit_s == 12 * 3600
     # a job name holding `|` and `JobState=` cannot forge the state
     assert parse_sacct(SACCT, "4713").name == "small|JobState=COMPLETED"
+    assert parse_sacct("5|FAILED|1:0|None|n1|00:01:00|UNLIMITED|x ExitCode=0:0\n", "5").name == "x ExitCode=0:0"
     assert parse_sacct(SACCT, "4713").state == "OUT_OF_MEMORY"
     never = parse_sacct(SACCT, "4715")
     assert never.nodes == () and never.state == "CANCELLED"
@@ -77,6 +78,14 @@ async def test_the_client_asks_sacct_only_for_a_job_scontrol_forgot():
     running_id = RUNNING.split("JobId=", 1)[1].split()[0]
     known = await SlurmClient(shell).show(running_id)
     assert known is not None and known.source == "scontrol show job" and len(shell.commands) == 1
+
+
+async def test_a_running_record_of_a_job_the_controller_forgot_is_not_taken_for_a_running_job():
+    runaway = CommandResult(0, b"77|RUNNING|0:0|None|gpu-[1-2]|2-00:00:00|UNLIMITED|base#3\n", b"", 0.01)
+    job = await SlurmClient(_LoginShell({"scontrol": FORGOTTEN, "sacct": runaway})).show("77")
+    assert job is not None and not job.active and job.state == "UNKNOWN"
+    assert ended_verdict(job)[0] == "unknown"
+    assert "sacct still says RUNNING, but the controller no longer knows the job" in job_line(job)
 
 
 async def test_without_accounting_sacct_is_asked_once_and_a_broken_one_is_logged(caplog):

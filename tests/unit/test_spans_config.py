@@ -97,17 +97,38 @@ def test_a_job_node_the_config_does_not_have_is_reached_through_its_login_node()
 
     hosts = HostService(parse_config(_data(host="login", nodes=2)))
     name = hosts.job_node("login", "12", "gpu-9")
-    assert name == "gpu-9@job12" and hosts.job_node("login", "12", "gpu-9") == name
+    assert name == "gpu-9@login:job12" and hosts.job_node("login", "12", "gpu-9") == name
     cfg = hosts.host_config(name)
     assert cfg.log_dirs == ["/logs"] and not cfg.local and not cfg.probe_agent and not cfg.use_nvml
     ex = hosts.executor(name)
     assert isinstance(ex, SrunExecutor) and ex.login is hosts.executor("login")
     # the command reaches the node quoted once for the login node's shell
     words = shlex.split(ex.step_command("echo 'a b'; exit 3"))
-    assert words == ["srun", "--overlap", "--quiet", "--jobid=12", "--nodelist=gpu-9", "--nodes=1", "--ntasks=1",
-                     "sh", "-c", "echo 'a b'; exit 3"]
+    assert words == ["srun", "--overlap", "--quiet", "--chdir=/", "--jobid=12", "--nodelist=gpu-9", "--nodes=1",
+                     "--ntasks=1", "sh", "-c", "echo 'a b'; exit 3"]
     assert hosts.host_config("a").log_dirs == ["/logs"]
     with pytest.raises(KeyError):
         hosts.host_config("gpu-9")
     with pytest.raises(KeyError):
         hosts.job_node("nope", "13", "gpu-9")
+    # job 12 of another cluster's login node is another node: never the first cluster's executor
+    data = _data(host="login", nodes=2)
+    data["hosts"]["login2"] = {**HOST, "address": "10.0.0.9", "runner": "slurm"}
+    hosts = HostService(parse_config(data))
+    one, two = hosts.job_node("login", "12", "gpu-9"), hosts.job_node("login2", "12", "gpu-9")
+    assert one != two and hosts.executor(two).login is hosts.executor("login2")
+
+
+def test_the_nodes_of_old_jobs_are_forgotten(monkeypatch):
+    from bot.services import hosts as hosts_module
+
+    monkeypatch.setattr(hosts_module, "JOB_NODES_KEPT", 4)
+    hosts = hosts_module.HostService(parse_config(_data(host="login", nodes=2)))
+    first = hosts.executor(hosts.job_node("login", "1", "n1"))
+    names = [hosts.job_node("login", str(job), node) for job in (1, 2, 3) for node in ("n1", "n2")]
+    assert hosts.executor(names[-1]).node == "n2"
+    with pytest.raises(KeyError):  # job 1's nodes went first
+        hosts.host_config(names[0])
+    assert hosts.host_config(names[2]).log_dirs == ["/logs"]
+    again = hosts.job_node("login", "1", "n1")  # asked for again: made again
+    assert again == names[0] and hosts.executor(again) is not first
