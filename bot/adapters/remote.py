@@ -20,6 +20,7 @@ import re
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -104,6 +105,11 @@ class Executor(Protocol):
         """PIDs of the bot's own long-lived helpers on the host (the probe agent), never shown in a probe."""
         ...
 
+    async def open_stream(self, command: str) -> ProcessStream | None:
+        """Start `command` as a long-lived process (no timeout) whose pipes the caller keeps (a probe agent in a
+        Slurm job's step); None when the host keeps no more of them now. Raises RemoteError subclasses."""
+        ...
+
     def script_slots(self) -> int:
         """How many `run_script` calls this host runs at once (the others wait inside it): at least 1."""
         ...
@@ -134,35 +140,108 @@ class AgentLost(Exception):
     a channel of its own."""
 
 
-class _ShellAgent:
-    """One probe agent (bot.core.agent) on one SSH connection: its process, its PID on the host, and whether a
-    request is running (`busy`: one at a time)."""
+class ProcessStream(Protocol):
+    """The pipes of one long-lived process a host runs (Executor.open_stream): its stdin, its stdout (stderr merged)
+    read up to a pattern, and its end."""
 
-    def __init__(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess, pid: int):
-        self.conn = conn
+    def write(self, data: bytes) -> None:
+        """Send `data` to its stdin."""
+        ...
+
+    async def readuntil(self, pattern: re.Pattern[bytes], max_separator_len: int) -> bytes:
+        """Its output up to and including the first match of `pattern` (at most `max_separator_len` bytes long).
+        Raises asyncio.IncompleteReadError at its end, OSError or asyncssh errors when its pipes broke."""
+        ...
+
+    def close(self) -> None:
+        """End it (stdin closed, then stopped)."""
+        ...
+
+
+class _SSHStream:
+    """A process on an SSH channel as a ProcessStream; `on_close` runs once when it is closed."""
+
+    def __init__(self, process: asyncssh.SSHClientProcess, on_close: Callable[[], None] | None = None):
         self.process = process
+        self._on_close = on_close
+
+    def write(self, data: bytes) -> None:
+        self.process.stdin.write(data)
+
+    async def readuntil(self, pattern: re.Pattern[bytes], max_separator_len: int) -> bytes:
+        return await self.process.stdout.readuntil(pattern, max_separator_len)
+
+    def close(self) -> None:
+        self.process.close()
+        if self._on_close is not None:
+            self._on_close, done = None, self._on_close
+            done()
+
+
+class _LocalStream:
+    """A local process (its own session) as a ProcessStream."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+        self._buf = b""
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+
+    async def readuntil(self, pattern: re.Pattern[bytes], max_separator_len: int) -> bytes:
+        assert self.proc.stdout is not None
+        start = 0
+        while True:
+            m = pattern.search(self._buf, start)
+            if m is not None:
+                out, self._buf = self._buf[:m.end()], self._buf[m.end():]
+                return out
+            start = max(0, len(self._buf) - max_separator_len)
+            chunk = await self.proc.stdout.read(65536)
+            if not chunk:
+                raise asyncio.IncompleteReadError(self._buf, None)
+            self._buf += chunk
+
+    def close(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(Exception):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+
+class ShellAgent:
+    """One probe agent (bot.core.agent) on a long-lived process's pipes (`stream`: a shell on an SSH connection
+    `conn`, or a Slurm job's step): its PID on the host, and whether a request is running (`busy`: one at a
+    time)."""
+
+    def __init__(self, stream: ProcessStream, pid: int, conn: asyncssh.SSHClientConnection | None = None):
+        self.conn = conn
+        self.stream = stream
         self.pid = pid
         self.busy = False
         self.closed = False
 
     @classmethod
-    async def start(cls, conn: asyncssh.SSHClientConnection, timeout_s: float) -> _ShellAgent:
-        """Start the agent on `conn` and read its PID. Raises AgentLost when it does not say it within
-        `timeout_s` seconds, asyncssh errors when the channel cannot be opened."""
-        process = await conn.create_process(agent.AGENT_COMMAND, encoding=None)
+    async def start(cls, stream: ProcessStream, timeout_s: float,
+                    conn: asyncssh.SSHClientConnection | None = None) -> ShellAgent:
+        """The agent on `stream` (a process that runs agent.AGENT_COMMAND), once it said its PID. Raises AgentLost
+        (the stream closed) when it does not say it within `timeout_s` seconds."""
         try:
-            process.stdin.write(agent.HELLO)
-            data = await asyncio.wait_for(process.stdout.readuntil(agent.HELLO_RE, agent.HELLO_MAX), timeout_s)
+            stream.write(agent.HELLO)
+            data = await asyncio.wait_for(stream.readuntil(agent.HELLO_RE, agent.HELLO_MAX), timeout_s)
         except (TimeoutError, asyncio.IncompleteReadError, asyncssh.Error, OSError) as e:
-            process.close()
+            stream.close()
             raise AgentLost(f"the probe agent did not start: {type(e).__name__}") from None
         m = agent.HELLO_RE.search(data)
         assert m is not None
-        return cls(conn, process, int(m.group(1)))
+        return cls(stream, int(m.group(1)), conn)
 
     def alive_on(self, conn: asyncssh.SSHClientConnection | None) -> bool:
         """True while the agent runs on `conn` (the executor's current connection)."""
-        return not self.closed and conn is self.conn and not conn.is_closed()
+        return not self.closed and conn is self.conn and conn is not None and not conn.is_closed()
 
     async def run(self, script: str, budget_s: float, host: str) -> CommandResult:
         """Run `script` with `budget_s` seconds and return its output (stderr merged into stdout); the caller holds
@@ -174,15 +253,15 @@ class _ShellAgent:
         data = b""
         m: re.Match[bytes] | None = None
         try:
-            self.process.stdin.write(agent.request(script, budget_s, token))
+            self.stream.write(agent.request(script, budget_s, token))
             while m is None:  # up to the DONE line of this request's token (another is a line of the output)
-                data += await asyncio.wait_for(self.process.stdout.readuntil(agent.DONE_RE, agent.DONE_MAX),
+                data += await asyncio.wait_for(self.stream.readuntil(agent.DONE_RE, agent.DONE_MAX),
                                                max(0.001, deadline - time.monotonic()))
                 m = agent.done(data, token)
         except TimeoutError:
             raise RemoteTimeout(host, f"command did not finish within {budget_s:g} s on {host}") from None
         except (asyncio.IncompleteReadError, asyncssh.Error, BrokenPipeError, ConnectionError, OSError) as e:
-            if self.conn.is_closed():
+            if self.conn is not None and self.conn.is_closed():
                 raise ConnectionDropped(host, f"SSH connection to {host} was lost: {e}") from None
             raise AgentLost(f"the probe agent ended: {type(e).__name__}") from None
         finally:
@@ -191,11 +270,11 @@ class _ShellAgent:
         return CommandResult(int(m.group(2)), data[: m.start()], b"", time.monotonic() - start)
 
     def close(self) -> None:
-        """End the agent (its channel is closed; the host's shell gets EOF or SIGHUP)."""
+        """End the agent (its stream is closed; the host's shell gets EOF or SIGHUP)."""
         if not self.closed:
             self.closed = True
             with contextlib.suppress(Exception):
-                self.process.close()
+                self.stream.close()
 
 
 #: The NVML reader's source, sent to the host's Python (bot.adapters.nvml_reader).
@@ -299,7 +378,8 @@ class SSHExecutor:
         self._max_agents = max(0, min(MAX_AGENTS, helpers)) if cfg.probe_agent else 0
         self._channel_slots = max(1, cfg.max_channels - self._max_agents - (1 if cfg.nvml_python else 0))
         self._sem = asyncio.Semaphore(self._channel_slots)
-        self._agents: list[_ShellAgent] = []
+        self._agents: list[ShellAgent] = []
+        self._streams = 0  # long-lived commands holding a channel (open_stream)
         self._agent_cond = asyncio.Condition()
         self._agent_retry_at = 0.0
         self.agent_starts = 0
@@ -458,7 +538,7 @@ class SSHExecutor:
                 sig = res.exit_signal[0] if res.exit_signal else None
                 return CommandResult(res.exit_status, stdout, stderr, duration, sig)
 
-    async def _take_agent(self) -> _ShellAgent | None:
+    async def _take_agent(self) -> ShellAgent | None:
         """A probe agent, held for the caller (`_give_back` it): an idle one, a new one while there are fewer than
         MAX_AGENTS (connecting first when needed), else the first to be given back. None when no agent can run
         now (it failed to start: tried again after AGENT_RETRY_S), or none is used. Raises RemoteError subclasses
@@ -474,7 +554,8 @@ class SSHExecutor:
                 idle = next((a for a in self._agents if not a.busy), None)
                 if idle is None and len(self._agents) < self._max_agents and time.monotonic() >= self._agent_retry_at:
                     try:
-                        idle = await _ShellAgent.start(conn, self.cfg.connect_timeout_s)
+                        process = await conn.create_process(agent.AGENT_COMMAND, encoding=None)
+                        idle = await ShellAgent.start(_SSHStream(process), self.cfg.connect_timeout_s, conn)
                     except (AgentLost, asyncssh.Error, OSError) as e:
                         log.info("host %s: probe agent unavailable (%s); probes open their own channels for %.0f s",
                                  self.name, e, AGENT_RETRY_S)
@@ -489,7 +570,7 @@ class SSHExecutor:
                     return None
                 await self._agent_cond.wait()
 
-    async def _give_back(self, worker: _ShellAgent) -> None:
+    async def _give_back(self, worker: ShellAgent) -> None:
         """End the caller's hold on `worker` and wake one caller waiting for an agent."""
         worker.busy = False
         async with self._agent_cond:
@@ -516,6 +597,36 @@ class SSHExecutor:
     def script_slots(self) -> int:
         """Scripts run at once: one per probe agent (MAX_AGENTS at most), else the channels left to commands."""
         return self._max_agents or self._channel_slots
+
+    async def open_stream(self, command: str) -> ProcessStream | None:
+        """Start `command` (no timeout: it runs until closed) on a channel of its own, its stderr merged into its
+        stdout by the caller's command; the channel is one of the commands' for as long as it runs. None when
+        half of the commands' channels are held so already (the caller runs its commands one by one instead).
+        Raises RemoteError subclasses when the host cannot be reached or the channel cannot be opened."""
+        if self._streams >= self._channel_slots // 2:
+            return None
+        self._streams += 1
+        await self._sem.acquire()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._streams -= 1
+                self._sem.release()
+
+        try:
+            conn = await self._connection()
+            process = await conn.create_process(command, encoding=None)
+        except RemoteError:
+            release()
+            raise
+        except (asyncssh.Error, OSError) as e:
+            release()
+            raise RemoteError(self.name, f"{self.name}: could not start a long-lived command: {e}") from None
+        self.execs += 1
+        return _SSHStream(process, release)
 
     def helper_pids(self) -> set[int]:
         """The PIDs of the probe agents and the NVML reader on the host while they run (never shown in a probe)."""
@@ -580,15 +691,19 @@ class LocalExecutor:
         self.extra_path = extra_path or []
         self.execs = 0
 
-    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
-        """Run `command` locally (wrapped in `timeout -k`); returns CommandResult; raises RemoteTimeout."""
-        budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
-        wrapped = wrap_timeout(command, budget)
-        # Never hand the bot's own environment (Slack tokens) to commands: a minimal one, like a login.
+    def _env(self) -> dict[str, str]:
+        """The environment of a local command: never the bot's own (Slack tokens), a minimal one, like a login."""
         env = {k: v for k, v in os.environ.items() if k in LOCAL_ENV_KEEP or k.startswith("LC_")}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.extra_path:
             env["PATH"] = os.pathsep.join([*self.extra_path, env.get("PATH", "")])
+        return env
+
+    async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
+        """Run `command` locally (wrapped in `timeout -k`); returns CommandResult; raises RemoteTimeout."""
+        budget = timeout_s if timeout_s is not None else self.cfg.command_timeout_s
+        wrapped = wrap_timeout(command, budget)
+        env = self._env()
         start = time.monotonic()
         self.execs += 1
         proc = await asyncio.create_subprocess_exec(
@@ -622,6 +737,15 @@ class LocalExecutor:
     async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
         """`run("sh -s", input=script)`: a local shell starts in a millisecond."""
         return await self.run("sh -s", input=script.encode(), timeout_s=timeout_s)
+
+    async def open_stream(self, command: str) -> ProcessStream | None:
+        """Start `command` through `sh -c` in a session of its own (no timeout: it runs until closed, then gets
+        SIGTERM), with the environment of `run`; its stdout and stderr are one stream."""
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, env=self._env())
+        self.execs += 1
+        return _LocalStream(proc)
 
     def helper_pids(self) -> set[int]:
         """No long-lived helpers on the local host."""

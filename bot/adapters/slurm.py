@@ -5,12 +5,23 @@ they print is read by bot.core.slurm."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
 import shlex
+import time
 
-from bot.adapters.remote import CommandResult, Executor, RemoteError
+from bot.adapters.remote import (
+    AGENT_RETRY_S,
+    AgentLost,
+    CommandResult,
+    Executor,
+    ProcessStream,
+    RemoteError,
+    ShellAgent,
+)
+from bot.core import agent
 from bot.core.slurm import SACCT_FIELDS, SlurmError, SlurmJob, parse_sacct, parse_sbatch, parse_show_job
 
 log = logging.getLogger(__name__)
@@ -106,10 +117,17 @@ class SlurmClient:
             raise SlurmError(f"scancel could not cancel job {job_id}: {_said(res)}")
 
 
+#: Seconds the probe agent of a job's node may take to start (its step is created by the controller first).
+STEP_AGENT_START_S = 30.0
+
+
 class SrunExecutor:
-    """An Executor for node `node` of Slurm job `job_id`, for a node gpubot cannot reach over SSH: each command runs
-    there as a step that overlaps the job's own (`srun --overlap --jobid=JOB --nodelist=NODE --nodes=1 --ntasks=1`,
-    srun(1) of Slurm 22.05), started through `login`, the executor of the login node. stdin reaches the step. A
+    """An Executor for node `node` of Slurm job `job_id`, for a node gpubot cannot reach over SSH: commands run there
+    in steps that overlap the job's own (`srun --overlap --jobid=JOB --nodelist=NODE --nodes=1 --ntasks=1`, srun(1)
+    of Slurm 22.05), started through `login`, the executor of the login node. Probe scripts (`run_script`) go to
+    one long-lived step, a probe agent (bot.core.agent), so that checking a job for weeks does not use up its
+    steps (MaxStepCount); other commands, and scripts while no agent runs (the login node keeps no more streams,
+    or it failed: tried again after AGENT_RETRY_S), each run as a step of their own. stdin reaches the step. A
     command fails with RemoteError (srun's words) when srun could not start the step: the job ended, or the node
     is not one of its nodes."""
 
@@ -119,15 +137,19 @@ class SrunExecutor:
         self.node = node
         self.conf = conf
         self.name = f"{node} (Slurm job {self.job_id})"
+        self._agent: ShellAgent | None = None
+        self._agent_lock = asyncio.Lock()
+        self._agent_retry_at = 0.0
+        self.agent_starts = 0
         # srun's report of how this node's task ended (`srun: error: n1: task 0: Exited with exit code 127`)
         self._task_end = re.compile(rb"(?m)^srun: error: " + re.escape(node.encode()) + rb": task 0: [^\n]*\n?")
 
-    def step_command(self, command: str) -> str:
+    def step_command(self, command: str, *, unbuffered: bool = False) -> str:
         """`command` as the overlapping step on the node runs it (quoted for the login node's shell), from `/` (the
-        login node's working directory may not exist on the node)."""
+        login node's working directory may not exist on the node); `unbuffered`: its output passed on at once."""
         env = f"env SLURM_CONF={shlex.quote(self.conf)} " if self.conf else ""
-        return (f"{env}srun --overlap --quiet --chdir=/ --jobid={self.job_id} --nodelist={shlex.quote(self.node)} "
-                f"--nodes=1 --ntasks=1 sh -c {shlex.quote(command)}")
+        return (f"{env}srun --overlap --quiet {'--unbuffered ' if unbuffered else ''}--chdir=/ --jobid={self.job_id} "
+                f"--nodelist={shlex.quote(self.node)} --nodes=1 --ntasks=1 sh -c {shlex.quote(command)}")
 
     async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
         """Run `command` on the node (see the class): its own exit status, stdout and stderr as over SSH (srun's line
@@ -148,16 +170,62 @@ class SrunExecutor:
         return dataclasses.replace(res, stderr=stderr)
 
     async def run_script(self, script: str, *, timeout_s: float | None = None) -> CommandResult:
-        """Run the POSIX sh `script` on the node (`sh -s`, the script on the step's stdin)."""
+        """Run the POSIX sh `script` on the node: on its probe agent (stderr merged into stdout), else as a step of
+        its own (`sh -s`, the script on the step's stdin). Raises RemoteError (srun could not start the step, or
+        the script did not finish within `timeout_s` seconds)."""
+        budget = timeout_s if timeout_s is not None else SLURM_COMMAND_TIMEOUT_S
+        async with self._agent_lock:  # one script at a time on the agent
+            worker = await self._take_agent()
+            if worker is not None:
+                try:
+                    return await worker.run(script, budget, self.name)
+                except AgentLost as e:  # its step ended (the job ended, or it was cancelled): one step of its own
+                    log.info("%s: %s; the script runs as a step of its own", self.name, e)
+                finally:
+                    if worker.closed:
+                        self._agent = None
         return await self.run("sh -s", input=script.encode(), timeout_s=timeout_s)
 
+    async def _take_agent(self) -> ShellAgent | None:
+        """The node's probe agent, started on first use; None when none can run now."""
+        if self._agent is not None and not self._agent.closed:
+            return self._agent
+        self._agent = None
+        open_stream = getattr(self.login, "open_stream", None)
+        if open_stream is None or time.monotonic() < self._agent_retry_at:
+            return None
+        stream: ProcessStream | None = None
+        try:
+            stream = await open_stream(self.step_command(agent.AGENT_COMMAND, unbuffered=True))
+            if stream is None:
+                return None
+            self._agent = await ShellAgent.start(stream, STEP_AGENT_START_S)
+        except (AgentLost, RemoteError, OSError) as e:
+            log.info("%s: no probe agent (%s); each script runs as a step of its own for %.0f s", self.name, e,
+                     AGENT_RETRY_S)
+            self._agent_retry_at = time.monotonic() + AGENT_RETRY_S
+            return None
+        self.agent_starts += 1
+        return self._agent
+
     def helper_pids(self) -> set[int]:
-        """None: each command is its own step."""
-        return set()
+        """The PID of the node's probe agent while it runs (never shown in a probe)."""
+        return {self._agent.pid} if self._agent is not None and not self._agent.closed else set()
 
     def script_slots(self) -> int:
-        """One script at a time: each is a step of the job."""
+        """One script at a time (on its agent, or as a step)."""
         return 1
 
+    async def open_stream(self, command: str) -> ProcessStream | None:
+        """None: a node of a job keeps no streams of its own."""
+        return None
+
+    def stop_agent(self) -> None:
+        """End the node's probe agent, if it runs (its stdin closes and it gets SIGTERM: its step ends)."""
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+
     async def close(self) -> None:
-        """Nothing to release (the login node's executor is pooled by its host)."""
+        """End the node's probe agent; the login node's executor is pooled by its host."""
+        self.stop_agent()

@@ -155,7 +155,8 @@ class HostService:
             while len(self._job_nodes) > JOB_NODES_KEPT:  # the oldest jobs' nodes go (made again if asked for)
                 gone = next(iter(self._job_nodes))
                 del self._job_nodes[gone]
-                self._executors.pop(gone, None)
+                if isinstance(ex := self._executors.pop(gone, None), SrunExecutor):
+                    ex.stop_agent()
                 self._host_slots.pop(gone, None)
         return name
 

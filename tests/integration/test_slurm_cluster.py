@@ -54,6 +54,12 @@ async def _state(client, job_id, *states):
                              f"its output: {text!r}") from None
 
 
+def _steps(cluster, job_id: str) -> list[str]:
+    """The ids of the job's steps Slurm runs now (`squeue -s`)."""
+    out = cluster.run("squeue", "-s", "-h", "-j", job_id, "-o", "%i").stdout
+    return sorted(x.strip() for x in out.splitlines() if x.strip())
+
+
 async def _reasoned(client, job_id):
     job = await client.show(job_id)
     return job if job is not None and job.pending and job.reason else None
@@ -145,10 +151,25 @@ async def test_commands_reach_each_node_of_a_running_job_as_overlapping_steps(cl
         odd = await ex.run("echo out; echo 'srun: error: cannot open /data/x' >&2; exit 2", timeout_s=30)
         assert odd.exit_status == 2 and odd.stdout == b"out\n", odd
         assert odd.stderr == b"srun: error: cannot open /data/x\n", odd
+    # probe scripts go to one long-lived step per node (its probe agent): a job checked for weeks keeps its steps
+    steps_before = _steps(cluster, job_id)
+    ex = SrunExecutor(login, job_id, "n2", conf=str(cluster.conf))
+    for _ in range(4):
+        res = await ex.run_script("echo $SLURMD_NODENAME; echo err >&2; exit 3", timeout_s=30)
+        assert res.exit_status == 3 and res.stdout == b"n2\nerr\n", res
+    assert ex.agent_starts == 1 and len(ex.helper_pids()) == 1
+    assert len(_steps(cluster, job_id)) == len(steps_before) + 1, (steps_before, _steps(cluster, job_id))
+    await ex.close()
+    await wait_until(lambda: _steps(cluster, job_id) == steps_before, what="the agent's step ended")
     with pytest.raises(RemoteError, match="srun could not run on n3"):
         await SrunExecutor(login, job_id, "n3", conf=str(cluster.conf)).run("true", timeout_s=30)
+    kept = SrunExecutor(login, job_id, "n1", conf=str(cluster.conf))
+    assert (await kept.run_script("echo up", timeout_s=30)).stdout == b"up\n" and kept.agent_starts == 1
     await client.cancel(job_id)
     await _state(client, job_id, "CANCELLED")
     with pytest.raises(RemoteError, match=f"in job {job_id}"):  # the job ended: no step can start
         await SrunExecutor(login, job_id, "n1", conf=str(cluster.conf)).run("true", timeout_s=30)
+    with pytest.raises(RemoteError, match=f"job {job_id}"):  # nor can its agent answer (its step ended with it)
+        await kept.run_script("echo up", timeout_s=30)
+    assert not kept.helper_pids()
     await wait_until(lambda: not _marker_alive(marker), what="no step left")

@@ -282,3 +282,27 @@ async def test_concurrent_probes_share_at_most_two_agents_and_open_no_other_chan
     assert all(isinstance(s, Snapshot) and s.gpu.ok for s in snaps), snaps
     assert ex.agent_starts == agents == 2, "a second agent serves while the first is busy; no third"
     assert ssh_server.commands[before:] == ["exec sh -s gpubot-agent 2>&1"], "no probe opened a channel of its own"
+
+
+async def test_long_lived_commands_hold_at_most_half_the_commands_channels(tmp_path, fake_gpu):
+    from bot.adapters.remote import ShellAgent, build_executor
+
+    env = {"PATH": f"{fake_gpu.bin_dir}:/usr/bin:/bin"}
+    async with LoopbackSSHServer(tmp_path / "ssh10", env=env, max_sessions=10) as srv:
+        ex = build_executor("h", ssh_host(srv, max_channels=8))  # 2 agents: 6 channels for commands, 3 streams
+        try:
+            streams = [await ex.open_stream(AGENT_COMMAND) for _ in range(4)]
+            assert all(s is not None for s in streams[:3]) and streams[3] is None
+            agents = [await ShellAgent.start(s, 10) for s in streams[:3]]  # each a shell agent, as in a job's step
+            answers = await asyncio.gather(*(a.run("echo $((6 * 7))", 10, "h") for a in agents))
+            assert [r.stdout for r in answers] == [b"42\n"] * 3
+            # commands still run beside them, within max_channels
+            results = await asyncio.gather(*(ex.run("echo ok") for _ in range(8)))
+            assert all(r.stdout == b"ok\n" for r in results)
+            assert srv.peak_open_sessions <= 8
+            agents[0].close()  # its channel goes back
+            again = await ex.open_stream(AGENT_COMMAND)
+            assert again is not None
+            again.close()
+        finally:
+            await ex.close()
