@@ -157,13 +157,26 @@ class ProcessStream(Protocol):
         """End it (stdin closed, then stopped)."""
         ...
 
+    @property
+    def ended(self) -> bool:
+        """True once its process ended (or its channel closed)."""
+        ...
+
 
 class _SSHStream:
-    """A process on an SSH channel as a ProcessStream; `on_close` runs once when it is closed."""
+    """A process on an SSH channel as a ProcessStream; `on_close` runs once, when it is closed or its channel closed
+    by itself (the process ended, the connection dropped)."""
 
     def __init__(self, process: asyncssh.SSHClientProcess, on_close: Callable[[], None] | None = None):
         self.process = process
         self._on_close = on_close
+        self._watch = asyncio.ensure_future(process.wait_closed())
+        self._watch.add_done_callback(lambda _t: self._closed())
+
+    def _closed(self) -> None:
+        if self._on_close is not None:
+            self._on_close, done = None, self._on_close
+            done()
 
     def write(self, data: bytes) -> None:
         self.process.stdin.write(data)
@@ -173,9 +186,11 @@ class _SSHStream:
 
     def close(self) -> None:
         self.process.close()
-        if self._on_close is not None:
-            self._on_close, done = None, self._on_close
-            done()
+        self._closed()
+
+    @property
+    def ended(self) -> bool:
+        return self._watch.done() or self.process.is_closing() or self.process.exit_status is not None
 
 
 class _LocalStream:
@@ -183,7 +198,7 @@ class _LocalStream:
 
     def __init__(self, proc: asyncio.subprocess.Process):
         self.proc = proc
-        self._buf = b""
+        self._buf = bytearray()
 
     def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -195,12 +210,13 @@ class _LocalStream:
         while True:
             m = pattern.search(self._buf, start)
             if m is not None:
-                out, self._buf = self._buf[:m.end()], self._buf[m.end():]
+                out = bytes(self._buf[:m.end()])
+                del self._buf[:m.end()]
                 return out
             start = max(0, len(self._buf) - max_separator_len)
             chunk = await self.proc.stdout.read(65536)
             if not chunk:
-                raise asyncio.IncompleteReadError(self._buf, None)
+                raise asyncio.IncompleteReadError(bytes(self._buf), None)
             self._buf += chunk
 
     def close(self) -> None:
@@ -210,6 +226,10 @@ class _LocalStream:
                 self.proc.stdin.close()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
+
+    @property
+    def ended(self) -> bool:
+        return self.proc.returncode is not None
 
 
 class ShellAgent:
@@ -235,6 +255,9 @@ class ShellAgent:
         except (TimeoutError, asyncio.IncompleteReadError, asyncssh.Error, OSError) as e:
             stream.close()
             raise AgentLost(f"the probe agent did not start: {type(e).__name__}") from None
+        except BaseException:  # cancelled: the process must not outlive the caller
+            stream.close()
+            raise
         m = agent.HELLO_RE.search(data)
         assert m is not None
         return cls(stream, int(m.group(1)), conn)
@@ -602,11 +625,12 @@ class SSHExecutor:
         """Start `command` (no timeout: it runs until closed) on a channel of its own, its stderr merged into its
         stdout by the caller's command; the channel is one of the commands' for as long as it runs. None when
         half of the commands' channels are held so already (the caller runs its commands one by one instead).
-        Raises RemoteError subclasses when the host cannot be reached or the channel cannot be opened."""
-        if self._streams >= self._channel_slots // 2:
+        None too when every command channel is busy now (it never waits for one). Raises RemoteError subclasses
+        when the host cannot be reached or the channel cannot be opened."""
+        if self._streams >= self._channel_slots // 2 or self._sem.locked():  # never waits for a channel
             return None
         self._streams += 1
-        await self._sem.acquire()
+        await self._sem.acquire()  # free now: returns at once
         released = False
 
         def release() -> None:
@@ -619,12 +643,12 @@ class SSHExecutor:
         try:
             conn = await self._connection()
             process = await conn.create_process(command, encoding=None)
-        except RemoteError:
-            release()
-            raise
         except (asyncssh.Error, OSError) as e:
             release()
             raise RemoteError(self.name, f"{self.name}: could not start a long-lived command: {e}") from None
+        except BaseException:  # RemoteError (no connection), or cancelled
+            release()
+            raise
         self.execs += 1
         return _SSHStream(process, release)
 

@@ -138,18 +138,21 @@ class SrunExecutor:
         self.conf = conf
         self.name = f"{node} (Slurm job {self.job_id})"
         self._agent: ShellAgent | None = None
+        self._discarded = False  # closed: it starts no agent again
         self._agent_lock = asyncio.Lock()
         self._agent_retry_at = 0.0
         self.agent_starts = 0
         # srun's report of how this node's task ended (`srun: error: n1: task 0: Exited with exit code 127`)
         self._task_end = re.compile(rb"(?m)^srun: error: " + re.escape(node.encode()) + rb": task 0: [^\n]*\n?")
 
-    def step_command(self, command: str, *, unbuffered: bool = False) -> str:
+    def step_command(self, command: str, *, stream: bool = False) -> str:
         """`command` as the overlapping step on the node runs it (quoted for the login node's shell), from `/` (the
-        login node's working directory may not exist on the node); `unbuffered`: its output passed on at once."""
+        login node's working directory may not exist on the node); `stream`: a long-lived one, its output passed
+        on at once and srun's own messages in its stdout (nothing left unread on a channel's stderr)."""
         env = f"env SLURM_CONF={shlex.quote(self.conf)} " if self.conf else ""
-        return (f"{env}srun --overlap --quiet {'--unbuffered ' if unbuffered else ''}--chdir=/ --jobid={self.job_id} "
-                f"--nodelist={shlex.quote(self.node)} --nodes=1 --ntasks=1 sh -c {shlex.quote(command)}")
+        return (f"{env}srun --overlap --quiet {'--unbuffered ' if stream else ''}--chdir=/ --jobid={self.job_id} "
+                f"--nodelist={shlex.quote(self.node)} --nodes=1 --ntasks=1 sh -c {shlex.quote(command)}"
+                + (" 2>&1" if stream else ""))
 
     async def run(self, command: str, *, input: bytes | None = None, timeout_s: float | None = None) -> CommandResult:
         """Run `command` on the node (see the class): its own exit status, stdout and stderr as over SSH (srun's line
@@ -188,15 +191,17 @@ class SrunExecutor:
 
     async def _take_agent(self) -> ShellAgent | None:
         """The node's probe agent, started on first use; None when none can run now."""
-        if self._agent is not None and not self._agent.closed:
+        if self._agent is not None and not self._agent.closed and not self._agent.stream.ended:
             return self._agent
+        if self._agent is not None:  # its step ended (the job ended, or it was cancelled)
+            self._agent.close()
         self._agent = None
         open_stream = getattr(self.login, "open_stream", None)
-        if open_stream is None or time.monotonic() < self._agent_retry_at:
+        if open_stream is None or self._discarded or time.monotonic() < self._agent_retry_at:
             return None
         stream: ProcessStream | None = None
         try:
-            stream = await open_stream(self.step_command(agent.AGENT_COMMAND, unbuffered=True))
+            stream = await open_stream(self.step_command(agent.AGENT_COMMAND, stream=True))
             if stream is None:
                 return None
             self._agent = await ShellAgent.start(stream, STEP_AGENT_START_S)
@@ -220,12 +225,14 @@ class SrunExecutor:
         """None: a node of a job keeps no streams of its own."""
         return None
 
-    def stop_agent(self) -> None:
-        """End the node's probe agent, if it runs (its stdin closes and it gets SIGTERM: its step ends)."""
+    def discard(self) -> None:
+        """End the node's probe agent, if it runs (its stdin closes and it gets SIGTERM: its step ends), and start
+        none again: scripts run as steps of their own from now on."""
+        self._discarded = True
         if self._agent is not None:
             self._agent.close()
             self._agent = None
 
     async def close(self) -> None:
-        """End the node's probe agent; the login node's executor is pooled by its host."""
-        self.stop_agent()
+        """`discard`; the login node's executor is pooled by its host."""
+        self.discard()

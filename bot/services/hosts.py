@@ -156,7 +156,7 @@ class HostService:
                 gone = next(iter(self._job_nodes))
                 del self._job_nodes[gone]
                 if isinstance(ex := self._executors.pop(gone, None), SrunExecutor):
-                    ex.stop_agent()
+                    ex.discard()
                 self._host_slots.pop(gone, None)
         return name
 

@@ -7,6 +7,7 @@ running job as overlapping steps (`srun --overlap --jobid`), and a cluster witho
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 
@@ -159,6 +160,12 @@ async def test_commands_reach_each_node_of_a_running_job_as_overlapping_steps(cl
         assert res.exit_status == 3 and res.stdout == b"n2\nerr\n", res
     assert ex.agent_starts == 1 and len(ex.helper_pids()) == 1
     assert len(_steps(cluster, job_id)) == len(steps_before) + 1, (steps_before, _steps(cluster, job_id))
+    # an agent whose step ended (here: its shell killed on the node) is replaced by a new one
+    os.kill(next(iter(ex.helper_pids())), signal.SIGKILL)
+    await wait_until(lambda: len(_steps(cluster, job_id)) == len(steps_before), what="the agent's step ended")
+    assert (await ex.run_script("echo again", timeout_s=30)).stdout == b"again\n"
+    assert ex.agent_starts in (1, 2)  # 2, unless the script went as a step of its own (the old agent seen ending)
+    assert (await ex.run_script("echo again", timeout_s=30)).stdout == b"again\n" and ex.agent_starts == 2
     await ex.close()
     await wait_until(lambda: _steps(cluster, job_id) == steps_before, what="the agent's step ended")
     with pytest.raises(RemoteError, match="srun could not run on n3"):

@@ -303,6 +303,16 @@ async def test_long_lived_commands_hold_at_most_half_the_commands_channels(tmp_p
             agents[0].close()  # its channel goes back
             again = await ex.open_stream(AGENT_COMMAND)
             assert again is not None
+            assert await ex.open_stream(AGENT_COMMAND) is None  # the cap again
+            # a stream whose process ends by itself (its Slurm step ended) gives its channel back too
+            agents[1].stream.write(b"exit 0\n")
+            await wait_until(lambda: agents[1].stream.ended, what="the agent's process ended")
+
+            async def reopened():
+                return await ex.open_stream(AGENT_COMMAND)
+
+            third = await wait_until(reopened, what="its channel given back")
+            third.close()
             again.close()
         finally:
             await ex.close()
