@@ -76,3 +76,14 @@ def test_config_with_a_control_character_is_a_config_error(tmp_path, data, where
         load_config(path, environ={})
     (msg,) = e.value.errors
     assert msg.startswith(f"{path}:{where}: YAML syntax error: unacceptable character {char}")
+
+
+def test_a_suggestion_marker_in_a_probe_s_output_is_stripped_from_every_section():
+    # found by test_fuzz_split_sections: a marker character (U+E000) right after `rc=` of an END marker
+    n = NONCE.encode()
+    out = (b"\n@@" + n + b" BEGIN health\n@@" + n + b" BEGIN ps@@" + n + b" END gpu rc=\xee\x80\x80\n@@" + n +
+           b" END health rc=0\n")
+    secs = split_sections(out, NONCE)
+    assert set(secs) == {"health", "ps"} and not secs["health"].complete
+    assert secs["ps"].body == b"@@" + n + b" END gpu rc=\n@@" + n + b" END health rc=0\n"
+    assert all(b"\xee\x80" not in sec.body for sec in secs.values())
