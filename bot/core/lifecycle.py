@@ -513,7 +513,7 @@ def group_confirmed(procs: list[ProcessInfo], tagged: list[int] | set[int], pgid
     return _confirmed(procs, set(tagged), "pgid", pgid, ended_by=ended_by)
 
 
-def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[Any],
+def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: Sequence[Launch],
                       tags: dict[int, str]) -> list[Holder]:
     """Label every GPU-holding process (pure): by the launch tag in its environment (`tags`: PID -> tag),
     `base#12` while the launch is live and its launcher runs, `orphan of base#12` when the launcher is gone
@@ -529,7 +529,7 @@ def attribute_holders(gpu: GpuSection, procs: list[ProcessInfo], launches: list[
         if la is not None:
             leader = by_pid.get(la.pid)
             leader_alive = leader is not None and leader.state != "Z"  # a zombie launcher is dead
-            if getattr(la, "spans_nodes", False):  # its ranks on other nodes have no launcher here: live is live
+            if la.spans_nodes:  # its ranks on other nodes have no launcher here: live is live
                 leader_alive = True
             lid = la.id
             orphan = not (la.live and leader_alive)

@@ -32,6 +32,7 @@ from bot.core.lifecycle import (
     LaunchOutcome,
     PreflightResult,
     RenderedLaunch,
+    Started,
     attribute_holders,
     gpu_memory,
     group_confirmed,
@@ -677,17 +678,24 @@ class LaunchService:
             except Exception:
                 log.exception("a started hook failed for %s", la.name)
 
-    async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
+    async def run_launch_script(self, host: str, r: RenderedLaunch) -> tuple[Started | None, str | None]:
+        """Start `r`'s process tree on `host` with the launch script (bot.core.lifecycle.launch_script: its own
+        systemd scope or cgroup where the host allows). Returns (what it printed, None), or (None, why it did not
+        start: its output, at most 500 characters, or the host's error). Never raises RemoteError."""
         try:
-            host = self.config.hosts[la.host]
-            script = launch_script(r, systemd=host.systemd == "auto", cgroup=host.cgroup == "auto")
-            res = await self.hosts.executor(la.host).run("sh -s", input=script.encode(), timeout_s=30)
-            out = res.stdout.decode("utf-8", "replace")
-            started = parse_launch_output(out)
-            why = None if started is not None else (
-                (out + res.stderr.decode("utf-8", "replace")).strip()[:500] or f"exit {res.exit_status}")
+            cfg = self.config.hosts[host]
+            script = launch_script(r, systemd=cfg.systemd == "auto", cgroup=cfg.cgroup == "auto")
+            res = await self.hosts.executor(host).run("sh -s", input=script.encode(), timeout_s=30)
         except RemoteError as e:
-            started, why = None, str(e)
+            return None, str(e)
+        out = res.stdout.decode("utf-8", "replace")
+        started = parse_launch_output(out)
+        if started is not None:
+            return started, None
+        return None, (out + res.stderr.decode("utf-8", "replace")).strip()[:500] or f"exit {res.exit_status}"
+
+    async def _start(self, la: Launch, r: RenderedLaunch, user: str, args: dict, checks: Any) -> LaunchOutcome:
+        started, why = await self.run_launch_script(la.host, r)
         if started is None:
             la = self.transition(la, LaunchEvent.START_FAILED, state_detail=why)
             self._audit.record(user_id=user, action="launch", args=args, result="error", detail=why,

@@ -27,8 +27,7 @@ from bot.core.lifecycle import (
     LaunchError,
     LaunchOutcome,
     PreflightResult,
-    launch_script,
-    parse_launch_output,
+    RenderedLaunch,
     prelaunch_checks,
 )
 from bot.core.models import HostFailure, Launch, LaunchState, Snapshot
@@ -238,18 +237,20 @@ class SpanService:
                              channel=channel)
             return LaunchOutcome(None, error=f"{e}; try again in a moment", host=", ".join(hosts))
 
-    async def _checks(self, previews: list, variant: str) -> tuple[list[str], list[str]]:
+    async def _checks(self, previews: list[RenderedLaunch], variant: str) -> tuple[list[str], list[str]]:
         """Each host's pre-launch checks (its port, GPUs, /dev/shm, launches there): problems prefixed by the host,
         and the checks passed (rank 0's)."""
         svc = self._svc
         problems: list[str] = []
         passed: list[str] = []
-        for k, r in enumerate(previews):
-            try:
-                snap = await svc.snapshot(r.host, ProbeRequest(port=r.port, health_path=None, shm=True))
-            except RemoteError as e:
-                problems.append(f"{r.host}: cannot be read: {e}")
+        snaps = await asyncio.gather(*(svc.snapshot(r.host, ProbeRequest(port=r.port, health_path=None, shm=True))
+                                       for r in previews), return_exceptions=True)  # every host at once
+        for k, (r, snap) in enumerate(zip(previews, snaps, strict=True)):
+            if isinstance(snap, RemoteError):
+                problems.append(f"{r.host}: cannot be read: {snap}")
                 continue
+            if isinstance(snap, BaseException):
+                raise snap
             same, others = await svc.live_on(r.host, snap, variant)
             res = prelaunch_checks(snap, r, svc.holders(snap), live_same_variant=same, other_live=others,
                                    gpu_free_mib=svc.gpu_free_mib, shm_free_mib=snap.shm_free_mib,
@@ -259,19 +260,10 @@ class SpanService:
                 passed = list(res.passed)
         return problems, passed
 
-    async def _start_rank(self, r, host: str) -> str | None:
+    async def _start_rank(self, r: RenderedLaunch, host: str) -> str | None:
         """Start one rank's process tree on `host` (the launch script, as for any launch). Returns why it did not
         start, or None."""
-        cfg = self._svc.config.hosts[host]
-        script = launch_script(r, systemd=cfg.systemd == "auto", cgroup=cfg.cgroup == "auto")
-        try:
-            res = await self._svc.hosts.executor(host).run("sh -s", input=script.encode(), timeout_s=30)
-        except RemoteError as e:
-            return str(e)
-        out = res.stdout.decode("utf-8", "replace")
-        if parse_launch_output(out) is not None:
-            return None
-        return (out + res.stderr.decode("utf-8", "replace")).strip()[:300] or f"exit {res.exit_status}"
+        return (await self._svc.run_launch_script(host, r))[1]
 
     async def _stop_ranks(self, la: Launch, ranks: Sequence[int]) -> None:
         """Stop ranks `ranks` of `la` (a start that failed part way), verified like any kill; never raises."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,16 +73,19 @@ class StackService:
         """The dump of every rank of a launch across nodes, each on its node (bot.core.ranks.rank_view), merged:
         host `n1, n2`, each process labelled `NODE:LABEL` (its rank label, else `pid N`), so the cross-rank summary
         spans the nodes. A node that cannot be dumped is left out; raises StackDumpError when none could be."""
+        ranks = self._launches.spans.ranks(la)
+        errors = [f"rank {rank} on {node}: not a host of the config" for rank, node, host in ranks if host is None]
+        reachable = [(rank, node, host) for rank, node, host in ranks if host is not None]
+        got = await asyncio.gather(*(self.dump(rank_view(la, rank, host), **options) for rank, _, host in reachable),
+                                   return_exceptions=True)  # every node at once: a hang alert waits for the slowest
         parts: list[tuple[str, StackDump]] = []
-        errors: list[str] = []
-        for rank, node, host in self._launches.spans.ranks(la):
-            if host is None:
-                errors.append(f"rank {rank} on {node}: not a host of the config")
-                continue
-            try:
-                parts.append((node, await self.dump(rank_view(la, rank, host), **options)))
-            except StackDumpError as e:
-                errors.append(f"rank {rank} on {node}: {e}")
+        for (rank, node, _), res in zip(reachable, got, strict=True):
+            if isinstance(res, StackDumpError):
+                errors.append(f"rank {rank} on {node}: {res}")
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                parts.append((node, res))
         if not parts:
             raise StackDumpError("; ".join(errors) or f"{la.name} runs on no node yet")
         merged = StackDump(", ".join(node for node, _ in parts), [pid for _, d in parts for pid in d.pids],

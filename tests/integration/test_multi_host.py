@@ -5,10 +5,8 @@ hangs on the second host is named with its host in the alert; `/kill` stops both
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
 from tests.support.alerts import alerts, full_text, wait_alert
 from tests.support.builders import FAST_WATCH, OPERATOR, ssh_host
+from tests.support.bundles import bundle_files
 from tests.support.fakes.ssh_server import LoopbackSSHServer
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
 
@@ -128,12 +127,10 @@ async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
     answer = await bot.chat.say("!bundle", thread=la.thread_ts)
     assert answer.audit == "ok", answer.text
     assert "diagnosed offline: silent_hang" in answer.text, answer.text
-    ((name, data),) = answer.post.files
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = {m.name.split("/", 1)[1] for m in tar.getmembers()}
-        ranks = tar.extractfile(f"{name.removesuffix('.tar.gz')}/ranks.txt").read().decode()
-    assert {"server.log", "ps.txt", "node-gpu-b/server.log", "node-gpu-b/ps.txt", "ranks.txt"} <= members, members
-    assert ranks == "0 gpu-a\n1 gpu-b\n"
+    ((_name, data),) = answer.post.files
+    files = bundle_files(data)
+    assert {"server.log", "ps.txt", "node-gpu-b/server.log", "node-gpu-b/ps.txt", "ranks.txt"} <= set(files), files
+    assert files["ranks.txt"] == b"0 gpu-a\n1 gpu-b\n"
     await bot.chat.say("/kill 1 --yes")
     assert bot.launch(1).state == LaunchState.KILLED
     await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")

@@ -8,9 +8,7 @@ the login node with `srun --overlap --jobid`)."""
 
 from __future__ import annotations
 
-import io
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
 from tests.support.alerts import alerts, full_text, wait_alert
 from tests.support.builders import FAST_WATCH, OPERATOR
+from tests.support.bundles import bundle_files
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
@@ -206,12 +205,10 @@ async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluste
         # `!bundle`: each node's files read through srun, rank 1's in node-n2/, with the job as scontrol says it
         answer = await bot.chat.say("!bundle", thread=la.thread_ts)
         assert answer.audit == "ok", answer.text
-        ((name, data),) = answer.post.files
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            members = {m.name.split("/", 1)[1] for m in tar.getmembers()}
-            log1 = tar.extractfile(f"{name.removesuffix('.tar.gz')}/node-n2/server.log").read().decode()
-        assert {"server.log", "ps.txt", "node-n2/ps.txt", "ranks.txt", "scontrol.txt"} <= members, members
-        assert "Init torch distributed begin" in log1, log1
+        ((_name, data),) = answer.post.files
+        files = bundle_files(data)
+        assert {"server.log", "ps.txt", "node-n2/ps.txt", "ranks.txt", "scontrol.txt"} <= set(files), set(files)
+        assert b"Init torch distributed begin" in files["node-n2/server.log"], files["node-n2/server.log"]
         await bot.chat.say("/kill 1 --yes")
         assert bot.launch(1).state == LaunchState.KILLED
         await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")

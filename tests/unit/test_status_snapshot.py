@@ -36,6 +36,7 @@ def test_only_the_rows_that_label_holders_are_kept():
     class La:
         def __init__(self, tag, pid):
             self.tag, self.pid, self.live, self.name, self.id = tag, pid, True, f"{tag}#1", 1
+            self.spans_nodes = False
     launches = [La("t1", 100)]
     whole = attribute_holders(snap.gpu, snap.table, launches, snap.launch_tags)
     part = attribute_holders(cut.gpu, cut.table, launches, cut.launch_tags)
@@ -63,7 +64,7 @@ def test_a_launch_s_recorded_process_is_kept_even_untagged_and_apart_from_the_ho
     snap = _snapshot()
     snap.table.append(_row(900, 1, "launcher that cleared its environment"))
     class La:
-        tag, pid, live, name, id = "t9", 900, True, "t9#9", 9
+        tag, pid, live, name, id, spans_nodes = "t9", 900, True, "t9#9", 9, False
     snap.launch_tags[200] = "t9"  # the holder 200 carries t9's tag; its launcher 900 carries none
     cut = status_snapshot(snap, keep=[900])
     assert 900 in [p.pid for p in cut.table]
