@@ -179,17 +179,21 @@ class _SSHStream:
             done()
 
     def write(self, data: bytes) -> None:
+        """Send `data` to its stdin (ProcessStream.write)."""
         self.process.stdin.write(data)
 
     async def readuntil(self, pattern: re.Pattern[bytes], max_separator_len: int) -> bytes:
+        """Its output up to and including `pattern` (ProcessStream.readuntil; raises as it says)."""
         return await self.process.stdout.readuntil(pattern, max_separator_len)
 
     def close(self) -> None:
+        """End it (ProcessStream.close): once, whatever called it first."""
         self.process.close()
         self._closed()
 
     @property
     def ended(self) -> bool:
+        """True once its process ended or its channel closed (ProcessStream.ended)."""
         return self._watch.done() or self.process.is_closing() or self.process.exit_status is not None
 
 
@@ -201,10 +205,12 @@ class _LocalStream:
         self._buf = bytearray()
 
     def write(self, data: bytes) -> None:
+        """Send `data` to its stdin (ProcessStream.write)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
 
     async def readuntil(self, pattern: re.Pattern[bytes], max_separator_len: int) -> bytes:
+        """Its output up to and including `pattern` (ProcessStream.readuntil; raises as it says)."""
         assert self.proc.stdout is not None
         start = 0
         while True:
@@ -220,6 +226,7 @@ class _LocalStream:
             self._buf += chunk
 
     def close(self) -> None:
+        """End it (ProcessStream.close): its stdin closed, then SIGTERM to its session; nothing once it ended."""
         if self.proc.returncode is None:
             with contextlib.suppress(Exception):
                 assert self.proc.stdin is not None
@@ -229,6 +236,7 @@ class _LocalStream:
 
     @property
     def ended(self) -> bool:
+        """True once its process ended (ProcessStream.ended)."""
         return self.proc.returncode is not None
 
 
