@@ -138,12 +138,17 @@ async def _fresh_workers(svc: HostService, names: list[str], old: list[int]) -> 
 
 
 async def test_a_stopped_worker_is_given_up_and_its_hosts_probed_here(ssh_server, services):
-    # deadlines of a few seconds: the call to a stopped worker is given up after its hosts' deadline
-    cfg = _fleet(ssh_server, connect_timeout_s=1, command_timeout_s=2, nvidia_smi_timeout_s=1)
+    # deadlines of seconds (16 s: 5 + 5 + 1 + the margin): the call to a stopped worker is given up after its
+    # hosts' deadline; connects of 5 s, as 1 s failed on a loaded 2-CPU machine (8 SSH handshakes at once)
+    cfg = _fleet(ssh_server, connect_timeout_s=5, command_timeout_s=5, nvidia_smi_timeout_s=1)
     svc = HostService(cfg, probe_workers=1)
     services.append(svc)
     names = cfg.host_names()
-    assert all(isinstance(r, Snapshot) for r in await svc.status(names))
+
+    async def all_up() -> bool:  # the worker's connections made (a loaded machine may need a second try)
+        return all(isinstance(r, Snapshot) for r in await svc.status(names))
+
+    await wait_until(all_up, 45, what="every host probed through the worker")
     (pid,) = svc.worker_pids
     os.kill(pid, signal.SIGSTOP)
     try:
