@@ -1,0 +1,262 @@
+"""Errors as structures (pure): the tracebacks and native crashes of a log, each with its exception type, message,
+frames, where it starts and ends, and whether its last line was cut off.
+
+`error_blocks(lines)` reads normalised lines (bot.core.diagnose.lines) and returns one `ErrorBlock` per error:
+- a Python traceback (`Traceback (most recent call last):`, frames `File "PATH", line N, in FUNC` with their code
+  and caret lines, the exception line `package.Type: message`; CPython 3.8-3.13's format, chained tracebacks
+  included). One cut before its exception line (an excerpt, a paste, a process killed while printing) is still an
+  error: `cut` is set and its last frame stands for it. Interleaved ranks are kept apart by each line's source
+  (`[rank1]:`, `(VllmWorker rank=1 pid=..)`, a compose service): each rank's traceback is read from its own lines.
+- faulthandler's dump (`Fatal Python error: Segmentation fault`, `Current thread 0x... (most recent call first):`,
+  frames `File "PATH", line N in FUNC`).
+- a C++ exception that ended the process (`terminate called after throwing an instance of 'c10::Error'` with its
+  `what():` message; libstdc++'s wording), with c10's `Exception raised from ... frame #N:` native frames.
+- a fatal signal (`*** SIGSEGV received at time=...` (absl), `Segmentation fault (core dumped)`, `Aborted (core
+  dumped)`, `Bus error`, `!!!!!!! Segfault encountered !!!!!!!` (TensorRT-LLM)).
+- a Rust panic (`thread 'main' panicked at ...`, Rust 1.0-1.8x, both the old one-line and the newer two-line form)
+  and a Go panic (`panic: ...` with `goroutine N [running]:`).
+
+What an error MEANS (its verdict, its phase) is decided elsewhere (bot.core.diagnose.taxonomy, .frames); this module
+only reads the shape. Never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bot.core.diagnose.lines import LogLine
+
+__all__ = ["ErrorBlock", "TraceFrame", "error_blocks", "exception_line"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFrame:
+    """One frame of a traceback: the file (as printed), the function (None when not printed), the line number."""
+
+    file: str
+    func: str | None
+    line: int | None = None
+
+
+@dataclass
+class ErrorBlock:
+    """One error read from a log (see the module docstring). Indexes point into the normalised lines.
+
+    - `kind`: `python`, `faulthandler`, `cpp`, `signal`, `panic`.
+    - `exc_type`: the exception's type as printed (`torch.OutOfMemoryError`, `c10::DistBackendError`,
+      `SIGSEGV`), None when the block was cut before it.
+    - `message`: the exception's message (may be empty).
+    - `frames`: outermost first (Python's order), native frames (c10's `frame #N`) after them.
+    - `start`: its first line; `line`: the line that says what failed (the exception line; the last frame when
+      `cut`); `end`: its last line.
+    - `cut`: it ended without its exception line. `chained`: another traceback follows it as its consequence
+      ("During handling of the above exception ...", "The above exception was the direct cause ...").
+    - `source`: the rank, process or container that printed it (None when the log has one source).
+    """
+
+    kind: str
+    exc_type: str | None
+    message: str
+    start: int
+    line: int
+    end: int
+    frames: list[TraceFrame] = field(default_factory=list)
+    cut: bool = False
+    chained: bool = False
+    source: str | None = None
+
+    @property
+    def short_type(self) -> str | None:
+        """The type's own name: `OutOfMemoryError` of `torch.cuda.OutOfMemoryError`, `Error` of `c10::Error`; for
+        a wrapped error (`RayTaskError(ValueError)`) the inner one."""
+        t = self.exc_type
+        if not t:
+            return None
+        if m := re.search(r"\(([\w.]+)\)$", t):
+            t = m.group(1)
+        return re.split(r"\.|::", t)[-1]
+
+
+_TB_HEAD = "Traceback (most recent call last)"
+_FRAME = re.compile(r'File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,7})(?:,? in (?P<func>[^\s,]{1,200}))?')
+_CHAIN = re.compile(r"During handling of the above exception|The above exception was the direct cause")
+#: An exception line: `Type`, `pkg.mod.Type: message`, `ray.exceptions.RayTaskError(ValueError): ...`,
+#: `c10::Error: ...`. The type's own name must read as an exception's (ends in Error, Exception, ...), or be one of
+#: Python's few others.
+_EXC = re.compile(r"^(?P<type>(?:[A-Za-z_]\w{0,80}(?:\.|::)){0,8}[A-Z]\w{0,80}(?:\([\w.]{1,120}\))?)"
+                  r"(?::(?:\s(?P<msg>.*)|$)|$)")
+_EXC_NAME = re.compile(r"(?:Error|Exception|Exit|Interrupt|Failure|Fault|Abort(?:ed)?|Timeout|Warning|Iteration|"
+                       r"Cancelled|Exhausted)$")
+_PLAIN_EXC = frozenset({"KeyboardInterrupt", "SystemExit", "StopIteration", "GeneratorExit", "Exception"})
+_FAULT = re.compile(r"^Fatal Python error: (?P<msg>.+)")
+_FAULT_FRAME = re.compile(r'File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,7}) in (?P<func>\S{1,200})')
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']{1,200})'")
+_WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)")
+_NATIVE_FRAME = re.compile(r"^frame #\d+: (?:0x[0-9a-f]+ \(?)?(?P<func>[^\s(+]{1,200})")
+_SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^(?P<word>Segmentation fault|Aborted|Bus error|"
+                     r"Illegal instruction|Floating point exception)(?: \(core dumped\))?\s*$|"
+                     r"(?P<trt>Segfault) encountered|Received signal (?P<num>\d{1,2}) \((?P<name>SIG[A-Z]+)\)")
+_SIGNAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                 "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Segfault": "SIGSEGV"}
+_RUST = re.compile(r"thread '(?P<thread>[^']{0,80})' panicked at (?:'(?P<msg>.*)', )?(?P<where>\S+?):?$")
+_GO = re.compile(r"^panic: (?P<msg>.+)")
+#: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
+_CARET = re.compile(r"^[\s~^]+$")
+
+
+def exception_line(body: str) -> tuple[str, str] | None:
+    """(type, message) when `body` (a line's message, stripped) is an exception line, else None."""
+    m = _EXC.match(body)
+    if m is None:
+        return None
+    t = m.group("type")
+    own = re.split(r"\.|::", re.sub(r"\([\w.]*\)$", "", t))[-1]
+    if not (_EXC_NAME.search(own) or own in _PLAIN_EXC or ("::" in t and m.group("msg") is not None)):
+        return None
+    return t, (m.group("msg") or "").strip()
+
+
+def _streams(lines: Sequence[LogLine]) -> dict[str | None, list[int]]:
+    """Line indexes per source. Lines without a source go with every stream (a traceback printed by `logging` has its
+    header on a prefixed line and its frames bare); a log with one source or none is one stream."""
+    sources = {ln.source for ln in lines if ln.source is not None}
+    if len(sources) <= 1:
+        return {None: list(range(len(lines)))}
+    out: dict[str | None, list[int]] = {s: [] for s in sources}
+    for i, ln in enumerate(lines):
+        if ln.source is None:
+            for s in out:
+                out[s].append(i)
+        else:
+            out[ln.source].append(i)
+    return out
+
+
+def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> list[ErrorBlock]:
+    """The Python tracebacks (and faulthandler dumps) in one stream of line indexes."""
+    out: list[ErrorBlock] = []
+    cur: ErrorBlock | None = None
+    after_frame = 0  # lines since the last frame that were not frames (code, carets)
+    chain_next = False
+
+    def close(block: ErrorBlock, cut: bool) -> None:
+        if cut:
+            block.cut = True
+            block.line = block.end
+        out.append(block)
+
+    for i in idx:
+        ln = lines[i]
+        body = ln.body.strip()
+        if not body:
+            continue
+        if _TB_HEAD in body:
+            if cur is not None:  # a new traceback before the last one said what it was
+                close(cur, cut=True)
+            cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=source, chained=False)
+            if chain_next and out:
+                out[-1].chained = True
+            chain_next = False
+            after_frame = 0
+            continue
+        if m := _FAULT.match(body):
+            if cur is not None:
+                close(cur, cut=True)
+            cur = None
+            out.append(ErrorBlock("faulthandler", "Fatal Python error", m.group("msg").strip(), start=i, line=i, end=i,
+                                  source=source))
+            continue
+        if out and out[-1].kind == "faulthandler" and cur is None and (fm := _FAULT_FRAME.search(body)):
+            blk = out[-1]
+            if i - blk.end <= 3:
+                blk.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
+                blk.end = i
+            continue
+        if _CHAIN.search(body):
+            if cur is not None:
+                close(cur, cut=True)
+                cur = None
+            chain_next = True
+            continue
+        if cur is None:
+            continue
+        if fm := _FRAME.search(body):
+            cur.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
+            cur.end = i
+            after_frame = 0
+            continue
+        exc = exception_line(body)
+        if exc is not None and (cur.frames or after_frame == 0):
+            cur.exc_type, cur.message = exc
+            cur.line = cur.end = i
+            out.append(cur)
+            cur = None
+            continue
+        if _CARET.match(body) or body.startswith("..."):
+            cur.end = i
+            continue
+        after_frame += 1
+        if after_frame <= 2 and cur.frames:  # a frame's code line (one, sometimes wrapped in two)
+            cur.end = i
+            continue
+        close(cur, cut=True)  # something else began: the traceback was cut before its exception line
+        cur = None
+    if cur is not None and (cur.frames or cur.start == cur.end):
+        close(cur, cut=True)
+    return out
+
+
+def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
+    """C++ exceptions that ended a process, fatal signals, Rust and Go panics (each from its own line)."""
+    out: list[ErrorBlock] = []
+    cpp: ErrorBlock | None = None
+    for i, ln in enumerate(lines):
+        body = ln.body.strip()
+        if not body:
+            continue
+        if m := _TERMINATE.search(body):
+            cpp = ErrorBlock("cpp", m.group("type"), "", start=i, line=i, end=i, source=ln.source)
+            out.append(cpp)
+            continue
+        if cpp is not None and i - cpp.end <= 3:
+            if m := _WHAT.match(body):
+                cpp.message, cpp.line, cpp.end = m.group("msg").strip(), i, i
+                continue
+            if m := _NATIVE_FRAME.match(body):
+                cpp.frames.append(TraceFrame("", m.group("func")))
+                cpp.end = i
+                continue
+            if body.startswith("Exception raised from"):
+                cpp.end = i
+                continue
+        if m := _SIGNAL.search(body):
+            name = m.group("sig") or m.group("name") or _SIGNAL_NAMES.get(m.group("word") or m.group("trt") or "")
+            out.append(ErrorBlock("signal", name or "signal", body, start=i, line=i, end=i, source=ln.source))
+            continue
+        if m := _RUST.search(body):
+            msg = m.group("msg") or ""
+            if not msg and i + 1 < len(lines):
+                msg = lines[i + 1].body.strip()
+            out.append(ErrorBlock("panic", "panic", msg, start=i, line=i, end=i, source=ln.source))
+            continue
+        if (m := _GO.match(body)) and any("goroutine " in lines[j].body for j in range(i + 1, min(len(lines), i + 4))):
+            out.append(ErrorBlock("panic", "panic", m.group("msg"), start=i, line=i, end=i, source=ln.source))
+    return out
+
+
+def error_blocks(lines: Sequence[LogLine]) -> list[ErrorBlock]:
+    """Every error block of a log (see the module docstring), in the order they start. Never raises."""
+    found: list[ErrorBlock] = []
+    for source, idx in _streams(lines).items():
+        found += _python(lines, idx, source)
+    # a block read in several streams (its lines had no source) is one block
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for b in sorted(found, key=lambda b: (b.start, b.line)):
+        if (b.start, b.line) not in seen:
+            seen.add((b.start, b.line))
+            unique.append(b)
+    unique += _native(lines)
+    return sorted(unique, key=lambda b: (b.line, b.start))

@@ -1,0 +1,259 @@
+"""Log lines as structure (pure): what wraps a line (a container or orchestrator prefix, an engine's timestamp, level,
+source file and rank) is read off it, and lines a terminal or a paste hard-wrapped are joined back.
+
+`normalise(raw_lines)` -> `list[LogLine]`: one LogLine per logical line, each with
+- `text`: the line as the engine wrote it: `\\r` rewrites split, ANSI and control characters removed, an OUTER prefix
+  removed (one that a tool around the engine added: `docker compose` / `kubectl logs --prefix` / journald), and a
+  wrapped continuation joined back on. Signatures are matched on it and quotes are taken from it.
+- `body`: the message alone: the engine's own prefix (timestamp, level, `[file.py:12]`, `(Worker pid=1)`, `[rank0]:`,
+  glog, Python logging, logfmt) removed. Structure readers (tracebacks, events) read it.
+- `source` (the container / process / rank label of a prefix), `level` (DEBUG, INFO, WARNING, ERROR, CRITICAL),
+  `module` (the source file the engine's prefix names: `gpu_model_runner.py`), `ts` (seconds, bot.core.diagnose.
+  timeline) and `physical` (the input lines it came from, for "log line N").
+
+Prefix shapes are a small table of SHAPES (a timestamp, a bracketed label, a level word, `name  | `), not per-engine
+rules. Formats read, with where they come from: docker compose v2 (`svc-1  | `) and v1 (`svc_1  | `) log prefixes;
+`kubectl logs --prefix` (`[pod/NAME/CONTAINER] `, kubectl 1.17+); journald's short format (`Dec 06 10:00:00 host
+unit[123]: `); Python logging's default and vLLM's (`INFO 06-30 13:53:19 [core.py:123] `, vLLM 0.4-0.11), SGLang's
+(`[2025-02-01 07:03:54 TP6] `, 0.2-0.5), TGI's tracing (`2024-01-01T00:00:00.000Z  INFO target: `), glog and torch c10
+(`I1206 10:00:00.123456  123 file.cc:12] `, `[rank0]:[W1206 ...]`), TensorRT-LLM (`[TensorRT-LLM][ERROR] `, `[12/06/2024-
+10:00:00] [TRT-LLM] [I] `), Ray worker prefixes (`(RayWorkerWrapper pid=12, ip=10.0.0.1) `), vLLM process prefixes
+(`(VllmWorker rank=0 pid=12) `, `(EngineCore_DP0 pid=12) `, `(APIServer pid=1) `) and logfmt (`time=... level=INFO
+source=server.go:12 msg="..."`, Ollama 0.1-0.12).
+
+A hard wrap is recognised by its shape: the log has a width its long lines are cut at (three or more lines of exactly
+that many characters, none longer), or most of its lines start with a timestamp, a level or a bracketed prefix while
+this one starts with none of them right after a long line. Such a continuation is joined back to the line above,
+with nothing between them at a fixed width (a terminal keeps every character) and one space otherwise. Never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bot.core.diagnose.timeline import stamp
+from bot.core.parse.log import strip_control
+
+__all__ = ["MAX_LINE", "LogLine", "body_of", "normalise"]
+
+MAX_LINE = 4000
+"""Longer lines are cut before anything is matched on them (bounds regex work per line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One logical log line (see the module docstring). `ts` is in seconds, comparable only with other lines of the
+    same `ts_kind` (bot.core.diagnose.timeline); `physical` the 0-based indexes of the input lines it came from."""
+
+    text: str
+    body: str
+    source: str | None = None
+    level: str | None = None
+    module: str | None = None
+    ts: float | None = None
+    ts_kind: str | None = None
+    physical: tuple[int, ...] = ()
+
+
+# --- outer prefixes: added by a tool around the engine --------------------------------------------------------------
+
+#: `docker compose logs` (v2 `svc-1  | `, v1 `svc_1   | `): a name without spaces, padding, a bar.
+_COMPOSE = re.compile(r"^(?P<src>[A-Za-z0-9][\w.-]{0,80}?)\s*\|(?: |$)")
+#: `kubectl logs --prefix` and `stern`: `[pod/NAME/CONTAINER] `.
+_KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
+#: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
+_JOURNAL = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} (?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")
+_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL))
+
+# --- the engine's own prefix: read for level / module / source, removed for `body` -----------------------------------
+
+_LEVELS = {"TRACE": "DEBUG", "DEBUG": "DEBUG", "D": "DEBUG", "INFO": "INFO", "I": "INFO", "NOTICE": "INFO",
+           "WARN": "WARNING", "WARNING": "WARNING", "W": "WARNING", "ERROR": "ERROR", "ERR": "ERROR", "E": "ERROR",
+           "CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "F": "CRITICAL", "PANIC": "CRITICAL", "EXCEPTION": "ERROR"}
+_TS_CORE = (r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+            r"|\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
+            r"|\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d"
+            r"|\d\d:\d\d:\d\d(?:[.,]\d+)?"
+            r"|\d{10}(?:\.\d+)?)")
+#: One prefix element at the start of what is left of the line, tried in this order, removed one after another.
+_ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # a process / rank label in parentheses: `(VllmWorker rank=0 pid=12) `, `(RayWorkerWrapper pid=1, ip=x) `
+    ("source", re.compile(r"\((?P<v>(?:[\w:.-]{1,60} )?(?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}"
+                          r"(?:,? (?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}){0,3})\)\s+")),
+    # torch `[rank0]:`, `[Rank 3] `
+    ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
+    ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
+    # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
+    ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
+    # a bracketed level or tool label: `[INFO] `, `[E] `, `[TensorRT-LLM][ERROR] `, `[TRT-LLM] `, `[RANK 0] `
+    ("label", re.compile(r"\[(?P<v>[A-Za-z][\w -]{0,30})\]:?\s*")),
+    # a bare level word: `INFO `, `ERROR: `, `WARNING 06-30`, `level=INFO `
+    ("level", re.compile(r"(?:level=)?(?P<v>TRACE|DEBUG|INFO|NOTICE|WARN(?:ING)?|ERROR|CRITICAL|FATAL|PANIC)\b:?\s+")),
+    # Python logging's ` - name - LEVEL - ` and `name:LEVEL:` forms
+    ("pylog", re.compile(r"-?\s*[\w.]{1,80} - (?P<v>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")),
+    # the source file and line: `[core.py:123] `, `core.py:123] `, `source=server.go:12 `
+    ("module", re.compile(r"(?:source=)?\[?(?P<m>[\w./-]{1,80}\.(?:py|cc|cpp|cu|h|go|rs)):\d+\]?:?\s+")),
+    # a rank / TP label after a timestamp: `TP6] ` (SGLang's `[2025-01-01 07:03:54 TP6]` once the ts is gone)
+    ("source", re.compile(r"(?P<v>(?:DP\d{1,4} )?(?:PP\d{1,4} )?TP\d{1,4}(?: EP\d{1,4})?)\]\s*")),
+)
+#: logfmt lines (Ollama, Go services): the message is the `msg` field.
+_LOGFMT = re.compile(r'^time=\S+ level=(?P<level>\w+)(?: source=(?P<m>[\w./-]+):\d+)? msg=(?P<msg>"(?:[^"\\]|\\.)*"|\S+)')
+
+# --- wrapped lines ----------------------------------------------------------------------------------------------------
+
+#: What a line's first characters look like when a line starts there (not a continuation of the line above): a
+#: timestamp, a bracket or parenthesis, a level word, a glog letter+date, a syslog date, logfmt, a compose prefix,
+#: Python traceback structure (frames, indented code, exception lines), table and list marks, a prompt.
+_LINE_START = re.compile(
+    r"^(?:\s|\d{4}-\d\d-\d\d|\d\d-\d\d \d\d:|\d\d:\d\d:\d\d|\d\d/\d\d/\d{4}|[IWEFD]\d{4} |[\[(<{|+#*>$-]"
+    r"|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|PANIC)\b|[A-Z][a-z]{2} [ \d]\d \d\d:"
+    r"|time=|Traceback |During handling|The above exception|File \"|(?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Exit|"
+    r"Interrupt|Warning)\b|\w[\w.-]{0,80}\s+\| |terminate called|what\(\)|Exception raised from|frame #"
+    r"|\d+\s*(?:%|/\d)|[a-z_][\w.]*:\s)")
+_SHORT = 40  # a line shorter than this was not cut by a wrap
+
+
+def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
+    """The outer prefix shape most lines of the log carry: one that at least 60 % of its non-blank lines (at least 2,
+    or the only line) start with. None when there is none."""
+    text = [ln for ln in lines[:400] if ln.strip()]
+    if not text:
+        return None
+    for name, rx in _OUTER:
+        n = sum(1 for ln in text if rx.match(ln))
+        if n >= max(1 if len(text) == 1 else 2, 0.6 * len(text)):
+            return name, rx
+    return None
+
+
+def _split_cr(lines: Iterable[object]) -> list[tuple[int, str]]:
+    """(input index, text) per segment: `\\r` rewrites split into their segments, controls stripped, long lines cut."""
+    out: list[tuple[int, str]] = []
+    for i, raw in enumerate(lines):
+        text = raw if isinstance(raw, str) else str(raw)
+        if "\r" in text:
+            segs = [s for s in (strip_control(p)[:MAX_LINE] for p in text.split("\r")) if s.strip()] or [""]
+            out.extend((i, s) for s in segs)
+        elif text.isascii() and text.isprintable():
+            out.append((i, text[:MAX_LINE]))
+        else:
+            out.append((i, strip_control(text)[:MAX_LINE]))
+    return out
+
+
+def _wrap_width(texts: Sequence[str]) -> int | None:
+    """The width a terminal or paste cut this log's long lines at: a length of at least 60 that 3 or more lines have
+    exactly and no line exceeds. None when there is none."""
+    lengths = Counter(len(t) for t in texts if len(t) >= 60)
+    if not lengths:
+        return None
+    longest = max(lengths)
+    return longest if lengths[longest] >= 3 else None
+
+
+def _mostly_prefixed(texts: Sequence[str]) -> bool:
+    """Whether at least 60 % of the log's non-blank lines start like a line (a timestamp, level, bracket ...)."""
+    sample = [t for t in texts[:400] if t.strip()]
+    return len(sample) >= 3 and sum(1 for t in sample if _LINE_START.match(t)) >= 0.6 * len(sample)
+
+
+def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]]:
+    """Segments with hard-wrapped continuations joined back (see the module docstring)."""
+    texts = [t for _, t in segments]
+    width = _wrap_width(texts)
+    prefixed = _mostly_prefixed(texts)
+    out: list[tuple[tuple[int, ...], str]] = []
+    prev_len = 0  # the length of the physical line above (a join's last part)
+    for i, text in segments:
+        if out and text.strip():
+            phys, before = out[-1]
+            cut = width is not None and prev_len == width and len(before) < MAX_LINE
+            starts = bool(_LINE_START.match(text))
+            mid_token = before[-1:].isalnum() and text[:1].isalnum()
+            if cut and (not starts or mid_token):
+                out[-1] = ((*phys, i), (before + text)[:MAX_LINE])
+                prev_len = len(text)
+                continue
+            if (not cut and width is None and prefixed and not starts and prev_len >= _SHORT
+                    and before.strip() and not before.endswith((":", "{", "[", "(")) and "File \"" not in before):
+                sep = "" if before.endswith((" ", "-", "/", "=")) else " "
+                out[-1] = ((*phys, i), (before + sep + text)[:MAX_LINE])
+                prev_len = len(text)
+                continue
+        out.append(((i,), text))
+        prev_len = len(text)
+    return out
+
+
+def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
+    """(body, level, module, source) of one line: its engine prefix elements removed one after another (at most 8).
+    Never raises."""
+    if text.startswith("time="):
+        m = _LOGFMT.match(text)
+        if m:
+            msg = m.group("msg")
+            msg = msg[1:-1].replace('\\"', '"') if msg.startswith('"') else msg
+            rest = text[m.end():]
+            return (msg + rest).strip(), _LEVELS.get(m.group("level").upper()), m.group("m"), None
+    level = module = source = None
+    pos = 0
+    n = len(text)
+    while pos < n and text[pos] == " " and pos < 4:
+        pos += 1
+    for _ in range(8):
+        for kind, rx in _ELEMENTS:
+            m = rx.match(text, pos)
+            if m is None or m.end() == pos:
+                continue
+            if kind == "label":
+                word = m.group("v").strip()
+                if word.upper() in _LEVELS:
+                    level = level or _LEVELS[word.upper()]
+                elif not (word.upper().startswith(("TENSORRT", "TRT", "RANK ", "NCCL"))
+                          or (word.isalpha() and word.isupper() and len(word) <= 12)):
+                    continue  # a bracketed word that is the message itself (`[Errno 98]`), not a label
+            elif kind in ("level", "pylog"):
+                level = level or _LEVELS.get(m.group("v").upper())
+            elif kind == "glog":
+                level = level or _LEVELS.get(m.group("v"))
+                module = module or m.group("m")
+            elif kind == "module":
+                module = module or m.group("m")
+            elif kind == "source":
+                source = source or m.group("v")
+            pos = m.end()
+            break
+        else:
+            break
+    return text[pos:], level, module, source
+
+
+def normalise(lines: Iterable[object] | None) -> list[LogLine]:
+    """The logical lines of a log (see the module docstring). Pure; never raises for any input."""
+    segments = _split_cr(lines or ())
+    outer = _outer([t for _, t in segments])
+    sources: list[str | None] = []
+    if outer is not None:
+        stripped: list[tuple[int, str]] = []
+        rx = outer[1]
+        for i, t in segments:
+            m = rx.match(t)
+            if m:
+                stripped.append((i, t[m.end():]))
+                sources.append(m.group("src"))
+            else:
+                stripped.append((i, t))
+                sources.append(None)
+        segments = stripped
+    by_input = {i: s for (i, _), s in zip(segments, sources, strict=False)} if sources else {}
+    out: list[LogLine] = []
+    for phys, text in _joined(segments):
+        body, level, module, source = body_of(text)
+        ts = stamp(text)
+        src = by_input.get(phys[0]) or source
+        out.append(LogLine(text=text, body=body, source=src, level=level, module=module,
+                           ts=ts[1] if ts else None, ts_kind=ts[0] if ts else None, physical=phys))
+    return out
