@@ -113,7 +113,10 @@ _LINE_START = re.compile(
     r"|time=|Traceback |During handling|The above exception|File \"|(?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Exit|"
     r"Interrupt|Warning)\b|\w[\w.-]{0,80}\s+\| |terminate called|what\(\)|Exception raised from|frame #"
     r"|\d+\s*(?:%|/\d)|[a-z_][\w.]*:\s)")
-_SHORT = 40  # a line shorter than this was not cut by a wrap
+_SHORT = 60  # a line shorter than this was not cut by a wrap
+#: How a paste's continuation starts: mid-sentence (a lower-case word, a digit, closing punctuation), never a new
+#: capitalised message.
+_CONTINUES = re.compile(r"^[a-z0-9)\]},.;:/'\"_-]")
 
 
 def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
@@ -178,7 +181,8 @@ def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]
                 prev_len = len(text)
                 continue
             if (not cut and width is None and prefixed and not starts and prev_len >= _SHORT
-                    and before.strip() and not before.endswith((":", "{", "[", "(")) and "File \"" not in before):
+                    and _CONTINUES.match(text) and not before.rstrip().endswith((".", "!", "?", ":", "{", "[", "("))
+                    and "File \"" not in before):
                 sep = "" if before.endswith((" ", "-", "/", "=")) else " "
                 out[-1] = ((*phys, i), (before + sep + text)[:MAX_LINE])
                 prev_len = len(text)

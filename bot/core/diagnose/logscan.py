@@ -13,8 +13,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bot.core.diagnose.errors import ErrorBlock, error_blocks
+from bot.core.diagnose.lines import LogLine, normalise
+from bot.core.diagnose.meaning import block_family, frame_phase, is_echo
 from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat
-from bot.core.parse.log import strip_control
+from bot.core.diagnose.timeline import timeline
 
 __all__ = ["LogScan", "scan_log"]
 
@@ -38,6 +41,12 @@ class _Hit:
     #: of its newest marker), or None when no milestone came before it. A line without a rank takes the launch's
     #: furthest; a ranked line its own rank's, and the milestones logged without a rank.
     reached: tuple[str, bool, int] | None = None
+    #: The error block (a traceback, a native crash) this hit stands for, when it came from one; `frame_phase` the
+    #: start-up step its frames show and `frame` the line of the frame that shows it.
+    block: ErrorBlock | None = None
+    frame_phase: str | None = None
+    frame: int | None = None
+    frame_sure: bool = True  # False: a per-batch loop or a file name said it (see meaning.frame_phase)
 
 
 @dataclass
@@ -62,6 +71,9 @@ class LogScan:
 
     lines: list[str]
     start: int = 0
+    norm: list[LogLine] = field(default_factory=list)  # the structured lines (bot.core.diagnose.lines), one per line
+    blocks: list[ErrorBlock] = field(default_factory=list)  # the errors of this run, as structures
+    times: list[float | None] = field(default_factory=list)  # each line's time on the log's own clock (seconds)
     engines: list[str] = field(default_factory=list)
     phase: str | None = None
     finished_phase: str | None = None
@@ -114,18 +126,6 @@ def _timestamp(line: str) -> tuple[str, float] | None:
     return None
 
 
-def _clean_lines(lines: Iterable[str]) -> list[str]:
-    """Split `\\r` rewrites into separate lines, strip ANSI/control characters, cut very long lines."""
-    out: list[str] = []
-    for raw in lines:
-        text = raw if isinstance(raw, str) else str(raw)
-        parts = text.split("\r") if "\r" in text else [text]
-        segs = [strip_control(p)[:_MAX_LINE] for p in parts]
-        segs = [s for s in segs if s.strip()] or [""]
-        out.extend(segs)
-    return out
-
-
 def _rank(line: str, sig: Signatures) -> str | None:
     for rx in sig.ranks:
         if m := rx.search(line):
@@ -160,7 +160,9 @@ def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogSc
 @functools.lru_cache(maxsize=_SCANS_KEPT)
 def _scan(lines: tuple[str, ...], sig: Signatures) -> LogScan:
     """`scan_log` of a tuple (cached: a pure function of its lines and signatures)."""
-    scanner = _Scanner(_clean_lines(lines or []), sig)
+    norm = normalise(lines or [])
+    scanner = _Scanner([n.text for n in norm], sig)
+    scanner.scan.norm = norm
     for i in range(scanner.scan.start, len(scanner.lines)):
         scanner.line(i)
     return scanner.finish()
@@ -333,12 +335,82 @@ class _Scanner:
             scan.phase, scan.finished_phase, scan.phase_index = "comm_init", None, last[0]
             scan.phase_entered = last[0]
             scan.phase_grace_s = None
+        scan.times = timeline([(n.ts_kind, n.ts) for n in scan.norm])
         _drop_benign_tracebacks(scan, sig)
+        _structured_failures(scan, sig)
         _host_allocations(scan, sig)
         stop = scan.stop_requested
         if stop is not None and not any(h.index < stop for h in scan.failures):
             scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
         return scan
+
+
+#: Exception types that end a traceback without a failure: a stop asked for, a clean exit, a warning raised as one.
+_NOT_FAILURES = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit", "StopIteration"})
+
+
+def _structured_failures(scan: LogScan, sig: Signatures) -> None:
+    """Read the run's errors as structures (bot.core.diagnose.errors) and let them decide over the signature hits on
+    their lines: one hit per error block, at the line that says what failed, with the verdict its exception TYPE gives
+    (then its message: bot.core.diagnose.meaning), whether it echoes an earlier failure, and the step its frames show.
+    Hits on a block's other lines (its header, frames, code) are dropped: code is no evidence. A traceback that ends
+    in KeyboardInterrupt or SystemExit is a stop, not a failure."""
+    blocks = [b for b in error_blocks(scan.norm) if b.start >= scan.start]
+    scan.blocks = blocks
+    if not blocks:
+        return
+    covered: set[int] = set()
+    added: list[_Hit] = []
+    for b in blocks:
+        covered.update(range(b.start, b.end + 1))
+        own = b.short_type
+        if own in _NOT_FAILURES and not (own == "SystemExit" and b.message not in ("", "0", "None")):
+            if own == "KeyboardInterrupt" and scan.stop_requested is None:
+                scan.stop_requested = b.line
+            continue
+        if own and own.endswith("Warning"):
+            continue
+        line = scan.lines[b.line]
+        if b.kind == "signal" and sig.benign.first(line):
+            continue
+        if b.cut:  # no exception line: what its own message lines said (a header line that carries the error's words,
+            # `Exception in worker ...: <message>, Traceback ...`) stands for it, with the frames it has
+            said = [h for h in scan.failures if b.start <= h.index <= b.end and not _is_frame_part(scan.lines[h.index])
+                    and "Traceback (most recent call last)" not in scan.lines[h.index][:40]]
+            if said:
+                for h in said:
+                    h.block = b
+                    _frame_of(h, b, scan, sig)
+                    added.append(h)
+                continue
+        kind = block_family(b, sig)
+        if b.kind == "signal" and kind == "crashed" and sig.killed.first(line):
+            kind = "killed"
+        hit = _Hit(b.line, line, kind, echo=is_echo(b, sig), block=b)
+        sig_hit = next((h for h in scan.failures if h.index == b.line), None)
+        if sig_hit is not None:
+            hit.phase, hit.rank, hit.reached = sig_hit.phase, sig_hit.rank, sig_hit.reached
+            hit.echo = hit.echo or (sig_hit.echo and sig_hit.kind == kind)
+        else:
+            before = [h for h in scan.failures if h.index < b.start]
+            hit.reached = before[-1].reached if before else None
+        _frame_of(hit, b, scan, sig)
+        added.append(hit)
+    kept = [h for h in scan.failures if h.index not in covered]
+    scan.failures = sorted(kept + added, key=lambda h: h.index)
+
+
+def _is_frame_part(line: str) -> bool:
+    """Whether a line is a traceback's frame or the code line under one (no evidence by itself)."""
+    return _FRAME_RE.search(line) is not None
+
+
+def _frame_of(hit: _Hit, b: ErrorBlock, scan: LogScan, sig: Signatures) -> None:
+    """Set the start-up step `b`'s frames show on `hit`, with the line of the frame that shows it."""
+    if (fp := frame_phase(b.frames, sig)) is not None:
+        hit.frame_phase, hit.frame_sure = fp[0], fp[2]
+        hit.frame = next((j for j in range(b.end, b.start - 1, -1)
+                          if fp[1].func and f"in {fp[1].func}" in scan.lines[j]), None)
 
 
 def _host_allocations(scan: LogScan, sig: Signatures) -> None:

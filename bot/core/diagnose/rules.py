@@ -290,11 +290,24 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     return ev
 
 
+def _past_startup(hit: _Hit, scan: LogScan) -> bool:
+    """Whether the log shows the launch past start-up before `hit`: a readiness line, or a serving milestone."""
+    return any(i < hit.index for i in scan.ready) or (hit.reached is not None and hit.reached[0] == "serving")
+
+
 def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
     """The phase the failure happened in: the last milestone its rank reached before it (a line without a rank: the
     launch's furthest), else one its block's frames name, else where the launch got to, else one its hits imply; the
     frames may also name a phase after one that had finished there. The phase's line is added to `ev`."""
     root = f.root
+    if root is not None and root.frame_phase is not None and (root.frame_sure or _past_startup(root, scan)):
+        # the failing frames say where, before any milestone (a per-batch loop only once start-up is over)
+        phase = root.frame_phase
+        if f.kind == "port_in_use" and phase == "serving":
+            return None
+        if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
+            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): `{_q(scan.lines[root.frame])}`")
+        return phase
     reached = root.reached if root is not None else None
     hinted, hint_line = hinted_phase(scan, root.index, sig) if root is not None else (None, None)
     if reached is not None:

@@ -163,6 +163,11 @@ class Signatures:
     probe_line: _Group
     leftover_processes: _Group
     warning_severity: re.Pattern[str]
+    exception_types: dict[str, frozenset[str]] = field(default_factory=dict)  # verdict -> exception type names
+    echo_types: frozenset[str] = frozenset()  # exception types raised because something else failed first
+    frame_phases: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)  # (phase, function/file regex)
+    wait_frames: re.Pattern[str] = re.compile(r"(?!)")  # functions that only wait on other processes
+    loop_frames: re.Pattern[str] = re.compile(r"(?!)")  # an engine's per-batch loops (warm-up requests run them too)
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -316,9 +321,34 @@ def load_signatures(text: str | None = None) -> Signatures:
         warning_severity=regex("warning_severity", r"\bWARN(?:ING)?\b"),
         causes=_causes(data.get("causes")),
         error_severity=regex("error_severity", r"\bERROR\b"),
+        exception_types=_exception_types(data.get("exception_types")),
+        echo_types=frozenset(str(x) for x in data.get("echo_types") or ()),
+        frame_phases=_frame_phases(data.get("frame_phases"), order),
+        wait_frames=regex("wait_frames", r"(?!)"),
+        loop_frames=regex("loop_frames", r"(?!)"),
         **{k: generic(k) for k in _GENERIC_GROUPS},
         **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))
+
+
+def _exception_types(data: Any) -> dict[str, frozenset[str]]:
+    """exception_types: verdict -> list of type names; every verdict must be a failure kind."""
+    out: dict[str, frozenset[str]] = {}
+    for kind, names in (data or {}).items():
+        if kind not in _FAILURE_KINDS:
+            raise ValueError(f"signatures: exception_types: unknown verdict {kind!r}")
+        out[str(kind)] = frozenset(str(n) for n in names or [])
+    return out
+
+
+def _frame_phases(data: Any, order: Sequence[str]) -> list[tuple[str, re.Pattern[str]]]:
+    """frame_phases: phase -> list of regexes (function or file names), in the phases' start-up order."""
+    out: list[tuple[str, re.Pattern[str]]] = []
+    for phase, specs in (data or {}).items():
+        if phase not in order:
+            raise ValueError(f"signatures: frame_phases: unknown phase {phase!r}")
+        out += [(str(phase), p.regex) for p in _pats(specs, f"frame_phases.{phase}", "generic")]
+    return out
 
 
 def _indexed(sig: Signatures) -> Signatures:

@@ -1,0 +1,101 @@
+"""What a structured error means (pure): its verdict family from its exception TYPE first and its message second, whether
+it is an echo of an earlier failure, and the start-up step its FRAMES show.
+
+The tables are data (signatures.yaml `exception_types`, `echo_types`, `frame_phases`, `wait_frames`); the signature
+table's failure patterns are only the last layer, read on the exception's own message when its type says nothing
+(`RuntimeError: CUDA error: an illegal memory access was encountered`). Never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bot.core.diagnose.errors import ErrorBlock, TraceFrame
+from bot.core.diagnose.signatures import _FAILURE_KINDS, Signatures
+
+__all__ = ["block_family", "frame_phase", "is_echo"]
+
+#: Signal names that end a process by a fault of its own code or hardware (a crash), not a request to stop.
+_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
+
+
+def _message_family(text: str, sig: Signatures) -> str | None:
+    """The failure kind the signature table gives an exception's own words, most specific first; None for none."""
+    for kind in _FAILURE_KINDS:
+        if kind == "crashed":
+            continue
+        if sig.failures[kind].first(text):
+            return kind
+    return None
+
+
+def block_family(block: ErrorBlock, sig: Signatures) -> str:
+    """The verdict an error block stands for: its type's family (`torch.OutOfMemoryError` -> `oom`,
+    `DistBackendError` -> `nccl_error`), else what its message says (`CUDA error: ...` -> `cuda_error`), else
+    `crashed`. A C++ exception's `what()` and a signal's line are read the same way."""
+    own = block.short_type
+    if own:
+        for kind, names in sig.exception_types.items():
+            if own in names:
+                if kind == "cuda_error" and (m := _message_family(block.message, sig)) == "oom":
+                    return m  # torch's AcceleratorError for `CUDA error: out of memory`
+                return kind
+    text = f"{block.exc_type or ''}: {block.message}" if block.exc_type else block.message
+    found = _message_family(text, sig)
+    if found == "port_in_use" and own not in (None, "OSError", "RuntimeError", "DistNetworkError",
+                                               "DistStoreError", "error", "Exception"):
+        found = None  # `address already in use` inside another error's words (a ValueError's help text)
+    return found or "crashed"
+
+
+def _funcs(frames: Sequence[TraceFrame]) -> list[TraceFrame]:
+    """Frames innermost first."""
+    return list(reversed(frames))
+
+
+def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, TraceFrame, bool] | None:
+    """The step a traceback's frames show, the frame that shows it, and whether it is sure: the innermost frame whose
+    function names a start-up step (sure); else a frame of request work (`execute_model`; sure); else an engine's
+    per-batch loop (`event_loop_overlap`: serving, but not sure: warm-up requests run it too); file names
+    (`parallel_state.py`) only when no function says anything (not sure). None when nothing does."""
+    serving: TraceFrame | None = None
+    loop: TraceFrame | None = None
+    for fr in _funcs(frames):
+        name = fr.func or ""
+        if not name:
+            continue
+        for phase, rx in sig.frame_phases:
+            if rx.pattern.endswith(("py$", "/")) or not rx.search(name):
+                continue
+            if phase == "serving":
+                serving = serving or fr
+                break
+            return phase, fr, True
+        else:
+            if loop is None and sig.loop_frames.search(name):
+                loop = fr
+    if serving is not None:
+        return "serving", serving, True
+    if loop is not None:
+        return "serving", loop, False
+    for fr in _funcs(frames):
+        for phase, rx in sig.frame_phases:
+            if fr.file and rx.search(fr.file):
+                return phase, fr, False
+    return None
+
+
+def is_echo(block: ErrorBlock, sig: Signatures) -> bool:
+    """Whether an error was raised only because something else failed first: its type is one of `echo_types`
+    (`EngineDeadError`), or its innermost frame only waits on other processes (`wait_for_engine_startup`, a join)."""
+    if block.short_type in sig.echo_types:
+        return True
+    if block.frames:
+        inner = block.frames[-1].func or ""
+        return bool(inner) and sig.wait_frames.search(inner) is not None
+    return False
+
+
+def is_crash_signal(block: ErrorBlock) -> bool:
+    """Whether a signal block is a process's own fault (SIGSEGV, SIGABRT, ...), not a stop someone asked for."""
+    return block.kind == "signal" and (block.exc_type or "signal") in _CRASH_SIGNALS
