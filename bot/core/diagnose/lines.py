@@ -21,10 +21,11 @@ unit[123]: `); Python logging's default and vLLM's (`INFO 06-30 13:53:19 [core.p
 (`(VllmWorker rank=0 pid=12) `, `(EngineCore_DP0 pid=12) `, `(APIServer pid=1) `) and logfmt (`time=... level=INFO
 source=server.go:12 msg="..."`, Ollama 0.1-0.12).
 
-A hard wrap is recognised by its shape: the log has a width its long lines are cut at (three or more lines of exactly
-that many characters, none longer), or most of its lines start with a timestamp, a level or a bracketed prefix while
-this one starts with none of them right after a long line. Such a continuation is joined back to the line above,
-with nothing between them at a fixed width (a terminal keeps every character) and one space otherwise. Never raises.
+A hard wrap is recognised by its shape: the log has a width its long lines were cut at, exactly (a terminal keeps
+every character: three or more lines of exactly that many characters, none longer) or at word boundaries (a paste or
+a chat client: four or more lines just under a width of 60 to 200 characters that none exceeds), and the line after a
+cut one does not start like a line (a timestamp, a level, a bracket, a traceback's structure). Such a continuation is
+joined back to the line above, with nothing between them at an exact width and one space otherwise. Never raises.
 """
 
 from __future__ import annotations
@@ -113,15 +114,39 @@ _LINE_START = re.compile(
     r"|time=|Traceback |During handling|The above exception|File \"|(?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Exit|"
     r"Interrupt|Warning)\b|\w[\w.-]{0,80}\s+\| |terminate called|what\(\)|Exception raised from|frame #"
     r"|\d+\s*(?:%|/\d)|[a-z_][\w.]*:\s)")
-_SHORT = 60  # a line shorter than this was not cut by a wrap
 #: How a paste's continuation starts: mid-sentence (a lower-case word, a digit, closing punctuation), never a new
 #: capitalised message.
 _CONTINUES = re.compile(r"^[a-z0-9)\]},.;:/'\"_-]")
 
 
+#: Where an engine's own line starts inside a longer line: a timestamp, a level word, a bracket or parenthesis.
+_ENGINE_START = re.compile(r"(?:\d{4}-\d\d-\d\d|\d\d-\d\d \d\d:|[IWEF]\d{4} \d|[\[(]|(?:DEBUG|INFO|WARNING|WARN|ERROR|"
+                           r"CRITICAL|FATAL)\b)")
+
+
+def _repeated_label(text: Sequence[str]) -> re.Pattern[str] | None:
+    """A label a tool put before every line (`stern`'s `POD CONTAINER `, a host name, a job name): the same words, up
+    to where the engine's own line starts (a timestamp, a level, a bracket), on at least 60 % of the lines (and at
+    least 3). None when there is none."""
+    counts: Counter[str] = Counter()
+    for ln in text:
+        m = _ENGINE_START.search(ln, 1, 120)
+        if m is None or not ln[m.start() - 1].isspace():
+            continue
+        label = ln[:m.start()]
+        if 2 <= len(label.strip()) <= 100 and not _LINE_START.match(label) and not label.strip().isdigit():
+            counts[label] += 1
+    if not counts:
+        return None
+    label, n = counts.most_common(1)[0]
+    if n >= max(3, 0.6 * len(text)):
+        return re.compile("^" + re.escape(label).replace("\\ ", " ") + "(?P<src>)")
+    return None
+
+
 def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
     """The outer prefix shape most lines of the log carry: one that at least 60 % of its non-blank lines (at least 2,
-    or the only line) start with. None when there is none."""
+    or the only line) start with; else a label repeated before every line. None when there is none."""
     text = [ln for ln in lines[:400] if ln.strip()]
     if not text:
         return None
@@ -129,7 +154,8 @@ def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
         n = sum(1 for ln in text if rx.match(ln))
         if n >= max(1 if len(text) == 1 else 2, 0.6 * len(text)):
             return name, rx
-    return None
+    label = _repeated_label(text)
+    return ("label", label) if label is not None else None
 
 
 def _split_cr(lines: Iterable[object]) -> list[tuple[int, str]]:
@@ -147,48 +173,45 @@ def _split_cr(lines: Iterable[object]) -> list[tuple[int, str]]:
     return out
 
 
-def _wrap_width(texts: Sequence[str]) -> int | None:
-    """The width a terminal or paste cut this log's long lines at: a length of at least 60 that 3 or more lines have
-    exactly and no line exceeds. None when there is none."""
-    lengths = Counter(len(t) for t in texts if len(t) >= 60)
+def _wrap_width(texts: Sequence[str]) -> tuple[int, bool] | None:
+    """The width this log's long lines were cut at, and whether exactly (a terminal keeps every character, so three or
+    more lines have exactly that length, at least 60, and none is longer) or at word boundaries (a paste or a chat
+    client: four or more lines end within 15 % under a width of 60 to 200 that none exceeds). None when neither."""
+    lengths = Counter(len(t.rstrip()) for t in texts if len(t) >= 50)
     if not lengths:
         return None
     longest = max(lengths)
-    return longest if lengths[longest] >= 3 else None
-
-
-def _mostly_prefixed(texts: Sequence[str]) -> bool:
-    """Whether at least 60 % of the log's non-blank lines start like a line (a timestamp, level, bracket ...)."""
-    sample = [t for t in texts[:400] if t.strip()]
-    return len(sample) >= 3 and sum(1 for t in sample if _LINE_START.match(t)) >= 0.6 * len(sample)
+    if longest >= 60 and lengths[longest] >= 3:
+        return longest, True
+    if 60 <= longest <= 200 and sum(n for w, n in lengths.items() if w >= 0.85 * longest) >= 4:
+        return longest, False
+    return None
 
 
 def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]]:
     """Segments with hard-wrapped continuations joined back (see the module docstring)."""
     texts = [t for _, t in segments]
-    width = _wrap_width(texts)
-    prefixed = _mostly_prefixed(texts)
+    wrap = _wrap_width(texts)
     out: list[tuple[tuple[int, ...], str]] = []
     prev_len = 0  # the length of the physical line above (a join's last part)
     for i, text in segments:
-        if out and text.strip():
+        if out and text.strip() and wrap is not None:
             phys, before = out[-1]
-            cut = width is not None and prev_len == width and len(before) < MAX_LINE
+            width, exact = wrap
             starts = bool(_LINE_START.match(text))
-            mid_token = before[-1:].isalnum() and text[:1].isalnum()
-            if cut and (not starts or mid_token):
+            if exact and prev_len == width and len(before) < MAX_LINE and (
+                    not starts or (before[-1:].isalnum() and text[:1].isalnum())):
                 out[-1] = ((*phys, i), (before + text)[:MAX_LINE])
                 prev_len = len(text)
                 continue
-            if (not cut and width is None and prefixed and not starts and prev_len >= _SHORT
-                    and _CONTINUES.match(text) and not before.rstrip().endswith((".", "!", "?", ":", "{", "[", "("))
-                    and "File \"" not in before):
+            if (not exact and prev_len >= 0.85 * width and not starts and _CONTINUES.match(text)
+                    and not before.rstrip().endswith((".", "!", "?", ":")) and len(before) < MAX_LINE):
                 sep = "" if before.endswith((" ", "-", "/", "=")) else " "
                 out[-1] = ((*phys, i), (before + sep + text)[:MAX_LINE])
-                prev_len = len(text)
+                prev_len = len(text.rstrip())
                 continue
         out.append(((i,), text))
-        prev_len = len(text)
+        prev_len = len(text.rstrip())
     return out
 
 

@@ -94,6 +94,10 @@ class LogScan:
     meaningful: list[int] = field(default_factory=list)
     completed: list[int] = field(default_factory=list)
     stop_requested: int | None = None  # the first line that says a stop was asked for (a signal, Ctrl-C)
+    exits: list[int] = field(default_factory=list)  # lines in the words of a process ending in order (not errors)
+    #: Where the run began to end in order: the stop request, else the first of the exit events after the run's last
+    #: work line (None while the log does not end that way). Failures after it are its teardown.
+    ending: int | None = None
 
     @property
     def progress_advancing(self) -> bool:
@@ -239,6 +243,8 @@ class _Scanner:
             self._advance(i, best, rank)
         if is_ready:
             scan.ready.append(i)
+        if sig.exit_events.first(line) and not sig.error_severity.search(line):
+            scan.exits.append(i)
         if sig.shutdown.first(line):
             scan.shutdown.append(i)
             if scan.stop_requested is None and sig.stop_requested.first(line):  # a stop request is shutdown wording
@@ -339,10 +345,25 @@ class _Scanner:
         _drop_benign_tracebacks(scan, sig)
         _structured_failures(scan, sig)
         _host_allocations(scan, sig)
-        stop = scan.stop_requested
+        scan.ending = _ending(scan)
+        stop = scan.ending
         if stop is not None and not any(h.index < stop for h in scan.failures):
             scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
         return scan
+
+
+def _ending(scan: LogScan) -> int | None:
+    """Where the run began to end in order (see LogScan.ending): the stop request; else the first exit event after the
+    last line of work (a progress line, a milestone, a request or stats line, a readiness line), when the exit events
+    come before any failure."""
+    if scan.stop_requested is not None:
+        return scan.stop_requested
+    if not scan.exits:
+        return None
+    work = [*scan.ready, *(p.index for p in scan.progress), *([scan.phase_index] if scan.phase_index is not None else [])]
+    last_work = max(work, default=-1)
+    after = [i for i in scan.exits if i > last_work]
+    return after[0] if after else None
 
 
 #: Exception types that end a traceback without a failure: a stop asked for, a clean exit, a warning raised as one.

@@ -654,21 +654,39 @@ def _ended_rule(c: _Case) -> Verdict | None:
 
 
 def _stopped_rule(c: _Case) -> Verdict | None:
-    """4b. The log ends in a stop, in the engine's own words (a signal received, a graceful shutdown), with no
-    failure before it and nothing answering: `exited` in shutdown, though no process table says it is gone."""
+    """4b. The run ends in order, in the log's own words: a stop was asked for (a signal, Ctrl-C), or exit events follow
+    its last work line (exiting, shut down, replicas removed) with no failure before them, and nothing answers:
+    `exited` in shutdown, though no process table says it is gone."""
     obs, scan = c.obs, c.scan
-    if obs.process_alive is not None or not scan.shutdown or obs.health == "ok" or obs.port_open is True:
+    first = scan.ending
+    if first is None or obs.process_alive is True:  # a stop that has not ended the process (ignored, or under way)
         return None
-    first = scan.shutdown[0]
-    stops = set(scan.shutdown)
-    if sum(1 for i in scan.meaningful if i > first and i not in stops) > 3:  # the run went on after it
-        return None
+    ends = {*scan.shutdown, *scan.exits}
+    if sum(1 for i in scan.meaningful if i > first and i not in ends) > 3 and scan.stop_requested is None:
+        return None  # the run went on after it
     ev = _Ev()
-    for i in dict.fromkeys([scan.stop_requested if scan.stop_requested is not None else first, scan.shutdown[-1]]):
+    last = max((i for i in ends if i >= first), default=first)
+    for i in dict.fromkeys([first, last]):
         ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
     summary = ("The launch was stopping without an error: the log ends in its shutdown"
                + (", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else "."))
     return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
+
+
+def _completed_rule(c: _Case) -> Verdict | None:
+    """4c. A program that ran to its end: the log ends in its completion (`destroy_process_group() was not called before
+    program exit`, `job finished`) with no failure and no stop, and its process is not known to run."""
+    obs, scan = c.obs, c.scan
+    if obs.process_alive is True or not scan.completed or scan.failures:
+        return None
+    last = scan.completed[-1]
+    work = [*(p.index for p in scan.progress), *([scan.phase_index] if scan.phase_index is not None else [])]
+    if any(i > last for i in work) or obs.exit_code not in (None, 0):
+        return None
+    ev = _Ev()
+    ev.add(f"end of the program (log line {last + 1}): `{_q(scan.lines[last])}`")
+    summary = "The program ran to its end without an error: the log shows it finishing, not failing."
+    return _verdict(c.sig, "exited", None, ev, summary, obs, scan)
 
 
 def _health(obs: Observation) -> tuple[str | None, str | None]:
@@ -827,7 +845,8 @@ def _starting_rule(c: _Case) -> Verdict:
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
 RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
-    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _serving_rule, _starting_rule)
+    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule, _serving_rule,
+    _starting_rule)
 
 
 def diagnose(
