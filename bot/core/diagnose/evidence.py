@@ -19,6 +19,9 @@ from bot.core.models import GpuReading, ProcessInfo
 from bot.core.text import counted
 
 _QUOTE_MAX = 400  # longest quote in an evidence string, in characters
+#: An HTTP request's access line in any common format (uvicorn, nginx, gin, Rust tracing): a method and a path.
+_REQUEST_LIKE = re.compile(r'"(?:POST|GET|PUT|DELETE) /(?!(?:health\w*|metrics|ping|version)\b)\S* HTTP/[\d.]+"\s+\d{3}'
+                           r'|\b(?:POST|GET) /v\d/\S+ \S* ?\d{3}\b')
 
 
 def _q(text: str, limit: int = _QUOTE_MAX) -> str:
@@ -218,8 +221,47 @@ def _phase_evidence(ev: _Ev, scan: LogScan) -> None:
         ev.add(f"progress line: `{_q(text)}`")
 
 
+def _repeated(scan: LogScan) -> tuple[int, int] | None:
+    """(count, newest line) of the line that repeats most in the run's last 200 lines (numbers aside), when one repeats
+    at least twice: a poll, a heartbeat, a retry; None otherwise."""
+    seen: dict[str, list[int]] = {}
+    for i in range(max(scan.start, len(scan.lines) - 200), len(scan.lines)):
+        body = scan.norm[i].body if i < len(scan.norm) else scan.lines[i]
+        key = _NUMBERS.sub("#", body.strip())
+        if len(key) >= 12:
+            seen.setdefault(key, []).append(i)
+    best = max(seen.values(), key=len, default=[])
+    return (len(best), best[-1]) if len(best) >= 2 else None
+
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _not_failures(ev: _Ev, scan: LogScan) -> None:
+    """Up to two lines at warning or error level that were NOT taken as failures (a warning, a survived error, a
+    known-benign one), newest first: what a reader of the log would otherwise worry about."""
+    hits = {h.index for h in scan.failures}
+    shown = 0
+    for i in range(len(scan.lines) - 1, scan.start - 1, -1):
+        if i >= len(scan.norm) or i in hits:
+            continue
+        if scan.norm[i].level in ("WARNING", "ERROR", "CRITICAL") and not ev.quotes(scan.lines[i]):
+            ev.add(f"{scan.norm[i].level.lower()}, not taken as the failure (log line {i + 1}): `{_q(scan.lines[i])}`")
+            shown += 1
+            if shown >= 2:
+                return
+
+
 def _log_tail_evidence(ev: _Ev, scan: LogScan) -> None:
-    """Heartbeats, benign warnings and the last meaningful lines."""
+    """Heartbeats, repeated lines, benign warnings and the last meaningful lines."""
+    if scan.ready:
+        ev.add(f"readiness line (log line {scan.ready[-1] + 1}): `{_q(scan.lines[scan.ready[-1]])}`")
+    requests = [i for i in range(len(scan.lines) - 1, scan.start - 1, -1) if _REQUEST_LIKE.search(scan.lines[i])]
+    if requests:
+        ev.add(f"newest request line (log line {requests[0] + 1}): `{_q(scan.lines[requests[0]])}`")
+    if (rep := _repeated(scan)) is not None and not ev.quotes(scan.lines[rep[1]]):
+        ev.add(f"repeated {rep[0]}× (numbers aside): `{_q(scan.lines[rep[1]])}`")
+    _not_failures(ev, scan)
     if scan.heartbeats:
         last = scan.lines[scan.heartbeats[-1]]
         ev.add(f"heartbeat line repeated {len(scan.heartbeats)}× (a heartbeat is not progress): `{_q(last)}`")

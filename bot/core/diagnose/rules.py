@@ -635,6 +635,12 @@ def _ended_rule(c: _Case) -> Verdict | None:
     if obs.process_alive is not False:
         return None
     ev = _Ev()
+    if scan.ending is not None and obs.exit_code in (None, 0):  # it was stopping in order when it ended
+        for i in dict.fromkeys([scan.ending, max([scan.ending, *scan.shutdown, *scan.exits])]):
+            ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
+        summary = "The launch ended without an error: the log shows it stopping in order" + (
+            ", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else ".")
+        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
     if scan.completed and not scan.shutdown and obs.exit_code in (None, 0):
         ev.add(f"end of the program (log line {scan.completed[-1] + 1}): `{_q(scan.lines[scan.completed[-1]])}`")
         summary = "The program ran to its end without an error: the log shows it finishing, not failing."
@@ -700,9 +706,10 @@ def _serving_rule(c: _Case) -> Verdict | None:
     obs, scan, sig = c.obs, c.scan, c.sig
     health, health_line = _health(obs)
     ready_line = scan.lines[scan.ready[-1]] if scan.ready else None
+    serving_seen = scan.phase == "serving" and obs.process_alive is not False  # requests answered, tokens made
     if health == "ok" or (
         health in (None, "connect_timeout")
-        and (obs.port_open is True or (ready_line is not None and obs.port_open is not False))
+        and (obs.port_open is True or ((ready_line is not None or serving_seen) and obs.port_open is not False))
     ):
         grace = c.grace.get("serving", c.silence_default)
         stuck = (_queued_but_silent(obs, scan, sig, grace) or _generation_stuck(obs, scan, sig, grace)
@@ -834,6 +841,16 @@ def _starting_rule(c: _Case) -> Verdict:
         ev.add(f"last non-heartbeat log line {_secs(silence)} ago, within the {grace_text}")
         summary = f"Still starting ({where}); the log moved within the grace period."
         return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+    if (phase or scan.finished_phase) and obs.log_growing is None and not scan.heartbeat_run:
+        # the log's last line is a start-up step, after which nothing failed: a launch under way, as far as the log can
+        # tell without a clock of its own (whether it still grows is the fact that would decide)
+        last = scan.meaningful[-1] if scan.meaningful else scan.phase_index
+        if last is not None:
+            ev.add(f"the log ends in a start-up step, with no failure: `{_q(scan.lines[last])}`")
+        ev.add("how long the log has been silent is not known: whether it still grows would tell a slow start-up "
+               "from a hang")
+        summary = f"Still starting ({where}), as far as the log shows: no failure, no heartbeat-only tail."
+        return _verdict(sig, "loading", phase or scan.finished_phase, ev, summary, obs, scan)
     summary = (
         "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
     )
