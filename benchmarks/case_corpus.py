@@ -20,7 +20,7 @@ from pathlib import Path
 from bot.adapters.bundle import read_bundle
 from bot.core.diagnose import diagnose
 from tests.support.paths import CASES
-from tests.support.split import second_held_out, split, third_set
+from tests.support.split import fourth_set, second_held_out, split, third_set
 
 #: Verdicts that raise no alarm: a control bundle (a healthy or still-progressing launch) expects one of them.
 QUIET = frozenset({"ready", "loading"})
@@ -71,6 +71,8 @@ def main() -> None:
     report("rule-writing", rule_writing, not a.quiet)
     if rule_writing_3:
         report("rule-writing 3", rule_writing_3, not a.quiet)
+    if rule_writing_4 := fourth_set(bundles):
+        report("issue 44 open", rule_writing_4, not a.quiet)
     if a.held_out:
         report("held-out", held_out, False)
     if a.held_out_2:

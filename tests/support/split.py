@@ -13,6 +13,9 @@ Fixed BEFORE the first new bundle (issue 13) existed and before any rule was wri
 - bundles numbered THIRD_SET_FROM (100) and up were added for issue 24 (phases by milestones): fixed (this
   paragraph and `third_set`, committed) before any of them existed. Of them, the third whose sha256(directory
   name) sorts first is held out (measured once, at the end of the issue, never asserted); the rest is rule-writing.
+- bundles numbered FOURTH_SET_FROM (200) and up were added for issue 44, all rule-writing: that issue's held-out set
+  is SEALED instead (tests/fixtures/sealed/: written by other helpers from other sources, packed unopened, scored only
+  by benchmarks/sealed_corpus.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ SECOND_HELD_OUT_FROM = 76
 """Bundles numbered from this id on, up to THIRD_SET_FROM, are the second held-out set (all of them)."""
 THIRD_SET_FROM = 100
 """Bundles numbered from this id on were added for issue 24: two thirds rule-writing, one third held out."""
+FOURTH_SET_FROM = 200
+"""Bundles numbered from this id on were added for issue 44: all rule-writing (its held-out set is sealed apart)."""
 
 
 def bundle_id(directory: Path) -> int:
@@ -60,9 +65,14 @@ def third_set(bundles: list[Path]) -> tuple[list[Path], list[Path]]:
 
     held_out is ceil(n / 3) of them: those whose sha256(name) is smallest (the same rule as `split`).
     """
-    new = [b for b in bundles if bundle_id(b) >= THIRD_SET_FROM]
+    new = [b for b in bundles if THIRD_SET_FROM <= bundle_id(b) < FOURTH_SET_FROM]
     held = set(sorted(new, key=_key)[: math.ceil(len(new) / 3)])
     return sorted(b for b in new if b not in held), sorted(held)
+
+
+def fourth_set(bundles: list[Path]) -> list[Path]:
+    """The bundles numbered FOURTH_SET_FROM and up (issue 44), all rule-writing, sorted by name."""
+    return sorted(b for b in bundles if bundle_id(b) >= FOURTH_SET_FROM)
 
 
 def miss_key(directory: Path) -> str:
