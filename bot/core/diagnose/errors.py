@@ -181,7 +181,11 @@ def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> lis
             chain_next = True
             continue
         if cur is None:
-            continue
+            if (fm := _FRAME.search(body)) is None or (out and out[-1].end >= i - 1 and not out[-1].cut):
+                continue
+            # a traceback pasted without its header (an excerpt that starts in its frames): read from its first frame
+            cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=source)
+            after_frame = 0
         if fm := _FRAME.search(body):
             cur.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
             cur.end = i

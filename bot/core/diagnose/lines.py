@@ -82,8 +82,10 @@ _TS_CORE = (r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\
 #: One prefix element at the start of what is left of the line, tried in this order, removed one after another.
 _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # a process / rank label in parentheses: `(VllmWorker rank=0 pid=12) `, `(RayWorkerWrapper pid=1, ip=x) `
-    ("source", re.compile(r"\((?P<v>(?:[\w:.-]{1,60} )?(?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}"
+    ("source", re.compile(r"\((?P<v>(?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}"
                           r"(?:,? (?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}){0,3})\)\s+")),
+    # NCCL's own lines: `host:pid:tid [rank] NCCL INFO init.cc:123 ...`
+    ("nccl", re.compile(r"[\w.-]{1,64}:\d{1,9}:\d{1,9} \[(?P<v>\d{1,5})\] NCCL (?P<l>INFO|WARN|TRACE) (?:(?P<m>[\w/.-]+\.cc):\d+ )?")),
     # torch `[rank0]:`, `[Rank 3] `
     ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
@@ -251,6 +253,10 @@ def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
                 module = module or m.group("m")
             elif kind == "source":
                 source = source or m.group("v")
+            elif kind == "nccl":
+                source = source or f"rank {m.group('v')}"
+                level = level or _LEVELS.get(m.group("l"))
+                module = module or m.group("m")
             pos = m.end()
             break
         else:
