@@ -167,6 +167,8 @@ def _scan(lines: tuple[str, ...], sig: Signatures) -> LogScan:
     norm = normalise(lines or [])
     scanner = _Scanner([n.text for n in norm], sig)
     scanner.scan.norm = norm
+    scanner.blocks = error_blocks(norm)
+    scanner.in_blocks = {j for b in scanner.blocks for j in range(b.start, b.end + 1)}
     for i in range(scanner.scan.start, len(scanner.lines)):
         scanner.line(i)
     return scanner.finish()
@@ -208,6 +210,9 @@ class _Scanner:
         self.run_first_ts: tuple[str, float] | None = None
         self.last_marker: tuple[int, _Pat] | None = None
         self.per_rank: dict[str | None, tuple[int, bool, int]] = {}  # rank -> (phase order, ended, marker line)
+        self.entered_by_lexicon = False
+        self.blocks: list[ErrorBlock] | None = None  # the furthest phase was entered on a lexicon line (no engine marker yet)
+        self.in_blocks: set[int] = set()  # lines of error blocks (tracebacks' frames and code): never a milestone
 
     def line(self, i: int) -> None:
         """Take line `i` into the scan."""
@@ -229,7 +234,7 @@ class _Scanner:
         for kind, group in sig.context.items():
             if group.first(line):
                 scan.context.setdefault(kind, []).append(i)
-        best = self._marker(line)
+        best = self._marker(line, i)
         if hit is not None and best is not None and best.marker != "progress":
             best = None  # the words of an error message never set the phase (a progress bar the error ran into does)
         counter = sig.progress_counter.search(line)
@@ -251,7 +256,7 @@ class _Scanner:
                 scan.stop_requested = i
         self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
 
-    def _marker(self, line: str) -> _Pat | None:
+    def _marker(self, line: str, i: int = -1) -> _Pat | None:
         """The phase marker of the furthest phase on `line`, among the engines seen (all when none was)."""
         best: _Pat | None = None
         order = self.order
@@ -260,6 +265,11 @@ class _Scanner:
             if group is None:
                 continue
             for p in group.all(line):
+                if p.phase in order and (best is None or order[p.phase] > order.get(best.phase or "", -1)):
+                    best = p
+        if (best is None and i not in self.in_blocks and not self.sig.error_severity.search(line)
+                and not self.sig.warning_severity.search(line)):
+            for p in self.sig.lexicon.all(line):  # a step in an engine's words the tables do not know
                 if p.phase in order and (best is None or order[p.phase] > order.get(best.phase or "", -1)):
                     best = p
         return best
@@ -290,6 +300,10 @@ class _Scanner:
         if k > self.furthest:
             self.furthest, self.ended, self.grace = k, set(), None
             self.scan.phase_entered = i
+            self.entered_by_lexicon = best.engine == "lexicon"
+        elif k == self.furthest and self.entered_by_lexicon and best.engine != "lexicon":
+            # the engine's own marker of the step the words entered first: where it began, in its own words
+            self.scan.phase_entered, self.entered_by_lexicon = i, False
         if k == self.furthest:
             self.last_kind = best.marker
             self.scan.phase_index = i
@@ -343,7 +357,7 @@ class _Scanner:
             scan.phase_grace_s = None
         scan.times = timeline([(n.ts_kind, n.ts) for n in scan.norm])
         _drop_benign_tracebacks(scan, sig)
-        _structured_failures(scan, sig)
+        _structured_failures(scan, sig, self.blocks)
         _host_allocations(scan, sig)
         scan.ending = _ending(scan)
         stop = scan.ending
@@ -370,13 +384,13 @@ def _ending(scan: LogScan) -> int | None:
 _NOT_FAILURES = frozenset({"KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit", "StopIteration"})
 
 
-def _structured_failures(scan: LogScan, sig: Signatures) -> None:
+def _structured_failures(scan: LogScan, sig: Signatures, blocks: list[ErrorBlock] | None = None) -> None:
     """Read the run's errors as structures (bot.core.diagnose.errors) and let them decide over the signature hits on
     their lines: one hit per error block, at the line that says what failed, with the verdict its exception TYPE gives
     (then its message: bot.core.diagnose.meaning), whether it echoes an earlier failure, and the step its frames show.
     Hits on a block's other lines (its header, frames, code) are dropped: code is no evidence. A traceback that ends
     in KeyboardInterrupt or SystemExit is a stop, not a failure."""
-    blocks = [b for b in error_blocks(scan.norm) if b.start >= scan.start]
+    blocks = [b for b in (blocks if blocks is not None else error_blocks(scan.norm)) if b.start >= scan.start]
     scan.blocks = blocks
     if not blocks:
         return

@@ -295,7 +295,74 @@ def _past_startup(hit: _Hit, scan: LogScan) -> bool:
     return any(i < hit.index for i in scan.ready) or (hit.reached is not None and hit.reached[0] == "serving")
 
 
-def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
+def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int] | None:
+    """The step that the sure frames of another error block of the same event show (another rank's traceback of the
+    same fault: the same second on the log's clock, or within 40 lines when the log has no clock), with the line of
+    the frame; None when none does."""
+    t = scan.times[root.index] if root.index < len(scan.times) else None
+    for h in scan.failures:
+        if h is root or h.frame_phase is None or not h.frame_sure or h.frame is None:
+            continue
+        other = scan.times[h.index] if h.index < len(scan.times) else None
+        same = abs(other - t) <= 1.0 if t is not None and other is not None else abs(h.index - root.index) <= 40
+        if same:
+            return h.frame_phase, h.frame
+    return None
+
+
+#: Lines before a failure within which a request line says the failure came while serving it.
+REQUEST_CONTEXT_LINES = 30
+#: Seconds after the last start-up line or readiness line beyond which a failure came while serving (the log's clock).
+LATE_FAILURE_S = 1800.0
+
+
+def _context_phase(f: _Failure, root: _Hit, scan: LogScan, alive: bool | None) -> tuple[str | None, int | None]:
+    """The phase the failure's surroundings show when nothing else did: a request a few lines above it (serving); a
+    failure long after the last start-up step on the log's own clock (serving); a GPU fault the process outlived
+    (serving: a start-up step that fails ends the launch); an NCCL failure before any readiness (comm_init, where
+    communicators are set up). (None, None) when none does."""
+    lo = max(scan.start, root.index - REQUEST_CONTEXT_LINES)
+    for j in range(root.index - 1, lo - 1, -1):
+        if _REQUEST_CONTEXT.search(scan.lines[j]):
+            return "serving", j
+    t = scan.times[root.index] if root.index < len(scan.times) else None
+    if t is not None:
+        marks = [i for i in [*scan.ready, scan.phase_index] if i is not None and i < root.index]
+        known = [scan.times[i] for i in marks if scan.times[i] is not None]
+        if known and t - max(known) >= LATE_FAILURE_S:
+            return "serving", None
+    if alive is True and f.kind in ("oom", "cuda_error") and not scan.ready:
+        return "serving", None
+    for h in f.hits:  # the native source files of the error's own lines (NCCL's `init.cc:1263 -> 2` return chain)
+        module = scan.norm[h.index].module if h.index < len(scan.norm) else None
+        if module and h.kind == f.kind and (fp := _file_phase(module)) is not None:
+            return fp, h.index
+    if (f.kind == "nccl_error" and not any(_TIMEOUT.search(h.line) for h in f.hits) and not scan.ready
+            and scan.finished_phase in (None, "comm_init")):
+        return "comm_init", None
+    return None, None
+
+
+_TIMEOUT = re.compile(r"(?i)time ?out|timed out|watchdog")
+
+
+def _file_phase(module: str) -> str | None:
+    """The step a source file of an error line names (signatures.yaml frame_phases, file patterns), or None."""
+    for phase, rx in SIGNATURES.frame_phases:
+        if rx.pattern.endswith(("$", "/")) and "\\." in rx.pattern and rx.search(module):
+            return phase
+    return None
+
+
+#: A line of a request being served: an HTTP access line for a generation endpoint, an engine's own request line.
+_REQUEST_CONTEXT = re.compile(
+    r'"(?:POST|GET) /(?:v\d/)?(?:chat/)?(?:completions|generate\w*|embeddings|infer\w*|predict)\S* HTTP/[\d.]+"'
+    r"|\b(?:POST|GET) /(?:v\d/)?(?:chat/)?(?:completions|generate\w*)\b"
+    r"|(?i:\b(?:Received|Added|Processing|Finished) request\b|\brequest_id[=:]|\breq_id[=:]|#running-req: [1-9]"
+    r"|\bRunning: [1-9]\d* reqs)")
+
+
+def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_alive: bool | None = None) -> str | None:
     """The phase the failure happened in: the last milestone its rank reached before it (a line without a rank: the
     launch's furthest), else one its block's frames name, else where the launch got to, else one its hits imply; the
     frames may also name a phase after one that had finished there. The phase's line is added to `ev`."""
@@ -307,6 +374,13 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
             return None
         if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
             ev.add(f"{phase}, by its frames (log line {root.frame + 1}): `{_q(scan.lines[root.frame])}`")
+        return phase
+    if root is not None and (other := _event_frames(root, scan)) is not None:
+        # another rank's traceback of the same error event (the same second, a few lines away) shows the frames
+        phase, line = other
+        if not ev.quotes(scan.lines[line]):
+            ev.add(f"{phase}, by the frames of the same error on another rank (log line {line + 1}): "
+                   f"`{_q(scan.lines[line])}`")
         return phase
     reached = root.reached if root is not None else None
     hinted, hint_line = hinted_phase(scan, root.index, sig) if root is not None else (None, None)
@@ -324,6 +398,8 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev) -> str 
         phase = implied[0] if implied else None
     if phase is None and hinted is not None and (after is None or _later(hinted, after, scan)):
         phase, phase_line = hinted, hint_line
+    if phase is None and root is not None:
+        phase, phase_line = _context_phase(f, root, scan, obs_alive)
     if f.kind == "port_in_use" and phase == "serving":
         phase = None  # a failed bind: the server never listened there, whatever readiness line came first
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
@@ -347,7 +423,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if f is None:
         return None
     ev = _failure_evidence(f, scan, sig)
-    phase = _failure_phase(f, scan, sig, ev)
+    phase = _failure_phase(f, scan, sig, ev, obs.process_alive)
     root, first = f.root, f.first
     where = f" during {phase}" if phase else ""
     quote = _said(root, scan, sig) if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")

@@ -163,6 +163,7 @@ class Signatures:
     probe_line: _Group
     leftover_processes: _Group
     exit_events: _Group
+    lexicon: _Group  # the start-up steps in any engine's words (a phase marker of last resort)
     warning_severity: re.Pattern[str]
     exception_types: dict[str, frozenset[str]] = field(default_factory=dict)  # verdict -> exception type names
     echo_types: frozenset[str] = frozenset()  # exception types raised because something else failed first
@@ -323,6 +324,8 @@ def load_signatures(text: str | None = None) -> Signatures:
         causes=_causes(data.get("causes")),
         error_severity=regex("error_severity", r"\bERROR\b"),
         exception_types=_exception_types(data.get("exception_types")),
+        lexicon=_Group([p for phase, specs in (data.get("lexicon") or {}).items() if phase in order
+                        for p in _pats(specs, f"lexicon.{phase}", "lexicon", phase=phase, marker="begin")]),
         echo_types=frozenset(str(x) for x in data.get("echo_types") or ()),
         frame_phases=_frame_phases(data.get("frame_phases"), order),
         wait_frames=regex("wait_frames", r"(?!)"),
