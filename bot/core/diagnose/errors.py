@@ -12,7 +12,10 @@ frames, where it starts and ends, and whether its last line was cut off.
 - a C++ exception that ended the process (`terminate called after throwing an instance of 'c10::Error'` with its
   `what():` message; libstdc++'s wording), with c10's `Exception raised from ... frame #N:` native frames.
 - a fatal signal (`*** SIGSEGV received at time=...` (absl), `Segmentation fault (core dumped)`, `Aborted (core
-  dumped)`, `Bus error`, `!!!!!!! Segfault encountered !!!!!!!` (TensorRT-LLM)).
+  dumped)`, `Bus error`, `!!!!!!! Segfault encountered !!!!!!!` (TensorRT-LLM), a shell's `zsh: abort`, a crash
+  handler's `Caught signal 11 (Segmentation fault: ...)`).
+- a failed assertion that aborts (glibc's `Assertion `x' failed.`, ggml's `GGML_ASSERT(x) failed`, TensorRT-LLM's
+  `Assertion failed: x`).
 - a Rust panic (`thread 'main' panicked at ...`, Rust 1.0-1.8x, both the old one-line and the newer two-line form)
   and a Go panic (`panic: ...` with `goroutine N [running]:`).
 
@@ -44,7 +47,7 @@ class TraceFrame:
 class ErrorBlock:
     """One error read from a log (see the module docstring). Indexes point into the normalised lines.
 
-    - `kind`: `python`, `faulthandler`, `cpp`, `signal`, `panic`.
+    - `kind`: `python`, `faulthandler`, `cpp`, `signal`, `assert`, `panic`.
     - `exc_type`: the exception's type as printed (`torch.OutOfMemoryError`, `c10::DistBackendError`,
       `SIGSEGV`), None when the block was cut before it.
     - `message`: the exception's message (may be empty).
@@ -97,9 +100,19 @@ _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)")
 _NATIVE_FRAME = re.compile(r"^frame #\d+: (?:0x[0-9a-f]+ \(?)?(?P<func>[^\s(+]{1,200})")
 _SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^(?P<word>Segmentation fault|Aborted|Bus error|"
                      r"Illegal instruction|Floating point exception)(?: \(core dumped\))?\s*$|"
-                     r"(?P<trt>Segfault) encountered|Received signal (?P<num>\d{1,2}) \((?P<name>SIG[A-Z]+)\)")
+                     r"(?P<trt>Segfault) encountered|Received signal (?P<num>\d{1,2}) \((?P<name>SIG[A-Z]+)\)|"
+                     r"^(?:zsh|bash|sh|fish|dash): (?P<shell>abort|segmentation fault|bus error|illegal hardware "
+                     r"instruction|floating point exception)\b|"
+                     r"[Cc]aught signal (?P<caught>\d{1,2}) \((?P<cname>[A-Z][\w ]+?)(?::|\))")
+#: glibc's assert(3) (`prog: file.c:12: func: Assertion `x' failed.`), ggml's `file.c:12: GGML_ASSERT(x) failed`,
+#: and TensorRT-LLM's `Assertion failed: x (file.cpp:12)`: an assertion that aborted the process.
+_ASSERT = re.compile(r"Assertion [`'](?P<a>.{0,300})' failed\.|\bGGML_ASSERT\((?P<g>.{0,300})\) failed|"
+                     r"^Assertion failed: (?P<t>.{1,300})")
 _SIGNAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-                 "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Segfault": "SIGSEGV"}
+                 "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Segfault": "SIGSEGV",
+                 "abort": "SIGABRT", "segmentation fault": "SIGSEGV", "bus error": "SIGBUS",
+                 "illegal hardware instruction": "SIGILL", "floating point exception": "SIGFPE"}
+_SIGNAL_NUMBERS = {"11": "SIGSEGV", "6": "SIGABRT", "7": "SIGBUS", "4": "SIGILL", "8": "SIGFPE", "9": "SIGKILL"}
 _RUST = re.compile(r"thread '(?P<thread>[^']{0,80})' panicked at (?:'(?P<msg>.*)', )?(?P<where>\S+?):?$")
 _GO = re.compile(r"^panic: (?P<msg>.+)")
 #: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
@@ -235,8 +248,13 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
             if body.startswith("Exception raised from"):
                 cpp.end = i
                 continue
+        if m := _ASSERT.search(body):
+            what = m.group("a") or m.group("g") or m.group("t") or ""
+            out.append(ErrorBlock("assert", "assertion", what.strip(), start=i, line=i, end=i, source=ln.source))
+            continue
         if m := _SIGNAL.search(body):
-            name = m.group("sig") or m.group("name") or _SIGNAL_NAMES.get(m.group("word") or m.group("trt") or "")
+            name = (m.group("sig") or m.group("name") or _SIGNAL_NUMBERS.get(m.group("caught") or "")
+                    or _SIGNAL_NAMES.get(m.group("word") or m.group("trt") or m.group("shell") or ""))
             out.append(ErrorBlock("signal", name or "signal", body, start=i, line=i, end=i, source=ln.source))
             continue
         if m := _RUST.search(body):

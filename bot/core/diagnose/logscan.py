@@ -358,12 +358,30 @@ class _Scanner:
         scan.times = timeline([(n.ts_kind, n.ts) for n in scan.norm])
         _drop_benign_tracebacks(scan, sig)
         _structured_failures(scan, sig, self.blocks)
+        _terminal_error(scan, sig)
         _host_allocations(scan, sig)
         scan.ending = _ending(scan)
         stop = scan.ending
         if stop is not None and not any(h.index < stop for h in scan.failures):
             scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
         return scan
+
+
+def _terminal_error(scan: LogScan, sig: Signatures) -> None:
+    """With no failure found by its words or structure: the first error-level line (by the line's own level: Python
+    logging, vLLM, glog, tracing) after which the run did no more work (no progress, milestone, readiness or request
+    line), and that is not a known-benign line, is a failure: an event the engine itself called an error, that the run
+    did not go on from (`Engine core proc EngineCore_DP0 died unexpectedly`)."""
+    if scan.failures:
+        return
+    work = [*scan.ready, *(p.index for p in scan.progress), *([scan.phase_index] if scan.phase_index is not None else [])]
+    last_work = max(work, default=-1)
+    benign = set(scan.benign)
+    for i in range(max(scan.start, last_work + 1), len(scan.lines)):
+        if i < len(scan.norm) and scan.norm[i].level in ("ERROR", "CRITICAL") and i not in benign:
+            if scan.norm[i].body.strip():
+                scan.failures.append(_Hit(i, scan.lines[i], "crashed", reached=None))
+                return
 
 
 def _ending(scan: LogScan) -> int | None:

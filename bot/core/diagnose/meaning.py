@@ -19,6 +19,7 @@ __all__ = ["block_family", "frame_phase", "is_echo"]
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
 
 
+
 def _message_family(text: str, sig: Signatures) -> str | None:
     """The failure kind the signature table gives an exception's own words, most specific first; None for none."""
     for kind in _FAILURE_KINDS:
