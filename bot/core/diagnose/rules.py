@@ -36,7 +36,7 @@ from bot.core.diagnose.evidence import (
     _traceback_summary,
     nccl_in_play,
 )
-from bot.core.diagnose.logscan import LogScan, _Hit, _traceback_end, scan_log
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _traceback_end, scan_log
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -273,13 +273,19 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
         for j in block_heads(scan, root.index, sig):
             ev.add(f"error block (log line {j + 1}): `{_q(scan.lines[j])}`")
     for anchor in [h for h in (first, root) if h is not None]:
-        ev.add(_traceback_summary(scan, anchor.index, sig))
+        ev.add(_block_summary(anchor, scan) if anchor.block is not None else _traceback_summary(scan, anchor.index, sig))
     if root is not None and not root.echo:
         later_echo = [h for h in f.echoes if h.index > root.index]
         if later_echo:
             ev.add(f"later echo of it (not the cause): `{_q(later_echo[0].line)}`")
     elif root is not None and root.echo and first is not None and first is not root:
         ev.add("the watchdog timeout is an echo: the first failure above is the likely cause")
+    if root is not None:  # what it led to: the launcher's or the other ranks' words for it, first and last
+        after = [h for h in hits if h.index > root.index and h.kind != "killed" and not ev.quotes(h.line)
+                 and not _FRAME_RE.search(h.line) and "Traceback (most recent call last)" not in h.line
+                 and _NUMBERS.sub("#", h.line.strip()) != _NUMBERS.sub("#", root.line.strip())]
+        for h in [*after[:1], *after[1:][-1:]]:
+            ev.add(f"then (log line {h.index + 1}): `{_q(h.line)}`")
     for i in [i for i in scan.context.get(f.kind, []) if not ev.quotes(scan.lines[i])][:2]:
         ev.add(f"context: `{_q(scan.lines[i])}`")
     for line in f.dmesg_oom[:2]:
@@ -290,12 +296,51 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     return ev
 
 
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _frame_quote(i: int, scan: LogScan) -> str:
+    """A traceback frame line quoted with the code line under it (what it was doing), when there is one."""
+    out = f"`{_q(scan.lines[i])}`"
+    if i + 1 < len(scan.lines) and scan.lines[i + 1].strip() and not _FRAME_RE.search(scan.lines[i + 1]):
+        body = scan.norm[i + 1].body.strip() if i + 1 < len(scan.norm) else scan.lines[i + 1].strip()
+        if body and not body.startswith(("^", "~")) and len(body) < 300:
+            out += f" → `{_q(scan.lines[i + 1])}`"
+    return out
+
+
+def _block_summary(hit: _Hit, scan: LogScan) -> str | None:
+    """The frames of a hit's error block, outermost first, each as its function and the code line it was running
+    (quoted), the middle of a long chain elided: the call path that failed, as a reader of the traceback sees it."""
+    b = hit.block
+    if b is None or not b.frames:
+        return None
+    steps: list[str] = []
+    for j in range(b.start, b.end + 1):
+        m = _FRAME_RE.search(scan.lines[j])
+        if m is None:
+            continue
+        func = m.group(3) or "?"
+        code = None
+        tail = scan.lines[j][m.end():].strip()
+        if tail:  # a paste that joined the code onto its frame line
+            code = tail
+        elif j + 1 <= b.end and not _FRAME_RE.search(scan.lines[j + 1]):
+            body = scan.norm[j + 1].body.strip() if j + 1 < len(scan.norm) else scan.lines[j + 1].strip()
+            if body and not body.startswith(("^", "~")) and (b.cut or j + 1 != b.line):
+                code = body
+        steps.append(f"{func}: `{_q(code, 200)}`" if code else func)
+    shown = steps if len(steps) <= 8 else [*steps[:2], "…", *steps[-6:]]
+    cut = ", cut before its exception line" if b.cut else ""
+    return f"traceback ({len(b.frames)} frames{cut}), outermost first: " + " → ".join(shown)
+
+
 def _past_startup(hit: _Hit, scan: LogScan) -> bool:
     """Whether the log shows the launch past start-up before `hit`: a readiness line, or a serving milestone."""
     return any(i < hit.index for i in scan.ready) or (hit.reached is not None and hit.reached[0] == "serving")
 
 
-def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int] | None:
+def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int, _Hit] | None:
     """The step that the sure frames of another error block of the same event show (another rank's traceback of the
     same fault: the same second on the log's clock, or within 40 lines when the log has no clock), with the line of
     the frame; None when none does."""
@@ -306,7 +351,7 @@ def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int] | None:
         other = scan.times[h.index] if h.index < len(scan.times) else None
         same = abs(other - t) <= 1.0 if t is not None and other is not None else abs(h.index - root.index) <= 40
         if same:
-            return h.frame_phase, h.frame
+            return h.frame_phase, h.frame, h
     return None
 
 
@@ -373,14 +418,14 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
         if f.kind == "port_in_use" and phase == "serving":
             return None
         if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
-            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): `{_q(scan.lines[root.frame])}`")
+            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
         return phase
     if root is not None and (other := _event_frames(root, scan)) is not None:
         # another rank's traceback of the same error event (the same second, a few lines away) shows the frames
-        phase, line = other
+        phase, line, hit = other
         if not ev.quotes(scan.lines[line]):
-            ev.add(f"{phase}, by the frames of the same error on another rank (log line {line + 1}): "
-                   f"`{_q(scan.lines[line])}`")
+            ev.add(f"{phase}, by the frames of the same error (log line {line + 1}): {_frame_quote(line, scan)}")
+        ev.add(_block_summary(hit, scan))
         return phase
     reached = root.reached if root is not None else None
     hinted, hint_line = hinted_phase(scan, root.index, sig) if root is not None else (None, None)
