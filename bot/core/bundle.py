@@ -75,7 +75,7 @@ _KIND_RE: Mapping[str, re.Pattern[str]] = MappingProxyType({
     "ppid": re.compile(r"\d{1,9}"),
     "pgid": re.compile(r"\d{1,9}"),
     "sid": re.compile(r"\d{1,9}"),
-    "user": re.compile(r"[A-Za-z_][\w.-]*[+$]?"),
+    "user": re.compile(r"[A-Za-z_][\w.-]*[+$]?|\d{1,10}"),
     "stat": re.compile(_STAT),
     "pcpu": re.compile(r"\d+(?:\.\d+)?"),
     "pmem": re.compile(r"\d+(?:\.\d+)?"),
@@ -83,10 +83,11 @@ _KIND_RE: Mapping[str, re.Pattern[str]] = MappingProxyType({
     "vsz": re.compile(r"\d+"),
     "nlwp": re.compile(r"\d+"),
     "c": re.compile(r"\d+"),
-    "tty": re.compile(r"\?|pts/\d+|tty\w*|console"),
-    "start": re.compile(r"\d\d:\d\d|[A-Z][a-z]{2}\d\d|\d{4}"),
+    "tty": re.compile(r"\?{1,2}|pts/\d+|tty\w*|console|s\d{3}"),
+    # procps (`19:08`, `Dec06`, `2024`) and BSD / macOS ps (`10:19AM`, `Tue05PM`, `6Dec24`)
+    "start": re.compile(r"\d{1,2}:\d\d(?:[AP]M)?|[A-Z][a-z]{2}\d\d(?:[AP]M)?|\d{4}|\d{1,2}[A-Z][a-z]{2}\d\d"),
     "etimes": re.compile(r"\d+|(?:\d+-)?(?:\d+:)?\d+:\d\d"),
-    "time": re.compile(r"(?:\d+-)?\d+:\d\d(?::\d\d)?"),
+    "time": re.compile(r"(?:\d+-)?\d+:\d\d(?::\d\d)?(?:\.\d+)?"),
     "wchan": re.compile(r"\S+"),
 })
 _LSTART_RE = re.compile(

@@ -104,6 +104,8 @@ def _duration(text: str) -> int | None:
     s = text.strip()
     if not s or not s.isascii():
         return None
+    if "." in s and s.count(".") == 1 and s.rpartition(".")[2].isdigit():  # macOS / BSD ps: `11:00.35`
+        s = s.rpartition(".")[0]
     if s.isdigit():
         return int(s) if len(s) <= 12 else None
     m = _DURATION_RE.match(s)
@@ -121,8 +123,8 @@ def parse_cputime(text: str) -> int | None:
     """Return cumulative CPU time in whole seconds from a ps `TIME` cell, or None.
 
     Accepts procps-ng `time`/`cputime` output `[DD-]HH:MM:SS` (`00:00:04`, `1-02:03:04`), the
-    BSD-style `MM:SS` of `ps aux` where minutes may exceed 59 (`18:36` = 1116 s), and plain integer
-    seconds (`cputimes`). Seconds must be < 60, minutes < 60 when hours are present, hours < 24
+    BSD-style `MM:SS` of `ps aux` where minutes may exceed 59 (`18:36` = 1116 s), macOS's `MM:SS.hh` (the
+    hundredths dropped), and plain integer seconds (`cputimes`). Seconds must be < 60, minutes < 60 when hours are present, hours < 24
     when days are present. Never raises.
     """
     return _duration(text)
