@@ -663,11 +663,13 @@ def _stale_engine(p: ProcessInfo, obs: Observation, sig: Signatures, holders: se
     `orphan_age_s`."""
     if p.state in ("Z", "X"):
         return None
-    dead = obs.process_alive is False
+    dead = obs.process_alive is False or launcher_gone(obs.processes, sig)
     started_after = p.elapsed_s is not None and obs.elapsed_s is not None and p.elapsed_s <= obs.elapsed_s + 120
     child_like = sig.leftover_processes.first(p.args) is not None
     holder = p.pid in holders
-    leftover = dead and p.ppid == 1 and ((child_like and (holder or started_after)) or (holder and started_after))
+    # a worker re-parented to init once its launcher ended, named as engines name their workers (or holding GPU
+    # memory), is a leftover whatever else is known: nobody will reap it
+    leftover = dead and p.ppid == 1 and (child_like or (holder and started_after))
     if not _is_engine_process(p, sig) and not leftover:
         return None
     age = p.elapsed_s
@@ -734,6 +736,49 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
 def _failure_rule(c: _Case) -> Verdict | None:
     """2. Failure signatures: the first specific one decides."""
     return _failure_verdict(c.obs, c.scan, c.sig)
+
+
+def launcher_gone(procs: Sequence[ProcessInfo] | None, sig: Signatures) -> bool:
+    """Whether a process table shows workers whose launcher is gone: processes named as engines name their workers
+    (multiprocessing spawn children, `VLLM::EngineCore`, `sglang::scheduler`, Ray and torchrun workers) re-parented to
+    init (PPID 1), and no launcher (an engine's process that is not such a worker) in the table."""
+    if not procs:
+        return False
+    workers = [p for p in procs if p.ppid == 1 and p.state not in ("Z", "X") and sig.leftover_processes.first(p.args)]
+    launchers = [p for p in procs if p.state not in ("Z", "X") and _is_engine_process(p, sig)
+                 and not sig.leftover_processes.first(p.args)]
+    return bool(workers) and not launchers
+
+
+def _leftovers_rule(c: _Case) -> Verdict | None:
+    """2a. The launcher is gone (by the observation, or by a process table whose workers were re-parented to init)
+    while its workers still run: `orphans_hold_gpu` in shutdown, whatever error ended the launcher (said too)."""
+    obs, scan, sig = c.obs, c.scan, c.sig
+    gone = obs.process_alive is False or (obs.process_alive is None and launcher_gone(obs.processes, sig))
+    if not gone or not obs.processes:
+        return None
+    ev = _Ev()
+    holders = {gp.pid for gp in obs.gpu_processes or []}
+    for p in obs.processes:
+        if p.ppid == 1 and _stale_engine(p, replace(obs, process_alive=False), sig, holders, c.orphan_age_s):
+            raw = obs.process_lines.get(p.pid)
+            ev.add(f"worker {p.pid} re-parented to init (PPID 1), state `{p.stat or '?'}`, "
+                   f"{p.pcpu if p.pcpu is not None else '?'} % CPU, still running although its launcher ended: "
+                   f"`{_q(raw or p.args, 300)}`")
+    if not ev.items:
+        return None
+    if obs.process_alive is False:
+        _held_after_the_end(obs, c.gpu_free_mib, ev)
+    f = _failure(replace(obs, process_alive=False), scan, sig)
+    why = ""
+    if f is not None and f.root is not None:
+        ev.add(f"the launcher ended with (log line {f.root.index + 1}): `{_q(_said(f.root, scan, sig))}`")
+        why = f"; the launcher ended with {_FAILURE_LABEL[f.kind].lower()}" if f.kind in _FAILURE_LABEL else ""
+    elif scan.ending is not None:
+        ev.add(f"the launcher stopped (log line {scan.ending + 1}): `{_q(scan.lines[scan.ending])}`")
+    summary = (f"Leftover workers of an ended launch still run ({counted(len(ev.items), 'finding')}){why}: they hold "
+               "or can hold GPU memory, and nobody will reap them.")
+    return _verdict(sig, "orphans_hold_gpu", "shutdown", ev, summary, obs, scan)
 
 
 def _orphans_rule(c: _Case) -> Verdict | None:
@@ -983,8 +1028,8 @@ def _starting_rule(c: _Case) -> Verdict:
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
 RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
-    _gpu_lost_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule, _serving_rule,
-    _starting_rule)
+    _gpu_lost_rule, _leftovers_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule,
+    _serving_rule, _starting_rule)
 
 
 def diagnose(
