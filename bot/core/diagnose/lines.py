@@ -16,10 +16,11 @@ rules. Formats read, with where they come from: docker compose v2 (`svc-1  | `) 
 `kubectl logs --prefix` (`[pod/NAME/CONTAINER] `, kubectl 1.17+); journald's short format (`Dec 06 10:00:00 host
 unit[123]: `); Python logging's default and vLLM's (`INFO 06-30 13:53:19 [core.py:123] `, vLLM 0.4-0.11), SGLang's
 (`[2025-02-01 07:03:54 TP6] `, 0.2-0.5), TGI's tracing (`2024-01-01T00:00:00.000Z  INFO target: `), glog and torch c10
-(`I1206 10:00:00.123456  123 file.cc:12] `, `[rank0]:[W1206 ...]`), TensorRT-LLM (`[TensorRT-LLM][ERROR] `, `[12/06/2024-
-10:00:00] [TRT-LLM] [I] `), Ray worker prefixes (`(RayWorkerWrapper pid=12, ip=10.0.0.1) `), vLLM process prefixes
-(`(VllmWorker rank=0 pid=12) `, `(EngineCore_DP0 pid=12) `, `(APIServer pid=1) `) and logfmt (`time=... level=INFO
-source=server.go:12 msg="..."`, Ollama 0.1-0.12).
+(`I1206 10:00:00.123456  123 file.cc:12] `, `[rank0]:[W1206 ...]`), TensorRT-LLM (`[TensorRT-LLM][ERROR] `,
+`[12/06/2024-10:00:00] [TRT-LLM] [I] `), Ray worker prefixes (`(RayWorkerWrapper pid=12, ip=10.0.0.1) `), vLLM
+process prefixes (`(VllmWorker rank=0 pid=12) `, `(EngineCore_DP0 pid=12) `, `(APIServer pid=1) `), NCCL's own
+(`host:12:34 [0] NCCL INFO init.cc:123 `, NCCL 2.x) and logfmt (`time=... level=INFO source=server.go:12 msg="..."`,
+Ollama 0.1-0.12).
 
 A hard wrap is recognised by its shape: the log has a width its long lines were cut at, exactly (a terminal keeps
 every character: three or more lines of exactly that many characters, none longer) or at word boundaries (a paste or
@@ -85,7 +86,8 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("source", re.compile(r"\((?P<v>(?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}"
                           r"(?:,? (?:rank|pid|ip|node|tp|dp)=[\w.:-]{1,40}){0,3})\)\s+")),
     # NCCL's own lines: `host:pid:tid [rank] NCCL INFO init.cc:123 ...`
-    ("nccl", re.compile(r"[\w.-]{1,64}:\d{1,9}:\d{1,9} \[(?P<v>\d{1,5})\] NCCL (?P<l>INFO|WARN|TRACE) (?:(?P<m>[\w/.-]+\.cc):\d+ )?")),
+    ("nccl", re.compile(r"[\w.-]{1,64}:\d{1,9}:\d{1,9} \[(?P<v>\d{1,5})\] NCCL (?P<l>INFO|WARN|TRACE) "
+                        r"(?:(?P<m>[\w/.-]+\.cc):\d+ )?")),
     # torch `[rank0]:`, `[Rank 3] `
     ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
@@ -103,7 +105,8 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("source", re.compile(r"(?P<v>(?:DP\d{1,4} )?(?:PP\d{1,4} )?TP\d{1,4}(?: EP\d{1,4})?)\]\s*")),
 )
 #: logfmt lines (Ollama, Go services): the message is the `msg` field.
-_LOGFMT = re.compile(r'^time=\S+ level=(?P<level>\w+)(?: source=(?P<m>[\w./-]+):\d+)? msg=(?P<msg>"(?:[^"\\]|\\.)*"|\S+)')
+_LOGFMT = re.compile(r'^time=\S+ level=(?P<level>\w+)(?: source=(?P<m>[\w./-]+):\d+)? '
+                     r'msg=(?P<msg>"(?:[^"\\]|\\.)*"|\S+)')
 
 # --- wrapped lines ----------------------------------------------------------------------------------------------------
 

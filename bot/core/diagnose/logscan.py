@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.core.diagnose.errors import ErrorBlock, error_blocks
@@ -211,7 +211,7 @@ class _Scanner:
         self.last_marker: tuple[int, _Pat] | None = None
         self.per_rank: dict[str | None, tuple[int, bool, int]] = {}  # rank -> (phase order, ended, marker line)
         self.entered_by_lexicon = False
-        self.blocks: list[ErrorBlock] | None = None  # the furthest phase was entered on a lexicon line (no engine marker yet)
+        self.blocks: list[ErrorBlock] | None = None  # the log's error blocks, read before its lines
         self.in_blocks: set[int] = set()  # lines of error blocks (tracebacks' frames and code): never a milestone
 
     def line(self, i: int) -> None:
@@ -248,8 +248,8 @@ class _Scanner:
             self._advance(i, best, rank)
         if is_ready:
             scan.ready.append(i)
-        if sig.exit_events.first(line) and not sig.error_severity.search(line):
-            scan.exits.append(i)
+        if hit is None and sig.exit_events.first(line) and not sig.error_severity.search(line):
+            scan.exits.append(i)  # an exit in order (not a kill, not an error)
         if sig.shutdown.first(line):
             scan.shutdown.append(i)
             if scan.stop_requested is None and sig.stop_requested.first(line):  # a stop request is shutdown wording
@@ -363,8 +363,23 @@ class _Scanner:
         scan.ending = _ending(scan)
         stop = scan.ending
         if stop is not None and not any(h.index < stop for h in scan.failures):
-            scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
+            if scan.stop_requested is not None:
+                scan.failures = []  # the teardown of a deliberate stop: workers killed by it, communicators aborted
+            else:  # an exit in order: what unwinds after it (a cut traceback, a generic error) is its teardown; a
+                # kill or a specific failure after it is not
+                scan.failures = [h for h in scan.failures if h.kind not in ("crashed",)
+                                 and not (h.block is not None and h.block.cut)]
+                if scan.failures:
+                    scan.ending = None
         return scan
+
+
+def _last_work(scan: LogScan) -> int:
+    """The index of the run's last line of work: a readiness line, a progress line, its newest milestone (-1: none)."""
+    marks = [*scan.ready, *(p.index for p in scan.progress)]
+    if scan.phase_index is not None:
+        marks.append(scan.phase_index)
+    return max(marks, default=-1)
 
 
 def _terminal_error(scan: LogScan, sig: Signatures) -> None:
@@ -374,8 +389,7 @@ def _terminal_error(scan: LogScan, sig: Signatures) -> None:
     did not go on from (`Engine core proc EngineCore_DP0 died unexpectedly`)."""
     if scan.failures:
         return
-    work = [*scan.ready, *(p.index for p in scan.progress), *([scan.phase_index] if scan.phase_index is not None else [])]
-    last_work = max(work, default=-1)
+    last_work = _last_work(scan)
     benign = set(scan.benign)
     for i in range(max(scan.start, last_work + 1), len(scan.lines)):
         if i < len(scan.norm) and scan.norm[i].level in ("ERROR", "CRITICAL") and i not in benign:
@@ -392,8 +406,7 @@ def _ending(scan: LogScan) -> int | None:
         return scan.stop_requested
     if not scan.exits:
         return None
-    work = [*scan.ready, *(p.index for p in scan.progress), *([scan.phase_index] if scan.phase_index is not None else [])]
-    last_work = max(work, default=-1)
+    last_work = _last_work(scan)
     after = [i for i in scan.exits if i > last_work]
     return after[0] if after else None
 

@@ -1,5 +1,5 @@
-"""What a structured error means (pure): its verdict family from its exception TYPE first and its message second, whether
-it is an echo of an earlier failure, and the start-up step its FRAMES show.
+"""What a structured error means (pure): its verdict family from its exception TYPE first and its message second,
+whether it is an echo of an earlier failure, and the start-up step its FRAMES show.
 
 The tables are data (signatures.yaml `exception_types`, `echo_types`, `frame_phases`, `wait_frames`); the signature
 table's failure patterns are only the last layer, read on the exception's own message when its type says nothing

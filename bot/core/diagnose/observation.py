@@ -12,6 +12,7 @@ from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.stackdump import ProcessDump
 
 __all__ = [
+    "CONFIDENCES",
     "HEALTH_STATES",
     "PHASES",
     "VERDICTS",
@@ -161,24 +162,49 @@ class Observation:
     notes: list[str] = field(default_factory=list)
 
 
+CONFIDENCES: tuple[str, ...] = ("high", "medium", "low")
+"""How sure a verdict is: `high` (the evidence says it in so many words: an exception's type, a kernel's OOM kill, a
+silence far past its grace), `medium` (one reading of the evidence, with another one close: `runner_up`), `low` (thin
+evidence; `missing` names the fact that would decide)."""
+
+
 @dataclass
 class Verdict:
     """The diagnosis: `verdict` (one of VERDICTS), `phase` (one of PHASES, or None when the evidence cannot
     pin it down), `evidence` (strings that quote log lines, GPU rows, process rows, port and probe results
-    verbatim in backticks), `next_steps` (what to do) and a one-paragraph `summary`."""
+    verbatim in backticks), `next_steps` (what to do) and a one-paragraph `summary`; how sure it is
+    (`confidence`, one of CONFIDENCES), the verdict next in line (`runner_up`, e.g. `silent_hang in comm_init`), and the
+    one fact that would decide between them when it is not known (`missing`, a question: "is the log still
+    growing?")."""
 
     verdict: str
     phase: str | None
     evidence: list[str]
     next_steps: list[str]
     summary: str
+    confidence: str = "medium"
+    runner_up: str | None = None
+    missing: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with keys verdict, phase, summary, evidence, next_steps."""
+        """JSON-ready dict with keys verdict, phase, summary, evidence, next_steps, confidence, runner_up, missing."""
         return {
             "verdict": self.verdict,
             "phase": self.phase,
             "summary": self.summary,
             "evidence": list(self.evidence),
             "next_steps": list(self.next_steps),
+            "confidence": self.confidence,
+            "runner_up": self.runner_up,
+            "missing": self.missing,
         }
+
+    @property
+    def sureness(self) -> str:
+        """One line: `confidence medium; runner-up silent_hang in comm_init; would decide: is the log growing?`."""
+        parts = [f"confidence {self.confidence}"]
+        if self.runner_up:
+            parts.append(f"runner-up {self.runner_up}")
+        if self.missing:
+            parts.append(f"would decide: {self.missing}")
+        return "; ".join(parts)

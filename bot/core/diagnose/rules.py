@@ -113,15 +113,17 @@ def _steps(sig: Signatures, verdict: str, phase: str | None, cause_text: str = "
 
 def _verdict(
     sig: Signatures, verdict: str, phase: str | None, ev: _Ev, summary: str, obs: Observation, scan: LogScan,
-    cause_text: str = "",
+    cause_text: str = "", *, confidence: str = "medium", runner_up: str | None = None, missing: str | None = None,
 ) -> Verdict:
     _context_evidence(ev, obs, scan, sig)
     steps = _steps(sig, verdict, phase, cause_text, scan.engines)
-    out = Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary)
+    out = Verdict(verdict=verdict, phase=phase, evidence=ev.items, next_steps=steps, summary=summary,
+                  confidence=confidence, runner_up=runner_up, missing=missing)
     return with_stacks(out, obs.rank_stacks, sig)[0] if obs.rank_stacks else out
 
 
 _KIND_LABEL = MappingProxyType({
+    "unknown": "killed",
     "gpu_lost": "GPU lost",
     "host_oom": "host out of memory",
     "oom": "CUDA out of memory",
@@ -194,10 +196,10 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
         kernel_log = obs.dmesg_lines is not None and any(_KERNEL_LINE.search(line) for line in obs.dmesg_lines)
         if dmesg_oom:
             found.kind, found.how = "host_oom", " (confirmed by dmesg)"
-        elif not kernel_log:  # a cause is named only where evidence shows it: no kernel log, no host OOM
-            found.kind = "crashed"
-            found.how = (" (killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to confirm"
-                         " it: `dmesg | grep -i 'killed process'` on the host tells)")
+        elif not kernel_log:  # a cause is named only where evidence shows it: no kernel log, no verdict
+            found.kind = "unknown"
+            found.how = (": killed by SIGKILL, the kernel OOM killer's signal, but there is no kernel log to say who "
+                         "sent it (`dmesg | grep -i 'killed process'` on the host tells)")
         else:
             found.kind = "crashed"
             found.how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
@@ -273,7 +275,8 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
         for j in block_heads(scan, root.index, sig):
             ev.add(f"error block (log line {j + 1}): `{_q(scan.lines[j])}`")
     for anchor in [h for h in (first, root) if h is not None]:
-        ev.add(_block_summary(anchor, scan) if anchor.block is not None else _traceback_summary(scan, anchor.index, sig))
+        ev.add(_block_summary(anchor, scan) if anchor.block is not None
+               else _traceback_summary(scan, anchor.index, sig))
     if root is not None and not root.echo:
         later_echo = [h for h in f.echoes if h.index > root.index]
         if later_echo:
@@ -453,6 +456,7 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
 
 
 _FAILURE_LABEL = MappingProxyType({
+    "unknown": "Not known why it ended",
     "host_oom": "Killed by the kernel OOM killer (host RAM)",
     "oom": "GPU memory exhausted (CUDA out of memory)",
     "nccl_error": "NCCL / collective failure",
@@ -480,7 +484,26 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     killed_hits = [h for h in f.hits if h.kind == "killed"]
     cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
                             quote])
-    return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text)
+    return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text, **_failure_sureness(f, obs))
+
+
+def _failure_sureness(f: _Failure, obs: Observation) -> dict[str, str | None]:
+    """How sure a failure verdict is: high where an exception's type, a kernel line or a specific error line says it
+    and the process is not known to run on; medium for a generic error, a cut traceback, an echo alone; low for a kill
+    nobody's log explains. The runner-up: another kind the failure's lines show."""
+    if f.kind == "unknown":
+        return {"confidence": "low", "runner_up": "host_oom",
+                "missing": "did the kernel's OOM killer send the SIGKILL? (`dmesg | grep -i 'killed process'`)"}
+    root = f.root
+    others = [h.kind for h in f.hits if h.kind not in (f.kind, "killed")]
+    runner = others[0] if others else None
+    if f.dmesg_oom or (root is not None and not root.echo and f.kind != "crashed"
+                       and (root.block is None or not root.block.cut) and obs.process_alive is not True):
+        return {"confidence": "high", "runner_up": runner, "missing": None}
+    if root is not None and root.echo:
+        return {"confidence": "medium", "runner_up": runner or "silent_hang",
+                "missing": "which rank failed or stopped first (its own log)"}
+    return {"confidence": "medium", "runner_up": runner, "missing": None}
 
 
 #: A kernel log line: dmesg's `[12345.678901]` / `-T` `[Tue Dec  1 ...]` prefix, or journalctl's `kernel:`.
@@ -507,7 +530,8 @@ def _queued_but_silent(obs: Observation, scan: LogScan, sig: Signatures, grace_s
                     ev.add("the health endpoint still answers: it does not go through the stuck engine")
                 summary = (f"Serving hang: {running} request(s) running and {pending} waiting, and the log has been "
                            f"silent for {_secs(silence)}; a serving engine with queued work logs every few seconds.")
-                return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+                return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan,
+                                confidence="high", runner_up="ready")
     return None
 
 
@@ -529,7 +553,7 @@ def _generation_stuck(obs: Observation, scan: LogScan, sig: Signatures, grace_s:
     ev.add(f"no log line for {_secs(silence)}, beyond the {_secs(grace_s)} serving grace")
     summary = ("Serving hang: " + ("the health endpoint answers, but " if obs.health == "ok" else "")
                + f"generation gets no token in time and the log has been silent for {_secs(silence)}.")
-    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan, confidence="high", runner_up="ready")
 
 
 #: How many stats lines in a row with requests running and no token made make a stuck engine.
@@ -565,7 +589,7 @@ def _stalled_requests(obs: Observation, scan: LogScan, sig: Signatures, grace_s:
         summary += ", while the health endpoint answers: it does not go through the stuck engine."
     else:
         summary += "."
-    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan)
+    return _verdict(sig, "silent_hang", "serving", ev, summary, obs, scan, confidence="high", runner_up="ready")
 
 
 def stalled_stats(lines: Sequence[str], sig: Signatures | None = None, low: int = 0) -> list[int]:
@@ -730,7 +754,7 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
         f"A GPU or NVML is unreachable: {lost[0]}. The engine cannot recover from this; "
         "the host needs a GPU reset or reboot."
     )
-    return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan)
+    return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan, confidence="high")
 
 
 def _failure_rule(c: _Case) -> Verdict | None:
@@ -778,7 +802,8 @@ def _leftovers_rule(c: _Case) -> Verdict | None:
         ev.add(f"the launcher stopped (log line {scan.ending + 1}): `{_q(scan.lines[scan.ending])}`")
     summary = (f"Leftover workers of an ended launch still run ({counted(len(ev.items), 'finding')}){why}: they hold "
                "or can hold GPU memory, and nobody will reap them.")
-    return _verdict(sig, "orphans_hold_gpu", "shutdown", ev, summary, obs, scan)
+    return _verdict(sig, "orphans_hold_gpu", "shutdown", ev, summary, obs, scan, confidence="high",
+                    runner_up=f.kind if f is not None else None)
 
 
 def _orphans_rule(c: _Case) -> Verdict | None:
@@ -792,7 +817,8 @@ def _orphans_rule(c: _Case) -> Verdict | None:
         + (", left over from stopping the launch" if phase == "shutdown" else "")
         + f": {orphan_ev.items[0]}"
     )
-    return _verdict(c.sig, "orphans_hold_gpu", phase, orphan_ev, summary, c.obs, c.scan)
+    return _verdict(c.sig, "orphans_hold_gpu", phase, orphan_ev, summary, c.obs, c.scan,
+                    confidence="high" if c.obs.gpus or c.obs.gpu_processes else "medium")
 
 
 def _ended_rule(c: _Case) -> Verdict | None:
@@ -806,23 +832,24 @@ def _ended_rule(c: _Case) -> Verdict | None:
             ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
         summary = "The launch ended without an error: the log shows it stopping in order" + (
             ", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else ".")
-        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
+        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="high")
     if scan.completed and not scan.shutdown and obs.exit_code in (None, 0):
         ev.add(f"end of the program (log line {scan.completed[-1] + 1}): `{_q(scan.lines[scan.completed[-1]])}`")
         summary = "The program ran to its end without an error: the log shows it finishing, not failing."
-        return _verdict(c.sig, "exited", None, ev, summary, obs, scan)
+        return _verdict(c.sig, "exited", None, ev, summary, obs, scan, confidence="high")
     if obs.exit_code == 0 or scan.shutdown:
         if scan.shutdown:
             ev.add(f"shutdown line: `{_q(scan.lines[scan.shutdown[-1]])}`")
         summary = "The launch ended without an error: " + (
             "it exited with status 0." if obs.exit_code == 0 else "the log shows it shutting down."
         )
-        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
+        return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="high")
     summary = (
         "The launch's process is gone, but neither the log nor the host evidence says why "
         "(no error, no shutdown line, no exit status)."
     )
-    return _verdict(c.sig, "unknown", scan.phase, ev, summary, obs, scan)
+    return _verdict(c.sig, "unknown", scan.phase, ev, summary, obs, scan, confidence="low",
+                    missing="how it ended: its exit status, or the kernel log (`dmesg | tail`)")
 
 
 def _stopped_rule(c: _Case) -> Verdict | None:
@@ -842,7 +869,8 @@ def _stopped_rule(c: _Case) -> Verdict | None:
         ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
     summary = ("The launch was stopping without an error: the log ends in its shutdown"
                + (", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else "."))
-    return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan)
+    return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="medium",
+                    missing=None if obs.process_alive is not None else "is its process gone?")
 
 
 def _completed_rule(c: _Case) -> Verdict | None:
@@ -858,7 +886,8 @@ def _completed_rule(c: _Case) -> Verdict | None:
     ev = _Ev()
     ev.add(f"end of the program (log line {last + 1}): `{_q(scan.lines[last])}`")
     summary = "The program ran to its end without an error: the log shows it finishing, not failing."
-    return _verdict(c.sig, "exited", None, ev, summary, obs, scan)
+    return _verdict(c.sig, "exited", None, ev, summary, obs, scan, confidence="medium",
+                    missing=None if obs.process_alive is not None else "is its process gone?")
 
 
 def _health(obs: Observation) -> tuple[str | None, str | None]:
@@ -896,10 +925,14 @@ def _serving_rule(c: _Case) -> Verdict | None:
                 f" A client probe failed with `{_q(health_line, 200)}`: a connect TIMEOUT to a listening port points"
                 " at the client path (proxy, firewall, WSL/Docker networking), not at the server."
             )
-        return _verdict(sig, "ready", "serving", ev, summary, obs, scan)
+        sure = health == "ok" or (obs.port_open is True and obs.process_alive is True)
+        return _verdict(sig, "ready", "serving", ev, summary, obs, scan, confidence="high" if sure else "medium",
+                        runner_up=None if sure else "silent_hang in serving",
+                        missing=None if sure else "does it still answer now? (a probe of its health endpoint)")
     if obs.port_open is True and health in ("timeout", "empty"):
         summary = f"The port listens but the API does not answer (health probe: {health}): the API process is wedged."
-        return _verdict(sig, "silent_hang", "serving", _Ev(), summary, obs, scan)
+        return _verdict(sig, "silent_hang", "serving", _Ev(), summary, obs, scan, confidence="medium",
+                        runner_up="unhealthy")
     return None
 
 
@@ -997,16 +1030,19 @@ def _starting_rule(c: _Case) -> Verdict:
         if silence is not None:
             ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
         summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
-        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="high")
     if silence is not None and silence >= threshold:  # silence that reaches the grace period
         ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
         if obs.log_growing and scan.heartbeats:
             ev.add("the log still grows, but only with heartbeat lines")
-        return _verdict(sig, "silent_hang", phase, ev, _hang_summary(c, silence, where, grace_text), obs, scan)
+        return _verdict(sig, "silent_hang", phase, ev, _hang_summary(c, silence, where, grace_text), obs, scan,
+                        confidence="high" if silence >= 2 * threshold else "medium",
+                        runner_up=f"loading{f' in {phase}' if phase else ''} (slow, not hung)")
     if silence is not None:
         ev.add(f"last non-heartbeat log line {_secs(silence)} ago, within the {grace_text}")
         summary = f"Still starting ({where}); the log moved within the grace period."
-        return _verdict(sig, "loading", phase, ev, summary, obs, scan)
+        return _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="medium",
+                        runner_up=f"silent_hang{f' in {phase}' if phase else ''}")
     if (phase or scan.finished_phase) and obs.log_growing is None and not scan.heartbeat_run:
         # the log's last line is a start-up step, after which nothing failed: a launch under way, as far as the log can
         # tell without a clock of its own (whether it still grows is the fact that would decide)
@@ -1016,14 +1052,17 @@ def _starting_rule(c: _Case) -> Verdict:
         ev.add("how long the log has been silent is not known: whether it still grows would tell a slow start-up "
                "from a hang")
         summary = f"Still starting ({where}), as far as the log shows: no failure, no heartbeat-only tail."
-        return _verdict(sig, "loading", phase or scan.finished_phase, ev, summary, obs, scan)
+        at = phase or scan.finished_phase
+        return _verdict(sig, "loading", at, ev, summary, obs, scan, confidence="low",
+                        runner_up=f"silent_hang in {at}", missing="is the log still growing?")
     summary = (
         "Not enough evidence to decide: nothing says whether start-up is still moving (no silence duration, no trend)."
     )
     if any(_is_spin(g) for g in obs.gpus or []):
         summary += (" GPUs spin at 100 % at low power (NCCL spin)" if nccl_in_play(obs) else
                     " A kernel spins at 100 % at low power") + "; look again to see whether it lasts."
-    return _verdict(sig, "unknown", phase, ev, summary, obs, scan)
+    return _verdict(sig, "unknown", phase, ev, summary, obs, scan, confidence="low",
+                    runner_up=f"loading{f' in {phase}' if phase else ''}", missing="is the log still growing?")
 
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
@@ -1075,7 +1114,7 @@ def diagnose(
 
 def format_verdict(v: Verdict) -> str:
     """Human text for a terminal: verdict and phase, summary, evidence bullets, next steps."""
-    lines = [f"verdict: {v.verdict}", f"phase:   {v.phase or '-'}", "", v.summary, ""]
+    lines = [f"verdict: {v.verdict}", f"phase:   {v.phase or '-'}", f"how sure: {v.sureness}", "", v.summary, ""]
     if v.evidence:
         lines.append("evidence:")
         lines += [f"  - {e}" for e in v.evidence]

@@ -124,8 +124,8 @@ def parse_cputime(text: str) -> int | None:
 
     Accepts procps-ng `time`/`cputime` output `[DD-]HH:MM:SS` (`00:00:04`, `1-02:03:04`), the
     BSD-style `MM:SS` of `ps aux` where minutes may exceed 59 (`18:36` = 1116 s), macOS's `MM:SS.hh` (the
-    hundredths dropped), and plain integer seconds (`cputimes`). Seconds must be < 60, minutes < 60 when hours are present, hours < 24
-    when days are present. Never raises.
+    hundredths dropped), and plain integer seconds (`cputimes`). Seconds must be < 60, minutes < 60 when hours are
+    present, hours < 24 when days are present. Never raises.
     """
     return _duration(text)
 
