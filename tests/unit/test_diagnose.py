@@ -373,8 +373,10 @@ def test_oom_inside_a_traceback():
 def test_sigkill_is_a_host_oom_only_where_the_kernel_log_says_so():
     lines = ["Loading checkpoint shards:  75%|███ | 3/4 [00:08<00:02,  2.83s/it]Killed"]
     v = diagnose(Observation(log_lines=lines, process_alive=False))  # no kernel log: the cause is not named
-    assert (v.verdict, v.phase) == ("crashed", "weight_loading")
-    assert "no kernel log to confirm it" in v.summary and "dmesg" in v.summary
+    assert (v.verdict, v.phase) == ("unknown", "weight_loading")
+    assert "no kernel log to say who sent it" in v.summary and "dmesg" in v.summary
+    # how sure: low, the host OOM next in line, and the fact that would decide is the kernel log
+    assert (v.confidence, v.runner_up) == ("low", "host_oom") and "dmesg" in (v.missing or "")
     v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=["[1.0] usb 1-1: new device"]))
     assert v.verdict == "crashed" and "shows no OOM kill" in v.summary
     oom = ["[26002.1] Out of memory: Killed process 576419 (python) total-vm:78521468kB"]
@@ -781,8 +783,8 @@ def test_an_unreadable_kernel_log_is_no_evidence_either_way():
     lines = ["Loading checkpoint shards:  75%|███ | 3/4 [00:08<00:02,  2.83s/it]Killed"]
     for dmesg in ([], ["dmesg: read kernel buffer failed: Operation not permitted"]):
         v = diagnose(Observation(log_lines=lines, process_alive=False, dmesg_lines=dmesg))
-        assert v.verdict == "crashed" and "no kernel log to confirm it" in v.summary, v.summary
-        assert any("SIGKILL" in s for s in v.next_steps)
+        assert v.verdict == "unknown" and "no kernel log to say who sent it" in v.summary, v.summary
+        assert v.runner_up == "host_oom" and any("SIGKILL" in s for s in v.next_steps)
 
 
 def test_port_evidence_names_the_launchs_sockets_not_the_hosts_other_services() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from bot.core.diagnose.lines import LogLine
 
@@ -108,11 +109,12 @@ _SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^(?P<word>Segmenta
 #: and TensorRT-LLM's `Assertion failed: x (file.cpp:12)`: an assertion that aborted the process.
 _ASSERT = re.compile(r"Assertion [`'](?P<a>.{0,300})' failed\.|\bGGML_ASSERT\((?P<g>.{0,300})\) failed|"
                      r"^Assertion failed: (?P<t>.{1,300})")
-_SIGNAL_NAMES = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+_SIGNAL_NAMES = MappingProxyType({"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Segfault": "SIGSEGV",
                  "abort": "SIGABRT", "segmentation fault": "SIGSEGV", "bus error": "SIGBUS",
-                 "illegal hardware instruction": "SIGILL", "floating point exception": "SIGFPE"}
-_SIGNAL_NUMBERS = {"11": "SIGSEGV", "6": "SIGABRT", "7": "SIGBUS", "4": "SIGILL", "8": "SIGFPE", "9": "SIGKILL"}
+                 "illegal hardware instruction": "SIGILL", "floating point exception": "SIGFPE"})
+_SIGNAL_NUMBERS = MappingProxyType({"11": "SIGSEGV", "6": "SIGABRT", "7": "SIGBUS", "4": "SIGILL", "8": "SIGFPE",
+                                    "9": "SIGKILL"})
 _RUST = re.compile(r"thread '(?P<thread>[^']{0,80})' panicked at (?:'(?P<msg>.*)', )?(?P<where>\S+?):?$")
 _GO = re.compile(r"^panic: (?P<msg>.+)")
 #: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
@@ -147,82 +149,104 @@ def _streams(lines: Sequence[LogLine]) -> dict[str | None, list[int]]:
     return out
 
 
-def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> list[ErrorBlock]:
-    """The Python tracebacks (and faulthandler dumps) in one stream of line indexes."""
-    out: list[ErrorBlock] = []
-    cur: ErrorBlock | None = None
-    after_frame = 0  # lines since the last frame that were not frames (code, carets)
-    chain_next = False
+class _PyReader:
+    """Reads one stream's Python tracebacks and faulthandler dumps, line by line (`take`), into `out`."""
 
-    def close(block: ErrorBlock, cut: bool) -> None:
+    def __init__(self, lines: Sequence[LogLine], source: str | None):
+        self.lines, self.source = lines, source
+        self.out: list[ErrorBlock] = []
+        self.cur: ErrorBlock | None = None
+        self.after_frame = 0  # lines since the last frame that were not frames (code, carets)
+        self.chain_next = False
+
+    def close(self, cut: bool) -> None:
+        """End the traceback being read; `cut`: before its exception line (its last frame stands for it)."""
+        block, self.cur = self.cur, None
+        if block is None:
+            return
         if cut:
-            block.cut = True
-            block.line = block.end
-        out.append(block)
+            block.cut, block.line = True, block.end
+        self.out.append(block)
 
-    for i in idx:
-        ln = lines[i]
-        body = ln.body.strip()
-        if not body:
-            continue
-        if _TB_HEAD in body:
-            if cur is not None:  # a new traceback before the last one said what it was
-                close(cur, cut=True)
-            cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=source, chained=False)
-            if chain_next and out:
-                out[-1].chained = True
-            chain_next = False
-            after_frame = 0
-            continue
+    def start(self, i: int) -> None:
+        """A traceback's header at line `i`."""
+        if self.cur is not None:  # a new traceback before the last one said what it was
+            self.close(cut=True)
+        self.cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=self.source)
+        if self.chain_next and self.out:
+            self.out[-1].chained = True
+        self.chain_next, self.after_frame = False, 0
+
+    def special(self, i: int, body: str) -> bool:
+        """Faulthandler's dump and chained-traceback lines; True when line `i` was one of them."""
         if m := _FAULT.match(body):
-            if cur is not None:
-                close(cur, cut=True)
-            cur = None
-            out.append(ErrorBlock("faulthandler", "Fatal Python error", m.group("msg").strip(), start=i, line=i, end=i,
-                                  source=source))
-            continue
-        if out and out[-1].kind == "faulthandler" and cur is None and (fm := _FAULT_FRAME.search(body)):
-            blk = out[-1]
-            if i - blk.end <= 3:
-                blk.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
-                blk.end = i
-            continue
+            self.close(cut=True)
+            self.out.append(ErrorBlock("faulthandler", "Fatal Python error", m.group("msg").strip(), start=i, line=i,
+                                       end=i, source=self.source))
+            return True
+        last = self.out[-1] if self.out else None
+        if last is not None and last.kind == "faulthandler" and self.cur is None and i - last.end <= 3 \
+                and (fm := _FAULT_FRAME.search(body)):
+            last.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
+            last.end = i
+            return True
         if _CHAIN.search(body):
-            if cur is not None:
-                close(cur, cut=True)
-                cur = None
-            chain_next = True
-            continue
-        if cur is None:
-            if (fm := _FRAME.search(body)) is None or (out and out[-1].end >= i - 1 and not out[-1].cut):
-                continue
+            self.close(cut=True)
+            self.chain_next = True
+            return True
+        return False
+
+    def take(self, i: int) -> None:
+        """Read line `i`."""
+        body = self.lines[i].body.strip()
+        if not body:
+            return
+        if _TB_HEAD in body:
+            self.start(i)
+            return
+        if self.special(i, body):
+            return
+        fm = _FRAME.search(body)
+        if self.cur is None:
+            last = self.out[-1] if self.out else None
+            if fm is None or (last is not None and last.end >= i - 1 and not last.cut):
+                return
             # a traceback pasted without its header (an excerpt that starts in its frames): read from its first frame
-            cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=source)
-            after_frame = 0
-        if fm := _FRAME.search(body):
+            self.cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=self.source)
+            self.after_frame = 0
+        cur = self.cur
+        if fm is not None:
             cur.frames.append(TraceFrame(fm.group("file"), fm.group("func"), int(fm.group("line"))))
-            cur.end = i
-            after_frame = 0
-            continue
+            cur.end, self.after_frame = i, 0
+            return
         exc = exception_line(body)
-        if exc is not None and (cur.frames or after_frame == 0):
+        if exc is not None and (cur.frames or self.after_frame == 0):
             cur.exc_type, cur.message = exc
             cur.line = cur.end = i
-            out.append(cur)
-            cur = None
-            continue
+            self.close(cut=False)
+            return
         if _CARET.match(body) or body.startswith("..."):
             cur.end = i
-            continue
-        after_frame += 1
-        if after_frame <= 2 and cur.frames:  # a frame's code line (one, sometimes wrapped in two)
+            return
+        self.after_frame += 1
+        if self.after_frame <= 2 and cur.frames:  # a frame's code line (one, sometimes wrapped in two)
             cur.end = i
-            continue
-        close(cur, cut=True)  # something else began: the traceback was cut before its exception line
-        cur = None
-    if cur is not None and (cur.frames or cur.start == cur.end):
-        close(cur, cut=True)
-    return out
+            return
+        self.close(cut=True)  # something else began: the traceback was cut before its exception line
+
+    def finish(self) -> list[ErrorBlock]:
+        """The blocks read; a traceback still open at the end was cut."""
+        if self.cur is not None and (self.cur.frames or self.cur.start == self.cur.end):
+            self.close(cut=True)
+        return self.out
+
+
+def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> list[ErrorBlock]:
+    """The Python tracebacks (and faulthandler dumps) in one stream of line indexes."""
+    reader = _PyReader(lines, source)
+    for i in idx:
+        reader.take(i)
+    return reader.finish()
 
 
 def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:

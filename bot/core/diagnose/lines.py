@@ -35,6 +35,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from bot.core.diagnose.timeline import stamp
 from bot.core.parse.log import strip_control
@@ -72,9 +73,11 @@ _OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL))
 
 # --- the engine's own prefix: read for level / module / source, removed for `body` -----------------------------------
 
-_LEVELS = {"TRACE": "DEBUG", "DEBUG": "DEBUG", "D": "DEBUG", "INFO": "INFO", "I": "INFO", "NOTICE": "INFO",
+_LEVELS = MappingProxyType({
+           "TRACE": "DEBUG", "DEBUG": "DEBUG", "D": "DEBUG", "INFO": "INFO", "I": "INFO", "NOTICE": "INFO",
            "WARN": "WARNING", "WARNING": "WARNING", "W": "WARNING", "ERROR": "ERROR", "ERR": "ERROR", "E": "ERROR",
-           "CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "F": "CRITICAL", "PANIC": "CRITICAL", "EXCEPTION": "ERROR"}
+           "CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "F": "CRITICAL", "PANIC": "CRITICAL",
+                            "EXCEPTION": "ERROR"})
 _TS_CORE = (r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
             r"|\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
             r"|\d\d/\d\d/\d{4}-\d\d:\d\d:\d\d"

@@ -22,11 +22,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from types import MappingProxyType
 
 __all__ = ["dominant_kind", "stamp", "timeline"]
 
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-                                        "Dec"), start=1)}
+_MONTHS = MappingProxyType({m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
+                                                        "Oct", "Nov", "Dec"), start=1)})
 _ISO = re.compile(r"(?<!\d)(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
 _TRT = re.compile(r"(?<!\d)(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)")
 _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
@@ -108,7 +109,7 @@ def stamp(text: str) -> tuple[str, float] | None:
 
 
 #: How far a clock of each kind may go back before it is read as having gone past midnight / a new year.
-_WRAP = {"hms": (43200.0, 86400.0), "md": (183 * 86400.0, 366 * 86400.0)}
+_WRAP = MappingProxyType({"hms": (43200.0, 86400.0), "md": (183 * 86400.0, 366 * 86400.0)})
 
 
 def dominant_kind(kinds: Sequence[str | None]) -> str | None:

@@ -104,8 +104,8 @@ def _duration(text: str) -> int | None:
     s = text.strip()
     if not s or not s.isascii():
         return None
-    if "." in s and s.count(".") == 1 and s.rpartition(".")[2].isdigit():  # macOS / BSD ps: `11:00.35`
-        s = s.rpartition(".")[0]
+    if s.count(":") == 1 and s.count(".") == 1 and len(s.rpartition(".")[2]) == 2 and s[-2:].isdigit():
+        s = s.rpartition(".")[0]  # macOS / BSD ps: `11:00.35` (minutes, seconds, hundredths)
     if s.isdigit():
         return int(s) if len(s) <= 12 else None
     m = _DURATION_RE.match(s)
