@@ -15,16 +15,21 @@ from bot.core.diagnose.evidence import _q, _q_at
 from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp
 from bot.core.diagnose.signatures import Signatures
 
-__all__ = ["block_heads", "hinted_phase", "is_error_part", "quote_hit"]
+__all__ = ["DECISIVE_QUOTE_MAX", "block_heads", "hinted_phase", "is_error_part", "quote_hit"]
 
 
-def quote_hit(h: _Hit, sig: Signatures) -> str:
-    """The failure line of `h` quoted (at most 400 characters) around the words its signature matched, so the
+#: The longest quote of a decisive failure line, in characters (other quotes keep evidence._QUOTE_MAX): the line that
+#: decides is quoted whole where it can be, since its deciding words may sit anywhere in it.
+DECISIVE_QUOTE_MAX = 900
+
+
+def quote_hit(h: _Hit, sig: Signatures, limit: int = DECISIVE_QUOTE_MAX) -> str:
+    """The failure line of `h` quoted (at most `limit` characters) around the words its signature matched, so the
     deciding words survive the cut of a long line."""
-    group = sig.failures.get(h.kind) if h.kind != "killed" else sig.killed
+    group = sig.failures.get(h.kind) if h.kind in sig.failures else sig.killed if h.kind == "killed" else None
     pat = group.first(h.line) if group is not None else None
     m = pat.regex.search(h.line) if pat is not None else None
-    return _q_at(h.line, m.start()) if m else _q(h.line)
+    return _q_at(h.line, m.start(), limit) if m else _q(h.line, limit)
 
 
 #: A native backtrace frame (TensorRT-LLM's and glog's C++ stack traces): `2   0x7a14577171ec tensorrt_llm::...`.

@@ -128,7 +128,8 @@ def exception_line(body: str) -> tuple[str, str] | None:
         return None
     t = m.group("type")
     own = re.split(r"\.|::", re.sub(r"\([\w.]*\)$", "", t))[-1]
-    if not (_EXC_NAME.search(own) or own in _PLAIN_EXC or ("::" in t and m.group("msg") is not None)):
+    if not (_EXC_NAME.search(own) or own in _PLAIN_EXC or "Error" in own or "Exception" in own
+            or ("::" in t and m.group("msg") is not None)):
         return None
     return t, (m.group("msg") or "").strip()
 

@@ -250,9 +250,10 @@ class _Scanner:
             scan.ready.append(i)
         if hit is None and sig.exit_events.first(line) and not sig.error_severity.search(line):
             scan.exits.append(i)  # an exit in order (not a kill, not an error)
-        if sig.shutdown.first(line):
+        stop = sig.stop_requested.first(line) is not None and hit is None
+        if stop or sig.shutdown.first(line):  # a stop request is shutdown wording too
             scan.shutdown.append(i)
-            if scan.stop_requested is None and sig.stop_requested.first(line):  # a stop request is shutdown wording
+            if scan.stop_requested is None and stop:
                 scan.stop_requested = i
         self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
 

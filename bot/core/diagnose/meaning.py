@@ -42,11 +42,7 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
                     return m  # torch's AcceleratorError for `CUDA error: out of memory`
                 return kind
     text = f"{block.exc_type or ''}: {block.message}" if block.exc_type else block.message
-    found = _message_family(text, sig)
-    if found == "port_in_use" and own not in (None, "OSError", "RuntimeError", "DistNetworkError",
-                                               "DistStoreError", "error", "Exception"):
-        found = None  # `address already in use` inside another error's words (a ValueError's help text)
-    return found or "crashed"
+    return _message_family(text, sig) or "crashed"
 
 
 def _funcs(frames: Sequence[TraceFrame]) -> list[TraceFrame]:

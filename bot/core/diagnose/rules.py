@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from bot.core.diagnose.blocks import block_heads, hinted_phase, quote_hit
+from bot.core.diagnose.blocks import DECISIVE_QUOTE_MAX, block_heads, hinted_phase, quote_hit
 from bot.core.diagnose.evidence import (
     _context_evidence,
     _Ev,
@@ -246,11 +246,12 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     if first is not None and root is not None and first.index < root.index:
         j = _said_index(first, scan, sig)  # a traceback header is quoted by what it says
         if j is None:
-            ev.add(f"first failure (log line {first.index + 1}): `{_q(first.line)}`")
+            ev.add(f"first failure (log line {first.index + 1}): `{quote_hit(first, sig)}`")
         elif j not in (root.index, said):
-            ev.add(f"first failure (log line {j + 1}): `{_q(scan.lines[j])}`")
+            ev.add(f"first failure (log line {j + 1}): `{_q(scan.lines[j], DECISIVE_QUOTE_MAX)}`")
     if root is not None and said is not None:  # a traceback's header: what it says is its exception line
-        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {said + 1}): `{_q(scan.lines[said])}`")
+        ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {said + 1}): "
+               f"`{_q(scan.lines[said], DECISIVE_QUOTE_MAX)}`")
     elif root is not None:
         ev.add(f"{_KIND_LABEL.get(root.kind, root.kind)} (log line {root.index + 1}): `{quote_hit(root, sig)}`")
     same = [
@@ -828,8 +829,7 @@ def _ended_rule(c: _Case) -> Verdict | None:
         return None
     ev = _Ev()
     if scan.ending is not None and obs.exit_code in (None, 0):  # it was stopping in order when it ended
-        for i in dict.fromkeys([scan.ending, max([scan.ending, *scan.shutdown, *scan.exits])]):
-            ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
+        _shutdown_evidence(ev, scan, scan.ending)
         summary = "The launch ended without an error: the log shows it stopping in order" + (
             ", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else ".")
         return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="high")
@@ -852,6 +852,15 @@ def _ended_rule(c: _Case) -> Verdict | None:
                     missing="how it ended: its exit status, or the kernel log (`dmesg | tail`)")
 
 
+def _shutdown_evidence(ev: _Ev, scan: LogScan, first: int) -> None:
+    """The lines of a stop in order: where it began, the next two lines of it, and its last line."""
+    ends = sorted(i for i in {*scan.shutdown, *scan.exits} if i > first)
+    lines = [first, *[i for i in range(first + 1, min(len(scan.lines), first + 6)) if scan.lines[i].strip()][:2],
+             *ends[-1:]]
+    for i in dict.fromkeys(lines):
+        ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
+
+
 def _stopped_rule(c: _Case) -> Verdict | None:
     """4b. The run ends in order, in the log's own words: a stop was asked for (a signal, Ctrl-C), or exit events follow
     its last work line (exiting, shut down, replicas removed) with no failure before them, and nothing answers:
@@ -864,9 +873,7 @@ def _stopped_rule(c: _Case) -> Verdict | None:
     if sum(1 for i in scan.meaningful if i > first and i not in ends) > 3 and scan.stop_requested is None:
         return None  # the run went on after it
     ev = _Ev()
-    last = max((i for i in ends if i >= first), default=first)
-    for i in dict.fromkeys([first, last]):
-        ev.add(f"shutdown (log line {i + 1}): `{_q(scan.lines[i])}`")
+    _shutdown_evidence(ev, scan, first)
     summary = ("The launch was stopping without an error: the log ends in its shutdown"
                + (", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else "."))
     return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="medium",
