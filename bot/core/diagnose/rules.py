@@ -745,6 +745,8 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
     sig, obs, scan = c.sig, c.obs, c.scan
     lost = [f"nvidia-smi: `{_q(line)}`" for line in obs.gpu_error_lines or [] if sig.failures["gpu_lost"].first(line)]
     lost += [f"dmesg: `{_q(line)}`" for line in obs.dmesg_lines or [] if sig.failures["gpu_lost"].first(line)]
+    lost += [f"dmesg, Xid {code} (the GPU must be reset): `{_q(text)}`" for code, text in xids(obs.dmesg_lines, sig)
+             if sig.xid.get(code) == "gpu_lost"]
     lost += [f"log line {h.index + 1}: `{_q(h.line)}`" for h in scan.failures if h.kind == "gpu_lost"]
     if not lost:
         return None
@@ -756,6 +758,43 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
         "the host needs a GPU reset or reboot."
     )
     return _verdict(sig, "gpu_lost", scan.phase, ev, summary, obs, scan, confidence="high")
+
+
+#: The kernel's Xid line (`NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.`).
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?[^)]{0,40}\): (?P<code>\d{1,3})\b")
+
+
+def xids(lines: Sequence[str] | None, sig: Signatures) -> list[tuple[int, str]]:
+    """(code, text) of every Xid in a kernel log, the text being its line and the indented lines that continue it
+    (`MMU Fault: ENGINE GRAPHICS ... faulted`) and the driver's next NVRM line that names the event."""
+    out: list[tuple[int, str]] = []
+    lines = list(lines or [])
+    for i, line in enumerate(lines):
+        if (m := _XID.search(line)) is None:
+            continue
+        parts = [line.strip()]
+        for nxt in lines[i + 1:i + 3]:
+            if nxt[:1].isspace() and nxt.strip() or ("NVRM:" in nxt and not _XID.search(nxt)):
+                parts.append(nxt.strip())
+            else:
+                break
+        out.append((int(m.group("code")), " ".join(parts)))
+    return out
+
+
+def _kernel_rule(c: _Case) -> Verdict | None:
+    """2b. A program's own fault the kernel saw on a working GPU (an Xid that means a fault, not a lost GPU), with no
+    failure in the log: `cuda_error`."""
+    faults = [(code, text) for code, text in xids(c.obs.dmesg_lines, c.sig) if c.sig.xid.get(code) == "cuda_error"]
+    if not faults:
+        return None
+    ev = _Ev()
+    for code, text in faults[:3]:
+        ev.add(f"dmesg, Xid {code} (a fault of the program on the GPU): `{_q(text, DECISIVE_QUOTE_MAX)}`")
+    summary = (f"CUDA error the kernel saw: Xid {faults[0][0]}, a fault of the program on the GPU (the GPU itself "
+               "still works): `" + _q(faults[0][1], 200) + "`.")
+    return _verdict(c.sig, "cuda_error", c.scan.phase, ev, summary, c.obs, c.scan, confidence="medium",
+                    runner_up="gpu_lost", missing=None)
 
 
 def _failure_rule(c: _Case) -> Verdict | None:
@@ -1074,7 +1113,7 @@ def _starting_rule(c: _Case) -> Verdict:
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
 RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
-    _gpu_lost_rule, _leftovers_rule, _failure_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule,
+    _gpu_lost_rule, _leftovers_rule, _failure_rule, _kernel_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule,
     _serving_rule, _starting_rule)
 
 

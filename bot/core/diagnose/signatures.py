@@ -170,6 +170,7 @@ class Signatures:
     frame_phases: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)  # (phase, function/file regex)
     wait_frames: re.Pattern[str] = re.compile(r"(?!)")  # functions that only wait on other processes
     loop_frames: re.Pattern[str] = re.compile(r"(?!)")  # an engine's per-batch loops (warm-up requests run them too)
+    xid: dict[int, str] = field(default_factory=dict)  # NVIDIA Xid code -> verdict (gpu_lost, cuda_error)
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -330,6 +331,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         frame_phases=_frame_phases(data.get("frame_phases"), order),
         wait_frames=regex("wait_frames", r"(?!)"),
         loop_frames=regex("loop_frames", r"(?!)"),
+        xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
         **{k: generic(k) for k in _GENERIC_GROUPS},
         **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))
