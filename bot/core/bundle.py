@@ -28,7 +28,8 @@ from bot.core.parse.log import strip_control
 from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
 from bot.core.parse.ps import parse_ps
 from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, parse_ranks
-from bot.core.stackdump import ProcessDump, parse_stack_json
+from bot.core.stackdump import ProcessDump, parse_stack_json, parse_stack_text
+from bot.core.stackgroups import rank_label
 
 __all__ = [
     "BUNDLE_FILES",
@@ -59,6 +60,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "proc-stack.txt",
     "ipcs-m.txt",
     "docker-ps.txt",
+    "py-spy.txt",
     "observed.json",
 )
 """The files `bot.adapters.bundle.read_bundle` reads (case.md and expected.json are deliberately absent)."""
@@ -502,6 +504,25 @@ def _rank_stacks(stacks: Mapping[str, str]) -> list[tuple[str, ProcessDump]]:
     return out
 
 
+_PROCESS_LINE = re.compile(r"^Process (\d{1,9}): (.+)$", re.M)
+
+
+def _text_stacks(text: str) -> list[tuple[str, ProcessDump]]:
+    """The ranks' stacks in `py-spy dump` text (a `py-spy.txt`, or dumps pasted into the log, any prefix around the
+    lines taken off first), labelled by the rank their command line names (`TP3`), else `pid N`."""
+    if "Thread " not in text:
+        return []
+    from bot.core.diagnose.lines import normalise  # the prefix reader of the diagnosis (a paste under compose)
+
+    plain = "\n".join(n.text for n in normalise(text.splitlines()))
+    cmds = {int(m.group(1)): m.group(2) for m in _PROCESS_LINE.finditer(plain)}
+    out = []
+    for d in parse_stack_text(plain):
+        label = rank_label(cmds.get(d.pid, "")) or (f"pid {d.pid}" if d.pid else "process")
+        out.append((label, d))
+    return out
+
+
 def _inferred(obs: Observation, mtimes: Mapping[str, float], notes: list[str]) -> None:
     """Without observed.json: what the files' times and contents can still tell (the log's silence when the log
     was last written well before the other captures), and a note naming what stays unknown."""
@@ -583,6 +604,8 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
         setattr(obs, key, value)
     if stacks:
         obs.rank_stacks = _rank_stacks(stacks)
+    elif (dumps := _text_stacks(texts.get("py-spy.txt") or "") or _text_stacks(texts.get("server.log") or "")):
+        obs.rank_stacks = dumps
     obs.port = guess_port(obs.probe_lines, obs.containers, obs.log_lines, obs.processes)
     if obs.port_open is None and obs.port is not None and obs.listening is not None:
         obs.port_open = any(s.port == obs.port for s in obs.listening)

@@ -383,6 +383,41 @@ def full_text(dumps: list[ProcessDump]) -> str:
 # --------------------------------------------------------------------------------------------- result
 
 
+_TEXT_PROCESS = re.compile(r"^Process (?P<pid>\d{1,9}):")
+_TEXT_THREAD = re.compile(r"^Thread (?P<tid>(?:0x)?[0-9a-fA-F]{1,16}) \((?P<state>[\w+]{1,30})\)"
+                          r"(?:: \"(?P<name>.*)\")?")
+_TEXT_FRAME = re.compile(r"^\s+(?P<name>[^\s()][^()]{0,200}?) \((?P<file>[^():]{1,300}):(?P<line>\d{1,7})\)\s*$")
+
+
+def parse_stack_text(text: str) -> list[ProcessDump]:
+    """`py-spy dump`'s text output (py-spy 0.3 and 0.4; as a user pastes it, one or more processes) -> one ProcessDump
+    per process: `Process 2403: CMD`, `Thread 2403 (active+gil): "MainThread"`, frames `    func (file.py:12)`
+    innermost first; `Arguments:` / `Locals:` sections are skipped. Text with no thread line gives []. Never raises."""
+    dumps: list[ProcessDump] = []
+    cur: ProcessDump | None = None
+    thread: ThreadDump | None = None
+    for raw in (text or "").splitlines():
+        line = raw.rstrip()
+        if m := _TEXT_PROCESS.match(line.strip()):
+            cur = ProcessDump(int(m.group("pid")), True, [])
+            dumps.append(cur)
+            thread = None
+            continue
+        if m := _TEXT_THREAD.match(line.strip()):
+            if cur is None:
+                cur = ProcessDump(0, True, [])
+                dumps.append(cur)
+            tid = m.group("tid")
+            state = m.group("state")
+            thread = ThreadDump(name=m.group("name") or "", os_thread_id=int(tid, 0) if tid.startswith("0x")
+                                else int(tid), active="active" in state, owns_gil="gil" in state)
+            cur.threads.append(thread)
+            continue
+        if thread is not None and (m := _TEXT_FRAME.match(line)):
+            thread.frames.append(Frame(name=m.group("name").strip(), file=m.group("file"), line=int(m.group("line"))))
+    return [d for d in dumps if d.threads]
+
+
 def parse_stack_json(text: str) -> list[ThreadDump] | None:
     """`py-spy dump --json` output (py-spy 0.3/0.4: a list of threads with thread_name, os_thread_id, active,
     owns_gil and frames of name / filename / short_filename / line) -> threads sorted by OS thread id; None when

@@ -95,7 +95,7 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
     # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
-    ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
+    ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
     # a bracketed level or tool label: `[INFO] `, `[E] `, `[TensorRT-LLM][ERROR] `, `[TRT-LLM] `, `[RANK 0] `
     ("label", re.compile(r"\[(?P<v>[A-Za-z][\w -]{0,30})\]:?\s*")),
     # a bare level word: `INFO `, `ERROR: `, `WARNING 06-30`, `level=INFO `

@@ -472,6 +472,9 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     f = _failure(obs, scan, sig)
     if f is None:
         return None
+    if f.kind in ("crashed", "unknown") and f.root is not None \
+            and (hang := _stall_reported(f, scan, sig)) is not None:
+        return _reported_hang(f, hang, obs, scan, sig)
     ev = _failure_evidence(f, scan, sig)
     phase = _failure_phase(f, scan, sig, ev, obs.process_alive)
     root, first = f.root, f.first
@@ -486,6 +489,29 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
                             quote])
     return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text, **_failure_sureness(f, obs))
+
+
+def _stall_reported(f: _Failure, scan: LogScan, sig: Signatures) -> int | None:
+    """The first line, at or before the decisive failure, where the engine's own stall detector says it made no
+    progress (signatures.yaml `hang_report`); None when none does."""
+    for i in range(scan.start, min(len(scan.lines), f.root.index + 1 if f.root else 0)):
+        if sig.hang_report.first(scan.lines[i]):
+            return i
+    return None
+
+
+def _reported_hang(f: _Failure, hang: int, obs: Observation, scan: LogScan, sig: Signatures) -> Verdict:
+    """`silent_hang`: the engine's own watchdog found it stuck (and then, as it is made to, ended it)."""
+    ev = _Ev()
+    ev.add(f"the engine's own watchdog says it made no progress (log line {hang + 1}): "
+           f"`{_q(scan.lines[hang], DECISIVE_QUOTE_MAX)}`")
+    if f.root is not None and f.root.index != hang:
+        ev.add(f"then (log line {f.root.index + 1}): `{_q(_said(f.root, scan, sig))}`")
+    served = bool(scan.ready) or scan.phase == "serving" or any(_REQUEST_CONTEXT.search(x) for x in scan.lines[:hang])
+    phase = "serving" if served else scan.phase
+    summary = ("Hung: the engine's own stall detector (a watchdog) found it making no progress, and ended it. The "
+               "error that follows is the watchdog's doing, not the cause.")
+    return _verdict(sig, "silent_hang", phase, ev, summary, obs, scan, confidence="medium", runner_up="crashed")
 
 
 def _failure_sureness(f: _Failure, obs: Observation) -> dict[str, str | None]:
@@ -774,12 +800,28 @@ def xids(lines: Sequence[str] | None, sig: Signatures) -> list[tuple[int, str]]:
             continue
         parts = [line.strip()]
         for nxt in lines[i + 1:i + 3]:
-            if nxt[:1].isspace() and nxt.strip() or ("NVRM:" in nxt and not _XID.search(nxt)):
+            if (nxt[:1].isspace() and nxt.strip()) or ("NVRM:" in nxt and not _XID.search(nxt)):
                 parts.append(nxt.strip())
             else:
                 break
         out.append((int(m.group("code")), " ".join(parts)))
     return out
+
+
+def _stall_rule(c: _Case) -> Verdict | None:
+    """2c. No failure, but the engine's own stall detector (its scheduler's watchdog) reported it stuck: `silent_hang`
+    (in serving once it had served, else where start-up got to)."""
+    scan, sig = c.scan, c.sig
+    hang = next((i for i in range(scan.start, len(scan.lines)) if sig.hang_report.first(scan.lines[i])), None)
+    if hang is None:
+        return None
+    ev = _Ev()
+    ev.add(f"the engine's own watchdog says it made no progress (log line {hang + 1}): "
+           f"`{_q(scan.lines[hang], DECISIVE_QUOTE_MAX)}`")
+    served = bool(scan.ready) or scan.phase == "serving" or any(_REQUEST_CONTEXT.search(x) for x in scan.lines[:hang])
+    phase = "serving" if served else scan.phase
+    summary = "Hung: the engine's own stall detector (a watchdog) found it making no progress."
+    return _verdict(sig, "silent_hang", phase, ev, summary, c.obs, scan, confidence="medium", runner_up="loading")
 
 
 def _kernel_rule(c: _Case) -> Verdict | None:
@@ -1113,8 +1155,8 @@ def _starting_rule(c: _Case) -> Verdict:
 
 #: The rules, in order: the first that gives a verdict decides (the last always does).
 RULES: tuple[Callable[[_Case], Verdict | None], ...] = (
-    _gpu_lost_rule, _leftovers_rule, _failure_rule, _kernel_rule, _orphans_rule, _ended_rule, _stopped_rule, _completed_rule,
-    _serving_rule, _starting_rule)
+    _gpu_lost_rule, _leftovers_rule, _failure_rule, _stall_rule, _kernel_rule, _orphans_rule, _ended_rule,
+    _stopped_rule, _completed_rule, _serving_rule, _starting_rule)
 
 
 def diagnose(

@@ -163,6 +163,7 @@ class Signatures:
     probe_line: _Group
     leftover_processes: _Group
     exit_events: _Group
+    hang_report: _Group  # an engine's own stall detector firing (its scheduler's watchdog): a hang, not a crash
     lexicon: _Group  # the start-up steps in any engine's words (a phase marker of last resort)
     warning_severity: re.Pattern[str]
     exception_types: dict[str, frozenset[str]] = field(default_factory=dict)  # verdict -> exception type names
@@ -273,6 +274,7 @@ def _engine_parts(engines_data: Any, order: tuple[str, ...]) -> _EngineParts:
 
 #: The top-level keys of signatures.yaml that are one group of generic patterns each (`Signatures` fields).
 _GENERIC_GROUPS = ("killed", "progress_generic", "benign_exceptions", "shutdown", "leftover_processes", "exit_events",
+                   "hang_report",
                    "request_received", "probe_line", "serving_evidence", "error_tail", "completion", "host_allocation",
                    "gpu_memory", "request_line", "stop_requested", "comm_init_start")
 #: The top-level keys that are plain lists of compiled patterns (their named groups are read).

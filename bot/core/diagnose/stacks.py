@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from bot.core.diagnose.errors import TraceFrame
+from bot.core.diagnose.meaning import frame_phase
 from bot.core.diagnose.observation import Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
-from bot.core.stackdump import ProcessDump
+from bot.core.stackdump import ProcessDump, ThreadDump, frame_text
 from bot.core.stackgroups import CrossRankSummary, summarize_ranks
 
 __all__ = ["STACK_EVIDENCE_PREFIX", "with_stacks"]
@@ -48,11 +50,49 @@ def with_stacks(verdict: Verdict, ranks: list[tuple[str, ProcessDump]] | None,
     summary = summarize_ranks(ranks)
     dumped = sum(1 for _, d in ranks if d.ok)
     line = f"{STACK_EVIDENCE_PREFIX}, {dumped} rank{'s' if dumped != 1 else ''}): {summary.line}"
-    phase = summary.phase or verdict.phase
     sig = signatures or SIGNATURES
+    phase = summary.phase or stack_phase(ranks, sig) or verdict.phase
     steps = [s for s in sig.next_steps.get(f"silent_hang.{phase}", []) if phase] if phase != verdict.phase else []
     steps += [s for s in verdict.next_steps if "py-spy" not in s and s not in steps]
     moved = f" (so the phase is {phase}, not {verdict.phase or 'unknown'})" if phase != verdict.phase else ""
     text = f"{verdict.summary.rstrip()} Stacks: {summary.line}{moved}."
-    evidence = [*verdict.evidence[:1], line, *verdict.evidence[1:]]
+    evidence = [*verdict.evidence[:1], line, *main_frames(ranks, sig=sig), *verdict.evidence[1:]]
     return replace(verdict, phase=phase, evidence=evidence, next_steps=steps, summary=text), summary
+
+
+def _main_thread(dump: ProcessDump) -> ThreadDump | None:
+    """The thread that shows what a process does: the main thread, else the first active one, else the first."""
+    threads = dump.threads
+    return (next((t for t in threads if t.name == "MainThread"), None)
+            or next((t for t in threads if t.active), None) or (threads[0] if threads else None))
+
+
+def stack_phase(ranks: list[tuple[str, ProcessDump]], sig: Signatures) -> str | None:
+    """The start-up step the ranks' main threads are in, read through the same table of frames as a traceback's
+    (signatures.yaml `frame_phases`; bot.core.diagnose.meaning.frame_phase), the first rank that shows one."""
+    for _, d in ranks:
+        t = _main_thread(d) if d.ok else None
+        if t is None:
+            continue
+        frames = [TraceFrame(f.file, f.name, f.line) for f in reversed(t.frames)]  # outermost first, as a traceback
+        if (fp := frame_phase(frames, sig)) is not None and fp[2]:
+            return fp[0]
+    return None
+
+
+def main_frames(ranks: list[tuple[str, ProcessDump]], top: int = 6, sig: Signatures | None = None) -> list[str]:
+    """One evidence line per dumped rank (at most 3): its main thread's innermost frames in py-spy's own wording, and
+    the frame that names its start-up step when that one is further out."""
+    out = []
+    for label, d in ranks[:3]:
+        t = _main_thread(d) if d.ok else None
+        if t is None or not t.frames:
+            continue
+        shown = [f"`{frame_text(f)}`" for f in t.frames[:top]]
+        fp = frame_phase([TraceFrame(f.file, f.name, f.line) for f in reversed(t.frames)], sig or SIGNATURES)
+        if fp is not None:
+            named = next((f for f in t.frames if f.name == fp[1].func and f.file == fp[1].file), None)
+            if named is not None and named not in t.frames[:top]:
+                shown += ["…", f"`{frame_text(named)}` ({fp[0]})"]
+        out.append(f"{label} main thread, innermost first: {' ← '.join(shown)}")
+    return out

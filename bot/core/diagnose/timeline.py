@@ -34,7 +34,7 @@ _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d{
 _EPOCH = re.compile(r"^\[?(1[5-9]\d{8})(?:\.(\d{1,9}))?\]?\s")
 _UPTIME = re.compile(r"^\[\s*(\d{1,9})\.(\d{3,9})\]")
 _MD = re.compile(r"(?<![\d-])(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
-_GLOG = re.compile(r"(?:^|\[|\]:?\[?)[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+_GLOG = re.compile(r"(?:^|\[|\]:?\[?)[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _HMS = re.compile(r"(?:^|\[|\s)(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?=[\]\s,|]|$)")
 _HEAD = 80
