@@ -270,9 +270,16 @@ def _log_tail_evidence(ev: _Ev, scan: LogScan) -> None:
             f"{counted(len(scan.benign), 'known-benign warning line')} ignored (not a failure, not progress), e.g. "
             f"`{_q(scan.lines[scan.benign[-1]])}`"
         )
+    if scan.ending is not None:  # what it was doing when the stop came
+        before = [i for i in scan.meaningful if i < scan.ending][-2:]
+        if before:
+            ev.add("before the stop: " + " / ".join(f"`{_q(scan.lines[i])}`" for i in before))
     tail = scan.meaningful[-3:]
     if tail:
         ev.add("log ends with: " + " / ".join(f"`{_q(scan.lines[i])}`" for i in tail))
+    head = [i for i in scan.meaningful if i >= scan.start][:1]
+    if head and head[0] not in tail:
+        ev.add(f"log begins with: `{_q(scan.lines[head[0]])}`")
 
 
 def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
@@ -295,6 +302,10 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
     elif obs.cpu_time_growing is True:
         cpu_text += "; CPU time growing since the previous check"
     ev.add(f"{counted(len(procs), 'process')} listed, states {state_text}{cpu_text}")
+    dead = [p for p in procs if p.state == "Z" or "<defunct>" in (p.args or "")]
+    for p in dead[:3]:
+        ev.add(f"defunct (zombie) process {p.pid}, its parent has not reaped it: "
+               f"`{_q(obs.process_lines.get(p.pid) or p.args, 300)}`")
     shown = sorted(procs, key=lambda p: (not _is_engine_process(p, sig), procs.index(p)))[:4]
     for p in shown:
         raw = obs.process_lines.get(p.pid)

@@ -69,7 +69,10 @@ _COMPOSE = re.compile(r"^(?P<src>[A-Za-z0-9][\w.-]{0,80}?)\s*\|(?: |$)")
 _KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
 #: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
 _JOURNAL = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} (?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")
-_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL))
+#: A terminal UI's pane (k9s, lazydocker, htop-like viewers): every line between box-drawing borders.
+_PANE = re.compile(r"^[│┃║|] ?(?P<src>)")
+_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL), ("pane", _PANE))
+_PANE_RIGHT = re.compile(r"\s*[│┃║]\s*$")
 
 # --- the engine's own prefix: read for level / module / source, removed for `body` -----------------------------------
 
@@ -281,7 +284,8 @@ def normalise(lines: Iterable[object] | None) -> list[LogLine]:
         for i, t in segments:
             m = rx.match(t)
             if m:
-                stripped.append((i, t[m.end():]))
+                rest = t[m.end():]
+                stripped.append((i, _PANE_RIGHT.sub("", rest) if outer[0] == "pane" else rest))
                 sources.append(m.group("src"))
             else:
                 stripped.append((i, t))

@@ -285,11 +285,17 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     elif root is not None and root.echo and first is not None and first is not root:
         ev.add("the watchdog timeout is an echo: the first failure above is the likely cause")
     if root is not None:  # what it led to: the launcher's or the other ranks' words for it, first and last
-        after = [h for h in hits if h.index > root.index and h.kind != "killed" and not ev.quotes(h.line)
-                 and not _FRAME_RE.search(h.line) and "Traceback (most recent call last)" not in h.line
-                 and _NUMBERS.sub("#", h.line.strip()) != _NUMBERS.sub("#", root.line.strip())]
-        for h in [*after[:1], *after[1:][-1:]]:
-            ev.add(f"then (log line {h.index + 1}): `{_q(h.line)}`")
+        errs = {h.index for h in hits} | {i for i in range(root.index + 1, len(scan.lines))
+                                          if i < len(scan.norm) and scan.norm[i].level in ("ERROR", "CRITICAL")}
+        said_root = _NUMBERS.sub("#", root.line.strip())
+        after = [i for i in sorted(errs) if i > root.index and not ev.quotes(scan.lines[i])
+                 and not _FRAME_RE.search(scan.lines[i]) and "Traceback (most recent call last)" not in scan.lines[i]
+                 and len((scan.norm[i].body if i < len(scan.norm) else scan.lines[i]).strip()) > 12
+                 and _NUMBERS.sub("#", scan.lines[i].strip()) != said_root]
+        seen: set[str] = set()
+        distinct = [i for i in after if not ((k := _NUMBERS.sub("#", scan.norm[i].body.strip())) in seen or seen.add(k))]
+        for i in [*distinct[:2], *distinct[2:][-1:]]:
+            ev.add(f"then (log line {i + 1}): `{_q(scan.lines[i])}`")
     for i in [i for i in scan.context.get(f.kind, []) if not ev.quotes(scan.lines[i])][:2]:
         ev.add(f"context: `{_q(scan.lines[i])}`")
     for line in f.dmesg_oom[:2]:
@@ -779,6 +785,8 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
     ev = _Ev()
     for item in lost[:4]:
         ev.add(item)
+    for h in [h for h in scan.failures if h.kind == "gpu_lost" and h.block is not None][:1]:
+        ev.add(_block_summary(h, scan))
     summary = (
         f"A GPU or NVML is unreachable: {lost[0]}. The engine cannot recover from this; "
         "the host needs a GPU reset or reboot."
