@@ -225,6 +225,9 @@ def _later(phase: str, than: str, scan: LogScan) -> bool:
 def _said_index(hit: _Hit, scan: LogScan, sig: Signatures) -> int | None:
     """For a failure hit on a traceback's header (`Traceback (most recent call last):`), the index of the exception
     line that ends it (what the error says); None for any other hit, or a traceback cut off before its end."""
+    if hit.block is not None:  # read as a structure: its own exception line, or (cut) the hit's own words
+        b = hit.block
+        return b.line if not b.cut and b.line != hit.index and b.exc_type else None
     if "Traceback (most recent call last)" not in hit.line:
         return None
     return _traceback_end(scan, hit.index, sig)
@@ -293,9 +296,15 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
                  and len((scan.norm[i].body if i < len(scan.norm) else scan.lines[i]).strip()) > 12
                  and _NUMBERS.sub("#", scan.lines[i].strip()) != said_root]
         seen: set[str] = set()
-        distinct = [i for i in after if not ((k := _NUMBERS.sub("#", scan.norm[i].body.strip())) in seen or seen.add(k))]
+        distinct = []
+        for i in after:
+            key = _NUMBERS.sub("#", scan.norm[i].body.strip() if i < len(scan.norm) else scan.lines[i])
+            if key not in seen:
+                seen.add(key)
+                distinct.append(i)
         for i in [*distinct[:2], *distinct[2:][-1:]]:
             ev.add(f"then (log line {i + 1}): `{_q(scan.lines[i])}`")
+    _message_context(ev, root, scan)
     for i in [i for i in scan.context.get(f.kind, []) if not ev.quotes(scan.lines[i])][:2]:
         ev.add(f"context: `{_q(scan.lines[i])}`")
     for line in f.dmesg_oom[:2]:
@@ -343,6 +352,42 @@ def _block_summary(hit: _Hit, scan: LogScan) -> str | None:
     shown = steps if len(steps) <= 8 else [*steps[:2], "…", *steps[-6:]]
     cut = ", cut before its exception line" if b.cut else ""
     return f"traceback ({len(b.frames)} frames{cut}), outermost first: " + " → ".join(shown)
+
+
+def _message_context(ev: _Ev, root: _Hit | None, scan: LogScan) -> None:
+    """The words around what the decisive failure said: a traceback header line that carries the error's message
+    (`Exception in worker ...: <message>, Traceback ...`), and the lines that go on with its message (a multi-line
+    exception message, a blank line between allowed)."""
+    if root is None:
+        return
+    b = root.block
+    if b is not None and b.start != root.index:
+        head = scan.lines[b.start]
+        if "Traceback (most recent call last)" in head and len(head.split("Traceback")[0]) > 20:
+            ev.add(f"error block (log line {b.start + 1}): `{_q(head, DECISIVE_QUOTE_MAX)}`")
+    start = b.line if b is not None else root.index
+    more: list[int] = []
+    j = start + 1
+    while j < len(scan.lines) and len(more) < 3 and j <= start + 5:
+        if not scan.lines[j].strip() and not more and j == start + 1:
+            j += 1  # one blank line between the message's first line and the rest of it
+            continue
+        if not _continues_message(j, scan):
+            break
+        more.append(j)
+        j += 1
+    if more:
+        ev.add("its message goes on: " + " / ".join(f"`{_q(scan.lines[j])}`" for j in more))
+
+
+def _continues_message(j: int, scan: LogScan) -> bool:
+    """Whether line `j` continues the exception message above it: a line with no prefix of its own (no timestamp, level
+    or source), not a frame or a new traceback, not blank."""
+    if j >= len(scan.norm) or not scan.lines[j].strip():
+        return False
+    n = scan.norm[j]
+    return (n.level is None and n.ts is None and n.body.strip() == scan.lines[j].strip()
+            and not _FRAME_RE.search(n.body) and "Traceback (most recent call last)" not in n.body)
 
 
 def _past_startup(hit: _Hit, scan: LogScan) -> bool:
