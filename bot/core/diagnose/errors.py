@@ -16,6 +16,8 @@ frames, where it starts and ends, and whether its last line was cut off.
   handler's `Caught signal 11 (Segmentation fault: ...)`).
 - a failed assertion that aborts (glibc's `Assertion `x' failed.`, ggml's `GGML_ASSERT(x) failed`, TensorRT-LLM's
   `Assertion failed: x`).
+- a native backtrace (`3   0x7f4a46a29091 ns::Class::method(args) + 140`: TensorRT-LLM, glog, boost) under an error
+  line: its frames (function and qualified name) added to that line's error.
 - a Rust panic (`thread 'main' panicked at ...`, Rust 1.0-1.8x, both the old one-line and the newer two-line form)
   and a Go panic (`panic: ...` with `goroutine N [running]:`).
 
@@ -48,7 +50,8 @@ class TraceFrame:
 class ErrorBlock:
     """One error read from a log (see the module docstring). Indexes point into the normalised lines.
 
-    - `kind`: `python`, `faulthandler`, `cpp`, `signal`, `assert`, `panic`.
+    - `kind`: `python`, `faulthandler`, `cpp`, `signal`, `assert`, `panic`, `native` (an error line with a native
+      backtrace under it).
     - `exc_type`: the exception's type as printed (`torch.OutOfMemoryError`, `c10::DistBackendError`,
       `SIGSEGV`), None when the block was cut before it.
     - `message`: the exception's message (may be empty).
@@ -250,6 +253,66 @@ def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> lis
     return reader.finish()
 
 
+#: A native backtrace frame as TensorRT-LLM, glog and many C++ programs print it: `3   0x7f4a46a29091
+#: tensorrt_llm::batch_manager::PromptTuningBuffers::fill(std::vector<...>) + 140`, or unresolved `lib.so(+0x745b36)`.
+_BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$")
+
+
+def native_function(sym: str) -> tuple[str, str] | None:
+    """(function, qualified name) of a native frame's symbol (`ns::Class::method(args) + 140` -> (`method`,
+    `ns::Class::method`)); None for an unresolved address (`lib.so(+0x745b36) [0x7f..]`)."""
+    sym = sym.strip()
+    if sym.startswith("virtual thunk to "):
+        sym = sym[len("virtual thunk to "):]
+    depth = 0
+    for k, ch in enumerate(sym):  # the name ends at the first parenthesis outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0:
+            sym = sym[:k]
+            break
+    name = re.sub(r"<[^<>]*>", "", sym).strip()
+    if not name or "/" in name or name.endswith(".so") or " " in name:
+        return None
+    return name.split("::")[-1], name
+
+
+def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
+    """Runs of native backtrace frames: attached to the error block of the line just above them, or to a new `native`
+    block on the error line above the run (its message that line's words)."""
+    i = 0
+    while i < len(lines):
+        if not _BACKTRACE.match(lines[i].body):
+            i += 1
+            continue
+        j = i
+        frames: list[TraceFrame] = []
+        while j < len(lines):
+            m = _BACKTRACE.match(lines[j].body)
+            if m is None:  # a blank line inside the run, or a symbol continued on the next line, is still the run
+                if j + 1 < len(lines) and _BACKTRACE.match(lines[j + 1].body):
+                    j += 1
+                    continue
+                break
+            if (fn := native_function(m.group("sym"))) is not None:
+                frames.append(TraceFrame(fn[1], fn[0]))
+            j += 1
+        head = i - 1
+        while head >= 0 and not lines[head].body.strip():
+            head -= 1
+        owner = next((b for b in out if head >= 0 and b.start <= head <= b.end), None)
+        if owner is None and head >= 0:
+            owner = ErrorBlock("native", None, lines[head].body.strip(), start=head, line=head, end=head,
+                               source=lines[head].source)
+            out.append(owner)
+        if owner is not None:
+            owner.frames.extend(reversed(frames))  # a backtrace lists the innermost first: store outermost first
+            owner.end = max(owner.end, j - 1)
+        i = j
+
+
 def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
     """C++ exceptions that ended a process, fatal signals, Rust and Go panics (each from its own line)."""
     out: list[ErrorBlock] = []
@@ -306,4 +369,5 @@ def error_blocks(lines: Sequence[LogLine]) -> list[ErrorBlock]:
             seen.add((b.start, b.line))
             unique.append(b)
     unique += _native(lines)
+    _backtraces(lines, unique)
     return sorted(unique, key=lambda b: (b.line, b.start))

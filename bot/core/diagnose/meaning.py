@@ -8,12 +8,13 @@ table's failure patterns are only the last layer, read on the exception's own me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from bot.core.diagnose.errors import ErrorBlock, TraceFrame
 from bot.core.diagnose.signatures import _FAILURE_KINDS, Signatures
 
-__all__ = ["block_family", "frame_phase", "is_echo"]
+__all__ = ["block_family", "frame_phase", "is_crash_signal", "is_echo", "named_phase"]
 
 #: Signal names that end a process by a fault of its own code or hardware (a crash), not a request to stop.
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
@@ -80,6 +81,23 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
             if fr.file and rx.search(fr.file):
                 return phase, fr, False
     return None
+
+
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,80}\b")
+
+
+def named_phase(text: str, sig: Signatures) -> str | None:
+    """The step a function NAMED in an error's own words runs (`Encountered an error in forwardAsync function`,
+    `Error executing load_single_module`, `while processing method init_device`), by the same table as frames
+    (function names only); a start-up step before serving. None when no name in it is one of the table's."""
+    found: str | None = None
+    for name in _IDENT.findall(text or ""):
+        for phase, rx in sig.frame_phases:
+            if rx.pattern.startswith("^") and rx.search(name):
+                if phase != "serving":
+                    return phase
+                found = found or phase
+    return found
 
 
 def is_echo(block: ErrorBlock, sig: Signatures) -> bool:

@@ -37,6 +37,7 @@ from bot.core.diagnose.evidence import (
     nccl_in_play,
 )
 from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _traceback_end, scan_log
+from bot.core.diagnose.meaning import named_phase
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import with_stacks
@@ -475,6 +476,11 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
         if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
             ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
         return phase
+    if root is not None and (named := named_phase(_said(root, scan, sig), sig)) is not None \
+            and not (named == "serving" and f.kind == "port_in_use"):
+        # the error's own words name the function that failed (`Encountered an error in forwardAsync function`)
+        ev.add(f"{named}, by the function its message names (log line {root.index + 1})")
+        return named
     if root is not None and (other := _event_frames(root, scan)) is not None:
         # another rank's traceback of the same error event (the same second, a few lines away) shows the frames
         phase, line, hit = other
