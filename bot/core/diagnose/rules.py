@@ -411,6 +411,8 @@ def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int, _Hit] | None:
     return None
 
 
+#: A model parameter's name quoted in an error (`KeyError: 'model.embed_tokens.weight'`): a checkpoint's key.
+_PARAMETER_NAME = re.compile(r"['\"][\w.]+\.(?:weight|bias|qweight|qzeros|scales?|weight_scale\w*|g_idx)['\"]")
 #: Lines before a failure within which a request line says the failure came while serving it.
 REQUEST_CONTEXT_LINES = 30
 #: Seconds after the last start-up line or readiness line beyond which a failure came while serving (the log's clock).
@@ -422,6 +424,8 @@ def _context_phase(f: _Failure, root: _Hit, scan: LogScan, alive: bool | None) -
     failure long after the last start-up step on the log's own clock (serving); a GPU fault the process outlived
     (serving: a start-up step that fails ends the launch); an NCCL failure before any readiness (comm_init, where
     communicators are set up). (None, None) when none does."""
+    if _PARAMETER_NAME.search(root.line):  # a parameter's name the error quotes: the weights were being read
+        return "weight_loading", root.index
     lo = max(scan.start, root.index - REQUEST_CONTEXT_LINES)
     for j in range(root.index - 1, lo - 1, -1):
         if _REQUEST_CONTEXT.search(scan.lines[j]):
