@@ -12,7 +12,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bot.core.diagnose import CPU_PROGRESS_CORES, Observation, Verdict, diagnose, scan_log
+from bot.core.diagnose import CPU_PROGRESS_CORES, LineMemo, Observation, Verdict, diagnose
+from bot.core.diagnose.logscan import newest_meaningful
 from bot.core.lifecycle import EXIT_LINE_RE, exit_status, launch_processes
 from bot.core.models import Launch, ProcessInfo, Snapshot
 from bot.core.records import CheckRecord
@@ -29,19 +30,20 @@ QUIET_VERDICTS = frozenset({"loading", "unknown"})
 
 def judge(obs: Observation, prev: CheckRecord | None, *, grace_s: dict[str, float] | None,
           silence_after_s: float, posted: str | None = None, exit_code: int | None = None,
-          launch_id: int | None = None) -> Verdict:
+          launch_id: int | None = None, memo: LineMemo | None = None) -> Verdict:
     """The readiness verdict of one check: `diagnose(obs)`, except that
     - a launch with no process left and nothing in the log to explain it has ended: `exited`, or `crashed`
       with the exit status or signal its wrapper logged (`exit_code`, the record's `exit_status`; see
       bot.core.serving.ended_verdict), never `loading`;
     - leaving `silent_hang` (the verdict `posted` last) needs real progress: a new log line, an advancing
-      progress counter, rising GPU memory or computing GPUs; growing CPU time alone keeps it `silent_hang`."""
-    verdict = diagnose(obs, grace_s=grace_s or None, silence_after_s=silence_after_s)
+      progress counter, rising GPU memory or computing GPUs; growing CPU time alone keeps it `silent_hang`.
+    `memo`: the launch's LineMemo (lines seen at the last check are not matched again)."""
+    verdict = diagnose(obs, grace_s=grace_s or None, silence_after_s=silence_after_s, memo=memo)
     if obs.process_alive is False and verdict.verdict in ("unknown", "exited", "loading", "silent_hang"):
         return ended_verdict(obs, exit_code, launch_id)
     if posted == "silent_hang" and verdict.verdict in QUIET_VERDICTS and obs.cpu_time_growing:
         strict = diagnose(replace(obs, cpu_time_growing=False), grace_s=grace_s or None,
-                          silence_after_s=silence_after_s)
+                          silence_after_s=silence_after_s, memo=memo)
         if strict.verdict == "silent_hang":
             return replace(strict, evidence=[*strict.evidence, "CPU time grows, but that alone is no progress"])
     return verdict
@@ -99,7 +101,8 @@ def phase_times(records: Sequence[CheckRecord], started_at: float, now: float) -
 
 
 def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | None, *,
-                              quiet_since: float | None = None) -> tuple[Observation, CheckRecord]:
+                              quiet_since: float | None = None,
+                              memo: LineMemo | None = None) -> tuple[Observation, CheckRecord]:
     """Turn one probe of a launch into a diagnose() Observation plus the compact record stored for history
     and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
     the newest meaningful line changes. Times are the remote clock, in seconds.
@@ -119,14 +122,15 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     else:
         rc = exit_status(raw)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
-    scan = scan_log(lines)
     prev = prev if prev is not None else CheckRecord(t=math.nan)  # a first check: nothing known before
     window = snap.log is not None and snap.log.since is not None  # only what was written since `prev`
-    marker = lines[scan.meaningful[-1]] if scan.meaningful else (prev.marker if window else None)
+    # the newest meaningful line, from each line's facts (matched once per line a launch logs, never rescanned)
+    newest, newest_is_last = newest_meaningful(lines, memo=memo)
+    marker = newest if newest is not None else (prev.marker if window else None)
     last_progress = prev.last_progress_t
     if marker is not None and marker != prev.marker:
         # new progress: when the newest line IS that progress line, the log's mtime is when it was written
-        newest_is_marker = bool(scan.meaningful) and scan.meaningful[-1] == len(scan.lines) - 1
+        newest_is_marker = newest is not None and newest_is_last
         mtime = snap.log.mtime if snap.log else None
         last_progress = mtime if newest_is_marker and mtime is not None and mtime <= now else now
     if last_progress is None:

@@ -27,8 +27,11 @@ from bot.core.diagnose import (
     nccl_in_play,
     stalled_stats,
 )
+from bot.core.diagnose.lines import MAX_LINE
+from bot.core.diagnose.logscan import line_facts
 from bot.core.diagnose.signatures import SIGNATURES
 from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
+from bot.core.parse.log import strip_control
 from bot.core.records import CheckRecord
 from bot.core.text import counted
 
@@ -155,6 +158,16 @@ def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
                    else f"The server process ended with {describe_exit(rc)}; the log shows no error.")
 
 
+def _live_error_possible(lines: Sequence[str]) -> bool:
+    """Whether any of `lines` carries a failure signature of a kind that is news while a server runs (OOM, CUDA,
+    NCCL, a lost GPU, a kill), or starts a traceback: each line's facts say (matched once per line)."""
+    for line in lines:
+        f = line_facts(strip_control(line)[:MAX_LINE])
+        if (f.hit is not None and f.hit[0] in (*LIVE_ERRORS, "killed", "crashed")) or f.severe:
+            return True
+    return False
+
+
 def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[CheckRecord], *,
                   failures_needed: int = 3, hang_silence_s: float = 120.0, exit_code: int | None = None,
                   launch_id: int | None = None, generate_failures: int = 2,
@@ -178,8 +191,11 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
         if v.phase and v.phase != "serving":  # the log's last start-up phase: it was serving by now
             v = replace(v, summary=v.summary.replace(f" during {v.phase}", " while serving"))
         return replace(v, phase="serving")
-    fresh = diagnose(replace(obs, log_lines=[x for x in new_lines if not EXIT_LINE_RE.match(x.strip())],
-                             log_silent_s=None, log_growing=None))
+    fresh_lines = [x for x in new_lines if not EXIT_LINE_RE.match(x.strip())]
+    if _live_error_possible(fresh_lines):  # only lines that may hold one are read as a whole
+        fresh = diagnose(replace(obs, log_lines=fresh_lines, log_silent_s=None, log_growing=None))
+    else:
+        fresh = Verdict("ready", "serving", [], [], "")
     if fresh.verdict in LIVE_ERRORS:
         return replace(fresh, phase="serving",
                        summary=fresh.summary + " The server process is still running.")

@@ -33,7 +33,7 @@ Import the public names from here, `bot.core.diagnose`.
 """
 
 from bot.core.diagnose.evidence import nccl_in_play
-from bot.core.diagnose.logscan import LogScan, scan_log
+from bot.core.diagnose.logscan import LineMemo, LogScan, line_facts, scan_log
 from bot.core.diagnose.observation import (
     HEALTH_STATES,
     PHASES,
@@ -63,6 +63,7 @@ __all__ = [
     "STALLED_STATS_LINES",
     "VERDICTS",
     "ContainerObs",
+    "LineMemo",
     "ListenObs",
     "LogScan",
     "Observation",
@@ -71,6 +72,7 @@ __all__ = [
     "Verdict",
     "diagnose",
     "format_verdict",
+    "line_facts",
     "load_signatures",
     "nccl_in_play",
     "scan_log",

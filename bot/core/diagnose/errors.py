@@ -27,6 +27,7 @@ only reads the shape. Never raises.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -313,13 +314,24 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
         i = j
 
 
+#: Words one of the native error shapes below needs: a line with none of them is not read further (most are not).
+_NATIVE_WORDS = re.compile(r"terminate|what\(\)|frame #|Exception raised|SIG|[Ss]egment|Abort|abort|Bus error|Illegal|"
+                           r"[Ii]llegal|Floating|[Ff]loating|[Ss]egfault|[Ss]ignal|Assert|GGML_ASSERT|panic")
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _native_words(body: str) -> bool:
+    """Whether a line holds one of the words a native error shape needs (cached per line)."""
+    return _NATIVE_WORDS.search(body) is not None
+
+
 def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
     """C++ exceptions that ended a process, fatal signals, Rust and Go panics (each from its own line)."""
     out: list[ErrorBlock] = []
     cpp: ErrorBlock | None = None
     for i, ln in enumerate(lines):
         body = ln.body.strip()
-        if not body:
+        if not body or not _native_words(body):
             continue
         if m := _TERMINATE.search(body):
             cpp = ErrorBlock("cpp", m.group("type"), "", start=i, line=i, end=i, source=ln.source)

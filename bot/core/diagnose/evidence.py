@@ -7,6 +7,7 @@ engine's, and the status a raw curl probe shows. Pure.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -226,8 +227,7 @@ def _repeated(scan: LogScan) -> tuple[int, int] | None:
     at least twice: a poll, a heartbeat, a retry; None otherwise."""
     seen: dict[str, list[int]] = {}
     for i in range(max(scan.start, len(scan.lines) - 200), len(scan.lines)):
-        body = scan.norm[i].body if i < len(scan.norm) else scan.lines[i]
-        key = _NUMBERS.sub("#", body.strip())
+        key = _numbers_aside(scan.norm[i].body if i < len(scan.norm) else scan.lines[i])
         if len(key) >= 12:
             seen.setdefault(key, []).append(i)
     best = max(seen.values(), key=len, default=[])
@@ -235,6 +235,12 @@ def _repeated(scan: LogScan) -> tuple[int, int] | None:
 
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _numbers_aside(body: str) -> str:
+    """A line's message with its numbers as `#` (cached per line: a tail is mostly the last one's)."""
+    return _NUMBERS.sub("#", body.strip())
 
 
 def _not_failures(ev: _Ev, scan: LogScan) -> None:
@@ -256,9 +262,10 @@ def _log_tail_evidence(ev: _Ev, scan: LogScan) -> None:
     """Heartbeats, repeated lines, benign warnings and the last meaningful lines."""
     if scan.ready:
         ev.add(f"readiness line (log line {scan.ready[-1] + 1}): `{_q(scan.lines[scan.ready[-1]])}`")
-    requests = [i for i in range(len(scan.lines) - 1, scan.start - 1, -1) if _REQUEST_LIKE.search(scan.lines[i])]
-    if requests:
-        ev.add(f"newest request line (log line {requests[0] + 1}): `{_q(scan.lines[requests[0]])}`")
+    newest = next((i for i in range(len(scan.lines) - 1, max(scan.start, len(scan.lines) - 60) - 1, -1)
+                   if scan.facts[i].request), None) if scan.facts else None
+    if newest is not None:
+        ev.add(f"newest request line (log line {newest + 1}): `{_q(scan.lines[newest])}`")
     if (rep := _repeated(scan)) is not None and not ev.quotes(scan.lines[rep[1]]):
         ev.add(f"repeated {rep[0]}× (numbers aside): `{_q(scan.lines[rep[1]])}`")
     _not_failures(ev, scan)

@@ -31,6 +31,7 @@ joined back to the line above, with nothing between them at an exact width and o
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -165,23 +166,41 @@ def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
         n = sum(1 for ln in text if rx.match(ln))
         if n >= max(1 if len(text) == 1 else 2, 0.6 * len(text)):
             return name, rx
+    if sum(1 for ln in text if _engine_start(ln)) >= 0.6 * len(text):
+        return None  # most lines start with the engine's own prefix: no label before them
     label = _repeated_label(text)
     return ("label", label) if label is not None else None
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _segments(text: str) -> tuple[str, ...]:
+    """One raw line's segments: `\\r` rewrites split, controls stripped, long lines cut (cached per line)."""
+    if "\r" in text:
+        return tuple(s for s in (strip_control(p)[:MAX_LINE] for p in text.split("\r")) if s.strip()) or ("",)
+    if text.isascii() and text.isprintable():
+        return (text[:MAX_LINE],)
+    return (strip_control(text)[:MAX_LINE],)
 
 
 def _split_cr(lines: Iterable[object]) -> list[tuple[int, str]]:
     """(input index, text) per segment: `\\r` rewrites split into their segments, controls stripped, long lines cut."""
     out: list[tuple[int, str]] = []
     for i, raw in enumerate(lines):
-        text = raw if isinstance(raw, str) else str(raw)
-        if "\r" in text:
-            segs = [s for s in (strip_control(p)[:MAX_LINE] for p in text.split("\r")) if s.strip()] or [""]
-            out.extend((i, s) for s in segs)
-        elif text.isascii() and text.isprintable():
-            out.append((i, text[:MAX_LINE]))
-        else:
-            out.append((i, strip_control(text)[:MAX_LINE]))
+        for seg in _segments(raw if isinstance(raw, str) else str(raw)):
+            out.append((i, seg))
     return out
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _starts_a_line(text: str) -> bool:
+    """Whether `text` starts like a line of its own (see _LINE_START; cached per line)."""
+    return bool(_LINE_START.match(text))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _engine_start(text: str) -> bool:
+    """Whether `text` starts with an engine's own prefix (a timestamp, a level, a bracket; cached per line)."""
+    return bool(_ENGINE_START.match(text))
 
 
 def _wrap_width(texts: Sequence[str]) -> tuple[int, bool] | None:
@@ -209,7 +228,7 @@ def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]
         if out and text.strip() and wrap is not None:
             phys, before = out[-1]
             width, exact = wrap
-            starts = bool(_LINE_START.match(text))
+            starts = _starts_a_line(text)
             if exact and prev_len == width and len(before) < MAX_LINE and (
                     not starts or (before[-1:].isalnum() and text[:1].isalnum())):
                 out[-1] = ((*phys, i), (before + text)[:MAX_LINE])
@@ -273,8 +292,16 @@ def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
     return text[pos:], level, module, source
 
 
-def normalise(lines: Iterable[object] | None) -> list[LogLine]:
-    """The logical lines of a log (see the module docstring). Pure; never raises for any input."""
+@functools.lru_cache(maxsize=1 << 15)
+def _parsed(text: str) -> tuple[str, str | None, str | None, str | None, tuple[str, float] | None]:
+    """(body, level, module, source, timestamp) of one line (cached: a full look's tail is mostly the last one's)."""
+    body, level, module, source = body_of(text)
+    return body, level, module, source, stamp(text)
+
+
+def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = None) -> list[LogLine]:
+    """The logical lines of a log (see the module docstring). Pure; never raises for any input. `parsed`: a caller's
+    memo of each line's parsed prefix (a launch's lines seen at its last check), read and added to."""
     segments = _split_cr(lines or ())
     outer = _outer([t for _, t in segments])
     sources: list[str | None] = []
@@ -294,8 +321,13 @@ def normalise(lines: Iterable[object] | None) -> list[LogLine]:
     by_input = {i: s for (i, _), s in zip(segments, sources, strict=False)} if sources else {}
     out: list[LogLine] = []
     for phys, text in _joined(segments):
-        body, level, module, source = body_of(text)
-        ts = stamp(text)
+        if parsed is None:
+            body, level, module, source, ts = _parsed(text)
+        else:
+            got = parsed.get(text)
+            if got is None:
+                got = parsed[text] = _parsed(text)
+            body, level, module, source, ts = got
         src = by_input.get(phys[0]) or source
         out.append(LogLine(text=text, body=body, source=src, level=level, module=module,
                            ts=ts[1] if ts else None, ts_kind=ts[0] if ts else None, physical=phys))

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bot.core.diagnose.errors import ErrorBlock, error_blocks
-from bot.core.diagnose.lines import LogLine, normalise
+from bot.core.diagnose.lines import MAX_LINE, LogLine, normalise
 from bot.core.diagnose.meaning import block_family, frame_phase, is_echo
 from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat
 from bot.core.diagnose.timeline import timeline
+from bot.core.parse.log import strip_control
 
-__all__ = ["LogScan", "scan_log"]
+__all__ = ["LineMemo", "LogScan", "line_facts", "newest_meaningful", "scan_log"]
 
 _READY_RE = re.compile("ready")  # stands for a readiness line taken as the serving phase's marker
 #: The serving phase's marker that a readiness line, or a request line after one, stands for.
@@ -72,6 +73,7 @@ class LogScan:
     lines: list[str]
     start: int = 0
     norm: list[LogLine] = field(default_factory=list)  # the structured lines (bot.core.diagnose.lines), one per line
+    facts: list[_Facts] = field(default_factory=list)  # what the signatures say about each line by itself
     blocks: list[ErrorBlock] = field(default_factory=list)  # the errors of this run, as structures
     times: list[float | None] = field(default_factory=list)  # each line's time on the log's own clock (seconds)
     engines: list[str] = field(default_factory=list)
@@ -151,21 +153,83 @@ def _benign(line: str, lines: Sequence[str], i: int, sig: Signatures) -> bool:
 _SCANS_KEPT = 256
 
 
-def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES) -> LogScan:
+class LineMemo:
+    """What a watcher remembers of one launch's log between its checks, so that the signatures run only on lines it
+    has not seen before: each line's facts and parsed prefix, for the lines of the last tail it scanned (bounded by
+    that tail: older lines are forgotten), and that last scan (the same tail seen again costs nothing). One per
+    launch, owned by its caller (bot.services.watch); not shared between threads."""
+
+    __slots__ = ("facts", "key", "parsed", "scan")
+
+    def __init__(self) -> None:
+        self.facts: dict[str, _Facts] = {}
+        self.parsed: dict[str, tuple] = {}
+        self.key: tuple[str, ...] | None = None
+        self.scan: LogScan | None = None
+
+    #: Lines remembered: a little over two tails' worth (a full look reads the last 200 lines).
+    KEEP = 512
+
+    def trim(self) -> None:
+        """Forget the oldest lines beyond KEEP (dicts keep insertion order: the oldest seen go first)."""
+        for d in (self.facts, self.parsed):
+            extra = len(d) - self.KEEP
+            if extra > 64:  # in batches: a line at a time would cost a dict rebuild each check
+                for k in list(d)[:extra]:
+                    del d[k]
+
+
+def newest_meaningful(lines: Sequence[str], sig: Signatures = SIGNATURES,
+                      memo: LineMemo | None = None) -> tuple[str | None, bool]:
+    """(the newest line that is neither blank, a heartbeat nor a known-benign line, whether it is the last line) of
+    `lines`, from each line's facts alone (no scan: what a watcher needs to tell new progress at every check).
+    (None, False) when there is none."""
+    known = memo.facts if memo is not None else None
+    for k in range(len(lines) - 1, -1, -1):
+        raw = lines[k]
+        text = strip_control(raw.rsplit("\r", 1)[-1] if "\r" in raw else raw)[:MAX_LINE]
+        if not text.strip():
+            continue
+        if known is not None:
+            f = known.get(text)
+            if f is None:
+                f = known[text] = _line_facts(text, sig)
+        else:
+            f = _line_facts(text, sig)
+        if not f.heartbeat and not f.benign:
+            return raw, k == len(lines) - 1
+    return None, False
+
+
+def scan_log(lines: Sequence[str] | None, sig: Signatures = SIGNATURES, memo: LineMemo | None = None) -> LogScan:
     """Classify every line of a server log against the signatures. Pure; never raises for any text. The result is
     shared by calls with the same lines: treat it as read-only.
 
     Only the last run is judged: scanning starts at the last run-start line (`server_args=ServerArgs(`,
-    `vLLM API server version`, ...) so a crash-loop's earlier attempts do not count.
+    `vLLM API server version`, ...) so a crash-loop's earlier attempts do not count. With `memo` (a launch's
+    LineMemo), lines it saw in the previous tail are not matched again.
     """
-    return _scan(tuple(lines or ()), sig)
+    key = tuple(lines or ())
+    if memo is None:
+        return _scan(key, sig)
+    if memo.key == key and memo.scan is not None:
+        return memo.scan
+    scan = _scan_with(key, sig, memo)
+    memo.key, memo.scan = key, scan
+    memo.trim()
+    return scan
 
 
 @functools.lru_cache(maxsize=_SCANS_KEPT)
 def _scan(lines: tuple[str, ...], sig: Signatures) -> LogScan:
     """`scan_log` of a tuple (cached: a pure function of its lines and signatures)."""
-    norm = normalise(lines or [])
-    scanner = _Scanner([n.text for n in norm], sig)
+    return _scan_with(lines, sig, None)
+
+
+def _scan_with(lines: tuple[str, ...], sig: Signatures, memo: LineMemo | None) -> LogScan:
+    """One scan of `lines`; the facts and prefixes of lines `memo` holds are taken from it (and new ones added)."""
+    norm = normalise(lines or [], memo.parsed if memo is not None else None)
+    scanner = _Scanner([n.text for n in norm], sig, memo)
     scanner.scan.norm = norm
     scanner.blocks = error_blocks(norm)
     scanner.in_blocks = {j for b in scanner.blocks for j in range(b.start, b.end + 1)}
@@ -174,29 +238,117 @@ def _scan(lines: tuple[str, ...], sig: Signatures) -> LogScan:
     return scanner.finish()
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the signatures say about one line by itself (pure: a function of its text alone), worked out once per
+    distinct line (`line_facts`): the stateful pass over a log (`_Scanner`) only folds these."""
+
+    run_start: bool
+    detect: frozenset[str]  # engines whose detect patterns match
+    completion: bool
+    benign: bool  # a known-benign line (always)
+    benign_next: tuple[re.Pattern[str], ...]  # benign only when one of these matches within the next two lines
+    rank: str | None
+    hit: tuple[str, bool, str | None] | None  # (kind, echo, phase) of its failure signature
+    context: tuple[str, ...]
+    markers: tuple[_Pat, ...]  # every engine's phase markers on it
+    lexicon: tuple[_Pat, ...]  # the start-up steps in any engine's words (only on a line no marker matched)
+    counter: tuple[int, int] | bool | None  # a progress counter (done, total); True: one that did not parse
+    counter_start: int
+    progress_generic: bool
+    ready: frozenset[str]  # engines whose readiness lines match
+    request: bool
+    exit_event: bool
+    stop: bool
+    shutdown: bool
+    heartbeat: bool
+    severe: bool  # error severity
+    warning: bool
+    ts: tuple[str, float] | None
+    hang: bool  # the engine's own stall detector reporting (signatures.yaml `hang_report`)
+
+
+_NO_PATS: tuple[_Pat, ...] = ()
+
+
+def line_facts(line: str, sig: Signatures = SIGNATURES) -> _Facts:
+    """What the signatures say about `line` by itself (see _Facts). Pure; cached per (line, signature set)."""
+    return _line_facts(line, sig)
+
+
+#: Distinct lines whose facts are remembered: a full look's 200-line tail is mostly the previous one's.
+_FACTS_KEPT = 1 << 15
+
+
+@functools.lru_cache(maxsize=_FACTS_KEPT)
+def _line_facts(line: str, sig: Signatures) -> _Facts:
+    hit = _failure_hit(0, line, sig)
+    benign_all = sig.benign.all(line)
+    counter = sig.progress_counter.search(line)
+    parsed: tuple[int, int] | bool | None = None
+    if counter:
+        try:
+            parsed = (int(counter.group("done")), int(counter.group("total")))
+        except (IndexError, ValueError):
+            parsed = True
+    markers = tuple(p for g in sig.markers.values() for p in g.all(line))
+    severe = bool(sig.error_severity.search(line))
+    warning = bool(sig.warning_severity.search(line))
+    return _Facts(
+        run_start=sig.run_start.first(line) is not None,
+        detect=frozenset(n for n, g in sig.detect.items() if g.first(line)),
+        completion=sig.completion.first(line) is not None,
+        benign=any(p.next_re is None for p in benign_all),
+        benign_next=tuple(p.next_re for p in benign_all if p.next_re is not None),
+        rank=_rank(line, sig),
+        hit=(hit.kind, hit.echo, hit.phase) if hit is not None else None,
+        context=tuple(k for k, g in sig.context.items() if g.first(line)),
+        markers=markers,
+        lexicon=tuple(sig.lexicon.all(line)) if not markers and not severe and not warning else _NO_PATS,
+        counter=parsed,
+        counter_start=counter.start() if counter else -1,
+        progress_generic=sig.progress_generic.first(line) is not None,
+        ready=frozenset(n for n, g in sig.ready.items() if g.pats and g.first(line)),
+        request=sig.request_line.first(line) is not None,
+        exit_event=sig.exit_events.first(line) is not None,
+        stop=sig.stop_requested.first(line) is not None,
+        shutdown=sig.shutdown.first(line) is not None,
+        heartbeat=sig.heartbeat.first(line) is not None,
+        severe=severe,
+        warning=warning,
+        ts=_timestamp(line),
+        hang=sig.hang_report.first(line) is not None,
+    )
+
+
 class _Scanner:
     """One pass over a log's lines (from its last run start): failures, context, phase markers, progress,
-    readiness, shutdown and heartbeats per line (`line`), then the phase it reached (`finish`)."""
+    readiness, shutdown and heartbeats per line (`line`), then the phase it reached (`finish`). What a line says
+    by itself comes from `line_facts` (once per distinct line); the pass only folds it."""
 
-    def __init__(self, cleaned: list[str], sig: Signatures):
+    def __init__(self, cleaned: list[str], sig: Signatures, memo: LineMemo | None = None):
         self.lines, self.sig = cleaned, sig
-        self.scan = scan = LogScan(lines=cleaned)
-        for i, line in enumerate(cleaned):
-            if sig.run_start.first(line):
+        if memo is None:
+            self.facts = [_line_facts(line, sig) for line in cleaned]
+        else:
+            known = memo.facts
+            self.facts = [known.get(line) or known.setdefault(line, _line_facts(line, sig)) for line in cleaned]
+        self.scan = scan = LogScan(lines=cleaned, facts=self.facts)
+        for i, f in enumerate(self.facts):
+            if f.run_start:
                 scan.start = i
         counts: Counter[str] = Counter()
-        for line in cleaned[scan.start:]:
-            for name, group in sig.detect.items():
-                if group.first(line):
-                    counts[name] += 1
+        for f in self.facts[scan.start:]:
+            counts.update(f.detect)
         top = max(counts.values(), default=0)
         scan.engines = [name for name, c in counts.most_common() if c * 5 >= top]
         self.active = [*scan.engines, *(["generic"] if "generic" in sig.markers else [])]
         if not scan.engines:
             self.active = list(sig.markers)
-        self.ready_groups = [sig.ready[e] for e in scan.engines if e in sig.ready and sig.ready[e].pats]
-        if not self.ready_groups:
-            self.ready_groups = [g for g in sig.ready.values() if g.pats]
+        self.ready_engines = frozenset(e for e in scan.engines if e in sig.ready and sig.ready[e].pats)
+        if not self.ready_engines:
+            self.ready_engines = frozenset(e for e, g in sig.ready.items() if g.pats)
+        self.active_set = frozenset(self.active)
         # the start-up order of the engine the log is from, where it has its own (TGI warms up before it sizes its
         # KV cache; TensorRT-LLM autotunes before it captures graphs), else the common one
         scan.phase_order = next((sig.engine_order[e] for e in scan.engines if e in sig.engine_order),
@@ -216,61 +368,57 @@ class _Scanner:
 
     def line(self, i: int) -> None:
         """Take line `i` into the scan."""
-        scan, sig, line = self.scan, self.sig, self.lines[i]
+        scan, line, f = self.scan, self.lines[i], self.facts[i]
         if not line.strip():
             return
-        if sig.completion.first(line):  # a program that came to its end (often a benign warning too)
+        if f.completion:  # a program that came to its end (often a benign warning too)
             scan.completed.append(i)
-        if _benign(line, self.lines, i, sig):
+        if f.benign or (f.benign_next and any(rx.search(self.lines[j]) for rx in f.benign_next
+                                              for j in range(i + 1, min(len(self.lines), i + 3)))):
             scan.benign.append(i)
             return
-        rank = _rank(line, sig)
+        rank = f.rank
         if rank is not None:
             scan.ranks.add(rank)
-        hit = _failure_hit(i, line, sig)
+        hit = _Hit(i, line, f.hit[0], echo=f.hit[1], phase=f.hit[2]) if f.hit is not None else None
         if hit is not None:
             hit.rank, hit.reached = rank, self._reached(rank)
             scan.failures.append(hit)
-        for kind, group in sig.context.items():
-            if group.first(line):
-                scan.context.setdefault(kind, []).append(i)
-        best = self._marker(line, i)
+        for kind in f.context:
+            scan.context.setdefault(kind, []).append(i)
+        best = self._marker(f, i)
         if hit is not None and best is not None and best.marker != "progress":
             best = None  # the words of an error message never set the phase (a progress bar the error ran into does)
-        counter = sig.progress_counter.search(line)
-        if (best is not None and best.marker == "progress") or counter or sig.progress_generic.first(line):
-            scan.progress.append(_progress_of(i, line, counter, best))
-        is_ready = any(group.first(line) for group in self.ready_groups)
+        if (best is not None and best.marker == "progress") or f.counter is not None or f.progress_generic:
+            scan.progress.append(_progress_of(i, line, f, best))
+        is_ready = bool(f.ready & self.ready_engines)
         # a readiness line, or a request once ready: serving from here on
-        if best is None and "serving" in self.order and (is_ready or (scan.ready and sig.request_line.first(line))):
+        if best is None and "serving" in self.order and (is_ready or (scan.ready and f.request)):
             best = _SERVING_MARK
         if best is not None and best.phase is not None:
             self._advance(i, best, rank)
         if is_ready:
             scan.ready.append(i)
-        if hit is None and sig.exit_events.first(line) and not sig.error_severity.search(line):
+        if hit is None and f.exit_event and not f.severe:
             scan.exits.append(i)  # an exit in order (not a kill, not an error)
-        stop = sig.stop_requested.first(line) is not None and hit is None
-        if stop or sig.shutdown.first(line):  # a stop request is shutdown wording too
+        stop = f.stop and hit is None
+        if stop or f.shutdown:  # a stop request is shutdown wording too
             scan.shutdown.append(i)
             if scan.stop_requested is None and stop:
                 scan.stop_requested = i
-        self._heartbeat(i, line, sig.heartbeat.first(line) is not None)
+        self._heartbeat(i, f)
 
-    def _marker(self, line: str, i: int = -1) -> _Pat | None:
-        """The phase marker of the furthest phase on `line`, among the engines seen (all when none was)."""
+    def _marker(self, f: _Facts, i: int = -1) -> _Pat | None:
+        """The phase marker of the furthest phase on line `i`, among the engines seen (all when none was); else a
+        start-up step in any engine's words (signatures.yaml `lexicon`) on a line outside an error block."""
         best: _Pat | None = None
         order = self.order
-        for eng in self.active:
-            group = self.sig.markers.get(eng)
-            if group is None:
-                continue
-            for p in group.all(line):
-                if p.phase in order and (best is None or order[p.phase] > order.get(best.phase or "", -1)):
-                    best = p
-        if (best is None and i not in self.in_blocks and not self.sig.error_severity.search(line)
-                and not self.sig.warning_severity.search(line)):
-            for p in self.sig.lexicon.all(line):  # a step in an engine's words the tables do not know
+        for p in f.markers:
+            if p.engine in self.active_set and p.phase in order and (
+                    best is None or order[p.phase] > order.get(best.phase or "", -1)):
+                best = p
+        if best is None and f.lexicon and i not in self.in_blocks:
+            for p in f.lexicon:  # a step in an engine's words the tables do not know
                 if p.phase in order and (best is None or order[p.phase] > order.get(best.phase or "", -1)):
                     best = p
         return best
@@ -313,11 +461,11 @@ class _Scanner:
             if best.grace_s is not None:
                 self.grace = max(self.grace or 0.0, best.grace_s)
 
-    def _heartbeat(self, i: int, line: str, is_heartbeat: bool) -> None:
+    def _heartbeat(self, i: int, f: _Facts) -> None:
         """Heartbeat lines: the run of them at the end of the log, and the time it spans."""
         scan = self.scan
-        ts = _timestamp(line)
-        if is_heartbeat:
+        ts = f.ts
+        if f.heartbeat:
             scan.heartbeats.append(i)
             scan.heartbeat_run += 1
             if ts is not None and self.run_first_ts is None:
@@ -511,16 +659,13 @@ def _failure_hit(i: int, line: str, sig: Signatures) -> _Hit | None:
     return None
 
 
-def _progress_of(i: int, line: str, counter: re.Match[str] | None, best: _Pat | None) -> _Progress:
+def _progress_of(i: int, line: str, f: _Facts, best: _Pat | None) -> _Progress:
     """A progress line: its counter (done/total) when it has one, a label without digits, the phase its
     marker names."""
     done = total = None
-    if counter:
-        try:
-            done, total = int(counter.group("done")), int(counter.group("total"))
-        except (IndexError, ValueError):
-            done = total = None
-    label = _DIGITS_RE.sub("#", line[: counter.start()] if counter else line)[-60:]
+    if isinstance(f.counter, tuple):
+        done, total = f.counter
+    label = _DIGITS_RE.sub("#", line[: f.counter_start] if f.counter is not None else line)[-60:]
     phase = best.phase if best is not None and best.marker == "progress" else None
     return _Progress(i, line, phase, label, done, total)
 

@@ -36,7 +36,7 @@ from bot.core.diagnose.evidence import (
     _traceback_summary,
     nccl_in_play,
 )
-from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _traceback_end, scan_log
+from bot.core.diagnose.logscan import _FRAME_RE, LineMemo, LogScan, _Hit, _traceback_end, scan_log
 from bot.core.diagnose.meaning import named_phase
 from bot.core.diagnose.observation import Observation, Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
@@ -556,7 +556,7 @@ def _stall_reported(f: _Failure, scan: LogScan, sig: Signatures) -> int | None:
     """The first line, at or before the decisive failure, where the engine's own stall detector says it made no
     progress (signatures.yaml `hang_report`); None when none does."""
     for i in range(scan.start, min(len(scan.lines), f.root.index + 1 if f.root else 0)):
-        if sig.hang_report.first(scan.lines[i]):
+        if scan.facts[i].hang:
             return i
     return None
 
@@ -875,7 +875,7 @@ def _stall_rule(c: _Case) -> Verdict | None:
     """2c. No failure, but the engine's own stall detector (its scheduler's watchdog) reported it stuck: `silent_hang`
     (in serving once it had served, else where start-up got to)."""
     scan, sig = c.scan, c.sig
-    hang = next((i for i in range(scan.start, len(scan.lines)) if sig.hang_report.first(scan.lines[i])), None)
+    hang = next((i for i in range(scan.start, len(scan.lines)) if scan.facts[i].hang), None)
     if hang is None:
         return None
     ev = _Ev()
@@ -1231,6 +1231,7 @@ def diagnose(
     orphan_age_s: float = 86400.0,
     gpu_free_mib: float = 1024.0,
     signatures: Signatures | None = None,
+    memo: LineMemo | None = None,
 ) -> Verdict:
     """Diagnose one observation of a launch. Pure: no I/O, never raises for any Observation content.
 
@@ -1242,6 +1243,8 @@ def diagnose(
     - `orphan_age_s`: with no launch to compare against, an engine process older than this (seconds) belongs
       to no current launch. `gpu_free_mib`: a GPU using at most this many MiB counts as free.
     - `signatures`: a compiled signature set (default: the bundled `SIGNATURES`).
+    - `memo`: the launch's LineMemo (a watcher's): lines seen at its last check are not matched again. The verdict
+      is the same with or without it.
 
     The RULES are tried in order (a lost GPU, failure signatures, orphans, an ended launch, serving, still
     starting); the first verdict wins. With `obs.rank_stacks`, a `silent_hang` also says where each rank waits
@@ -1255,7 +1258,7 @@ def diagnose(
     if silence_after_s is None:
         silence_after_s = obs.policy_silence_after_s
     silence_default = float(silence_after_s if silence_after_s is not None else sig.silence_after_s)
-    case = _Case(obs, scan_log(obs.log_lines, sig), sig, grace, silence_default, orphan_age_s, gpu_free_mib)
+    case = _Case(obs, scan_log(obs.log_lines, sig, memo), sig, grace, silence_default, orphan_age_s, gpu_free_mib)
     for rule in RULES:
         verdict = rule(case)
         if verdict is not None:
