@@ -24,7 +24,7 @@ from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.commands import slash
-from bot.core.diagnose import Observation, Verdict
+from bot.core.diagnose import LineMemo, Observation, Verdict
 from bot.core.diagnose.stacks import with_stacks
 from bot.core.fleet import TABLES_UP_TO, summarize
 from bot.core.models import HealthResult, HostFailure, Launch, LaunchState, LogCursor, Snapshot
@@ -145,6 +145,7 @@ class Watcher:
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
         self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
+        self._memos: dict[int, LineMemo] = {}  # per launch: the lines its checks matched (never matched again)
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
@@ -203,6 +204,7 @@ class Watcher:
         self.scheduler.unwatch(launch_id)
         self._history.forget(launch_id)
         self._cheap.pop(launch_id, None)
+        self._memos.pop(launch_id, None)
 
     def launched(self, la: Launch) -> None:
         """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""
@@ -327,7 +329,9 @@ class Watcher:
             return snap
         if generated is not None and snap.generate is None:
             snap = replace(snap, generate=generated)
-        obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id))
+        memo = self._memos.setdefault(la.id, LineMemo())
+        obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id),
+                                                memo=memo)
         seen = {p.pid for p in obs.processes or []}
         remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None)
         if remembered is not None:
@@ -350,7 +354,7 @@ class Watcher:
                                     generate_silence_s=check.grace_s if check else None)
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
-                            posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id)
+                            posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
         return _Look(la, snap, obs, record, verdict, ending)
 
     async def _check(self, launch_id: int) -> CheckOutcome:

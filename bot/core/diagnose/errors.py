@@ -88,6 +88,8 @@ class ErrorBlock:
 
 
 _TB_HEAD = "Traceback (most recent call last)"
+#: What a line outside a traceback needs to begin one (or continue a dump): a header, a frame, a chain, faulthandler.
+_MAY_START = re.compile(r'Traceback|File "|Fatal Python error|During handling|The above exception')
 _FRAME = re.compile(r'File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,7})(?:,? in (?P<func>[^\s,]{1,200}))?')
 _CHAIN = re.compile(r"During handling of the above exception|The above exception was the direct cause")
 #: An exception line: `Type`, `pkg.mod.Type: message`, `ray.exceptions.RayTaskError(ValueError): ...`,
@@ -206,6 +208,8 @@ class _PyReader:
         body = self.lines[i].body.strip()
         if not body:
             return
+        if self.cur is None and not _MAY_START.search(body):
+            return  # no traceback open and nothing that could begin or continue one: most lines
         if _TB_HEAD in body:
             self.start(i)
             return

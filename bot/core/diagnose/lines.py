@@ -159,7 +159,7 @@ def _repeated_label(text: Sequence[str]) -> re.Pattern[str] | None:
 def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
     """The outer prefix shape most lines of the log carry: one that at least 60 % of its non-blank lines (at least 2,
     or the only line) start with; else a label repeated before every line. None when there is none."""
-    text = [ln for ln in lines[:400] if ln.strip()]
+    text = [ln for ln in lines[:100] if ln.strip()]
     if not text:
         return None
     for name, rx in _OUTER:
