@@ -83,7 +83,9 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
     return None
 
 
-_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,80}\b")
+#: A function's name in prose: snake_case or camelCase (`load_single_module`, `forwardAsync`), never a plain word
+#: (`capture`, `step`: the words of an error message set no phase).
+_IDENT = re.compile(r"\b(?:[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+|[a-z]+[A-Z][A-Za-z0-9]*)\b")
 
 
 def named_phase(text: str, sig: Signatures) -> str | None:
