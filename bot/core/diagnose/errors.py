@@ -105,7 +105,8 @@ _FAULT_FRAME = re.compile(r'File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,7})
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']{1,200})'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)")
 _NATIVE_FRAME = re.compile(r"^frame #\d+: (?:0x[0-9a-f]+ \(?)?(?P<func>[^\s(+]{1,200})")
-_SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^(?P<word>Segmentation fault|Aborted|Bus error|"
+_SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^Signal Received: (?P<g3num>\d{1,2})\b|"
+                     r"^(?P<word>Segmentation fault|Aborted|Bus error|"
                      r"Illegal instruction|Floating point exception)(?: \(core dumped\))?\s*$|"
                      r"(?P<trt>Segfault) encountered|Received signal (?P<num>\d{1,2}) \((?P<name>SIG[A-Z]+)\)|"
                      r"^(?:zsh|bash|sh|fish|dash): (?P<shell>abort|segmentation fault|bus error|illegal hardware "
@@ -114,17 +115,19 @@ _SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^(?P<word>Segmenta
 #: glibc's assert(3) (`prog: file.c:12: func: Assertion `x' failed.`), ggml's `file.c:12: GGML_ASSERT(x) failed`,
 #: and TensorRT-LLM's `Assertion failed: x (file.cpp:12)`: an assertion that aborted the process.
 _ASSERT = re.compile(r"Assertion [`'](?P<a>.{0,300})' failed\.|\bGGML_ASSERT\((?P<g>.{0,300})\) failed|"
-                     r"^Assertion failed: (?P<t>.{1,300})")
+                     r"(?:^|\] )Assertion failed: (?P<t>.{1,300})")
 _SIGNAL_NAMES = MappingProxyType({"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                  "Illegal instruction": "SIGILL", "Floating point exception": "SIGFPE", "Segfault": "SIGSEGV",
                  "abort": "SIGABRT", "segmentation fault": "SIGSEGV", "bus error": "SIGBUS",
                  "illegal hardware instruction": "SIGILL", "floating point exception": "SIGFPE"})
 _SIGNAL_NUMBERS = MappingProxyType({"11": "SIGSEGV", "6": "SIGABRT", "7": "SIGBUS", "4": "SIGILL", "8": "SIGFPE",
-                                    "9": "SIGKILL"})
+                                    "9": "SIGKILL", "15": "SIGTERM", "2": "SIGINT", "3": "SIGQUIT"})
 _RUST = re.compile(r"thread '(?P<thread>[^']{0,80})' panicked at (?:'(?P<msg>.*)', )?(?P<where>\S+?):?$")
 _GO = re.compile(r"^panic: (?P<msg>.+)")
 #: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
 _CARET = re.compile(r"^[\s~^]+$")
+#: Python 3.13's elision of a multi-line call's middle: `...<2 lines>...`.
+_ELIDED = re.compile(r"^\.\.\.<\d+ lines?>\.\.\.$")
 
 
 def exception_line(body: str) -> tuple[str, str] | None:
@@ -234,12 +237,14 @@ class _PyReader:
             cur.line = cur.end = i
             self.close(cut=False)
             return
-        if _CARET.match(body) or body.startswith("..."):
+        if _CARET.match(body) or body.startswith("...") or _ELIDED.match(body):
             cur.end = i
             return
         self.after_frame += 1
-        if self.after_frame <= 2 and cur.frames:  # a frame's code line (one, sometimes wrapped in two)
-            cur.end = i
+        raw = self.lines[i].body
+        indented = len(raw) - len(raw.lstrip(" ")) >= 4  # code under a frame is indented deeper than the frame
+        if cur.frames and (self.after_frame <= 2 or (indented and self.after_frame <= 12)):
+            cur.end = i  # a frame's code line (one, sometimes wrapped; Python 3.13 shows whole multi-line calls)
             return
         self.close(cut=True)  # something else began: the traceback was cut before its exception line
 
@@ -260,7 +265,10 @@ def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> lis
 
 #: A native backtrace frame as TensorRT-LLM, glog and many C++ programs print it: `3   0x7f4a46a29091
 #: tensorrt_llm::batch_manager::PromptTuningBuffers::fill(std::vector<...>) + 140`, or unresolved `lib.so(+0x745b36)`.
-_BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$")
+_BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$"
+                        r"|^(?:\[[\w.-]{1,64}:\d{1,9}\] )?\[\s?\d{1,3}\] (?P<lib>\S+?)"
+                        r"\((?P<gsym>[^)+]*)(?:\+0x[0-9a-f]+)?\)"
+                        r"\[0x[0-9a-f]+\]$")
 
 
 def native_function(sym: str) -> tuple[str, str] | None:
@@ -301,7 +309,8 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
                     j += 1
                     continue
                 break
-            if (fn := native_function(m.group("sym"))) is not None:
+            sym = m.group("sym") if m.group("sym") is not None else m.group("gsym")
+            if sym and (fn := native_function(sym)) is not None:
                 frames.append(TraceFrame(fn[1], fn[0]))
             j += 1
         head = i - 1
@@ -309,8 +318,10 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
             head -= 1
         owner = next((b for b in out if head >= 0 and b.start <= head <= b.end), None)
         if owner is None and head >= 0:
-            owner = ErrorBlock("native", None, lines[head].body.strip(), start=head, line=head, end=head,
-                               source=lines[head].source)
+            said = lines[head].body.strip()
+            exc = exception_line(said)  # `tensorrt_llm::common::TllmException: [TensorRT-LLM][ERROR] Assertion ...`
+            owner = ErrorBlock("native", exc[0] if exc else None, exc[1] if exc else said, start=head, line=head,
+                               end=head, source=lines[head].source)
             out.append(owner)
         if owner is not None:
             owner.frames.extend(reversed(frames))  # a backtrace lists the innermost first: store outermost first
@@ -338,7 +349,13 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
         if not body or not _native_words(body):
             continue
         if m := _TERMINATE.search(body):
-            cpp = ErrorBlock("cpp", m.group("type"), "", start=i, line=i, end=i, source=ln.source)
+            run = []  # the error-level lines right before it: the first of them says what went wrong
+            for j in range(i - 1, max(-1, i - 6), -1):
+                if lines[j].level not in ("ERROR", "CRITICAL"):
+                    break
+                run.append(lines[j].body.strip())
+            before = run[-1] if run else ""
+            cpp = ErrorBlock("cpp", m.group("type"), before, start=i, line=i, end=i, source=ln.source)
             out.append(cpp)
             continue
         if cpp is not None and i - cpp.end <= 3:
@@ -354,10 +371,13 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
                 continue
         if m := _ASSERT.search(body):
             what = m.group("a") or m.group("g") or m.group("t") or ""
-            out.append(ErrorBlock("assert", "assertion", what.strip(), start=i, line=i, end=i, source=ln.source))
+            exc = exception_line(body)  # `tensorrt_llm::common::TllmException: ... Assertion failed: ...`: its type
+            out.append(ErrorBlock("assert", exc[0] if exc else "assertion", exc[1] if exc else what.strip(), start=i,
+                                  line=i, end=i, source=ln.source))
             continue
         if m := _SIGNAL.search(body):
-            name = (m.group("sig") or m.group("name") or _SIGNAL_NUMBERS.get(m.group("caught") or "")
+            number = m.group("caught") or m.group("g3num") or ""
+            name = (m.group("sig") or m.group("name") or _SIGNAL_NUMBERS.get(number)
                     or _SIGNAL_NAMES.get(m.group("word") or m.group("trt") or m.group("shell") or ""))
             out.append(ErrorBlock("signal", name or "signal", body, start=i, line=i, end=i, source=ln.source))
             continue

@@ -69,7 +69,8 @@ _COMPOSE = re.compile(r"^(?P<src>[A-Za-z0-9][\w.-]{0,80}?)\s*\|(?: |$)")
 #: `kubectl logs --prefix` and `stern`: `[pod/NAME/CONTAINER] `.
 _KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
 #: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
-_JOURNAL = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} (?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")
+_JOURNAL = re.compile(r"^(?:[^\W\d_]{2,5}\.?|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} "
+                      r"(?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")  # the month in the host's language (`авг`, `11月`)
 #: A terminal UI's pane (k9s, lazydocker, htop-like viewers): every line between box-drawing borders.
 _PANE = re.compile(r"^[│┃║|] ?(?P<src>)")
 _OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL), ("pane", _PANE))
@@ -100,14 +101,21 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
     # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
     ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
+    # torch c10's short form: `[E ProcessGroupNCCL.cpp:828] `
+    ("glog", re.compile(r"\[(?P<v>[IWEF]) (?P<m>[\w./-]+\.(?:cpp|cc|h|cu|c)):\d+\]\s*")),
     # a bracketed level or tool label: `[INFO] `, `[E] `, `[TensorRT-LLM][ERROR] `, `[TRT-LLM] `, `[RANK 0] `
     ("label", re.compile(r"\[(?P<v>[A-Za-z][\w -]{0,30})\]:?\s*")),
     # a bare level word: `INFO `, `ERROR: `, `WARNING 06-30`, `level=INFO `
     ("level", re.compile(r"(?:level=)?(?P<v>TRACE|DEBUG|INFO|NOTICE|WARN(?:ING)?|ERROR|CRITICAL|FATAL|PANIC)\b:?\s+")),
     # Python logging's ` - name - LEVEL - ` and `name:LEVEL:` forms
-    ("pylog", re.compile(r"-?\s*[\w.]{1,80} - (?P<v>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")),
+    ("pylog", re.compile(r"-?\s*(?P<s>[\w.]{1,80}) - (?P<v>DEBUG|INFO|WARNING|ERROR|CRITICAL) - ")),
+    # Rust tracing (TGI): spans `warmup{max_input_length=4096}:warmup: ` and the target `text_generation_launcher: `
+    ("span", re.compile(r"(?:[\w-]{1,40}\{[^{}]{0,400}\}:?)+(?:[\w-]{1,40}:)*\s")),
+    ("target", re.compile(r"(?P<v>[a-z][a-z0-9_-]*(?:_[a-z0-9]+|::[a-z0-9_]+)+|shard-manager|download): ")),
     # the source file and line: `[core.py:123] `, `core.py:123] `, `source=server.go:12 `
     ("module", re.compile(r"(?:source=)?\[?(?P<m>[\w./-]{1,80}\.(?:py|cc|cpp|cu|h|go|rs)):\d+\]?:?\s+")),
+    # a component in parentheses right after a level: `[Info] (Server) Ensuring model loaded`
+    ("component", re.compile(r"\((?P<v>[A-Z][\w.-]{1,30})\)\s+")),
     # a rank / TP label after a timestamp: `TP6] ` (SGLang's `[2025-01-01 07:03:54 TP6]` once the ts is gone)
     ("source", re.compile(r"(?P<v>(?:DP\d{1,4} )?(?:PP\d{1,4} )?TP\d{1,4}(?: EP\d{1,4})?)\]\s*")),
 )
@@ -240,8 +248,55 @@ def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]
                 out[-1] = ((*phys, i), (before + sep + text)[:MAX_LINE])
                 prev_len = len(text.rstrip())
                 continue
+        if out and text.strip() and _continues(out[-1][1], text):
+            phys, before = out[-1]
+            out[-1] = ((*phys, i), (before.rstrip() + " " + text.strip())[:MAX_LINE])
+            prev_len = len(text.rstrip())
+            continue
         out.append(((i,), text))
         prev_len = len(text.rstrip())
+    return out
+
+
+_PROCESS_LABEL = re.compile(r"\((?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)=")
+_KV_ONLY = re.compile(r"^ [\w.-]{1,40}=\S{1,120}(?: [\w.-]{1,40}=\S{1,120}){0,3}\s*$")
+_PREFIX_END = re.compile(r"^\[\s*\d{1,9}\.\d{3,9}\] ")
+
+
+def _continues(before: str, text: str) -> bool:
+    """A line that goes on with the one above whatever the log's width: one aligned under the message of a kernel
+    log line (dmesg indents a record's continuation to its text's column), one of only `key=value` fields (a
+    tracing span's fields printed on the next line), or one after a line a wrap cut at a space (the cut line keeps
+    its trailing space) that does not start like a line of its own."""
+    indent = len(text) - len(text.lstrip(" "))
+    if indent >= 8 and (m := _PREFIX_END.match(before)) and indent == m.end():
+        return True
+    if _KV_ONLY.match(text) and not _engine_start(text.strip()):
+        return True
+    return (before.endswith(" ") and not before.endswith("  ") and len(before.strip()) >= 40
+            and ((text[:1].isalpha() and text[:1].islower() and not _engine_start(text))
+                 or (text[:1] in "(/'\"" and not _PROCESS_LABEL.match(text))))
+
+
+def _pane_rows(segments: list[tuple[int, str]], raw: dict[int, str]) -> list[tuple[int, str]]:
+    """A terminal pane's rows with the rows it cut joined back: a row whose text reaches the pane's right edge (the
+    pane's full width, at most one space of padding before its right border) goes on in the next row, with nothing
+    between them."""
+    width = max((len(r.rstrip()) for r in raw.values()), default=0)
+
+    def cut(i: int) -> bool:
+        row = raw.get(i, "").rstrip()
+        inner = row[:-1] if row.endswith(("│", "┃", "║")) else row
+        return len(row) == width and len(inner) - len(inner.rstrip()) <= 1
+
+    out: list[tuple[int, str]] = []
+    joining = False
+    for i, text in segments:
+        if joining and out and text.strip():
+            out[-1] = (out[-1][0], out[-1][1].rstrip() + text.rstrip())
+        else:
+            out.append((i, text.rstrip()))
+        joining = cut(i)
     return out
 
 
@@ -253,8 +308,7 @@ def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
         if m:
             msg = m.group("msg")
             msg = msg[1:-1].replace('\\"', '"') if msg.startswith('"') else msg
-            rest = text[m.end():]
-            return (msg + rest).strip(), _LEVELS.get(m.group("level").upper()), m.group("m"), None
+            return msg.strip(), _LEVELS.get(m.group("level").upper()), m.group("m"), None
     level = module = source = None
     pos = 0
     n = len(text)
@@ -274,6 +328,13 @@ def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
                     continue  # a bracketed word that is the message itself (`[Errno 98]`), not a label
             elif kind in ("level", "pylog"):
                 level = level or _LEVELS.get(m.group("v").upper())
+                if kind == "pylog":
+                    source = source or m.group("s")
+            elif kind in ("span", "target", "component"):
+                if level is None:  # only after a level: before one, these words are the message
+                    continue
+                if kind in ("component", "target"):
+                    source = source or m.group("v")
             elif kind == "glog":
                 level = level or _LEVELS.get(m.group("v"))
                 module = module or m.group("m")
@@ -289,7 +350,12 @@ def body_of(text: str) -> tuple[str, str | None, str | None, str | None]:
             break
         else:
             break
-    return text[pos:], level, module, source
+    # the prefix's last element took the spaces after it: more than one of them is the message's own indentation
+    # (a traceback's frames and code lines under a prefix)
+    pad = 0
+    while pad < pos and text[pos - 1 - pad] == " ":
+        pad += 1
+    return (" " * (pad - 1) + text[pos:] if pad > 1 and pos < n else text[pos:]), level, module, source
 
 
 @functools.lru_cache(maxsize=1 << 15)
@@ -305,6 +371,7 @@ def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = 
     segments = _split_cr(lines or ())
     outer = _outer([t for _, t in segments])
     sources: list[str | None] = []
+    raw_rows = dict(segments)  # a pane row as it was, its borders included
     if outer is not None:
         stripped: list[tuple[int, str]] = []
         rx = outer[1]
@@ -318,6 +385,8 @@ def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = 
                 stripped.append((i, t))
                 sources.append(None)
         segments = stripped
+        if outer[0] == "pane":
+            segments = _pane_rows(segments, raw_rows)
     by_input = {i: s for (i, _), s in zip(segments, sources, strict=False)} if sources else {}
     out: list[LogLine] = []
     for phys, text in _joined(segments):

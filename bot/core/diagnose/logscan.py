@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from bot.core.diagnose.errors import ErrorBlock, error_blocks
 from bot.core.diagnose.lines import MAX_LINE, LogLine, normalise
-from bot.core.diagnose.meaning import block_family, frame_phase, is_echo
+from bot.core.diagnose.meaning import STOP_SIGNALS, block_family, frame_phase, is_echo
 from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat
 from bot.core.diagnose.timeline import timeline
 from bot.core.parse.log import strip_control
@@ -587,6 +587,10 @@ def _structured_failures(scan: LogScan, sig: Signatures, blocks: list[ErrorBlock
             continue
         line = scan.lines[b.line]
         if b.kind == "signal" and sig.benign.first(line):
+            continue
+        if b.kind == "signal" and b.exc_type in STOP_SIGNALS:  # a stop someone sent, not a fault of its own
+            if scan.stop_requested is None:
+                scan.stop_requested = b.line
             continue
         if b.cut:  # no exception line: what its own message lines said (a header line that carries the error's words,
             # `Exception in worker ...: <message>, Traceback ...`) stands for it, with the frames it has

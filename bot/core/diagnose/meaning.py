@@ -18,6 +18,8 @@ __all__ = ["block_family", "frame_phase", "is_crash_signal", "is_echo", "named_p
 
 #: Signal names that end a process by a fault of its own code or hardware (a crash), not a request to stop.
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
+#: Signals someone sends to stop a process (a stop asked for, not a fault of its own).
+STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP"})
 
 
 

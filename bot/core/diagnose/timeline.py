@@ -6,7 +6,8 @@ kind compare with each other; kinds do not mix. Formats, with where they are wri
 - `iso`: ISO 8601 / RFC 3339 date and time (`2024-12-06T10:00:00.123Z`, `2024-12-06 10:00:00,123`, with an offset
   or without): Python logging's default, SGLang (`[2025-02-01 07:03:54 TP6]`), TGI and Rust tracing, docker and
   kubectl `--timestamps`, Ollama's logfmt `time=`; also TensorRT-LLM's `[12/06/2024-10:00:00]`, `dmesg -T`'s
-  `[Tue Dec  6 10:00:00 2024]` and epoch seconds at the start of a line or in brackets (`1733480000.123`). Seconds
+  `[Tue Dec  6 10:00:00 2024]`, Go's log package and gin (`2023/09/04 18:31:32`, `[GIN] 2025/12/23 - 10:40:50`) and
+  epoch seconds at the start of a line, in brackets (`1733480000.123`) or in a `timestamp=` / `ts=` field. Seconds
   since 1970-01-01 UTC (a line without an offset is read as UTC).
 - `md`: month, day and time without a year: vLLM (`INFO 06-30 13:53:19`), glog and torch c10 (`I1206 10:00:00.1`),
   syslog / journald (`Dec  6 10:00:00`). Seconds within a notional leap year.
@@ -37,6 +38,10 @@ _MD = re.compile(r"(?<![\d-])(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))
 _GLOG = re.compile(r"(?:^|\[|\]:?\[?)[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _HMS = re.compile(r"(?:^|\[|\s)(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?=[\]\s,|]|$)")
+#: Go's `log` package and gin (`2023/09/04 18:31:32`, `[GIN] 2025/12/23 - 10:40:50`).
+_SLASH = re.compile(r"(?<!\d)(\d{4})/(\d\d)/(\d\d)(?: - |[ T])(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
+#: An epoch in a key=value field anywhere in the line (`timestamp=1723904002`, llama.cpp's JSON logs in logfmt).
+_KV_EPOCH = re.compile(r"(?:^|[\s,{])\"?(?:ts|time|timestamp)\"?[=:]\s?(1[5-9]\d{8})(?:\.(\d{1,9}))?\b")
 _HEAD = 80
 
 
@@ -74,6 +79,10 @@ def stamp(text: str) -> tuple[str, float] | None:
                 sign = -1 if off[0] == "+" else 1
                 t += sign * (int(off[1:3]) * 3600 + int(off[-2:]) * 60)
             return "iso", t
+        if m := _SLASH.search(head):
+            y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
+            if 1 <= mo <= 12 and 1 <= d <= 31 and h < 24:
+                return "iso", _days(y, mo, d) * 86400.0 + h * 3600 + mi * 60 + s + _frac(m.group(7))
         if m := _TRT.search(head):
             mo, d, y, h, mi, s = (int(x) for x in m.groups())
             if 1 <= mo <= 12 and 1 <= d <= 31 and h < 24:
@@ -103,6 +112,8 @@ def stamp(text: str) -> tuple[str, float] | None:
             h, mi, s = (int(x) for x in m.groups()[:3])
             if h < 24 and mi < 60 and s < 61:
                 return "hms", h * 3600.0 + mi * 60 + s + _frac(m.group(4))
+        if m := _KV_EPOCH.search(text):
+            return "iso", int(m.group(1)) + _frac(m.group(2))
     except (ValueError, OverflowError):
         return None
     return None
