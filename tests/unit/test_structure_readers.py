@@ -83,8 +83,8 @@ def test_a_line_s_own_timestamp_is_read(sample):
 
 #: Samples the reader is known not to read as the reader beside them did (strict: one that comes right fails the run).
 KNOWN = {
-    "wrapped-by-hand-oom": "a person re-broke two exception messages at sentence ends, always at a space, with no width "
-                           "and no mark: nothing in the lines tells those breaks from the log's own",
+    "wrapped-by-hand-oom": "a person re-broke two exception messages at sentence ends, always at a space, with no "
+                           "width and no mark: nothing in the lines tells those breaks from the log's own",
 }
 
 
