@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from bot.core.diagnose import ContainerObs, ListenObs, Observation, ShmSegment
+from bot.core.lifecycle import EXIT_LINE_RE, exit_status
 from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.parse.log import strip_control
 from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
@@ -458,7 +459,12 @@ def _observed(data: Any, notes: list[str]) -> dict[str, Any]:
             out[key] = x
         elif v is not None:
             notes.append(f"observed.json: {key} is not a non-negative number; ignored")
-    for key in ("log_growing", "process_alive", "port_open", "gpu_mem_rising"):
+    code = data.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool) and -255 <= code <= 255:
+        out["exit_code"] = code
+    elif code is not None:
+        notes.append("observed.json: exit_code is not an exit status (-255..255); ignored")
+    for key in ("log_growing", "process_alive", "port_open", "gpu_mem_rising", "cpu_time_growing"):
         v = data.get(key)
         if isinstance(v, bool):
             out[key] = v
@@ -573,6 +579,10 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
     notes: list[str] = []
     obs = Observation(notes=notes)
     obs.log_lines = _lines(texts.get("server.log"))
+    if obs.log_lines and any(EXIT_LINE_RE.match(line.strip()) for line in obs.log_lines[-50:]):
+        # gpubot's launch wrapper's own last line: its status, not the engine's words (as the watcher reads it)
+        obs.exit_code = exit_status(obs.log_lines)
+        obs.log_lines = [line for line in obs.log_lines if not EXIT_LINE_RE.match(line.strip())]
     if (ps := texts.get("ps.txt")) is not None:
         obs.processes, obs.process_lines = parse_ps_text(ps)
     gpu_errors: list[str] | None = None

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from bot.core.diagnose import cpu_progress
+from bot.core.lifecycle import log_exit_status
 from bot.core.models import HealthResult, ProcessInfo, Snapshot
 from bot.core.shell import quote
 from bot.core.stackdump import ProcessDump
@@ -128,16 +130,19 @@ def _gpu_mib(snap: Snapshot) -> float | None:
 
 
 def observed_from_probes(first: Snapshot, second: Snapshot, *, pid: int | None = None,
-                         started_at: float | None = None, heartbeat: Callable[[str], bool] | None = None
-                         ) -> dict[str, Any]:
+                         started_at: float | None = None, heartbeat: Callable[[str], bool] | None = None,
+                         own: Collection[int] = ()) -> dict[str, Any]:
     """observed.json from two probes of one host, `first` then `second` a few seconds later.
 
     Keys (README of the cases): `elapsed_s` (seconds from `started_at`, epoch on the bot's clock, to the second
     probe), `log_silent_s` (the remote clock minus the log's mtime; seconds), `log_growing` (the log's size grew
     between the probes; a growth made only of `heartbeat` lines counts as growing but not as un-silence),
-    `process_alive` (`pid` in the second probe's process table), `port_open`, `health` (ok, http_NNN, refused,
-    timeout or empty), `gpu_mem_rising` (total GPU memory in use grew by more than RISING_MIB MiB). A key is
-    left out when the probes cannot tell it."""
+    `process_alive` (`pid` in the second probe's process table; without a `pid`, whether any of the launch's `own`
+    processes is), `exit_code` (the status the launch's wrapper wrote once its server ended,
+    bot.core.lifecycle.log_exit_status), `cpu_time_growing` (the `own` processes' CPU time between the probes is
+    work: bot.core.diagnose.cpu_progress), `port_open`, `health` (ok, http_NNN, refused, timeout or empty),
+    `gpu_mem_rising` (total GPU memory in use grew by more than RISING_MIB MiB). A key is left out when the probes
+    cannot tell it."""
     out: dict[str, Any] = {}
     if started_at is not None and second.local_clock is not None:
         out["elapsed_s"] = round(max(0.0, second.local_clock - started_at), 1)
@@ -154,6 +159,17 @@ def observed_from_probes(first: Snapshot, second: Snapshot, *, pid: int | None =
                     del out["log_silent_s"]  # the mtime moved for heartbeats only: the silence is not known
     if pid is not None and second.table:
         out["process_alive"] = any(p.pid == pid for p in second.table)
+    elif own and second.table:
+        out["process_alive"] = any(p.pid in own for p in second.table)
+    if (rc := log_exit_status(second.log)) is not None:
+        out["exit_code"] = rc
+    if own and first.clock is not None and second.clock is not None:
+        before = {p.pid: p.cpu_time_s for p in first.table or first.processes if p.pid in own}
+        growing = cpu_progress([p.cpu_time_s - before[p.pid] for p in second.table or second.processes
+                                if p.pid in own and p.cpu_time_s is not None and before.get(p.pid) is not None],
+                               second.clock - first.clock)
+        if growing is not None:
+            out["cpu_time_growing"] = growing
     if second.port_listening is not None:
         out["port_open"] = second.port_listening
     for key, result in (("health", second.health), ("generate", second.generate)):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -25,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from bot.core.commands import slash
-from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.models import TERMINAL_STATES, GpuSection, Launch, LaunchState, LogInfo, ProcessInfo, Snapshot
 from bot.core.ranks import base_tag
 from bot.core.text import counted
 
@@ -342,6 +341,17 @@ def parse_launch_output(text: str) -> Started | None:
     return Started(int(m.group(1)) if m else int(g.group(1)), int(g.group(1)), unit, manager)
 
 
+def log_exit_status(log: LogInfo | None) -> int | None:
+    """The server's exit status as one read of a launch's log shows it: its exit file's when the probe looked for
+    one (a launch's own log: the wrapper writes it alone; missing or replaced, no status is known, whatever exit line
+    the log shows, since the server can print one); else the wrapper's line in the tail (exit_status)."""
+    if log is None:
+        return None
+    if log.exit_file or log.exit_checked:
+        return log.exit_status if log.exit_file else None
+    return exit_status(log.tail)
+
+
 def exit_status(lines: Sequence[str]) -> int | None:
     """The server's exit status from the wrapper's last `EXIT_LINE_FORMAT` line in a log tail (0..255; 128+N
     means killed by signal N), or None when the tail has no such line (still running, the wrapper was
@@ -351,18 +361,6 @@ def exit_status(lines: Sequence[str]) -> int | None:
         if m:
             return int(m.group(1))
     return None
-
-
-def describe_exit(rc: int) -> str:
-    """`exit status 1`, or `killed by signal 9 (SIGKILL)` for a shell status above 128."""
-    if rc > 128:
-        n = rc - 128
-        try:
-            name = signal.Signals(n).name
-        except ValueError:
-            name = f"signal {n}"
-        return f"killed by signal {n} ({name})"
-    return f"exit status {rc}"
 
 
 def signal_script(pids: list[int], pgid: int | None, sig: str, *, unit: str | None = None,

@@ -12,16 +12,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bot.core.diagnose import CPU_PROGRESS_CORES, LineMemo, Observation, Verdict, diagnose
+from bot.core.diagnose import LineMemo, Observation, Verdict, cpu_progress, diagnose
 from bot.core.diagnose.logscan import newest_meaningful
-from bot.core.lifecycle import EXIT_LINE_RE, exit_status, launch_processes
+from bot.core.lifecycle import EXIT_LINE_RE, launch_processes, log_exit_status
 from bot.core.models import Launch, ProcessInfo, Snapshot
 from bot.core.records import CheckRecord
 from bot.core.serving import ended_verdict
 
-#: Verdicts that end the readiness watch (the launch is no longer starting).
-FINAL_VERDICTS = frozenset({"ready", "crashed", "oom", "host_oom", "nccl_error", "cuda_error", "port_in_use",
-                            "gpu_lost", "exited"})
 #: Verdicts of a wedged or failing server while serving; a swap between them needs two checks to be news.
 SERVING_TROUBLE = frozenset({"unhealthy", "silent_hang"})
 #: Verdicts that are not news by themselves (a change into `loading` is only posted when leaving a problem).
@@ -31,16 +28,16 @@ QUIET_VERDICTS = frozenset({"loading", "unknown"})
 def judge(obs: Observation, prev: CheckRecord | None, *, grace_s: dict[str, float] | None,
           silence_after_s: float, posted: str | None = None, exit_code: int | None = None,
           launch_id: int | None = None, memo: LineMemo | None = None) -> Verdict:
-    """The readiness verdict of one check: `diagnose(obs)`, except that
-    - a launch with no process left and nothing in the log to explain it has ended: `exited`, or `crashed`
-      with the exit status or signal its wrapper logged (`exit_code`, the record's `exit_status`; see
-      bot.core.serving.ended_verdict), never `loading`;
+    """The readiness verdict of one check: `diagnose(obs)`, the judgement a bundle of the same check gets offline,
+    with only what watching over time adds:
+    - a launch with no process left is judged with the exit status its wrapper logged (`exit_code`, the record's
+      `exit_status`; bot.core.serving.ended_verdict), and its leftovers are named;
     - leaving `silent_hang` (the verdict `posted` last) needs real progress: a new log line, an advancing
       progress counter, rising GPU memory or computing GPUs; growing CPU time alone keeps it `silent_hang`.
     `memo`: the launch's LineMemo (lines seen at the last check are not matched again)."""
+    if obs.process_alive is False:
+        return ended_verdict(obs, exit_code, launch_id, memo=memo)
     verdict = diagnose(obs, grace_s=grace_s or None, silence_after_s=silence_after_s, memo=memo)
-    if obs.process_alive is False and verdict.verdict in ("unknown", "exited", "loading", "silent_hang"):
-        return ended_verdict(obs, exit_code, launch_id)
     if posted == "silent_hang" and verdict.verdict in QUIET_VERDICTS and obs.cpu_time_growing:
         strict = diagnose(replace(obs, cpu_time_growing=False), grace_s=grace_s or None,
                           silence_after_s=silence_after_s, memo=memo)
@@ -107,7 +104,8 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
     the newest meaningful line changes. Times are the remote clock, in seconds.
 
-    Only the launch's own processes count (its tag, its confirmed session and process group, their
+    The launch is alive while its server process (`la.pid`, when known) is. Only the launch's own processes count
+    (its tag, its confirmed session and process group, their
     descendants, and the processes earlier checks saw: `la.seen_pids`), and only its own GPUs when it names
     them; other holders are never its evidence. CPU time counts as growing only above
     `CPU_PROGRESS_CORES` over the window since `prev`, and never when the bot itself worked on the launch
@@ -115,12 +113,8 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     now = snap.clock if snap.clock is not None else time.time()
     raw = list(snap.log.tail) if snap.log and snap.log.tail else []
     # a launch with an exit file is judged by it alone: a line in the log (which the server writes too, and which
-    # later lines push out of the tail) is no proof of how it ended; a missing or replaced exit file means no status
-    # is known (the server could remove it and print the line); only a log read without the exit file falls back
-    if snap.log is not None and (snap.log.exit_file or snap.log.exit_checked):
-        rc = snap.log.exit_status if snap.log.exit_file else None
-    else:
-        rc = exit_status(raw)
+    # later lines push out of the tail) is no proof of how it ended
+    rc = log_exit_status(snap.log)
     lines = [x for x in raw if not EXIT_LINE_RE.match(x.strip())]  # the wrapper's line is ours, not the engine's
     prev = prev if prev is not None else CheckRecord(t=math.nan)  # a first check: nothing known before
     window = snap.log is not None and snap.log.since is not None  # only what was written since `prev`
@@ -141,6 +135,10 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     # without a process table (ps failed or timed out) only the tags in /proc tell: alive when any is tagged,
     # unknown otherwise; never "gone"
     alive: bool | None = bool(own) if snap.table else (True if snap.tagged_pids else None)
+    if alive and snap.table and la.pid is not None and la.pid not in own:
+        # the server process itself is gone: the launch has ended, even while leftovers (TP workers) still run;
+        # they are the launch's leftovers, for /gpu status and /kill, not signs of life
+        alive = False
     # only the launch's own GPUs count: other launches on other GPUs of the host are not orphans
     mine = set(la.gpus)
     gpus = [g for g in snap.gpu.gpus if not mine or g.index in mine] if snap.gpu.ok else None
@@ -301,12 +299,8 @@ def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float 
         return None
     if quiet_since is not None and quiet_since >= t0:
         return False  # the bot's own work (a stack dump) is not progress
-    deltas = [p.cpu_time_s - before[str(p.pid)] for p in procs
-              if p.cpu_time_s is not None and before.get(str(p.pid)) is not None]
-    if not deltas:
-        return None
-    # ps TIME ticks in whole seconds: count only a rate above CPU_PROGRESS_CORES, never one tick
-    return sum(max(0.0, d) for d in deltas) / (now - t0) > CPU_PROGRESS_CORES and max(deltas) > 1
+    return cpu_progress([p.cpu_time_s - before[str(p.pid)] for p in procs
+                         if p.cpu_time_s is not None and before.get(str(p.pid)) is not None], now - t0)
 
 
 def _rising(gpus: list | None, prev: CheckRecord) -> bool | None:

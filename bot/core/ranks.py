@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from bot.core.models import Launch
-from bot.core.slurm import job_line, job_verdict, parse_show_job, pending_text
+from bot.core.slurm import SlurmJob, job_line, job_verdict, parse_show_job, pending_text
 
 if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; rendering a launch needs none of it
     from bot.core.diagnose import Observation, Verdict
@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; rendering 
 __all__ = [
     "NodeLook",
     "base_tag",
+    "job_end_verdict",
     "look_of",
     "odd_rank",
     "parse_ranks",
@@ -172,6 +173,33 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
     return replace(verdict, verdict=name, summary=summary, evidence=[*lines, *verdict.evidence], next_steps=steps)
 
 
+#: Ends that are Slurm's own doing: what the ranks' logs show then (NCCL errors, a SIGTERM) is its consequence.
+SLURM_OWN_ENDS = frozenset({"time_limit", "deadline", "node_fail", "boot_fail", "preempted", "cancelled",
+                            "host_oom"})
+#: A rank's own verdict that says why a job ended (a failure its log shows), where Slurm only records an exit.
+RANK_FAILURES = frozenset({"oom", "host_oom", "cuda_error", "nccl_error", "gpu_lost", "port_in_use", "crashed"})
+
+
+def job_end_verdict(job: SlurmJob | None, job_id: str, looks: Sequence[NodeLook] = (),
+                    failed: tuple[int, str, Verdict] | None = None) -> Verdict:
+    """The verdict of a job Slurm has ended: Slurm's (job_verdict: a time limit, a preemption, a node failure, a
+    cancel, its host-memory limit), unless Slurm only records that the job failed or exited while a rank's own log
+    says why (`failed`: rank, node and that rank's verdict, one of RANK_FAILURES): then the rank's verdict and phase,
+    its summary naming the rank and node, with Slurm's line as evidence beside the ranks' `looks`. The same for the
+    watcher (a job it saw end) and a bundle of the job read offline."""
+    lines = [x.line() for x in looks] if len(looks) > 1 else []
+    slurm = job_verdict(job, job_id, lines)
+    if failed is None or slurm.verdict in SLURM_OWN_ENDS:
+        return slurm
+    rank, node, v = failed
+    if v.verdict not in RANK_FAILURES or v.confidence == "low":
+        return slurm
+    said = f" Slurm then ended the job: {slurm.summary[0].lower()}{slurm.summary[1:]}" if job is not None else ""
+    return replace(v, summary=f"Rank {rank} on node {node}: {v.summary.rstrip()}{said}",
+                   evidence=[*lines, *slurm.evidence[:1 if job is not None else 0], *v.evidence],
+                   next_steps=[*v.next_steps, f"Look at node {node} (rank {rank}): its log and GPUs"])
+
+
 def parse_ranks(text: str) -> dict[int, str]:
     """Rank -> node of a bundle's `ranks.txt` (`0 n1` lines; others skipped). Never raises."""
     out: dict[int, str] = {}
@@ -188,7 +216,7 @@ def weigh_bundle(verdict: Verdict, top: Observation, rank0: str, others: Sequenc
     weighed with every other rank's evidence (`others`: rank, node, observation; weigh_nodes), then Slurm's word
     when `scontrol` (`scontrol show job -o`) is there: a job Slurm ended gets Slurm's verdict (job_verdict), a
     pending one is `loading` (never a hang), a running one gets its line as evidence."""
-    from bot.core.diagnose import Verdict
+    from bot.core.diagnose import Verdict, diagnose
     looks = [look_of(top, 0, rank0, verdict.verdict), *(look_of(o, k, n) for k, n, o in sorted(others))]
     out = weigh_nodes(verdict, looks) if others else verdict
     jobs = parse_show_job(scontrol or "")
@@ -196,7 +224,10 @@ def weigh_bundle(verdict: Verdict, top: Observation, rank0: str, others: Sequenc
         return out
     job = jobs[0]
     if not job.active:
-        return job_verdict(job, job.job_id, [x.line() for x in looks] if others else [])
+        # the first rank whose own log shows a failure: rank 0 (the top level), else the lowest other rank
+        named = [(0, rank0, verdict), *((k, n, diagnose(o)) for k, n, o in sorted(others, key=lambda x: x[0]))]
+        failed = next((x for x in named if x[2].verdict in RANK_FAILURES), None)
+        return job_end_verdict(job, job.job_id, looks if others else [], failed)
     if job.pending:
         return Verdict("loading", None, [job_line(job)],
                        [f"Wait for Slurm to run it, or cancel it (`scancel {job.job_id}`)"],

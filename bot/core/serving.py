@@ -21,6 +21,7 @@ from bot.core.commands import slash
 from bot.core.diagnose import (
     GENERATION_STUCK,
     STALLED_STATS_LINES,
+    LineMemo,
     Observation,
     Verdict,
     diagnose,
@@ -30,7 +31,7 @@ from bot.core.diagnose import (
 from bot.core.diagnose.lines import MAX_LINE
 from bot.core.diagnose.logscan import line_facts
 from bot.core.diagnose.signatures import SIGNATURES
-from bot.core.lifecycle import EXIT_LINE_RE, describe_exit, exit_status, is_launch_wrapper
+from bot.core.lifecycle import EXIT_LINE_RE, exit_status, is_launch_wrapper
 from bot.core.parse.log import strip_control
 from bot.core.records import CheckRecord
 from bot.core.text import counted
@@ -116,13 +117,18 @@ def _steps(verdict: str, phase: str | None) -> list[str]:
     return steps
 
 
-def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None = None) -> Verdict:
-    """The verdict of a launch whose processes are all gone (pure): the failure the log shows, or the end
-    the launch wrapper logged (`exited` for status 0, `crashed` with the exit status or signal otherwise),
-    or `exited` with "no exit status was recorded" when the log has neither. `rc`: the exit status the wrapper
-    logged (bot.core.lifecycle.exit_status; else looked up in `obs.log_lines`); `launch_id` names the launch
-    in the hint that `/kill ID` stops its leftovers (`/kill VARIANT` finds live launches only)."""
-    v = _ended_verdict(obs, rc if rc is not None else exit_status(obs.log_lines or []))
+def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None = None, *,
+                  memo: LineMemo | None = None) -> Verdict:
+    """The verdict of a launch whose server is gone (pure): what `diagnose` says of the observation with the server
+    gone and its exit status known (`rc`: the status the launch wrapper wrote, bot.core.lifecycle.exit_status; else
+    `obs.exit_code`, else the wrapper's line in `obs.log_lines`): the failure the log shows, `exited` for status 0 or
+    a stop in order, `crashed` for another status, `unknown` for a SIGKILL without a kernel log or no status at all.
+    A bundle of the launch (its observed.json carries the status) is judged the same by `diagnose` offline. Where
+    processes of the launch still run, one more evidence line says that `/kill ID` stops them (`launch_id` names
+    the launch: `/kill VARIANT` finds live launches only). `memo`: the launch's LineMemo."""
+    if rc is None:
+        rc = obs.exit_code if obs.exit_code is not None else exit_status(obs.log_lines or [])
+    v = diagnose(replace(obs, process_alive=False, exit_code=rc), memo=memo)
     # the launch's own wrapper shell is never a leftover: it ends once it has written the exit status
     left = [p for p in obs.processes or [] if not (p.stat or "").startswith("Z") and not is_launch_wrapper(p.args)]
     if left:
@@ -131,31 +137,6 @@ def ended_verdict(obs: Observation, rc: int | None = None, launch_id: int | None
         v = replace(v, evidence=[*v.evidence[:1], f"{counted(len(left), 'leftover process')} of the launch still run "
                                  f"(pid {pids}) and may hold GPU memory: `{kill}` stops them", *v.evidence[1:]])
     return v
-
-
-def _ended_verdict(obs: Observation, rc: int | None) -> Verdict:
-    base = diagnose(replace(obs, process_alive=False, exit_code=None, processes=None, gpu_processes=None))
-    how = f"the server process ended: {describe_exit(rc)}" if rc is not None else None
-    if base.verdict not in ("unknown", "exited", "loading", "ready", "silent_hang", "orphans_hold_gpu"):
-        ev = [how, *base.evidence] if how else base.evidence
-        return replace(base, evidence=ev)
-    if rc is None:
-        return Verdict("exited", base.phase,
-                       ["the server process is gone and no exit status was recorded (its launch wrapper was "
-                        "killed too, or the host restarted)", *base.evidence],
-                       ["Check the kernel log on the host: `dmesg | tail` (OOM killer?)", *_steps("exited", None)],
-                       "The server process is gone without an error in the log.")
-    if rc == 0:
-        return Verdict("exited", base.phase, [how, *base.evidence], _steps("exited", None),
-                       "The server exited with status 0: it stopped on its own, without an error in the log.")
-    signalled = rc > 128
-    steps = (["SIGKILL comes from the kernel OOM killer or a `kill -9`: check `dmesg | grep -i 'killed process'`"]
-             if rc == 137 else [])
-    # a signal with nothing in the log: who stopped it, not a traceback, is the question
-    steps += _steps("exited", None) if signalled else _steps("crashed", None)
-    return Verdict("crashed", base.phase, [how, *base.evidence], steps,
-                   f"The server process was {describe_exit(rc)} and the log shows no error before it." if signalled
-                   else f"The server process ended with {describe_exit(rc)}; the log shows no error.")
 
 
 def _live_error_possible(lines: Sequence[str]) -> bool:
@@ -184,10 +165,13 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
       alert while the health endpoint answers: a serving hang when they time out and the log has been silent for
       `generate_silence_s` seconds (default `hang_silence_s`), else `unhealthy`.
 
-    Every verdict has phase `serving`, except that a failure the log places elsewhere keeps its phase.
+    Every verdict has phase `serving` (it was serving by then, whatever start-up phase its log names last), except
+    an end in `shutdown` (a stop in order, leftovers of it).
     """
     if obs.process_alive is False:
         v = ended_verdict(obs, exit_code, launch_id)
+        if v.phase == "shutdown":
+            return v
         if v.phase and v.phase != "serving":  # the log's last start-up phase: it was serving by now
             v = replace(v, summary=v.summary.replace(f" during {v.phase}", " while serving"))
         return replace(v, phase="serving")

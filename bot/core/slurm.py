@@ -282,7 +282,7 @@ def pending_text(job: SlurmJob) -> str:
 
 def ended_verdict(job: SlurmJob) -> tuple[str, str]:
     """(verdict, summary) of a job that ended by itself or was ended by Slurm: `time_limit`, `node_fail`,
-    `preempted`, `oom`, `cancelled`, `crashed` (a non-zero exit or a signal), `exited` (exit 0), `boot_fail`,
+    `preempted`, `host_oom`, `cancelled`, `crashed` (a non-zero exit or a signal), `exited` (exit 0), `boot_fail`,
     `deadline`; ("unknown", ...) for a state gpubot does not know. Summaries quote Slurm's state, reason and exit
     code."""
     code = "" if job.exit_code is None else f", exit code {job.exit_code}"
@@ -295,7 +295,8 @@ def ended_verdict(job: SlurmJob) -> tuple[str, str]:
         "NODE_FAIL": ("node_fail", "a node of the job failed and Slurm ended it"),
         "BOOT_FAIL": ("boot_fail", "a node of the job failed to boot"),
         "PREEMPTED": ("preempted", "a job of higher priority preempted it"),
-        "OUT_OF_MEMORY": ("oom", "Slurm killed it for using more memory than it was allocated"),
+        # host memory: Slurm's cgroup limit on RAM, never GPU memory (`oom` is the GPU's)
+        "OUT_OF_MEMORY": ("host_oom", "Slurm killed it for using more host memory than it was allocated"),
         "CANCELLED": ("cancelled", "the job was cancelled (scancel)"),
         "COMPLETED": ("exited", "the job ended by itself with exit code 0"),
     }
@@ -323,7 +324,7 @@ SLURM_NEXT_STEPS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "node_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
     "boot_fail": ("Relaunch: Slurm places it on nodes that work", "Tell the cluster's admins which node failed"),
     "preempted": ("Relaunch, or use a partition or QOS that is not preempted",),
-    "oom": ("Ask Slurm for more host memory (`extra_sbatch: [--mem=...]`) and relaunch",),
+    "host_oom": ("Ask Slurm for more host memory (`extra_sbatch: [--mem=...]`) and relaunch",),
     "cancelled": ("Someone cancelled the job outside gpubot (scancel): ask in the channel before relaunching",),
     "deadline": ("Relaunch with a later deadline",),
     "exited": ("Relaunch when you want it serving again",),

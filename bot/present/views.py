@@ -398,7 +398,8 @@ def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[t
     key_evidence; all of them in `all_evidence`, for the attached file), then the buttons (not for ready), then at most
     `max_steps` next steps, steps the buttons do replaced by a pointer to them, PORT/HOST/PID filled in (a
     ready launch: WATCHING_STEP and the local health probe). `recovered`: a ready verdict
-    after a problem while serving (one "recovered" message). Time per phase for ready only."""
+    after a problem while serving (one "recovered" message). Time per phase for ready only. `sureness`: how sure the
+    verdict is (Verdict.sureness: confidence, runner-up, the fact that would decide), for every verdict but ready."""
     buttons = verdict.verdict != "ready"
     steps = _button_steps(verdict.next_steps) if buttons else [WATCHING_STEP, *verdict.next_steps[:1]]
     steps = [for_launch(fill_placeholders(s, la), la.id) for s in steps]
@@ -410,6 +411,7 @@ def alert_view(la: Launch, verdict: Verdict, *, elapsed_s: float, phases: list[t
         "elapsed_s": elapsed_s, "phases": phases if verdict.verdict == "ready" and not recovered else [],
         "launch_id": la.id, "pgid": la.pgid, "buttons": buttons, "snooze_min": SNOOZE_BUTTON_MIN,
         "recovered": recovered, "ended": not la.live,
+        "sureness": verdict.sureness if verdict.verdict != "ready" else "",
     }
 
 

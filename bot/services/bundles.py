@@ -119,6 +119,7 @@ class BundleService:
         if why:
             missing.append(why)
         ranks = []
+        own = []
         # a launch's bundle: the GPU holders and the launch's processes; a host's: every process on it (the GPU
         # holders alone leave nothing when no GPU is held, and a hung engine may hold none)
         processes = list(second.processes) if launch is not None else list(second.table or second.processes)
@@ -137,7 +138,8 @@ class BundleService:
                 missing.append("py-spy: no process of the launch is alive")
         observed = observed_from_probes(first, second, pid=launch.pid if launch else None,
                                         started_at=launch.created_at if launch else None,
-                                        heartbeat=lambda line: SIGNATURES.heartbeat.first(line) is not None)
+                                        heartbeat=lambda line: SIGNATURES.heartbeat.first(line) is not None,
+                                        own={p.pid for p in own})
         if launch is not None and self._policy_for is not None:  # judged offline as the watcher judges it live
             policy = self._policy_for(launch)
             observed["grace_s"] = {**SIGNATURES.default_grace_s, **policy.phase_grace_s}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from bot.adapters.cpu import CpuPool
@@ -25,11 +25,10 @@ from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.commands import slash
 from bot.core.diagnose import LineMemo, Observation, Verdict
-from bot.core.diagnose.stacks import with_stacks
+from bot.core.diagnose.stacks import STACK_EVIDENCE_PREFIX, with_stacks
 from bot.core.fleet import TABLES_UP_TO, summarize
 from bot.core.models import HealthResult, HostFailure, Launch, LaunchState, LogCursor, Snapshot
 from bot.core.observe import (
-    FINAL_VERDICTS,
     QUIET_VERDICTS,
     is_news,
     judge,
@@ -39,10 +38,10 @@ from bot.core.observe import (
     server_ending,
 )
 from bot.core.probe import ProbeRequest
-from bot.core.ranks import rank_view, weigh_nodes
+from bot.core.ranks import NodeLook, job_end_verdict, rank_view, weigh_nodes
 from bot.core.records import CheckRecord
 from bot.core.serving import generation_due, judge_serving
-from bot.core.slurm import SlurmError, SlurmJob, job_line, job_nodes_text, job_verdict
+from bot.core.slurm import SlurmError, SlurmJob, job_line, job_nodes_text
 from bot.core.stackdump import full_text
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
@@ -51,7 +50,7 @@ from bot.present.views import digest_notes_view, fleet_view, status_view
 from bot.services.alerts import AlertPoster
 from bot.services.history import HISTORY_CHECKS, CheckHistory
 from bot.services.launches import LaunchService
-from bot.services.stacks import StackDumpError, StackService
+from bot.services.stacks import StackDump, StackDumpError, StackService
 from bot.services.surface import Surface
 from bot.services.threads import IncidentThreads
 
@@ -61,6 +60,10 @@ log = logging.getLogger(__name__)
 #: this plus the kill grace, per rank).
 HANG_DUMP_TIMEOUT_S = 10
 
+
+#: A start-up whose only progress is CPU time has its stacks dumped at most once per this many checks (the dump tells
+#: a busy-wait from work; between two dumps the last one stands).
+BUSY_DUMP_EVERY = 3
 
 #: How long a check waits, at most, for the end of a launch whose server process is gone to be complete (seconds):
 #: its wrapper's exit status written, the GPU memory of the dying process freed. Looked at again every
@@ -146,6 +149,8 @@ class Watcher:
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
         self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
         self._memos: dict[int, LineMemo] = {}  # per launch: the lines its checks matched (never matched again)
+        #: per launch: the last dump taken to tell a busy-wait from work (monotonic time, dump)
+        self._busy: dict[int, tuple[float, StackDump]] = {}
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
@@ -205,6 +210,7 @@ class Watcher:
         self._history.forget(launch_id)
         self._cheap.pop(launch_id, None)
         self._memos.pop(launch_id, None)
+        self._busy.pop(launch_id, None)
 
     def launched(self, la: Launch) -> None:
         """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""
@@ -332,17 +338,11 @@ class Watcher:
         memo = self._memos.setdefault(la.id, LineMemo())
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id),
                                                 memo=memo)
-        seen = {p.pid for p in obs.processes or []}
         remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None)
         if remembered is not None:
             with self._unless_refused(la, "the processes it remembers"):
                 la = self._launch_rows.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])
         ending = server_ending(snap, la, obs.processes or [], record.exit_status)
-        if la.pid is not None and seen and snap.table and la.pid not in seen:
-            # the server process itself is gone: the launch has ended, even while leftovers (TP workers)
-            # still run; they are the launch's leftovers, for /gpu status and /kill, not signs of life
-            obs = replace(obs, process_alive=False)
-            record.alive = False
         policy = self.policy_for(la)
         if la.ready_at is not None:
             since_ready = [r for r in history if r.ok and r.t >= (la.ready_at or 0)]
@@ -355,7 +355,46 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
+            if verdict.verdict == "loading" and obs.cpu_time_growing and obs.rank_stacks is None:
+                obs, verdict = await self._busy_or_working(la, snap, obs, prev, verdict, record, memo)
         return _Look(la, snap, obs, record, verdict, ending)
+
+    async def _busy_or_working(self, la: Launch, snap: Snapshot, obs: Observation, prev: CheckRecord | None,
+                               verdict: Verdict, record: CheckRecord, memo: LineMemo) -> tuple[Observation, Verdict]:
+        """A start-up whose only sign of progress past its grace is CPU time: the ranks' stacks decide whether that
+        CPU time is work (compiling, loading: still loading) or a busy-wait (a synchronize, a collective: a hang).
+        The dump is taken at most once per BUSY_DUMP_EVERY checks of the launch and reused meanwhile; without a
+        StackService, py-spy, or `stack_dump_on_hang`, the verdict stands."""
+        policy = self.policy_for(la)
+        if self._stacks is None or not policy.stack_dump_on_hang:
+            return obs, verdict
+        strict = judge(replace(obs, cpu_time_growing=False), prev, grace_s=policy.phase_grace_s,
+                       silence_after_s=policy.silence_after_s, posted=la.alert_state, exit_code=record.exit_status,
+                       launch_id=la.id, memo=memo)
+        if strict.verdict != "silent_hang":
+            return obs, verdict  # something besides CPU time moves: no dump needed
+        now = self._clock.monotonic()
+        cached = self._busy.get(la.id)
+        if cached is None or now - cached[0] > BUSY_DUMP_EVERY * policy.interval_s:
+            try:
+                dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
+                                                         native=policy.stack_dump_native, user="watcher",
+                                                         channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
+                                                         ranks_only=True)
+            except StackDumpError as e:
+                log.info("%s: no stacks to tell work from a busy-wait: %s", la.name, e)
+                return obs, verdict
+            except Exception:
+                log.exception("stack dump of %s failed", la.name)
+                return obs, verdict
+            cached = (now, dump)
+            self._busy[la.id] = cached
+        ranks = cached[1].ranks() if cached[1].ok else None
+        if not ranks:
+            return obs, verdict
+        obs = replace(obs, rank_stacks=ranks)
+        return obs, judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
+                          posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
 
     async def _check(self, launch_id: int) -> CheckOutcome:
         """One check: gather (the cheap look, or the full one), then judge and act on what it saw."""
@@ -390,7 +429,7 @@ class Watcher:
                 await self._host_unreachable(la, reason)
                 return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
             if job is None or not job.active:
-                return await self._job_ended(la, job)
+                return await self._job_ended(la, job, failed=await self._rank0_failure(la, job, history))
             if job.pending or not job.nodes:
                 return await self._job_pending(la, job)
             if list(job.nodes) != la.nodes:
@@ -418,11 +457,26 @@ class Watcher:
             # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
             job = await self._job_after_end(la)
             if job is None or not job.active:
-                return await self._job_ended(la, job, evidence=[x.line() for x in looks])
+                # rank 0's own log may say why (a CUDA OOM), where Slurm only records the exit of the ranks it ended
+                return await self._job_ended(la, job, looks, failed=(0, ranks[0][1], looked.verdict))
             # Slurm still runs the job (its prolog, an image pull, a step not started yet, or one that is ending):
             # Slurm's word decides when it ended, never a look at one node
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
         return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
+
+    async def _rank0_failure(self, la: Launch, job: SlurmJob | None,
+                             history: list[CheckRecord]) -> tuple[int, str, Verdict] | None:
+        """Rank 0's own verdict for a job found ended: its log and processes looked at where they can be (rank 0's
+        node when the config has it as a host, else the login node, which shares the ranks' logs) and judged as an
+        ended launch. None when nothing could be looked at."""
+        nodes = list(job.nodes) if job is not None and job.nodes else list(la.nodes)
+        if not nodes:
+            return None
+        host = nodes[0] if nodes[0] in self.launches.config.hosts else la.host
+        view = rank_view(la, 0, host)
+        prev = next((r for r in reversed(history) if r.ok), None)
+        looked = await self._look(view, self.launches.launch_probe_request(view, tail_lines=200), history, prev)
+        return (0, nodes[0], looked.verdict) if isinstance(looked, _Look) else None
 
     async def _job_after_end(self, la: Launch) -> SlurmJob | None:
         """The job read again until Slurm says it ended (at most `ending_wait_s`): its ranks are gone."""
@@ -451,11 +505,13 @@ class Watcher:
                                    f"`{slash('kill', la.id)}` takes it out of the queue.")
         return CheckOutcome(None, False, la)
 
-    async def _job_ended(self, la: Launch, job: SlurmJob | None, evidence: list[str] | None = None) -> CheckOutcome:
-        """A job Slurm ended (or forgot): the verdict from Slurm's state, reason and exit code (bot.core.slurm.
-        ended_verdict), with its `scontrol` line and `evidence` (the ranks' last looks), posted once; the launch
-        ends (exited for exit 0, else failed)."""
-        verdict = job_verdict(job, la.job_id or "", evidence or [])
+    async def _job_ended(self, la: Launch, job: SlurmJob | None, looks: Sequence[NodeLook] = (),
+                         failed: tuple[int, str, Verdict] | None = None) -> CheckOutcome:
+        """A job Slurm ended (or forgot): the verdict from Slurm's state, reason and exit code, or from the log of
+        the rank that `failed` where Slurm only records an exit (bot.core.ranks.job_end_verdict), with its
+        `scontrol` line and the ranks' last `looks`, posted once; the launch ends (exited for exit 0, else
+        failed)."""
+        verdict = job_end_verdict(job, la.job_id or "", looks, failed)
         name, summary = verdict.verdict, verdict.summary
         record = CheckRecord(t=self._clock.time(), alive=False, verdict=name)
         self._history.add(la.id, record)
@@ -469,7 +525,11 @@ class Watcher:
                               current.alert_state)
         except _Superseded:
             return CheckOutcome(verdict, False, self._launch_rows.get(la.id))
-        alerted = await self._alerts.post(la, verdict, record)
+        alerted = False
+        if name != current.alert_state:  # rank 0's own failure may have been posted while Slurm was ending the job
+            alerted = await self._alerts.post(la, verdict, record)
+        else:
+            await self._threads.show(la, verdict)
         with self._unless_refused(la, "its schedule"):
             self.unwatch(la.id)
         return CheckOutcome(verdict, alerted, la)
@@ -526,15 +586,14 @@ class Watcher:
         stored_alert = current.alert_state  # as the database has it (the compare and set of `_record`)
         if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
             current = replace(current, alert_state=self._unrecorded[la.id])
-        # a failure verdict ends the launch only once its server is gone: an engine may log an OOM it
-        # survives (a caught allocation failure), and a live launch must stay watched
-        ended = obs.process_alive is False and (serving or (verdict.verdict in FINAL_VERDICTS
-                                                            and verdict.verdict != "ready"))
+        # a launch ends once its server is gone, whatever the verdict (a failure verdict alone does not end it: an
+        # engine may log an OOM it survives, a caught allocation failure, and a live launch must stay watched)
+        ended = obs.process_alive is False and verdict.verdict != "ready"
         if self._snoozed(current) and not ended:
             return CheckOutcome(verdict, False, current)  # nothing recorded: the change is posted after the snooze
         previous = [r.verdict for r in history if r.ok]
         news = is_news(verdict.verdict, current.alert_state, previous=previous[-1] if previous else None,
-                       serving=serving)
+                       serving=serving) or (ended and verdict.verdict != current.alert_state)
         fields = _new_fields(verdict, current, record, news=news, serving=serving, ended=ended)
         # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
         end = (LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED) if ended else None
@@ -611,6 +670,11 @@ class Watcher:
         `stack_dump_on_hang` off: unchanged. A dump that fails is one evidence line; it never costs the alert."""
         if verdict.verdict != "silent_hang" or self._stacks is None or not policy.stack_dump_on_hang:
             return verdict, []
+        busy = self._busy.get(la.id)
+        if busy is not None and busy[1].ok and any(STACK_EVIDENCE_PREFIX in e for e in verdict.evidence):
+            # the stacks that decided this hang (a busy-wait) are its evidence already: attach them, no second dump
+            text = self._render.redactor(full_text(busy[1].dumps))
+            return verdict, [(f"{la.variant}-{la.id}-stackdump.txt", text.encode("utf-8", "replace"))]
         row = self._launch_rows.get(la.id)
         try:
             if row is not None and row.spans_nodes:  # every rank, each on its node: the summary spans the nodes

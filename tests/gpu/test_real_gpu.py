@@ -214,17 +214,19 @@ def gpu_config(srv, tmp_path) -> Config:
         "host": "gpu-host-1",
         "command": "{{ python }} {{ server }} --workers {{ workers }} --gib {{ gib }} --kv-gib {{ kv_gib }}"
                    " --port {{ port }} --mode {{ mode }} --single {{ single }} --escape-gib {{ escape_gib }}"
-                   " --oom-after {{ oom_after }}",
+                   " --oom-after {{ oom_after }} --compile-s {{ compile_s }}",
         "params": {
             "python": {"type": "path", "default": sys.executable},
             "server": {"type": "path", "default": str(SERVER)},
             "workers": {"type": "int", "default": 2, "min": 1, "max": 8},
             "gib": {"type": "float", "default": 4.0, "min": 0.5, "max": 120},
             "kv_gib": {"type": "float", "default": 1.0, "min": 0, "max": 16},
-            "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "init_hang"]},
+            "mode": {"type": "str", "default": "ready",
+                     "choices": ["ready", "hang", "init_hang", "capture_spin", "compile_silent"]},
             "single": {"type": "int", "default": 0, "min": 0, "max": 1},
             "escape_gib": {"type": "float", "default": 0.0, "min": 0, "max": 16},
             "oom_after": {"type": "float", "default": 0.0, "min": 0, "max": 120},
+            "compile_s": {"type": "float", "default": 40.0, "min": 0, "max": 300},
         },
         "port": free_port(),
         "gpus": [0],

@@ -26,6 +26,11 @@ Then, by `--mode`:
   nccl_ready then goes on as ready; in collective_hang every rank but the last enters a second `all_reduce`
   (with TORCH_NCCL_BLOCKING_WAIT=1 its Python frame stays inside `all_reduce` while it waits), and the last
   rank sleeps instead: the others wait in the collective for an hour, holding their weights.
+- capture_spin: as ready up to `Capture cuda graph begin` and the capture bar's 0 %, then a kernel that spins for
+  hours (`torch.cuda._sleep`) while the host thread busy-waits for it in `torch.cuda.synchronize()`: the GPU at
+  100 % at low power, one core at 100 %, the log silent, the port closed (a graph capture that never ends).
+- compile_silent: as ready, but after `Capture cuda graph begin` `--compile-s` seconds of real torch.compile work
+  with nothing logged and the GPU idle (an engine's first compile), then on to ready.
 - ready: `KV Cache is allocated` (another `--kv-gib` GiB), `Memory pool end`, `Capture cuda graph begin`
   (a few real bf16 matrix products), `Capture cuda graph end`; once every rank is done the launcher logs
   `Uvicorn running on http://127.0.0.1:PORT` and `The server is fired up and ready to roll!` and serves
@@ -144,6 +149,10 @@ def worker(args: argparse.Namespace) -> int:
     free, _ = torch.cuda.mem_get_info(device)
     log(f"Memory pool end. avail mem={free / GIB:.2f} GB", rank)
     log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={free / GIB:.2f} GB", rank)
+    if args.mode == "capture_spin":
+        capture_spin(torch, device, free)
+    if args.mode == "compile_silent":
+        compile_silently(torch, device, args.compile_s)
     t1 = time.monotonic()
     a = torch.randn(2048, 2048, dtype=torch.bfloat16, device=device)
     for _ in range(8):
@@ -167,6 +176,41 @@ def worker(args: argparse.Namespace) -> int:
                 pass
         time.sleep(0.2)
     return 0
+
+
+def capture_spin(torch, device, free: int) -> None:
+    """The capture bar's 0 %, then a kernel that never finishes (torch's own `torch.cuda._sleep`, a spin of the GPU's
+    clock for ~10^13 cycles: hours) while the host thread waits for it in `torch.cuda.synchronize()` (by default
+    the CUDA runtime busy-waits: 100 % of a core). The GPU shows 100 % utilization at low power; nothing more is
+    logged; the port never opens."""
+    print(f"Capturing batches (bs=160 avail_mem={free / GIB:.2f} GB):   0%|          | 0/23 [00:00<?, ?it/s]",
+          flush=True)
+    torch.cuda._sleep(10**13)
+    torch.cuda.synchronize(device)
+
+
+def compile_silently(torch, device, seconds: float) -> None:
+    """`seconds` of real torch.compile work with nothing logged and nothing running on the GPU: a small function
+    compiled again and again (the compile caches reset between rounds, Inductor's compile threads off, so the host
+    thread itself compiles), the way an engine's first torch.compile of a model keeps its log silent for minutes."""
+    import torch._dynamo
+
+    torch._inductor.config.compile_threads = 1
+    x = torch.randn(64, 64, device=device)
+    t0 = time.monotonic()
+    n = 0
+    while time.monotonic() - t0 < seconds:
+        torch._dynamo.reset()
+        scale = float(n % 7 + 1)
+
+        def block(t, s=scale):
+            for _ in range(8):
+                t = torch.nn.functional.gelu(t @ t.T * s).softmax(-1)
+            return t
+
+        torch.compile(block, dynamic=False)(x + n)
+        n += 1
+    torch.cuda.synchronize(device)
 
 
 def serve_then_oom(torch, device, after_s: float, ready_file: str | None) -> None:
@@ -287,7 +331,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-gib", type=float, default=1.0, help="GiB of 'KV cache' each rank adds (ready mode)")
     p.add_argument("--shards", type=int, default=8, help="weight shards (one progress line each)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--mode", choices=["ready", "hang", "init_hang", "nccl_ready", "collective_hang"], default="ready")
+    p.add_argument("--mode", choices=["ready", "hang", "init_hang", "nccl_ready", "collective_hang", "capture_spin",
+                                      "compile_silent"], default="ready")
+    p.add_argument("--compile-s", type=float, default=40.0, help="compile_silent: seconds of silent torch.compile")
     p.add_argument("--device", default="cuda:0",
                    help="every rank's device (one GPU), or `per-rank`: rank N on cuda:N (one process per GPU)")
     p.add_argument("--single", type=int, default=0, help="1: one process (the launcher is rank 0), no workers")

@@ -55,7 +55,7 @@ def _config(cluster, tmp_path, *, nodes_are_hosts: bool) -> Config:
         "master_port": free_port(),
         "params": {"python": {"type": "path", "default": sys.executable},
                    "server": {"type": "path", "default": FAKE_SERVER},
-                   "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "crash"]},
+                   "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "crash", "oom"]},
                    "load_s": {"type": "float", "default": 0.3},
                    "state": {"type": "path", "default": str(gpu.state_dir)},
                    "hang_node": {"type": "int", "default": -1}},
@@ -188,6 +188,22 @@ async def test_two_nodes_become_ready_and_a_hung_rank_is_named_with_its_node(slu
     await bot.chat.say("/kill 2 --yes")
     assert bot.launch(2).state == LaunchState.KILLED
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+
+
+async def test_rank_0_dying_of_a_cuda_oom_is_oom_naming_its_rank_and_node_whatever_slurm_records(slurm_bot, cluster):
+    bot = slurm_bot
+    await bot.chat.say("/launch two mode=oom")
+    la = await wait_alert(bot, 1, {"oom"}, timeout=200)
+    await wait_until(lambda: not bot.launch(1).live, 120, what="the launch ended")
+    (posted,) = alerts(bot, "oom")  # one alert, not a second one when Slurm ended the job
+    text = full_text(posted)
+    assert "Rank 0 on node n1" in text or "rank 0 on node n1" in text, text
+    assert "CUDA out of memory" in text, text
+    la = bot.launch(1)
+    assert la.state == LaunchState.FAILED and la.alert_state == "oom", (la.state, la.alert_state)
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+    if "JobState=" in text:  # the job as Slurm recorded it is evidence, whatever exit it gave the ranks it ended
+        assert "JobState=FAILED" in text or "JobState=COMPLETED" in text, text
 
 
 async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluster, tmp_path):

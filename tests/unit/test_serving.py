@@ -15,11 +15,11 @@ from bot.core.lifecycle import (
     EXIT_LINE_FORMAT,
     RenderedLaunch,
     Started,
-    describe_exit,
     exit_status,
     launch_script,
     parse_launch_output,
 )
+from bot.core.exits import describe_exit
 from bot.core.models import GpuReading, Launch, ProcessInfo, Snapshot
 from bot.core.observe import is_news, judge, observation_from_snapshot
 from bot.core.records import CheckRecord
@@ -49,23 +49,35 @@ def test_the_wrapper_line_gives_the_exit_status_and_signal():
     assert describe_exit(143) == "killed by signal 15 (SIGTERM)"
 
 
-def test_a_ready_launch_that_died_by_signal_is_crashed_with_the_signal():
-    v = judge_serving(serving_obs(process_alive=False), [], recs("ok"), exit_code=137)
-    assert (v.verdict, v.phase) == ("crashed", "serving")
-    assert "killed by signal 9 (SIGKILL)" in v.summary and "killed by signal 9" in v.evidence[0]
-    ok = judge_serving(serving_obs(process_alive=False), [], recs("ok"), exit_code=0)
-    assert ok.verdict == "exited"
-    unknown = judge_serving(serving_obs(process_alive=False), [], recs("ok"))
-    assert unknown.verdict == "exited" and "no exit status was recorded" in unknown.evidence[0]
+def _gone(**kw) -> Observation:
+    """A ready launch whose server is gone and whose GPU gave its memory back."""
+    return serving_obs(process_alive=False, gpus=[GpuReading(index=0, memory_used_mib=500, utilization_gpu_pct=0)],
+                       **kw)
+
+
+def test_a_ready_launch_that_died_by_signal_is_said_with_the_signal_and_no_cause_it_cannot_show():
+    term = judge_serving(_gone(), [], recs("ok"), exit_code=143)
+    assert (term.verdict, term.phase) == ("crashed", "serving")
+    assert "killed by signal 15 (SIGTERM)" in term.summary and "killed by signal 15" in term.evidence[0]
+    assert not any("traceback" in s for s in term.next_steps)  # nothing in the log: who sent it is the question
+    # a SIGKILL is the kernel OOM killer's signal, but without the kernel log that is a guess: unknown, said so
+    kill = judge_serving(_gone(), [], recs("ok"), exit_code=137)
+    assert (kill.verdict, kill.phase, kill.confidence, kill.runner_up) == ("unknown", "serving", "low", "host_oom")
+    assert "killed by signal 9 (SIGKILL)" in kill.evidence[0] and "dmesg" in (kill.missing or "")
+    ok = judge_serving(_gone(), [], recs("ok"), exit_code=0)
+    assert (ok.verdict, ok.phase) == ("exited", "shutdown")
+    unknown = judge_serving(_gone(), [], recs("ok"))
+    assert unknown.verdict == "unknown" and any("no exit status was recorded" in e for e in unknown.evidence)
+    assert unknown.missing and "exit status" in unknown.missing
 
 
 def test_leftover_processes_are_named_in_a_death():
     left = [ProcessInfo(pid=4711, stat="Sl", args="python worker"), ProcessInfo(pid=4712, stat="Z", args="")]
-    v = ended_verdict(serving_obs(process_alive=False, processes=left), 137)
+    v = ended_verdict(_gone(processes=left), 137)
     assert any("1 leftover process " in e and "4711" in e and "4712" not in e and "`/kill LAUNCH`" in said(e)
                for e in v.evidence)
     assert not any("traceback" in s for s in v.next_steps)  # a signal with a silent log: no traceback to read
-    named = ended_verdict(serving_obs(process_alive=False, processes=left), 137, 7)
+    named = ended_verdict(_gone(processes=left), 137, 7)
     assert any("`/kill 7` stops them" in said(e) for e in named.evidence)
 
 

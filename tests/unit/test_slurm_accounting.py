@@ -23,8 +23,8 @@ NO_ACCOUNTING = CommandResult(1, b"", b"Slurm accounting storage is disabled\n",
 @pytest.mark.parametrize(("job_id", "verdict", "words"), [
     ("4711", "time_limit", "Slurm ended the job at its time limit of 12:00:00: Slurm says TIMEOUT, exit code 0"),
     ("4712", "cancelled", "the job was cancelled (scancel): Slurm says CANCELLED, exit code 0, signal 15"),
-    ("4713", "oom", "Slurm killed it for using more memory than it was allocated: Slurm says OUT_OF_MEMORY, "
-                    "exit code 0, signal 125"),
+    ("4713", "host_oom", "Slurm killed it for using more host memory than it was allocated: Slurm says "
+                         "OUT_OF_MEMORY, exit code 0, signal 125"),
     ("4714", "exited", "the job ended by itself with exit code 0: Slurm says COMPLETED, exit code 0"),  # its last run
 ])
 def test_a_forgotten_job_gets_the_verdict_its_accounting_gives(job_id, verdict, words):

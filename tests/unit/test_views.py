@@ -387,6 +387,21 @@ def test_alert_steps_the_bot_can_take_are_buttons():
     assert any("*Stack dump*" in s for s in v["next_steps"]) and "Relaunch it." in v["next_steps"]
 
 
+def test_an_alert_says_how_sure_it_is_and_what_would_decide():
+    guess = Verdict("loading", "weight_loading", ["`Loading safetensors checkpoint shards:  40%`"], [],
+                    "Loading weights.", confidence="low", runner_up="silent_hang in weight_loading",
+                    missing="is the log still growing?")
+    msg = RENDERER.render("alert", **alert_view(a_launch(), guess, elapsed_s=60.0, phases=[]))
+    line = "How sure: confidence low; runner-up silent_hang in weight_loading; would decide: is the log still growing?"
+    assert msg.text.splitlines()[2] == line, msg.text
+    assert any(b["type"] == "context" and "runner-up silent_hang in weight_loading" in str(b) for b in msg.blocks)
+    sure = dataclasses.replace(guess, confidence="high", runner_up=None, missing=None)
+    text = RENDERER.render("alert", **alert_view(a_launch(), sure, elapsed_s=60.0, phases=[])).text
+    assert "How sure: confidence high\n" in text and "runner-up" not in text
+    ready = Verdict("ready", "ready", ["`GET /health 200`"], [], "Serving.", confidence="high")
+    assert "How sure" not in RENDERER.render("alert", **alert_view(a_launch(), ready, elapsed_s=9, phases=[])).text
+
+
 def test_ready_alert_has_phases_and_no_buttons():
     ready = Verdict("ready", "ready", ["`GET /health 200`"], [], "Serving.")
     v = alert_view(a_launch(), ready, elapsed_s=95.0, phases=[("weight_loading", 60.0), ("warmup", 30.0)])

@@ -35,6 +35,7 @@ Import the public names from here, `bot.core.diagnose`.
 from bot.core.diagnose.evidence import nccl_in_play
 from bot.core.diagnose.logscan import LineMemo, LogScan, line_facts, scan_log
 from bot.core.diagnose.observation import (
+    CPU_PROGRESS_CORES,
     HEALTH_STATES,
     PHASES,
     VERDICTS,
@@ -43,9 +44,9 @@ from bot.core.diagnose.observation import (
     Observation,
     ShmSegment,
     Verdict,
+    cpu_progress,
 )
 from bot.core.diagnose.rules import (
-    CPU_PROGRESS_CORES,
     GENERATION_STUCK,
     STALLED_STATS_LINES,
     diagnose,
@@ -70,6 +71,7 @@ __all__ = [
     "ShmSegment",
     "Signatures",
     "Verdict",
+    "cpu_progress",
     "diagnose",
     "format_verdict",
     "line_facts",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _traceback_end
 from bot.core.diagnose.observation import Observation
 from bot.core.diagnose.signatures import Signatures
+from bot.core.exits import describe_exit, exit_signal
 from bot.core.models import GpuReading, ProcessInfo
 from bot.core.text import counted
 
@@ -293,7 +294,8 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
     if obs.process_alive is not None:
         ev.add(f"launch process alive: {'yes' if obs.process_alive else 'no'}")
     if obs.exit_code is not None:
-        ev.add(f"exit status: {obs.exit_code}")
+        signalled = exit_signal(obs.exit_code) is not None
+        ev.add(f"exit status: {obs.exit_code}" + (f" ({describe_exit(obs.exit_code)})" if signalled else ""))
     procs = obs.processes
     if not procs:
         return

@@ -5,6 +5,7 @@ Also the vocabularies: VERDICTS, PHASES and HEALTH_STATES. Plain dataclasses; no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from bot.core.stackdump import ProcessDump
 
 __all__ = [
     "CONFIDENCES",
+    "CPU_PROGRESS_CORES",
     "HEALTH_STATES",
     "PHASES",
     "VERDICTS",
@@ -21,6 +23,7 @@ __all__ = [
     "Observation",
     "ShmSegment",
     "Verdict",
+    "cpu_progress",
 ]
 
 VERDICTS: tuple[str, ...] = (
@@ -160,6 +163,24 @@ class Observation:
     policy_grace_s: dict[str, float] | None = None
     policy_silence_after_s: float | None = None
     notes: list[str] = field(default_factory=list)
+
+
+#: A launch whose processes together use more than this many cores between two looks is working (cpu_progress).
+CPU_PROGRESS_CORES = 0.1
+
+
+def cpu_progress(deltas: Sequence[float], seconds: float | None) -> bool | None:
+    """Whether the CPU time a launch's processes gained between two looks (`deltas`: seconds per process seen in
+    both) is work: a rate above CPU_PROGRESS_CORES over the `seconds` between the looks, with more than one second
+    gained by one process (ps TIME ticks in whole seconds: a tick or two is a polling thread); without the seconds,
+    more than 2 s in all. None when no process was seen in both looks. One rule for the watcher, a bundle's two
+    probes and diagnose's history."""
+    if not deltas:
+        return None
+    total = sum(max(0.0, d) for d in deltas)
+    if seconds is None or not seconds > 0:
+        return total > 2
+    return total / seconds > CPU_PROGRESS_CORES and max(deltas) > 1
 
 
 CONFIDENCES: tuple[str, ...] = ("high", "medium", "low")

@@ -38,18 +38,14 @@ from bot.core.diagnose.evidence import (
 )
 from bot.core.diagnose.logscan import _FRAME_RE, LineMemo, LogScan, _Hit, _traceback_end, scan_log
 from bot.core.diagnose.meaning import named_phase
-from bot.core.diagnose.observation import Observation, Verdict
+from bot.core.diagnose.observation import Observation, Verdict, cpu_progress
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
-from bot.core.diagnose.stacks import with_stacks
+from bot.core.diagnose.stacks import stack_activity, with_stacks
+from bot.core.exits import describe_exit, exit_signal
 from bot.core.models import ProcessInfo
 from bot.core.text import counted
 
 __all__ = ["diagnose", "format_verdict"]
-
-
-#: A launch whose processes together use more than this many cores between two looks is working (the same rate
-#: as the watcher's, bot.core.observe).
-CPU_PROGRESS_CORES = 0.1
 
 
 def _finite(x: Any) -> float | None:
@@ -81,12 +77,7 @@ def _with_trends(obs: Observation, history: Sequence[Observation], sig: Signatur
         deltas = [p.cpu_time_s - before_cpu[p.pid] for p in obs.processes
                   if p.cpu_time_s is not None and p.pid in before_cpu]
         if deltas:
-            # ps TIME ticks in whole seconds: a tick or two is a polling thread, not work; with both looks'
-            # ages known, a rate of more than CPU_PROGRESS_CORES of a core counts
-            dt = (obs.elapsed_s or 0.0) - (prev.elapsed_s or 0.0)
-            total = sum(max(0, d) for d in deltas)
-            changes["cpu_time_growing"] = (total / dt > CPU_PROGRESS_CORES and max(deltas) > 1) if dt > 0 \
-                else total > 2
+            changes["cpu_time_growing"] = cpu_progress(deltas, (obs.elapsed_s or 0.0) - (prev.elapsed_s or 0.0))
     if obs.progress_advancing is None and obs.log_lines and prev.log_lines:
         now_p = [p for p in scan_log(obs.log_lines, sig).progress if p.done is not None]
         before_p = [p for p in scan_log(prev.log_lines, sig).progress if p.done is not None]
@@ -508,10 +499,18 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
         phase = implied[0] if implied else None
     if phase is None and hinted is not None and (after is None or _later(hinted, after, scan)):
         phase, phase_line = hinted, hint_line
+    if root is not None and root.frame_phase is not None and (phase or after) is not None \
+            and _later(root.frame_phase, phase or after or "", scan):
+        # frames (by their files alone) in a step after the last milestone: the launch got there without saying so
+        phase, phase_line = root.frame_phase, None
+        if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
+            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
     if phase is None and root is not None:
         phase, phase_line = _context_phase(f, root, scan, obs_alive)
-    if f.kind == "port_in_use" and phase == "serving":
-        phase = None  # a failed bind: the server never listened there, whatever readiness line came first
+    if f.kind == "port_in_use" and phase != "comm_init":
+        # a failed bind is a rendezvous's (comm_init) or the server's own port, which it binds once start-up is
+        # done: no start-up step failed, and it never listened there, whatever readiness line came first
+        phase = None
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
         ev.add(f"{phase} (log line {phase_line + 1}): `{_q(scan.lines[phase_line])}`")
     return phase
@@ -542,6 +541,10 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     where = f" during {phase}" if phase else ""
     quote = _said(root, scan, sig) if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")
     summary = f"{_FAILURE_LABEL[f.kind]}{where}{f.how}."
+    if root is None and obs.exit_code is not None:  # an exit status decided: it comes first
+        ev = _led_by(ev, _exit_line(obs.exit_code))
+        if not f.dmesg_oom and f.kind == "crashed":
+            return _exit_only(obs, scan, sig, ev, phase)
     if quote:
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
     if root is not None and root.echo and first is not None and first is not root:
@@ -550,6 +553,33 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
                             quote])
     return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text, **_failure_sureness(f, obs))
+
+
+def _exit_line(rc: int) -> str:
+    """`the process ended: killed by signal 9 (SIGKILL) (exit status 137)`, or `...: exit status 1`."""
+    return f"the process ended: {describe_exit(rc)}" + (f" (exit status {rc})" if exit_signal(rc) is not None else "")
+
+
+def _led_by(ev: _Ev, line: str) -> _Ev:
+    """`ev` with `line` first."""
+    out = _Ev()
+    out.add(line)
+    for item in ev.items:
+        out.add(item)
+    return out
+
+
+def _exit_only(obs: Observation, scan: LogScan, sig: Signatures, ev: _Ev, phase: str | None) -> Verdict:
+    """`crashed` by an exit status alone (no error in the log): the status said first; for a signal, who or what sent
+    it is the question (the steps of a stop), else the steps of a crash without a traceback to read."""
+    rc = obs.exit_code if obs.exit_code is not None else 1
+    how = describe_exit(rc)
+    where = f" during {phase}" if phase else ""
+    summary = (f"The process was {how}{where}, and the log shows no error before it." if exit_signal(rc) is not None
+               else f"The process ended with {how}{where}, and the log shows no error before it.")
+    v = _verdict(sig, "crashed", phase, ev, summary, obs, scan, confidence="medium")
+    steps = _steps(sig, "exited" if exit_signal(rc) is not None else "crashed", phase, "", scan.engines)
+    return replace(v, next_steps=[x for x in steps if "traceback" not in x])
 
 
 def _stall_reported(f: _Failure, scan: LogScan, sig: Signatures) -> int | None:
@@ -988,6 +1018,8 @@ def _ended_rule(c: _Case) -> Verdict | None:
             "it exited with status 0." if obs.exit_code == 0 else "the log shows it shutting down."
         )
         return _verdict(c.sig, "exited", "shutdown", ev, summary, obs, scan, confidence="high")
+    ev.add("the process is gone and no exit status was recorded (whatever started it was stopped too, or the host "
+           "restarted)")
     summary = (
         "The launch's process is gone, but neither the log nor the host evidence says why "
         "(no error, no shutdown line, no exit status)."
@@ -1084,6 +1116,15 @@ def _serving_rule(c: _Case) -> Verdict | None:
         summary = f"The port listens but the API does not answer (health probe: {health}): the API process is wedged."
         return _verdict(sig, "silent_hang", "serving", _Ev(), summary, obs, scan, confidence="medium",
                         runner_up="unhealthy")
+    if obs.port_open is True and health is not None and health.startswith("http_5") and ready_line is not None \
+            and obs.process_alive is not False:
+        # it said it was ready; an error status since is no start-up any more (the watcher needs a few in a row)
+        ev = _Ev()
+        ev.add(f"readiness line: `{_q(ready_line)}`")
+        summary = (f"It said it was ready, but its health endpoint now answers HTTP {health.removeprefix('http_')}: "
+                   "the server runs and reports itself unhealthy.")
+        return _verdict(sig, "unhealthy", "serving", ev, summary, obs, scan, confidence="medium",
+                        runner_up="loading in warmup")
     return None
 
 
@@ -1126,7 +1167,12 @@ def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
     if obs.progress_advancing:
         progress.append("a progress counter advanced since the previous look")
     if obs.cpu_time_growing:  # above a rate (the watcher's, or _with_trends'), never a tick of a polling thread
-        progress.append("the launch's CPU time is growing")
+        activity = stack_activity(obs.rank_stacks, c.sig)
+        if activity is None:
+            progress.append("the launch's CPU time is growing")
+        elif activity[0] == "working":
+            progress.append(f"the launch's CPU time is growing, and its stacks show it working: `{activity[1]}`")
+        # a busy-wait (a synchronize, a collective) burns CPU without moving: no progress (said by the hang's evidence)
     computing = [g for g in obs.gpus or [] if (_gpu_state(g) or "").startswith("computing")]
     if computing:
         progress.append(f"{counted(len(computing), 'GPU')} {'is' if len(computing) == 1 else 'are'} computing "
@@ -1184,6 +1230,9 @@ def _starting_rule(c: _Case) -> Verdict:
         return _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="high")
     if silence is not None and silence >= threshold:  # silence that reaches the grace period
         ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
+        activity = stack_activity(obs.rank_stacks, sig) if obs.cpu_time_growing else None
+        if activity is not None and activity[0] == "waiting":
+            ev.add(f"its CPU time grows, but its stacks show a busy-wait in `{activity[1]}`: spinning, not progress")
         if obs.log_growing and scan.heartbeats:
             ev.add("the log still grows, but only with heartbeat lines")
         return _verdict(sig, "silent_hang", phase, ev, _hang_summary(c, silence, where, grace_text), obs, scan,

@@ -172,6 +172,8 @@ class Signatures:
     wait_frames: re.Pattern[str] = re.compile(r"(?!)")  # functions that only wait on other processes
     loop_frames: re.Pattern[str] = re.compile(r"(?!)")  # an engine's per-batch loops (warm-up requests run them too)
     xid: dict[int, str] = field(default_factory=dict)  # NVIDIA Xid code -> verdict (gpu_lost, cuda_error)
+    stack_waits: re.Pattern[str] = re.compile(r"(?!)")  # frames of a busy-wait (synchronize, collectives, barriers)
+    stack_work: re.Pattern[str] = re.compile(r"(?!)")  # frames of work (compiling, autotuning, loading)
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -334,6 +336,8 @@ def load_signatures(text: str | None = None) -> Signatures:
         wait_frames=regex("wait_frames", r"(?!)"),
         loop_frames=regex("loop_frames", r"(?!)"),
         xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
+        stack_waits=regex("stack_waits", r"(?!)"),
+        stack_work=regex("stack_work", r"(?!)"),
         **{k: generic(k) for k in _GENERIC_GROUPS},
         **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))

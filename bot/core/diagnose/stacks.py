@@ -16,7 +16,7 @@ from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.stackdump import ProcessDump, ThreadDump, frame_text
 from bot.core.stackgroups import CrossRankSummary, summarize_ranks
 
-__all__ = ["STACK_EVIDENCE_PREFIX", "with_stacks"]
+__all__ = ["STACK_EVIDENCE_PREFIX", "stack_activity", "stack_phase", "with_stacks"]
 
 STACK_EVIDENCE_PREFIX = "stacks (py-spy"
 """How the stack evidence line starts: `stacks (py-spy, 2 ranks): TP1 is in ... while TP0 waits in ...`."""
@@ -65,6 +65,31 @@ def _main_thread(dump: ProcessDump) -> ThreadDump | None:
     threads = dump.threads
     return (next((t for t in threads if t.name == "MainThread"), None)
             or next((t for t in threads if t.active), None) or (threads[0] if threads else None))
+
+
+def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
+                   sig: Signatures | None = None) -> tuple[str, str] | None:
+    """What the ranks' main threads do, by their innermost telling frame: ("waiting", frame) when every dumped rank is
+    in a busy-wait (a synchronize, a collective, a barrier: CPU time there is no progress), ("working", frame) when
+    one compiles, autotunes or loads (CPU time there is progress); None when no rank was dumped or none says
+    (signatures.yaml `stack_waits`, `stack_work`)."""
+    sig = sig or SIGNATURES
+    seen: list[tuple[str, str]] = []
+    for _, d in ranks or []:
+        t = _main_thread(d) if d.ok else None
+        if t is None:
+            continue
+        for f in t.frames:  # innermost first
+            if sig.stack_work.search(f.name):
+                seen.append(("working", frame_text(f)))
+                break
+            if sig.stack_waits.search(f.name):
+                seen.append(("waiting", frame_text(f)))
+                break
+    if not seen:
+        return None
+    working = [x for x in seen if x[0] == "working"]
+    return working[0] if working else seen[0]
 
 
 def stack_phase(ranks: list[tuple[str, ProcessDump]], sig: Signatures) -> str | None:
