@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,16 @@ class ThreadDump:
     def state(self) -> str:
         """'active', 'idle', with '+gil' when the thread holds the GIL (py-spy's own wording)."""
         return ("active" if self.active else "idle") + ("+gil" if self.owns_gil else "")
+
+
+def telling_thread(threads: Sequence[ThreadDump]) -> ThreadDump | None:
+    """The thread that shows what a process does: its main thread while that one runs (py-spy's `active`), else the
+    first thread that runs (an engine whose model runs in a worker thread, its main thread joined on it), else the
+    main thread, else the first; None for no threads."""
+    main = next((t for t in threads if t.name == "MainThread"), None)
+    if main is not None and main.active:
+        return main
+    return next((t for t in threads if t.active), None) or main or (threads[0] if threads else None)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bot.core.stackdump import Frame, ProcessDump, ThreadDump
+from bot.core.stackdump import Frame, ProcessDump, telling_thread
 
 __all__ = [
     "FRAME_RULES",
@@ -138,16 +138,12 @@ class CrossRankSummary:
     line: str
 
 
-def _main_thread(threads: list[ThreadDump]) -> ThreadDump | None:
-    return next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
-
-
 def rank_place(label: str, dump: ProcessDump) -> RankPlace:
     """Where rank `label` is, from its dump: the frame of its main thread matched by the first FRAME_RULES entry
     that matches any of its frames (innermost first within a rule), else its innermost frame."""
     if not dump.ok:
         return RankPlace(label, error=dump.error or "not dumped")
-    main = _main_thread(dump.threads)
+    main = telling_thread(dump.threads)
     gil = any(t.owns_gil for t in dump.threads)
     if main is None or not main.frames:
         return RankPlace(label, gil=gil)

@@ -14,7 +14,6 @@ as the recorded stacks of tests/unit/test_busy_stacks.py. Reuses the stack of te
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -44,7 +43,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(420), pytest.mark.skipif(test
 
 #: The graph capture's grace in these tests (seconds); the checks run every POLICY.interval_s (1 s).
 CAPTURE_GRACE_S = 15.0
-BUSY_POLICY = dataclasses.replace(POLICY, phase_grace_s={**POLICY.phase_grace_s, "cuda_graph_capture": CAPTURE_GRACE_S})
+BUSY_POLICY = POLICY.model_copy(
+    update={"phase_grace_s": {**POLICY.phase_grace_s, "cuda_graph_capture": CAPTURE_GRACE_S}})
 
 
 def _out_dir() -> Path | None:

@@ -488,7 +488,7 @@ async def status_round(stack, stage: str, workers: set[int], problems: list[str]
             nref = n_gpu["procs"].get(pid)
             if nref is not None:
                 expect(close(mib, nref), f"{host}: pid {pid} {mib} MiB vs NVML {nref:.0f}")
-    expect(text.count("[torch#1]") == len(smi_pids), "gpu-host-1 labels each worker [torch#1]")
+    expect(text.count("[torch#1 ") == len(smi_pids), "gpu-host-1 labels each worker [torch#1 by ...]")
     # the two backends, side by side
     a, b = fig["hosts"].get("local-nvml"), fig["hosts"].get("local-smi")
     if a and b:

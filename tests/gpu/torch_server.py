@@ -296,7 +296,7 @@ def launcher(args: argparse.Namespace) -> int:
                     if o.poll() is None:
                         o.terminate()
                 return 1
-        if args.mode in ("ready", "nccl_ready") and not serving and \
+        if args.mode in ("ready", "nccl_ready", "compile_silent") and not serving and \
                 len(os.listdir(ready_dir)) >= (1 if args.single else args.workers):
             Health.ready_dir, Health.workers = ready_dir, (1 if args.single else args.workers)
             srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Health)

@@ -58,7 +58,7 @@ IMPORT_WARNINGS = [
 ]
 
 HEARTBEAT = (
-    "(APIServer pid=1) DEBUG 08-09 20:{m:02d}:{s:02d} [v1/engine/utils.py:1262] "
+    "(APIServer pid=1) DEBUG 08-09 {h:02d}:{m:02d}:{s:02d} [v1/engine/utils.py:1262] "
     "Waiting for 1 local, 0 remote core engine proc(s) to start."
 )
 
@@ -66,8 +66,8 @@ HEARTBEAT = (
 def _heartbeats(n: int, start_min: int = 55) -> list[str]:
     out = []
     for k in range(n):
-        t = k * 10
-        out.append(HEARTBEAT.format(m=start_min + t // 60, s=t % 60))
+        t = 20 * 3600 + start_min * 60 + k * 10  # every 10 s from 20:55:00, past the hour as a clock goes
+        out.append(HEARTBEAT.format(h=t // 3600, m=t // 60 % 60, s=t % 60))
     return out
 
 

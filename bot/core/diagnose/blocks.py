@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 
 from bot.core.diagnose.evidence import _q, _q_at
-from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit, _timestamp
+from bot.core.diagnose.logscan import _FRAME_RE, LogScan, _Hit
 from bot.core.diagnose.signatures import Signatures
+from bot.core.diagnose.timeline import stamp
 
 __all__ = ["DECISIVE_QUOTE_MAX", "block_heads", "hinted_phase", "is_error_part", "quote_hit"]
 
@@ -44,7 +45,7 @@ def is_error_part(line: str, sig: Signatures, event: tuple[str, float] | None = 
     body = line.strip()
     if not body:
         return False
-    if event is not None and _timestamp(line) == event:
+    if event is not None and stamp(line) == event:
         return True
     return bool(sig.error_severity.search(line) or _FRAME_RE.search(line)
                 or "Traceback (most recent call last)" in line or sig.exception_line.search(line)
@@ -78,7 +79,7 @@ def block_heads(scan: LogScan, i: int, sig: Signatures, limit: int = 2) -> list[
     """The message lines (not frames or code) of the multi-line error block around line `i`, other than line
     `i` itself: the head that says what failed ("EngineCore failed to start.", "Engine background task
     failed") when the decisive line is deeper in the block. At most `limit`, in log order."""
-    event = _timestamp(scan.lines[i])
+    event = stamp(scan.lines[i])
     lo = i
     while lo > 0 and i - lo < 80 and is_error_part(scan.lines[lo - 1], sig, event):
         lo -= 1
@@ -101,7 +102,7 @@ def hinted_phase(scan: LogScan, i: int, sig: Signatures) -> tuple[str | None, in
     """The phase the failure at line `i` names by meaning (signatures.yaml `phase_hints`): its own line, then its
     traceback (the lines after it, innermost frame first), then the lines just before it (a traceback that ends
     in it). Returns (phase, the line that names it), (None, None) when nothing says."""
-    event = _timestamp(scan.lines[i])
+    event = stamp(scan.lines[i])
     after = _block_after(scan, i, sig, event, 120)  # its own block only: the traceback(s) that follow
     before = []
     for j in range(i - 1, max(-1, i - 40), -1):  # the traceback that ends in it, nearest first

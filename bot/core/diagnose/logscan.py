@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from bot.core.diagnose.errors import ErrorBlock, error_blocks
 from bot.core.diagnose.lines import MAX_LINE, LogLine, normalise
 from bot.core.diagnose.meaning import STOP_SIGNALS, block_family, frame_phase, is_echo
-from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat
-from bot.core.diagnose.timeline import timeline
+from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat, all_in, found_in
+from bot.core.diagnose.timeline import stamp, timeline
 from bot.core.parse.log import strip_control
 
 __all__ = ["LineMemo", "LogScan", "line_facts", "newest_meaningful", "scan_log"]
@@ -111,25 +111,8 @@ class LogScan:
         return any(len(ps) > 1 and ps[-1].done > ps[0].done for ps in by_label.values())  # type: ignore[operator]
 
 
-_TS_FULL = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)")
-_TS_MD = re.compile(r"(?<![\d-])(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
-_TS_HMS = re.compile(r"\[(\d\d):(\d\d):(\d\d)[\] .,]")
 _FRAME_RE = re.compile(r'\bFile "([^"]+)", line (\d+)(?:, in (\S+))?')
 _DIGITS_RE = re.compile(r"\d+(?:\.\d+)?")
-
-
-def _timestamp(line: str) -> tuple[str, float] | None:
-    """(format, seconds) of the first timestamp in a log line, comparable only within one format."""
-    if m := _TS_FULL.search(line):
-        y, mo, d, h, mi, s = (int(x) for x in m.groups())
-        return "full", ((y * 12 + mo) * 31 + d) * 86400.0 + h * 3600 + mi * 60 + s
-    if m := _TS_MD.search(line):
-        mo, d, h, mi, s = (int(x) for x in m.groups())
-        return "md", (mo * 31 + d) * 86400.0 + h * 3600 + mi * 60 + s
-    if m := _TS_HMS.search(line):
-        h, mi, s = (int(x) for x in m.groups())
-        return "hms", h * 3600.0 + mi * 60 + s
-    return None
 
 
 def _rank(line: str, sig: Signatures) -> str | None:
@@ -252,7 +235,7 @@ class _Facts:
     hit: tuple[str, bool, str | None] | None  # (kind, echo, phase) of its failure signature
     context: tuple[str, ...]
     markers: tuple[_Pat, ...]  # every engine's phase markers on it
-    lexicon: tuple[_Pat, ...]  # the start-up steps in any engine's words (only on a line no marker matched)
+    lexicon: tuple[_Pat, ...]  # the start-up steps in any engine's words (a line no marker, error or warning is)
     counter: tuple[int, int] | bool | None  # a progress counter (done, total); True: one that did not parse
     counter_start: int
     progress_generic: bool
@@ -263,7 +246,6 @@ class _Facts:
     shutdown: bool
     heartbeat: bool
     severe: bool  # error severity
-    warning: bool
     ts: tuple[str, float] | None
     hang: bool  # the engine's own stall detector reporting (signatures.yaml `hang_report`)
 
@@ -291,32 +273,34 @@ def _line_facts(line: str, sig: Signatures) -> _Facts:
             parsed = (int(counter.group("done")), int(counter.group("total")))
         except (IndexError, ValueError):
             parsed = True
-    markers = tuple(p for g in sig.markers.values() for p in g.all(line))
+    markers = tuple(all_in(sig.markers, line))
     severe = bool(sig.error_severity.search(line))
-    warning = bool(sig.warning_severity.search(line))
+    # a phase word of the lexicon counts only on a line that is no marker, no error and no warning (asked last: few
+    # lines hold one)
+    lexicon = tuple(sig.lexicon.all(line)) if not markers and not severe else _NO_PATS
+    warning = bool(lexicon) and bool(sig.warning_severity.search(line))
     return _Facts(
         run_start=sig.run_start.first(line) is not None,
-        detect=frozenset(n for n, g in sig.detect.items() if g.first(line)),
+        detect=frozenset(found_in(sig.detect, line)),
         completion=sig.completion.first(line) is not None,
         benign=any(p.next_re is None for p in benign_all),
         benign_next=tuple(p.next_re for p in benign_all if p.next_re is not None),
         rank=_rank(line, sig),
         hit=(hit.kind, hit.echo, hit.phase) if hit is not None else None,
-        context=tuple(k for k, g in sig.context.items() if g.first(line)),
+        context=found_in(sig.context, line),
         markers=markers,
-        lexicon=tuple(sig.lexicon.all(line)) if not markers and not severe and not warning else _NO_PATS,
+        lexicon=lexicon if not warning else _NO_PATS,
         counter=parsed,
         counter_start=counter.start() if counter else -1,
         progress_generic=sig.progress_generic.first(line) is not None,
-        ready=frozenset(n for n, g in sig.ready.items() if g.pats and g.first(line)),
+        ready=frozenset(found_in(sig.ready, line)),
         request=sig.request_line.first(line) is not None,
         exit_event=sig.exit_events.first(line) is not None,
         stop=sig.stop_requested.first(line) is not None,
         shutdown=sig.shutdown.first(line) is not None,
         heartbeat=sig.heartbeat.first(line) is not None,
         severe=severe,
-        warning=warning,
-        ts=_timestamp(line),
+        ts=stamp(line),
         hang=sig.hang_report.first(line) is not None,
     )
 

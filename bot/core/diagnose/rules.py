@@ -279,23 +279,8 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
             ev.add(f"later echo of it (not the cause): `{_q(later_echo[0].line)}`")
     elif root is not None and root.echo and first is not None and first is not root:
         ev.add("the watchdog timeout is an echo: the first failure above is the likely cause")
-    if root is not None:  # what it led to: the launcher's or the other ranks' words for it, first and last
-        errs = {h.index for h in hits} | {i for i in range(root.index + 1, len(scan.lines))
-                                          if i < len(scan.norm) and scan.norm[i].level in ("ERROR", "CRITICAL")}
-        said_root = _NUMBERS.sub("#", root.line.strip())
-        after = [i for i in sorted(errs) if i > root.index and not ev.quotes(scan.lines[i])
-                 and not _FRAME_RE.search(scan.lines[i]) and "Traceback (most recent call last)" not in scan.lines[i]
-                 and len((scan.norm[i].body if i < len(scan.norm) else scan.lines[i]).strip()) > 12
-                 and _NUMBERS.sub("#", scan.lines[i].strip()) != said_root]
-        seen: set[str] = set()
-        distinct = []
-        for i in after:
-            key = _NUMBERS.sub("#", scan.norm[i].body.strip() if i < len(scan.norm) else scan.lines[i])
-            if key not in seen:
-                seen.add(key)
-                distinct.append(i)
-        for i in [*distinct[:2], *distinct[2:][-1:]]:
-            ev.add(f"then (log line {i + 1}): `{_q(scan.lines[i])}`")
+    if root is not None:
+        _consequences(ev, root, hits, scan)
     _message_context(ev, root, scan)
     for i in [i for i in scan.context.get(f.kind, []) if not ev.quotes(scan.lines[i])][:2]:
         ev.add(f"context: `{_q(scan.lines[i])}`")
@@ -308,6 +293,28 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
 
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _consequences(ev: _Ev, root: _Hit, hits: list[_Hit], scan: LogScan) -> None:
+    """What the decisive failure led to: the launcher's or the other ranks' error lines after it (failure hits and
+    ERROR-level lines, neither frames nor headers nor its own words again), the first two and the last, as `then`."""
+    errs = {h.index for h in hits} | {i for i in range(root.index + 1, len(scan.lines))
+                                      if i < len(scan.norm) and scan.norm[i].level in ("ERROR", "CRITICAL")}
+    said_root = _NUMBERS.sub("#", root.line.strip())
+    after = [i for i in sorted(errs) if i > root.index and not ev.quotes(scan.lines[i])
+             and not _FRAME_RE.search(scan.lines[i]) and "Traceback (most recent call last)" not in scan.lines[i]
+             and len((scan.norm[i].body if i < len(scan.norm) else scan.lines[i]).strip()) > 12
+             and _NUMBERS.sub("#", scan.lines[i].strip()) != said_root]
+    seen: set[str] = set()
+    distinct = []
+    for i in after:
+        key = _NUMBERS.sub("#", scan.norm[i].body.strip() if i < len(scan.norm) else scan.lines[i])
+        if key not in seen:
+            seen.add(key)
+            distinct.append(i)
+    for i in [*distinct[:2], *distinct[2:][-1:]]:
+        ev.add(f"then (log line {i + 1}): `{_q(scan.lines[i])}`")
+
 
 
 def _frame_quote(i: int, scan: LogScan) -> str:

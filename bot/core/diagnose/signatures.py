@@ -54,17 +54,21 @@ class _Group:
         self._index: KeywordIndex | None = None
         self._position: dict[int, int] = {}
         self._by_ids: dict[frozenset[int], list[_Pat]] = {}
+        self._keys: frozenset[int] = frozenset()
 
     def indexed(self, index: KeywordIndex, keys: list[int]) -> None:
         """Use `index` (of the whole signature set), in which this group's patterns are `keys`."""
         self._index, self._position = index, {k: i for i, k in enumerate(keys)}
+        self._keys = frozenset(keys)
 
-    def _candidates(self, line: str) -> list[_Pat]:
+    def _candidates(self, line: str) -> Sequence[_Pat]:
         """This group's patterns that can match `line`, in file order (worked out once per set of candidates: lines
-        with the same keywords share it)."""
+        with the same keywords share it; most lines hold none of a group's keywords)."""
         if self._index is None:
             return self.pats
         ids = self._index.candidates(line)
+        if self._keys.isdisjoint(ids):
+            return ()
         done = self._by_ids.get(ids)
         if done is None:
             position = self._position
@@ -76,8 +80,8 @@ class _Group:
 
     def first(self, line: str) -> _Pat | None:
         """The first pattern (in file order) found in `line`, or None."""
-        if not self.pats:
-            return None
+        if not self.pats or (self._index is not None and self._keys.isdisjoint(self._index.candidates(line))):
+            return None  # most lines hold none of the group's keywords: no search at all
         for p in self._candidates(line):
             if p.regex.search(line):
                 return p
@@ -85,9 +89,40 @@ class _Group:
 
     def all(self, line: str) -> list[_Pat]:
         """Every pattern found in `line`, in file order."""
-        if not self.pats:
+        if not self.pats or (self._index is not None and self._keys.isdisjoint(self._index.candidates(line))):
             return []
         return [p for p in self._candidates(line) if p.regex.search(line)]
+
+
+def found_in(groups: Mapping[str, _Group], line: str) -> tuple[str, ...]:
+    """The names of `groups` (a set's groups by engine or kind) one of whose patterns is found in `line`, in their
+    order: the keyword index is asked once for all of them, and a group none of whose keywords the line holds is
+    skipped without a search."""
+    out: list[str] = []
+    ids: frozenset[int] | None = None
+    for name, g in groups.items():
+        if g._index is not None:
+            if ids is None:
+                ids = g._index.candidates(line)
+            if g._keys.isdisjoint(ids):
+                continue
+        if g.first(line) is not None:
+            out.append(name)
+    return tuple(out)
+
+
+def all_in(groups: Mapping[str, _Group], line: str) -> list[_Pat]:
+    """Every pattern of `groups` found in `line`, group by group (one keyword lookup, as found_in)."""
+    out: list[_Pat] = []
+    ids: frozenset[int] | None = None
+    for g in groups.values():
+        if g._index is not None:
+            if ids is None:
+                ids = g._index.candidates(line)
+            if g._keys.isdisjoint(ids):
+                continue
+        out += g.all(line)
+    return out
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from bot.core.diagnose.errors import TraceFrame
 from bot.core.diagnose.meaning import frame_phase
 from bot.core.diagnose.observation import Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
-from bot.core.stackdump import ProcessDump, ThreadDump, frame_text
+from bot.core.stackdump import ProcessDump, ThreadDump, frame_text, telling_thread
 from bot.core.stackgroups import CrossRankSummary, summarize_ranks
 
 __all__ = ["STACK_EVIDENCE_PREFIX", "stack_activity", "stack_phase", "with_stacks"]
@@ -56,15 +56,15 @@ def with_stacks(verdict: Verdict, ranks: list[tuple[str, ProcessDump]] | None,
     steps += [s for s in verdict.next_steps if "py-spy" not in s and s not in steps]
     moved = f" (so the phase is {phase}, not {verdict.phase or 'unknown'})" if phase != verdict.phase else ""
     text = f"{verdict.summary.rstrip()} Stacks: {summary.line}{moved}."
-    evidence = [*verdict.evidence[:1], line, *main_frames(ranks, sig=sig), *verdict.evidence[1:]]
+    # the silence, the stacks' summary, the hang's own next line (where start-up stopped), then the frames
+    evidence = [*verdict.evidence[:1], line, *verdict.evidence[1:2], *main_frames(ranks, sig=sig),
+                *verdict.evidence[2:]]
     return replace(verdict, phase=phase, evidence=evidence, next_steps=steps, summary=text), summary
 
 
 def _main_thread(dump: ProcessDump) -> ThreadDump | None:
-    """The thread that shows what a process does: the main thread, else the first active one, else the first."""
-    threads = dump.threads
-    return (next((t for t in threads if t.name == "MainThread"), None)
-            or next((t for t in threads if t.active), None) or (threads[0] if threads else None))
+    """The thread that shows what a process does (bot.core.stackdump.telling_thread)."""
+    return telling_thread(dump.threads)
 
 
 def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
@@ -79,13 +79,13 @@ def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
         t = _main_thread(d) if d.ok else None
         if t is None:
             continue
-        for f in t.frames:  # innermost first
-            if sig.stack_work.search(f.name):
-                seen.append(("working", frame_text(f)))
-                break
-            if sig.stack_waits.search(f.name):
-                seen.append(("waiting", frame_text(f)))
-                break
+        # work anywhere in the stack wins (a compile's autotuning synchronizes too), else the innermost wait
+        work = next((f for f in t.frames if sig.stack_work.search(f.name)), None)
+        wait = next((f for f in t.frames if sig.stack_waits.search(f.name)), None) if work is None else None
+        if work is not None:
+            seen.append(("working", frame_text(work)))
+        elif wait is not None:
+            seen.append(("waiting", frame_text(wait)))
     if not seen:
         return None
     working = [x for x in seen if x[0] == "working"]

@@ -20,6 +20,7 @@ year (`md`) went past midnight or a new year, and is carried forward. Never rais
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ _SLASH = re.compile(r"(?<!\d)(\d{4})/(\d\d)/(\d\d)(?: - |[ T])(\d\d):(\d\d):(\d\
 #: An epoch in a key=value field anywhere in the line (`timestamp=1723904002`, llama.cpp's JSON logs in logfmt).
 _KV_EPOCH = re.compile(r"(?:^|[\s,{])\"?(?:ts|time|timestamp)\"?[=:]\s?(1[5-9]\d{8})(?:\.(\d{1,9}))?\b")
 _HEAD = 80
+#: A time of day (`10:00:00`): every kind but the epoch ones has one.
+_CLOCK = re.compile(r"\d\d:\d\d:\d\d")
 
 
 def _days(y: int, m: int, d: int) -> int:
@@ -64,11 +67,26 @@ def _md(mo: int, d: int, h: int, mi: int, s: int, frac: str | None) -> float:
     return (_days(2000, mo, d) - _days(2000, 1, 1)) * 86400.0 + h * 3600 + mi * 60 + s + _frac(frac)
 
 
+def _epoch_stamp(head: str, text: str) -> tuple[str, float] | None:
+    """The clockless kinds: epoch seconds at the start or in a `ts=` field, the kernel's uptime."""
+    if m := _EPOCH.match(head):
+        return "iso", int(m.group(1)) + _frac(m.group(2))
+    if m := _UPTIME.match(head):
+        return "uptime", int(m.group(1)) + _frac(m.group(2))
+    if ("ts" in text or "time" in text) and (m := _KV_EPOCH.search(text)):
+        return "iso", int(m.group(1)) + _frac(m.group(2))
+    return None
+
+
+@functools.lru_cache(maxsize=8192)
 def stamp(text: str) -> tuple[str, float] | None:
     """(kind, seconds) of the timestamp in the first 80 characters of a line (see the module docstring), or None.
-    Impossible dates (month 13, hour 25) are no timestamp."""
+    Impossible dates (month 13, hour 25) are no timestamp. Remembers the last lines asked about (the line reader and
+    the log scanner both ask)."""
     head = text[:_HEAD]
     try:
+        if not _CLOCK.search(head):  # no time of day in the head: only the epoch kinds can be there
+            return _epoch_stamp(head, text)
         if m := _ISO.search(head):
             y, mo, d, h, mi, s = (int(x) for x in m.groups()[:6])
             if not (1 <= mo <= 12 and 1 <= d <= 31 and h < 24 and mi < 60 and s < 61):

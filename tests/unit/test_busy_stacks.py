@@ -1,0 +1,67 @@
+"""CPU time spent waiting is no progress; CPU time spent working is (issue 44), on stacks recorded on real GPUs
+(tests/fixtures/pyspy: a kernel spinning under `torch.cuda.synchronize()` during graph capture and a torch.compile,
+on an H100; a rank waiting in a gloo `all_reduce`, on an H200). A start-up silent past its grace whose processes
+still gain CPU time is a hang when its ranks' stacks wait, and still loading when they work; the rank that runs in
+a thread of its own is the one read, not the main thread that waits for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.core.diagnose import Observation, diagnose
+from bot.core.diagnose.stacks import stack_activity
+from bot.core.models import GpuReading
+from bot.core.stackdump import ProcessDump, parse_stack_json, telling_thread
+from tests.support.paths import FIXTURES
+
+PYSPY = FIXTURES / "pyspy"
+
+CAPTURE = [
+    "[2026-12-07 00:10:26 TP0] Load weight end. type=TorchFakeForCausalLM, dtype=torch.bfloat16, avail mem=77.57 GB, "
+    "mem usage=1.00 GB.",
+    "[2026-12-07 00:10:26 TP0] KV Cache is allocated. #tokens: 2048, K size: 0.25 GB, V size: 0.25 GB",
+    "[2026-12-07 00:10:26 TP0] Memory pool end. avail mem=77.07 GB",
+    "[2026-12-07 00:10:26 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=77.07 GB",
+    "Capturing batches (bs=160 avail_mem=77.07 GB):   0%|          | 0/23 [00:00<?, ?it/s]",
+]
+
+
+def _dump(name: str) -> list[tuple[str, ProcessDump]]:
+    threads = parse_stack_json((PYSPY / name).read_text())
+    assert threads, name
+    return [("TP0", ProcessDump(1, True, threads))]
+
+
+def _silent_but_busy(stacks, *, util: float) -> Observation:
+    """Past the 300 s graph-capture grace, its CPU time growing, the port closed: only the stacks can tell."""
+    return Observation(log_lines=CAPTURE, log_silent_s=400.0, process_alive=True, cpu_time_growing=True,
+                       port_open=False, rank_stacks=stacks,
+                       gpus=[GpuReading(index=0, memory_used_mib=2150.0, memory_total_mib=81559.0,
+                                        utilization_gpu_pct=util, power_draw_w=121.0, power_limit_w=700.0)])
+
+
+def test_the_thread_that_runs_is_read_not_the_main_thread_that_waits_for_it():
+    (_, dump), = _dump("h100/capture_spin-rank0.json")
+    t = telling_thread(dump.threads)
+    assert t is not None and t.name.startswith("Thread-1") and t.frames[0].name == "synchronize"
+    assert stack_activity(_dump("h100/capture_spin-rank0.json")) == (
+        "waiting", next(f"{f.name} ({f.file}:{f.line})" for f in t.frames if f.name == "synchronize"))
+
+
+@pytest.mark.parametrize(("name", "util"), [("h100/capture_spin-rank0.json", 100.0),
+                                            ("h200/allreduce_skipped-rank0.json", 0.0)])
+def test_cpu_time_in_a_synchronize_or_a_collective_is_a_hang(name, util):
+    v = diagnose(_silent_but_busy(_dump(name), util=util))
+    assert (v.verdict, v.phase) == ("silent_hang", "cuda_graph_capture"), v.summary
+    assert any("busy-wait" in e for e in v.evidence), v.evidence
+
+
+def test_cpu_time_in_a_compile_with_the_gpu_idle_is_progress():
+    stacks = _dump("h100/compile_silent-rank0.json")
+    activity = stack_activity(stacks)
+    assert activity is not None and activity[0] == "working", activity  # Inductor's compile_fx, further out
+    v = diagnose(_silent_but_busy(stacks, util=0.0))
+    assert (v.verdict, v.phase) == ("loading", "cuda_graph_capture"), v.summary
+    # the same silence without CPU time is a hang, stacks or not: the compile's CPU time is what keeps it loading
+    still = diagnose(Observation(**{**_silent_but_busy(stacks, util=0.0).__dict__, "cpu_time_growing": False}))
+    assert still.verdict == "silent_hang"
