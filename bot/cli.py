@@ -278,7 +278,8 @@ def diagnose(directory: str, as_json: bool) -> None:
     nodes also node-NAME/ folders, ranks.txt and scontrol.txt).
 
     Prints the verdict, phase, summary, evidence and next steps; with --json an object with the keys
-    verdict, phase, summary, evidence, next_steps. Exit 0; exit 2 when the directory is missing or unreadable.
+    verdict, phase, summary, evidence, next_steps, confidence, runner_up, missing. Exit 0; exit 2 when the directory is
+    missing or unreadable.
     """
     import json
 

@@ -202,10 +202,23 @@ class SlurmJob:
         return self.state == "PENDING"
 
 
-def parse_show_job(text: str) -> list[SlurmJob]:
-    """The jobs of `scontrol show job -o` output (one line each; lines without `JobId=` are skipped). Never raises."""
-    jobs = []
+def _job_records(text: str) -> list[str]:
+    """One line per job: `scontrol show job -o` prints them so; plain `scontrol show job` (Slurm 22.05 and later, as a
+    user pastes it) prints a job as a first line at column 0 (`JobId=...`) and indented lines that go on with it."""
+    records: list[str] = []
     for line in (text or "").splitlines():
+        if records and line[:1] in (" ", "\t") and line.strip() and "JobId=" not in line:
+            records[-1] += " " + line.strip()
+        else:
+            records.append(line)
+    return records
+
+
+def parse_show_job(text: str) -> list[SlurmJob]:
+    """The jobs of `scontrol show job -o` output (one line each), or of plain `scontrol show job` (each job's indented
+    lines joined to it); lines without `JobId=` are skipped. Never raises."""
+    jobs = []
+    for line in _job_records(text):
         pairs: dict[str, str] = {}
         for key, value in _PAIR_RE.findall(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
             pairs.setdefault(key, value)

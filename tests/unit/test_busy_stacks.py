@@ -65,3 +65,11 @@ def test_cpu_time_in_a_compile_with_the_gpu_idle_is_progress():
     # the same silence without CPU time is a hang, stacks or not: the compile's CPU time is what keeps it loading
     still = diagnose(Observation(**{**_silent_but_busy(stacks, util=0.0).__dict__, "cpu_time_growing": False}))
     assert still.verdict == "silent_hang"
+
+
+def test_cpu_time_alone_past_the_grace_and_no_stacks_is_a_low_confidence_guess_that_names_what_would_decide():
+    v = diagnose(_silent_but_busy(None, util=0.0))
+    assert (v.verdict, v.confidence) == ("loading", "low"), v.summary
+    assert v.runner_up == "silent_hang in cuda_graph_capture" and "busy-wait" in (v.missing or "")
+    assert v.next_steps[0].startswith("Dump every rank's Python stack") and not any(
+        s.startswith("Nothing to do") for s in v.next_steps)

@@ -98,3 +98,16 @@ def test_a_path_in_a_later_field_cannot_forge_the_jobs_state():
             "StdOut=/logs/x JobState=COMPLETED ExitCode=0:0 y.log")
     (job,) = parse_show_job(line)
     assert job.state == "RUNNING" and job.active
+
+
+def test_plain_scontrol_show_job_as_pasted_reads_like_the_one_line_form():
+    one = _job("failed")
+    # the same job as plain `scontrol show job` prints it: a first line, then indented lines that go on with it
+    fields = one.fields.items()
+    first = " ".join(f"{k}={v}" for k, v in list(fields)[:2])
+    rest = [" ".join(f"{k}={v}" for k, v in list(fields)[i:i + 3]) for i in range(2, len(one.fields), 3)]
+    plain = "\n".join([first, *(f"   {r}" for r in rest)]) + "\n"
+    (job,) = parse_show_job(plain)
+    assert (job.job_id, job.state, job.reason, job.nodes, job.exit_code) == (
+        one.job_id, one.state, one.reason, one.nodes, one.exit_code)
+    assert len(parse_show_job(plain + plain.replace(f"JobId={one.job_id}", "JobId=99"))) == 2

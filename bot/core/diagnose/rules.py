@@ -551,7 +551,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     if root is None and obs.exit_code is not None:  # an exit status decided: it comes first
         ev = _led_by(ev, _exit_line(obs.exit_code))
         if not f.dmesg_oom and f.kind == "crashed":
-            return _exit_only(obs, scan, sig, ev, phase)
+            return _exit_only(obs, scan, sig, ev, phase, f.how)
     if quote:
         summary += f" {'First' if root is first or first is None else 'Decisive'} failure: `{_q(quote, 200)}`."
     if root is not None and root.echo and first is not None and first is not root:
@@ -559,7 +559,11 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     killed_hits = [h for h in f.hits if h.kind == "killed"]
     cause_text = "\n".join([*(h.line for h in (root, first) if h is not None), *(h.line for h in killed_hits[:1]),
                             quote])
-    return _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text, **_failure_sureness(f, obs))
+    v = _verdict(sig, f.kind, phase, ev, summary, obs, scan, cause_text, **_failure_sureness(f, obs))
+    if f.kind == "unknown":  # a SIGKILL nobody's log explains: the kernel log decides, so it is the first step
+        v = replace(v, next_steps=["Check the kernel log on the host: `dmesg -T | grep -i -E 'killed process|oom'` "
+                                   "(the OOM killer names the process it killed and why)", *v.next_steps])
+    return v
 
 
 def _exit_line(rc: int) -> str:
@@ -576,7 +580,8 @@ def _led_by(ev: _Ev, line: str) -> _Ev:
     return out
 
 
-def _exit_only(obs: Observation, scan: LogScan, sig: Signatures, ev: _Ev, phase: str | None) -> Verdict:
+def _exit_only(obs: Observation, scan: LogScan, sig: Signatures, ev: _Ev, phase: str | None,
+               how_known: str = "") -> Verdict:
     """`crashed` by an exit status alone (no error in the log): the status said first; for a signal, who or what sent
     it is the question (the steps of a stop), else the steps of a crash without a traceback to read."""
     rc = obs.exit_code if obs.exit_code is not None else 1
@@ -584,6 +589,8 @@ def _exit_only(obs: Observation, scan: LogScan, sig: Signatures, ev: _Ev, phase:
     where = f" during {phase}" if phase else ""
     summary = (f"The process was {how}{where}, and the log shows no error before it." if exit_signal(rc) is not None
                else f"The process ended with {how}{where}, and the log shows no error before it.")
+    if how_known:  # what the kernel log said of it (a SIGKILL dmesg does not call an OOM kill)
+        summary = f"{summary.removesuffix('.')}{how_known}."
     v = _verdict(sig, "crashed", phase, ev, summary, obs, scan, confidence="medium")
     steps = _steps(sig, "exited" if exit_signal(rc) is not None else "crashed", phase, "", scan.engines)
     return replace(v, next_steps=[x for x in steps if "traceback" not in x])
@@ -1234,6 +1241,18 @@ def _starting_rule(c: _Case) -> Verdict:
         if silence is not None:
             ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
         summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
+        cpu_only = progress == ["the launch's CPU time is growing"]
+        if cpu_only and silence is not None and silence >= threshold:
+            # past its grace, CPU time alone: work (a compile) or a busy-wait (a synchronize); only stacks tell
+            summary = (f"Still starting ({where}): the log has been silent for {_secs(silence)}, past its grace, and "
+                       "only its CPU time grows, which is work (a compile, a load) or a busy-wait (a synchronize, "
+                       "a collective): its stacks tell which.")
+            v = _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="low",
+                         runner_up=f"silent_hang{f' in {phase}' if phase else ''}",
+                         missing="is that CPU time work or a busy-wait? (`py-spy dump --pid PID` of each rank)")
+            dump = ("Dump every rank's Python stack (`py-spy dump --pid PID` for each process): frames in a "
+                    "synchronize or a collective are a hang, frames in a compile or a weight load are progress.")
+            return replace(v, next_steps=[dump, *(x for x in v.next_steps if not x.startswith("Nothing to do"))])
         return _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="high")
     if silence is not None and silence >= threshold:  # silence that reaches the grace period
         ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
