@@ -16,8 +16,8 @@ from bot.core.bundle import observation_from_files
 from bot.core.collect import bundle_files, observed_from_probes
 from bot.core.diagnose import SIGNATURES, LineMemo, Verdict, diagnose
 from bot.core.models import GpuProcess, GpuReading, GpuSection, HealthResult, Launch, LogInfo, ProcessInfo, Snapshot
-from bot.core.parse.nvidia_smi import describe_exit
 from bot.core.observe import judge, observation_from_snapshot, own_processes
+from bot.core.parse.nvidia_smi import describe_exit
 from bot.core.stackdump import ProcessDump
 
 #: The watch policy both ways judge by (seconds of silence per phase, and when the phase is unknown).

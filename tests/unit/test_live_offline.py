@@ -45,8 +45,8 @@ LOADED = [
 
 
 #: Rows of the host's process table that are no launch's.
-HOST = [ProcessInfo(pid=1, ppid=0, pgid=1, sid=1, stat="Ss", pcpu=0.0, rss_kib=12_000, elapsed_s=900_000, cpu_time_s=300,
-                    args="/sbin/init"),
+HOST = [ProcessInfo(pid=1, ppid=0, pgid=1, sid=1, stat="Ss", pcpu=0.0, rss_kib=12_000, elapsed_s=900_000,
+                    cpu_time_s=300, args="/sbin/init"),
         ProcessInfo(pid=812, ppid=1, pgid=812, sid=812, stat="Ss", pcpu=0.0, rss_kib=8_000, elapsed_s=900_000,
                     cpu_time_s=2, args="sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups")]
 

@@ -11,6 +11,7 @@ import pytest
 
 from bot.config import WatchPolicy
 from bot.core.diagnose import Observation
+from bot.core.exits import describe_exit
 from bot.core.lifecycle import (
     EXIT_LINE_FORMAT,
     RenderedLaunch,
@@ -19,7 +20,6 @@ from bot.core.lifecycle import (
     launch_script,
     parse_launch_output,
 )
-from bot.core.exits import describe_exit
 from bot.core.models import GpuReading, Launch, ProcessInfo, Snapshot
 from bot.core.observe import is_news, judge, observation_from_snapshot
 from bot.core.records import CheckRecord
