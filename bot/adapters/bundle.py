@@ -44,8 +44,10 @@ def _read_text(path: Path, from_end: bool) -> str:
             if from_end:
                 f.seek(size - _MAX_FILE_BYTES)
             data = f.read(_MAX_FILE_BYTES)
-            if from_end:  # the window starts inside a line: its start (a secret's name?) is gone, so is the line
-                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            if from_end:  # the window starts inside a line (ended by LF, or CR alone): its start (a secret's
+                # name?) is gone, so is the line
+                ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+                data = data[min(ends) + 1:] if ends else b""
         else:
             data = f.read(_MAX_FILE_BYTES)
     return data.decode("utf-8", errors="replace")

@@ -262,7 +262,8 @@ def parse_gpu_csv(text: str) -> tuple[list[GpuReading], dict[int, str], list[str
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     data = [ln for ln in lines if _csv_cells(ln)[0].isascii() and _csv_cells(ln)[0].isdigit()
             and len(_csv_cells(ln)[0]) <= 6]  # '²'.isdigit() is True too; int() refuses it
-    errors = [ln for ln in lines if ln not in data and not ln.lower().startswith("index")]
+    in_data = set(data)
+    errors = [ln for ln in lines if ln not in in_data and not ln.lower().startswith("index")]
     has_header = any(ln.lower().startswith("index") for ln in lines)
     if has_header:
         gpus = parse_query_gpu(text)
@@ -579,9 +580,14 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
     notes: list[str] = []
     obs = Observation(notes=notes)
     obs.log_lines = _lines(texts.get("server.log"))
-    if obs.log_lines and any(EXIT_LINE_RE.match(line.strip()) for line in obs.log_lines[-50:]):
-        # gpubot's launch wrapper's own last line: its status, not the engine's words (as the watcher reads it)
-        obs.exit_code = exit_status(obs.log_lines)
+    last = next((line for line in reversed(obs.log_lines or []) if line.strip()), None)
+    if last is not None and EXIT_LINE_RE.match(last.strip()):
+        # gpubot's launch wrapper writes its status as the log's very last line, after the server ended: taken as
+        # the exit status; one anywhere else is the server's own text (it could print one), never a status, and
+        # observed.json's word on the process wins over either
+        obs.exit_code = exit_status([last])
+    if obs.log_lines and any(EXIT_LINE_RE.match(line.strip()) for line in obs.log_lines):
+        # the wrapper's words are no engine's (the watcher reads the log without them too)
         obs.log_lines = [line for line in obs.log_lines if not EXIT_LINE_RE.match(line.strip())]
     if (ps := texts.get("ps.txt")) is not None:
         obs.processes, obs.process_lines = parse_ps_text(ps)
@@ -612,6 +618,8 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
     facts = _observed(observed, notes) if observed is not None else {}
     for key, value in facts.items():
         setattr(obs, key, value)
+    if obs.process_alive is True and "exit_code" not in facts:
+        obs.exit_code = None  # a process seen alive has no exit status, whatever line its log ends with
     if stacks:
         obs.rank_stacks = _rank_stacks(stacks)
     elif (dumps := _text_stacks(texts.get("py-spy.txt") or "") or _text_stacks(texts.get("server.log") or "")):
@@ -663,5 +671,7 @@ def node_bundles(files: Mapping[str, str], mtimes: Mapping[str, float] | None = 
         own = by_node[node]
         prefix = f"{NODE_DIR_PREFIX}{node}/"
         times = {rel: mtimes[prefix + rel] for rel in own if prefix + rel in mtimes}
-        out.ranks.append((rank_of.get(node, i), node, observation_from_files(own, times)))
+        # a folder's name is the node's only in print: no control character (an escape, a new line) of it is shown
+        shown = strip_control(node).replace("\n", " ").replace("\r", " ")[:100] or "?"
+        out.ranks.append((rank_of.get(node, i), shown, observation_from_files(own, times)))
     return out

@@ -358,7 +358,7 @@ def exit_status(lines: Sequence[str]) -> int | None:
     killed too, or the host went down)."""
     for line in reversed(lines):
         m = EXIT_LINE_RE.match(line.strip())
-        if m:
+        if m and int(m.group(1)) <= 255:  # a shell's status is a byte
             return int(m.group(1))
     return None
 

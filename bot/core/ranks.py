@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from bot.core.models import Launch
+from bot.core.parse.log import strip_control
 from bot.core.slurm import SlurmJob, job_line, job_verdict, parse_show_job, pending_text
 
 if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; rendering a launch needs none of it
@@ -176,8 +177,10 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
 #: Ends that are Slurm's own doing: what the ranks' logs show then (NCCL errors, a SIGTERM) is its consequence.
 SLURM_OWN_ENDS = frozenset({"time_limit", "deadline", "node_fail", "boot_fail", "preempted", "cancelled",
                             "host_oom"})
-#: A rank's own verdict that says why a job ended (a failure its log shows), where Slurm only records an exit.
-RANK_FAILURES = frozenset({"oom", "host_oom", "cuda_error", "nccl_error", "gpu_lost", "port_in_use", "crashed"})
+#: A rank's own verdict that says why a job ended (a failure its log shows), where Slurm only records an exit: the
+#: most specific first (the other ranks see one rank's OOM as a crash of theirs or an NCCL timeout).
+RANK_FAILURE_ORDER = ("oom", "host_oom", "gpu_lost", "cuda_error", "port_in_use", "crashed", "nccl_error")
+RANK_FAILURES = frozenset(RANK_FAILURE_ORDER)
 
 
 def job_end_verdict(job: SlurmJob | None, job_id: str, looks: Sequence[NodeLook] = (),
@@ -206,7 +209,7 @@ def parse_ranks(text: str) -> dict[int, str]:
     for line in (text or "").splitlines():
         rank, _, node = line.strip().partition(" ")
         if rank.isdigit() and len(rank) <= 4 and node.strip():
-            out[int(rank)] = node.strip()[:100]
+            out[int(rank)] = strip_control(node).strip()[:100] or "?"  # shown in text: no escapes, no new lines
     return out
 
 
@@ -224,9 +227,11 @@ def weigh_bundle(verdict: Verdict, top: Observation, rank0: str, others: Sequenc
         return out
     job = jobs[0]
     if not job.active:
-        # the first rank whose own log shows a failure: rank 0 (the top level), else the lowest other rank
+        # the rank whose own log shows the most specific failure (an OOM before the crash or NCCL timeout the other
+        # ranks echo it with), the lowest rank among equals
         named = [(0, rank0, verdict), *((k, n, diagnose(o)) for k, n, o in sorted(others, key=lambda x: x[0]))]
-        failed = next((x for x in named if x[2].verdict in RANK_FAILURES), None)
+        failing = [x for x in named if x[2].verdict in RANK_FAILURES]
+        failed = min(failing, key=lambda x: (RANK_FAILURE_ORDER.index(x[2].verdict), x[0])) if failing else None
         return job_end_verdict(job, job.job_id, looks if others else [], failed)
     if job.pending:
         return Verdict("loading", None, [job_line(job)],

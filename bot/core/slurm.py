@@ -56,7 +56,16 @@ _OWN_OPTIONS = frozenset({"wrap", "output", "error", "input", "job-name", "nodes
                           "export", "export-file", "get-user-env", "test-only", "wait", "hold", "array"})
 _OPTION_RE = re.compile(r"--([a-z][a-z0-9-]{0,40})(?:=([^\x00-\x1f\x7f]{1,200}))?")
 _TIME_RE = re.compile(r"(?:(\d{1,3})-)?(?:(\d{1,2}):)?(\d{1,4})(?::(\d{1,2}))?")
-_PAIR_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|\s*$)")
+#: Where a `Key=` begins (at the start or after whitespace): a value runs to the next one (it may hold spaces).
+_KEY_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def _pairs(line: str) -> list[tuple[str, str]]:
+    """`Key=value` pairs of one `scontrol show job -o` line, in order; each value up to the next key, its trailing
+    spaces cut (one pass: linear in the line, whatever runs of spaces a job's comment holds)."""
+    keys = list(_KEY_RE.finditer(line))
+    return [(m.group(1), line[m.end():keys[i + 1].start() if i + 1 < len(keys) else len(line)].rstrip())
+            for i, m in enumerate(keys)]
 _JOB_ID_RE = re.compile(r"([0-9]{1,12})(?:;\S+)?")
 
 
@@ -220,7 +229,7 @@ def parse_show_job(text: str) -> list[SlurmJob]:
     jobs = []
     for line in _job_records(text):
         pairs: dict[str, str] = {}
-        for key, value in _PAIR_RE.findall(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
+        for key, value in _pairs(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
             pairs.setdefault(key, value)
         job_id = pairs.get("JobId", "")
         if not job_id.isdigit():

@@ -175,8 +175,12 @@ def test_history_derives_rising_gpu_memory_and_cpu_time():
     assert v.verdict == "loading"
     p0 = [ProcessInfo(pid=7, cpu_time_s=10)]
     p1 = [ProcessInfo(pid=7, cpu_time_s=90)]
+    # CPU time alone, twice past the 300 s grace: a low-confidence loading (only stacks would tell work from a
+    # busy-wait); 4 graces past it, a hang
+    v = diagnose(Observation(process_alive=True, log_silent_s=600, processes=p1), history=[Observation(processes=p0)])
+    assert (v.verdict, v.confidence) == ("loading", "low")
     v = diagnose(Observation(process_alive=True, log_silent_s=4000, processes=p1), history=[Observation(processes=p0)])
-    assert v.verdict == "loading"
+    assert v.verdict == "silent_hang"
 
 
 def test_nccl_spin_is_not_work():

@@ -315,7 +315,9 @@ def _process_evidence(ev: _Ev, obs: Observation, sig: Signatures) -> None:
     for p in dead[:3]:
         ev.add(f"defunct (zombie) process {p.pid}, its parent has not reaped it: "
                f"`{_q(obs.process_lines.get(p.pid) or p.args, 300)}`")
-    shown = sorted(procs, key=lambda p: (not _is_engine_process(p, sig), procs.index(p)))[:4]
+    engine = [_is_engine_process(p, sig) for p in procs]  # engine processes first, each group in table order
+    shown = [*(p for p, e in zip(procs, engine, strict=True) if e),
+             *(p for p, e in zip(procs, engine, strict=True) if not e)][:4]
     for p in shown:
         raw = obs.process_lines.get(p.pid)
         if raw:

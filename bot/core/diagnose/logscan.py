@@ -7,6 +7,7 @@ known-benign warnings, readiness and shutdown lines. Pure; never raises for any 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections import Counter
@@ -560,6 +561,8 @@ def _structured_failures(scan: LogScan, sig: Signatures, blocks: list[ErrorBlock
         return
     covered: set[int] = set()
     added: list[_Hit] = []
+    hits = sorted(scan.failures, key=lambda h: h.index)  # a block finds its hits by bisection: linear in blocks
+    at = [h.index for h in hits]
     for b in blocks:
         covered.update(range(b.start, b.end + 1))
         own = b.short_type
@@ -578,7 +581,8 @@ def _structured_failures(scan: LogScan, sig: Signatures, blocks: list[ErrorBlock
             continue
         if b.cut:  # no exception line: what its own message lines said (a header line that carries the error's words,
             # `Exception in worker ...: <message>, Traceback ...`) stands for it, with the frames it has
-            said = [h for h in scan.failures if b.start <= h.index <= b.end and not _is_frame_part(scan.lines[h.index])
+            inside = hits[bisect.bisect_left(at, b.start):bisect.bisect_right(at, b.end)]
+            said = [h for h in inside if not _is_frame_part(scan.lines[h.index])
                     and "Traceback (most recent call last)" not in scan.lines[h.index][:40]]
             if said:
                 for h in said:
@@ -590,13 +594,14 @@ def _structured_failures(scan: LogScan, sig: Signatures, blocks: list[ErrorBlock
         if b.kind == "signal" and kind == "crashed" and sig.killed.first(line):
             kind = "killed"
         hit = _Hit(b.line, line, kind, echo=is_echo(b, sig), block=b)
-        sig_hit = next((h for h in scan.failures if h.index == b.line), None)
+        k = bisect.bisect_left(at, b.line)
+        sig_hit = hits[k] if k < len(at) and at[k] == b.line else None
         if sig_hit is not None:
             hit.phase, hit.rank, hit.reached = sig_hit.phase, sig_hit.rank, sig_hit.reached
             hit.echo = hit.echo or (sig_hit.echo and sig_hit.kind == kind)
         else:
-            before = [h for h in scan.failures if h.index < b.start]
-            hit.reached = before[-1].reached if before else None
+            k = bisect.bisect_left(at, b.start)
+            hit.reached = hits[k - 1].reached if k else None
         _frame_of(hit, b, scan, sig)
         added.append(hit)
     kept = [h for h in scan.failures if h.index not in covered]

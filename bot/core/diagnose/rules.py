@@ -48,6 +48,10 @@ from bot.core.text import counted
 __all__ = ["diagnose", "format_verdict"]
 
 
+#: Signals a server is asked to stop by (SIGHUP, SIGINT, SIGTERM): ended by one after a stop in order, it exited.
+STOP_EXIT_SIGNALS = frozenset({1, 2, 15})
+
+
 def _finite(x: Any) -> float | None:
     """A finite, non-negative float, else None (NaN, inf, negative and non-numbers mean unknown)."""
     if isinstance(x, bool) or not isinstance(x, int | float):
@@ -56,9 +60,12 @@ def _finite(x: Any) -> float | None:
 
 
 def _sanitized(obs: Observation) -> Observation:
-    """The observation with unusable numbers (NaN, inf, negative durations) turned into None."""
+    """The observation with unusable numbers (NaN, inf, negative durations) turned into None, and a process with an
+    exit status known to have ended."""
     changes = {k: _finite(getattr(obs, k)) for k in ("log_silent_s", "elapsed_s") if getattr(obs, k) is not None}
     changes = {k: v for k, v in changes.items() if v != getattr(obs, k)}
+    if obs.exit_code is not None and obs.process_alive is None:
+        changes["process_alive"] = False  # an exit status is known only once the process has ended
     return replace(obs, **changes) if changes else obs
 
 
@@ -156,6 +163,12 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     specific = [h for h in hits if h.kind != "crashed" and not h.echo and h.kind != "gpu_lost"]
     echoes = [h for h in hits if h.echo]
     generic = [h for h in hits if h.kind == "crashed"]
+    if obs.exit_code == 0 and not specific and not echoes and generic and not dmesg_oom:
+        return None  # an error it caught and logged: the program went on to end with status 0
+    if alive is True and obs.health == "ok" and not specific and not echoes and generic and not dmesg_oom:
+        # a request's error while the server runs and its health endpoint answers: it served on (the watcher
+        # says the same: only OOM, CUDA, NCCL and lost-GPU errors are news while a server answers)
+        return None
     if alive is True and not specific and not echoes and generic:
         # a survived error: the run went on (new phase, progress or readiness line after it)
         later = [i for i in [*scan.ready, *(p.index for p in scan.progress)] if i > generic[-1].index]
@@ -167,7 +180,8 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
         # the engine got past them: a later start-up step began after the last failure (an allocation retried
         # with a smaller setting), its process is alive and its port listens
         return None
-    if hits and alive is not False and scan.ready and scan.ready[-1] > hits[-1].index and not dmesg_oom:
+    if hits and (alive is not False or obs.exit_code == 0 or scan.ending is not None) and scan.ready \
+            and scan.ready[-1] > hits[-1].index and not dmesg_oom:
         # every failure came before a readiness line: the engine survived them (a caught allocation failure
         # retried with a smaller setting, a failed warm-up probe) and went on to serve
         return None
@@ -176,7 +190,8 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
         kind: str | None = "crashed" if root in generic else root.kind
     elif dmesg_oom:
         kind = "host_oom"
-    elif obs.exit_code is not None and obs.exit_code not in (0,) and alive is not True:
+    elif obs.exit_code is not None and obs.exit_code not in (0,) and alive is not True \
+            and not (scan.ending is not None and exit_signal(obs.exit_code) in STOP_EXIT_SIGNALS):
         kind = "killed" if obs.exit_code in (137, -9) else "crashed"
     else:
         kind = None
@@ -812,14 +827,13 @@ def _held_after_the_end(obs: Observation, gpu_free_mib: float, ev: _Ev) -> None:
 
 
 def _stale_engine(p: ProcessInfo, obs: Observation, sig: Signatures, holders: set[int],
-                  orphan_age_s: float) -> str | None:
+                  orphan_age_s: float, dead: bool) -> str | None:
     """Why process `p` is an engine process that no live launch owns, or None: any engine process once the
     launch ended (or a child of it re-parented to init, still holding GPU memory: a multiprocessing, torchrun or
     Ray worker, whatever its name), one older than the launch, or, with no launch in view, one older than
-    `orphan_age_s`."""
+    `orphan_age_s`. `dead`: the launch has ended (`_launch_ended`, worked out once for the table)."""
     if p.state in ("Z", "X"):
         return None
-    dead = obs.process_alive is False or launcher_gone(obs.processes, sig)
     started_after = p.elapsed_s is not None and obs.elapsed_s is not None and p.elapsed_s <= obs.elapsed_s + 120
     child_like = sig.leftover_processes.first(p.args) is not None
     holder = p.pid in holders
@@ -845,8 +859,9 @@ def _orphans(obs: Observation, scan: LogScan, sig: Signatures, orphan_age_s: flo
     if obs.process_alive is False:
         _held_after_the_end(obs, gpu_free_mib, ev)
     holders = {gp.pid for gp in obs.gpu_processes or []}
+    dead = obs.process_alive is False or launcher_gone(obs.processes, sig)  # once for the whole table
     for p in obs.processes or []:
-        why = _stale_engine(p, obs, sig, holders, orphan_age_s)
+        why = _stale_engine(p, obs, sig, holders, orphan_age_s, dead)
         if why is not None:
             raw = obs.process_lines.get(p.pid)
             parent = f", parent {p.ppid}" if p.ppid is not None else ""
@@ -973,7 +988,7 @@ def _leftovers_rule(c: _Case) -> Verdict | None:
     ev = _Ev()
     holders = {gp.pid for gp in obs.gpu_processes or []}
     for p in obs.processes:
-        if p.ppid == 1 and _stale_engine(p, replace(obs, process_alive=False), sig, holders, c.orphan_age_s):
+        if p.ppid == 1 and _stale_engine(p, replace(obs, process_alive=False), sig, holders, c.orphan_age_s, True):
             raw = obs.process_lines.get(p.pid)
             ev.add(f"worker {p.pid} re-parented to init (PPID 1), state `{p.stat or '?'}`, "
                    f"{p.pcpu if p.pcpu is not None else '?'} % CPU, still running although its launcher ended: "
@@ -1016,7 +1031,9 @@ def _ended_rule(c: _Case) -> Verdict | None:
     if obs.process_alive is not False:
         return None
     ev = _Ev()
-    if scan.ending is not None and obs.exit_code in (None, 0):  # it was stopping in order when it ended
+    stopped_by = exit_signal(obs.exit_code) if obs.exit_code is not None else None
+    if scan.ending is not None and (obs.exit_code in (None, 0) or stopped_by in STOP_EXIT_SIGNALS):
+        # it was stopping in order when it ended (a SIGTERM or Ctrl-C it obeyed ends with that signal's status)
         _shutdown_evidence(ev, scan, scan.ending)
         summary = "The launch ended without an error: the log shows it stopping in order" + (
             ", after a stop was asked for (a signal or Ctrl-C)." if scan.stop_requested is not None else ".")
@@ -1183,7 +1200,9 @@ def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
     if obs.cpu_time_growing:  # above a rate (the watcher's, or _with_trends'), never a tick of a polling thread
         activity = stack_activity(obs.rank_stacks, c.sig)
         if activity is None:
-            progress.append("the launch's CPU time is growing")
+            if not any(_is_spin(g) for g in obs.gpus or []):
+                # (GPUs spinning at 100 % at low power wait on something: the CPU time of that wait is no progress)
+                progress.append(CPU_ONLY)
         elif activity[0] == "working":
             progress.append(f"the launch's CPU time is growing, and its stacks show it working: `{activity[1]}`")
         # a busy-wait (a synchronize, a collective) burns CPU without moving: no progress (said by the hang's evidence)
@@ -1196,6 +1215,12 @@ def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
     if scan.progress_advancing and (silence is None or silence < threshold) and obs.log_growing is not False:
         progress.append("a progress bar advances in the log")
     return progress
+
+
+#: The sign of progress CPU time alone gives (work or a busy-wait: only stacks tell).
+CPU_ONLY = "the launch's CPU time is growing"
+#: Past this many times its grace, a start-up whose only sign of life is CPU time is hung (stacks or not).
+CPU_ONLY_GRACES = 4
 
 
 def _where(scan: LogScan, phase: str | None) -> str:
@@ -1233,6 +1258,8 @@ def _starting_rule(c: _Case) -> Verdict:
     phase, threshold = _starting_phase(c, ev)
     silence = _silence(c, ev)
     progress = _progress(c, silence, threshold)
+    if progress == [CPU_ONLY] and silence is not None and silence >= CPU_ONLY_GRACES * threshold:
+        progress = []  # CPU time alone for this long is a busy-wait, whatever no stack can show
     where = _where(scan, phase)
     grace_text = f"{_secs(threshold)} grace for {phase}" if phase else f"{_secs(threshold)} grace (phase unknown)"
     if progress:
@@ -1241,7 +1268,7 @@ def _starting_rule(c: _Case) -> Verdict:
         if silence is not None:
             ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
         summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
-        cpu_only = progress == ["the launch's CPU time is growing"]
+        cpu_only = progress == [CPU_ONLY]
         if cpu_only and silence is not None and silence >= threshold:
             # past its grace, CPU time alone: work (a compile) or a busy-wait (a synchronize); only stacks tell
             summary = (f"Still starting ({where}): the log has been silent for {_secs(silence)}, past its grace, and "

@@ -209,6 +209,7 @@ class Signatures:
     xid: dict[int, str] = field(default_factory=dict)  # NVIDIA Xid code -> verdict (gpu_lost, cuda_error)
     stack_waits: re.Pattern[str] = re.compile(r"(?!)")  # frames of a busy-wait (synchronize, collectives, barriers)
     stack_work: re.Pattern[str] = re.compile(r"(?!)")  # frames of work (compiling, autotuning, loading)
+    stack_compile: re.Pattern[str] = re.compile(r"(?!)")  # frames of a compile: a wait under one is its work
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -373,6 +374,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
         stack_waits=regex("stack_waits", r"(?!)"),
         stack_work=regex("stack_work", r"(?!)"),
+        stack_compile=regex("stack_compile", r"(?!)"),
         **{k: generic(k) for k in _GENERIC_GROUPS},
         **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))

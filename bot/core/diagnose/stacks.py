@@ -67,6 +67,17 @@ def _main_thread(dump: ProcessDump) -> ThreadDump | None:
     return telling_thread(dump.threads)
 
 
+def _bare(name: str) -> str:
+    """A frame's function name without its class or enclosing functions (py-spy 0.4 on Python 3.11+ prints
+    `CachingAutotuner.benchmark_all_configs`, `_compile.<locals>._compile_inner`)."""
+    return name.rsplit(".", 1)[-1]
+
+
+def _telling(name: str, sig: Signatures) -> bool:
+    bare = _bare(name)
+    return bool(sig.stack_work.search(bare) or sig.stack_waits.search(bare))
+
+
 def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
                    sig: Signatures | None = None) -> tuple[str, str] | None:
     """What the ranks' main threads do, by their innermost telling frame: ("waiting", frame) when every dumped rank is
@@ -79,13 +90,17 @@ def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
         t = _main_thread(d) if d.ok else None
         if t is None:
             continue
-        # work anywhere in the stack wins (a compile's autotuning synchronizes too), else the innermost wait
-        work = next((f for f in t.frames if sig.stack_work.search(f.name)), None)
-        wait = next((f for f in t.frames if sig.stack_waits.search(f.name)), None) if work is None else None
-        if work is not None:
-            seen.append(("working", frame_text(work)))
-        elif wait is not None:
-            seen.append(("waiting", frame_text(wait)))
+        # the innermost frame that tells decides; a wait inside a compile (autotuning times kernels, and a
+        # synchronize that does) is the compile's work; a collective inside a weight load is a wait all the same
+        told = next((f for f in t.frames if _telling(f.name, sig)), None)
+        if told is None:
+            continue
+        if sig.stack_work.search(_bare(told.name)):
+            seen.append(("working", frame_text(told)))
+        elif compiling := next((f for f in t.frames if sig.stack_compile.search(_bare(f.name))), None):
+            seen.append(("working", frame_text(compiling)))
+        else:
+            seen.append(("waiting", frame_text(told)))
     if not seen:
         return None
     working = [x for x in seen if x[0] == "working"]
