@@ -176,7 +176,8 @@ def judge_serving(obs: Observation, new_lines: Sequence[str], records: Sequence[
             v = replace(v, summary=v.summary.replace(f" during {v.phase}", " while serving"))
         return replace(v, phase="serving")
     fresh_lines = [x for x in new_lines if not EXIT_LINE_RE.match(x.strip())]
-    if _live_error_possible(fresh_lines):  # only lines that may hold one are read as a whole
+    # only new lines that may hold a live error are read as a whole, and a GPU that could not be read (lost?)
+    if _live_error_possible(fresh_lines) or obs.gpu_error_lines:
         fresh = diagnose(replace(obs, log_lines=fresh_lines, log_silent_s=None, log_growing=None))
     else:
         fresh = Verdict("ready", "serving", [], [], "")

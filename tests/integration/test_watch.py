@@ -242,17 +242,18 @@ def test_bad_digest_cron_is_a_config_error():
     assert any(err.startswith("watch.digest_cron: not a crontab expression") for err in e.value.errors)
 
 
-async def test_launch_killed_from_outside_gets_exited_and_a_deliberate_kill_gets_no_alert(watched):
+async def test_launch_killed_from_outside_is_an_unknown_end_said_so_and_a_deliberate_kill_gets_no_alert(watched):
     await watched.chat.say("/launch base mode=hang workers=1 load_s=30")
     la = watched.launch(1)
     await wait_until(lambda: len(pids_of_launch(la)) == 3, what="wrapper, launcher and worker")
     await wait_checks(watched, 1, 1)  # a check has seen it alive
-    for pid in pids_of_launch(la):  # the OOM killer, or someone else's kill -9
+    for pid in pids_of_launch(la):  # the OOM killer, or someone else's kill -9: its wrapper too, so no status
         os.kill(pid, signal.SIGKILL)
-    la = await wait_alert(watched, 1, {"exited"})
-    assert la.state == LaunchState.EXITED
-    (posted,) = alerts(watched, "exited")
-    assert "the server process is gone and no exit status was recorded" in posted.text
+    la = await wait_alert(watched, 1, {"unknown", "exited"})
+    assert (la.alert_state, la.state) == ("unknown", LaunchState.FAILED)  # it ended; how, nothing here says
+    (posted,) = alerts(watched, "unknown")
+    assert "the process is gone and no exit status was recorded" in posted.text, posted.text
+    assert "would decide: how it ended" in posted.text, posted.text
 
     await watched.chat.say("/launch base mode=hang workers=1 load_s=30")
     await wait_checks(watched, 2, 1)

@@ -32,10 +32,16 @@ async def wait_alert(bot: Any, launch_id: int, verdicts: set[str], timeout: floa
         la = bot.launch(launch_id)
         if la.alert_state not in verdicts:
             return None
-        quiet = la.alert_state in ("loading", "unknown")  # news without an alert of their own
+        # news without an alert of their own, while the launch lives (an ended launch's `unknown` is posted)
+        quiet = la.alert_state in ("loading", "unknown") and la.live
         return la if quiet or any(is_alert(p, la.alert_state) for p in bot.chat.posts) else None
 
-    return await wait_until(posted, timeout, what=f"a {verdicts} alert for launch {launch_id}")
+    try:
+        return await wait_until(posted, timeout, what=f"a {verdicts} alert for launch {launch_id}")
+    except AssertionError as e:  # say what it is instead, and what was posted
+        la = bot.launch(launch_id)
+        said = [p.text.split("\n", 1)[0] for p in bot.chat.posts if is_alert(p)][-3:]
+        raise AssertionError(f"{e}; it is {la.alert_state!r} ({la.state}), alerts: {said}") from None
 
 
 async def wait_checks(bot: Any, launch_id: int, more: int = 3):

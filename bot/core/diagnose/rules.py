@@ -163,11 +163,7 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     specific = [h for h in hits if h.kind != "crashed" and not h.echo and h.kind != "gpu_lost"]
     echoes = [h for h in hits if h.echo]
     generic = [h for h in hits if h.kind == "crashed"]
-    if obs.exit_code == 0 and not specific and not echoes and generic and not dmesg_oom:
-        return None  # an error it caught and logged: the program went on to end with status 0
-    if alive is True and obs.health == "ok" and not specific and not echoes and generic and not dmesg_oom:
-        # a request's error while the server runs and its health endpoint answers: it served on (the watcher
-        # says the same: only OOM, CUDA, NCCL and lost-GPU errors are news while a server answers)
+    if _survived(obs, scan, sig, hits, specific, echoes, generic, dmesg_oom):
         return None
     if alive is True and not specific and not echoes and generic:
         # a survived error: the run went on (new phase, progress or readiness line after it)
@@ -176,15 +172,6 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             later.append(scan.phase_index)
         if later:
             generic = []
-    if hits and alive is True and obs.port_open is True and not dmesg_oom and _went_on(hits, scan, sig):
-        # the engine got past them: a later start-up step began after the last failure (an allocation retried
-        # with a smaller setting), its process is alive and its port listens
-        return None
-    if hits and (alive is not False or obs.exit_code == 0 or scan.ending is not None) and scan.ready \
-            and scan.ready[-1] > hits[-1].index and not dmesg_oom:
-        # every failure came before a readiness line: the engine survived them (a caught allocation failure
-        # retried with a smaller setting, a failed warm-up probe) and went on to serve
-        return None
     root = specific[0] if specific else None if dmesg_oom else echoes[0] if echoes else generic[0] if generic else None
     if root is not None:
         kind: str | None = "crashed" if root in generic else root.kind
@@ -211,6 +198,29 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             found.kind = "crashed"
             found.how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
     return found
+
+
+def _survived(obs: Observation, scan: LogScan, sig: Signatures, hits: list[_Hit], specific: list[_Hit],
+              echoes: list[_Hit], generic: list[_Hit], dmesg_oom: list[str]) -> bool:
+    """Whether the launch went on past every failure its log shows: an error caught before a clean end (status 0),
+    a request's error while it answers, a later start-up step after the failures with its port listening, a
+    readiness line after them."""
+    alive = obs.process_alive
+    only_generic = not specific and not echoes and bool(generic) and not dmesg_oom
+    if obs.exit_code == 0 and only_generic:
+        return True  # an error it caught and logged: the program went on to end with status 0
+    if alive is True and obs.health == "ok" and only_generic:
+        # a request's error while the server runs and its health endpoint answers: it served on (the watcher
+        # says the same: only OOM, CUDA, NCCL and lost-GPU errors are news while a server answers)
+        return True
+    if hits and alive is True and obs.port_open is True and not dmesg_oom and _went_on(hits, scan, sig):
+        # the engine got past them: a later start-up step began after the last failure (an allocation retried
+        # with a smaller setting), its process is alive and its port listens
+        return True
+    # every failure came before a readiness line: the engine survived them (a caught allocation failure retried
+    # with a smaller setting, a failed warm-up probe) and went on to serve
+    return bool(hits and (alive is not False or obs.exit_code == 0 or scan.ending is not None) and scan.ready
+                and scan.ready[-1] > hits[-1].index and not dmesg_oom)
 
 
 def _went_on(hits: list[_Hit], scan: LogScan, sig: Signatures) -> bool:
@@ -1004,6 +1014,10 @@ def _leftovers_rule(c: _Case) -> Verdict | None:
         why = f"; the launcher ended with {_FAILURE_LABEL[f.kind].lower()}" if f.kind in _FAILURE_LABEL else ""
     elif scan.ending is not None:
         ev.add(f"the launcher stopped (log line {scan.ending + 1}): `{_q(scan.lines[scan.ending])}`")
+    if obs.exit_code is not None:  # how the launcher ended, when its status is known
+        ev = _led_by(ev, _exit_line(obs.exit_code).replace("the process ended", "the launcher ended"))
+        why = why or (f"; the launcher was {describe_exit(obs.exit_code)}" if exit_signal(obs.exit_code)
+                      else f"; the launcher ended with {describe_exit(obs.exit_code)}")
     summary = (f"Leftover workers of an ended launch still run ({counted(len(ev.items), 'finding')}){why}: they hold "
                "or can hold GPU memory, and nobody will reap them.")
     return _verdict(sig, "orphans_hold_gpu", "shutdown", ev, summary, obs, scan, confidence="high",
@@ -1251,6 +1265,20 @@ def _hang_summary(c: _Case, silence: float, where: str, grace_text: str) -> str:
     return "; ".join(parts) + "."
 
 
+def _cpu_only_guess(c: _Case, ev: _Ev, phase: str | None, where: str, silence: float) -> Verdict:
+    """`loading`, low: past its grace, CPU time alone grows, which is work (a compile) or a busy-wait (a synchronize):
+    only the ranks' stacks tell, so the first step is to take them."""
+    summary = (f"Still starting ({where}): the log has been silent for {_secs(silence)}, past its grace, and only its "
+               "CPU time grows, which is work (a compile, a load) or a busy-wait (a synchronize, a collective): its "
+               "stacks tell which.")
+    v = _verdict(c.sig, "loading", phase, ev, summary, c.obs, c.scan, confidence="low",
+                 runner_up=f"silent_hang{f' in {phase}' if phase else ''}",
+                 missing="is that CPU time work or a busy-wait? (`py-spy dump --pid PID` of each rank)")
+    dump = ("Dump every rank's Python stack (`py-spy dump --pid PID` for each process): frames in a synchronize or a "
+            "collective are a hang, frames in a compile or a weight load are progress.")
+    return replace(v, next_steps=[dump, *(x for x in v.next_steps if not x.startswith("Nothing to do"))])
+
+
 def _starting_rule(c: _Case) -> Verdict:
     """6. Still starting: progress or silence, judged against the phase's grace period."""
     obs, scan, sig = c.obs, c.scan, c.sig
@@ -1268,18 +1296,8 @@ def _starting_rule(c: _Case) -> Verdict:
         if silence is not None:
             ev.add(f"no new non-heartbeat log line for {_secs(silence)} ({grace_text})")
         summary = f"Still starting ({where}) and making progress: {'; '.join(progress)}. Slow is not hung."
-        cpu_only = progress == [CPU_ONLY]
-        if cpu_only and silence is not None and silence >= threshold:
-            # past its grace, CPU time alone: work (a compile) or a busy-wait (a synchronize); only stacks tell
-            summary = (f"Still starting ({where}): the log has been silent for {_secs(silence)}, past its grace, and "
-                       "only its CPU time grows, which is work (a compile, a load) or a busy-wait (a synchronize, "
-                       "a collective): its stacks tell which.")
-            v = _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="low",
-                         runner_up=f"silent_hang{f' in {phase}' if phase else ''}",
-                         missing="is that CPU time work or a busy-wait? (`py-spy dump --pid PID` of each rank)")
-            dump = ("Dump every rank's Python stack (`py-spy dump --pid PID` for each process): frames in a "
-                    "synchronize or a collective are a hang, frames in a compile or a weight load are progress.")
-            return replace(v, next_steps=[dump, *(x for x in v.next_steps if not x.startswith("Nothing to do"))])
+        if progress == [CPU_ONLY] and silence is not None and silence >= threshold:
+            return _cpu_only_guess(c, ev, phase, where, silence)
         return _verdict(sig, "loading", phase, ev, summary, obs, scan, confidence="high")
     if silence is not None and silence >= threshold:  # silence that reaches the grace period
         ev.add(f"no log progress for {_secs(silence)}, beyond the {grace_text}")
