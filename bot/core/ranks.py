@@ -164,6 +164,12 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
     lines = [x.line() for x in looks]
     odd = odd_rank(looks)
     summary, steps, name = verdict.summary, list(verdict.next_steps), verdict.verdict
+    if name in RANK_FAILURES and name != "nccl_error" and verdict.confidence != "low":
+        # rank 0's own log shows the failure: it is named, and the ranks that went down after it are its echo (an
+        # NCCL error is often the echo of another rank's end: there the odd rank is named below)
+        summary = f"Rank 0 on node {looks[0].node}: {summary.rstrip()}"
+        steps.insert(0, f"Look at node {looks[0].node} (rank 0): its log and GPUs")
+        return replace(verdict, summary=summary, evidence=[*lines, *verdict.evidence], next_steps=steps)
     if odd is not None and odd[0].rank != 0 and odd[0].alive is False and name in ("ready", "loading", "unknown"):
         name = "crashed"
         summary = f"rank {odd[0].rank} on node {odd[0].node} is gone while rank 0 still runs."

@@ -459,8 +459,8 @@ def _context_phase(f: _Failure, root: _Hit, scan: LogScan, alive: bool | None) -
         known = [scan.times[i] for i in marks if scan.times[i] is not None]
         if known and t - max(known) >= LATE_FAILURE_S:
             return "serving", None
-    if alive is True and f.kind in ("oom", "cuda_error") and not scan.ready:
-        return "serving", None
+    if alive is True and f.kind in ("oom", "cuda_error") and not scan.ready and scan.finished_phase is None:
+        return "serving", None  # (not right after a start-up step ended: its next step failed, not a request)
     for h in f.hits:  # the native source files of the error's own lines (NCCL's `init.cc:1263 -> 2` return chain)
         module = scan.norm[h.index].module if h.index < len(scan.norm) else None
         if module and h.kind == f.kind and (fp := _file_phase(module)) is not None:
