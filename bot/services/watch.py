@@ -377,10 +377,7 @@ class Watcher:
         cached = self._busy.get(la.id)
         if cached is None or now - cached[0] > BUSY_DUMP_EVERY * policy.interval_s:
             try:
-                dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
-                                                         native=policy.stack_dump_native, user="watcher",
-                                                         channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
-                                                         ranks_only=True)
+                dump = await self._dump_ranks(la, snap, policy)
             except StackDumpError as e:
                 log.info("%s: no stacks to tell work from a busy-wait: %s", la.name, e)
                 return obs, verdict
@@ -395,6 +392,13 @@ class Watcher:
         obs = replace(obs, rank_stacks=ranks)
         return obs, judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                           posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
+
+    async def _dump_ranks(self, la: Launch, snap: Snapshot, policy: WatchPolicy) -> StackDump:
+        """The watcher's py-spy dump of `la`'s ranks on its host (as `snap` found them). Raises StackDumpError."""
+        assert self._stacks is not None
+        return await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
+                                                 native=policy.stack_dump_native, user="watcher", channel=la.channel,
+                                                 timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
 
     async def _check(self, launch_id: int) -> CheckOutcome:
         """One check: gather (the cheap look, or the full one), then judge and act on what it saw."""
@@ -681,10 +685,7 @@ class Watcher:
                 dump = await self._stacks.dump(row, native=policy.stack_dump_native, user="watcher",
                                                channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
             else:
-                dump = await self._stacks.dump_processes(la, self.launches.launch_processes_of(la, snap),
-                                                         native=policy.stack_dump_native, user="watcher",
-                                                         channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S,
-                                                         ranks_only=True)
+                dump = await self._dump_ranks(la, snap, policy)
         except StackDumpError as e:
             return with_stacks(verdict, None, unavailable=str(e))[0], []
         except Exception:
