@@ -135,6 +135,9 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     # without a process table (ps failed or timed out) only the tags in /proc tell: alive when any is tagged,
     # unknown otherwise; never "gone"
     alive: bool | None = bool(own) if snap.table else (True if snap.tagged_pids else None)
+    if alive is False and la.pid is None:
+        # no process recorded yet (a check, of another bot too, racing the start): nothing of it is gone yet
+        alive = None
     if alive and snap.table and la.pid is not None and la.pid not in own:
         # the server process itself is gone: the launch has ended, even while leftovers (TP workers) still run;
         # they are the launch's leftovers, for /gpu status and /kill, not signs of life

@@ -20,7 +20,7 @@ from bot.core.lifecycle import (
     launch_script,
     parse_launch_output,
 )
-from bot.core.models import GpuReading, Launch, ProcessInfo, Snapshot
+from bot.core.models import GpuReading, Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.observe import is_news, judge, observation_from_snapshot
 from bot.core.records import CheckRecord
 from bot.core.serving import ended_verdict, failing_streak, judge_serving
@@ -128,14 +128,18 @@ def launch(**kw) -> Launch:
     return launch_row(**kw)
 
 
-def snap(cpu: int, clock: float, *, others: bool = False) -> Snapshot:
+def snap(cpu: int, clock: float, *, others: bool = False, tags: bool = True) -> Snapshot:
+    """A probe of the launch's two processes (PIDs 99, 100, tagged `3-abc`), another launch's too with `others`;
+    without `tags` the launch's own are not in it (not started yet, or gone)."""
     table = [ProcessInfo(pid=99, ppid=1, pgid=99, sid=99, stat="S", args="sh"),
              ProcessInfo(pid=100, ppid=99, pgid=99, sid=99, stat="S", cpu_time_s=cpu, args="python -m server")]
-    tags = {99: "3-abc", 100: "3-abc"}
+    tags_of = {99: "3-abc", 100: "3-abc"}
+    if not tags:
+        table, tags_of = [], {}
     if others:
         table.append(ProcessInfo(pid=200, ppid=1, pgid=200, sid=200, stat="S", cpu_time_s=50, args="other"))
-        tags[200] = "4-def"
-    return Snapshot(host="h", clock=clock, table=table, launch_tags=tags, tagged_pids=[99, 100])
+        tags_of[200] = "4-def"
+    return Snapshot(host="h", clock=clock, table=table, launch_tags=tags_of, tagged_pids=[99, 100] if tags else [])
 
 
 def test_cpu_growth_counts_only_above_a_rate_and_never_after_a_stack_dump():
@@ -242,6 +246,17 @@ def test_a_failed_ps_never_ends_a_launch():
     assert obs.process_alive is True and rec.alive is True
     unknown, _ = observation_from_snapshot(Snapshot(host="h", clock=2000.0), launch(), None)
     assert unknown.process_alive is None
+
+
+def test_a_launch_checked_before_its_process_was_recorded_has_not_ended():
+    # a check racing the start (another bot took over the watch): no process of it yet is no proof that it is gone
+    starting = launch(pid=None, pgid=None, sid=None, state=LaunchState.STARTING)
+    obs, rec = observation_from_snapshot(snap(10, 2000.0, others=True, tags=False), starting, None)
+    assert obs.process_alive is None and rec.alive is None
+    obs, _ = observation_from_snapshot(snap(10, 2000.0, others=True), launch(pid=None, pgid=None, sid=None), None)
+    assert obs.process_alive is True  # its tagged processes are alive before their pid is recorded
+    gone, _ = observation_from_snapshot(snap(10, 2000.0, others=True, tags=False), launch(), None)
+    assert gone.process_alive is False  # a recorded server process that is not there has ended
 
 
 def test_a_remembered_pid_now_of_another_launch_is_not_ours():
