@@ -108,8 +108,8 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     (its tag, its confirmed session and process group, their
     descendants, and the processes earlier checks saw: `la.seen_pids`), and only its own GPUs when it names
     them; other holders are never its evidence. CPU time counts as growing only above
-    `CPU_PROGRESS_CORES` over the window since `prev`, and never when the bot itself worked on the launch
-    (a stack dump, at epoch `quiet_since`) within that window."""
+    `CPU_PROGRESS_CORES` over the window since `prev`; when the bot itself worked on the launch (a stack dump, at
+    epoch `quiet_since`) within that window, whether it grew is unknown (None)."""
     now = snap.clock if snap.clock is not None else time.time()
     raw = list(snap.log.tail) if snap.log and snap.log.tail else []
     # a launch with an exit file is judged by it alone: a line in the log (which the server writes too, and which
@@ -301,7 +301,7 @@ def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float 
     if not t0 < now:  # NaN (no previous check) or a clock that went back
         return None
     if quiet_since is not None and quiet_since >= t0:
-        return False  # the bot's own work (a stack dump) is not progress
+        return None  # the bot's own work (a stack dump) is in the window: it cannot tell progress from that
     return cpu_progress([p.cpu_time_s - before[str(p.pid)] for p in procs
                          if p.cpu_time_s is not None and before.get(str(p.pid)) is not None], now - t0)
 

@@ -13,6 +13,8 @@ SGLang-style phase lines (sglang 0.4/0.5 formats). Then, by `--mode`:
 - exit:  prints a shutdown line and exits 0.
 - heartbeat: like hang, but the launcher keeps printing vLLM's `Waiting for 1 local, 0 remote core engine
   proc(s) to start.` heartbeat (not progress).
+`--busy-in compile|synchronize` (with `--busy-s`) makes each rank spin silently at 100 % of a core after the graph
+capture's first line, in a frame named as Inductor's compile (work) or as `torch.cuda.synchronize` (a busy-wait).
 `--own-pgid-child` makes one extra child that calls setsid() (escapes the process group, stays in no
 session of ours) to test that kills reach every process of a launch; `--cleared-env-child` one that also
 clears its environment (`env -i`, as a container runtime does), so it carries no launch tag.
@@ -30,6 +32,7 @@ answer 500.
 import argparse
 import http.server
 import json
+import math
 import os
 import shutil
 import signal
@@ -70,6 +73,24 @@ def init_process_group():
 def all_reduce():
     """Stands for torch.distributed.all_reduce: waits for a rank that never enters it."""
     threading.Event().wait()
+
+
+def compile_fx_inner(seconds):
+    """Stands for torch._inductor's compile: a pure-Python loop on one core for `seconds` (py-spy shows this frame,
+    as it shows Inductor's own while it compiles: CPU time that is work)."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return n
+
+
+def synchronize(seconds):
+    """Stands for torch.cuda.synchronize() on a kernel that never ends: a busy-wait on one core, forever when
+    `seconds` is 0 (py-spy shows this frame: CPU time that is no progress)."""
+    end = time.monotonic() + seconds if seconds > 0 else math.inf
+    while time.monotonic() < end:
+        pass
 
 
 def hang_loop(args):
@@ -119,6 +140,8 @@ def worker(args):
         raise RuntimeError("fake scheduler failed during init")
     log("KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB", rank)
     log("Capture cuda graph begin. This can take up to several minutes. avail mem=50.00 GB", rank)
+    if args.busy_in:  # silent, at 100 % of a core, in a compile (work) or a synchronize (a busy-wait)
+        {"compile": compile_fx_inner, "synchronize": synchronize}[args.busy_in](args.busy_s)
     log("Capture cuda graph end. Time elapsed: 0.10 s. mem usage=0.50 GB. avail mem=49.50 GB.", rank)
     ready_file = os.path.join(args.ready_dir, f"rank{rank}") if args.ready_dir else None
     if ready_file:
@@ -347,6 +370,10 @@ def main():
     p.add_argument("--cleared-env-child", action="store_true")
     p.add_argument("--poll-cpu", type=float, default=0.0,
                    help="fraction of a core each hung rank spins (0..1), like a polling progress thread")
+    p.add_argument("--busy-in", choices=["compile", "synchronize"], default=None,
+                   help="after `Capture cuda graph begin`, each rank spins silently in compile_fx_inner (work) or in "
+                        "synchronize (a busy-wait) for --busy-s seconds (0: forever) before going on")
+    p.add_argument("--busy-s", type=float, default=0.0)
     p.add_argument("--hang-in", choices=["sleep", "rendezvous", "collective"], default="sleep",
                    help="where --mode hang hangs: every rank asleep after loading, or all but the last rank in "
                         "init_process_group (before loading) or in all_reduce (after loading)")

@@ -25,7 +25,7 @@ from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
 from bot.core.commands import slash
 from bot.core.diagnose import LineMemo, Observation, Verdict
-from bot.core.diagnose.stacks import STACK_EVIDENCE_PREFIX, with_stacks
+from bot.core.diagnose.stacks import STACK_EVIDENCE_PREFIX, stack_activity, with_stacks
 from bot.core.fleet import TABLES_UP_TO, summarize
 from bot.core.models import HealthResult, HostFailure, Launch, LaunchState, LogCursor, Snapshot
 from bot.core.observe import (
@@ -355,7 +355,10 @@ class Watcher:
         else:
             verdict = judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
                             posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
-            if verdict.verdict == "loading" and obs.cpu_time_growing and obs.rank_stacks is None:
+            # CPU time alone past the grace (a guess, or long enough to be called a hang without stacks): the stacks
+            # tell work from a busy-wait
+            if obs.rank_stacks is None and ((verdict.verdict in ("loading", "silent_hang") and obs.cpu_time_growing)
+                                            or (obs.cpu_time_growing is None and la.id in self._busy)):
                 obs, verdict = await self._busy_or_working(la, snap, obs, prev, verdict, record, memo)
         return _Look(la, snap, obs, record, verdict, ending)
 
@@ -364,18 +367,27 @@ class Watcher:
         """A start-up whose only sign of progress past its grace is CPU time: the ranks' stacks decide whether that
         CPU time is work (compiling, loading: still loading) or a busy-wait (a synchronize, a collective: a hang).
         The dump is taken at most once per BUSY_DUMP_EVERY checks of the launch and reused meanwhile; without a
-        StackService, py-spy, or `stack_dump_on_hang`, the verdict stands."""
+        StackService, py-spy, or `stack_dump_on_hang`, the verdict stands. A check whose CPU time is unknown (the
+        dump itself fell in its window) goes on from the last dump while it stands: work seen then is work still."""
         policy = self.policy_for(la)
         if self._stacks is None or not policy.stack_dump_on_hang:
             return obs, verdict
+        now = self._clock.monotonic()
+        cached = self._busy.get(la.id)
+        fresh = cached is not None and now - cached[0] <= BUSY_DUMP_EVERY * policy.interval_s
+        if obs.cpu_time_growing is None:
+            ranks = cached[1].ranks() if fresh and cached is not None and cached[1].ok else None
+            if not ranks or (stack_activity(ranks) or ("",))[0] != "working":
+                return obs, verdict
+            obs = replace(obs, cpu_time_growing=True, rank_stacks=ranks)
+            return obs, judge(obs, prev, grace_s=policy.phase_grace_s, silence_after_s=policy.silence_after_s,
+                              posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
         strict = judge(replace(obs, cpu_time_growing=False), prev, grace_s=policy.phase_grace_s,
                        silence_after_s=policy.silence_after_s, posted=la.alert_state, exit_code=record.exit_status,
                        launch_id=la.id, memo=memo)
         if strict.verdict != "silent_hang":
             return obs, verdict  # something besides CPU time moves: no dump needed
-        now = self._clock.monotonic()
-        cached = self._busy.get(la.id)
-        if cached is None or now - cached[0] > BUSY_DUMP_EVERY * policy.interval_s:
+        if not fresh:
             try:
                 dump = await self._dump_ranks(la, snap, policy)
             except StackDumpError as e:
@@ -386,6 +398,7 @@ class Watcher:
                 return obs, verdict
             cached = (now, dump)
             self._busy[la.id] = cached
+        assert cached is not None
         ranks = cached[1].ranks() if cached[1].ok else None
         if not ranks:
             return obs, verdict
