@@ -13,6 +13,7 @@ the port is big-endian hex; `st` 0A is TCP_LISTEN; the 10th field is the socket 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 
@@ -29,8 +30,10 @@ def _is_hex(s: str) -> bool:
     return bool(s) and all(c in _HEX for c in s)
 
 
+@functools.lru_cache(maxsize=4096)
 def _decode_address(hexaddr: str) -> tuple[str, bool] | None:
-    """Return (text address, is_ipv6) for a little-endian /proc/net hex address, or None if malformed."""
+    """Return (text address, is_ipv6) for a little-endian /proc/net hex address, or None if malformed. Cached: a
+    host's listening addresses are the same few at every check (0.0.0.0, 127.0.0.1, ::)."""
     if not _is_hex(hexaddr) or len(hexaddr) not in (8, 32):
         return None
     raw = b"".join(bytes.fromhex(hexaddr[i : i + 8])[::-1] for i in range(0, len(hexaddr), 8))
