@@ -263,6 +263,38 @@ def _write_behind_store(url: str) -> Any:
     return _WriteBehindJobStore(url=url, tablename="apscheduler_jobs")
 
 
+#: Seconds between two log lines that count the checks skipped meanwhile.
+SKIPPED_LOG_EVERY_S = 60.0
+
+
+class _SchedulerLog:
+    """APScheduler's own logger (`apscheduler.scheduler`), but a check skipped because the launch's previous check is
+    still running (a slow or unreachable host) is counted (`skipped`) and said once per SKIPPED_LOG_EVERY_S in one
+    line, not in one WARNING per skipped run: hundreds a minute on a fleet whose hosts answer slowly, each costing
+    the event loop a formatted record."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("apscheduler.scheduler")
+        self.skipped = 0
+        self._unsaid = 0
+        self._said_at = time.monotonic()
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        if "maximum number of running instances" not in msg:
+            self._log.warning(msg, *args, **kwargs)
+            return
+        self.skipped += 1
+        self._unsaid += 1
+        now = time.monotonic()
+        if now - self._said_at >= SKIPPED_LOG_EVERY_S:
+            log.warning("%d check(s) skipped in the last %.0f s: their launch's previous check was still running "
+                        "(hosts slow to answer?)", self._unsaid, now - self._said_at)
+            self._unsaid, self._said_at = 0, now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
 class Scheduler:
     """An AsyncIOScheduler on the database at `db_url` (any SQLAlchemy URL), in UTC, that survives job store
     errors (`_ResilientScheduler`), with its jobs kept in memory and their run times written behind
@@ -270,12 +302,19 @@ class Scheduler:
 
     def __init__(self, db_url: str, *, misfire_grace_s: float = MISFIRE_GRACE_S):
         self._executor = _TargetExecutor()
+        self._log = _SchedulerLog()
         self._aps = _ResilientScheduler(
             jobstores={"default": _write_behind_store(db_url)},
             executors={"default": self._executor},
             job_defaults={"misfire_grace_time": int(misfire_grace_s), "coalesce": True, "max_instances": 1},
             timezone=dt.UTC,
+            logger=self._log,
         )
+
+    @property
+    def skipped_checks(self) -> int:
+        """How many due checks were skipped since the start because the launch's previous check was still running."""
+        return self._log.skipped
 
     def start(self, target: JobTarget) -> None:
         """Start scheduling (inside the running event loop); persisted jobs call `target` from now on."""

@@ -60,3 +60,38 @@ async def test_a_persisted_job_runs_after_a_restart_with_the_new_runs_target(tmp
         assert second.checked == [7] and second.digests == 1 and not first.checked
     finally:
         s2.shutdown(second)
+
+
+class Slow(Target):
+    """A target whose checks take until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio
+
+        self.release = asyncio.Event()
+
+    async def check(self, launch_id: int) -> None:
+        self.checked.append(launch_id)
+        await self.release.wait()
+
+
+async def test_checks_skipped_while_the_previous_one_runs_are_counted_not_logged_one_by_one(tmp_path, caplog,
+                                                                                         monkeypatch):
+    import bot.adapters.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "SKIPPED_LOG_EVERY_S", 0.0)  # the count is said at the next skip
+    slow = Slow()
+    s = Scheduler(f"sqlite:///{tmp_path / 's.db'}")
+    s.start(slow)
+    try:
+        with caplog.at_level("WARNING"):
+            s.watch(1, 0.2, first_in_s=0)
+            await wait_until(lambda: s.skipped_checks >= 3, 30, what="three skipped checks")
+        slow.release.set()
+        assert slow.checked == [1]  # one check ran: the others were due while it still ran
+        said = [r.getMessage() for r in caplog.records if r.name == "bot.adapters.scheduler"]
+        assert said and all("skipped in the last" in m and "still running" in m for m in said), said
+        assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+    finally:
+        s.shutdown(slow)

@@ -73,3 +73,25 @@ def test_a_damaged_launch_row_is_skipped_and_the_others_still_read(tmp_path, dam
         assert [la.id for la in store.launches.live()] == [ids[2], ids[1]]
     finally:
         store.close()
+
+
+def test_a_launch_written_is_read_again_and_the_others_stay_as_read(tmp_path):
+    from bot.adapters.store import Store
+
+    store = Store(f"sqlite:///{tmp_path}/gpubot.db")
+    try:
+        a, b = (store.launches.create(host="h", variant="base", params={}, command="c", log_path=None, port=None,
+                                      gpus=[0], created_by="U1") for _ in range(2))
+        assert store.launches.get(a.id).pid is None and store.launches.get(b.id).pid is None
+        store.launches.set_started(a.id, 4242)
+        store.launches.update(b.id, alert_state="loading")
+        assert store.launches.get(a.id).pid == 4242 and store.launches.get(b.id).alert_state == "loading"
+        store.launches.update(a.id, alert_state="ready")
+        assert store.launches.get(b.id).alert_state == "loading"  # b was not written: as read
+        assert [la.alert_state for la in store.launches.recent()] == ["loading", "ready"]  # lists read again
+        store.launches.update(a.id, thread_ts="q:1")
+        assert store.launches.get(a.id).thread_ts == "q:1"
+        assert store.launches.replace_thread_ts("q:1", "2.2") == 1  # a write of any launch: all are read again
+        assert store.launches.get(a.id).thread_ts == "2.2" and store.launches.get(b.id).alert_state == "loading"
+    finally:
+        store.close()

@@ -138,20 +138,36 @@ class LaunchRepository:
         # launch twice, hundreds of times a minute, and launches change rarely. Every write moves the generation.
         # Only where this process is the database's one writer (SQLite: the state directory's lock); on a database
         # that several bots share (PostgreSQL) another bot's writes are invisible to it, so every read goes through.
+        # A write of one launch (by its id) moves only that launch's generation; any other write (a new launch, a
+        # thread moved) moves them all. `recent` lists are read again after any write.
         self._memo = db.url.startswith("sqlite")
         self._generation = 0
-        self._rows: dict[int, tuple[int, Launch]] = {}
-        self._recent: tuple[int, int, list[Launch]] | None = None  # (generation, limit, launches): `recent`
+        self._list_generation = 0
+        self._row_generation: dict[int, int] = {}
+        self._rows: dict[int, tuple[tuple[int, int], Launch]] = {}
+        self._recent: tuple[int, int, list[Launch]] | None = None  # (list generation, limit, launches): `recent`
+
+    def _move(self, launch_id: int | None) -> None:
+        """Move the generation of launch `launch_id` (every launch's with None) and of the lists."""
+        self._list_generation += 1
+        if launch_id is None:
+            self._generation += 1
+        else:
+            self._row_generation[launch_id] = self._row_generation.get(launch_id, 0) + 1
+
+    def _row_key(self, launch_id: int) -> tuple[int, int]:
+        return self._generation, self._row_generation.get(launch_id, 0)
 
     @contextmanager
-    def _writing(self) -> Iterator[Session]:
-        """A write transaction; the launches read before it are read again afterwards (`get`)."""
-        self._generation += 1
+    def _writing(self, launch_id: int | None = None) -> Iterator[Session]:
+        """A write transaction (of launch `launch_id` alone, when given); the launches it may change that were read
+        before it are read again afterwards (`get`, `recent`)."""
+        self._move(launch_id)
         try:
             with self._db.transaction() as s:
                 yield s
         finally:
-            self._generation += 1
+            self._move(launch_id)
 
     def create(self, *, host: str, variant: str, params: dict[str, Any], command: str, log_path: str | None,
                port: int | None, gpus: list[int], created_by: str, channel: str | None = None,
@@ -195,7 +211,7 @@ class LaunchRepository:
         """`update`, only while the launch's columns still hold `expect` (column -> value; `state` as a
         LaunchState or its value): None, with nothing written, when another writer changed one since (the row is
         locked while it is compared, `SELECT ... FOR UPDATE` on PostgreSQL). Raises KeyError for an unknown id."""
-        with self._writing() as s:
+        with self._writing(launch_id) as s:
             row = s.get(LaunchRow, launch_id, with_for_update=bool(expect))
             if row is None:
                 raise KeyError(launch_id)
@@ -233,7 +249,7 @@ class LaunchRepository:
         `pid`) and the systemd scope `unit` it runs in (with its `unit_manager`), if any. The state becomes
         `running` only if it is still `starting` (compare-and-set): a launch cancelled meanwhile keeps its
         state. Raises KeyError."""
-        with self._writing() as s:
+        with self._writing(launch_id) as s:
             row = s.get(LaunchRow, launch_id)
             if row is None:
                 raise KeyError(launch_id)
@@ -248,9 +264,9 @@ class LaunchRepository:
         """The launch with this id, or None: a copy of what this process last read, when it wrote no launch since
         (see `__init__`), else read (a Core read: every watch check looks at its launch twice)."""
         cached = self._rows.get(launch_id) if self._memo else None
-        if cached is not None and cached[0] == self._generation:
+        if cached is not None and cached[0] == self._row_key(launch_id):
             return replace(cached[1])
-        generation = self._generation
+        generation = self._row_key(launch_id)
         with self._db.reading() as c:
             row = c.execute(_GET_BY_ID, {"id": launch_id}).first()
         if row is None:
@@ -298,9 +314,9 @@ class LaunchRepository:
         """The newest `limit` launches, newest first: copies of what this process last read, when it wrote no
         launch since (see `__init__`; every `/gpu status` attributes GPU holders to them), else read."""
         cached = self._recent if self._memo else None
-        if cached is not None and cached[0] == self._generation and cached[1] == limit:
+        if cached is not None and cached[0] == self._list_generation and cached[1] == limit:
             return [replace(la) for la in cached[2]]
-        generation = self._generation
+        generation = self._list_generation
         with self._db.transaction() as s:
             launches = _readable_all(s.scalars(select(LaunchRow).order_by(LaunchRow.id.desc()).limit(limit)))
         self._recent = (generation, limit, launches)
