@@ -15,7 +15,7 @@ from dataclasses import replace
 from bot.core.diagnose import LineMemo, Observation, Verdict, cpu_progress, diagnose
 from bot.core.diagnose.logscan import newest_meaningful
 from bot.core.lifecycle import EXIT_LINE_RE, launch_processes, log_exit_status
-from bot.core.models import Launch, ProcessInfo, Snapshot
+from bot.core.models import Launch, LaunchState, ProcessInfo, Snapshot
 from bot.core.records import CheckRecord
 from bot.core.serving import ended_verdict
 
@@ -135,8 +135,8 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     # without a process table (ps failed or timed out) only the tags in /proc tell: alive when any is tagged,
     # unknown otherwise; never "gone"
     alive: bool | None = bool(own) if snap.table else (True if snap.tagged_pids else None)
-    if alive is False and la.pid is None:
-        # no process recorded yet (a check, of another bot too, racing the start): nothing of it is gone yet
+    if alive is False and la.pid is None and la.state == LaunchState.STARTING:
+        # its process not recorded yet (a check, of another bot too, racing the start): nothing of it is gone yet
         alive = None
     if alive and snap.table and la.pid is not None and la.pid not in own:
         # the server process itself is gone: the launch has ended, even while leftovers (TP workers) still run;

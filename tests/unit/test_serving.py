@@ -255,6 +255,8 @@ def test_a_launch_checked_before_its_process_was_recorded_has_not_ended():
     assert obs.process_alive is None and rec.alive is None
     obs, _ = observation_from_snapshot(snap(10, 2000.0, others=True), launch(pid=None, pgid=None, sid=None), None)
     assert obs.process_alive is True  # its tagged processes are alive before their pid is recorded
+    rank, _ = observation_from_snapshot(snap(10, 2000.0, others=True, tags=False), launch(pid=None), None)
+    assert rank.process_alive is False  # a running launch's rank (no pid of its own) whose processes are gone
     gone, _ = observation_from_snapshot(snap(10, 2000.0, others=True, tags=False), launch(), None)
     assert gone.process_alive is False  # a recorded server process that is not there has ended
 
