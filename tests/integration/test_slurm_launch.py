@@ -202,8 +202,9 @@ async def test_rank_0_dying_of_a_cuda_oom_is_oom_naming_its_rank_and_node_whatev
     la = bot.launch(1)
     assert la.state == LaunchState.FAILED and la.alert_state == "oom", (la.state, la.alert_state)
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
-    if "JobState=" in text:  # the job as Slurm recorded it is evidence, whatever exit it gave the ranks it ended
-        assert "JobState=FAILED" in text or "JobState=COMPLETED" in text, text
+    if "JobState=" in text:  # Slurm's word is evidence, whatever exit it gave the ranks it ended; the alert may come
+        # from rank 0's own log while Slurm still ends the job: the verdict is rank 0's OOM either way (asserted above)
+        assert any(f"JobState={s}" in text for s in ("RUNNING", "COMPLETING", "FAILED", "COMPLETED")), text
 
 
 async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluster, tmp_path):
