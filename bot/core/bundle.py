@@ -28,7 +28,7 @@ from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.parse.log import strip_control
 from bot.core.parse.nvidia_smi import GPU_QUERY_FIELDS, parse_nvidia_smi_table, parse_query_gpu
 from bot.core.parse.ps import parse_ps
-from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, parse_ranks
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, node_label, parse_ranks
 from bot.core.stackdump import ProcessDump, parse_stack_json, parse_stack_text
 from bot.core.stackgroups import rank_label
 
@@ -671,7 +671,6 @@ def node_bundles(files: Mapping[str, str], mtimes: Mapping[str, float] | None = 
         own = by_node[node]
         prefix = f"{NODE_DIR_PREFIX}{node}/"
         times = {rel: mtimes[prefix + rel] for rel in own if prefix + rel in mtimes}
-        # a folder's name is the node's only in print: no control character (an escape, a new line) of it is shown
-        shown = strip_control(node).replace("\n", " ").replace("\r", " ")[:100] or "?"
-        out.ranks.append((rank_of.get(node, i), shown, observation_from_files(own, times)))
+        # a folder's name is the node's only in print (node_label: no escape, no new line)
+        out.ranks.append((rank_of.get(node, i), node_label(node), observation_from_files(own, times)))
     return out

@@ -209,13 +209,19 @@ def job_end_verdict(job: SlurmJob | None, job_id: str, looks: Sequence[NodeLook]
                    next_steps=[*v.next_steps, f"Look at node {node} (rank {rank}): its log and GPUs"])
 
 
+def node_label(name: str) -> str:
+    """A node's name as shown in text (an alert, a verdict): no escape sequence, control character or line break
+    (bot.core.parse.log.strip_control), trimmed, at most 100 characters; "?" when nothing is left."""
+    return strip_control(name).strip()[:100] or "?"
+
+
 def parse_ranks(text: str) -> dict[int, str]:
     """Rank -> node of a bundle's `ranks.txt` (`0 n1` lines; others skipped). Never raises."""
     out: dict[int, str] = {}
     for line in (text or "").splitlines():
         rank, _, node = line.strip().partition(" ")
         if rank.isdigit() and len(rank) <= 4 and node.strip():
-            out[int(rank)] = strip_control(node).strip()[:100] or "?"  # shown in text: no escapes, no new lines
+            out[int(rank)] = node_label(node)
     return out
 
 

@@ -85,3 +85,11 @@ def test_gpubot_diagnose_reads_the_node_folders_from_disk(tmp_path):
     assert result.exit_code == 0, result.output
     got = json.loads(result.output)
     assert got["verdict"] == "silent_hang" and "rank 1 on node gpu-07" in got["summary"]
+
+
+def test_a_node_name_is_shown_inert_whatever_its_folder_or_ranks_txt_holds():
+    from bot.core.ranks import node_label
+
+    assert node_label("gpu-03\x1b[31m\nINJECTED\r") == "gpu-03INJECTED"
+    assert node_label("\x07\x1b[2J") == "?" and len(node_label("n" * 500)) == 100
+    assert parse_ranks("0 \x1b]0;title\x07gpu-01\n") == {0: "gpu-01"}

@@ -1233,7 +1233,8 @@ def _progress(c: _Case, silence: float | None, threshold: float) -> list[str]:
 
 #: The sign of progress CPU time alone gives (work or a busy-wait: only stacks tell).
 CPU_ONLY = "the launch's CPU time is growing"
-#: Past this many times its grace, a start-up whose only sign of life is CPU time is hung (stacks or not).
+#: Past this many times its grace, a start-up whose only sign of life is CPU time, with no stacks to tell work from a
+#: busy-wait, is hung (the watcher asks the stacks first: bot.services.watch).
 CPU_ONLY_GRACES = 4
 
 
