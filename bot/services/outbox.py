@@ -470,7 +470,8 @@ class Outbox:
         self._stopping = self._stopped = False
         if self.shared:  # the channels' pacing goes on from the last sends, whichever bot made them
             try:
-                for channel, at in self.rows.last_sent_at(self._clock.time() - 60.0).items():
+                now = self._clock.time()
+                for channel, at in self.rows.last_sent_at(now - 60.0, now).items():
                     self._last_sent[channel] = max(self._last_sent.get(channel, 0.0), at)
             except Exception as e:
                 log.warning("outbox: cannot read the last sends (%s); pacing starts afresh", e)

@@ -122,7 +122,8 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
             await wait_until(lambda: len(answered()) == 60, 120,
                              what=f"all 60 answered; {len(answered())} so far; b's log:\n{b.output()}")
             # the launches' hangs are alerted (whichever bot led when they came due), and the watch goes on
-            await wait_until(lambda: len(_alerts(fake)) >= 3, 90, what=f"three hang alerts; b's log:\n{b.output()}")
+            await wait_until(lambda: len(_alerts(fake)) >= 3, 90,
+                             what=lambda: f"three hang alerts; {_watch_state(store, fake)}; b's log:\n{b.output()}")
             checks = _observations(pg_url)
             await wait_until(lambda: _observations(pg_url) >= checks + 6, 60, what="more checks under bot b")
             await asyncio.sleep(0)  # a duplicate alert of the last checks would be posted by now
@@ -155,6 +156,14 @@ def _slack_state(fake: FakeSlack) -> str:
     """What the fake Slack did so far, for a failure message."""
     methods = [c["method"] for c in fake.calls]
     return f"calls {methods}, envelopes not yet sent {len(fake._outbox)}, acks {len(fake.acks)}"
+
+
+def _watch_state(store: Store, fake: FakeSlack) -> str:
+    """The launches' rows and the thread replies posted so far, for a failure message."""
+    rows = [(la.name, la.state, la.alert_state, la.state_detail) for la in store.launches.recent()]
+    replies = [(m.get("thread_ts"), (m.get("text") or "")[:120]) for m in fake.messages
+               if m.get("thread_ts") and m.get("channel") == "C1"]
+    return f"launches {rows}; thread replies {replies[-12:]}"
 
 
 async def _role_is(bot: ServiceBot, role: str) -> bool:

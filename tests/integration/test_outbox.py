@@ -238,6 +238,30 @@ async def test_sends_in_order_per_channel_at_least_the_interval_apart(store, tra
         assert all(g >= interval - 1e-3 for g in gaps), gaps
 
 
+async def test_a_new_leader_paces_a_channel_from_a_call_the_old_one_left_in_flight(store, transport):
+    """Two bots on one database: the leader died while its call to C1 was in flight (the row stays `sending`; the
+    call may have reached Slack a moment before). The next leader's first post to C1 comes at least the interval
+    after it took over, not right after the last send recorded as done; C2, with nothing in flight, goes at once."""
+    interval = 0.5
+    async with outbox_with(store, transport, min_interval_s=interval) as dead:
+        dead.hold()
+        cut = dead.post("C1", msg("cut off"))
+    assert store.outbox.claim(cut) is not None  # the dead leader's claim, never finished
+    async with outbox_with(store, transport, min_interval_s=interval) as ob:
+        ob.shared = True
+        ob.hold()
+        ob.post("C1", msg("next"))
+        ob.post("C2", msg("other"))
+        took_over = time.time()
+        ob.start()
+        await wait_until(lambda: transport.calls_for("post", "C1") and transport.calls_for("post", "C2"), WAIT_S,
+                         what="both channels' posts")
+    (c1,) = transport.calls_for("post", "C1")
+    (c2,) = transport.calls_for("post", "C2")
+    assert c1.args["text"] == "next" and c1.at >= took_over + interval - 1e-3, (c1.at - took_over)
+    assert c2.at < c1.at  # the channel without a call in flight was not held back
+
+
 async def test_a_retry_waits_the_delay_it_was_given_then_sends_once(store, transport):
     transport.fail_next("post", DeliveryRetry("ratelimited", 1.0, ambiguous=False))
     async with outbox_with(store, transport) as ob:

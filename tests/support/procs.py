@@ -42,11 +42,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float = 60.0, *, what: str = "condition",
+async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float = 60.0, *,
+                     what: str | Callable[[], str] = "condition",
                      every: float = 0.05) -> T:
     """Poll `predicate` (sync or async) until it returns something truthy, and return that. Raises
-    AssertionError naming `what` after `timeout` seconds (generous: the suite must pass on a loaded 2-core
-    machine; a passing test never waits for the timeout)."""
+    AssertionError naming `what` (a text, or a function that tells the state at that moment) after `timeout`
+    seconds (generous: the suite must pass on a loaded 2-core machine; a passing test never waits for the
+    timeout)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -55,7 +57,7 @@ async def wait_until(predicate: Callable[[], T | Awaitable[T]], timeout: float =
         if value:
             return value  # type: ignore[return-value]
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         await asyncio.sleep(every)
 
 
@@ -67,7 +69,7 @@ def wait_until_sync(predicate: Callable[[], T], timeout: float = 60.0, *, what: 
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 

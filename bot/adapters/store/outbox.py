@@ -184,12 +184,17 @@ class OutboxRepository:
             row.attempts = _count(row.attempts) + 1
             return _snapshot(row)
 
-    def last_sent_at(self, since: float) -> dict[str, float]:
-        """Channel -> when its last row was sent (epoch s), over rows sent after `since`."""
+    def last_sent_at(self, since: float, now: float) -> dict[str, float]:
+        """Channel -> when its last row was sent (epoch s), over rows sent after `since`. A channel with a row still
+        `sending` (another bot's call, or one its crash cut off) counts as sent at `now`: that call may have
+        reached Slack a moment ago, so the channel's pacing starts from the latest it could have."""
         with self._db.transaction() as s:
             rows = s.execute(select(OutboxRow.channel, func.max(OutboxRow.sent_at))
                              .where(OutboxRow.sent_at > since).group_by(OutboxRow.channel)).all()
-            return {str(c): _number(t) for c, t in rows if t is not None}
+            out = {str(c): _number(t) for c, t in rows if t is not None}
+            for (channel,) in s.execute(select(OutboxRow.channel).where(OutboxRow.state == "sending").distinct()):
+                out[str(channel)] = max(out.get(str(channel), 0.0), now)
+            return out
 
     def set(self, row_id: int, *, only_if: str | None = None, **values: Any) -> bool:
         """Write `values` (column -> value) to row `row_id` (with `only_if`, only while its state is that one).
