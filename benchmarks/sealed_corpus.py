@@ -66,17 +66,23 @@ def score(bundle: Path) -> dict[str, object]:
 
 
 @contextmanager
-def unpacked(folder: Path | None) -> Iterator[list[Path]]:
+def unpacked(folder: Path | None, round_: str | None = None) -> Iterator[list[Path]]:
     """The bundle folders to score: those of `folder`, or the sealed archives unpacked into a temporary folder."""
     if folder is not None:
         yield sorted(p for p in folder.iterdir() if (p / "expected.json").is_file())
         return
     with tempfile.TemporaryDirectory(prefix="gpubot-sealed-") as tmp:
         root = Path(tmp)
-        for archive in sorted(SEALED.glob("*.tar.gz")):
+        for archive in sorted(SEALED.glob(f"{round_}-*.tar.gz" if round_ else "*.tar.gz")):
             with tarfile.open(archive) as tar:
                 tar.extractall(root / archive.name.removesuffix(".tar.gz"), filter="data")
         yield sorted(p.parent for p in root.rglob("expected.json"))
+
+
+def newest_round() -> str | None:
+    """The newest sealed set's name (`44b` of `44b-S5.tar.gz`: the longest, then greatest, prefix), or None."""
+    rounds = {p.name.split("-", 1)[0] for p in SEALED.glob("*-*.tar.gz")}
+    return max(rounds, key=lambda r: (len(r), r)) if rounds else None
 
 
 def _row(label: str, rows: list[dict[str, object]]) -> str:
@@ -91,8 +97,11 @@ def main() -> None:
     """Score the bundles and print the totals and weakness classes."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None, help="score a folder of unpacked bundles instead")
+    ap.add_argument("--round", default=newest_round(), help="the sealed set to score: archives ROUND-*.tar.gz "
+                    "(default: the newest, %(default)s; an earlier round is spent once it was scored)")
     a = ap.parse_args()
-    with unpacked(a.dir) as bundles:
+    print(f"sealed round {a.round}" if a.dir is None else f"bundles of {a.dir}")
+    with unpacked(a.dir, a.round) as bundles:
         rows = [score(b) for b in bundles]
     n = len(rows)
     if not n:

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Run the GPU tests on the GPU host itself and keep what they measured.
-#   tests/gpu/run-gpu-tests.sh [OUTDIR]      (from the repository root; OUTDIR defaults to ./gpu-test-out)
+#   tests/gpu/run-gpu-tests.sh [OUTDIR [TEST...]]   (from the repository root; OUTDIR defaults to ./gpu-test-out,
+#   the tests to the whole tests/gpu directory: name files or node ids to re-run only those)
 # Writes OUTDIR/env.txt (OS, tools, torch, nvidia-smi before), OUTDIR/gpu-test.log (pytest -v -s),
 # OUTDIR/gpu-results.json (every figure the tests measured, see tests/gpu/RESULTS.md) and OUTDIR/after.txt.
 # Python packages: gpubot's dependencies must be importable by $PYTHON (default python3; pip install -e '.[dev]'),
@@ -8,6 +9,8 @@
 # A host without `ps` may bring Debian's procps in .debs/ (unpacked into /tmp/procps, not onto /).
 set -u
 out="${1:-gpu-test-out}"
+[ $# -gt 0 ] && shift
+[ $# -eq 0 ] && set -- tests/gpu
 mkdir -p "$out"
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import slack_bolt, asyncssh, apscheduler, pytest_asyncio' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
@@ -39,7 +42,7 @@ fi
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 } >"$out/env.txt" 2>&1
 {
-    GPUBOT_GPU_RESULTS="$out/gpu-results.json" PYTHONUNBUFFERED=1 timeout 540 "$PY" -m pytest tests/gpu -v -s -rs \
+    GPUBOT_GPU_RESULTS="$out/gpu-results.json" PYTHONUNBUFFERED=1 timeout 540 "$PY" -m pytest "$@" -v -s -rs \
         -p no:cacheprovider 2>&1
     echo $? >"$out/rc"
 } | tee "$out/gpu-test.log"

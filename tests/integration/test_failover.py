@@ -89,7 +89,8 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
                                               channel_id="C1")
             store = Store(pg_url)
             await wait_until(lambda: len([la for la in store.launches.recent() if la.pid]) == 3, 60,
-                             what=f"three launches running; {_slack_state(fake)}; logs:\n{a.output()}\n{b.output()}")
+                             what=lambda: f"three launches running; {_slack_state(fake)}; logs:\n{a.output()}\n"
+                                          f"{b.output()}")
 
             # 60 answers in two channels, queued by both bots, sent by the leader INTERVAL_S apart per channel
             asked: list[tuple[str, str]] = []
@@ -155,7 +156,9 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
 def _slack_state(fake: FakeSlack) -> str:
     """What the fake Slack did so far, for a failure message."""
     methods = [c["method"] for c in fake.calls]
-    return f"calls {methods}, envelopes not yet sent {len(fake._outbox)}, acks {len(fake.acks)}"
+    conns = [(c.number, "closed" if c.closed else "open") for c in fake._connections]
+    return (f"calls {methods}, envelopes not yet sent {len(fake._outbox)}, acks {len(fake.acks)}, "
+            f"connections {conns} of {fake.connection_count}")
 
 
 def _watch_state(store: Store, fake: FakeSlack) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from bot.core.diagnose.errors import ErrorBlock, TraceFrame
 from bot.core.diagnose.signatures import _FAILURE_KINDS, Signatures
 
-__all__ = ["block_family", "frame_phase", "is_crash_signal", "is_echo", "named_phase"]
+__all__ = ["block_family", "frame_phase", "is_crash_signal", "is_echo", "named_phase", "word_phase"]
 
 #: Signal names that end a process by a fault of its own code or hardware (a crash), not a request to stop.
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
@@ -57,7 +57,8 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
     """The step a traceback's frames show, the frame that shows it, and whether it is sure: the innermost frame whose
     function names a start-up step (sure); else a frame of request work (`execute_model`; sure); else an engine's
     per-batch loop (`event_loop_overlap`: serving, but not sure: warm-up requests run it too); file names
-    (`parallel_state.py`) only when no function says anything (not sure). None when nothing does."""
+    (`parallel_state.py`) only when no function says anything (not sure); then the words of the functions' names
+    (`word_phase`; not sure). None when nothing does."""
     serving: TraceFrame | None = None
     loop: TraceFrame | None = None
     for fr in _funcs(frames):
@@ -82,7 +83,26 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
         for phase, rx in sig.frame_phases:
             if fr.file and rx.search(fr.file):
                 return phase, fr, False
+    for fr in _funcs(frames):
+        if fr.func and (phase := word_phase(fr.func, sig)) is not None:
+            return phase, fr, False
     return None
+
+
+#: The words of an identifier: snake_case parts, camelCase humps, runs of capitals (`gptq_marlin_repack` -> gptq,
+#: marlin, repack; `forwardAsync` -> forward, async; `KVCacheManager` -> kv, cache, manager).
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def word_phase(name: str, sig: Signatures) -> str | None:
+    """The step a function's name says by its WORDS (signatures.yaml `frame_words`: `repack`, `checkpoint` ->
+    weight_loading; `handshake` -> comm_init; `generate`, `prompt` -> serving), for names no `frame_phases` pattern
+    knows: another engine's function for the same step. None when no word says one, or words say two steps
+    (`common_prompt_checkpoint`: a prompt's cache, not the weights'): the name is then no evidence."""
+    words = [w.lower() for w in _WORD.findall(name.rsplit("::", 1)[-1])]
+    said = {sig.frame_words[w] for w in words if w in sig.frame_words}
+    said |= {sig.frame_words[f"{a}_{b}"] for a, b in zip(words, words[1:]) if f"{a}_{b}" in sig.frame_words}
+    return said.pop() if len(said) == 1 else None
 
 
 #: A function's name in prose: snake_case or camelCase (`load_single_module`, `forwardAsync`), never a plain word

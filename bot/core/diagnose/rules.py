@@ -157,6 +157,7 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
         # allocation) is no failure while its process runs and its port answers; NCCL (whose errors are all
         # `NCCL WARN`) and CUDA faults torch reports as warnings stay failures
         hits = [h for h in hits if not (h.kind in ("oom", "crashed") and sig.warning_severity.search(h.line))]
+    hits = _not_recurring(hits, scan, sig)
     dmesg_oom = (
         [line for line in (obs.dmesg_lines or []) if sig.failures["host_oom"].first(line)] if alive is not True else []
     )
@@ -198,6 +199,37 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             found.kind = "crashed"
             found.how = " (killed by SIGKILL, but dmesg shows no OOM kill: someone or something else killed it)"
     return found
+
+
+#: Seconds on the log's clock after which the same error line said again by the same process shows it outlived it.
+RECUR_S = 5.0
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _not_recurring(hits: list[_Hit], scan: LogScan, sig: Signatures) -> list[_Hit]:
+    """`hits` less the errors the process outlived by its own account: a line said again, in the same words (numbers
+    aside), by the same rank or source, RECUR_S or more later on the log's clock, without an error severity and
+    outside any traceback (SGLang's `Decode out of memory happened ... retracted`, a retried allocation): a process
+    that dies of an error does not log it again later. Once one rank shows that, the same words from the other ranks
+    go too (the same event, survived there as well). A failure in other words still counts."""
+    if len(hits) < 2 or not scan.times:
+        return hits
+    in_block = {i for b in scan.blocks for i in range(b.start, b.end + 1)}
+
+    def words(h: _Hit) -> str:
+        return _DIGITS.sub("0", scan.norm[h.index].body if h.index < len(scan.norm) else h.line)
+
+    first: dict[tuple[str | None, str], float] = {}
+    survived: set[str] = set()
+    for h in hits:
+        t = scan.times[h.index] if h.index < len(scan.times) else None
+        if t is None or h.index in in_block or sig.error_severity.search(h.line):
+            continue
+        source = h.rank or (scan.norm[h.index].source if h.index < len(scan.norm) else None)
+        key = (source, words(h))
+        if t - first.setdefault(key, t) >= RECUR_S:
+            survived.add(key[1])
+    return [h for h in hits if words(h) not in survived] if survived else hits
 
 
 def _survived(obs: Observation, scan: LogScan, sig: Signatures, hits: list[_Hit], specific: list[_Hit],
@@ -419,13 +451,15 @@ def _past_startup(hit: _Hit, scan: LogScan) -> bool:
     return any(i < hit.index for i in scan.ready) or (hit.reached is not None and hit.reached[0] == "serving")
 
 
-def _event_frames(root: _Hit, scan: LogScan) -> tuple[str, int, _Hit] | None:
-    """The step that the sure frames of another error block of the same event show (another rank's traceback of the
-    same fault: the same second on the log's clock, or within 40 lines when the log has no clock), with the line of
-    the frame; None when none does."""
+def _event_frames(root: _Hit, scan: LogScan, sig: Signatures) -> tuple[str, int, _Hit] | None:
+    """The step that the frames of another error block of the same event show (another rank's or process's traceback
+    of the same fault: the same second on the log's clock, or within 40 lines when the log has no clock), with the
+    line of the frame; None when none does. A per-batch loop's frame says nothing (warm-up runs it too)."""
     t = scan.times[root.index] if root.index < len(scan.times) else None
     for h in scan.failures:
-        if h is root or h.frame_phase is None or not h.frame_sure or h.frame is None:
+        if h is root or h.frame_phase is None or h.frame is None:
+            continue
+        if not h.frame_sure and (root.frame_phase is not None or _in_loop_frame(h, scan, sig)):
             continue
         other = scan.times[h.index] if h.index < len(scan.times) else None
         same = abs(other - t) <= 1.0 if t is not None and other is not None else abs(h.index - root.index) <= 40
@@ -472,6 +506,13 @@ def _context_phase(f: _Failure, root: _Hit, scan: LogScan, alive: bool | None) -
 
 
 _TIMEOUT = re.compile(r"(?i)time ?out|timed out|watchdog")
+_FRAME_FUNC = re.compile(r"\bin (\w+)\s*$")
+
+
+def _in_loop_frame(h: _Hit, scan: LogScan, sig: Signatures) -> bool:
+    """Whether the frame that gave `h` its phase is an engine's per-batch loop (warm-up requests run it too)."""
+    m = _FRAME_FUNC.search(scan.lines[h.frame]) if h.frame is not None else None
+    return m is not None and sig.loop_frames.search(m.group(1)) is not None
 
 
 def _file_phase(module: str) -> str | None:
@@ -508,7 +549,7 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
         # the error's own words name the function that failed (`Encountered an error in forwardAsync function`)
         ev.add(f"{named}, by the function its message names (log line {root.index + 1})")
         return named
-    if root is not None and (other := _event_frames(root, scan)) is not None:
+    if root is not None and (other := _event_frames(root, scan, sig)) is not None:
         # another rank's traceback of the same error event (the same second, a few lines away) shows the frames
         phase, line, hit = other
         if not ev.quotes(scan.lines[line]):
@@ -534,6 +575,12 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
     if root is not None and root.frame_phase is not None and (phase or after) is not None \
             and _later(root.frame_phase, phase or after or "", scan):
         # frames (by their files alone) in a step after the last milestone: the launch got there without saying so
+        phase, phase_line = root.frame_phase, None
+        if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
+            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
+    if phase is None and after is None and root is not None and root.frame_phase is not None \
+            and not _in_loop_frame(root, scan, sig):
+        # no milestone anywhere before it: its frames, even by their files or words alone, are the only witness
         phase, phase_line = root.frame_phase, None
         if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
             ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")

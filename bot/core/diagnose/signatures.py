@@ -204,6 +204,7 @@ class Signatures:
     exception_types: dict[str, frozenset[str]] = field(default_factory=dict)  # verdict -> exception type names
     echo_types: frozenset[str] = frozenset()  # exception types raised because something else failed first
     frame_phases: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)  # (phase, function/file regex)
+    frame_words: dict[str, str] = field(default_factory=dict)  # a word of a function's name -> the phase it says
     wait_frames: re.Pattern[str] = re.compile(r"(?!)")  # functions that only wait on other processes
     loop_frames: re.Pattern[str] = re.compile(r"(?!)")  # an engine's per-batch loops (warm-up requests run them too)
     xid: dict[int, str] = field(default_factory=dict)  # NVIDIA Xid code -> verdict (gpu_lost, cuda_error)
@@ -369,6 +370,7 @@ def load_signatures(text: str | None = None) -> Signatures:
                         for p in _pats(specs, f"lexicon.{phase}", "lexicon", phase=phase, marker="begin")]),
         echo_types=frozenset(str(x) for x in data.get("echo_types") or ()),
         frame_phases=_frame_phases(data.get("frame_phases"), order),
+        frame_words=_frame_words(data.get("frame_words"), order),
         wait_frames=regex("wait_frames", r"(?!)"),
         loop_frames=regex("loop_frames", r"(?!)"),
         xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
@@ -397,6 +399,20 @@ def _frame_phases(data: Any, order: Sequence[str]) -> list[tuple[str, re.Pattern
         if phase not in order:
             raise ValueError(f"signatures: frame_phases: unknown phase {phase!r}")
         out += [(str(phase), p.regex) for p in _pats(specs, f"frame_phases.{phase}", "generic")]
+    return out
+
+
+def _frame_words(data: Any, order: Sequence[str]) -> dict[str, str]:
+    """frame_words: phase -> list of words (lower case; `a_b` for two words in a row). Raises ValueError for an
+    unknown phase or a word listed under two phases."""
+    out: dict[str, str] = {}
+    for phase, words in (data or {}).items():
+        if phase not in order:
+            raise ValueError(f"signatures: frame_words: unknown phase {phase!r}")
+        for w in words or []:
+            w = str(w).lower()
+            if out.setdefault(w, str(phase)) != phase:
+                raise ValueError(f"signatures: frame_words: {w!r} is listed under {out[w]!r} and {phase!r}")
     return out
 
 
