@@ -268,7 +268,11 @@ def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> lis
 _BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$"
                         r"|^(?:\[[\w.-]{1,64}:\d{1,9}\] )?\[\s?\d{1,3}\] (?P<lib>\S+?)"
                         r"\((?P<gsym>[^)+]*)(?:\+0x[0-9a-f]+)?\)"
-                        r"\[0x[0-9a-f]+\]$")
+                        r"\[0x[0-9a-f]+\]$"
+                        # UCX's `ucs_handle_error` backtrace: ` 6  /path/libuct.so(uct_tcp_ep_am_bcopy+0x8a) [0x7a..]`
+                        r"|^\s*\d{1,3}\s+(?P<ulib>/\S+?)\((?P<usym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s+\[0x[0-9a-f]+\]$"
+                        # absl's FailureSignalHandler (Ray, gRPC): `PC: @ 0x7f.. (unknown) func()`, `@ 0x7f.. 80 func`
+                        r"|^(?:PC: )?@\s+0x[0-9a-f]{1,16}\s+(?:\d+|\(unknown\))\s+(?P<asym>\S.*)$")
 
 
 def native_function(sym: str) -> tuple[str, str] | None:
@@ -309,7 +313,7 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
                     j += 1
                     continue
                 break
-            sym = m.group("sym") if m.group("sym") is not None else m.group("gsym")
+            sym = next((g for g in (m.group("sym"), m.group("gsym"), m.group("usym"), m.group("asym")) if g), None)
             if sym and (fn := native_function(sym)) is not None:
                 frames.append(TraceFrame(fn[1], fn[0]))
             j += 1

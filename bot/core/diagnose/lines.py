@@ -98,6 +98,8 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
                         r"(?:(?P<m>[\w/.-]+\.cc):\d+ )?")),
     # torch `[rank0]:`, `[Rank 3] `
     ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
+    # Ray's C++ logger (src/ray/util/logging.cc, spdlog): `[2025-04-17 15:09:14,925 E 812 812] ` (level, pid, tid)
+    ("glog", re.compile(r"\[" + _TS_CORE + r" (?P<v>[IWEFD]) \d{1,10} \d{1,10}\]\s*(?:(?P<m>[\w./-]+\.(?:cc|cpp|h)):\d+:\s*)?")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
     # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
     ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
@@ -180,14 +182,26 @@ def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
     return ("label", label) if label is not None else None
 
 
+#: A colour code whose ESC byte a copy or a paste dropped (`[36m(RayWorkerWrapper pid=812)[0m ...`): ECMA-48's SGR
+#: sequence without its ESC. Removed only from a line that starts with one (then it is no bracketed text).
+_BARE_SGR = re.compile(r"\[(?:\d{1,3}(?:;\d{1,3}){0,4})?m")
+_BARE_SGR_START = re.compile(r"^\s*\[\d{1,3}(?:;\d{1,3}){0,4}m")
+
+
 @functools.lru_cache(maxsize=1 << 15)
 def _segments(text: str) -> tuple[str, ...]:
     """One raw line's segments: `\\r` rewrites split, controls stripped, long lines cut (cached per line)."""
     if "\r" in text:
-        return tuple(s for s in (strip_control(p)[:MAX_LINE] for p in text.split("\r")) if s.strip()) or ("",)
+        return tuple(s for s in (_unpasted(strip_control(p))[:MAX_LINE] for p in text.split("\r")) if s.strip()) \
+            or ("",)
     if text.isascii() and text.isprintable():
-        return (text[:MAX_LINE],)
-    return (strip_control(text)[:MAX_LINE],)
+        return (_unpasted(text)[:MAX_LINE],)
+    return (_unpasted(strip_control(text))[:MAX_LINE],)
+
+
+def _unpasted(text: str) -> str:
+    """`text` without the colour codes a paste left without their ESC byte (`_BARE_SGR`)."""
+    return _BARE_SGR.sub("", text) if text[:1] in "[ \t" and _BARE_SGR_START.match(text) else text
 
 
 def _split_cr(lines: Iterable[object]) -> list[tuple[int, str]]:

@@ -8,6 +8,7 @@ table's failure patterns are only the last layer, read on the exception's own me
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -45,7 +46,26 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
                     return m  # torch's AcceleratorError for `CUDA error: out of memory`
                 return kind
     text = f"{block.exc_type or ''}: {block.message}" if block.exc_type else block.message
-    return _message_family(text, sig) or "crashed"
+    family = _message_family(text, sig) or "crashed"
+    if family == "crashed" and _in_collective(block.frames, sig):
+        return "nccl_error"  # a fault inside a collective (NCCL's, MPI's, an all-reduce plugin's own code)
+    return family
+
+
+#: How many named frames, innermost first, are read for a collective a fault happened in.
+COLLECTIVE_DEPTH = 4
+
+
+def _in_collective(frames: Sequence[TraceFrame], sig: Signatures) -> bool:
+    """Whether one of the innermost named frames runs a collective or the communication library (signatures.yaml
+    `collective_words`: `all_reduce`, `AllreducePlugin`, NCCL's `addCBDCollToPlan`, `ncclGroupEnd`, MPI)."""
+    named = [fr.func for fr in _funcs(frames) if fr.func][:COLLECTIVE_DEPTH]
+    for name in named:
+        words = [w.lower() for w in _WORD.findall(name.rsplit("::", 1)[-1] if "::" not in name else name)]
+        if any(w in sig.collective_words for w in words) \
+                or any(f"{a}_{b}" in sig.collective_words for a, b in itertools.pairwise(words)):
+            return True
+    return False
 
 
 def _funcs(frames: Sequence[TraceFrame]) -> list[TraceFrame]:
@@ -79,11 +99,13 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
         return "serving", serving, True
     if loop is not None:
         return "serving", loop, False
-    for fr in _funcs(frames):
+    # a collective's own frames (`all_reduce` in parallel_state.py) run in whatever step called them: not by file
+    callers = [fr for fr in frames if not (fr.func and _in_collective([fr], sig))]
+    for fr in _funcs(callers):
         for phase, rx in sig.frame_phases:
             if fr.file and rx.search(fr.file):
                 return phase, fr, False
-    for fr in _funcs(frames):
+    for fr in _funcs(callers):
         if fr.func and (phase := word_phase(fr.func, sig)) is not None:
             return phase, fr, False
     return None
@@ -101,7 +123,7 @@ def word_phase(name: str, sig: Signatures) -> str | None:
     (`common_prompt_checkpoint`: a prompt's cache, not the weights'): the name is then no evidence."""
     words = [w.lower() for w in _WORD.findall(name.rsplit("::", 1)[-1])]
     said = {sig.frame_words[w] for w in words if w in sig.frame_words}
-    said |= {sig.frame_words[f"{a}_{b}"] for a, b in zip(words, words[1:]) if f"{a}_{b}" in sig.frame_words}
+    said |= {sig.frame_words[f"{a}_{b}"] for a, b in itertools.pairwise(words) if f"{a}_{b}" in sig.frame_words}
     return said.pop() if len(said) == 1 else None
 
 

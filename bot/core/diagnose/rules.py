@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -146,6 +146,7 @@ class _Failure:
     dmesg_oom: list[str]
     kind: str
     how: str = ""
+    kernel_fault: list[str] = field(default_factory=list)  # the kernel's lines of a process that died of a fault
 
 
 def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | None:
@@ -183,9 +184,13 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
         kind = "killed" if obs.exit_code in (137, -9) else "crashed"
     else:
         kind = None
+    faults = [line for _, _, line in kernel_faults(obs.dmesg_lines)] if alive is not True else []
+    if kind is None and faults:
+        kind = "crashed"  # no error in the log, but the kernel saw the process die of its own fault
     if kind is None:
         return None
-    found = _Failure(hits, root, hits[0] if hits else None, echoes, dmesg_oom, kind)
+    found = _Failure(hits, root, hits[0] if hits else None, echoes, dmesg_oom, kind,
+                     kernel_fault=faults if kind == "crashed" else [])
     if kind == "killed":
         # a dmesg capture without a kernel line (empty, or "read kernel buffer failed") is no kernel log
         kernel_log = obs.dmesg_lines is not None and any(_KERNEL_LINE.search(line) for line in obs.dmesg_lines)
@@ -343,6 +348,8 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
         ev.add(f"context: `{_q(scan.lines[i])}`")
     for line in f.dmesg_oom[:2]:
         ev.add(f"dmesg: `{_q(line)}`")
+    for line in f.kernel_fault[:2]:
+        ev.add(f"dmesg, a process killed by its own fault: `{_q(line)}`")
     killed_hits = [h for h in hits if h.kind == "killed"]
     if killed_hits and f.kind in ("host_oom", "crashed"):
         ev.add(f"killed (log line {killed_hits[0].index + 1}): `{_q(killed_hits[0].line)}`")
@@ -618,7 +625,7 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     phase = _failure_phase(f, scan, sig, ev, obs.process_alive)
     root, first = f.root, f.first
     where = f" during {phase}" if phase else ""
-    quote = _said(root, scan, sig) if root else (f.dmesg_oom[0].strip() if f.dmesg_oom else "")
+    quote = _said(root, scan, sig) if root else (f.dmesg_oom or f.kernel_fault or [""])[0].strip()
     summary = f"{_FAILURE_LABEL[f.kind]}{where}{f.how}."
     if root is None and obs.exit_code is not None:  # an exit status decided: it comes first
         ev = _led_by(ev, _exit_line(obs.exit_code))
@@ -701,7 +708,7 @@ def _failure_sureness(f: _Failure, obs: Observation) -> dict[str, str | None]:
     root = f.root
     others = [h.kind for h in f.hits if h.kind not in (f.kind, "killed")]
     runner = others[0] if others else None
-    if f.dmesg_oom or (root is not None and not root.echo and f.kind != "crashed"
+    if f.dmesg_oom or (root is None and f.kernel_fault) or (root is not None and not root.echo and f.kind != "crashed"
                        and (root.block is None or not root.block.cut) and obs.process_alive is not True):
         return {"confidence": "high", "runner_up": runner, "missing": None}
     if root is not None and root.echo:
@@ -967,6 +974,24 @@ def _gpu_lost_rule(c: _Case) -> Verdict | None:
 
 #: The kernel's Xid line (`NVRM: Xid (PCI:0000:17:00): 79, pid=..., GPU has fallen off the bus.`).
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?[^)]{0,40}\): (?P<code>\d{1,3})\b")
+
+
+#: The kernel's report of a user process killed by its own fault (Linux arch/x86/mm/fault.c `show_signal_msg`:
+#: `COMM[PID]: segfault at ADDR ip ADDR sp ADDR error N in LIB[...]`; arch/x86/kernel/traps.c: `traps: COMM[PID]
+#: general protection fault ip:... error:0 in LIB[...]`, `COMM[PID] trap invalid opcode ip:...`, `... trap divide
+#: error ...`; arm64 `COMM[PID]: unhandled level 3 translation fault (11) at 0x..`).
+_KERNEL_FAULT = re.compile(r"(?P<comm>[^\s\[\]:]{1,64})\[(?P<pid>\d{1,10})\]:? (?:segfault at [0-9a-fx]+"
+                           r"|general protection(?: fault)?|trap [a-z][a-z ]{2,40}? ip:|unhandled [\w ]{0,40}fault)")
+
+
+def kernel_faults(lines: Sequence[str] | None) -> list[tuple[str, int, str]]:
+    """(process name, PID, line) of every user process the kernel log says died of its own fault (a segfault, a
+    general protection fault, a trap), in order. Never raises."""
+    out: list[tuple[str, int, str]] = []
+    for line in lines or []:
+        if (m := _KERNEL_FAULT.search(line)) is not None:
+            out.append((m.group("comm"), int(m.group("pid")), line.strip()))
+    return out
 
 
 def xids(lines: Sequence[str] | None, sig: Signatures) -> list[tuple[int, str]]:

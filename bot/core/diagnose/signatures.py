@@ -205,6 +205,7 @@ class Signatures:
     echo_types: frozenset[str] = frozenset()  # exception types raised because something else failed first
     frame_phases: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)  # (phase, function/file regex)
     frame_words: dict[str, str] = field(default_factory=dict)  # a word of a function's name -> the phase it says
+    collective_words: frozenset[str] = frozenset()  # words of a function's name that say it runs a collective
     wait_frames: re.Pattern[str] = re.compile(r"(?!)")  # functions that only wait on other processes
     loop_frames: re.Pattern[str] = re.compile(r"(?!)")  # an engine's per-batch loops (warm-up requests run them too)
     xid: dict[int, str] = field(default_factory=dict)  # NVIDIA Xid code -> verdict (gpu_lost, cuda_error)
@@ -371,6 +372,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         echo_types=frozenset(str(x) for x in data.get("echo_types") or ()),
         frame_phases=_frame_phases(data.get("frame_phases"), order),
         frame_words=_frame_words(data.get("frame_words"), order),
+        collective_words=frozenset(str(w).lower() for w in data.get("collective_words") or ()),
         wait_frames=regex("wait_frames", r"(?!)"),
         loop_frames=regex("loop_frames", r"(?!)"),
         xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
