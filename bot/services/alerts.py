@@ -13,7 +13,7 @@ from bot.core.models import Launch
 from bot.core.observe import phase_times
 from bot.core.records import CheckRecord
 from bot.present.chart import draw_timeline, timeline_inputs
-from bot.present.render import Renderer
+from bot.present.render import Message, Renderer
 from bot.present.views import alert_view
 from bot.services.history import CheckHistory
 from bot.services.surface import Surface
@@ -41,13 +41,21 @@ class AlertPoster:
 
     async def post(self, la: Launch, verdict: Verdict, record: CheckRecord, *, recovered: bool = False,
                    files: list[tuple[str, bytes]] | None = None) -> bool:
-        """Post the alert for `verdict` in `la`'s thread: short (headline, key evidence, buttons, next steps),
-        with the full evidence (when longer) and the timeline PNG attached (a chart failure never costs the
-        alert), and show the verdict on the root message. `recovered`: the one message after a problem while
-        serving. `files`: more attachments (name, bytes), e.g. the ranks' stack dump. Returns True when the alert was
-        posted or queued; False without a channel or when refused."""
+        """Compose the alert (`compose`) and queue it (`send`). Returns True when it was posted or queued; False
+        without a channel or when refused."""
+        msg = await self.compose(la, verdict, record, recovered=recovered, files=files)
+        return await self.send(la, verdict, msg) if msg is not None else False
+
+    async def compose(self, la: Launch, verdict: Verdict, record: CheckRecord, *, recovered: bool = False,
+                      files: list[tuple[str, bytes]] | None = None) -> Message | None:
+        """The alert for `verdict` in `la`'s thread: short (headline, key evidence, buttons, next steps), with the
+        full evidence (when longer) and the timeline PNG attached (a chart failure never costs the alert).
+        `recovered`: the one message after a problem while serving. `files`: more attachments (name, bytes), e.g.
+        the ranks' stack dump. The slow part of an alert (the records read, the chart drawn), done before the
+        watcher records the alert so that recording and queueing follow each other with nothing in between. None
+        without a channel."""
         if not la.channel:
-            return False
+            return None
         # the records' times are the host's clock, created_at the bot's: the time since the launch is the
         # bot's, the phases are the host's, with the launch's start moved onto the host's clock
         bot_now = self._clock.time()
@@ -70,6 +78,13 @@ class AlertPoster:
             msg.files.append((f"{la.variant}-{la.id}-timeline.png", png))
         except Exception:
             log.exception("timeline chart of %s failed", la.name)
+        return msg
+
+    async def send(self, la: Launch, verdict: Verdict, msg: Message) -> bool:
+        """Queue a composed alert in `la`'s thread and show the verdict on the root message. Returns True when it
+        was posted or queued; False when refused."""
+        if not la.channel:
+            return False
         ts = await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
         await self._threads.show(la, verdict)
         if ts is not None and self._metrics is not None:

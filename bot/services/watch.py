@@ -537,14 +537,17 @@ class Watcher:
             self.unwatch(la.id)
             return CheckOutcome(verdict, False, current)
         fields = {"alert_state": name, "state_detail": summary[:300]}
+        # rank 0's own failure may have been posted while Slurm was ending the job; composed before it is recorded
+        end = LaunchState.EXITED if name == "exited" else LaunchState.FAILED
+        alert = await self._alerts.compose(replace(current, **fields, state=end), verdict, record) \
+            if name != current.alert_state else None
         try:
-            la = self._record(la, current, fields, LaunchState.EXITED if name == "exited" else LaunchState.FAILED,
-                              current.alert_state)
+            la = self._record(la, current, fields, end, current.alert_state)
         except _Superseded:
             return CheckOutcome(verdict, False, self._launch_rows.get(la.id))
         alerted = False
-        if name != current.alert_state:  # rank 0's own failure may have been posted while Slurm was ending the job
-            alerted = await self._alerts.post(la, verdict, record)
+        if name != current.alert_state:
+            alerted = await self._alerts.send(la, verdict, alert) if alert is not None else False
         else:
             await self._threads.show(la, verdict)
         with self._unless_refused(la, "its schedule"):
@@ -614,6 +617,11 @@ class Watcher:
         fields = _new_fields(verdict, current, record, news=news, serving=serving, ended=ended)
         # the verdict ends the launch (leftovers still hold GPUs: /gpu status shows them, /kill stops them)
         end = (LaunchState.EXITED if verdict.verdict == "exited" else LaunchState.FAILED) if ended else None
+        # the alert is composed before it is recorded (its records read, its chart drawn: slow under load), so that
+        # queueing it follows the record at once: a leader killed in between loses no alert it had recorded
+        after = replace(current, **fields, **({"state": end} if end is not None else {}))  # type: ignore[arg-type]
+        alert = await self._alerts.compose(after, verdict, record, recovered=serving and verdict.verdict == "ready",
+                                           files=dump_files) if news else None
         if fields or end is not None:
             try:
                 la = self._record(la, current, fields, end, stored_alert)
@@ -621,8 +629,7 @@ class Watcher:
                 return CheckOutcome(verdict, False, self._launch_rows.get(la.id))
         alerted = False
         if news:
-            alerted = await self._alerts.post(la, verdict, record, recovered=serving and verdict.verdict == "ready",
-                                              files=dump_files)  # the root shows it too
+            alerted = await self._alerts.send(la, verdict, alert) if alert is not None else False  # the root shows it
         elif fields:
             await self._threads.show(la, verdict if ended else None)
         with self._unless_refused(la, "its schedule"):  # the job store is in the same database

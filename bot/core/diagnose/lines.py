@@ -99,7 +99,8 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # torch `[rank0]:`, `[Rank 3] `
     ("source", re.compile(r"\[(?P<v>[Rr]ank ?\d{1,5})\]:?\s*")),
     # Ray's C++ logger (src/ray/util/logging.cc, spdlog): `[2025-04-17 15:09:14,925 E 812 812] ` (level, pid, tid)
-    ("glog", re.compile(r"\[" + _TS_CORE + r" (?P<v>[IWEFD]) \d{1,10} \d{1,10}\]\s*(?:(?P<m>[\w./-]+\.(?:cc|cpp|h)):\d+:\s*)?")),
+    ("glog", re.compile(r"\[" + _TS_CORE + r" (?P<v>[IWEFD]) \d{1,10} \d{1,10}\]\s*"
+                        r"(?:(?P<m>[\w./-]+\.(?:cc|cpp|h)):\d+:\s*)?")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
     # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
     ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
