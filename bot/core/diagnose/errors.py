@@ -275,10 +275,43 @@ _BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$"
                         r"|^(?:PC: )?@\s+0x[0-9a-f]{1,16}\s+(?:\d+|\(unknown\))\s+(?P<asym>\S.*)$")
 
 
+#: An Itanium C++ ABI mangled name (GCC, Clang): `_ZN` nested-name `E` or `_Z` one name, then the parameters.
+_MANGLED = re.compile(r"^_Z(?P<nested>N(?:[rVKRO]*))?(?P<rest>\d.*)$")
+
+
+def demangled(sym: str) -> str | None:
+    """The qualified name of an Itanium-mangled symbol's nested or plain name (`_ZN24common_prompt_checkpoint10update
+    _tgtEv` -> `common_prompt_checkpoint::update_tgt`; `_Z14ggml_abortPKci` -> `ggml_abort`), the parameters left
+    out; None when it is not one this reads (templates, substitutions, operators are not followed). Source: the
+    Itanium C++ ABI, "External Names (a.k.a. Mangling)", <nested-name> and <source-name>."""
+    m = _MANGLED.match(sym)
+    if m is None:
+        return None
+    rest, parts = m.group("rest"), []
+    while rest[:1].isdigit():
+        n = 0
+        k = 0
+        while k < len(rest) and rest[k].isdigit() and k < 4:
+            n, k = n * 10 + int(rest[k]), k + 1
+        name = rest[k:k + n]
+        if len(name) < n or not n:
+            return None
+        parts.append(name)
+        rest = rest[k + n:]
+        if not m.group("nested"):
+            break
+    if not parts or (m.group("nested") and not rest.startswith(("E", "C", "D", "I"))):
+        return None
+    return "::".join(parts)
+
+
 def native_function(sym: str) -> tuple[str, str] | None:
     """(function, qualified name) of a native frame's symbol (`ns::Class::method(args) + 140` -> (`method`,
-    `ns::Class::method`)); None for an unresolved address (`lib.so(+0x745b36) [0x7f..]`)."""
+    `ns::Class::method`); a mangled one is read as its `demangled` name); None for an unresolved address
+    (`lib.so(+0x745b36) [0x7f..]`)."""
     sym = sym.strip()
+    if sym.startswith("_Z"):
+        sym = demangled(sym.split("+", 1)[0].split(" ", 1)[0]) or sym
     if sym.startswith("virtual thunk to "):
         sym = sym[len("virtual thunk to "):]
     depth = 0

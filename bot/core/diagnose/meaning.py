@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from bot.core.diagnose.errors import ErrorBlock, TraceFrame
 from bot.core.diagnose.signatures import _FAILURE_KINDS, Signatures
 
-__all__ = ["block_family", "frame_phase", "is_crash_signal", "is_echo", "named_phase", "word_phase"]
+__all__ = ["block_family", "frame_phase", "in_collective", "is_crash_signal", "is_echo", "named_phase", "word_phase"]
 
 #: Signal names that end a process by a fault of its own code or hardware (a crash), not a request to stop.
 _CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "signal"})
@@ -47,7 +47,7 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
                 return kind
     text = f"{block.exc_type or ''}: {block.message}" if block.exc_type else block.message
     family = _message_family(text, sig) or "crashed"
-    if family == "crashed" and _in_collective(block.frames, sig):
+    if family == "crashed" and in_collective(block.frames, sig):
         return "nccl_error"  # a fault inside a collective (NCCL's, MPI's, an all-reduce plugin's own code)
     return family
 
@@ -56,12 +56,13 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
 COLLECTIVE_DEPTH = 4
 
 
-def _in_collective(frames: Sequence[TraceFrame], sig: Signatures) -> bool:
+def in_collective(frames: Sequence[TraceFrame], sig: Signatures) -> bool:
     """Whether one of the innermost named frames runs a collective or the communication library (signatures.yaml
     `collective_words`: `all_reduce`, `AllreducePlugin`, NCCL's `addCBDCollToPlan`, `ncclGroupEnd`, MPI)."""
-    named = [fr.func for fr in _funcs(frames) if fr.func][:COLLECTIVE_DEPTH]
+    # a native frame's qualified name (`tensorrt_llm::plugins::AllreducePlugin::initialize`) says its class too
+    named = [fr.file if "::" in fr.file else fr.func for fr in _funcs(frames) if fr.func][:COLLECTIVE_DEPTH]
     for name in named:
-        words = [w.lower() for w in _WORD.findall(name.rsplit("::", 1)[-1] if "::" not in name else name)]
+        words = [w.lower() for w in _WORD.findall(name)]
         if any(w in sig.collective_words for w in words) \
                 or any(f"{a}_{b}" in sig.collective_words for a, b in itertools.pairwise(words)):
             return True
@@ -100,7 +101,7 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
     if loop is not None:
         return "serving", loop, False
     # a collective's own frames (`all_reduce` in parallel_state.py) run in whatever step called them: not by file
-    callers = [fr for fr in frames if not (fr.func and _in_collective([fr], sig))]
+    callers = [fr for fr in frames if not (fr.func and in_collective([fr], sig))]
     for fr in _funcs(callers):
         for phase, rx in sig.frame_phases:
             if fr.file and rx.search(fr.file):

@@ -37,7 +37,7 @@ from bot.core.diagnose.evidence import (
     nccl_in_play,
 )
 from bot.core.diagnose.logscan import _FRAME_RE, LineMemo, LogScan, _Hit, _traceback_end, scan_log
-from bot.core.diagnose.meaning import named_phase
+from bot.core.diagnose.meaning import in_collective, named_phase
 from bot.core.diagnose.observation import Observation, Verdict, cpu_progress
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
 from bot.core.diagnose.stacks import stack_activity, with_stacks
@@ -294,6 +294,26 @@ def _said(hit: _Hit, scan: LogScan, sig: Signatures) -> str:
     return (scan.lines[j] if j is not None else hit.line).strip()
 
 
+#: Lines after a failure within which another block of the same fault (its Python frames after a native trace) is read.
+SAME_FAULT_LINES = 30
+
+
+def _collective_frames(root: _Hit, scan: LogScan, sig: Signatures) -> list[int]:
+    """The lines of the innermost collective frame (`in_collective`) of the failure's block and of the next block of
+    the same fault (a native trace's Python frames after it): where in the communication it failed."""
+    out: list[int] = []
+    blocks = [b for b in scan.blocks if b is root.block
+              or (root.block is not None and 0 < b.start - root.block.end <= SAME_FAULT_LINES)][:2]
+    for b in blocks:
+        fr = next((fr for fr in reversed(b.frames) if fr.func and in_collective([fr], sig)), None)
+        if fr is None:
+            continue
+        j = next((j for j in range(b.start, min(b.end, len(scan.lines) - 1) + 1) if fr.func in scan.lines[j]), None)
+        if j is not None:
+            out.append(j)
+    return out
+
+
 def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     """The failure's evidence: the first failure, the decisive one, others like it, its error block and
     traceback, a later echo, context lines, dmesg's OOM kill and a `Killed` line."""
@@ -335,6 +355,9 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     for anchor in [h for h in (first, root) if h is not None]:
         ev.add(_block_summary(anchor, scan) if anchor.block is not None
                else _traceback_summary(scan, anchor.index, sig))
+    if root is not None and f.kind == "nccl_error":
+        for j in _collective_frames(root, scan, sig):
+            ev.add(f"in a collective (log line {j + 1}): `{_q(scan.lines[j])}`")
     if root is not None and not root.echo:
         later_echo = [h for h in f.echoes if h.index > root.index]
         if later_echo:
@@ -535,7 +558,10 @@ _REQUEST_CONTEXT = re.compile(
     r'"(?:POST|GET) /(?:v\d/)?(?:chat/)?(?:completions|generate\w*|embeddings|infer\w*|predict)\S* HTTP/[\d.]+"'
     r"|\b(?:POST|GET) /(?:v\d/)?(?:chat/)?(?:completions|generate\w*)\b"
     r"|(?i:\b(?:Received|Added|Processing|Finished) request\b|\brequest_id[=:]|\breq_id[=:]|#running-req: [1-9]"
-    r"|\bRunning: [1-9]\d* reqs)")
+    r"|\bRunning: [1-9]\d* reqs)"
+    # a request named by its id (`Request img_gen-8cd9b8f5a1ba8041 aborted`, `request cmpl-3f2a91c0`): an id with
+    # digits, 8 characters or more
+    r"|\b[Rr]equest\(?s?\)? \[?['\"]?(?=[\w-]*\d)[A-Za-z0-9][\w-]{7,}")
 
 
 def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_alive: bool | None = None) -> str | None:
