@@ -62,6 +62,8 @@ class ErrorBlock:
     - `cut`: it ended without its exception line. `chained`: another traceback follows it as its consequence
       ("During handling of the above exception ...", "The above exception was the direct cause ...").
     - `source`: the rank, process or container that printed it (None when the log has one source).
+    - `intro`: the line that introduced a traceback printed without its `Traceback (most recent call last):` header
+      (a line ending in a colon just above its first frame), or None.
     """
 
     kind: str
@@ -71,6 +73,7 @@ class ErrorBlock:
     line: int
     end: int
     frames: list[TraceFrame] = field(default_factory=list)
+    intro: int | None = None  # the line that introduced a traceback printed without its header (`... Error:`)
     cut: bool = False
     chained: bool = False
     source: str | None = None
@@ -159,6 +162,10 @@ def _streams(lines: Sequence[LogLine]) -> dict[str | None, list[int]]:
     return out
 
 
+#: Lines above a headless traceback's first frame searched for the line that introduced it.
+INTRO_LINES = 3
+
+
 class _PyReader:
     """Reads one stream's Python tracebacks and faulthandler dumps, line by line (`take`), into `out`."""
 
@@ -170,12 +177,13 @@ class _PyReader:
         self.chain_next = False
 
     def close(self, cut: bool) -> None:
-        """End the traceback being read; `cut`: before its exception line (its last frame stands for it)."""
+        """End the traceback being read; `cut`: before its exception line (the line that introduced it stands for
+        it, else its last frame)."""
         block, self.cur = self.cur, None
         if block is None:
             return
         if cut:
-            block.cut, block.line = True, block.end
+            block.cut, block.line = True, block.intro if block.intro is not None else block.end
         self.out.append(block)
 
     def start(self, i: int) -> None:
@@ -206,6 +214,15 @@ class _PyReader:
             return True
         return False
 
+    def _intro(self, i: int) -> int | None:
+        """The line that introduces a headless traceback whose first frame is line `i`: one of the INTRO_LINES lines
+        above it that ends in a colon (what follows is its detail), else None."""
+        for j in range(i - 1, max(-1, i - 1 - INTRO_LINES), -1):
+            body = self.lines[j].body.strip()
+            if body.endswith(":") and not _FRAME.search(body):
+                return j
+        return None
+
     def take(self, i: int) -> None:
         """Read line `i`."""
         body = self.lines[i].body.strip()
@@ -223,8 +240,11 @@ class _PyReader:
             last = self.out[-1] if self.out else None
             if fm is None or (last is not None and last.end >= i - 1 and not last.cut):
                 return
-            # a traceback pasted without its header (an excerpt that starts in its frames): read from its first frame
-            self.cur = ErrorBlock("python", None, "", start=i, line=i, end=i, source=self.source)
+            # a traceback printed or pasted without its header: read from its first frame, and from the line that
+            # introduced it when one does (`... failed to start with exception. Error:` ending in a colon)
+            intro = self._intro(i)
+            self.cur = ErrorBlock("python", None, "", start=intro if intro is not None else i, line=i, end=i,
+                                  source=self.source, intro=intro)
             self.after_frame = 0
         cur = self.cur
         if fm is not None:
