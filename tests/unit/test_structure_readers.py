@@ -9,7 +9,12 @@ had not read the readers. One test per reader:
 - traceback / native: bot.core.diagnose.errors.error_blocks reads the exception's type, message and frames, and says
   when the traceback was cut before its final line;
 - ps: bot.core.bundle.parse_ps_text reads a process listing pasted without its header;
-- shutdown: bot.core.diagnose.scan_log reads an orderly stop as the run's ending.
+- shutdown: bot.core.diagnose.scan_log reads an orderly stop as the run's ending;
+- backtrace: error_blocks reads a native backtrace's function names (glibc, UCX, absl's signal handler, Itanium-
+  mangled names by bot.core.diagnose.errors.demangled);
+- kernel_fault: bot.core.diagnose.rules.kernel_faults reads the kernel's line of a process killed by its own fault;
+- traceback_intro: a traceback printed without its header is read from the line that introduced it;
+- recurring: an error the same ranks say again later was outlived (no failure verdict).
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import yaml
 
 from bot.core.bundle import parse_ps_text
 from bot.core.diagnose import scan_log
-from bot.core.diagnose.errors import error_blocks
+from bot.core.diagnose import Observation, diagnose
+from bot.core.diagnose.errors import demangled, error_blocks
 from bot.core.diagnose.lines import normalise
+from bot.core.diagnose.rules import kernel_faults
 from bot.core.diagnose.timeline import stamp
 
 SAMPLES = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "structure" / "samples.yaml")
@@ -146,3 +153,62 @@ def test_an_orderly_stop_is_the_run_s_ending(sample):
     if expect.get("signal_line"):
         assert any(expect["signal_line"].strip() in scan.lines[i] for i in (scan.stop_requested, scan.ending)
                    if i is not None), scan.lines[scan.ending]
+
+
+@pytest.mark.parametrize("sample", _of("backtrace"))
+def test_a_native_backtrace_gives_its_function_names(sample):
+    blocks = error_blocks(normalise(_lines(sample)))
+    expect = sample["expect"]
+    funcs = {f.func for b in blocks for f in b.frames}
+    assert set(expect["functions"]) <= funcs, funcs
+    if expect.get("type"):
+        assert any(b.exc_type == expect["type"] for b in blocks), [(b.kind, b.exc_type) for b in blocks]
+    if expect.get("qualified"):
+        assert any(f.file == expect["qualified"] for b in blocks for f in b.frames)
+
+
+# Itanium C++ ABI names as the reports' backtraces print them (the second is cut where the report's line was cut).
+@pytest.mark.parametrize(("symbol", "name"), [
+    ("_ZN12tensorrt_llm7plugins15AllreducePlugin10initializeEv",  # NVIDIA/TensorRT-LLM#1826
+     "tensorrt_llm::plugins::AllreducePlugin::initialize"),
+    ("_ZN24common_prompt_checkpoint10update_tgtE", "common_prompt_checkpoint::update_tgt"),  # lemonade-sdk/llamacpp-rocm#122
+    ("_ZN13llama_context11synchronizeEv", "llama_context::synchronize"),  # lemonade-sdk/llamacpp-rocm#122
+    ("_ZSt9terminatev", None),  # a substitution (std::) is not followed: the symbol stays as printed
+    ("_ZN99tooshortE", None),
+])
+def test_a_mangled_symbol_is_read_by_its_names(symbol, name):
+    assert demangled(symbol) == name
+
+
+@pytest.mark.parametrize("sample", _of("kernel_fault"))
+def test_the_kernel_line_of_a_process_killed_by_its_own_fault_is_read(sample):
+    got = [[comm, pid] for comm, pid, _ in kernel_faults(_lines(sample))]
+    assert got == sample["expect"]["processes"]
+    verdict = diagnose(Observation(log_lines=[], dmesg_lines=_lines(sample), process_alive=False))
+    assert verdict.verdict == "crashed" and any(_lines(sample)[0].strip()[:40] in e for e in verdict.evidence)
+
+
+def test_an_oom_kill_or_an_xid_is_no_fault_of_the_process():
+    lines = ["[Tue Sep  8 10:05:32 2026] Out of memory: Killed process 3838286 (lmdeploy) total-vm:1234kB",
+             "[Tue Sep  8 10:05:32 2026] NVRM: Xid (PCI:0000:17:00): 79, pid=3838286, GPU has fallen off the bus."]
+    assert kernel_faults(lines) == []
+
+
+@pytest.mark.parametrize("sample", _of("traceback_intro"))
+def test_a_traceback_without_its_header_is_read_from_the_line_that_introduced_it(sample):
+    lines = _lines(sample)
+    blocks = [b for b in error_blocks(normalise(lines)) if b.kind == "python"]
+    assert blocks and blocks[-1].cut is sample["expect"]["cut"]
+    intro = blocks[-1].intro
+    assert intro is not None and lines[intro].strip() == sample["expect"]["intro"]
+    assert blocks[-1].line == intro  # the line that says what failed, where the exception line is missing
+
+
+@pytest.mark.parametrize("sample", _of("recurring"))
+def test_an_error_the_same_ranks_say_again_later_was_outlived(sample):
+    lines = _lines(sample)
+    assert sample["expect"]["survived"] is True
+    verdict = diagnose(Observation(log_lines=lines))
+    assert verdict.verdict not in ("oom", "crashed"), verdict.summary
+    # the same words from ranks that said them once, at one moment, stay a failure
+    assert diagnose(Observation(log_lines=[x for x in lines if "21:49:33" in x])).verdict == "oom"
