@@ -26,8 +26,7 @@ import pytest
 import yaml
 
 from bot.core.bundle import parse_ps_text
-from bot.core.diagnose import scan_log
-from bot.core.diagnose import Observation, diagnose
+from bot.core.diagnose import Observation, diagnose, scan_log
 from bot.core.diagnose.errors import demangled, error_blocks
 from bot.core.diagnose.lines import normalise
 from bot.core.diagnose.rules import kernel_faults
