@@ -170,7 +170,8 @@ def test_a_native_backtrace_gives_its_function_names(sample):
 @pytest.mark.parametrize(("symbol", "name"), [
     ("_ZN12tensorrt_llm7plugins15AllreducePlugin10initializeEv",  # NVIDIA/TensorRT-LLM#1826
      "tensorrt_llm::plugins::AllreducePlugin::initialize"),
-    ("_ZN24common_prompt_checkpoint10update_tgtE", "common_prompt_checkpoint::update_tgt"),  # lemonade-sdk/llamacpp-rocm#122
+    # lemonade-sdk/llamacpp-rocm#122
+    ("_ZN24common_prompt_checkpoint10update_tgtE", "common_prompt_checkpoint::update_tgt"),
     ("_ZN13llama_context11synchronizeEv", "llama_context::synchronize"),  # lemonade-sdk/llamacpp-rocm#122
     ("_ZSt9terminatev", None),  # a substitution (std::) is not followed: the symbol stays as printed
     ("_ZN99tooshortE", None),
