@@ -869,3 +869,26 @@ def test_a_program_that_ran_to_its_end_exited_with_no_phase():
              "was not called before program exit, which can leak resources."]
     v = diagnose(Observation(log_lines=lines, process_alive=False))
     assert (v.verdict, v.phase) == ("exited", None), v.summary
+
+
+# --- an error the same rank went past (issue 44, second round) ----------------------------------------------------
+
+_SURVIVED = [
+    "[2025-03-01 10:00:00 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+    '  File "/opt/sglang/srt/models/registry.py", line 12, in import_model_classes',
+    "ValueError: No module named 'foo_kernels'",
+    "[2025-03-01 10:00:05 TP1] Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:05<00:05,  5.0s/it]",
+    "[2025-03-01 10:00:10 TP1] Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:10<00:00,  5.0s/it]",
+]
+
+
+def test_a_generic_error_the_same_rank_went_past_is_no_crash_even_without_process_state():
+    v = diagnose(Observation(log_lines=_SURVIVED))
+    assert (v.verdict, v.phase) == ("loading", "weight_loading"), v.summary
+
+
+def test_another_rank_s_progress_does_not_outlive_a_rank_s_error_when_the_process_state_is_unknown():
+    other = [line.replace("TP1", "TP0") if "Loading" in line else line for line in _SURVIVED]
+    assert diagnose(Observation(log_lines=other)).verdict == "crashed"
+    # with the launch known to run on, the run went on past it
+    assert diagnose(Observation(log_lines=other, process_alive=True)).verdict == "loading"

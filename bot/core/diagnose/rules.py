@@ -167,11 +167,15 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
     generic = [h for h in hits if h.kind == "crashed"]
     if _survived(obs, scan, sig, hits, specific, echoes, generic, dmesg_oom):
         return None
-    if alive is True and not specific and not echoes and generic:
-        # a survived error: the run went on (new phase, progress or readiness line after it)
+    if alive is not False and not specific and not echoes and generic:
+        # a survived error: the run went on (new phase, progress or readiness line after it; a process not known to
+        # have ended: a log excerpt alone counts too)
         later = [i for i in [*scan.ready, *(p.index for p in scan.progress)] if i > generic[-1].index]
         if scan.phase_index is not None and scan.phase_index > generic[-1].index:
             later.append(scan.phase_index)
+        if alive is None:  # no process state: only the same rank or process going on shows it outlived the error
+            said_by = _source_of(generic[-1], scan)
+            later = [i for i in later if _source_of(i, scan) == said_by]
         if later:
             generic = []
     root = specific[0] if specific else None if dmesg_oom else echoes[0] if echoes else generic[0] if generic else None
@@ -235,6 +239,15 @@ def _not_recurring(hits: list[_Hit], scan: LogScan, sig: Signatures) -> list[_Hi
         if t - first.setdefault(key, t) >= RECUR_S:
             survived.add(key[1])
     return [h for h in hits if words(h) not in survived] if survived else hits
+
+
+def _source_of(line: _Hit | int, scan: LogScan) -> str | None:
+    """The rank or process that printed a line (its prefix's label), None when the log does not say."""
+    i = line.index if isinstance(line, _Hit) else line
+    if isinstance(line, _Hit) and line.block is not None:  # a traceback's lines carry no prefix: its header's does
+        i = line.block.start
+    rank = scan.facts[i].rank if i < len(scan.facts) else None
+    return rank or (scan.norm[i].source if i < len(scan.norm) else None)
 
 
 def _survived(obs: Observation, scan: LogScan, sig: Signatures, hits: list[_Hit], specific: list[_Hit],
