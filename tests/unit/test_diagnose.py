@@ -892,3 +892,20 @@ def test_another_rank_s_progress_does_not_outlive_a_rank_s_error_when_the_proces
     assert diagnose(Observation(log_lines=other)).verdict == "crashed"
     # with the launch known to run on, the run went on past it
     assert diagnose(Observation(log_lines=other, process_alive=True)).verdict == "loading"
+
+
+def test_a_rank_s_own_exception_before_the_others_watchdog_timeouts_is_the_cause():
+    lines = [
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "/opt/train.py", line 88, in <module>',
+        "[rank3]:     loss = model(batch)",
+        "[rank3]: ValueError: Expected input batch_size (8) to match target batch_size (4).",
+        *(f"[rank{r}]:[E1206 10:10:00.123456 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+          "timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600003 "
+          "milliseconds before timing out." for r in (0, 1)),
+    ]
+    v = diagnose(Observation(log_lines=lines))
+    assert v.verdict == "crashed" and "ValueError: Expected input batch_size" in v.summary, v.summary
+    assert any("echo" in e and "Watchdog caught" in e for e in v.evidence), v.evidence
+    # the watchdog timeouts alone are the NCCL failure
+    assert diagnose(Observation(log_lines=lines[4:])).verdict == "nccl_error"

@@ -178,7 +178,12 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             later = [i for i in later if _source_of(i, scan) == said_by]
         if later:
             generic = []
-    root = specific[0] if specific else None if dmesg_oom else echoes[0] if echoes else generic[0] if generic else None
+    # the root cause: the first specific failure; else an error that came before the echoes (a rank's own exception
+    # before the others' watchdog timeouts); else the echo itself, else the generic error
+    before_echo = [h for h in generic if echoes and h.index < echoes[0].index
+                   and h.block is not None and h.block.exc_type and not h.block.cut]
+    root = specific[0] if specific else None if dmesg_oom else before_echo[0] if before_echo \
+        else echoes[0] if echoes else generic[0] if generic else None
     if root is not None:
         kind: str | None = "crashed" if root in generic else root.kind
     elif dmesg_oom:
