@@ -178,12 +178,7 @@ def _failure(obs: Observation, scan: LogScan, sig: Signatures) -> _Failure | Non
             later = [i for i in later if _source_of(i, scan) == said_by]
         if later:
             generic = []
-    # the root cause: the first specific failure; else an error that came before the echoes (a rank's own exception
-    # before the others' watchdog timeouts); else the echo itself, else the generic error
-    before_echo = [h for h in generic if echoes and h.index < echoes[0].index
-                   and h.block is not None and h.block.exc_type and not h.block.cut]
-    root = specific[0] if specific else None if dmesg_oom else before_echo[0] if before_echo \
-        else echoes[0] if echoes else generic[0] if generic else None
+    root = _root_cause(specific, echoes, generic, dmesg_oom)
     if root is not None:
         kind: str | None = "crashed" if root in generic else root.kind
     elif dmesg_oom:
@@ -244,6 +239,19 @@ def _not_recurring(hits: list[_Hit], scan: LogScan, sig: Signatures) -> list[_Hi
         if t - first.setdefault(key, t) >= RECUR_S:
             survived.add(key[1])
     return [h for h in hits if words(h) not in survived] if survived else hits
+
+
+def _root_cause(specific: list[_Hit], echoes: list[_Hit], generic: list[_Hit], dmesg_oom: list[str]) -> _Hit | None:
+    """The root cause among the failures: the first specific one; else an exception that came before the echoes (a
+    rank's own error before the others' watchdog timeouts); else the echo itself, else the generic error. None when
+    only the kernel's OOM kill says it."""
+    if specific:
+        return specific[0]
+    if dmesg_oom:
+        return None
+    before_echo = [h for h in generic if echoes and h.index < echoes[0].index
+                   and h.block is not None and h.block.exc_type and not h.block.cut]
+    return before_echo[0] if before_echo else echoes[0] if echoes else generic[0] if generic else None
 
 
 def _source_of(line: _Hit | int, scan: LogScan) -> str | None:
@@ -316,6 +324,16 @@ def _said(hit: _Hit, scan: LogScan, sig: Signatures) -> str:
 SAME_FAULT_LINES = 30
 
 
+def _where_it_failed(ev: _Ev, f: _Failure, scan: LogScan, sig: Signatures) -> None:
+    """Add where the failure happened beyond its own lines: the collective frame an NCCL failure came from, the
+    kernel's line of a process killed by its own fault."""
+    if f.root is not None and f.kind == "nccl_error":
+        for j in _collective_frames(f.root, scan, sig):
+            ev.add(f"in a collective (log line {j + 1}): `{_q(scan.lines[j])}`")
+    for line in f.kernel_fault[:2]:
+        ev.add(f"dmesg, a process killed by its own fault: `{_q(line)}`")
+
+
 def _collective_frames(root: _Hit, scan: LogScan, sig: Signatures) -> list[int]:
     """The lines of the innermost collective frame (`in_collective`) of the failure's block and of the next block of
     the same fault (a native trace's Python frames after it): where in the communication it failed."""
@@ -373,9 +391,7 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
     for anchor in [h for h in (first, root) if h is not None]:
         ev.add(_block_summary(anchor, scan) if anchor.block is not None
                else _traceback_summary(scan, anchor.index, sig))
-    if root is not None and f.kind == "nccl_error":
-        for j in _collective_frames(root, scan, sig):
-            ev.add(f"in a collective (log line {j + 1}): `{_q(scan.lines[j])}`")
+    _where_it_failed(ev, f, scan, sig)
     if root is not None and not root.echo:
         later_echo = [h for h in f.echoes if h.index > root.index]
         if later_echo:
@@ -389,8 +405,6 @@ def _failure_evidence(f: _Failure, scan: LogScan, sig: Signatures) -> _Ev:
         ev.add(f"context: `{_q(scan.lines[i])}`")
     for line in f.dmesg_oom[:2]:
         ev.add(f"dmesg: `{_q(line)}`")
-    for line in f.kernel_fault[:2]:
-        ev.add(f"dmesg, a process killed by its own fault: `{_q(line)}`")
     killed_hits = [h for h in hits if h.kind == "killed"]
     if killed_hits and f.kind in ("host_oom", "crashed"):
         ev.add(f"killed (log line {killed_hits[0].index + 1}): `{_q(killed_hits[0].line)}`")
@@ -629,12 +643,8 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
         phase, phase_line = root.frame_phase, None
         if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
             ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
-    if phase is None and after is None and root is not None and root.frame_phase is not None \
-            and not _in_loop_frame(root, scan, sig):
-        # no milestone anywhere before it: its frames, even by their files or words alone, are the only witness
-        phase, phase_line = root.frame_phase, None
-        if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
-            ev.add(f"{phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
+    if phase is None and after is None and root is not None:
+        phase, phase_line = _frames_alone(root, scan, sig, ev), None
     if phase is None and root is not None:
         phase, phase_line = _context_phase(f, root, scan, obs_alive)
     if f.kind == "port_in_use" and phase != "comm_init":
@@ -644,6 +654,16 @@ def _failure_phase(f: _Failure, scan: LogScan, sig: Signatures, ev: _Ev, obs_ali
     if phase is not None and phase_line is not None and not ev.quotes(scan.lines[phase_line]):
         ev.add(f"{phase} (log line {phase_line + 1}): `{_q(scan.lines[phase_line])}`")
     return phase
+
+
+def _frames_alone(root: _Hit, scan: LogScan, sig: Signatures, ev: _Ev) -> str | None:
+    """With no milestone anywhere before the failure, the step its frames show, even by their files or words alone
+    (they are the only witness; an engine's per-batch loop says nothing), its frame quoted; else None."""
+    if root.frame_phase is None or _in_loop_frame(root, scan, sig):
+        return None
+    if root.frame is not None and not ev.quotes(scan.lines[root.frame]):
+        ev.add(f"{root.frame_phase}, by its frames (log line {root.frame + 1}): {_frame_quote(root.frame, scan)}")
+    return root.frame_phase
 
 
 _FAILURE_LABEL = MappingProxyType({

@@ -370,9 +370,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         lexicon=_Group([p for phase, specs in (data.get("lexicon") or {}).items() if phase in order
                         for p in _pats(specs, f"lexicon.{phase}", "lexicon", phase=phase, marker="begin")]),
         echo_types=frozenset(str(x) for x in data.get("echo_types") or ()),
-        frame_phases=_frame_phases(data.get("frame_phases"), order),
-        frame_words=_frame_words(data.get("frame_words"), order),
-        collective_words=frozenset(str(w).lower() for w in data.get("collective_words") or ()),
+        **_frame_tables(data, order),
         wait_frames=regex("wait_frames", r"(?!)"),
         loop_frames=regex("loop_frames", r"(?!)"),
         xid={int(code): str(kind) for kind, codes in (data.get("xid") or {}).items() for code in codes or []},
@@ -402,6 +400,13 @@ def _frame_phases(data: Any, order: Sequence[str]) -> list[tuple[str, re.Pattern
             raise ValueError(f"signatures: frame_phases: unknown phase {phase!r}")
         out += [(str(phase), p.regex) for p in _pats(specs, f"frame_phases.{phase}", "generic")]
     return out
+
+
+def _frame_tables(data: Any, order: Sequence[str]) -> dict[str, Any]:
+    """The tables frames are read by: `frame_phases`, `frame_words`, `collective_words` (see signatures.yaml)."""
+    return {"frame_phases": _frame_phases(data.get("frame_phases"), order),
+            "frame_words": _frame_words(data.get("frame_words"), order),
+            "collective_words": frozenset(str(w).lower() for w in data.get("collective_words") or ())}
 
 
 def _frame_words(data: Any, order: Sequence[str]) -> dict[str, str]:
