@@ -71,6 +71,10 @@ BUSY_DUMP_EVERY = 3
 ENDING_WAIT_S = 10.0
 ENDING_POLL_S = 1.0
 
+#: How often rank 0 of a job Slurm ended is looked at before Slurm's word alone is the verdict (a node that
+#: does not answer once, under load, still gets its log read).
+RANK0_LOOKS = 3
+
 #: A serving launch gets a full look (every process on its host, its log's last lines) at least every this many
 #: checks; the checks in between are cheap (`Watcher._liveness_request`) while it stays fine.
 FULL_CHECK_EVERY = 10
@@ -474,8 +478,11 @@ class Watcher:
             # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
             job = await self._job_after_end(la)
             if job is None or not job.active:
-                # rank 0's own log may say why (a CUDA OOM), where Slurm only records the exit of the ranks it ended
-                return await self._job_ended(la, job, looks, failed=(0, ranks[0][1], looked.verdict))
+                # rank 0's own log may say why (a CUDA OOM), where Slurm only records the exit of the ranks it ended;
+                # read again now that the job ended: srun forwards a rank's last lines (its stderr) after the rank
+                # is gone, so the look above may have come before them
+                failed = await self._rank0_failure(la, job, history) or (0, ranks[0][1], looked.verdict)
+                return await self._job_ended(la, job, looks, failed=failed)
             # Slurm still runs the job (its prolog, an image pull, a step not started yet, or one that is ending):
             # Slurm's word decides when it ended, never a look at one node
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
@@ -492,8 +499,15 @@ class Watcher:
         host = nodes[0] if nodes[0] in self.launches.config.hosts else la.host
         view = rank_view(la, 0, host)
         prev = next((r for r in reversed(history) if r.ok), None)
-        looked = await self._look(view, self.launches.launch_probe_request(view, tail_lines=200), history, prev)
-        return (0, nodes[0], looked.verdict) if isinstance(looked, _Look) else None
+        for attempt in range(RANK0_LOOKS):  # the last look at a job that ended: worth a second try on a busy node
+            looked = await self._look(view, self.launches.launch_probe_request(view, tail_lines=200), history, prev)
+            if isinstance(looked, _Look):
+                return 0, nodes[0], looked.verdict
+            log.info("%s: rank 0 on %s not looked at (try %d of %d): %s", la.name, host, attempt + 1, RANK0_LOOKS,
+                     looked.reason)
+            if attempt + 1 < RANK0_LOOKS:
+                await asyncio.sleep(self.ending_poll_s)
+        return None
 
     async def _job_after_end(self, la: Launch) -> SlurmJob | None:
         """The job read again until Slurm says it ended (at most `ending_wait_s`): its ranks are gone."""

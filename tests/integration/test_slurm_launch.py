@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import Config
-from bot.core.models import LaunchState
+from bot.core.models import HostFailure, LaunchState
 from bot.demo.fakegpu import install_fake_gpu
 from tests.support.alerts import alerts, full_text, wait_alert
 from tests.support.builders import FAST_WATCH, OPERATOR
@@ -205,6 +205,31 @@ async def test_rank_0_dying_of_a_cuda_oom_is_oom_naming_its_rank_and_node_whatev
     if "JobState=" in text:  # Slurm's word is evidence, whatever exit it gave the ranks it ended; the alert may come
         # from rank 0's own log while Slurm still ends the job: the verdict is rank 0's OOM either way (asserted above)
         assert any(f"JobState={s}" in text for s in ("RUNNING", "COMPLETING", "FAILED", "COMPLETED")), text
+
+
+async def test_rank_0_s_node_failing_a_look_after_the_job_ended_still_gives_rank_0_s_own_verdict(
+        slurm_bot, cluster, monkeypatch):
+    """The last look at rank 0 of a job Slurm ended decides between rank 0's own verdict (its OOM) and Slurm's bare
+    `FAILED`: a node that does not answer that look once (a probe timed out on a busy node) is looked at again."""
+    bot = slurm_bot
+    launches = bot.runtime.launches
+    real = launches.probe_launch
+    failed: list[str] = []
+
+    async def once_unanswered(la, *args, **kwargs):
+        if not failed and la.host == "n1" and not cluster.jobs():  # the first look at rank 0 once the job is gone
+            failed.append(la.host)
+            return HostFailure(la.host, "probe timed out after 20s (injected)")
+        return await real(la, *args, **kwargs)
+
+    monkeypatch.setattr(launches, "probe_launch", once_unanswered)
+    await bot.chat.say("/launch two mode=oom")
+    await wait_alert(bot, 1, {"oom"}, timeout=200)
+    await wait_until(lambda: not bot.launch(1).live, 120, what="the launch ended")
+    (posted,) = alerts(bot, "oom")
+    assert "rank 0 on node n1" in full_text(posted).lower(), full_text(posted)
+    assert failed == ["n1"], failed  # the injected failure was met (else this test tests nothing)
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
 
 
 async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluster, tmp_path):
