@@ -43,8 +43,8 @@ async def wait_alert(bot: Any, launch_id: int, verdicts: set[str], timeout: floa
         posts = [p for p in bot.chat.posts if is_alert(p)]
         said = [p.text.split("\n", 1)[0] for p in posts][-3:]
         last = full_text(posts[-1])[:4000] if posts else ""
-        raise AssertionError(f"{e}; it is {la.alert_state!r} ({la.state}), alerts: {said}\nthe last one in full:\n{last}"
-                             ) from None
+        raise AssertionError(f"{e}; it is {la.alert_state!r} ({la.state}), alerts: {said}\n"
+                             f"the last one in full:\n{last}") from None
 
 
 async def wait_checks(bot: Any, launch_id: int, more: int = 3):
