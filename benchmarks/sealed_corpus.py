@@ -101,6 +101,7 @@ def main() -> None:
                     "(default: the newest, %(default)s; an earlier round is spent once it was scored)")
     a = ap.parse_args()
     print(f"sealed round {a.round}" if a.dir is None else f"bundles of {a.dir}")
+    print(f"bot from {Path(diagnose.__code__.co_filename).resolve().parents[3]}")  # which tree is scored
     with unpacked(a.dir, a.round) as bundles:
         rows = [score(b) for b in bundles]
     n = len(rows)
