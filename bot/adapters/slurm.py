@@ -1,7 +1,8 @@
 """Slurm's commands on a login node (or the bot's own machine), through any Executor of bot.adapters.remote:
-`sbatch --parsable` (the batch script on stdin), `scontrol show job -o`, `sacct` (where accounting is on), `scancel`,
-and `srun --overlap --jobid` to run commands on a job's node that gpubot cannot reach over SSH (SrunExecutor). What
-they print is read by bot.core.slurm."""
+`sbatch --parsable` (the batch script on stdin), `squeue` (the state of many jobs in one call; JobBoard asks it once
+per login node for every job watched there), `scontrol show job -o` (for a bundle), `sacct` (where accounting is
+on), `scancel`, and `srun --overlap --jobid` to run commands on a job's node that gpubot cannot reach over SSH
+(SrunExecutor). What they print is read by bot.core.slurm."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import re
 import shlex
 import time
+from collections.abc import Callable, Iterable
 
 from bot.adapters.remote import (
     AGENT_RETRY_S,
@@ -22,7 +24,15 @@ from bot.adapters.remote import (
     ShellAgent,
 )
 from bot.core import agent
-from bot.core.slurm import SACCT_FIELDS, SlurmError, SlurmJob, parse_sacct, parse_sbatch, parse_show_job
+from bot.core.slurm import (
+    SACCT_FIELDS,
+    SlurmError,
+    SlurmJob,
+    parse_sacct,
+    parse_sbatch,
+    parse_squeue,
+    squeue_format,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +45,8 @@ _STEP_CANCELLED_RE = re.compile(rb"slurmstepd[^\n]*\*\*\* STEP [0-9.]+ ON \S+ CA
 
 #: Seconds one Slurm command may take (the controller answers in milliseconds; a busy one in seconds).
 SLURM_COMMAND_TIMEOUT_S = 30.0
+#: Job ids one `squeue -j` call asks for at most (a longer list is asked in several calls).
+SQUEUE_BATCH = 500
 
 
 def _said(res: CommandResult) -> str:
@@ -76,13 +88,34 @@ class SlurmClient:
             raise SlurmError(f"scontrol could not read job {job_id}: {_said(res)}")
         return res.stdout.decode("utf-8", "replace")
 
+    async def jobs(self, job_ids: Iterable[str]) -> dict[str, SlurmJob]:
+        """Job id -> the job as `squeue` says it now (bot.core.slurm.parse_squeue: Slurm's own fields only, so no job
+        name can forge one), for each of `job_ids` the controller still has; one call per SQUEUE_BATCH ids. Raises
+        SlurmError when squeue fails (not for jobs it no longer has), RemoteError when the node cannot be reached."""
+        ids = sorted({str(int(j)) for j in job_ids}, key=int)
+        out: dict[str, SlurmJob] = {}
+        for i in range(0, len(ids), SQUEUE_BATCH):
+            chunk = ids[i:i + SQUEUE_BATCH]
+            res = await self.executor.run(self._command(
+                f"squeue -h --states=all -j {','.join(chunk)} -O {shlex.quote(squeue_format())}"),
+                timeout_s=self.timeout_s)
+            if res.exit_status != 0:
+                if b"Invalid job id" in res.stderr:  # it has none of them
+                    continue
+                raise SlurmError(f"squeue could not read jobs {','.join(chunk)[:100]}: {_said(res)}")
+            out.update(parse_squeue(res.stdout.decode("utf-8", "replace"), chunk))
+        return out
+
     async def show(self, job_id: str) -> SlurmJob | None:
-        """The job as `scontrol show job -o` says it now (bot.core.slurm.parse_show_job); once the controller forgot
-        it (MinJobAge after its end), as its accounting says (`accounting`); None when neither knows it."""
-        text = await self.show_text(job_id)
-        jobs = [j for j in parse_show_job(text) if j.job_id == str(int(job_id))] if text is not None else []
-        if jobs:
-            return jobs[0]
+        """The job as `squeue` says it now (`jobs`); once the controller forgot it (MinJobAge after its end), as its
+        accounting says (`forgotten`); None when neither knows it."""
+        job = (await self.jobs([job_id])).get(str(int(job_id)))
+        return job if job is not None else await self.forgotten(job_id)
+
+    async def forgotten(self, job_id: str) -> SlurmJob | None:
+        """A job the controller no longer has, as its accounting says (`accounting`), never active (a runaway record
+        that still says RUNNING is UNKNOWN); None when accounting has no record or is off, or sacct failed
+        (logged: the controller's word that it forgot the job stands)."""
         try:
             job = await self.accounting(job_id)
         except SlurmError as e:  # Slurm's controller said it forgot the job: that stands, whatever sacct says
@@ -115,6 +148,52 @@ class SlurmClient:
         res = await self.executor.run(self._command(f"scancel {int(job_id)}"), timeout_s=self.timeout_s)
         if res.exit_status != 0 and b"Invalid job id" not in res.stderr:
             raise SlurmError(f"scancel could not cancel job {job_id}: {_said(res)}")
+
+
+class JobBoard:
+    """The state of every job watched on one login node, read with one `squeue` call (SlurmClient.jobs) for all of
+    them and shared by every check that asks within `max_age_s` of that call: one Slurm call per login node per
+    check interval, whatever the number of jobs. `watched()` returns the job ids watched there now. A job squeue no
+    longer lists is asked of accounting (SlurmClient.forgotten): it ended. `calls` counts the squeue
+    calls made."""
+
+    def __init__(self, client: SlurmClient, watched: Callable[[], Iterable[str]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self._watched = watched
+        self._clock = clock
+        self._seen: dict[str, SlurmJob] = {}
+        self._asked: frozenset[str] = frozenset()
+        self._at: float | None = None
+        self._reading: asyncio.Future[None] | None = None
+        self.calls = 0
+
+    async def job(self, job_id: str, max_age_s: float) -> SlurmJob | None:
+        """Job `job_id` as a squeue call begun at most `max_age_s` seconds ago said it (else a new call, for every
+        watched job and this one; checks that ask meanwhile wait on that same call); as accounting says when squeue
+        no longer lists it; None when neither knows it. Raises what SlurmClient.jobs raises (to every check that
+        waited on that call)."""
+        job_id = str(int(job_id))
+        oldest = self._clock() - max(0.0, max_age_s)
+        while not (self._at is not None and self._at >= oldest and job_id in self._asked):
+            if self._reading is None:
+                self._reading = asyncio.ensure_future(self._read(job_id))
+                self._reading.add_done_callback(self._done)
+            await asyncio.shield(self._reading)
+        found = self._seen.get(job_id)
+        return found if found is not None else await self.client.forgotten(job_id)
+
+    def _done(self, fut: asyncio.Future[None]) -> None:
+        self._reading = None
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: each waiting check raises it
+
+    async def _read(self, job_id: str) -> None:
+        ids = frozenset({job_id, *(str(int(j)) for j in self._watched() if str(j).isdigit())})
+        begun = self._clock()
+        self.calls += 1
+        seen = await self.client.jobs(ids)
+        self._seen, self._asked, self._at = seen, ids, begun
 
 
 #: Seconds the probe agent of a job's node may take to start (its step is created by the controller first).

@@ -15,6 +15,17 @@ Formats, from Slurm 22.05 (`slurm-wlm` on Debian 12, a two-node cluster on one h
   allocation only, `-n` no header, `-P` fields split by `|`) prints one line per job, e.g.
   `12|CANCELLED by 0|0:15|None|n[1-2]|00:01:07|01:00:00|base`; `State` may carry ` by UID`; an unknown job prints
   nothing; with accounting off it prints `Slurm accounting storage is disabled` and exits 1.
+- `squeue -h --states=all -j ID,ID,... -O JobID:|,State:|,Reason:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,
+  STDOUT:` (squeue(1) `--Format`, `:|` a field's suffix, no blank in the list) prints one line per job the
+  controller still has, e.g.
+  `2|FAILED|NonZeroExitCode|768|n1|0:00|365-00:00:00|/tmp/sl/job-2.out`; `exit_code` is the raw wait status
+  (768: exit 3; 15: signal 15), as `ExitCode=3:0` / `0:15` says it; jobs it no longer has are left out, and when it
+  has none of them it prints `slurm_load_jobs error: Invalid job id specified` on stderr and exits 1.
+
+User-controlled fields (the job's name, its comment) are free text that may hold `Key=`, `|` and newlines (`scontrol
+update JobName=...` by the job itself or anyone on its account): `squeue` is asked for Slurm's own fields only, so
+none of its fields can be forged; a `scontrol show job` record in which a field gpubot reads appears twice, or that
+lacks its `JobState`, is ambiguous and skipped; sacct's name comes last. Reasons are redacted before they are kept.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ __all__ = [
     "parse_sacct",
     "parse_sbatch",
     "parse_show_job",
+    "parse_squeue",
     "pending_text",
     "sbatch_problems",
 ]
@@ -223,28 +235,87 @@ def _job_records(text: str) -> list[str]:
     return records
 
 
+#: The keys of a `scontrol show job` record gpubot reads: each must appear once (a second one came from free text).
+_READ_KEYS = ("JobId", "JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList")
+
+
+def _redacted(reason: str | None) -> str | None:
+    """Slurm's reason as kept: None for `None`/`(null)`/empty, else with secrets masked (bot.core.redact; imported
+    here: check-config imports this module and needs none of it)."""
+    if reason in (None, "", "None", "(null)"):
+        return None
+    from bot.core.redact import redact
+    return redact(reason)
+
+
+def _job(pairs: dict[str, str], source: str) -> SlurmJob:
+    """A SlurmJob of scontrol's keys (`JobId`, `JobState`, `ExitCode=CODE:SIGNAL`, ...), its reason redacted."""
+    code, _, sig = pairs.get("ExitCode", "").partition(":")
+    state = pairs.get("JobState", "").split()[0] if pairs.get("JobState", "").split() else "UNKNOWN"
+    reason = _redacted(pairs.get("Reason"))
+    if "Reason" in pairs:
+        pairs["Reason"] = reason or "None"
+    return SlurmJob(
+        job_id=pairs["JobId"], name=pairs.get("JobName", ""), state=state, reason=reason,
+        nodes=tuple(expand_hostlist(pairs.get("NodeList", ""))),
+        exit_code=int(code) if code.isdigit() else None, signal=int(sig) if sig.isdigit() else None,
+        run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
+        stdout=pairs.get("StdOut") or None, fields=pairs, source=source)
+
+
 def parse_show_job(text: str) -> list[SlurmJob]:
     """The jobs of `scontrol show job -o` output (one line each), or of plain `scontrol show job` (each job's indented
-    lines joined to it); lines without `JobId=` are skipped. Never raises."""
+    lines joined to it); lines without `JobId=` are skipped, and so is a record that is ambiguous: one without a
+    `JobState`, or in which a key gpubot reads (_READ_KEYS) appears twice (a job name or comment holding `JobState=`
+    or a newline). Never raises."""
     jobs = []
     for line in _job_records(text):
         pairs: dict[str, str] = {}
+        seen: dict[str, int] = {}
         for key, value in _pairs(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
             pairs.setdefault(key, value)
-        job_id = pairs.get("JobId", "")
-        if not job_id.isdigit():
+            seen[key] = seen.get(key, 0) + 1
+        if not pairs.get("JobId", "").isdigit() or "JobState" not in pairs \
+                or any(seen.get(k, 0) > 1 for k in _READ_KEYS):
             continue
-        code, _, sig = pairs.get("ExitCode", "").partition(":")
-        state = pairs.get("JobState", "UNKNOWN").split()[0] if pairs.get("JobState") else "UNKNOWN"
-        reason = pairs.get("Reason")
-        jobs.append(SlurmJob(
-            job_id=job_id, name=pairs.get("JobName", ""), state=state,
-            reason=None if reason in (None, "", "None", "(null)") else reason,
-            nodes=tuple(expand_hostlist(pairs.get("NodeList", ""))),
-            exit_code=int(code) if code.isdigit() else None, signal=int(sig) if sig.isdigit() else None,
-            run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
-            stdout=pairs.get("StdOut") or None, fields=pairs))
+        jobs.append(_job(pairs, "scontrol show job"))
     return jobs
+
+
+#: The fields gpubot asks `squeue -O` for, in order: Slurm's own only (no name, no comment: nothing a user writes).
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "exit_code", "NodeList", "TimeUsed", "TimeLimit", "STDOUT")
+_SQUEUE_AS_SCONTROL: Mapping[str, str] = MappingProxyType(
+    {"JobID": "JobId", "State": "JobState", "TimeUsed": "RunTime", "STDOUT": "StdOut"})
+_STATE_RE = re.compile(r"[A-Z][A-Z_]{1,30}")
+
+
+def squeue_format() -> str:
+    """The `-O` argument that prints SQUEUE_FIELDS split by `|` (parse_squeue reads it)."""
+    return ",".join(f"{f}:|" for f in SQUEUE_FIELDS[:-1]) + f",{SQUEUE_FIELDS[-1]}:"
+
+
+def parse_squeue(text: str, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
+    """Job id -> the job, of `squeue -h --states=all -j ... -O squeue_format()` output, for the jobs of `job_ids` it
+    lists (a job the controller no longer has is left out), each under scontrol's keys (`JobState`, `ExitCode=3:0`
+    from the wait status 768, `RunTime`, `StdOut`), `source` `squeue -j`. A line not of that shape (a field count,
+    a job id, a state) is skipped, and a job id listed twice is left out as ambiguous. Never raises."""
+    wanted = {str(j) for j in job_ids}
+    found: dict[str, SlurmJob] = {}
+    twice: set[str] = set()
+    for line in (text or "").splitlines():
+        parts = line.rstrip("\r").split("|", len(SQUEUE_FIELDS) - 1)
+        if len(parts) != len(SQUEUE_FIELDS):
+            continue
+        raw = dict(zip(SQUEUE_FIELDS, (x.strip() for x in parts), strict=True))
+        job_id, status = raw["JobID"], raw.pop("exit_code")
+        if job_id not in wanted or not _STATE_RE.fullmatch(raw["State"]) or not status.isdigit():
+            continue
+        if job_id in found:
+            twice.add(job_id)
+        pairs = {_SQUEUE_AS_SCONTROL.get(k, k): v for k, v in raw.items()}
+        pairs["ExitCode"] = f"{int(status) >> 8 & 0xFF}:{int(status) & 0x7F}"
+        found[job_id] = _job(pairs, "squeue -j")
+    return {k: v for k, v in found.items() if k not in twice}
 
 
 #: The fields gpubot asks `sacct` for, in order (the job's name last: it may hold the `|` that splits them).
@@ -255,11 +326,14 @@ _SACCT_AS_SCONTROL: Mapping[str, str] = MappingProxyType(
 
 
 def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
-    """Job `job_id` as `sacct -X -n -P -o` SACCT_FIELDS prints it (the last line of that job: the latest run of a
-    requeued one), its fields under scontrol's keys (`JobState`, `RunTime`, ...) and `source` `sacct -j`; None when
-    sacct printed no line of it. `State` loses its ` by UID`. Never raises."""
+    """Job `job_id` as `sacct -X -n -P -o` SACCT_FIELDS prints it (without `-D`, one line: a requeued job's latest
+    run), its fields under scontrol's keys (`JobState`, `RunTime`, ...) and `source` `sacct -j`; None when sacct
+    printed no line of it. `State` loses its ` by UID`. The first line of the job counts: its name comes last, so a
+    newline in it can only add lines after the real one. Never raises."""
     found = None
     for line in (text or "").splitlines():
+        if found is not None:
+            break
         parts = line.rstrip("\r").split("|", len(SACCT_FIELDS) - 1)
         if len(parts) != len(SACCT_FIELDS) or parts[0].strip() != job_id:
             continue
@@ -271,9 +345,8 @@ def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
         found = fields
     if found is None:
         return None
-    line = " ".join(f"{k}={v}" for k, v in found.items() if k != "JobName")
-    job = parse_show_job(line)
-    return replace(job[0], name=found["JobName"], fields=found, source="sacct -j") if job else None
+    found["JobId"] = job_id
+    return replace(_job(found, "sacct -j"), name=found["JobName"])
 
 
 #: What common pending reasons mean (Slurm's `squeue --help`/`man squeue` JOB REASON CODES), for the thread.

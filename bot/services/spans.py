@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from bot.adapters.locks import LockTimeout
 from bot.adapters.remote import RemoteError
-from bot.adapters.slurm import SlurmClient
+from bot.adapters.slurm import JobBoard, SlurmClient
 from bot.config import render_launch
 from bot.config.checks import sbatch_spec
 from bot.core.lifecycle import (
@@ -52,6 +52,7 @@ class SpanService:
     def __init__(self, launches: LaunchService) -> None:
         self._svc = launches
         self._clients: dict[str, SlurmClient] = {}
+        self._boards: dict[str, JobBoard] = {}
 
     # -- where the ranks are ------------------------------------------------------------------------
     def slurm(self, login: str) -> SlurmClient:
@@ -86,11 +87,22 @@ class SpanService:
             return la
         return rank_view(la, 0, ranks[0][2])
 
-    async def job(self, la: Launch) -> SlurmJob | None:
-        """The launch's Slurm job as `scontrol show job` says it now; None when Slurm forgot it. Raises RemoteError,
-        SlurmError."""
+    async def job(self, la: Launch, max_age_s: float = 0.0) -> SlurmJob | None:
+        """The launch's Slurm job as `squeue` said it at most `max_age_s` seconds ago (one call per login node for
+        every live job there: bot.adapters.slurm.JobBoard), as accounting says once Slurm forgot it, None when
+        neither knows it. Raises RemoteError, SlurmError."""
         assert la.job_id is not None
-        return await self.slurm(la.host).show(la.job_id)
+        board = self._boards.get(la.host)
+        if board is None:
+            login = la.host
+            board = self._boards[login] = JobBoard(
+                self.slurm(login), lambda: [x.job_id for x in self._svc.live(login) if x.job_id])
+        return await board.job(la.job_id, max_age_s)
+
+    def slurm_calls(self, login: str) -> int:
+        """How many `squeue` calls the checks made on login node `login` so far (JobBoard.calls)."""
+        board = self._boards.get(login)
+        return board.calls if board is not None else 0
 
     async def look_ranks(self, la: Launch, ranks: Sequence[tuple[int, str, str | None]]) -> list[NodeLook]:
         """One probe of each of `ranks` (in parallel): whether its processes run, how long its log has been silent,

@@ -204,9 +204,14 @@ class Watcher:
         """Check `la` every `interval_s` seconds of its policy while it starts, every `serving_interval_s` once it
         was ready; the first time `spread` (0..1) of an interval from now (one interval by default: many launches
         watched at once get spread over it, so their checks, and their writes, do not all come due together)."""
-        policy = self.policy_for(la)
-        interval = policy.serving_interval_s if la.ready_at is not None else policy.interval_s
+        interval = self._interval(la)
         self.scheduler.watch(la.id, interval, interval * min(1.0, max(0.0, spread)))
+
+    def _interval(self, la: Launch) -> float:
+        """Seconds between two checks of `la` now: its policy's `interval_s` while it starts, `serving_interval_s`
+        once it was ready."""
+        policy = self.policy_for(la)
+        return policy.serving_interval_s if la.ready_at is not None else policy.interval_s
 
     def unwatch(self, launch_id: int) -> None:
         """Stop checking launch `launch_id` (its records stay in the database)."""
@@ -434,16 +439,17 @@ class Watcher:
         return await self._act(looked, history)
 
     async def _check_spanning(self, la: Launch, history: list[CheckRecord]) -> CheckOutcome:
-        """One check of a launch across nodes. A Slurm job is read first (`scontrol show job`): one Slurm ended gets
-        its verdict from Slurm's state, reason and exit code (`_job_ended`); a pending one is shown with its reason
-        and never judged (`_job_pending`); a running one gets its nodes recorded. Then rank 0 is looked at and judged
-        as any launch (on its node), every other rank is probed, and the verdict weighs every rank's evidence and
-        names the odd one (bot.core.ranks.weigh_nodes)."""
+        """One check of a launch across nodes. A Slurm job is read first (`squeue`, one call shared by every job on its
+        login node, at most a check interval old): one Slurm ended gets its verdict from Slurm's state, reason and
+        exit code (`_job_ended`); a pending one is shown with its reason and never judged (`_job_pending`); a running
+        one gets its nodes recorded. Then rank 0 is looked at and judged as any launch (on its node), every other rank
+        is probed, and the verdict weighs every rank's evidence and names the odd one (bot.core.ranks.weigh_nodes).
+        Where rank 0 is not seen alive, Slurm is asked again (its word of now decides whether the job ended)."""
         spans = self.launches.spans
         job = None
         if la.job_id:
-            try:
-                job = await spans.job(la)
+            try:  # Slurm's word at most a check interval old: one squeue per login node for all its jobs
+                job = await spans.job(la, max_age_s=self._interval(la))
             except (RemoteError, SlurmError) as e:
                 reason = f"Slurm on {la.host}: {e}"
                 self._history.add(la.id, CheckRecord.failed(self._clock.time(), reason))
@@ -474,6 +480,12 @@ class Watcher:
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
             verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
+        if job is not None and looked.obs.process_alive is None:
+            # rank 0 could not be told alive: Slurm's word of now, not the one shared over the check interval
+            with contextlib.suppress(RemoteError, SlurmError):
+                job = await spans.job(la)
+            if job is None or not job.active:
+                return await self._job_ended(la, job, looks, failed=await self._rank0_failure(la, job, history))
         if job is not None and looked.obs.process_alive is False:
             # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
             job = await self._job_after_end(la)

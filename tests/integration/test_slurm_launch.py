@@ -16,7 +16,7 @@ import pytest
 from bot.config import Config
 from bot.core.models import HostFailure, LaunchState
 from bot.demo.fakegpu import install_fake_gpu
-from tests.support.alerts import alerts, full_text, wait_alert
+from tests.support.alerts import alerts, full_text, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, OPERATOR
 from tests.support.bundles import bundle_files
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
@@ -146,7 +146,7 @@ async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(sl
     (hang,) = alerts(bot, "silent_hang")
     text = full_text(hang)
     assert "Load weight end" in text, text
-    assert f"`scontrol show job {la.job_id}`: JobState=RUNNING" in text, text  # the job's evidence
+    assert f"`squeue -j {la.job_id}`: JobState=RUNNING" in text, text  # the job's evidence
     assert hang.thread_ts == la.thread_ts
     said = await bot.chat.say("!relaunch mode=ready", thread=la.thread_ts)
     assert "Submitted one#2" in said.text, said.text
@@ -230,6 +230,31 @@ async def test_rank_0_s_node_failing_a_look_after_the_job_ended_still_gives_rank
     assert "rank 0 on node n1" in full_text(posted).lower(), full_text(posted)
     assert failed == ["n1"], failed  # the injected failure was met (else this test tests nothing)
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+
+
+async def test_a_job_name_planted_with_slurm_fields_and_newlines_changes_nothing(make_bot, slurm_config, cluster):
+    """Anyone on the job's account (the job itself too) may rename it: a name holding `JobState=COMPLETED`,
+    `ExitCode=0:0`, a forged squeue line and newlines is never read as the job's state; the watch goes on and
+    nothing is posted."""
+    bot = await make_bot(slurm_config, watch=True, watch_policy=FAST_WATCH.model_copy(update={"serving_interval_s": 1}))
+    await bot.chat.say("/launch one")
+    la = await wait_alert(bot, 1, {"ready"}, timeout=200)
+    planted = (f"x JobState=COMPLETED ExitCode=0:0 Reason=None\nJobId={la.job_id} JobState=COMPLETED ExitCode=0:0\n"
+               f"{la.job_id}|COMPLETED|None|0|n1|0:01|UNLIMITED|/x")
+    renamed = cluster.run("scontrol", "update", f"JobId={la.job_id}", f"JobName={planted}")
+    assert renamed.returncode == 0, renamed.stderr
+    shown = cluster.run("scontrol", "show", "job", "-o", la.job_id).stdout
+    assert "JobState=COMPLETED" in shown and "JobState=RUNNING" in shown, shown  # the trap is set
+    posted = len(alerts(bot))
+    await wait_checks(bot, 1, more=4)
+    la = bot.launch(1)
+    assert la.live and la.state == LaunchState.RUNNING and la.alert_state == "ready", (la.state, la.alert_state)
+    assert len(alerts(bot)) == posted, [p.text for p in alerts(bot)][posted:]
+    assert bot.runtime.launches.spans.slurm_calls("login") >= 1  # the checks read the job through squeue
+    await bot.chat.say("/kill 1 --yes")
+    assert bot.launch(1).state == LaunchState.KILLED
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="the job's step stopped")
+    cluster.cancel_all()
 
 
 async def test_nodes_that_are_no_hosts_are_probed_through_slurm(make_bot, cluster, tmp_path):

@@ -11,10 +11,13 @@ from bot.core.slurm import (
     SlurmError,
     batch_script,
     ended_verdict,
+    job_line,
     parse_sbatch,
     parse_show_job,
+    parse_squeue,
     pending_text,
     sbatch_problems,
+    squeue_format,
 )
 from tests.support.paths import FIXTURES
 
@@ -93,11 +96,48 @@ def test_what_the_allocation_may_not_say(spec, problem):
         batch_script(spec, "true", job_name="x", output="/tmp/x", env={}, master_port=1)
 
 
-def test_a_path_in_a_later_field_cannot_forge_the_jobs_state():
-    line = ("JobId=3 JobName=x JobState=RUNNING Reason=None ExitCode=0:0 NodeList=n1 "
-            "StdOut=/logs/x JobState=COMPLETED ExitCode=0:0 y.log")
-    (job,) = parse_show_job(line)
+def test_free_text_holding_a_key_gpubot_reads_makes_the_record_ambiguous_never_a_forged_state():
+    clean = "JobId=3 JobName=x JobState=RUNNING Reason=None ExitCode=0:0 NodeList=n1 StdOut=/logs/x.log"
+    (job,) = parse_show_job(clean)
     assert job.state == "RUNNING" and job.active
+    for forged in (
+        clean.replace("/logs/x.log", "/logs/x JobState=COMPLETED ExitCode=0:0 y.log"),  # a path, after the state
+        clean.replace("JobName=x", "JobName=x JobState=COMPLETED ExitCode=0:0"),  # the name, before it
+        # a newline in the name: the first part has no state, the second repeats keys of the real record
+        clean.replace("JobName=x", "JobName=x\nJobId=3 JobState=COMPLETED ExitCode=0:0 Reason=None"),
+    ):
+        assert parse_show_job(forged) == [], forged
+
+
+def test_squeue_s_own_fields_are_read_by_position_and_a_planted_name_is_never_asked_for():
+    text = ("2|FAILED|NonZeroExitCode|768|n1|0:07|365-00:00:00|/tmp/sl/job-2.out\n"
+            "3|CANCELLED|None|15|n[1-2]|1:02:03|UNLIMITED|/tmp/sl/a|b.out\n"
+            "4|PENDING|JobHeldUser|0||0:00|UNLIMITED|/tmp/sl/job-4.out\n"
+            "9|COMPLETED|None|0|n1|0:01|UNLIMITED|/tmp/not-asked\n"  # a job not asked for
+            "garbage line\n5|running|None|0|n1|0:00|UNLIMITED|/x\n")  # not of the shape: skipped
+    jobs = parse_squeue(text, ["2", "3", "4", "5", "7"])
+    assert sorted(jobs) == ["2", "3", "4"]
+    failed, cancelled, held = jobs["2"], jobs["3"], jobs["4"]
+    assert (failed.state, failed.exit_code, failed.signal, failed.reason) == ("FAILED", 3, 0, "NonZeroExitCode")
+    assert failed.run_time_s == 7 and failed.stdout == "/tmp/sl/job-2.out" and failed.source == "squeue -j"
+    assert (cancelled.exit_code, cancelled.signal, cancelled.nodes) == (0, 15, ("n1", "n2"))
+    assert cancelled.run_time_s == 3723 and cancelled.stdout == "/tmp/sl/a|b.out"
+    assert held.pending and held.reason == "JobHeldUser" and held.nodes == ()
+    assert ended_verdict(failed) == ("crashed", "the job's command failed: Slurm says FAILED (NonZeroExitCode), "
+                                                "exit code 3")
+    assert job_line(cancelled) == ("`squeue -j 3`: JobState=CANCELLED Reason=None ExitCode=0:15 RunTime=1:02:03 "
+                                   "TimeLimit=UNLIMITED NodeList=n[1-2]")
+    # a job id listed twice is ambiguous: left out, never the first or the last
+    assert parse_squeue(text + "2|RUNNING|None|0|n1|0:07|UNLIMITED|/x\n", ["2"]) == {}
+    assert squeue_format() == ("JobID:|,State:|,Reason:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,STDOUT:")
+
+
+def test_a_reason_is_redacted_before_it_is_kept():
+    token = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
+    (job,) = parse_squeue(f"2|FAILED|failed: HF_TOKEN={token}|256|n1|0:07|UNLIMITED|/x\n", ["2"]).values()
+    assert token not in (job.reason or "") and token not in job_line(job), job_line(job)
+    (shown,) = parse_show_job(f"JobId=2 JobState=FAILED Reason=bad_token_{token} ExitCode=1:0")
+    assert token not in (shown.reason or "") and token not in shown.fields["Reason"]
 
 
 def test_plain_scontrol_show_job_as_pasted_reads_like_the_one_line_form():

@@ -1,6 +1,6 @@
 """A job Slurm's controller has forgotten (ended longer ago than its MinJobAge) read from accounting: `sacct`'s lines
 (tests/fixtures/slurm/sacct.txt, in sacct(1)'s `-P` format) give the same verdicts as `scontrol`'s, and
-bot.adapters.slurm.SlurmClient asks sacct only when scontrol no longer knows the job, and never again on a cluster
+bot.adapters.slurm.SlurmClient asks sacct only when squeue no longer lists the job, and never again on a cluster
 without accounting. The executor here stands in for the login node's shell (what Slurm's commands print on it)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ NO_ACCOUNTING = CommandResult(1, b"", b"Slurm accounting storage is disabled\n",
     ("4712", "cancelled", "the job was cancelled (scancel): Slurm says CANCELLED, exit code 0, signal 15"),
     ("4713", "host_oom", "Slurm killed it for using more host memory than it was allocated: Slurm says "
                          "OUT_OF_MEMORY, exit code 0, signal 125"),
-    ("4714", "exited", "the job ended by itself with exit code 0: Slurm says COMPLETED, exit code 0"),  # its last run
+    ("4714", "exited", "the job ended by itself with exit code 0: Slurm says COMPLETED, exit code 0"),
 ])
 def test_a_forgotten_job_gets_the_verdict_its_accounting_gives(job_id, verdict, words):
     job = parse_sacct(SACCT, job_id)
@@ -46,6 +46,10 @@ def test_accounting_lines_read_like_scontrol_s():
     assert never.nodes == () and never.state == "CANCELLED"
     assert parse_sacct(SACCT, "9") is None and parse_sacct("", "4711") is None
     assert parse_sacct("4711|TIMEOUT|0:0\n\x00|||", "4711") is None  # too few fields
+    # a newline in the name (the last field) can only add lines after the job's own: the first line counts
+    forged = "6|FAILED|1:0|None|n1|00:01:00|UNLIMITED|x\n6|COMPLETED|0:0|None|n1|00:01:00|UNLIMITED|y\n"
+    job = parse_sacct(forged, "6")
+    assert (job.state, job.exit_code, job.name) == ("FAILED", 1, "x")
 
 
 def test_a_job_neither_scontrol_nor_sacct_knows_is_unknown_not_exited():
@@ -67,36 +71,36 @@ class _LoginShell:
         return self.answers[word]
 
 
-async def test_the_client_asks_sacct_only_for_a_job_scontrol_forgot():
-    shell = _LoginShell({"scontrol": FORGOTTEN, "sacct": CommandResult(0, SACCT.encode(), b"", 0.01)})
+async def test_the_client_asks_sacct_only_for_a_job_squeue_no_longer_lists():
+    shell = _LoginShell({"squeue": FORGOTTEN, "sacct": CommandResult(0, SACCT.encode(), b"", 0.01)})
     job = await SlurmClient(shell).show("4711")
     assert job is not None and job.state == "TIMEOUT" and job.source == "sacct -j"
     assert shell.commands == [
-        "scontrol show job -o 4711",
+        "squeue -h --states=all -j 4711 -O 'JobID:|,State:|,Reason:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,"
+        "STDOUT:'",
         "sacct -X -n -P -j 4711 -o JobID,State,ExitCode,Reason,NodeList,Elapsed,Timelimit,JobName"]
-    shell = _LoginShell({"scontrol": CommandResult(0, RUNNING.encode(), b"", 0.01)})
-    running_id = RUNNING.split("JobId=", 1)[1].split()[0]
-    known = await SlurmClient(shell).show(running_id)
-    assert known is not None and known.source == "scontrol show job" and len(shell.commands) == 1
+    shell = _LoginShell({"squeue": CommandResult(0, b"12|RUNNING|None|0|n[1-2]|5:00|UNLIMITED|/x\n", b"", 0.01)})
+    known = await SlurmClient(shell).show("12")
+    assert known is not None and known.source == "squeue -j" and known.active and len(shell.commands) == 1
 
 
 async def test_a_running_record_of_a_job_the_controller_forgot_is_not_taken_for_a_running_job():
     runaway = CommandResult(0, b"77|RUNNING|0:0|None|gpu-[1-2]|2-00:00:00|UNLIMITED|base#3\n", b"", 0.01)
-    job = await SlurmClient(_LoginShell({"scontrol": FORGOTTEN, "sacct": runaway})).show("77")
+    job = await SlurmClient(_LoginShell({"squeue": FORGOTTEN, "sacct": runaway})).show("77")
     assert job is not None and not job.active and job.state == "UNKNOWN"
     assert ended_verdict(job)[0] == "unknown"
     assert "sacct still says RUNNING, but the controller no longer knows the job" in job_line(job)
 
 
 async def test_without_accounting_sacct_is_asked_once_and_a_broken_one_is_logged(caplog):
-    shell = _LoginShell({"scontrol": FORGOTTEN, "sacct": NO_ACCOUNTING})
+    shell = _LoginShell({"squeue": FORGOTTEN, "sacct": NO_ACCOUNTING})
     client = SlurmClient(shell, conf="/etc/slurm x/slurm.conf")
     assert await client.show("4711") is None and await client.show("4712") is None
-    assert [shlex.split(c)[2] for c in shell.commands] == ["scontrol", "sacct", "scontrol"]  # after env SLURM_CONF=
+    assert [shlex.split(c)[2] for c in shell.commands] == ["squeue", "sacct", "squeue"]  # after env SLURM_CONF=
     assert shell.commands[1].startswith("env SLURM_CONF='/etc/slurm x/slurm.conf' sacct ")
     assert client.accounting_on is False
     down = CommandResult(1, b"", b"sacct: error: Problem talking to the database: Connection refused\n", 0.01)
-    client = SlurmClient(_LoginShell({"scontrol": FORGOTTEN, "sacct": down}))
+    client = SlurmClient(_LoginShell({"squeue": FORGOTTEN, "sacct": down}))
     assert await client.show("4711") is None  # the controller's word stands
     assert "sacct could not read job 4711: sacct: error: Problem talking to the database" in caplog.text
     assert client.accounting_on is None  # asked again next time
