@@ -97,7 +97,7 @@ class SlurmClient:
         for i in range(0, len(ids), SQUEUE_BATCH):
             chunk = ids[i:i + SQUEUE_BATCH]
             res = await self.executor.run(self._command(
-                f"squeue -h --states=all -j {','.join(chunk)} -O {shlex.quote(squeue_format())}"),
+                f"squeue -a -h --states=all -j {','.join(chunk)} -O {shlex.quote(squeue_format())}"),
                 timeout_s=self.timeout_s)
             if res.exit_status != 0:
                 if b"Invalid job id" in res.stderr:  # it has none of them
@@ -176,7 +176,7 @@ class JobBoard:
         job_id = str(int(job_id))
         oldest = self._clock() - max(0.0, max_age_s)
         while not (self._at is not None and self._at >= oldest and job_id in self._asked):
-            if self._reading is None:
+            if self._reading is None or self._reading.done():  # a finished call, its callback not run yet: a new one
                 self._reading = asyncio.ensure_future(self._read(job_id))
                 self._reading.add_done_callback(self._done)
             await asyncio.shield(self._reading)
@@ -184,12 +184,13 @@ class JobBoard:
         return found if found is not None else await self.client.forgotten(job_id)
 
     def _done(self, fut: asyncio.Future[None]) -> None:
-        self._reading = None
+        if self._reading is fut:
+            self._reading = None
         if not fut.cancelled():
             fut.exception()  # retrieved here: each waiting check raises it
 
     async def _read(self, job_id: str) -> None:
-        ids = frozenset({job_id, *(str(int(j)) for j in self._watched() if str(j).isdigit())})
+        ids = frozenset({job_id, *(str(int(j)) for j in self._watched() if str(j).isascii() and str(j).isdigit())})
         begun = self._clock()
         self.calls += 1
         seen = await self.client.jobs(ids)

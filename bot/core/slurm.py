@@ -15,17 +15,18 @@ Formats, from Slurm 22.05 (`slurm-wlm` on Debian 12, a two-node cluster on one h
   allocation only, `-n` no header, `-P` fields split by `|`) prints one line per job, e.g.
   `12|CANCELLED by 0|0:15|None|n[1-2]|00:01:07|01:00:00|base`; `State` may carry ` by UID`; an unknown job prints
   nothing; with accounting off it prints `Slurm accounting storage is disabled` and exits 1.
-- `squeue -h --states=all -j ID,ID,... -O JobID:|,State:|,Reason:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,
-  STDOUT:` (squeue(1) `--Format`, `:|` a field's suffix, no blank in the list) prints one line per job the
-  controller still has, e.g.
-  `2|FAILED|NonZeroExitCode|768|n1|0:00|365-00:00:00|/tmp/sl/job-2.out`; `exit_code` is the raw wait status
+- `squeue -a -h --states=all -j ID,ID,... -O JobID:|,State:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,Reason:`
+  (squeue(1) `--Format`, `:|` a field's suffix, no blank in the list; `-a` hidden partitions too) prints one line
+  per job the controller still has, e.g.
+  `2|FAILED|768|n1|0:00|365-00:00:00|NonZeroExitCode`; `exit_code` is the raw wait status
   (768: exit 3; 15: signal 15), as `ExitCode=3:0` / `0:15` says it; jobs it no longer has are left out, and when it
   has none of them it prints `slurm_load_jobs error: Invalid job id specified` on stderr and exits 1.
 
 User-controlled fields (the job's name, its comment) are free text that may hold `Key=`, `|` and newlines (`scontrol
-update JobName=...` by the job itself or anyone on its account): `squeue` is asked for Slurm's own fields only, so
-none of its fields can be forged; a `scontrol show job` record in which a field gpubot reads appears twice, or that
-lacks its `JobState`, is ambiguous and skipped; sacct's name comes last. Reasons are redacted before they are kept.
+update JobName=...` by the job itself or anyone on its account): `squeue` is asked for Slurm's own fields only, the
+reason (free text only where a plugin or an admin writes one) last; a `scontrol show job` record in which a field
+gpubot reads appears twice, that lacks its `JobState`, or whose job id another record claims too, is ambiguous and
+skipped; sacct's name comes last and its first line counts. Reasons are redacted before they are kept.
 """
 
 from __future__ import annotations
@@ -224,15 +225,25 @@ class SlurmJob:
 
 
 def _job_records(text: str) -> list[str]:
-    """One line per job: `scontrol show job -o` prints them so; plain `scontrol show job` (Slurm 22.05 and later, as a
-    user pastes it) prints a job as a first line at column 0 (`JobId=...`) and indented lines that go on with it."""
-    records: list[str] = []
-    for line in (text or "").splitlines():
-        if records and line[:1] in (" ", "\t") and line.strip() and "JobId=" not in line:
-            records[-1] += " " + line.strip()
+    """One record per job: `scontrol show job -o` prints a job per line, plain `scontrol show job` (Slurm 22.05 and
+    later, as a user pastes it) a first line at column 0 (`JobId=...`) and indented lines that go on with it. A line
+    that does not begin with `JobId=` goes on with the record before it (a newline inside a job's name or comment
+    cannot start a record of its own where it does not say `JobId=`). Lines are split at `\n` only (Slurm's own);
+    linear in the text."""
+    records: list[list[str]] = []
+    for line in (text or "").split("\n"):
+        line = line.rstrip("\r")
+        if records and not line.lstrip().startswith("JobId="):
+            if line.strip():
+                records[-1].append(line.strip())
         else:
-            records.append(line)
-    return records
+            records.append([line])
+    return [" ".join(r) for r in records]
+
+
+def _digits(text: str) -> bool:
+    """True for ASCII digits only (`"²".isdigit()` is True, and int() refuses it)."""
+    return text.isascii() and text.isdigit()
 
 
 #: The keys of a `scontrol show job` record gpubot reads: each must appear once (a second one came from free text).
@@ -258,34 +269,39 @@ def _job(pairs: dict[str, str], source: str) -> SlurmJob:
     return SlurmJob(
         job_id=pairs["JobId"], name=pairs.get("JobName", ""), state=state, reason=reason,
         nodes=tuple(expand_hostlist(pairs.get("NodeList", ""))),
-        exit_code=int(code) if code.isdigit() else None, signal=int(sig) if sig.isdigit() else None,
+        exit_code=int(code) if _digits(code) else None, signal=int(sig) if _digits(sig) else None,
         run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
         stdout=pairs.get("StdOut") or None, fields=pairs, source=source)
 
 
 def parse_show_job(text: str) -> list[SlurmJob]:
     """The jobs of `scontrol show job -o` output (one line each), or of plain `scontrol show job` (each job's indented
-    lines joined to it); lines without `JobId=` are skipped, and so is a record that is ambiguous: one without a
-    `JobState`, or in which a key gpubot reads (_READ_KEYS) appears twice (a job name or comment holding `JobState=`
-    or a newline). Never raises."""
-    jobs = []
+    lines joined to it); lines without `JobId=` are skipped, and so is what is ambiguous: a record without a
+    `JobState`, one in which a key gpubot reads (_READ_KEYS) appears twice (a job name or comment holding `JobState=`
+    or a newline), and every record of a job id that more than one record claims. Never raises."""
+    jobs: list[SlurmJob] = []
+    claimed: dict[str, int] = {}
     for line in _job_records(text):
         pairs: dict[str, str] = {}
         seen: dict[str, int] = {}
         for key, value in _pairs(line):  # the first of a key wins: a later `StdOut=` path cannot forge one
             pairs.setdefault(key, value)
             seen[key] = seen.get(key, 0) + 1
-        if not pairs.get("JobId", "").isdigit() or "JobState" not in pairs \
-                or any(seen.get(k, 0) > 1 for k in _READ_KEYS):
+        job_id = pairs.get("JobId", "")
+        if _digits(job_id):
+            claimed[job_id] = claimed.get(job_id, 0) + 1
+        if not _digits(job_id) or "JobState" not in pairs or any(seen.get(k, 0) > 1 for k in _READ_KEYS):
             continue
         jobs.append(_job(pairs, "scontrol show job"))
-    return jobs
+    return [j for j in jobs if claimed[j.job_id] == 1]
 
 
-#: The fields gpubot asks `squeue -O` for, in order: Slurm's own only (no name, no comment: nothing a user writes).
-SQUEUE_FIELDS = ("JobID", "State", "Reason", "exit_code", "NodeList", "TimeUsed", "TimeLimit", "STDOUT")
+#: The fields gpubot asks `squeue -O` for, in order: Slurm's own only (no name, no comment: nothing a job's user
+#: writes), the reason last (Slurm's code, but free text where a plugin or an admin sets one: a `|` or a newline in
+#: it can only add text after the job's own fields).
+SQUEUE_FIELDS = ("JobID", "State", "exit_code", "NodeList", "TimeUsed", "TimeLimit", "Reason")
 _SQUEUE_AS_SCONTROL: Mapping[str, str] = MappingProxyType(
-    {"JobID": "JobId", "State": "JobState", "TimeUsed": "RunTime", "STDOUT": "StdOut"})
+    {"JobID": "JobId", "State": "JobState", "TimeUsed": "RunTime"})
 _STATE_RE = re.compile(r"[A-Z][A-Z_]{1,30}")
 
 
@@ -297,25 +313,23 @@ def squeue_format() -> str:
 def parse_squeue(text: str, job_ids: Sequence[str]) -> dict[str, SlurmJob]:
     """Job id -> the job, of `squeue -h --states=all -j ... -O squeue_format()` output, for the jobs of `job_ids` it
     lists (a job the controller no longer has is left out), each under scontrol's keys (`JobState`, `ExitCode=3:0`
-    from the wait status 768, `RunTime`, `StdOut`), `source` `squeue -j`. A line not of that shape (a field count,
-    a job id, a state) is skipped, and a job id listed twice is left out as ambiguous. Never raises."""
+    from the wait status 768, `RunTime`), `source` `squeue -j`. A line not of that shape (a field count, a job id, a
+    state, a status) is skipped; the first line of a job counts (its reason comes last: a newline in it can only add
+    lines after the job's own). Lines split at `\n` only. Never raises."""
     wanted = {str(j) for j in job_ids}
     found: dict[str, SlurmJob] = {}
-    twice: set[str] = set()
-    for line in (text or "").splitlines():
+    for line in (text or "").split("\n"):
         parts = line.rstrip("\r").split("|", len(SQUEUE_FIELDS) - 1)
         if len(parts) != len(SQUEUE_FIELDS):
             continue
         raw = dict(zip(SQUEUE_FIELDS, (x.strip() for x in parts), strict=True))
         job_id, status = raw["JobID"], raw.pop("exit_code")
-        if job_id not in wanted or not _STATE_RE.fullmatch(raw["State"]) or not status.isdigit():
+        if job_id not in wanted or job_id in found or not _STATE_RE.fullmatch(raw["State"]) or not _digits(status):
             continue
-        if job_id in found:
-            twice.add(job_id)
         pairs = {_SQUEUE_AS_SCONTROL.get(k, k): v for k, v in raw.items()}
         pairs["ExitCode"] = f"{int(status) >> 8 & 0xFF}:{int(status) & 0x7F}"
         found[job_id] = _job(pairs, "squeue -j")
-    return {k: v for k, v in found.items() if k not in twice}
+    return found
 
 
 #: The fields gpubot asks `sacct` for, in order (the job's name last: it may hold the `|` that splits them).
@@ -331,7 +345,7 @@ def parse_sacct(text: str, job_id: str) -> SlurmJob | None:
     printed no line of it. `State` loses its ` by UID`. The first line of the job counts: its name comes last, so a
     newline in it can only add lines after the real one. Never raises."""
     found = None
-    for line in (text or "").splitlines():
+    for line in (text or "").split("\n"):
         if found is not None:
             break
         parts = line.rstrip("\r").split("|", len(SACCT_FIELDS) - 1)

@@ -188,7 +188,7 @@ class BundleService:
                 client = self._launches.spans.slurm(launch.host)
                 text = await client.show_text(launch.job_id)
                 if text is None:  # the controller forgot it: its accounting's record, under scontrol's keys
-                    job = await client.accounting(launch.job_id)
+                    job = await client.forgotten(launch.job_id)
                     text = f"Slurm no longer knows job {launch.job_id}\n" + (
                         "" if job is None else f"{job.source} {launch.job_id}: " + " ".join(
                             f"{k}={v}" for k, v in job.fields.items()) + "\n")

@@ -76,7 +76,8 @@ async def test_a_two_node_job_runs_one_rank_per_node_and_scancel_stops_both(clie
                           env={"MODEL": "/data/m x"}, master_port=29500)
     job_id = await client.submit(script)
     job = await _state(client, job_id, "RUNNING")
-    assert job.nodes == ("n1", "n2") and job.name == "big#1"
+    assert job.nodes == ("n1", "n2") and job.source == "squeue -j"  # its state from squeue, which never reads names
+    assert "JobName=big#1 " in (await client.show_text(job_id) or "")
 
     async def both_wrote():  # the step's output goes to the batch host's file, both ranks' lines
         lines = [x for p in tmp_path.glob(f"big-{job_id}-*.log") for x in p.read_text().splitlines()]

@@ -34,7 +34,7 @@ class _Squeue:
             await self.gate.wait()
         if self.fail:
             return CommandResult(1, b"", b"squeue: error: Unable to contact slurm controller\n", 0.01)
-        lines = [f"{j}|RUNNING|None|0|n1|1:00|UNLIMITED|/logs/{j}.out" for j in ids if j in self.running]
+        lines = [f"{j}|RUNNING|0|n1|1:00|UNLIMITED|None" for j in ids if j in self.running]
         return CommandResult(0, "\n".join(lines).encode(), b"", 0.01)
 
 
@@ -98,3 +98,36 @@ async def test_a_failed_call_reaches_every_waiting_check_and_the_next_check_asks
     assert len(shell.calls) == 1
     shell.fail = False
     assert (await board.job("1", max_age_s=60)).state == "RUNNING" and len(shell.calls) == 2
+
+
+async def test_a_check_that_asks_as_a_call_ends_gets_an_answer_never_a_spinning_loop():
+    """A check that asks between the end of a call and its bookkeeping, for an answer newer than that call (a
+    clock that moves on each reading): it gets its own call, and the event loop goes on."""
+    ticks = iter(range(1000))
+
+    class _Held:
+        def __init__(self) -> None:
+            self.answer: asyncio.Future | None = None
+            self.calls = 0
+
+        async def jobs(self, ids):
+            self.calls += 1
+            self.answer = asyncio.get_running_loop().create_future()
+            return await self.answer
+
+        async def forgotten(self, job_id):
+            return None
+
+    client = _Held()
+    board = JobBoard(client, lambda: ["7"], clock=lambda: float(next(ticks)))
+    first = asyncio.ensure_future(board.job("7", 0))
+    while client.answer is None:
+        await asyncio.sleep(0)
+    client.answer.set_result({})
+    late = asyncio.ensure_future(board.job("7", 0))
+    assert await asyncio.wait_for(first, 10) is None
+    while not late.done():  # each new call of the late check answered in turn
+        if client.answer is not None and not client.answer.done():
+            client.answer.set_result({})
+        await asyncio.sleep(0)
+    assert late.result() is None and client.calls >= 2
