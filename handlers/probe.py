@@ -63,7 +63,8 @@ async def _probe_launch(call: CommandCall, ctx: Context, ref: str | None) -> Rep
     snap = await ctx.services.launches.probe_launch(la, tail_lines=lines)
     if isinstance(snap, HostFailure):
         raise UserError(f"Probe of {la.name} failed", snap.reason, audit="error", launch_id=la.id)
-    view = probe_view(snap, f"{la.name} (pgid={la.pgid})", ctx.services.launches.owners(snap))
+    view = probe_view(snap, la.name + (f" (pgid={la.pgid})" if la.pgid is not None else ""),
+                      ctx.services.launches.owners(snap))
     return ctx.reply(ctx.render("probe", **view), launch=la)
 
 

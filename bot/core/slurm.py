@@ -118,6 +118,9 @@ def sbatch_problems(spec: SbatchSpec) -> list[str]:
         m = _OPTION_RE.fullmatch(opt)
         if m is None:
             out.append(f"extra_sbatch: {opt[:60]!r} is not one --name or --name=value option on one line")
+        elif m.group(1).startswith("container"):  # --container (OCI), pyxis' --container-image/-mounts/-name...
+            out.append(f"extra_sbatch: --{m.group(1)} would run the job's steps in another container than the one "
+                       f"the variant's command was checked for; set the image in the variant's command instead")
         elif any(own.startswith(m.group(1)) for own in _OWN_OPTIONS) or (m.group(2) and re.search(r"\s", m.group(2))):
             # sbatch takes any unambiguous prefix of a long option (`--out=` is `--output=`) and splits a #SBATCH
             # line at blanks (`--comment=x --output=y` sets both)

@@ -480,25 +480,34 @@ class Watcher:
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
             verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
-        if job is not None and looked.obs.process_alive is None:
-            # rank 0 could not be told alive: Slurm's word of now, not the one shared over the check interval
-            with contextlib.suppress(RemoteError, SlurmError):
-                job = await spans.job(la)
-            if job is None or not job.active:
-                return await self._job_ended(la, job, looks, failed=await self._rank0_failure(la, job, history))
-        if job is not None and looked.obs.process_alive is False:
-            # rank 0 is gone while Slurm still has the job: Slurm's end (a time limit, a preemption) says why
-            job = await self._job_after_end(la)
-            if job is None or not job.active:
-                # rank 0's own log may say why (a CUDA OOM), where Slurm only records the exit of the ranks it ended;
-                # read again now that the job ended: srun forwards a rank's last lines (its stderr) after the rank
-                # is gone, so the look above may have come before them
-                failed = await self._rank0_failure(la, job, history) or (0, ranks[0][1], looked.verdict)
-                return await self._job_ended(la, job, looks, failed=failed)
-            # Slurm still runs the job (its prolog, an image pull, a step not started yet, or one that is ending):
-            # Slurm's word decides when it ended, never a look at one node
-            return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
+        if job is not None and looked.obs.process_alive is not True:
+            ended = await self._rank0_not_alive(la, looked, looks, ranks[0][1], history)
+            if ended is not None:
+                return ended
         return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
+
+    async def _rank0_not_alive(self, la: Launch, looked: _Look, looks: Sequence[NodeLook], node0: str,
+                               history: list[CheckRecord]) -> CheckOutcome | None:
+        """Rank 0 not seen alive (gone, or not told) while Slurm, as last read, still has the job: Slurm's word of
+        now decides. A job that ended gets its verdict (`_job_ended`; rank 0's own failure, a CUDA OOM where Slurm
+        only records an exit, read again now that the job ended, else the look that saw it gone); a job Slurm
+        still runs after rank 0 is gone (its prolog, an image pull, a step not started yet, one that is ending) is
+        not judged on one node's look (an outcome without a verdict); None where rank 0's state is not told and
+        Slurm still runs the job: the check goes on."""
+        gone = looked.obs.process_alive is False
+        if gone:  # Slurm's end (a time limit, a preemption) says why: wait for it a few seconds
+            job = await self._job_after_end(la)
+        else:
+            job = None
+            try:
+                job = await self.launches.spans.job(la)
+            except (RemoteError, SlurmError) as e:
+                log.info("%s: job %s not read again: %s", la.name, la.job_id, e)
+                return None
+        if job is None or not job.active:
+            failed = await self._rank0_failure(la, job, history) or (0, node0, looked.verdict)
+            return await self._job_ended(la, job, looks, failed=failed)
+        return CheckOutcome(None, False, self._launch_rows.get(la.id) or la) if gone else None
 
     async def _rank0_failure(self, la: Launch, job: SlurmJob | None,
                              history: list[CheckRecord]) -> tuple[int, str, Verdict] | None:

@@ -109,6 +109,9 @@ async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, clu
     assert f"Slurm job {la.job_id}" in root.text and la.nodes[0] in root.text, root.text
     (ready,) = alerts(bot, "ready")
     assert ready.thread_ts == la.thread_ts
+    # a Slurm launch has no process group of its own: no `pgid=None` in a probe's header or a button's confirm
+    probed = await bot.chat.say("/probe 1")
+    assert "Probe of" in probed.text and "None" not in probed.text.splitlines()[0], probed.text
     # the GPUs Slurm gave the job are the ones the rank sees
     log_text = Path(la.log_path).read_text()
     assert "fired up and ready to roll" in log_text
@@ -147,6 +150,8 @@ async def test_hang_is_alerted_with_the_jobs_evidence_then_relaunch_resubmits(sl
     text = full_text(hang)
     assert "Load weight end" in text, text
     assert f"`squeue -j {la.job_id}`: JobState=RUNNING" in text, text  # the job's evidence
+    confirm = str(hang.blocks)  # its Kill button's confirm names no process group a Slurm launch does not have
+    assert "Stops every process of one#1 on login" in confirm and "process group None" not in confirm, confirm
     assert hang.thread_ts == la.thread_ts
     said = await bot.chat.say("!relaunch mode=ready", thread=la.thread_ts)
     assert "Submitted one#2" in said.text, said.text

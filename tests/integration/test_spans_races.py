@@ -1,4 +1,4 @@
-"""Races of /kill and of Slurm with launches across nodes, with stand-ins for sbatch/scontrol/scancel on PATH (Slurm's
+"""Races of /kill and of Slurm with launches across nodes, with stand-ins for sbatch/squeue/scancel on PATH (Slurm's
 side is tested for real in test_slurm_launch.py) and two local hosts: a kill while sbatch runs cancels the job it
 returns; a kill while a multi-host launch's ranks start leaves no rank; a rank whose start failed half way is
 stopped; a job Slurm still runs is never ended by a look at one node."""
@@ -26,12 +26,11 @@ sleep $(cat $D/delay 2>/dev/null || echo 0)
 echo 4242 >> $D/submitted
 echo 4242
 """
-SCONTROL = """#!/bin/sh
+SQUEUE = """#!/bin/sh
 D={d}
 echo >> $D/shown
-if [ -e $D/cancelled ]; then st=CANCELLED; else st=RUNNING; fi
-echo "JobId=4242 JobName=x JobState=$st Reason=None ExitCode=0:0 RunTime=00:00:05 TimeLimit=UNLIMITED" \
-     "NodeList=elsewhere1 StdOut=/tmp/x"
+if [ -e $D/cancelled ]; then st=CANCELLED; status=15; else st=RUNNING; status=0; fi
+echo "4242|$st|$status|elsewhere1|0:05|UNLIMITED|None"
 """
 SCANCEL = """#!/bin/sh
 touch {d}/cancelled
@@ -41,7 +40,7 @@ touch {d}/cancelled
 def _fake_slurm(d: Path) -> Path:
     b = d / "bin"
     b.mkdir(parents=True)
-    for name, text in (("sbatch", SBATCH), ("scontrol", SCONTROL), ("scancel", SCANCEL)):
+    for name, text in (("sbatch", SBATCH), ("squeue", SQUEUE), ("scancel", SCANCEL)):
         (b / name).write_text(text.format(d=d))
         (b / name).chmod(0o755)
     return b
@@ -137,7 +136,7 @@ async def test_job_running_but_step_not_started_yet_is_not_ended(sl_bot):
     """Slurm says RUNNING on node a (a host of the config), but srun has not started rank 0 yet (a prolog, a
     container image being pulled): the launch must not end while Slurm still runs the job."""
     bot = sl_bot
-    (bot.dir / "bin" / "scontrol").write_text(SCONTROL.format(d=bot.dir).replace("NodeList=elsewhere1", "NodeList=a"))
+    (bot.dir / "bin" / "squeue").write_text(SQUEUE.format(d=bot.dir).replace("|elsewhere1|", "|a|"))
     said = await bot.chat.say("/launch s")
     assert "Submitted s#1" in said.text, said.text
     await wait_until(lambda: bot.launch(1).nodes == ["a"], what="the job's node recorded")

@@ -89,6 +89,9 @@ def test_the_batch_script_sets_one_task_per_node_and_the_rank_variables():
     (SbatchSpec(extra_sbatch=("-N 4",)), "is not one --name or --name=value option"),
     (SbatchSpec(extra_sbatch=("--out=/tmp/evil-%j",)), "--out is (a prefix of) an option gpubot sets"),
     (SbatchSpec(extra_sbatch=("--comment=x --output=/tmp/evil",)), "its value has blanks"),
+    (SbatchSpec(extra_sbatch=("--container=/oci/bundle",)), "--container would run the job's steps in another"),
+    (SbatchSpec(extra_sbatch=("--container-image=nvcr.io/nvidia/pytorch:24.01-py3",)), "--container-image would run"),
+    (SbatchSpec(extra_sbatch=("--container-mounts=/data:/data",)), "in another container"),
 ])
 def test_what_the_allocation_may_not_say(spec, problem):
     assert any(problem in p for p in sbatch_problems(spec)), sbatch_problems(spec)
