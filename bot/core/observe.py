@@ -99,7 +99,8 @@ def phase_times(records: Sequence[CheckRecord], started_at: float, now: float) -
 
 def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | None, *,
                               quiet_since: float | None = None,
-                              memo: LineMemo | None = None) -> tuple[Observation, CheckRecord]:
+                              memo: LineMemo | None = None,
+                              earlier: Sequence[CheckRecord] = ()) -> tuple[Observation, CheckRecord]:
     """Turn one probe of a launch into a diagnose() Observation plus the compact record stored for history
     and charts (pure). Log silence is measured from the last line that is not a heartbeat: it resets when
     the newest meaningful line changes. Times are the remote clock, in seconds.
@@ -108,8 +109,10 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     (its tag, its confirmed session and process group, their
     descendants, and the processes earlier checks saw: `la.seen_pids`), and only its own GPUs when it names
     them; other holders are never its evidence. CPU time counts as growing only above
-    `CPU_PROGRESS_CORES` over the window since `prev`; when the bot itself worked on the launch (a stack dump, at
-    epoch `quiet_since`) within that window, whether it grew is unknown (None)."""
+    `CPU_PROGRESS_CORES` over the window since `prev`, or since the newest of the `earlier` checks (oldest first)
+    at least CPU_WINDOW_S ago when `prev` is more recent (ps counts CPU time in whole seconds: over a 1 s window a
+    core busy all along gains 0 to 2 of them); when the bot itself worked on the launch (a stack dump, at epoch
+    `quiet_since`) within that window, whether it grew is unknown (None)."""
     now = snap.clock if snap.clock is not None else time.time()
     raw = list(snap.log.tail) if snap.log and snap.log.tail else []
     # a launch with an exit file is judged by it alone: a line in the log (which the server writes too, and which
@@ -160,7 +163,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         gpu_processes=gpu_procs,
         gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
         gpu_mem_rising=_rising(gpus, prev),
-        cpu_time_growing=_cpu_growing(procs, prev, now, quiet_since),
+        cpu_time_growing=_cpu_growing(procs, _cpu_base(prev, earlier, now), now, quiet_since),
         port=la.port,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
@@ -293,6 +296,18 @@ def remember_processes(la: Launch, snap: Snapshot, procs: Sequence[ProcessInfo],
         if p.pid not in starts and p.pid in snap.start_ticks:
             starts[p.pid] = snap.start_ticks[p.pid]
     return None if pids == la.seen_pids and starts == la.seen_starts else (pids, starts)
+
+
+#: The shortest window CPU time growth is measured over (seconds): ps's whole-second CPU time needs a few of them.
+CPU_WINDOW_S = 3.0
+
+
+def _cpu_base(prev: CheckRecord, earlier: Sequence[CheckRecord], now: float) -> CheckRecord:
+    """The check CPU time growth is measured from: `prev`, unless it is less than CPU_WINDOW_S old and one of the
+    `earlier` checks (with CPU times) is old enough: then the newest of those."""
+    if not now - prev.t < CPU_WINDOW_S:  # old enough, or NaN (no previous check)
+        return prev
+    return next((r for r in reversed(earlier) if r.ok and r.cpu_s and now - r.t >= CPU_WINDOW_S), prev)
 
 
 def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float | None) -> bool | None:

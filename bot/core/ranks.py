@@ -25,6 +25,7 @@ __all__ = [
     "base_tag",
     "job_end_verdict",
     "look_of",
+    "most_specific_failure",
     "odd_rank",
     "parse_ranks",
     "rank_log",
@@ -154,16 +155,27 @@ def odd_rank(looks: Sequence[NodeLook]) -> tuple[NodeLook, str] | None:
     return None
 
 
-def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook]) -> Verdict:
+def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook], failed: tuple[int, str, Verdict] | None = None
+                ) -> Verdict:
     """Rank 0's verdict (`verdict`, by the single-host rules) weighed with every rank's evidence (`looks`, rank
     order): one evidence line per rank first, and for any verdict but ready or loading the odd rank named in the
     summary (`rank 1 on node n2 went silent first ...`) with a next step to look at its node. A rank whose processes
-    are gone while rank 0 still looks fine makes the launch `crashed`. Returns a new Verdict."""
+    are gone while rank 0 still looks fine makes the launch fail: by that rank's own verdict where its log says why
+    (`failed`: rank, node and the verdict of its own log, one of RANK_FAILURES: its OOM, its crash, with its phase),
+    else `crashed`. Returns a new Verdict."""
     if len(looks) < 2:
         return verdict
     lines = [x.line() for x in looks]
     odd = odd_rank(looks)
     summary, steps, name = verdict.summary, list(verdict.next_steps), verdict.verdict
+    own = _own_failure(failed)
+    gone = {x.rank for x in looks if x.alive is False}
+    if own is not None and own[0] != 0 and own[0] in gone and 0 not in gone and name in ("ready", "loading", "unknown"):
+        rank, node, v = own
+        return replace(v, summary=f"Rank {rank} on node {node}: {v.summary.rstrip()} Its processes are gone while "
+                                  f"rank 0 still runs.",
+                       evidence=[*lines, *v.evidence],
+                       next_steps=[f"Look at node {node} (rank {rank}): its log and GPUs", *v.next_steps])
     if name in RANK_FAILURES and name != "nccl_error" and verdict.confidence != "low":
         # rank 0's own log shows the failure: it is named, and the ranks that went down after it are its echo (an
         # NCCL error is often the echo of another rank's end: there the odd rank is named below)
@@ -200,13 +212,31 @@ def job_end_verdict(job: SlurmJob | None, job_id: str, looks: Sequence[NodeLook]
     slurm = job_verdict(job, job_id, lines)
     if failed is None or slurm.verdict in SLURM_OWN_ENDS:
         return slurm
-    rank, node, v = failed
-    if v.verdict not in RANK_FAILURES or v.confidence == "low":
+    own = _own_failure(failed)
+    if own is None:
         return slurm
+    rank, node, v = own
     said = f" Slurm then ended the job: {slurm.summary[0].lower()}{slurm.summary[1:]}" if job is not None else ""
     return replace(v, summary=f"Rank {rank} on node {node}: {v.summary.rstrip()}{said}",
                    evidence=[*lines, *slurm.evidence[:1 if job is not None else 0], *v.evidence],
                    next_steps=[*v.next_steps, f"Look at node {node} (rank {rank}): its log and GPUs"])
+
+
+def _own_failure(failed: tuple[int, str, Verdict] | None) -> tuple[int, str, Verdict] | None:
+    """`failed` where its verdict says why a rank ended (one of RANK_FAILURES, not a low-confidence guess)."""
+    if failed is None or failed[2].verdict not in RANK_FAILURES or failed[2].confidence == "low":
+        return None
+    return failed
+
+
+def most_specific_failure(failures: Sequence[tuple[int, str, Verdict] | None]) -> tuple[int, str, Verdict] | None:
+    """Of the ranks' own verdicts (rank, node, verdict; None: a rank not read), the one that says most about why the
+    job ended: the most specific failure (RANK_FAILURE_ORDER: a rank's OOM before the other ranks' crashes and NCCL
+    timeouts, which are its echo), the lowest rank among equals; else rank 0's verdict (failure or not), else None."""
+    own = [f for f in failures if _own_failure(f) is not None]
+    if own:
+        return min(own, key=lambda f: (RANK_FAILURE_ORDER.index(f[2].verdict), f[0]))  # type: ignore[index]
+    return next((f for f in failures if f is not None and f[0] == 0), None)
 
 
 def node_label(name: str) -> str:
@@ -232,18 +262,16 @@ def weigh_bundle(verdict: Verdict, top: Observation, rank0: str, others: Sequenc
     when `scontrol` (`scontrol show job -o`) is there: a job Slurm ended gets Slurm's verdict (job_verdict), a
     pending one is `loading` (never a hang), a running one gets its line as evidence."""
     from bot.core.diagnose import Verdict, diagnose
-    looks = [look_of(top, 0, rank0, verdict.verdict), *(look_of(o, k, n) for k, n, o in sorted(others))]
-    out = weigh_nodes(verdict, looks) if others else verdict
+    ranked = sorted(others, key=lambda x: x[0])
+    looks = [look_of(top, 0, rank0, verdict.verdict), *(look_of(o, k, n) for k, n, o in ranked)]
+    # the rank whose own log says most about the failure (most_specific_failure)
+    failed = most_specific_failure([(0, rank0, verdict), *((k, n, diagnose(o)) for k, n, o in ranked)])
+    out = weigh_nodes(verdict, looks, failed) if others else verdict
     jobs = parse_show_job(scontrol or "")
     if not jobs:
         return out
     job = jobs[0]
     if not job.active:
-        # the rank whose own log shows the most specific failure (an OOM before the crash or NCCL timeout the other
-        # ranks echo it with), the lowest rank among equals
-        named = [(0, rank0, verdict), *((k, n, diagnose(o)) for k, n, o in sorted(others, key=lambda x: x[0]))]
-        failing = [x for x in named if x[2].verdict in RANK_FAILURES]
-        failed = min(failing, key=lambda x: (RANK_FAILURE_ORDER.index(x[2].verdict), x[0])) if failing else None
         return job_end_verdict(job, job.job_id, looks if others else [], failed)
     if job.pending:
         return Verdict("loading", None, [job_line(job)],

@@ -8,8 +8,11 @@ SGLang-style phase lines (sglang 0.4/0.5 formats). Then, by `--mode`:
 - ready: KV cache and CUDA graph lines, then `The server is fired up and ready to roll!` and an HTTP
   server on `--port` answering GET /health with 200 (and /v1/models).
 - hang:  nothing after `Load weight end`: processes alive, memory held, port closed (case 00).
-- crash: a Python traceback from rank 0, then every process exits 1.
-- oom:   `torch.OutOfMemoryError: CUDA out of memory` from rank 0, exit 1.
+- crash: a Python traceback from rank 0 (node 0's first rank), exit 1; its launcher then stops the other ranks and
+  exits 1, and on a multi-node launch every other node's launcher, finding node 0 gone, logs a lost connection to
+  it and does the same (as torch.distributed's peers end after rank 0's). `--fail-node N`: node N's first rank
+  fails instead (the other nodes go on: under Slurm, srun --kill-on-bad-exit ends them).
+- oom:   `torch.OutOfMemoryError: CUDA out of memory` from rank 0, exit 1, the other ranks as for crash.
 - exit:  prints a shutdown line and exits 0.
 - heartbeat: like hang, but the launcher keeps printing vLLM's `Waiting for 1 local, 0 remote core engine
   proc(s) to start.` heartbeat (not progress).
@@ -111,6 +114,7 @@ def worker(args):
     `--hang-in collective` every rank but the last waits in `all_reduce` after loading; the last rank sleeps."""
     rank = args.worker_rank
     odd = rank == args.workers - 1
+    first = rank == 0 and args.node_rank == args.fail_node  # the rank that crashes or runs out of memory
     if args.mode == "hang" and args.hang_in == "rendezvous":
         log("Init torch distributed begin.", rank)
         if odd:
@@ -132,11 +136,11 @@ def worker(args):
         all_reduce()
     if args.mode in ("hang", "heartbeat"):
         hang_loop(args)
-    if args.mode == "oom" and rank == 0:
+    if args.mode == "oom" and first:
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
               "capacity of 139.81 GiB of which 1.19 GiB is free.", file=sys.stderr, flush=True)
         sys.exit(1)
-    if args.mode == "crash" and rank == 0:
+    if args.mode == "crash" and first:
         raise RuntimeError("fake scheduler failed during init")
     log("KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB", rank)
     log("Capture cuda graph begin. This can take up to several minutes. avail mem=50.00 GB", rank)
@@ -146,9 +150,6 @@ def worker(args):
     ready_file = os.path.join(args.ready_dir, f"rank{rank}") if args.ready_dir else None
     if ready_file:
         open(ready_file, "w").close()
-    if args.mode in ("crash", "oom"):
-        time.sleep(0.5)
-        sys.exit(1)
     # serve until the launcher goes away or we are signalled: a heartbeat for /health, the OOM switch
     while True:
         if ready_file:
@@ -156,7 +157,7 @@ def worker(args):
                 os.utime(ready_file)
             except OSError:
                 pass
-        if args.control and rank == 0 and os.path.exists(os.path.join(args.control, "oom")):
+        if args.control and first and os.path.exists(os.path.join(args.control, "oom")):
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                   "capacity of 139.81 GiB of which 0.19 GiB is free.", file=sys.stderr, flush=True)
             sys.exit(1)
@@ -296,7 +297,19 @@ def _launcher(args, ready_dir):
         log(f"Uvicorn running on http://127.0.0.1:{args.port} (Press CTRL+C to quit)")
         log("The server is fired up and ready to roll!")
         threading.Thread(target=srv.serve_forever, daemon=True).start()
+    peer = args.nnodes > 1 and args.node_rank > 0 and args.fail_node == 0 and args.mode in ("crash", "oom")
+    seen_node0 = False
     while True:
+        if peer:  # like torch.distributed's peers: node 0 gone (its rank 0 failed), this node's ranks end too
+            up = _node0_listens(args)
+            if seen_node0 and not up:
+                log(f"torch.distributed.DistNetworkError: Connection to node 0 at {args.dist_init_addr} was lost "
+                    "(Connection refused)")
+                for o in children:
+                    if o.poll() is None:
+                        o.terminate()
+                return 1
+            seen_node0 = seen_node0 or up
         if args.mode == "heartbeat":
             print(f"(APIServer pid={os.getpid()}) DEBUG {time.strftime('%m-%d %H:%M:%S')} "
                   "[v1/engine/utils.py:1262] Waiting for 1 local, 0 remote core engine proc(s) to start.", flush=True)
@@ -327,6 +340,17 @@ def _rendezvous(args):
                 joined.add(int(data[1]))
     threading.Thread(target=accept, daemon=True).start()
     return joined
+
+
+def _node0_listens(args):
+    """Whether node 0's rendezvous port (--dist-init-addr) accepts a connection now."""
+    import socket
+    host, _, port = args.dist_init_addr.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def _nodes_ready(args, joined, children):
@@ -385,6 +409,9 @@ def main():
     p.add_argument("--dist-init-addr", default=None, help="HOST:PORT where node 0 waits for the other nodes")
     p.add_argument("--hang-node", type=int, default=-1,
                    help="the node whose ranks hang in init_process_group before loading (-1: none)")
+    p.add_argument("--fail-node", type=int, default=0,
+                   help="with --mode crash/oom: the node whose first rank fails (another node than 0 leaves the "
+                        "others running, as a rank lost on its own; Slurm's srun --kill-on-bad-exit ends them)")
     p.add_argument("--worker-rank", type=int, default=None)
     p.add_argument("--ready-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

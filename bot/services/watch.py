@@ -38,7 +38,7 @@ from bot.core.observe import (
     server_ending,
 )
 from bot.core.probe import ProbeRequest
-from bot.core.ranks import NodeLook, job_end_verdict, rank_view, weigh_nodes
+from bot.core.ranks import NodeLook, job_end_verdict, most_specific_failure, rank_view, weigh_nodes
 from bot.core.records import CheckRecord
 from bot.core.serving import generation_due, judge_serving
 from bot.core.slurm import SlurmError, SlurmJob, job_line, job_nodes_text
@@ -71,9 +71,9 @@ BUSY_DUMP_EVERY = 3
 ENDING_WAIT_S = 10.0
 ENDING_POLL_S = 1.0
 
-#: How often rank 0 of a job Slurm ended is looked at before Slurm's word alone is the verdict (a node that
-#: does not answer once, under load, still gets its log read).
-RANK0_LOOKS = 3
+#: How often a rank of a job Slurm ended (or a rank gone while rank 0 runs) is looked at before it counts as not
+#: read (a node that does not answer once, under load, still gets its log read).
+RANK_LOOKS = 3
 
 #: A serving launch gets a full look (every process on its host, its log's last lines) at least every this many
 #: checks; the checks in between are cheap (`Watcher._liveness_request`) while it stays fine.
@@ -335,19 +335,23 @@ class Watcher:
                               interval_s=check.interval_s)
 
     async def _look(self, la: Launch, req: ProbeRequest, history: list[CheckRecord],
-                    prev: CheckRecord | None, generated: HealthResult | None = None) -> _Look | HostFailure:
+                    prev: CheckRecord | None, generated: HealthResult | None = None, *,
+                    own: bool = True) -> _Look | HostFailure:
         """Probe the launch with `req`, and judge what it saw: the readiness rules while it starts, the liveness
         rules once it was ready. Remembers the launch's processes (its row) as a side effect. `generated`: the
-        generation check an earlier look of this same check ran (it is not run twice)."""
+        generation check an earlier look of this same check ran (it is not run twice). Without `own` (`la` is a
+        view of another rank than the one the launch's checks follow): nothing is remembered, its log is read
+        afresh."""
         snap = await self.launches.probe_launch(la, request=req)
         if isinstance(snap, HostFailure):
             return snap
         if generated is not None and snap.generate is None:
             snap = replace(snap, generate=generated)
-        memo = self._memos.setdefault(la.id, LineMemo())
+        memo = self._memos.setdefault(la.id, LineMemo()) if own else LineMemo()
         obs, record = observation_from_snapshot(snap, la, prev, quiet_since=self.launches.bot_activity(la.id),
-                                                memo=memo)
-        remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None)
+                                                memo=memo, earlier=history if own else ())
+        remembered = remember_processes(la, snap, obs.processes or [], whole_table=req.ps_pids is None) \
+            if own else None
         if remembered is not None:
             with self._unless_refused(la, "the processes it remembers"):
                 la = self._launch_rows.update(la.id, seen_pids=remembered[0], seen_starts=remembered[1])
@@ -366,8 +370,9 @@ class Watcher:
                             posted=la.alert_state, exit_code=record.exit_status, launch_id=la.id, memo=memo)
             # CPU time alone past the grace (a guess, or long enough to be called a hang without stacks): the stacks
             # tell work from a busy-wait
-            if obs.rank_stacks is None and ((verdict.verdict in ("loading", "silent_hang") and obs.cpu_time_growing)
-                                            or (obs.cpu_time_growing is None and la.id in self._busy)):
+            if own and obs.rank_stacks is None and (
+                    (verdict.verdict in ("loading", "silent_hang") and obs.cpu_time_growing)
+                    or (obs.cpu_time_growing is None and la.id in self._busy)):
                 obs, verdict = await self._busy_or_working(la, snap, obs, prev, verdict, record, memo)
         return _Look(la, snap, obs, record, verdict, ending)
 
@@ -456,7 +461,7 @@ class Watcher:
                 await self._host_unreachable(la, reason)
                 return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
             if job is None or not job.active:
-                return await self._job_ended(la, job, failed=await self._rank0_failure(la, job, history))
+                return await self._job_ended(la, job, failed=await self._ranks_failure(la, job, history))
             if job.pending or not job.nodes:
                 return await self._job_pending(la, job)
             if list(job.nodes) != la.nodes:
@@ -476,20 +481,24 @@ class Watcher:
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         looks = [spans.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
                  *await spans.look_ranks(la, ranks[1:])]
-        verdict = weigh_nodes(looked.verdict, looks)
+        failed = None
+        if looked.obs.process_alive and (gone := next((x for x in looks[1:] if x.alive is False), None)):
+            # a rank gone while rank 0 runs: its own log says why (its OOM, its crash), read in full
+            failed = await self._rank_failure(la, gone.rank, gone.node, ranks[gone.rank][2] or la.host, history)
+        verdict = weigh_nodes(looked.verdict, looks, failed)
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
             verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
         if job is not None and looked.obs.process_alive is not True:
-            ended = await self._rank0_not_alive(la, looked, looks, ranks[0][1], history)
+            ended = await self._rank0_not_alive(la, looked, looks, history)
             if ended is not None:
                 return ended
         return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
 
-    async def _rank0_not_alive(self, la: Launch, looked: _Look, looks: Sequence[NodeLook], node0: str,
+    async def _rank0_not_alive(self, la: Launch, looked: _Look, looks: Sequence[NodeLook],
                                history: list[CheckRecord]) -> CheckOutcome | None:
         """Rank 0 not seen alive (gone, or not told) while Slurm, as last read, still has the job: Slurm's word of
-        now decides. A job that ended gets its verdict (`_job_ended`; rank 0's own failure, a CUDA OOM where Slurm
+        now decides. A job that ended gets its verdict (`_job_ended`; its ranks' own failure, a CUDA OOM where Slurm
         only records an exit, read again now that the job ended, else the look that saw it gone); a job Slurm
         still runs after rank 0 is gone (its prolog, an image pull, a step not started yet, one that is ending) is
         not judged on one node's look (an outcome without a verdict); None where rank 0's state is not told and
@@ -498,35 +507,50 @@ class Watcher:
         if gone:  # Slurm's end (a time limit, a preemption) says why: wait for it a few seconds
             job = await self._job_after_end(la)
         else:
-            job = None
             try:
                 job = await self.launches.spans.job(la)
             except (RemoteError, SlurmError) as e:
                 log.info("%s: job %s not read again: %s", la.name, la.job_id, e)
                 return None
         if job is None or not job.active:
-            failed = await self._rank0_failure(la, job, history) or (0, node0, looked.verdict)
+            failed = await self._ranks_failure(la, job, history, rank0_seen=looked.verdict)
             return await self._job_ended(la, job, looks, failed=failed)
         return CheckOutcome(None, False, self._launch_rows.get(la.id) or la) if gone else None
 
-    async def _rank0_failure(self, la: Launch, job: SlurmJob | None,
-                             history: list[CheckRecord]) -> tuple[int, str, Verdict] | None:
-        """Rank 0's own verdict for a job found ended: its log and processes looked at where they can be (rank 0's
-        node when the config has it as a host, else the login node, which shares the ranks' logs) and judged as an
-        ended launch. None when nothing could be looked at."""
+    async def _ranks_failure(self, la: Launch, job: SlurmJob | None, history: list[CheckRecord],
+                             rank0_seen: Verdict | None = None) -> tuple[int, str, Verdict] | None:
+        """Why a job found ended ended, by its ranks' own logs: every rank looked at (in parallel, _rank_failure)
+        and the one that says most chosen (bot.core.ranks.most_specific_failure: a rank's OOM before the crashes and
+        NCCL timeouts of the ranks it took down). `rank0_seen`: rank 0's verdict of the look that saw it gone, used
+        when rank 0 cannot be looked at again. None when no rank could be looked at."""
         nodes = list(job.nodes) if job is not None and job.nodes else list(la.nodes)
         if not nodes:
             return None
-        host = nodes[0] if nodes[0] in self.launches.config.hosts else la.host
-        view = rank_view(la, 0, host)
-        prev = next((r for r in reversed(history) if r.ok), None)
-        for attempt in range(RANK0_LOOKS):  # the last look at a job that ended: worth a second try on a busy node
-            looked = await self._look(view, self.launches.launch_probe_request(view, tail_lines=200), history, prev)
+        hosts = self.launches.config.hosts
+        # a node the config does not have: the rank's log read on the login node, which shares the ranks' logs
+        found = list(await asyncio.gather(*(self._rank_failure(la, k, node, node if node in hosts else la.host,
+                                                               history) for k, node in enumerate(nodes))))
+        if found[0] is None and rank0_seen is not None:
+            found[0] = (0, nodes[0], rank0_seen)
+        return most_specific_failure(found)
+
+    async def _rank_failure(self, la: Launch, rank: int, node: str, host: str,
+                            history: list[CheckRecord]) -> tuple[int, str, Verdict] | None:
+        """Rank `rank`'s own verdict (on `node`, read through config host `host`) of its end: its log's last 200
+        lines and its processes judged as the launch's are (rank 0 with the launch's check history, another rank
+        afresh). A node that does not answer is asked again (RANK_LOOKS tries: the last look at an ending job is
+        worth it on a busy node). None when it never answered."""
+        view = rank_view(la, rank, host)
+        own = rank == 0
+        prev = next((r for r in reversed(history) if r.ok), None) if own else None
+        for attempt in range(RANK_LOOKS):
+            looked = await self._look(view, self.launches.launch_probe_request(view, tail_lines=200),
+                                      history if own else [], prev, own=own)
             if isinstance(looked, _Look):
-                return 0, nodes[0], looked.verdict
-            log.info("%s: rank 0 on %s not looked at (try %d of %d): %s", la.name, host, attempt + 1, RANK0_LOOKS,
-                     looked.reason)
-            if attempt + 1 < RANK0_LOOKS:
+                return rank, node, looked.verdict
+            log.info("%s: rank %d on %s not looked at (try %d of %d): %s", la.name, rank, host, attempt + 1,
+                     RANK_LOOKS, looked.reason)
+            if attempt + 1 < RANK_LOOKS:
                 await asyncio.sleep(self.ending_poll_s)
         return None
 

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --mode {{ mode }} --load-s {{ load_s }}"
            " --gpu-state {{ state }} --nnodes {{ nnodes }} --node-rank {{ node_rank }}"
-           " --dist-init-addr {{ master_addr }}:{{ master_port }} --hang-node {{ hang_node }}")
+           " --dist-init-addr {{ master_addr }}:{{ master_port }} --hang-node {{ hang_node }}"
+           " --fail-node {{ fail_node }}")
 
 
 @pytest.fixture
@@ -58,7 +59,8 @@ def _config(cluster, tmp_path, *, nodes_are_hosts: bool) -> Config:
                    "mode": {"type": "str", "default": "ready", "choices": ["ready", "hang", "crash", "oom"]},
                    "load_s": {"type": "float", "default": 0.3},
                    "state": {"type": "path", "default": str(gpu.state_dir)},
-                   "hang_node": {"type": "int", "default": -1}},
+                   "hang_node": {"type": "int", "default": -1},
+                   "fail_node": {"type": "int", "default": 0}},
     }
     login = {"local": True, "runner": "slurm", "slurm_conf": str(cluster.conf), "log_dirs": [str(logs)]}
     if not nodes_are_hosts:
@@ -210,6 +212,23 @@ async def test_rank_0_dying_of_a_cuda_oom_is_oom_naming_its_rank_and_node_whatev
     if "JobState=" in text:  # Slurm's word is evidence, whatever exit it gave the ranks it ended; the alert may come
         # from rank 0's own log while Slurm still ends the job: the verdict is rank 0's OOM either way (asserted above)
         assert any(f"JobState={s}" in text for s in ("RUNNING", "COMPLETING", "FAILED", "COMPLETED")), text
+
+
+async def test_rank_1_dying_of_a_cuda_oom_on_its_own_is_oom_naming_rank_1_not_slurm_s_exit(slurm_bot, cluster):
+    """Rank 1 (node n2) runs out of GPU memory while rank 0 still runs; srun --kill-on-bad-exit then ends rank 0
+    (SIGTERM): whichever the check sees first (rank 1 gone while rank 0 runs, or the job Slurm ended), the thread
+    says rank 1's OOM on n2, once, never Slurm's bare exit code or `crashed`."""
+    bot = slurm_bot
+    await bot.chat.say("/launch two mode=oom fail_node=1")
+    await wait_alert(bot, 1, {"oom"}, timeout=200)
+    await wait_until(lambda: not bot.launch(1).live, 120, what="the launch ended")
+    (posted,) = alerts(bot, "oom")
+    text = full_text(posted)
+    assert "Rank 1 on node n2" in text and "CUDA out of memory" in text, text
+    assert not alerts(bot, "crashed"), [p.text for p in alerts(bot, "crashed")]
+    la = bot.launch(1)
+    assert la.state == LaunchState.FAILED and la.alert_state == "oom", (la.state, la.alert_state)
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
 
 
 async def test_rank_0_s_node_failing_a_look_after_the_job_ended_still_gives_rank_0_s_own_verdict(

@@ -12,7 +12,14 @@ import pytest
 
 from bot.core.diagnose import VERDICTS, Observation, diagnose
 from bot.core.models import GpuProcess, GpuReading, ProcessInfo
-from bot.core.ranks import NodeLook, job_end_verdict, weigh_bundle
+from bot.core.ranks import (
+    RANK_FAILURES,
+    NodeLook,
+    job_end_verdict,
+    most_specific_failure,
+    weigh_bundle,
+    weigh_nodes,
+)
 from bot.core.slurm import parse_show_job
 from bot.core.stackdump import parse_stack_text
 from tests.support.builders import launch_row
@@ -301,3 +308,47 @@ def test_a_rank_s_cuda_oom_outranks_the_exit_slurm_records_for_the_ranks_it_ende
     # Slurm's own end stays Slurm's: a time limit explains what the ranks logged then
     (job,) = parse_show_job(_scontrol("TIMEOUT", "TimeLimit"))
     assert job_end_verdict(job, job.job_id, [], (0, "n1", rank0)).verdict == "time_limit"
+
+
+def _oom_log() -> list[str]:
+    return [*LOADED[:7], TRACEBACK,
+            '  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/mem_cache/memory_pool.py", line 310, in '
+            "_create_buffers",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 33.70 GiB. GPU 0 has a total capacity "
+            "of 139.81 GiB of which 20.10 GiB is free."]
+
+
+def test_a_rank_gone_of_its_own_oom_while_rank_0_runs_is_that_rank_s_oom_live_and_offline():
+    """Rank 1 ran out of GPU memory and is gone; rank 0 still loads: rank 1's OOM with its phase, named with its
+    node, not a bare `crashed` (the watcher's weigh_nodes with rank 1's own verdict, and a bundle of the same)."""
+    rank0_obs = Observation(log_lines=LOADED[:7], process_alive=True, log_silent_s=3.0)
+    rank1_obs = Observation(log_lines=_oom_log(), process_alive=False, log_silent_s=3.0)
+    rank0, rank1 = diagnose(rank0_obs), diagnose(rank1_obs)
+    assert rank0.verdict not in RANK_FAILURES and rank1.verdict == "oom"
+    looks = [NodeLook(0, "n1", True, verdict=rank0.verdict), NodeLook(1, "n2", False)]
+    live = weigh_nodes(rank0, looks, (1, "n2", rank1))
+    offline = weigh_bundle(rank0, rank0_obs, "n1", [(1, "n2", rank1_obs)])
+    for v in (live, offline):
+        assert (v.verdict, v.phase) == ("oom", "kv_cache_alloc"), v.summary
+        assert v.summary.startswith("Rank 1 on node n2: GPU memory exhausted"), v.summary
+        assert v.evidence[0].startswith("rank 0 on n1: running") and v.evidence[1].startswith("rank 1 on n2: no "), \
+            v.evidence
+    # a gone rank whose log says nothing of why stays a crash of that rank; a rank that is not gone is no cause
+    quiet = diagnose(Observation(log_lines=LOADED[:7], process_alive=False))
+    assert weigh_nodes(rank0, looks, (1, "n2", quiet)).verdict == "crashed"
+    alive = [NodeLook(0, "n1", True, verdict=rank0.verdict), NodeLook(1, "n2", True)]
+    assert weigh_nodes(rank0, alive, (1, "n2", rank1)).verdict == rank0.verdict
+
+
+def test_the_rank_that_says_most_is_chosen_for_a_job_that_ended():
+    """Of every rank's own verdict, the most specific failure (an OOM before the NCCL timeout and the crash it
+    caused on the other ranks), the lowest rank among equals; no failure anywhere: rank 0's verdict."""
+    oom = diagnose(Observation(log_lines=_oom_log(), process_alive=False))
+    crash = diagnose(Observation(log_lines=[*LOADED[:7], TRACEBACK, '  File "x.py", line 1, in f',
+                                            "RuntimeError: peer gone"], process_alive=False))
+    quiet = diagnose(Observation(log_lines=LOADED[:7], process_alive=False))
+    assert crash.verdict == "crashed" and quiet.verdict not in RANK_FAILURES
+    assert most_specific_failure([(0, "n1", crash), None, (2, "n3", oom)]) == (2, "n3", oom)
+    assert most_specific_failure([(0, "n1", quiet), (1, "n2", crash), (2, "n3", crash)]) == (1, "n2", crash)
+    assert most_specific_failure([(0, "n1", quiet), (1, "n2", quiet)]) == (0, "n1", quiet)
+    assert most_specific_failure([None, None]) is None

@@ -153,6 +153,29 @@ def test_cpu_growth_counts_only_above_a_rate_and_never_after_a_stack_dump():
     assert dumped.cpu_time_growing is None  # the bot's own dump is in the window: not known
 
 
+def test_a_core_busy_all_along_checked_every_second_is_growing_cpu_time():
+    """Checks a second apart: ps's whole-second CPU time moves 0 to 2 per check for a core busy all along (a
+    torch.compile lowering a kernel: seen on an H100 as no progress); measured over the checks of the last few
+    seconds it is the core it is. A process that only ticks now and then stays no progress that way too."""
+    la = launch()
+    records = []
+    for k, cpu in enumerate([10, 11, 11, 12, 13, 13, 14]):  # a busy core read as whole seconds, a check a second
+        obs, rec = observation_from_snapshot(snap(cpu, 2000.0 + k), la, records[-1] if records else None,
+                                             earlier=records)
+        records.append(rec)
+    assert obs.cpu_time_growing is True
+    alone, _ = observation_from_snapshot(snap(14, 2006.0), la, records[-2])  # the one-second window alone
+    assert alone.cpu_time_growing is False
+    records = []
+    for k, cpu in enumerate([10, 10, 10, 11, 11, 11, 11]):  # a polling thread's tick
+        obs, rec = observation_from_snapshot(snap(cpu, 2000.0 + k), la, records[-1] if records else None,
+                                             earlier=records)
+        records.append(rec)
+    assert obs.cpu_time_growing is False
+    dumped, _ = observation_from_snapshot(snap(25, 2006.0), la, records[-1], earlier=records, quiet_since=2004.0)
+    assert dumped.cpu_time_growing is None  # the bot's dump in the longer window: not known
+
+
 def test_evidence_is_only_the_launch_own_processes():
     obs, rec = observation_from_snapshot(snap(10, 2000.0, others=True), launch(), None)
     assert {p.pid for p in obs.processes} == {99, 100} and 200 not in obs.launch_pids
