@@ -26,11 +26,14 @@ from bot.adapters.remote import (
 from bot.core import agent
 from bot.core.slurm import (
     SACCT_FIELDS,
+    NodeState,
     SlurmError,
     SlurmJob,
     parse_sacct,
     parse_sbatch,
+    parse_sinfo_nodes,
     parse_squeue,
+    sinfo_format,
     squeue_format,
 )
 
@@ -142,6 +145,19 @@ class SlurmClient:
             raise SlurmError(f"sacct could not read job {job_id}: {_said(res)}")
         self.accounting_on = True
         return parse_sacct(res.stdout.decode("utf-8", "replace"), str(int(job_id)))
+
+    async def node_states(self, nodes: Iterable[str]) -> dict[str, NodeState]:
+        """Node -> its state as `sinfo -N` says it now (bot.core.slurm.parse_sinfo_nodes), for each of `nodes`
+        Slurm knows. Raises SlurmError when sinfo fails, RemoteError when the node cannot be reached."""
+        names = sorted(set(nodes))
+        if not names:
+            return {}
+        res = await self.executor.run(self._command(
+            f"sinfo -h -N -n {shlex.quote(','.join(names))} -O {shlex.quote(sinfo_format())}"),
+            timeout_s=self.timeout_s)
+        if res.exit_status != 0:
+            raise SlurmError(f"sinfo could not read nodes {','.join(names)[:100]}: {_said(res)}")
+        return parse_sinfo_nodes(res.stdout.decode("utf-8", "replace"), names)
 
     async def cancel(self, job_id: str) -> None:
         """`scancel` the job (every step of it, on every node). A job Slurm no longer knows is not an error."""

@@ -671,7 +671,8 @@ class LaunchOutcome:
 class KillOutcome:
     """Result of a kill: processes signalled, the ones left (with their state), GPU holders left, GPU memory
     before/after (MiB over the launch's GPUs), whether the memory was released, whether SIGKILL was needed,
-    `seconds` it took, and `error` / `gpu_error` when the host or its GPUs could not be read."""
+    `seconds` it took, and `error` / `gpu_error` when the host or its GPUs could not be read; `cancelled_job`: the
+    Slurm job the kill cancelled and Slurm then said ended (None for a launch without a job, or one still active)."""
 
     target: str
     signalled: list[ProcessInfo] = field(default_factory=list)
@@ -686,6 +687,7 @@ class KillOutcome:
     seconds: float = 0.0
     gpu_error: str | None = None
     host: str | None = None
+    cancelled_job: str | None = None
 
     @property
     def memory_left(self) -> bool:
@@ -706,6 +708,10 @@ class KillOutcome:
 
     def describe(self) -> str:
         """One line for the audit trail and the root message."""
+        if self.error and (self.signalled or self.cancelled_job):
+            stopped = f"Slurm job {self.cancelled_job} cancelled" if self.cancelled_job else \
+                f"{counted(len(self.signalled), 'process')} stopped"
+            return f"kill incomplete: {stopped}, but {self.error}"
         if self.error:
             return f"kill failed: {self.error}"
         if self.nothing_to_kill:
@@ -744,13 +750,17 @@ class KillPreview:
 def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -> tuple[LaunchState, str, str]:
     """How a kill ends a launch that was in state `before` (pure): (new state, state detail, audit result).
 
-    An error keeps the old state (`error`); processes or GPU memory left (named holders, or memory on the
-    launch's GPUs that was not released in time) -> `kill_failed` (`incomplete`);
+    An error before anything was stopped keeps the old state (`error`); an error after part of it was stopped
+    (processes signalled, its Slurm job cancelled; a rank's host that could not be reached) -> `kill_failed`
+    (`incomplete`): never left running or ready with part of it gone; processes or GPU memory left (named
+    holders, or memory on the launch's GPUs that was not released in time) -> `kill_failed` (`incomplete`);
     GPUs unreadable -> `killed` (`unverified`); otherwise `killed` (`released` when the memory was seen
     released). An ended launch (failed, exited) keeps how it ended: with nothing left to kill (a stale
     button, a second kill) as it was (`nothing`), with leftovers stopped cleanly with that said after its
     detail (`failed`, "crashed in serving; its leftovers were stopped: ...")."""
     detail = out.describe()
+    if out.error and (out.signalled or out.cancelled_job) and before not in TERMINAL_STATES:
+        return LaunchState.KILL_FAILED, detail, "incomplete"
     if out.error:
         return before, detail, "error"
     if out.nothing_to_kill and before in TERMINAL_STATES:

@@ -483,7 +483,8 @@ class Launch:
     the cgroup it runs in and `unit_manager`: a transient systemd scope (`system` or `user`) or the bot's own cgroup
     v2 directory (`cgroup`), both None when it runs in no cgroup of its own. `job_id`: its Slurm job (then `host` is
     the login node sbatch ran on); `nodes`: where its ranks run, rank order (a Slurm job's allocated nodes once it
-    runs, or a multi-host variant's hosts; empty for a launch on `host` alone)."""
+    runs, or a multi-host variant's hosts; empty for a launch on `host` alone); `job_restarts`: how often Slurm had
+    requeued its job when a check last read it (None before the first read)."""
 
     id: int
     host: str
@@ -515,6 +516,7 @@ class Launch:
     unit_manager: str | None = None
     job_id: str | None = None
     nodes: list[str] = field(default_factory=list)
+    job_restarts: int | None = None
 
     @property
     def spans_nodes(self) -> bool:

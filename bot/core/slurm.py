@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # the diagnosis compiles its signatures on import; check-conf
 
 __all__ = [
     "ACTIVE_STATES",
+    "NODE_FAILED_STATES",
+    "NodeState",
     "SbatchSpec",
     "SlurmError",
     "SlurmJob",
@@ -55,9 +57,11 @@ __all__ = [
     "parse_sacct",
     "parse_sbatch",
     "parse_show_job",
+    "parse_sinfo_nodes",
     "parse_squeue",
     "pending_text",
     "sbatch_problems",
+    "sinfo_format",
 ]
 
 #: States of a job that has not ended (it may still start or run).
@@ -200,7 +204,8 @@ def _seconds(text: str | None) -> int | None:
 class SlurmJob:
     """One job as `scontrol show job -o` gives it: `state` (JobState), `reason` (None for `None`), `nodes` (NodeList
     expanded; empty while it is pending), `exit_code` and `signal` (from `ExitCode=CODE:SIGNAL`), `run_time_s` and
-    `time_limit_s` (seconds; None for UNLIMITED), `stdout` (StdOut), `fields` every pair as printed (scontrol's keys),
+    `time_limit_s` (seconds; None for UNLIMITED), `restarts` (how often Slurm requeued it: scontrol's `Restarts`,
+    squeue's `RestartCnt`; None where not read), `stdout` (StdOut), `fields` every pair as printed (scontrol's keys),
     `source` the command that said it (`scontrol show job`, or `sacct -j` for a job scontrol had forgotten)."""
 
     job_id: str
@@ -212,6 +217,7 @@ class SlurmJob:
     signal: int | None = None
     run_time_s: int | None = None
     time_limit_s: int | None = None
+    restarts: int | None = None
     stdout: str | None = None
     fields: Mapping[str, str] = field(default_factory=dict)
     source: str = "scontrol show job"
@@ -250,7 +256,7 @@ def _digits(text: str) -> bool:
 
 
 #: The keys of a `scontrol show job` record gpubot reads: each must appear once (a second one came from free text).
-_READ_KEYS = ("JobId", "JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList")
+_READ_KEYS = ("JobId", "JobState", "Reason", "ExitCode", "RunTime", "TimeLimit", "NodeList", "Restarts")
 
 
 def _redacted(reason: str | None) -> str | None:
@@ -274,6 +280,7 @@ def _job(pairs: dict[str, str], source: str) -> SlurmJob:
         nodes=tuple(expand_hostlist(pairs.get("NodeList", ""))),
         exit_code=int(code) if _digits(code) else None, signal=int(sig) if _digits(sig) else None,
         run_time_s=_seconds(pairs.get("RunTime")), time_limit_s=_seconds(pairs.get("TimeLimit")),
+        restarts=int(pairs["Restarts"]) if _digits(pairs.get("Restarts", "")) else None,
         stdout=pairs.get("StdOut") or None, fields=pairs, source=source)
 
 
@@ -302,9 +309,9 @@ def parse_show_job(text: str) -> list[SlurmJob]:
 #: The fields gpubot asks `squeue -O` for, in order: Slurm's own only (no name, no comment: nothing a job's user
 #: writes), the reason last (Slurm's code, but free text where a plugin or an admin sets one: a `|` or a newline in
 #: it can only add text after the job's own fields).
-SQUEUE_FIELDS = ("JobID", "State", "exit_code", "NodeList", "TimeUsed", "TimeLimit", "Reason")
+SQUEUE_FIELDS = ("JobID", "State", "exit_code", "NodeList", "TimeUsed", "TimeLimit", "RestartCnt", "Reason")
 _SQUEUE_AS_SCONTROL: Mapping[str, str] = MappingProxyType(
-    {"JobID": "JobId", "State": "JobState", "TimeUsed": "RunTime"})
+    {"JobID": "JobId", "State": "JobState", "TimeUsed": "RunTime", "RestartCnt": "Restarts"})
 _STATE_RE = re.compile(r"[A-Z][A-Z_]{1,30}")
 
 
@@ -383,6 +390,58 @@ _PENDING_REASONS: Mapping[str, str] = MappingProxyType({
     "Reservation": "waiting for its reservation",
     "launch failed requeued held": "its start failed and Slurm held it",
 })
+
+
+#: The fields gpubot asks `sinfo -N -O` for, in order (the reason last: an admin's free text).
+SINFO_FIELDS = ("NodeList", "StateLong", "Reason")
+#: Node states (sinfo's StateLong, each part of a `+` compound) that take a node out of its jobs: its jobs are
+#: killed or requeued (slurm.conf ReturnToService, sinfo(1) NODE STATE CODES, Slurm 22.05).
+NODE_FAILED_STATES = frozenset({"down", "drain", "drained", "draining", "fail", "failing", "not_responding",
+                                "inval", "reboot_issued", "reboot_requested", "power_down", "powered_down"})
+_NODE_STATE_RE = re.compile(r"[a-z_]+(?:\+[a-z_]+)*")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as `sinfo -N` says it: `state` (StateLong without its flag suffix: `down`, `idle+drain`, ...),
+    `reason` (an admin's or Slurm's reason, redacted; None when none)."""
+
+    node: str
+    state: str
+    reason: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True when the state takes the node out of its jobs (NODE_FAILED_STATES)."""
+        return any(part in NODE_FAILED_STATES for part in self.state.split("+"))
+
+    def text(self) -> str:
+        """`n2 is down (Slurm's reason: `maintenance`)`."""
+        return f"{self.node} is {self.state}" + (f" (Slurm's reason: `{self.reason[:120]}`)" if self.reason else "")
+
+
+def sinfo_format() -> str:
+    """The `-O` argument that prints SINFO_FIELDS split by `|` (parse_sinfo_nodes reads it)."""
+    return ",".join(f"{f}:|" for f in SINFO_FIELDS[:-1]) + f",{SINFO_FIELDS[-1]}:"
+
+
+def parse_sinfo_nodes(text: str, nodes: Sequence[str]) -> dict[str, NodeState]:
+    """Node -> its state, of `sinfo -h -N -n NODES -O sinfo_format()` output, for the `nodes` asked for: a line not
+    of that shape (a field count, an asked node, a state of lowercase words joined by `+`, after its flag suffix
+    `*~#!%$@^-` is dropped) is skipped, the first line of a node counts (a node in two partitions is listed twice),
+    the reason is redacted. Never raises."""
+    wanted = set(nodes)
+    found: dict[str, NodeState] = {}
+    for line in (text or "").split("\n"):
+        parts = line.rstrip("\r").split("|", len(SINFO_FIELDS) - 1)
+        if len(parts) != len(SINFO_FIELDS):
+            continue
+        node, state, reason = (x.strip() for x in parts)
+        state = state.rstrip("*~#!%$@^-")
+        if node not in wanted or node in found or not _NODE_STATE_RE.fullmatch(state):
+            continue
+        found[node] = NodeState(node, state, None if reason == "none" else _redacted(reason))
+    return found
 
 
 def pending_text(job: SlurmJob) -> str:

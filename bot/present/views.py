@@ -335,6 +335,7 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
         "gpus": ",".join(map(str, gpus)) if gpus else "all",
         "gpu_error": getattr(out, "gpu_error", None),
         "pid_target": out.target.startswith("pid "),
+        "cancelled_job": getattr(out, "cancelled_job", None),
     }
 
 

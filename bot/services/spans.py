@@ -306,6 +306,8 @@ class SpanService:
                 return out
             if job is not None and job.active:
                 said.append(f"Slurm job {la.job_id} is still {job.state} after scancel")
+            else:
+                out.cancelled_job = la.job_id
             if job is not None and job.nodes and not la.nodes:
                 la = self._svc.rows.update(la.id, nodes=list(job.nodes))
         # a node reached through Slurm (no host of the config) is Slurm's to clean: once its job ended, every step of

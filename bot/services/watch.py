@@ -38,11 +38,19 @@ from bot.core.observe import (
     server_ending,
 )
 from bot.core.probe import ProbeRequest
-from bot.core.ranks import NodeLook, job_end_verdict, most_specific_failure, rank_view, weigh_nodes
+from bot.core.ranks import (
+    RANK_FAILURES,
+    NodeLook,
+    job_end_verdict,
+    most_specific_failure,
+    rank_view,
+    weigh_nodes,
+)
 from bot.core.records import CheckRecord
 from bot.core.serving import generation_due, judge_serving
 from bot.core.slurm import SlurmError, SlurmJob, job_line, job_nodes_text
 from bot.core.stackdump import full_text
+from bot.core.text import counted
 from bot.core.transitions import LaunchEvent
 from bot.present.chart import draw_timeline, timeline_inputs
 from bot.present.render import Renderer, fmt_duration
@@ -121,6 +129,11 @@ def _new_fields(verdict: Verdict, current: Launch, record: CheckRecord, *, news:
     return fields
 
 
+def _requeued(la: Launch, job: SlurmJob) -> bool:
+    """Whether Slurm requeued `la`'s job since a check last recorded its restart count."""
+    return job.restarts is not None and la.job_restarts is not None and job.restarts > la.job_restarts
+
+
 class _Superseded(Exception):
     """Another writer changed a launch's alert state between a check's read and its write."""
 
@@ -155,6 +168,8 @@ class Watcher:
         self._memos: dict[int, LineMemo] = {}  # per launch: the lines its checks matched (never matched again)
         #: per launch: the last dump taken to tell a busy-wait from work (monotonic time, dump)
         self._busy: dict[int, tuple[float, StackDump]] = {}
+        #: per launch across nodes: a rank's host that did not answer -> (failed looks in a row, since when, told)
+        self._rank_hosts_down: dict[int, dict[str, tuple[int, float, bool]]] = {}
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
@@ -220,6 +235,7 @@ class Watcher:
         self._cheap.pop(launch_id, None)
         self._memos.pop(launch_id, None)
         self._busy.pop(launch_id, None)
+        self._rank_hosts_down.pop(launch_id, None)
 
     def launched(self, la: Launch) -> None:
         """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""
@@ -446,30 +462,19 @@ class Watcher:
     async def _check_spanning(self, la: Launch, history: list[CheckRecord]) -> CheckOutcome:
         """One check of a launch across nodes. A Slurm job is read first (`squeue`, one call shared by every job on its
         login node, at most a check interval old): one Slurm ended gets its verdict from Slurm's state, reason and
-        exit code (`_job_ended`); a pending one is shown with its reason and never judged (`_job_pending`); a running
-        one gets its nodes recorded. Then rank 0 is looked at and judged as any launch (on its node), every other rank
-        is probed, and the verdict weighs every rank's evidence and names the odd one (bot.core.ranks.weigh_nodes).
-        Where rank 0 is not seen alive, Slurm is asked again (its word of now decides whether the job ended)."""
+        exit code (`_job_ended`); one Slurm requeued is told and started over (`_job_requeued`); a pending one is
+        shown with its reason and never judged (`_job_pending`); a running one gets its nodes recorded (`_job_side`).
+        Then rank 0 is looked at and judged as any launch (on its node), every other rank is probed (a rank's host
+        that does not answer is told, `_rank_hosts`), and the verdict weighs every rank's evidence and names the
+        odd one (bot.core.ranks.weigh_nodes), a rank gone of its own failure by its own log. Where a rank is gone or
+        rank 0 not seen alive, Slurm is asked again (`_rank_not_alive`: its word of now decides whether the job
+        ended or was requeued)."""
         spans = self.launches.spans
         job = None
         if la.job_id:
-            try:  # Slurm's word at most a check interval old: one squeue per login node for all its jobs
-                job = await spans.job(la, max_age_s=self._interval(la))
-            except (RemoteError, SlurmError) as e:
-                reason = f"Slurm on {la.host}: {e}"
-                self._history.add(la.id, CheckRecord.failed(self._clock.time(), reason))
-                await self._host_unreachable(la, reason)
-                return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
-            if job is None or not job.active:
-                return await self._job_ended(la, job, failed=await self._ranks_failure(la, job, history))
-            if job.pending or not job.nodes:
-                return await self._job_pending(la, job)
-            if list(job.nodes) != la.nodes:
-                la = self._launch_rows.update(la.id, nodes=list(job.nodes), state_detail=job_nodes_text(job))
-                await self._threads.show(la)
-                await self._notice(la, ":arrow_forward:", f"Slurm job {la.job_id} of {la.name} is "
-                                                          f"{job_nodes_text(job)}",
-                                   "The checks now look at every node of the job.")
+            la, job, done = await self._job_side(la, history)
+            if done is not None:
+                return done
         ranks = spans.ranks(la)
         if not ranks or ranks[0][2] is None:  # no node gpubot can probe: Slurm's word alone
             return CheckOutcome(None, False, la)
@@ -481,30 +486,67 @@ class Watcher:
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
         looks = [spans.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
                  *await spans.look_ranks(la, ranks[1:])]
+        await self._rank_hosts(la, ranks, looks)
+        if job is not None and (looked.obs.process_alive is not True or any(x.alive is False for x in looks)):
+            ended = await self._rank_not_alive(la, looked, looks, history)
+            if ended is not None:
+                return ended
         failed = None
         if looked.obs.process_alive and (gone := next((x for x in looks[1:] if x.alive is False), None)):
-            # a rank gone while rank 0 runs: its own log says why (its OOM, its crash), read in full
+            # a rank gone while rank 0 runs (and Slurm still runs the job): its own log says why (its OOM, its
+            # crash), read in full
             failed = await self._rank_failure(la, gone.rank, gone.node, ranks[gone.rank][2] or la.host, history)
         verdict = weigh_nodes(looked.verdict, looks, failed)
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
             verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
-        if job is not None and looked.obs.process_alive is not True:
-            ended = await self._rank0_not_alive(la, looked, looks, history)
-            if ended is not None:
-                return ended
-        return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history)
+        return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history,
+                               others_gone=all(x.alive is False for x in looks[1:]))
 
-    async def _rank0_not_alive(self, la: Launch, looked: _Look, looks: Sequence[NodeLook],
-                               history: list[CheckRecord]) -> CheckOutcome | None:
-        """Rank 0 not seen alive (gone, or not told) while Slurm, as last read, still has the job: Slurm's word of
-        now decides. A job that ended gets its verdict (`_job_ended`; its ranks' own failure, a CUDA OOM where Slurm
-        only records an exit, read again now that the job ended, else the look that saw it gone); a job Slurm
+    async def _job_side(self, la: Launch, history: list[CheckRecord]
+                        ) -> tuple[Launch, SlurmJob | None, CheckOutcome | None]:
+        """The Slurm side of a check of a job's launch: the job as Slurm says it (at most a check interval old: one
+        squeue per login node for all its jobs), and the outcome where that decides the check (Slurm unreachable,
+        the job ended, requeued or pending); else None, with the job's nodes recorded (and told once they change)."""
+        try:
+            job = await self.launches.spans.job(la, max_age_s=self._interval(la))
+        except (RemoteError, SlurmError) as e:
+            reason = f"Slurm on {la.host}: {e}"
+            self._history.add(la.id, CheckRecord.failed(self._clock.time(), reason))
+            await self._host_unreachable(la, reason)
+            return la, None, CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
+        if job is None or not job.active:
+            return la, job, await self._job_ended(la, job, failed=await self._ranks_failure(la, job, history))
+        if job.restarts is not None and job.restarts != la.job_restarts:
+            if _requeued(la, job):
+                return la, job, await self._job_requeued(la, job)
+            with self._unless_refused(la, "how often its job was requeued"):  # first read: nothing to tell
+                la = self._launch_rows.update(la.id, job_restarts=job.restarts)
+        if job.pending or not job.nodes:
+            return la, job, await self._job_pending(la, job)
+        if list(job.nodes) != la.nodes:
+            la = self._launch_rows.update(la.id, nodes=list(job.nodes), state_detail=job_nodes_text(job))
+            await self._threads.show(la)
+            again = f" again (after {counted(job.restarts or 0, 'requeue')})" if job.restarts else ""
+            await self._notice(la, ":arrow_forward:", f"Slurm job {la.job_id} of {la.name} is "
+                                                      f"{job_nodes_text(job)}{again}",
+                               "The checks now look at every node of the job"
+                               + (": a fresh start-up, then a fresh ready." if again else "."))
+        return la, job, None
+
+    async def _rank_not_alive(self, la: Launch, looked: _Look, looks: Sequence[NodeLook],
+                              history: list[CheckRecord]) -> CheckOutcome | None:
+        """A rank gone, or rank 0 not seen alive, while Slurm, as last read, still has the job: Slurm's word of now
+        decides, read afresh (a rank gone: until Slurm ends or requeues the job, at most `ending_wait_s`, since a
+        stop Slurm makes, a cancel, a requeue, a node taken down, ends the ranks before Slurm's state says so). A
+        job Slurm requeued is told so (`_job_requeued`); a job that ended gets its verdict (`_job_ended`; its ranks'
+        own failure, a CUDA OOM where Slurm only records an exit, else the look that saw rank 0 gone); a job Slurm
         still runs after rank 0 is gone (its prolog, an image pull, a step not started yet, one that is ending) is
-        not judged on one node's look (an outcome without a verdict); None where rank 0's state is not told and
-        Slurm still runs the job: the check goes on."""
-        gone = looked.obs.process_alive is False
-        if gone:  # Slurm's end (a time limit, a preemption) says why: wait for it a few seconds
+        not judged on one node's look (an outcome without a verdict); None where Slurm still runs the job and rank
+        0 was not seen gone: the check goes on (a rank gone while rank 0 runs is judged by the caller)."""
+        gone0 = looked.obs.process_alive is False
+        # a rank gone: Slurm's end or requeue is waited for, but not again at every check once its failure is told
+        if gone0 or (any(x.alive is False for x in looks) and la.alert_state not in RANK_FAILURES):
             job = await self._job_after_end(la)
         else:
             try:
@@ -512,10 +554,12 @@ class Watcher:
             except (RemoteError, SlurmError) as e:
                 log.info("%s: job %s not read again: %s", la.name, la.job_id, e)
                 return None
+        if job is not None and job.active and _requeued(la, job):
+            return await self._job_requeued(la, job)
         if job is None or not job.active:
             failed = await self._ranks_failure(la, job, history, rank0_seen=looked.verdict)
             return await self._job_ended(la, job, looks, failed=failed)
-        return CheckOutcome(None, False, self._launch_rows.get(la.id) or la) if gone else None
+        return CheckOutcome(None, False, self._launch_rows.get(la.id) or la) if gone0 else None
 
     async def _ranks_failure(self, la: Launch, job: SlurmJob | None, history: list[CheckRecord],
                              rank0_seen: Verdict | None = None) -> tuple[int, str, Verdict] | None:
@@ -564,9 +608,47 @@ class Watcher:
             except (RemoteError, SlurmError) as e:
                 log.warning("%s: job %s not read: %s", la.name, la.job_id, e)
                 return job
-            if job is None or not job.active or self._clock.monotonic() >= deadline:
+            if job is None or not job.active or _requeued(la, job) or self._clock.monotonic() >= deadline:
                 return job
             await asyncio.sleep(self.ending_poll_s)
+
+    async def _job_requeued(self, la: Launch, job: SlurmJob) -> CheckOutcome:
+        """Slurm requeued the job (its restart count grew: `scontrol requeue`, a node failure, a preemption): told
+        once in the thread, with the nodes Slurm took out of service among those it ran on (`sinfo`), and the
+        launch starts over: no nodes, not ready, no alert state, checked at the start-up interval, so that the run
+        that follows gets a fresh readiness watch and a fresh `ready`. Of two bots, the one whose compare and set
+        of the restart count wins tells it."""
+        old, nodes = la.job_restarts, list(la.nodes)
+        try:
+            states = await self.launches.spans.slurm(la.host).node_states(nodes) if nodes else {}
+        except (RemoteError, SlurmError) as e:
+            log.info("%s: the states of nodes %s not read: %s", la.name, nodes, e)
+            states = {}
+        failed = [st.text() for st in states.values() if st.failed]
+        why = (f"{'; '.join(failed)}" if failed else
+               "no node of it is out of service: `scontrol requeue`, a preemption or the job's own exit")
+        text = job_nodes_text(job)
+        detail = f"requeued by Slurm ({counted(job.restarts or 0, 'requeue')}): {text}"
+        try:
+            changed = self._launch_rows.update_if(
+                la.id, {"job_restarts": old}, job_restarts=job.restarts, nodes=[], ready_at=None, alert_state=None,
+                unreachable_since=None, state_detail=detail[:300])
+        except DatabaseUnavailable as e:
+            log.error("check of %s: cannot record its requeue (%s)", la.name, e)
+            return CheckOutcome(None, False, la, error=str(e))
+        if changed is None:  # another bot recorded (and tells) it
+            return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
+        la = changed
+        for memo in (self._cheap, self._memos, self._busy):
+            memo.pop(la.id, None)
+        await self._threads.show(la)
+        await self._notice(la, ":repeat:", f"Slurm requeued job {la.job_id} of {la.name}: {why}. It now "
+                                           f"{'waits in the queue: ' + text if job.pending else 'is ' + text}",
+                           "Not a failure of the launch: when Slurm runs the job again, the checks follow its "
+                           "start-up afresh and post a fresh ready.")
+        with self._unless_refused(la, "its schedule"):
+            self.watch(la)  # the start-up interval again
+        return CheckOutcome(None, False, la)
 
     async def _job_pending(self, la: Launch, job: SlurmJob) -> CheckOutcome:
         """A job waiting in Slurm's queue: its state and reason on the root, a notice in the thread when the reason
@@ -644,9 +726,11 @@ class Watcher:
                                       history, prev)
         return looked
 
-    async def _act(self, looked: _Look, history: list[CheckRecord]) -> CheckOutcome:
+    async def _act(self, looked: _Look, history: list[CheckRecord], *, others_gone: bool = True) -> CheckOutcome:
         """Record what a check saw and act on its verdict: the ranks' stacks for a new hang, the launch's new
-        fields, the alert when it is news (or the root's update), the schedule when it ended or became ready."""
+        fields, the alert when it is news (or the root's update), the schedule when it ended or became ready.
+        `others_gone`: False when a rank of a launch across hosts other than rank 0 was not seen gone (then a
+        launch a kill left `kill_failed` stays so, whatever rank 0's host shows)."""
         la, snap, obs, record, verdict = looked.la, looked.snap, looked.obs, looked.record, looked.verdict
         if la.unreachable_since is not None:
             la = await self._host_back(la)
@@ -661,6 +745,8 @@ class Watcher:
             self.unwatch(la.id)
             return CheckOutcome(verdict, False, current)
         if current.state == LaunchState.KILL_FAILED and obs.process_alive is False:
+            if not others_gone:  # a rank on another host not seen gone (unreachable): what the kill left may run
+                return CheckOutcome(verdict, False, current)
             return await self._after_failed_kill(current, obs, verdict)
         stored_alert = current.alert_state  # as the database has it (the compare and set of `_record`)
         if la.id in self._unrecorded:  # an alert the database refused to record was posted: it is the last one
@@ -789,6 +875,32 @@ class Watcher:
                                   text=f"{la.host} cannot be reached: {reason}",
                                   hint=f"The checks of {la.name} go on; this thread is told when {la.host} is back.")
         await self._surface.post(la.channel, msg, thread_ts=la.thread_ts)
+
+    async def _rank_hosts(self, la: Launch, ranks: Sequence[tuple[int, str, str | None]],
+                          looks: Sequence[NodeLook]) -> None:
+        """Tell the thread once when the host of a rank above 0 has not answered two looks in a row (which rank,
+        which host, since when, why), and once when it answers again; rank 0's host is the launch's own
+        (`_host_unreachable`). Kept in memory: a restart of the bot tells a host still down once more."""
+        down = self._rank_hosts_down.setdefault(la.id, {})
+        now = self._clock.time()
+        for (rank, node, host), look in zip(ranks[1:], looks[1:], strict=False):
+            if host is None:
+                continue
+            failed, since, told = down.get(host, (0, now, False))
+            if look.alive is None and look.error:
+                failed += 1
+                down[host] = (failed, since, told or failed >= 2)
+                if failed >= 2 and not told:
+                    await self._notice(la, ":electric_plug:",
+                                       f"{node} (rank {rank} of {la.name}) cannot be reached: {look.error}",
+                                       f"The checks of {la.name} go on and tell this thread when {node} is back; "
+                                       f"rank {rank} is not seen meanwhile.")
+            elif host in down:
+                del down[host]
+                if told:
+                    await self._notice(la, ":white_check_mark:",
+                                       f"{node} (rank {rank} of {la.name}) is reachable again (it was not for "
+                                       f"{fmt_duration(now - since)})", f"The checks of {la.name} go on.")
 
     async def _host_back(self, la: Launch) -> Launch:
         """Tell the thread that the host answers again (once), and forget that it was unreachable."""

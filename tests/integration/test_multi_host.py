@@ -43,6 +43,11 @@ def _path(tmp_path: Path, host: str) -> dict[str, str]:
 
 @pytest.fixture
 async def duo_bot(make_bot, two_hosts, tmp_path):
+    return await _duo_bot(make_bot, two_hosts, tmp_path, FAST_WATCH)
+
+
+async def _duo_bot(make_bot, two_hosts, tmp_path, policy):
+    """A bot watching (by `policy`) variants `duo` and `duo_slow` on hosts gpu-a and gpu-b."""
     logs = tmp_path / "logs"
     logs.mkdir()
     py_spy = Path(sys.executable).parent / "py-spy"  # a dev dependency; without it the alert says so
@@ -64,7 +69,7 @@ async def duo_bot(make_bot, two_hosts, tmp_path):
         "permissions": {"operators": [OPERATOR]},
         "lifecycle": {"kill_grace_s": 3, "release_timeout_s": 10},
     })
-    return await make_bot(cfg, watch=True, watch_policy=FAST_WATCH)
+    return await make_bot(cfg, watch=True, watch_policy=policy)
 
 
 def _ranks_running(tag: str) -> list[int]:
@@ -134,3 +139,38 @@ async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
     await bot.chat.say("/kill 1 --yes")
     assert bot.launch(1).state == LaunchState.KILLED
     await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")
+
+
+async def test_the_second_host_unreachable_is_told_and_back_and_a_relaunch_then_leaves_no_ready_launch(
+        make_bot, two_hosts, tmp_path):
+    """gpu-b's sshd goes away while duo#1 serves: the thread names gpu-b (rank 1) unreachable within three checks,
+    and no alert is posted; `!relaunch` with gpu-b down stops rank 0, cannot stop rank 1, starts nothing and leaves
+    duo#1 `kill_failed` (never `running`/`ready` with a dead rank); gpu-b back: told once; `/kill` then stops
+    rank 1."""
+    bot = await _duo_bot(make_bot, two_hosts, tmp_path, FAST_WATCH.model_copy(update={"serving_interval_s": 1}))
+    await bot.chat.say("/launch duo")
+    la = await wait_alert(bot, 1, {"ready"}, timeout=90)
+    checks_before = len(bot.store.observations.list(1))
+    await two_hosts["gpu-b"].stop()
+    down = await bot.chat.wait_post(lambda p: "gpu-b (rank 1 of duo#1) cannot be reached" in p.text, 90,
+                                    what="the unreachable notice")
+    assert down.thread_ts == la.thread_ts
+    assert len(bot.store.observations.list(1)) - checks_before <= 3, "told after more than three checks"
+    assert [p.text.split("\n")[0] for p in alerts(bot)] == [alerts(bot, "ready")[0].text.split("\n")[0]]
+    said = await bot.chat.say("!relaunch", thread=la.thread_ts)
+    assert "duo#2" not in said.text or "Launched duo#2" not in said.text, said.text
+    first = bot.launch(1)
+    assert first.state == LaunchState.KILL_FAILED, (first.state, first.state_detail)
+    assert "gpu-b" in (first.state_detail or ""), first.state_detail
+    every = bot.store.launches.recent(50)
+    assert not any(x.state == LaunchState.RUNNING and x.alert_state == "ready" for x in every), \
+        [(x.name, x.state) for x in every]
+    await two_hosts["gpu-b"].start()
+    back = await bot.chat.wait_post(lambda p: "gpu-b (rank 1 of duo#1) is reachable again" in p.text, 90,
+                                    what=lambda: f"the back notice ({bot.launch(1).state}, "
+                                                 f"{[p.text[:80] for p in bot.chat.posts[-4:]]})")
+    assert back.thread_ts == la.thread_ts
+    killed = await bot.chat.say("/kill 1 --yes")
+    assert bot.launch(1).state == LaunchState.KILLED, killed.text
+    await wait_until(lambda: not _ranks_running(la.tag), what="no process of either rank left")
+    assert len([p for p in bot.chat.posts if "cannot be reached" in p.text]) == 1

@@ -8,6 +8,7 @@ the login node with `srun --overlap --jobid`)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -118,7 +119,8 @@ async def test_one_node_job_becomes_ready_and_kill_leaves_nothing(slurm_bot, clu
     log_text = Path(la.log_path).read_text()
     assert "fired up and ready to roll" in log_text
     killed = await bot.chat.say("/kill 1 --yes")
-    assert "killed" in killed.text.lower() or "stopped" in killed.text.lower(), killed.text
+    assert f"Killed one#1: Slurm job {la.job_id} cancelled (scancel) and ended" in killed.text, killed.text
+    assert "0 processes signalled" not in killed.text, killed.text
     await wait_until(lambda: bot.launch(1).state == LaunchState.KILLED, what="one#1 killed")
     await wait_until(lambda: not cluster.jobs(), what="the queue empty")
     await wait_until(lambda: not _fake_servers(cluster), what="no fake server left")
@@ -254,6 +256,81 @@ async def test_rank_0_s_node_failing_a_look_after_the_job_ended_still_gives_rank
     assert "rank 0 on node n1" in full_text(posted).lower(), full_text(posted)
     assert failed == ["n1"], failed  # the injected failure was met (else this test tests nothing)
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="both nodes' steps stopped")
+
+
+async def _requeued_then_ready_again(bot, cluster, la, *, cause: str | None, release=None):
+    """After Slurm requeued `la`'s job: the requeue told once (naming `cause` when given), the root showing it
+    pending, and once Slurm runs it again (its begin time moved to now; `release` first, when given) the job's
+    running again told once and a fresh `ready`."""
+    notice = await bot.chat.wait_post(lambda p: "Slurm requeued job" in p.text, 120, what="the requeue notice")
+    assert notice.thread_ts == la.thread_ts, notice
+    if cause is not None:
+        assert cause in notice.text, notice.text
+    await wait_until(lambda: "PENDING" in bot.chat.posts[0].text, 60, what="the root showing the requeued job")
+    print("ROOT while requeued:", bot.chat.posts[0].text)
+    row = bot.launch(la.id)
+    assert row.ready_at is None and row.alert_state is None and row.job_restarts == 1, row
+    if release is not None:
+        release()
+    moved = cluster.run("scontrol", "update", f"JobId={la.job_id}", "StartTime=now")
+    assert moved.returncode == 0, moved.stderr
+    await wait_until(lambda: len(alerts(bot, "ready")) == 2, 200, what="a fresh ready after the requeue")
+    again = [p for p in bot.chat.posts if "again (after 1 requeue)" in p.text]
+    assert len(again) == 1 and again[0].thread_ts == la.thread_ts, [p.text for p in again]
+    assert len([p for p in bot.chat.posts if "Slurm requeued job" in p.text]) == 1
+    assert not alerts(bot, "crashed") and not alerts(bot, "node_fail") and not alerts(bot, "silent_hang")
+    row = bot.launch(la.id)
+    assert row.state == LaunchState.RUNNING and row.alert_state == "ready" and row.ready_at is not None, row
+    root = bot.chat.posts[0].text
+    assert "ready" in root.splitlines()[0] and "on n1, n2" in root and "PENDING" not in root, root
+
+
+async def test_scontrol_requeue_of_a_ready_job_is_told_then_a_fresh_ready(slurm_bot, cluster):
+    bot = slurm_bot
+    await bot.chat.say("/launch two")
+    la = await wait_alert(bot, 1, {"ready"}, timeout=200)
+    requeued = cluster.run("scontrol", "requeue", la.job_id)
+    assert requeued.returncode == 0, requeued.stderr
+    await _requeued_then_ready_again(bot, cluster, la, cause="no node of it is out of service")
+    await bot.chat.say("/kill 1 --yes")
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="the job's steps stopped")
+
+
+async def test_a_node_set_down_under_a_ready_job_is_told_with_the_node_then_a_fresh_ready(slurm_bot, cluster):
+    bot = slurm_bot
+    await bot.chat.say("/launch two")
+    la = await wait_alert(bot, 1, {"ready"}, timeout=200)
+    down = cluster.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=gpubot-test-psu")
+    assert down.returncode == 0, down.stderr
+    try:
+        await _requeued_then_ready_again(
+            bot, cluster, la, cause="n2 is down (Slurm's reason: `gpubot-test-psu`)",
+            release=lambda: cluster.run("scontrol", "update", "NodeName=n2", "State=RESUME"))
+    finally:
+        cluster.run("scontrol", "update", "NodeName=n2", "State=RESUME")
+    await bot.chat.say("/kill 1 --yes")
+    await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="the job's steps stopped")
+
+
+#: How many launch-then-outside-scancel rounds the test below runs (10 were run for issue 45: GPUBOT_SCANCEL_RUNS=10).
+SCANCEL_RUNS = int(os.environ.get("GPUBOT_SCANCEL_RUNS", "3"))
+
+
+@pytest.mark.timeout(120 + 90 * SCANCEL_RUNS)
+async def test_an_outside_scancel_of_a_ready_two_node_job_is_cancelled_never_crashed(slurm_bot, cluster):
+    """Someone cancels the job with `scancel` (not `/kill`): Slurm ends both ranks, rank 1's may be seen gone
+    before Slurm's state says CANCELLED; each round is posted `cancelled`, never `crashed` or another failure."""
+    bot = slurm_bot
+    for k in range(1, SCANCEL_RUNS + 1):
+        await bot.chat.say("/launch two")
+        la = await wait_alert(bot, k, {"ready"}, timeout=200)
+        cancelled = cluster.run("scancel", la.job_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        la = await wait_alert(bot, k, {"cancelled", "crashed", "oom", "nccl_error", "unknown", "exited"},
+                              timeout=120)
+        assert la.alert_state == "cancelled", (k, la.alert_state, [full_text(p) for p in alerts(bot)][-1])
+        await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="the job's steps stopped")
+    assert len(alerts(bot, "cancelled")) == SCANCEL_RUNS and not alerts(bot, "crashed")
 
 
 async def test_a_job_name_planted_with_slurm_fields_and_newlines_changes_nothing(make_bot, slurm_config, cluster):

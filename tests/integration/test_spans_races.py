@@ -30,7 +30,7 @@ SQUEUE = """#!/bin/sh
 D={d}
 echo >> $D/shown
 if [ -e $D/cancelled ]; then st=CANCELLED; status=15; else st=RUNNING; status=0; fi
-echo "4242|$st|$status|elsewhere1|0:05|UNLIMITED|None"
+echo "4242|$st|$status|elsewhere1|0:05|UNLIMITED|0|None"
 """
 SCANCEL = """#!/bin/sh
 touch {d}/cancelled

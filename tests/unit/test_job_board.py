@@ -34,7 +34,7 @@ class _Squeue:
             await self.gate.wait()
         if self.fail:
             return CommandResult(1, b"", b"squeue: error: Unable to contact slurm controller\n", 0.01)
-        lines = [f"{j}|RUNNING|0|n1|1:00|UNLIMITED|None" for j in ids if j in self.running]
+        lines = [f"{j}|RUNNING|0|n1|1:00|UNLIMITED|0|None" for j in ids if j in self.running]
         return CommandResult(0, "\n".join(lines).encode(), b"", 0.01)
 
 

@@ -14,9 +14,11 @@ from bot.core.slurm import (
     job_line,
     parse_sbatch,
     parse_show_job,
+    parse_sinfo_nodes,
     parse_squeue,
     pending_text,
     sbatch_problems,
+    sinfo_format,
     squeue_format,
 )
 from tests.support.paths import FIXTURES
@@ -132,40 +134,41 @@ def test_joining_the_lines_of_a_huge_record_is_linear():
 
 
 def test_squeue_s_own_fields_are_read_by_position_and_a_planted_name_is_never_asked_for():
-    text = ("2|FAILED|768|n1|0:07|365-00:00:00|NonZeroExitCode\n"
-            "3|CANCELLED|15|n[1-2]|1:02:03|UNLIMITED|None\n"
-            "4|PENDING|0||0:00|UNLIMITED|JobHeldUser\n"
-            "9|COMPLETED|0|n1|0:01|UNLIMITED|None\n"  # a job not asked for
-            "garbage line\n5|running|0|n1|0:00|UNLIMITED|None\n6|RUNNING|\u00b2|n1|0:00|UNLIMITED|None\n")
+    text = ("2|FAILED|768|n1|0:07|365-00:00:00|0|NonZeroExitCode\n"
+            "3|CANCELLED|15|n[1-2]|1:02:03|UNLIMITED|2|None\n"
+            "4|PENDING|0||0:00|UNLIMITED|0|JobHeldUser\n"
+            "9|COMPLETED|0|n1|0:01|UNLIMITED|0|None\n"  # a job not asked for
+            "garbage line\n5|running|0|n1|0:00|UNLIMITED|0|None\n6|RUNNING|\u00b2|n1|0:00|UNLIMITED|0|None\n")
     jobs = parse_squeue(text, ["2", "3", "4", "5", "6", "7"])
     assert sorted(jobs) == ["2", "3", "4"]  # 5 and 6 are not of the shape (a state, a status of ASCII digits)
     failed, cancelled, held = jobs["2"], jobs["3"], jobs["4"]
     assert (failed.state, failed.exit_code, failed.signal, failed.reason) == ("FAILED", 3, 0, "NonZeroExitCode")
     assert failed.run_time_s == 7 and failed.source == "squeue -j"
     assert (cancelled.exit_code, cancelled.signal, cancelled.nodes) == (0, 15, ("n1", "n2"))
-    assert cancelled.run_time_s == 3723 and cancelled.reason is None
+    assert cancelled.run_time_s == 3723 and cancelled.reason is None and cancelled.restarts == 2
     assert held.pending and held.reason == "JobHeldUser" and held.nodes == ()
     assert ended_verdict(failed) == ("crashed", "the job's command failed: Slurm says FAILED (NonZeroExitCode), "
                                                 "exit code 3")
     assert job_line(cancelled) == ("`squeue -j 3`: JobState=CANCELLED Reason=None ExitCode=0:15 RunTime=1:02:03 "
                                    "TimeLimit=UNLIMITED NodeList=n[1-2]")
-    assert squeue_format() == "JobID:|,State:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,Reason:"
+    assert failed.restarts == 0 and held.restarts == 0
+    assert squeue_format() == "JobID:|,State:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,RestartCnt:|,Reason:"
 
 
 @pytest.mark.parametrize("reason", [
-    "x|0|n[7-9]|0:00|1:00|Foo",  # a `|`: stays in the reason, the last field
-    "x\n2|COMPLETED|0|n1|0:00|1:00|None",  # a newline: a line after the job's own, which counts
-    "x\x0b2|COMPLETED|0|n1|0:00|1:00|None",  # a vertical tab is no line break of Slurm's
+    "x|0|n[7-9]|0:00|1:00|0|Foo",  # a `|`: stays in the reason, the last field
+    "x\n2|COMPLETED|0|n1|0:00|1:00|0|None",  # a newline: a line after the job's own, which counts
+    "x\x0b2|COMPLETED|0|n1|0:00|1:00|0|None",  # a vertical tab is no line break of Slurm's
 ])
 def test_free_text_in_the_reason_cannot_move_a_field_or_end_a_running_job(reason):
-    (job,) = parse_squeue(f"2|RUNNING|0|n1|0:05|1:00:00|{reason}\n", ["2"]).values()
-    assert (job.state, job.nodes, job.exit_code, job.run_time_s) == ("RUNNING", ("n1",), 0, 5), job
+    (job,) = parse_squeue(f"2|RUNNING|0|n1|0:05|1:00:00|1|{reason}\n", ["2"]).values()
+    assert (job.state, job.nodes, job.exit_code, job.run_time_s, job.restarts) == ("RUNNING", ("n1",), 0, 5, 1), job
     assert job.active
 
 
 def test_a_reason_is_redacted_before_it_is_kept():
     token = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
-    (job,) = parse_squeue(f"2|FAILED|256|n1|0:07|UNLIMITED|failed: HF_TOKEN={token}\n", ["2"]).values()
+    (job,) = parse_squeue(f"2|FAILED|256|n1|0:07|UNLIMITED|0|failed: HF_TOKEN={token}\n", ["2"]).values()
     assert token not in (job.reason or "") and token not in job_line(job), job_line(job)
     (shown,) = parse_show_job(f"JobId=2 JobState=FAILED Reason=bad_token_{token} ExitCode=1:0")
     assert token not in (shown.reason or "") and token not in shown.fields["Reason"]
@@ -182,3 +185,31 @@ def test_plain_scontrol_show_job_as_pasted_reads_like_the_one_line_form():
     assert (job.job_id, job.state, job.reason, job.nodes, job.exit_code) == (
         one.job_id, one.state, one.reason, one.nodes, one.exit_code)
     assert len(parse_show_job(plain + plain.replace(f"JobId={one.job_id}", "JobId=99"))) == 2
+
+
+def test_sinfo_node_states_are_read_by_position_and_a_reason_moves_nothing():
+    """`sinfo -h -N -O NodeList:|,StateLong:|,Reason:` as Slurm 22.05 prints it: a node's state without its flag
+    suffix, the first line of a node (one in two partitions is listed twice), an admin's reason redacted and never
+    a field of its own."""
+    token = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
+    text = ("n1|idle|none\n"
+            "n2|down*|PSU failed|n3|idle|x\n"  # a `|` in the reason stays in the reason
+            "n2|idle|later line\n"  # n2's second partition: the first line counts
+            f"n3|drained|rma HF_TOKEN={token}\n"
+            "n4|IDLE|none\nn5|mixed+drain|cooling\n"
+            "n9|down|not asked for\nbroken line\n")
+    states = parse_sinfo_nodes(text, ["n1", "n2", "n3", "n4", "n5"])
+    assert sorted(states) == ["n1", "n2", "n3", "n5"]  # n4's state is not Slurm's lowercase words
+    assert (states["n1"].state, states["n1"].reason, states["n1"].failed) == ("idle", None, False)
+    assert (states["n2"].state, states["n2"].reason, states["n2"].failed) == ("down", "PSU failed|n3|idle|x", True)
+    assert states["n3"].failed and token not in (states["n3"].reason or "")
+    assert states["n5"].failed and states["n5"].state == "mixed+drain"
+    assert states["n2"].text() == "n2 is down (Slurm's reason: `PSU failed|n3|idle|x`)"
+    assert sinfo_format() == "NodeList:|,StateLong:|,Reason:"
+    assert parse_sinfo_nodes("", ["n1"]) == {} and parse_sinfo_nodes("\x00|||\n", ["\x00"]) == {}
+
+
+def test_scontrol_s_restart_count_is_read_and_a_planted_one_is_ambiguous():
+    (job,) = parse_show_job("JobId=7 JobName=x JobState=PENDING Reason=BeginTime Restarts=2 ExitCode=0:0")
+    assert job.restarts == 2
+    assert parse_show_job("JobId=7 JobName=x Restarts=0 JobState=PENDING Restarts=2 ExitCode=0:0") == []

@@ -76,9 +76,10 @@ async def test_the_client_asks_sacct_only_for_a_job_squeue_no_longer_lists():
     job = await SlurmClient(shell).show("4711")
     assert job is not None and job.state == "TIMEOUT" and job.source == "sacct -j"
     assert shell.commands == [
-        "squeue -a -h --states=all -j 4711 -O 'JobID:|,State:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,Reason:'",
+        "squeue -a -h --states=all -j 4711 -O "
+        "'JobID:|,State:|,exit_code:|,NodeList:|,TimeUsed:|,TimeLimit:|,RestartCnt:|,Reason:'",
         "sacct -X -n -P -j 4711 -o JobID,State,ExitCode,Reason,NodeList,Elapsed,Timelimit,JobName"]
-    shell = _LoginShell({"squeue": CommandResult(0, b"12|RUNNING|0|n[1-2]|5:00|UNLIMITED|None\n", b"", 0.01)})
+    shell = _LoginShell({"squeue": CommandResult(0, b"12|RUNNING|0|n[1-2]|5:00|UNLIMITED|0|None\n", b"", 0.01)})
     known = await SlurmClient(shell).show("12")
     assert known is not None and known.source == "squeue -j" and known.active and len(shell.commands) == 1
 

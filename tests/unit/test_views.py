@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from bot.core.diagnose import Verdict
-from bot.core.lifecycle import KillPreview
+from bot.core.lifecycle import KillOutcome, KillPreview
 from bot.core.models import (
     GpuProcess,
     GpuReading,
@@ -32,6 +32,7 @@ from bot.present.views import (
     alert_view,
     gpu_view,
     kill_confirm_view,
+    kill_view,
     launch_view,
     probe_view,
     process_rows,
@@ -462,9 +463,44 @@ def test_the_leftovers_of_an_ended_launch_are_said_after_its_detail_in_one_sente
     assert detail.startswith("exited; its leftovers were stopped: ")
 
 
+def test_a_kill_that_stopped_some_ranks_and_could_not_reach_another_is_kill_failed_never_still_running() -> None:
+    from bot.core.lifecycle import kill_end
+
+    rank0 = ProcessInfo(pid=10, ppid=1, pgid=10, sid=10, stat="S", args="python -m sglang.launch_server")
+    out = KillOutcome(target="two#1", signalled=[rank0], error="gpu-b: host unreachable (connection refused)")
+    state, detail, result = kill_end(out, LaunchState.RUNNING, "ready")
+    assert (state, result) == (LaunchState.KILL_FAILED, "incomplete")
+    assert detail == "kill incomplete: 1 process stopped, but gpu-b: host unreachable (connection refused)", detail
+    cancelled = KillOutcome(target="two#1", cancelled_job="7", error="n2: srun could not reach it")
+    assert kill_end(cancelled, LaunchState.RUNNING, None)[0] == LaunchState.KILL_FAILED
+    # nothing stopped: the launch is as it was (the kill can be tried again), and an ended one stays ended
+    untouched = KillOutcome(target="two#1", error="gpu-a: host unreachable")
+    assert kill_end(untouched, LaunchState.RUNNING, "ready")[:1] == (LaunchState.RUNNING,)
+    assert kill_end(out, LaunchState.FAILED, "crashed")[0] == LaunchState.FAILED
+    said = renderer().render("kill_result", **kill_view(out, [0]))
+    assert said.text.startswith("Kill of two#1 incomplete: 1 process stopped, but gpu-b: host unreachable"), said.text
+    assert "incomplete" in str(said.blocks) and "failed*" not in str(said.blocks)
+
+
 def test_counts_take_their_number() -> None:
     from bot.core.text import counted
 
     assert [counted(1, "process"), counted(2, "process"), counted(0, "GPU"), counted(1, "GPU")] == [
         "1 process", "2 processes", "0 GPUs", "1 GPU"]
     assert counted(3, "index", "indexes") == "3 indexes"
+
+
+def test_a_slurm_kill_says_the_job_was_cancelled_not_zero_processes_signalled():
+    r = renderer()
+    done = KillOutcome(target="two#1", cancelled_job="4711", released=True)
+    msg = r.render("kill_result", **kill_view(done, [0]))
+    blocks = str(msg.blocks)
+    assert "Killed two#1: Slurm job 4711 cancelled (scancel) and ended." in msg.text, msg.text
+    assert "Slurm job 4711 cancelled (scancel) and ended" in blocks and "0 processes" not in blocks + msg.text
+    left = KillOutcome(target="two#1", cancelled_job="4711", released=True,
+                       signalled=[ProcessInfo(pid=9, ppid=1, pgid=9, sid=9, stat="S", args="python")])
+    assert "; 1 process left on its nodes signalled." in r.render("kill_result", **kill_view(left, [0])).text
+    # still running after scancel: the error says so, never "cancelled"
+    stuck = KillOutcome(target="two#1", error="Slurm job 4711 is still COMPLETING after scancel")
+    text = r.render("kill_result", **kill_view(stuck, [0])).text
+    assert "failed" in text and "cancelled (scancel)" not in text, text

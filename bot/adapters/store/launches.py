@@ -59,6 +59,8 @@ class LaunchRow(Base):
     job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     #: Where its ranks run, rank order (JSON list of node or host names); None for a launch on `host` alone.
     nodes_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: How often Slurm had requeued its job at the last check that read it; None before (or for no job).
+    job_restarts: Mapped[int | None] = mapped_column(Integer, nullable=True)
     #: The launch's secret param values, encrypted (bot.adapters.secretbox); None when it had none.
     sealed_secrets: Mapped[str | None] = mapped_column(Text, nullable=True)
 
@@ -77,6 +79,7 @@ def _launch(row: Any) -> Launch:
         snoozed_until=row.snoozed_until, ready_at=row.ready_at, unreachable_since=row.unreachable_since,
         seen_pids=_seen_pids(row.seen_pids_json), seen_starts=_seen_starts(row.seen_pids_json), unit=row.unit,
         unit_manager=row.unit_manager, job_id=row.job_id, nodes=json.loads(row.nodes_json or "[]"),
+        job_restarts=row.job_restarts,
     )
 
 
