@@ -1,11 +1,17 @@
 """Leadership among the bots that share one database: only the leader sends the outbox and runs the scheduled
 checks; every bot takes commands.
 
-PostgreSQL: the leader holds a session advisory lock (`pg_try_advisory_lock`) on a connection of its own and proves
-it alive with a heartbeat (`SELECT 1`) every `heartbeat_s`. A leader that dies closes its connection and the server
-releases the lock at once (a vanished host: when TCP keepalives give up, about 10 s); a follower tries the lock
-every `heartbeat_s`, so it takes over within about one heartbeat. A leader whose heartbeat fails or hangs steps
-down at once (it stops sending before another bot can lead). SQLite (one bot per database file,
+PostgreSQL: the leader holds a session advisory lock (`pg_try_advisory_lock`) on a connection of its own and a lease
+with a deadline in the database (table `leader_lease`, bot.adapters.store.lease: its session's backend pid and
+`expires_at`, `lease_s` ahead on the database's clock), renewed by its heartbeat every `heartbeat_s`. A leader that
+dies closes its connection and the server releases the lock at once (a vanished host: when TCP keepalives give up,
+about 10 s); a follower tries the lock every `heartbeat_s`, so it takes over within about one heartbeat. A leader
+that is alive but frozen (SIGSTOP, a paused VM, a hung event loop) keeps its session, and so the lock, but stops
+renewing: a follower that finds the lease expired ends that session (`pg_terminate_backend`) and takes the lock, so
+it leads within `lease_s` plus a heartbeat or two. A leader whose heartbeat fails or hangs, or finds its lease
+expired or taken (it was frozen past its deadline), steps down at once (it stops sending before another bot can
+lead, and a frozen one that wakes up does not go on as leader). A database without the lease table (an older
+schema) gets the lock alone, as before, said once in the log. SQLite (one bot per database file,
 bot.adapters.statelock) and any other database: the one bot leads from the start (`SoleLeader`).
 """
 
@@ -31,6 +37,11 @@ LEADER_KEY = 0x67707563
 HEARTBEAT_S = 1.0
 #: Seconds a heartbeat may take before the leader steps down (the database or the network is stuck).
 HEARTBEAT_TIMEOUT_S = 5.0
+#: Seconds the leader's lease runs past each renewal: a leader frozen longer loses the lead (more than the
+#: heartbeat timeout: a slow heartbeat steps the leader down before its lease can be taken).
+LEASE_S = 10.0
+#: The lease's row (table `leader_lease`).
+LEASE_NAME = "leader"
 #: libpq settings of the leader's connection. On the client: TCP keepalives and a TCP user timeout, so a database
 #: host that vanished is noticed in about 10 s. On the server (`options`): the same for the leader's session, so
 #: a leader cut off by the network loses its session, and with it the lock, in about 10 s (not after the server's
@@ -68,12 +79,15 @@ class AdvisoryLeader:
     shared = True
 
     def __init__(self, engine: Engine, *, key: int = LEADER_KEY, heartbeat_s: float = HEARTBEAT_S,
-                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S):
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, lease_s: float = LEASE_S):
         self._engine = engine
         self.key = key
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.lease_s = lease_s
         self.leading = False
+        self.lease_table = True  # False once the database was found without the lease table
+        self.sessions_ended = 0  # the frozen leaders' sessions this bot ended (each an expired lease)
         self._conn: Connection | None = None
 
     async def run(self, on_gain: Hook, on_lose: Hook) -> None:
@@ -124,6 +138,10 @@ class AdvisoryLeader:
         conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
             got = bool(conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({self.key})").scalar())
+            if not got:
+                self._end_expired(conn)
+            else:
+                self._lease(conn, take=True)
         except Exception:
             conn.invalidate()
             conn.close()
@@ -137,8 +155,71 @@ class AdvisoryLeader:
     def _heartbeat(self) -> bool:
         if self._conn is None:
             return False
-        self._conn.exec_driver_sql("SELECT 1").scalar()
+        if not self._lease(self._conn, take=False):
+            log.error("leadership: this bot's lease expired or was taken (it was frozen for more than %.0f s)",
+                      self.lease_s)
+            return False
         return True
+
+    def _lease(self, conn: Connection, *, take: bool) -> bool:
+        """Take the lease for this session (`take`: this bot just got the lock), or renew it: True when this
+        session holds it now, False when it had expired (or another session holds it). Without the lease table: a
+        `SELECT 1` (the lock alone decides)."""
+        if not self.lease_table:
+            conn.exec_driver_sql("SELECT 1").scalar()
+            return True
+        from sqlalchemy import text
+        from sqlalchemy.exc import ProgrammingError
+
+        args = {"name": LEASE_NAME, "holder": bot_identity()[:200], "lease": self.lease_s}
+        try:
+            if take:
+                conn.execute(text(
+                    "INSERT INTO leader_lease (name, holder, backend_pid, expires_at) "
+                    "VALUES (:name, :holder, pg_backend_pid(), extract(epoch from clock_timestamp()) + :lease) "
+                    "ON CONFLICT (name) DO UPDATE "
+                    "SET holder = excluded.holder, backend_pid = excluded.backend_pid, "
+                    "expires_at = excluded.expires_at"), args)
+                return True
+            row = conn.execute(text(
+                "UPDATE leader_lease SET expires_at = extract(epoch from clock_timestamp()) + :lease "
+                "WHERE name = :name AND backend_pid = pg_backend_pid() "
+                "AND expires_at > extract(epoch from clock_timestamp()) RETURNING 1"), args).first()
+            return row is not None
+        except ProgrammingError as e:  # no lease table: an older schema
+            if "leader_lease" not in str(e):
+                raise
+            self.lease_table = False
+            log.warning("leadership: the database has no leader_lease table (an older schema): the advisory lock "
+                        "alone decides, and a frozen leader keeps the lead")
+            return self._lease(conn, take=take)
+
+    def _end_expired(self, conn: Connection) -> None:
+        """The lock is held by another session: where that session's lease expired (its bot is frozen), end the
+        session (pg_terminate_backend), so that the lock is free at the next try."""
+        if not self.lease_table:
+            return
+        from sqlalchemy import text
+        from sqlalchemy.exc import ProgrammingError
+
+        try:
+            row = conn.execute(text(
+                "SELECT backend_pid, holder, extract(epoch from clock_timestamp()) - expires_at FROM leader_lease "
+                "WHERE name = :name AND expires_at < extract(epoch from clock_timestamp()) "
+                "AND backend_pid <> pg_backend_pid()"), {"name": LEASE_NAME}).first()
+        except ProgrammingError as e:
+            if "leader_lease" not in str(e):
+                raise
+            self.lease_table = False
+            return
+        if row is None:
+            return
+        pid, holder, late = int(row[0]), str(row[1]), float(row[2])
+        ended = bool(conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar())
+        if ended:
+            self.sessions_ended += 1
+        log.warning("leadership: the lease of %s expired %.1f s ago (frozen?): %s its database session %d", holder,
+                    late, "ended" if ended else "could not end", pid)
 
     def _drop(self) -> None:
         """Close the leader's connection without returning it to the pool (the server releases the lock)."""

@@ -131,6 +131,56 @@ async def test_a_sigkilled_leader_process_is_replaced_within_a_few_seconds(pg_ur
         proc.wait(10)
 
 
+async def test_a_frozen_leader_loses_the_lead_within_its_lease_and_steps_down_when_it_wakes(pg_url):
+    """A leader process stopped with SIGSTOP keeps its database session (and the advisory lock) alive: the follower
+    finds its lease expired, ends that session and leads within the lease plus a few heartbeats; the leader, woken
+    with SIGCONT, finds its lease gone and steps down, and never leads again while the other does."""
+    Store(pg_url).db.engine.dispose()  # the schema, with the lease table
+    lease_s = 2.0
+    code = ("import asyncio, sqlalchemy as sa, sys\n"
+            "from bot.adapters.leader import AdvisoryLeader\n"
+            "async def main():\n"
+            "    a = AdvisoryLeader(sa.create_engine(sys.argv[1]), heartbeat_s=0.2, lease_s=float(sys.argv[2]))\n"
+            "    async def gain(): print('leading', flush=True)\n"
+            "    async def lose(): print('lost', flush=True)\n"
+            "    await a.run(gain, lose)\n"
+            "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, pg_url, str(lease_s)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    said: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            said.append(line.strip())
+
+    reader = asyncio.ensure_future(asyncio.to_thread(read))
+    try:
+        await wait_until(lambda: said == ["leading"], 30, what="the process leading")
+        b = AdvisoryLeader(sa.create_engine(pg_url), heartbeat_s=0.2, lease_s=lease_s)
+        assert b.lease_table
+        hb = Hooks()
+        async with running(b, hb):
+            await asyncio.sleep(lease_s + 1.0)  # a live leader renews: its lease never expires
+            assert not b.leading and b.sessions_ended == 0
+            os.kill(proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            await wait_until(lambda: b.leading, 60, what="the follower taking over from the frozen leader")
+            took = time.monotonic() - t0
+            print(f"takeover after SIGSTOP of the leader: {took:.2f} s (lease {lease_s} s, heartbeat 0.2 s)")
+            assert b.sessions_ended == 1
+            os.kill(proc.pid, signal.SIGCONT)
+            await wait_until(lambda: said[-1:] == ["lost"], 60, what="the woken leader stepping down")
+            await asyncio.sleep(1.0)  # a few of its heartbeats: it tries the lock again and does not get it
+            assert said == ["leading", "lost"] and b.leading and hb.events == ["gain"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+        await reader
+
+
 async def test_decision_locks_are_shared_by_two_bots(pg_url):
     one, two = DecisionLocks(sa.create_engine(pg_url)), DecisionLocks(sa.create_engine(pg_url), timeout_s=0.5)
     assert one.shared and two.shared

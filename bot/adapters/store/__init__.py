@@ -37,7 +37,15 @@ def __getattr__(name: str) -> Any:
 
 def tables() -> MetaData:
     """The declarative metadata with every repository's table (their modules imported)."""
-    from bot.adapters.store import confirmations, deliveries, events, launches, observations, outbox  # noqa: F401
+    from bot.adapters.store import (  # noqa: F401
+        confirmations,
+        deliveries,
+        events,
+        launches,
+        lease,
+        observations,
+        outbox,
+    )
     from bot.adapters.store.db import Base
 
     return Base.metadata
