@@ -57,17 +57,19 @@ class PlacementNote:
 
     def describe(self) -> str:
         """One line for the thread: `Placed on gpu-03, GPUs 2,3: best fit in group h200 (gpu-03 had 4 free GPUs, the
-        fewest of the 12 hosts with room); passed over: 1 down, 3 too few free GPUs`."""
+        fewest of the 12 hosts with room); passed over: 1 down (gpu-07), 3 too few free GPUs`."""
         gpus = ",".join(map(str, self.gpus))
         head = f"Placed on {self.host}, GPU{'' if len(self.gpus) == 1 else 's'} {gpus}"
         free = f"{self.free_there} free GPU{'' if self.free_there == 1 else 's'}"
         if not self.plan.group:
             return f"{head} ({free} there)"
-        counts: dict[str, int] = {}
-        for reason in self.skipped.values():
-            kind = reason.split(":", 1)[0]
-            counts[kind] = counts.get(kind, 0) + 1
-        rest = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+        hosts: dict[str, list[str]] = {}
+        for host, reason in self.skipped.items():
+            hosts.setdefault(reason.split(":", 1)[0], []).append(host)
+        # the hosts that are down are named (someone should look at them); the others are counted
+        rest = ", ".join(f"{len(names)} {kind}" + (f" ({', '.join(sorted(names)[:5])}"
+                                                   f"{', …' if len(names) > 5 else ''})" if kind == "down" else "")
+                         for kind, names in sorted(hosts.items()))
         room = f"the fewest of the {self.fitting} hosts with room" if self.fitting > 1 else "the only host with room"
         return f"{head}: best fit in {self.plan.where} ({self.host} had {free}, {room})" + (
             f"; passed over: {rest}" if rest else "")

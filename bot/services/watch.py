@@ -264,8 +264,8 @@ class Watcher:
         await self.check(la.id)
 
     async def digest(self) -> bool:
-        """Post `/gpu status` of every configured host (holders labelled by launch) to the digest channel.
-        Returns True when it was posted."""
+        """Post `/gpu status` of every configured host (holders labelled by launch) to the digest channel, led by
+        what needs someone where anything does (bot.core.fleet.digest_notes). Returns True when it was posted."""
         channel = self.config.watch.digest_channel
         if not channel:
             return False
@@ -277,8 +277,10 @@ class Watcher:
                 msg = self._render.render("fleet", **fleet_view(summarize(lines), title="GPU fleet digest"))
             else:
                 msg = self._render.render("status", **status_view(results, holders))
-            notes = self.launches.digest_notes(results, holders, recent)
-            msg = msg.then(self._render.render("digest_notes", **digest_notes_view(notes)))
+            notes = digest_notes_view(self.launches.digest_notes(results, holders, recent))
+            said = self._render.render("digest_notes", **notes)
+            # what needs someone (idle held GPUs, failed or hung launches, unreachable hosts) before the hosts' rows
+            msg = said.then(msg) if notes["sections"] else msg.then(said)
             return await self._surface.post(channel, msg) is not None
         except Exception:
             log.exception("the digest failed")

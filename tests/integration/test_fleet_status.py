@@ -143,6 +143,9 @@ async def test_the_digest_says_what_needs_someone(ssh_server, two_kinds, make_bo
     post = bot.chat.posts[-1]
     assert "Hosts unreachable (1)" in post.text and "dead-1: " in post.text, post.text
     assert "Idle GPUs held" not in post.text  # busy GPU 0's holder started a moment ago
+    # what needs someone comes first, before the per-host rows
+    assert post.text.startswith("Hosts unreachable (1)"), post.text
+    assert post.text.index("dead-1: ") < post.text.index("GPU fleet digest: ") < post.text.index("idle-01"), post.text
     made = {"variant": "base", "params": {}, "command": "x", "log_path": None, "port": None, "created_by": "U1"}
     la = bot.runtime.store.launches.create(host="idle-02", gpus=[1], **made)
     bot.runtime.store.launches.update(la.id, alert_state="silent_hang")

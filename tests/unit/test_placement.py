@@ -43,7 +43,7 @@ def test_the_line_says_where_and_why():
     note = PlacementNote(host="c", gpus=(6, 7), free_there=2, plan=plan, fitting=3,
                          skipped={"d": "too few free GPUs: 1 of 8 free", "e": "down: refused", "f": "down: timeout"})
     assert note.describe() == ("Placed on c, GPUs 6,7: best fit in group h200 (c had 2 free GPUs, the fewest of the 3 "
-                               "hosts with room); passed over: 2 down, 1 too few free GPUs")
+                               "hosts with room); passed over: 2 down (e, f), 1 too few free GPUs")
     one = PlacementNote(host="a", gpus=(3,), free_there=1, plan=PlacementPlan(hosts=("a",), count=1))
     assert one.describe() == "Placed on a, GPU 3 (1 free GPU there)"
 
