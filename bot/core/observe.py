@@ -307,7 +307,10 @@ def _cpu_base(prev: CheckRecord, earlier: Sequence[CheckRecord], now: float) -> 
     `earlier` checks (with CPU times) is old enough: then the newest of those."""
     if not now - prev.t < CPU_WINDOW_S:  # old enough, or NaN (no previous check)
         return prev
-    return next((r for r in reversed(earlier) if r.ok and r.cpu_s and now - r.t >= CPU_WINDOW_S), prev)
+    for r in reversed(earlier):  # newest first: the first check old enough ends the walk
+        if r.ok and now - r.t >= CPU_WINDOW_S:
+            return r if r.cpu_s else prev
+    return prev
 
 
 def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float | None) -> bool | None:
