@@ -203,10 +203,15 @@ class AdvisoryLeader:
         from sqlalchemy.exc import ProgrammingError
 
         try:
+            # only the session that holds the leader's advisory lock now (pg_locks: a bigint key is classid, the
+            # high 32 bits, and objid, the low ones, objsubid 1): a stale row never ends an unrelated session
             row = conn.execute(text(
-                "SELECT backend_pid, holder, extract(epoch from clock_timestamp()) - expires_at FROM leader_lease "
-                "WHERE name = :name AND expires_at < extract(epoch from clock_timestamp()) "
-                "AND backend_pid <> pg_backend_pid()"), {"name": LEASE_NAME}).first()
+                "SELECT l.backend_pid, l.holder, extract(epoch from clock_timestamp()) - l.expires_at "
+                "FROM leader_lease l JOIN pg_locks k ON k.pid = l.backend_pid AND k.locktype = 'advisory' "
+                "AND k.granted AND k.classid::bigint = :hi AND k.objid::bigint = :lo AND k.objsubid = 1 "
+                "WHERE l.name = :name AND l.expires_at < extract(epoch from clock_timestamp()) "
+                "AND l.backend_pid <> pg_backend_pid()"),
+                {"name": LEASE_NAME, "hi": self.key >> 32, "lo": self.key & 0xFFFFFFFF}).first()
         except ProgrammingError as e:
             if "leader_lease" not in str(e):
                 raise

@@ -672,7 +672,9 @@ class KillOutcome:
     """Result of a kill: processes signalled, the ones left (with their state), GPU holders left, GPU memory
     before/after (MiB over the launch's GPUs), whether the memory was released, whether SIGKILL was needed,
     `seconds` it took, and `error` / `gpu_error` when the host or its GPUs could not be read; `cancelled_job`: the
-    Slurm job the kill cancelled and Slurm then said ended (None for a launch without a job, or one still active)."""
+    Slurm job the kill cancelled and Slurm then said ended (None for a launch without a job, or one still active);
+    `partial`: with `error`, part of the launch was stopped (a rank's host reached and its processes signalled, or
+    its Slurm job's scancel accepted) before another part could not be."""
 
     target: str
     signalled: list[ProcessInfo] = field(default_factory=list)
@@ -688,6 +690,7 @@ class KillOutcome:
     gpu_error: str | None = None
     host: str | None = None
     cancelled_job: str | None = None
+    partial: bool = False
 
     @property
     def memory_left(self) -> bool:
@@ -708,9 +711,9 @@ class KillOutcome:
 
     def describe(self) -> str:
         """One line for the audit trail and the root message."""
-        if self.error and (self.signalled or self.cancelled_job):
+        if self.error and self.partial:
             stopped = f"Slurm job {self.cancelled_job} cancelled" if self.cancelled_job else \
-                f"{counted(len(self.signalled), 'process')} stopped"
+                f"{counted(len(self.signalled), 'process')} stopped" if self.signalled else "part of it stopped"
             return f"kill incomplete: {stopped}, but {self.error}"
         if self.error:
             return f"kill failed: {self.error}"
@@ -759,7 +762,7 @@ def kill_end(out: KillOutcome, before: LaunchState, before_detail: str | None) -
     button, a second kill) as it was (`nothing`), with leftovers stopped cleanly with that said after its
     detail (`failed`, "crashed in serving; its leftovers were stopped: ...")."""
     detail = out.describe()
-    if out.error and (out.signalled or out.cancelled_job) and before not in TERMINAL_STATES:
+    if out.error and out.partial and before not in TERMINAL_STATES:
         return LaunchState.KILL_FAILED, detail, "incomplete"
     if out.error:
         return before, detail, "error"

@@ -160,7 +160,8 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook], failed: tuple[int, 
     """Rank 0's verdict (`verdict`, by the single-host rules) weighed with every rank's evidence (`looks`, rank
     order): one evidence line per rank first, and for any verdict but ready or loading the odd rank named in the
     summary (`rank 1 on node n2 went silent first ...`) with a next step to look at its node. A rank whose processes
-    are gone while rank 0 still looks fine makes the launch fail: by that rank's own verdict where its log says why
+    are gone while rank 0 still looks fine (or hangs, waiting for it) makes the launch fail: by that rank's own
+    verdict where its log says why
     (`failed`: rank, node and the verdict of its own log, one of RANK_FAILURES: its OOM, its crash, with its phase),
     else `crashed`. Returns a new Verdict."""
     if len(looks) < 2:
@@ -170,7 +171,10 @@ def weigh_nodes(verdict: Verdict, looks: Sequence[NodeLook], failed: tuple[int, 
     summary, steps, name = verdict.summary, list(verdict.next_steps), verdict.verdict
     own = _own_failure(failed)
     gone = {x.rank for x in looks if x.alive is False}
-    if own is not None and own[0] != 0 and own[0] in gone and 0 not in gone and name in ("ready", "loading", "unknown"):
+    # rank 0 fine, or hung waiting for the rank that is gone (in a collective, a barrier): the gone rank's own
+    # failure is why
+    if own is not None and own[0] != 0 and own[0] in gone and 0 not in gone and \
+            name in ("ready", "loading", "unknown", "silent_hang"):
         rank, node, v = own
         return replace(v, summary=f"Rank {rank} on node {node}: {v.summary.rstrip()} Its processes are gone while "
                                   f"rank 0 still runs.",

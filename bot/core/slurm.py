@@ -251,8 +251,9 @@ def _job_records(text: str) -> list[str]:
 
 
 def _digits(text: str) -> bool:
-    """True for ASCII digits only (`"²".isdigit()` is True, and int() refuses it)."""
-    return text.isascii() and text.isdigit()
+    """True for ASCII digits only (`"²".isdigit()` is True, and int() refuses it), at most 18 of them (Slurm's
+    numbers fit in 64 bits; int() refuses more than 4300 digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 #: The keys of a `scontrol show job` record gpubot reads: each must appear once (a second one came from free text).
@@ -417,7 +418,8 @@ class NodeState:
 
     def text(self) -> str:
         """`n2 is down (Slurm's reason: `maintenance`)`."""
-        return f"{self.node} is {self.state}" + (f" (Slurm's reason: `{self.reason[:120]}`)" if self.reason else "")
+        reason = (self.reason or "")[:120].replace("`", "'")  # a backtick would end the quote
+        return f"{self.node} is {self.state}" + (f" (Slurm's reason: `{reason}`)" if reason else "")
 
 
 def sinfo_format() -> str:

@@ -336,6 +336,7 @@ def kill_view(out: Any, gpus: list[int] | None = None) -> dict[str, Any]:
         "gpu_error": getattr(out, "gpu_error", None),
         "pid_target": out.target.startswith("pid "),
         "cancelled_job": getattr(out, "cancelled_job", None),
+        "partial": getattr(out, "partial", False),
     }
 
 

@@ -180,7 +180,9 @@ class SpanService:
                              launch_id=la.id, host=login, channel=la.channel)
             await svc.threads.show(la)
             return LaunchOutcome(la, error=why, host=login)
-        la = svc.transition(la, LaunchEvent.STARTED, job_id=job_id, state_detail=f"Slurm job {job_id} submitted")
+        # a job just submitted has not been requeued: a requeue before the first check is told too
+        la = svc.transition(la, LaunchEvent.STARTED, job_id=job_id, job_restarts=0,
+                            state_detail=f"Slurm job {job_id} submitted")
         try:
             job = await client.show(job_id)
         except (SlurmError, RemoteError) as e:
@@ -292,21 +294,25 @@ class SpanService:
         SCANCEL_WAIT_S), then on every rank's node what is left of the rank (its tagged processes), verified as any
         kill is; the outcomes of all ranks in one. Raises RemoteError when the login node cannot be reached."""
         said: list[str] = []
+        scancelled = False  # scancel accepted: the job is being torn down, whatever follows
         if la.job_id:
             client = self.slurm(la.host)
             try:
-                await client.cancel(la.job_id)
                 job = await client.show(la.job_id)
+                if job is not None and job.active:  # a job that already ended (a stale button) is not cancelled
+                    await client.cancel(la.job_id)
+                    scancelled = True
+                    job = await client.show(la.job_id)
                 deadline = asyncio.get_running_loop().time() + SCANCEL_WAIT_S
                 while job is not None and job.active and asyncio.get_running_loop().time() < deadline:
                     await asyncio.sleep(self._svc.poll_s)
                     job = await client.show(la.job_id)
             except SlurmError as e:
-                out.error = str(e)
+                out.error, out.partial = str(e), scancelled
                 return out
             if job is not None and job.active:
                 said.append(f"Slurm job {la.job_id} is still {job.state} after scancel")
-            else:
+            elif scancelled:
                 out.cancelled_job = la.job_id
             if job is not None and job.nodes and not la.nodes:
                 la = self._svc.rows.update(la.id, nodes=list(job.nodes))
@@ -328,6 +334,8 @@ class SpanService:
                 out.gpu_error = part.gpu_error
         if said:
             out.error = "; ".join(said)
+            # part of it was stopped: the job's scancel accepted, or a rank's host reached and its processes stopped
+            out.partial = scancelled or any(not p.error and p.signalled for p in parts)
         out.nothing_to_kill = not la.job_id and all(p.nothing_to_kill for p in parts)
         out.released = not out.error and all(p.released or p.nothing_to_kill for p in parts)
         return out

@@ -127,6 +127,8 @@ class Watcher(SpanningChecks):
         self._busy: dict[int, tuple[float, StackDump]] = {}
         #: per launch across nodes: a rank's host that did not answer -> (failed looks in a row, since when, told)
         self._rank_hosts_down: dict[int, dict[str, tuple[int, float, bool]]] = {}
+        #: per launch across nodes: the ranks seen gone that Slurm's end was already waited for
+        self._gone_waited: dict[int, frozenset[int]] = {}
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
@@ -193,6 +195,7 @@ class Watcher(SpanningChecks):
         self._memos.pop(launch_id, None)
         self._busy.pop(launch_id, None)
         self._rank_hosts_down.pop(launch_id, None)
+        self._gone_waited.pop(launch_id, None)
 
     def launched(self, la: Launch) -> None:
         """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""

@@ -17,7 +17,6 @@ from bot.core.commands import slash
 from bot.core.diagnose import Verdict
 from bot.core.models import HostFailure, Launch, LaunchState
 from bot.core.ranks import (
-    RANK_FAILURES,
     NodeLook,
     job_end_verdict,
     most_specific_failure,
@@ -35,6 +34,8 @@ log = logging.getLogger("bot.services.watch")
 #: How often a rank of a job Slurm ended (or a rank gone while rank 0 runs) is looked at before it counts as not
 #: read (a node that does not answer once, under load, still gets its log read).
 RANK_LOOKS = 3
+#: At most this many ranks gone while rank 0 runs are read in full by one check.
+GONE_RANKS_READ = 8
 
 
 def _requeued(la: Launch, job: SlurmJob) -> bool:
@@ -79,10 +80,12 @@ class SpanningChecks:
             if ended is not None:
                 return ended
         failed = None
-        if looked.obs.process_alive and (gone := next((x for x in looks[1:] if x.alive is False), None)):
-            # a rank gone while rank 0 runs (and Slurm still runs the job): its own log says why (its OOM, its
-            # crash), read in full
-            failed = await self._rank_failure(la, gone.rank, gone.node, ranks[gone.rank][2] or la.host, history)
+        gone = [x for x in looks[1:] if x.alive is False][:GONE_RANKS_READ]
+        if looked.obs.process_alive and gone:
+            # ranks gone while rank 0 runs (and Slurm still runs the job): their own logs say why (an OOM, a crash),
+            # each read in full, and the one that says most counts (as for a job that ended, and a bundle)
+            failed = most_specific_failure(await asyncio.gather(*(
+                self._rank_failure(la, x.rank, x.node, ranks[x.rank][2] or la.host, history) for x in gone)))
         verdict = weigh_nodes(looked.verdict, looks, failed)
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
@@ -104,12 +107,13 @@ class SpanningChecks:
             return la, None, CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=reason)
         if job is None or not job.active:
             return la, job, await self._job_ended(la, job, failed=await self._ranks_failure(la, job, history))
-        if job.restarts is not None and job.restarts != la.job_restarts:
-            if _requeued(la, job):
-                return la, job, await self._job_requeued(la, job)
-            with self._unless_refused(la, "how often its job was requeued"):  # first read: nothing to tell
+        if _requeued(la, job):
+            return la, job, await self._job_requeued(la, job)
+        if job.restarts is not None and la.job_restarts is None:  # first read: nothing to tell (never lowered)
+            with self._unless_refused(la, "how often its job was requeued"):
                 la = self._launch_rows.update(la.id, job_restarts=job.restarts)
-        if job.pending or not job.nodes:
+        # a requeued job's old run still ending (COMPLETING on its old nodes) is not the job running again
+        if job.pending or not job.nodes or (job.restarts and not la.nodes and job.state != "RUNNING"):
             return la, job, await self._job_pending(la, job)
         if list(job.nodes) != la.nodes:
             la = self._launch_rows.update(la.id, nodes=list(job.nodes), state_detail=job_nodes_text(job))
@@ -132,12 +136,14 @@ class SpanningChecks:
         not judged on one node's look (an outcome without a verdict); None where Slurm still runs the job and rank
         0 was not seen gone: the check goes on (a rank gone while rank 0 runs is judged by the caller)."""
         gone0 = looked.obs.process_alive is False
-        # a rank gone: Slurm's end or requeue is waited for, but not again at every check once its failure is told
-        if gone0 or (any(x.alive is False for x in looks) and la.alert_state not in RANK_FAILURES):
+        gone = frozenset(x.rank for x in looks if x.alive is False)
+        # a rank gone: Slurm's end or requeue is waited for, once for the same ranks gone (not at every check)
+        if gone0 or (gone and not gone <= self._gone_waited.get(la.id, frozenset())):
+            self._gone_waited[la.id] = gone
             job = await self._job_after_end(la)
-        else:
+        else:  # rank 0 not told: Slurm's word of now; ranks gone already waited for: of this check interval
             try:
-                job = await self.launches.spans.job(la)
+                job = await self.launches.spans.job(la, max_age_s=self._interval(la) if gone else 0.0)
             except (RemoteError, SlurmError) as e:
                 log.info("%s: job %s not read again: %s", la.name, la.job_id, e)
                 return None
@@ -215,18 +221,17 @@ class SpanningChecks:
         why = (f"{'; '.join(failed)}" if failed else
                "no node of it is out of service: `scontrol requeue`, a preemption or the job's own exit")
         text = job_nodes_text(job)
-        detail = f"requeued by Slurm ({counted(job.restarts or 0, 'requeue')}): {text}"
-        try:
+        try:  # the root shows the job's state now (as a pending check writes it: no second notice for it)
             changed = self._launch_rows.update_if(
                 la.id, {"job_restarts": old}, job_restarts=job.restarts, nodes=[], ready_at=None, alert_state=None,
-                unreachable_since=None, state_detail=detail[:300])
+                unreachable_since=None, state_detail=text[:300])
         except DatabaseUnavailable as e:
             log.error("check of %s: cannot record its requeue (%s)", la.name, e)
             return CheckOutcome(None, False, la, error=str(e))
         if changed is None:  # another bot recorded (and tells) it
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
         la = changed
-        for memo in (self._cheap, self._memos, self._busy):
+        for memo in (self._cheap, self._memos, self._busy, self._rank_hosts_down, self._gone_waited):
             memo.pop(la.id, None)
         await self._threads.show(la)
         await self._notice(la, ":repeat:", f"Slurm requeued job {la.job_id} of {la.name}: {why}. It now "
@@ -261,7 +266,9 @@ class SpanningChecks:
         record = CheckRecord(t=self._clock.time(), alive=False, verdict=name)
         self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)
-        if current is None or not current.live:  # killed meanwhile: a deliberate stop is no news
+        if current is None or not current.live or current.state == LaunchState.KILL_FAILED:
+            # killed meanwhile, or a kill that cancelled the job and could not verify every rank: a deliberate stop
+            # is no news (a kill_failed launch stays so: a kill again verifies what is left)
             self.unwatch(la.id)
             return CheckOutcome(verdict, False, current)
         fields = {"alert_state": name, "state_detail": summary[:300]}

@@ -16,7 +16,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from bot.adapters.leader import AdvisoryLeader, SoleLeader, leadership_for
+from bot.adapters.leader import LEADER_KEY, AdvisoryLeader, SoleLeader, leadership_for
 from bot.adapters.locks import DecisionLocks, LockTimeout
 from bot.adapters.store import Store
 from bot.present.render import Message
@@ -179,6 +179,30 @@ async def test_a_frozen_leader_loses_the_lead_within_its_lease_and_steps_down_wh
             proc.kill()
         proc.wait(10)
         await reader
+
+
+def test_an_expired_lease_naming_a_session_that_does_not_hold_the_lock_ends_no_session(pg_url):
+    """A stale lease row (its session gone, its pid now another session's) while the lock is held by a bot that
+    writes no lease (an older release): the follower ends no session, and does not lead."""
+    Store(pg_url).db.engine.dispose()
+    engine = sa.create_engine(pg_url)
+    with engine.connect() as holder, engine.connect() as bystander:
+        holder = holder.execution_options(isolation_level="AUTOCOMMIT")
+        bystander = bystander.execution_options(isolation_level="AUTOCOMMIT")
+        assert holder.exec_driver_sql(f"SELECT pg_try_advisory_lock({LEADER_KEY})").scalar()
+        pid = int(bystander.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+        bystander.exec_driver_sql(
+            "INSERT INTO leader_lease (name, holder, backend_pid, expires_at) "
+            f"VALUES ('leader', 'gone:1', {pid}, extract(epoch from clock_timestamp()) - 60)")
+        follower = AdvisoryLeader(sa.create_engine(pg_url))
+        assert follower._try_acquire() is False and follower.sessions_ended == 0
+        assert bystander.exec_driver_sql("SELECT 1").scalar() == 1  # its session lives
+        # the lock holder's own session named in an expired row: that one is ended (a frozen leader)
+        mine = int(holder.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+        bystander.exec_driver_sql(f"UPDATE leader_lease SET backend_pid = {mine}")
+        assert follower._try_acquire() is False and follower.sessions_ended == 1
+        follower._drop()
+    engine.dispose()
 
 
 async def test_decision_locks_are_shared_by_two_bots(pg_url):

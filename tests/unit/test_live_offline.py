@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.core.diagnose import VERDICTS, Observation, diagnose
+from bot.core.diagnose import VERDICTS, Observation, Verdict, diagnose
 from bot.core.models import GpuProcess, GpuReading, ProcessInfo
 from bot.core.ranks import (
     RANK_FAILURES,
@@ -352,3 +352,39 @@ def test_the_rank_that_says_most_is_chosen_for_a_job_that_ended():
     assert most_specific_failure([(0, "n1", quiet), (1, "n2", crash), (2, "n3", crash)]) == (1, "n2", crash)
     assert most_specific_failure([(0, "n1", quiet), (1, "n2", quiet)]) == (0, "n1", quiet)
     assert most_specific_failure([None, None]) is None
+
+
+_NCCL = [*START[:3], TRACEBACK,
+         '  File "/opt/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2806, in '
+         "all_reduce",
+         "    work = group.allreduce([tensor], opts)",
+         "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+         "ProcessGroupNCCL.cpp:3356, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+         "NCCL version 2.27.3",
+         "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error."]
+
+
+def test_of_two_gone_ranks_the_oom_beats_the_nccl_echo_live_and_offline():
+    """Rank 1 died of an NCCL error (the echo), rank 2 of its OOM (the cause), rank 0 still loads: the watcher (the
+    most specific failure of every gone rank's own verdict, as it passes them) and a bundle of the same say rank 2's
+    OOM."""
+    rank0_obs = Observation(log_lines=LOADED[:7], process_alive=True, log_silent_s=3.0)
+    r1 = Observation(log_lines=_NCCL, process_alive=False, log_silent_s=3.0)
+    r2 = Observation(log_lines=_oom_log(), process_alive=False, log_silent_s=3.0)
+    rank0, v1, v2 = diagnose(rank0_obs), diagnose(r1), diagnose(r2)
+    assert (v1.verdict, v2.verdict) == ("nccl_error", "oom")
+    looks = [NodeLook(0, "n1", True, verdict=rank0.verdict), NodeLook(1, "n2", False), NodeLook(2, "n3", False)]
+    live = weigh_nodes(rank0, looks, most_specific_failure([(1, "n2", v1), (2, "n3", v2)]))
+    offline = weigh_bundle(rank0, rank0_obs, "n1", [(1, "n2", r1), (2, "n3", r2)])
+    for v in (live, offline):
+        assert v.verdict == "oom" and v.summary.startswith("Rank 2 on node n3"), v.summary
+
+
+def test_a_gone_rank_s_own_oom_is_why_rank_0_hangs():
+    """Rank 0 blocked in a collective for the rank that died goes silent_hang: the dead rank's own OOM is the
+    verdict, not rank 0's hang."""
+    hang = Verdict("silent_hang", "kv_cache_alloc", ["log silent 400 s"], [], summary="Silent for 400 s.")
+    v2 = diagnose(Observation(log_lines=_oom_log(), process_alive=False, log_silent_s=3.0))
+    looks = [NodeLook(0, "n1", True, verdict="silent_hang"), NodeLook(1, "n2", False)]
+    out = weigh_nodes(hang, looks, (1, "n2", v2))
+    assert out.verdict == "oom" and out.summary.startswith("Rank 1 on node n2"), out.summary

@@ -467,12 +467,17 @@ def test_a_kill_that_stopped_some_ranks_and_could_not_reach_another_is_kill_fail
     from bot.core.lifecycle import kill_end
 
     rank0 = ProcessInfo(pid=10, ppid=1, pgid=10, sid=10, stat="S", args="python -m sglang.launch_server")
-    out = KillOutcome(target="two#1", signalled=[rank0], error="gpu-b: host unreachable (connection refused)")
+    out = KillOutcome(target="two#1", signalled=[rank0], error="gpu-b: host unreachable (connection refused)",
+                      partial=True)
     state, detail, result = kill_end(out, LaunchState.RUNNING, "ready")
     assert (state, result) == (LaunchState.KILL_FAILED, "incomplete")
     assert detail == "kill incomplete: 1 process stopped, but gpu-b: host unreachable (connection refused)", detail
-    cancelled = KillOutcome(target="two#1", cancelled_job="7", error="n2: srun could not reach it")
+    cancelled = KillOutcome(target="two#1", cancelled_job="7", error="n2: srun could not reach it", partial=True)
     assert kill_end(cancelled, LaunchState.RUNNING, None)[0] == LaunchState.KILL_FAILED
+    # processes listed but the host dropped before any signal went: nothing was stopped, the state stays
+    dropped = KillOutcome(target="base#1", signalled=[rank0], error="ssh: connection lost")
+    assert kill_end(dropped, LaunchState.RUNNING, "ready")[:1] == (LaunchState.RUNNING,)
+    assert renderer().render("kill_result", **kill_view(dropped, [0])).text.startswith("Kill of base#1 failed")
     # nothing stopped: the launch is as it was (the kill can be tried again), and an ended one stays ended
     untouched = KillOutcome(target="two#1", error="gpu-a: host unreachable")
     assert kill_end(untouched, LaunchState.RUNNING, "ready")[:1] == (LaunchState.RUNNING,)
