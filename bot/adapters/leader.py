@@ -7,8 +7,9 @@ with a deadline in the database (table `leader_lease`, bot.adapters.store.lease:
 dies closes its connection and the server releases the lock at once (a vanished host: when TCP keepalives give up,
 about 10 s); a follower tries the lock every `heartbeat_s`, so it takes over within about one heartbeat. A leader
 that is alive but frozen (SIGSTOP, a paused VM, a hung event loop) keeps its session, and so the lock, but stops
-renewing: a follower that finds the lease expired ends that session (`pg_terminate_backend`) and takes the lock, so
-it leads within `lease_s` plus a heartbeat or two. A leader whose heartbeat fails or hangs, or finds its lease
+renewing: a follower that finds the lease expired ends that session (`pg_terminate_backend`), and every other
+session of that bot (by its `application_name`, bot.adapters.store.db: a transaction it froze in holds row locks),
+and takes the lock, so it leads within `lease_s` plus a heartbeat or two. A leader whose heartbeat fails or hangs, or finds its lease
 expired or taken (it was frozen past its deadline), steps down at once (it stops sending before another bot can
 lead, and a frozen one that wakes up does not go on as leader). A database without the lease table (an older
 schema) gets the lock alone, as before, said once in the log. SQLite (one bot per database file,
@@ -202,6 +203,8 @@ class AdvisoryLeader:
         from sqlalchemy import text
         from sqlalchemy.exc import ProgrammingError
 
+        from bot.adapters.store.db import application_name
+
         try:
             # only the session that holds the leader's advisory lock now (pg_locks: a bigint key is classid, the
             # high 32 bits, and objid, the low ones, objsubid 1): a stale row never ends an unrelated session
@@ -223,8 +226,14 @@ class AdvisoryLeader:
         ended = bool(conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar())
         if ended:
             self.sessions_ended += 1
-        log.warning("leadership: the lease of %s expired %.1f s ago (frozen?): %s its database session %d", holder,
-                    late, "ended" if ended else "could not end", pid)
+        # the frozen bot's other sessions too (named after it): a transaction it froze in holds row locks that
+        # would stall this bot's own writes (a delivery's claim, an outbox row) for as long as it stays frozen
+        others = conn.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = :app "
+            "AND pid <> pg_backend_pid() AND pid <> :pid"), {"app": application_name(holder), "pid": pid}).scalar()
+        log.warning("leadership: the lease of %s expired %.1f s ago (frozen?): %s its database session %d (and "
+                    "%d other session(s) of it)", holder, late, "ended" if ended else "could not end", pid,
+                    int(others or 0))
 
     def _drop(self) -> None:
         """Close the leader's connection without returning it to the pool (the server releases the lock)."""
@@ -242,6 +251,8 @@ def leadership_for(engine: Engine) -> SoleLeader | AdvisoryLeader:
         return SoleLeader()
     from sqlalchemy import create_engine
 
+    from bot.adapters.store.db import application_name
+
     own = create_engine(engine.url, pool_size=1, max_overflow=1, pool_pre_ping=False,
-                        connect_args=dict(KEEPALIVES))
+                        connect_args={**KEEPALIVES, "application_name": application_name(bot_identity())})
     return AdvisoryLeader(own)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -152,11 +153,21 @@ PG_CONNECT_ARGS = MappingProxyType({"connect_timeout": 5, "keepalives": 1, "keep
                                     "keepalives_interval": 2, "keepalives_count": 3, "tcp_user_timeout": 15000})
 
 
+def application_name(identity: str) -> str:
+    """PostgreSQL's `application_name` of every session of the bot `identity` (`host:pid`): `gpubot host:pid`, cut to
+    PostgreSQL's 63 bytes. A follower that takes the lead from a frozen leader ends every session of that name (the
+    frozen bot's row locks go with them; bot.adapters.leader)."""
+    return f"gpubot {identity}".encode()[:63].decode("utf-8", "ignore")
+
+
 def pg_connect_args(url: str) -> dict[str, Any]:
-    """The DBAPI connect arguments for the database at `url`: PG_CONNECT_ARGS for a libpq driver (psycopg,
-    psycopg2), none otherwise. Raises ValueError (or ArgumentError) for a URL that does not parse."""
+    """The DBAPI connect arguments for the database at `url`: PG_CONNECT_ARGS and this bot's `application_name`
+    for a libpq driver (psycopg, psycopg2), none otherwise. Raises ValueError (or ArgumentError) for a URL that does
+    not parse."""
     driver = make_url(url).drivername
-    return dict(PG_CONNECT_ARGS) if driver in ("postgresql", "postgresql+psycopg", "postgresql+psycopg2") else {}
+    if driver not in ("postgresql", "postgresql+psycopg", "postgresql+psycopg2"):
+        return {}
+    return {**PG_CONNECT_ARGS, "application_name": application_name(f"{socket.gethostname()}:{os.getpid()}")}
 
 
 def _integrity_problem(engine: Engine) -> str | None:
