@@ -11,9 +11,10 @@ renewing: a follower that finds the lease expired ends that session (`pg_termina
 session of that bot (by its `application_name`, bot.adapters.store.db: a transaction it froze in holds row
 locks), and takes the lock, so it leads within `lease_s` plus a heartbeat or two. A leader whose heartbeat fails
 or hangs, or finds its lease expired or taken (it was frozen past its deadline), steps down at once (it stops
-sending before another bot can lead, and a frozen one that wakes up does not go on as leader). A database without the lease table (an older
-schema) gets the lock alone, as before, said once in the log. SQLite (one bot per database file,
-bot.adapters.statelock) and any other database: the one bot leads from the start (`SoleLeader`).
+sending before another bot can lead, and a frozen one that wakes up does not go on as leader). A database
+without the lease table (an older schema) gets the lock alone, as before, said once in the log. SQLite (one bot
+per database file, bot.adapters.statelock) and any other database: the one bot leads from the start
+(`SoleLeader`).
 """
 
 from __future__ import annotations
