@@ -129,6 +129,8 @@ class Watcher(SpanningChecks):
         self._rank_hosts_down: dict[int, dict[str, tuple[int, float, bool]]] = {}
         #: per launch across nodes: the ranks seen gone that Slurm's end was already waited for
         self._gone_waited: dict[int, frozenset[int]] = {}
+        #: per launch across nodes: the ranks seen gone while rank 0 runs, and why they ended (their own logs)
+        self._gone_failures: dict[int, tuple[frozenset[int], tuple[int, str, Verdict] | None]] = {}
         self._policies: dict[str, WatchPolicy] = {}  # per variant
         self._stopping = False
         self._started = False  # between start and stop: new launches are followed (`launched`, `exited_early`)
@@ -196,6 +198,7 @@ class Watcher(SpanningChecks):
         self._busy.pop(launch_id, None)
         self._rank_hosts_down.pop(launch_id, None)
         self._gone_waited.pop(launch_id, None)
+        self._gone_failures.pop(launch_id, None)
 
     def launched(self, la: Launch) -> None:
         """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""

@@ -79,19 +79,33 @@ class SpanningChecks:
             ended = await self._rank_not_alive(la, looked, looks, history)
             if ended is not None:
                 return ended
-        failed = None
-        gone = [x for x in looks[1:] if x.alive is False][:GONE_RANKS_READ]
-        if looked.obs.process_alive and gone:
-            # ranks gone while rank 0 runs (and Slurm still runs the job): their own logs say why (an OOM, a crash),
-            # each read in full, and the one that says most counts (as for a job that ended, and a bundle)
-            failed = most_specific_failure(await asyncio.gather(*(
-                self._rank_failure(la, x.rank, x.node, ranks[x.rank][2] or la.host, history) for x in gone)))
+        failed = await self._gone_failure(la, looked, looks, ranks, history)
         verdict = weigh_nodes(looked.verdict, looks, failed)
         if job is not None:  # the job as Slurm sees it, after the ranks' lines
             n = len(looks) if len(looks) > 1 else 0
             verdict = replace(verdict, evidence=[*verdict.evidence[:n], job_line(job), *verdict.evidence[n:]])
         return await self._act(replace(looked, la=replace(looked.la, host=view.host), verdict=verdict), history,
                                others_gone=all(x.alive is False for x in looks[1:]))
+
+    async def _gone_failure(self, la: Launch, looked: Look, looks: Sequence[NodeLook],
+                            ranks: Sequence[tuple[int, str, str | None]], history: list[CheckRecord]
+                            ) -> tuple[int, str, Verdict] | None:
+        """Why the ranks gone while rank 0 runs (and Slurm still runs the job) ended: their own logs (an OOM, a
+        crash), each read in full, the one that says most counting (as for a job that ended, and a bundle). Read
+        once per set of ranks gone (kept in `_gone_failures`: a rank that stays gone is not read again at every
+        check); None when no rank is gone or rank 0 is not seen alive."""
+        gone = [x for x in looks[1:] if x.alive is False][:GONE_RANKS_READ]
+        if not (looked.obs.process_alive and gone):
+            self._gone_failures.pop(la.id, None)
+            return None
+        key = frozenset(x.rank for x in gone)
+        known = self._gone_failures.get(la.id)
+        if known is not None and known[0] == key:
+            return known[1]
+        failed = most_specific_failure(await asyncio.gather(*(
+            self._rank_failure(la, x.rank, x.node, ranks[x.rank][2] or la.host, history) for x in gone)))
+        self._gone_failures[la.id] = (key, failed)
+        return failed
 
     async def _job_side(self, la: Launch, history: list[CheckRecord]
                         ) -> tuple[Launch, SlurmJob | None, CheckOutcome | None]:
@@ -231,7 +245,8 @@ class SpanningChecks:
         if changed is None:  # another bot recorded (and tells) it
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la)
         la = changed
-        for memo in (self._cheap, self._memos, self._busy, self._rank_hosts_down, self._gone_waited):
+        for memo in (self._cheap, self._memos, self._busy, self._rank_hosts_down, self._gone_waited,
+                     self._gone_failures):
             memo.pop(la.id, None)
         await self._threads.show(la)
         await self._notice(la, ":repeat:", f"Slurm requeued job {la.job_id} of {la.name}: {why}. It now "

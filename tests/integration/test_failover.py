@@ -69,17 +69,8 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
     store: Store | None = None
     bots: list[ServiceBot] = []
     async with FakeSlack() as fake:
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLACK_BOT_TOKEN": "xoxb-test",
-               "SLACK_APP_TOKEN": "xapp-test", "SLACK_API_URL": fake.api_url,
-               "GPUBOT_SECRET_KEY": Fernet.generate_key().decode()}  # the bots share their sealing key
         try:
-            a = await ServiceBot("a", config, env, tmp_path).start()
-            bots.append(a)
-            await wait_until(lambda: _role_is(a, "leader"), 60, what=f"bot a leading; its log:\n{a.output()}")
-            b = await ServiceBot("b", config, env, tmp_path).start()
-            bots.append(b)
-            await wait_until(lambda: _role_is(b, "follower"), 60, what=f"bot b following; its log:\n{b.output()}")
-            await fake.wait_connected(30, count=2)
+            a, b = await _leader_and_follower(fake, config, tmp_path, bots)
             assert re.search(r"^gpubot_leader 0\.0$", await b.metrics(), re.M)
             assert re.search(r"^gpubot_leader 1\.0$", await a.metrics(), re.M)
 
@@ -154,6 +145,23 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
             await stop_everything(bots, store, pg_url)
 
 
+async def _leader_and_follower(fake: FakeSlack, config: Path, tmp_path: Path,
+                               bots: list[ServiceBot]) -> tuple[ServiceBot, ServiceBot]:
+    """Two `gpubot run` of `config` against `fake` (added to `bots`, for the finalizer), sharing their sealing key:
+    bot a started first and leading, bot b following, both connected."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLACK_BOT_TOKEN": "xoxb-test",
+           "SLACK_APP_TOKEN": "xapp-test", "SLACK_API_URL": fake.api_url,
+           "GPUBOT_SECRET_KEY": Fernet.generate_key().decode()}
+    a = await ServiceBot("a", config, env, tmp_path).start()
+    bots.append(a)
+    await wait_until(lambda: _role_is(a, "leader"), 60, what=f"bot a leading; its log:\n{a.output()}")
+    b = await ServiceBot("b", config, env, tmp_path).start()
+    bots.append(b)
+    await wait_until(lambda: _role_is(b, "follower"), 60, what=f"bot b following; its log:\n{b.output()}")
+    await fake.wait_connected(30, count=2)
+    return a, b
+
+
 def _slack_state(fake: FakeSlack) -> str:
     """What the fake Slack did so far, for a failure message."""
     methods = [c["method"] for c in fake.calls]
@@ -203,17 +211,8 @@ async def test_a_sigstopped_leader_is_replaced_within_its_lease_and_sends_nothin
     config = service_config(ssh_server, fake_gpu, tmp_path, pg_url)
     bots: list[ServiceBot] = []
     async with FakeSlack() as fake:
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLACK_BOT_TOKEN": "xoxb-test",
-               "SLACK_APP_TOKEN": "xapp-test", "SLACK_API_URL": fake.api_url,
-               "GPUBOT_SECRET_KEY": Fernet.generate_key().decode()}
         try:
-            a = await ServiceBot("a", config, env, tmp_path).start()
-            bots.append(a)
-            await wait_until(lambda: _role_is(a, "leader"), 60, what=f"bot a leading; its log:\n{a.output()}")
-            b = await ServiceBot("b", config, env, tmp_path).start()
-            bots.append(b)
-            await wait_until(lambda: _role_is(b, "follower"), 60, what=f"bot b following; its log:\n{b.output()}")
-            await fake.wait_connected(30, count=2)
+            a, b = await _leader_and_follower(fake, config, tmp_path, bots)
             asked: list[str] = []
             envelopes: list[str] = []
 

@@ -76,6 +76,7 @@ def watcher(la: Launch, jobs: list[SlurmJob]) -> tuple[Watcher, Rows, list[str],
     w._interval = lambda la: 5.0
     w.watch = lambda la, **k: None
     w._cheap, w._memos, w._busy, w._rank_hosts_down, w._unrecorded, w._gone_waited = {}, {}, {}, {}, {}, {}
+    w._gone_failures = {}
     w.ending_wait_s, w.ending_poll_s = 0.0, 0.0
     return w, rows, notices, calls
 
@@ -327,3 +328,34 @@ def test_a_kill_whose_host_drops_before_any_signal_keeps_the_launch_s_state(monk
     state, detail, result = kill_end(out, LaunchState.RUNNING, None)
     assert (state, result) == (LaunchState.RUNNING, "error"), (state, detail)
     assert detail.startswith("kill failed: "), detail
+
+
+def test_a_rank_that_stays_gone_is_read_once_not_at_every_check():
+    """The ranks gone while rank 0 runs are read in full once per set of ranks gone: a rank that stays gone costs
+    no probe at the next checks (its failure is kept), a second rank gone is read, and rank 0 gone forgets it."""
+    la = running_launch(job_restarts=0)
+    w, rows, _notices, _calls = watcher(la, [slurm_job("RUNNING", 0)])
+    reads: list[int] = []
+    oom = SimpleNamespace(verdict="oom", confidence="high")
+
+    async def rank_failure(_la, rank, node, host, history):
+        reads.append(rank)
+        return rank, node, oom
+
+    w._rank_failure = rank_failure
+    alive = SimpleNamespace(obs=SimpleNamespace(process_alive=True))
+    ranks = [(0, "n1", "n1"), (1, "n2", "n2"), (2, "n3", "n3")]
+    one = [NodeLook(0, "n1", True), NodeLook(1, "n2", False), NodeLook(2, "n3", True)]
+    two = [NodeLook(0, "n1", True), NodeLook(1, "n2", False), NodeLook(2, "n3", False)]
+
+    async def go():
+        got = [await w._gone_failure(rows.la, alive, one, ranks, []) for _ in range(3)]
+        got.append(await w._gone_failure(rows.la, alive, two, ranks, []))
+        gone0 = SimpleNamespace(obs=SimpleNamespace(process_alive=False))
+        got.append(await w._gone_failure(rows.la, gone0, two, ranks, []))
+        return got
+
+    got = asyncio.run(go())
+    assert reads == [1, 1, 2], reads  # once for rank 1 alone, then once for ranks 1 and 2
+    assert got[:3] == [(1, "n2", oom)] * 3 and got[3] == (1, "n2", oom) and got[4] is None
+    assert la.id not in w._gone_failures
