@@ -391,7 +391,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     watcher = Watcher(config, launches, store, alerts, threads, surface, renderer, Scheduler(store.url),
                       history=history, cpu=cpu, policy=watch_policy, stacks=stacks)
     # the watcher follows new launches while it runs: LaunchService calls these hooks, wired here
-    launches.started_hooks.append(watcher.launched)
+    launches.follow_hooks.append(watcher.follow)
     launches.early_exit_hooks.append(watcher.exited_early)
     bundles = BundleService(hosts, launches, stacks, audit, redactor, policy_for=watcher.policy_for)
     services = Services(config=config, renderer=renderer, hosts=hosts, launches=launches, stacks=stacks,

@@ -73,7 +73,7 @@ TRANSITION_TRIES = 3
 MAX_SNOOZE_MIN = 1440
 
 #: Called with each launch whose process started (the watcher schedules its checks).
-StartedHook = Callable[[Launch], Any]
+FollowHook = Callable[[Launch], Any]
 #: Awaited with a launch found gone at its first check (the watcher diagnoses it: crashed, oom, ...).
 EarlyExitHook = Callable[[Launch], Awaitable[Any]]
 
@@ -140,7 +140,7 @@ class LaunchService:
         #: one launch decision per host and one kill per launch at a time, across the bots of a shared database
         self.locks = locks or DecisionLocks()
         self._activity: dict[int, float] = {}
-        self.started_hooks: list[StartedHook] = []
+        self.follow_hooks: list[FollowHook] = []
         # what SpanService (launches across nodes) shares of this one
         self.threads, self.audit, self.rows = threads, audit, store.launches
         self.snapshot, self.live_on, self.kill_view, self.start_rank0 = (self._snapshot, self._live_on, self._kill,
@@ -670,13 +670,15 @@ class LaunchService:
                 command = command.replace(shlex.quote(str(v)), MASK)
         return self._launches.update(la.id, command=self._redactor(command), log_path=r.log_path)
 
-    def run_started_hooks(self, la: Launch) -> None:
-        """Tell the started hooks (the watcher schedules its checks) that `la` started; a failing hook is logged."""
-        for hook in self.started_hooks:
+    def run_follow_hooks(self, la: Launch) -> None:
+        """Tell the follow hooks (the watcher schedules its checks) that `la` is live and must be followed: it
+        started, or a kill left it live (`kill_failed`, or its state before a kill that failed: a check that ran
+        while it was `stopping` stopped following it); a failing hook is logged."""
+        for hook in self.follow_hooks:
             try:
                 hook(la)
             except Exception:
-                log.exception("a started hook failed for %s", la.name)
+                log.exception("a follow hook failed for %s", la.name)
 
     async def run_launch_script(self, host: str, r: RenderedLaunch) -> tuple[Started | None, str | None]:
         """Start `r`'s process tree on `host` with the launch script (bot.core.lifecycle.launch_script: its own
@@ -717,7 +719,7 @@ class LaunchService:
                            detail=f"pid {pid} log {r.log_path}", launch_id=la.id, host=la.host, channel=la.channel)
         await self._threads.show(la)
         outcome = LaunchOutcome(la, checks=checks)
-        self.run_started_hooks(la)
+        self.run_follow_hooks(la)
         await asyncio.sleep(self.start_check_s)
         try:
             snap = await self._snapshot(la.host, self.launch_probe_request(la, tail_lines=15))
@@ -838,6 +840,8 @@ class LaunchService:
         la = self.transition(la, LaunchEvent.KILL_ENDED, to=state, state_detail=detail)
         self._audit.record(user_id=user, action="kill", args={"launch": la.name}, result=result, detail=detail,
                            launch_id=la.id, host=la.host, channel=channel)
+        if la.live:  # what the kill left may run: followed again
+            self.run_follow_hooks(la)
         await self._threads.show(la)
         return out
 

@@ -194,7 +194,7 @@ class SpanService:
         svc.audit.record(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
                          detail=f"Slurm job {job_id} log {r.log_path}", launch_id=la.id, host=login, channel=la.channel)
         await svc.threads.show(la)
-        svc.run_started_hooks(la)
+        svc.run_follow_hooks(la)
         return LaunchOutcome(la, checks=PreflightResult(passed=[f"sbatch accepted it: job {job_id}"]), host=login)
 
     async def launch_multi(self, variant: str, params: dict[str, str], *, user: str, channel: str | None,

@@ -200,10 +200,18 @@ class Watcher(SpanningChecks):
         self._gone_waited.pop(launch_id, None)
         self._gone_failures.pop(launch_id, None)
 
-    def launched(self, la: Launch) -> None:
-        """A launch was started (LaunchService's hook, wired in bot.wiring): follow it while this watcher runs."""
-        if self._started:
+    def follow(self, la: Launch) -> None:
+        """`la` is live and to be followed (LaunchService's follow hook, wired in bot.wiring: it started, or a kill
+        left it live): check it while this watcher runs (a launch already checked keeps its schedule)."""
+        if self._started and not self.scheduler.is_watched(la.id):
             self.watch(la)
+
+    def _not_live(self, launch_id: int, current: Launch | None) -> None:
+        """A check found launch `launch_id` not live (`current`: as stored now): stop following it, unless a kill
+        is stopping it (`stopping`): the kill's end decides, and what a kill leaves live (`kill_failed`) is
+        followed on with what the checks remember of it (a host told unreachable is not told again)."""
+        if current is None or current.state != LaunchState.STOPPING:
+            self.unwatch(launch_id)
 
     async def exited_early(self, la: Launch) -> None:
         """A launch was gone at its first look (LaunchService's hook, wired in bot.wiring): diagnose it now while
@@ -412,7 +420,7 @@ class Watcher(SpanningChecks):
         """One check: gather (the cheap look, or the full one), then judge and act on what it saw."""
         la = self._launch_rows.get(launch_id)
         if la is None or not la.live:
-            self.unwatch(launch_id)
+            self._not_live(launch_id, la)
             return CheckOutcome(None, False, la)
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
         if la.spans_nodes:
@@ -471,7 +479,7 @@ class Watcher(SpanningChecks):
         self._history.add(la.id, record)
         current = self._launch_rows.get(la.id)
         if current is None or not current.live:  # killed while this check ran: a deliberate stop is no news
-            self.unwatch(la.id)
+            self._not_live(la.id, current)
             return CheckOutcome(verdict, False, current)
         if current.state == LaunchState.KILL_FAILED and obs.process_alive is False:
             if not others_gone:  # a rank on another host not seen gone (unreachable): what the kill left may run

@@ -142,11 +142,11 @@ async def test_a_rank_hung_on_the_second_host_is_named_with_its_host(duo_bot):
 
 
 async def test_the_second_host_unreachable_is_told_and_back_and_a_relaunch_then_leaves_no_ready_launch(
-        make_bot, two_hosts, tmp_path):
+        make_bot, two_hosts, tmp_path, monkeypatch):
     """gpu-b's sshd goes away while duo#1 serves: the thread names gpu-b (rank 1) unreachable within three checks,
     and no alert is posted; `!relaunch` with gpu-b down stops rank 0, cannot stop rank 1, starts nothing and leaves
-    duo#1 `kill_failed` (never `running`/`ready` with a dead rank); gpu-b back: told once; `/kill` then stops
-    rank 1."""
+    duo#1 `kill_failed` (never `running`/`ready` with a dead rank) and still followed, also when a check ran while
+    it was `stopping`; gpu-b back: told once; `/kill` then stops rank 1."""
     bot = await _duo_bot(make_bot, two_hosts, tmp_path, FAST_WATCH.model_copy(update={"serving_interval_s": 1}))
     await bot.chat.say("/launch duo")
     la = await wait_alert(bot, 1, {"ready"}, timeout=90)
@@ -157,10 +157,22 @@ async def test_the_second_host_unreachable_is_told_and_back_and_a_relaunch_then_
     assert down.thread_ts == la.thread_ts
     assert len(bot.store.observations.list(1)) - checks_before <= 3, "told after more than three checks"
     assert [p.text.split("\n")[0] for p in alerts(bot)] == [alerts(bot, "ready")[0].text.split("\n")[0]]
+    spans, watcher = bot.runtime.launches.spans, bot.runtime.watcher
+    kill = spans.kill
+
+    async def kill_with_a_check_meanwhile(la, out):
+        assert bot.launch(1).state == LaunchState.STOPPING
+        await watcher.check(1)  # a check while duo#1 is being stopped: quiet, and the kill's end decides
+        assert watcher.scheduler.is_watched(1)
+        return await kill(la, out)
+
+    monkeypatch.setattr(spans, "kill", kill_with_a_check_meanwhile)
     said = await bot.chat.say("!relaunch", thread=la.thread_ts)
+    monkeypatch.setattr(spans, "kill", kill)
     assert "duo#2" not in said.text or "Launched duo#2" not in said.text, said.text
     first = bot.launch(1)
     assert first.state == LaunchState.KILL_FAILED, (first.state, first.state_detail)
+    assert watcher.scheduler.is_watched(1), "what the kill left is not followed"
     assert "gpu-b" in (first.state_detail or ""), first.state_detail
     every = bot.store.launches.recent(50)
     assert not any(x.state == LaunchState.RUNNING and x.alert_state == "ready" for x in every), \
