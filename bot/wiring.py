@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.adapters import scheduler as scheduler_adapter
-from bot.adapters.leader import AdvisoryLeader, SoleLeader, leadership_for
+from bot.adapters.leader import AdvisoryLeader, SoleLeader, bot_identity, leadership_for
 from bot.adapters.locks import DecisionLocks
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.statelock import StateLock
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bot.services.confirmations import ConfirmationService
     from bot.services.history import CheckHistory
     from bot.services.hosts import HostService, NvmlReader
+    from bot.services.journal import CommandJournal
     from bot.services.launches import LaunchService
     from bot.services.outbox import Outbox, Transport
     from bot.services.stacks import StackService
@@ -105,6 +106,7 @@ class Runtime:
     watcher: Watcher
     services: Services
     dispatcher: Dispatcher
+    journal: CommandJournal | None = None
     metrics: Metrics | None = None
     lock: StateLock | None = None
     leadership: SoleLeader | AdvisoryLeader = field(default_factory=SoleLeader)
@@ -121,6 +123,7 @@ class Runtime:
         the leader goes (bot.adapters.leader). A long-running process (the Slack service, the console) passes
         `settle_heap` (see `settle_heap`)."""
         self._watch = watch
+        await self._hold_life()
         if not self.leadership.shared:
             await self._lead()
         else:
@@ -165,9 +168,28 @@ class Runtime:
                 "outbox_depth": backlog[0] if backlog else None,
                 "outbox_oldest_age_s": round(backlog[1], 3) if backlog else None}
 
+    async def _hold_life(self) -> None:
+        """Hold (or take again) this bot's life lock: while it is held, no other bot answers its commands."""
+        try:
+            if not await self.launches.locks.hold_life(self.audit.owner):
+                log.error("this bot's life lock (%s) is held by another session", self.audit.owner)
+        except Exception as e:
+            log.warning("cannot take this bot's life lock (tried again in %.0f s): %s", ADOPT_EVERY_S, e)
+
+    async def _answer_orphans(self) -> None:
+        """Answer the commands that bots now gone left (bot.services.journal); a database that refuses: next
+        time."""
+        if self.journal is None:
+            return
+        try:
+            await self.journal.recover()
+        except Exception as e:
+            log.warning("cannot look for commands that gone bots left: %s", e)
+
     async def _lead(self) -> None:
         if self.outbox is not None:
             self.outbox.start()
+        await self._answer_orphans()
         if self.leadership.shared and self.recover:
             await self.launches.recover_orphans()  # what a leader that died left half-done; never a live bot's
         await self.launches.finish_interrupted_starts()  # before the checks: a launch left starting, no PID
@@ -185,6 +207,7 @@ class Runtime:
                 self.watcher.adopt()
             except Exception as e:  # the database refuses for now: next time
                 log.warning("cannot look for other bots' launches: %s", e)
+            await self._answer_orphans()
 
     async def _keep_up(self) -> None:
         """On a shared database, leader or follower: learn the secret values of the launches the other bots start
@@ -192,6 +215,7 @@ class Runtime:
         while True:
             await asyncio.sleep(ADOPT_EVERY_S)
             await asyncio.to_thread(self.launches.secrets.learn_new)
+            await self._hold_life()
 
     async def _follow(self) -> None:
         """This bot stopped leading (its heartbeat failed): stop sending and checking at once."""
@@ -220,6 +244,7 @@ class Runtime:
                 await step()
             except Exception:
                 log.exception("shutdown step failed")
+        self.launches.locks.release_life()
         self.store.close()
         if self.lock is not None:
             self.lock.release()
@@ -332,6 +357,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     from bot.services.confirmations import ConfirmationService
     from bot.services.history import CheckHistory
     from bot.services.hosts import HostService
+    from bot.services.journal import CommandJournal
     from bot.services.launches import LaunchService
     from bot.services.outbox import Outbox
     from bot.services.stacks import StackService
@@ -362,7 +388,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
             lock.release()
         raise
     metrics = Metrics()
-    audit = Audit(store.events, redactor, metrics)
+    audit = Audit(store.events, redactor, metrics, commands=store.commands, owner=bot_identity())
     hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
                         extra_path=extra_path, clock=store.clock, metrics=metrics)
     outbox = None
@@ -374,9 +400,11 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     assert surface is not None
     threads = IncidentThreads(store.launches, surface, renderer)
     leadership = leadership_for(store.db.engine)
+    locks = DecisionLocks(store.db.engine)
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
-                             start_check_s=start_check_s, secretbox=_secret_box(store, config),
-                             locks=DecisionLocks(store.db.engine))
+                             start_check_s=start_check_s, secretbox=_secret_box(store, config), locks=locks)
+    journal = CommandJournal(store.commands, store.launches, surface, renderer, locks.alive, owner=audit.owner,
+                             clock=store.clock)
     launches.secrets.relearn()
     if outbox is not None and leadership.shared:
         outbox.shared = True
@@ -399,5 +427,5 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     return Runtime(config=config, redactor=redactor, renderer=renderer, store=store, audit=audit, hosts=hosts,
                    history=history, surface=surface, outbox=outbox, threads=threads, launches=launches, stacks=stacks,
                    confirmations=confirmations, watcher=watcher, services=services,
-                   dispatcher=Dispatcher(services, audit), metrics=metrics, lock=lock, leadership=leadership,
-                   recover=recover)
+                   dispatcher=Dispatcher(services, audit), journal=journal, metrics=metrics, lock=lock,
+                   leadership=leadership, recover=recover)

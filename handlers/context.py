@@ -64,7 +64,7 @@ def role_of(user_id: str | None, perms: Permissions, user_groups: set[str] | fro
 @dataclass(frozen=True)
 class Request:
     """Who asked (Slack user ID and the user groups they belong to), where (channel, thread), by which
-    route, and for a click the ts of the message that carried the button."""
+    route, for a click the ts of the message that carried the button, and the command's journal row."""
 
     user_id: str
     channel_id: str
@@ -72,6 +72,8 @@ class Request:
     source: Source = Source.CONSOLE
     user_groups: frozenset[str] = field(default_factory=frozenset)
     message_ts: str | None = None
+    #: the command's row in the journal when it was written ahead (bot.services.audit.Audit.begin_command)
+    command_id: int | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 `Dispatcher.run(request, call)`: resolve the command in the table (a host name is `/gpu status HOST`;
 anything else unknown gets the help) -> filters (channel, then role; once) -> handler -> one audit row
-(`command:<name>`, with the route, the text, the result and where it came from) -> a placed Reply. Bad
+(`command:<name>`, with the route, the text, the result and where it came from; a command written ahead
+(`request.command_id`) has its row completed) -> a placed Reply. Bad
 input, refusals and internal errors become answers, never exceptions. A click first becomes the command
 text its button stands for (bot.present.actions), then runs the same way.
 """
@@ -170,7 +171,15 @@ class Dispatcher:
             except DatabaseUnavailable:  # the answer matters more than the audit row's launch id
                 la = None
             launch_id = la.id if la is not None else None
-        self.audit.record(user_id=r.user_id, action=f"command:{name}", result=reply.audit, detail=reply.detail,
-                          args={"text": raw[:500], "source": str(r.source)}, launch_id=launch_id,
-                          channel=r.channel_id)
+        args = {"text": raw[:500], "source": str(r.source)}
+        if r.command_id is None:
+            self.audit.record(user_id=r.user_id, action=f"command:{name}", result=reply.audit, detail=reply.detail,
+                              args=args, launch_id=launch_id, channel=r.channel_id)
+        elif not self.audit.finish_command(r.command_id, user_id=r.user_id, action=f"command:{name}", args=args,
+                                           result=reply.audit, detail=reply.detail, launch_id=launch_id,
+                                           channel=r.channel_id, expects_answer=reply.message is not None):
+            # another bot took this command over (this one was taken for gone) and answered it: say nothing more
+            log.warning("command %s of %s was taken over by another bot; its answer here is dropped", name,
+                        r.user_id)
+            return Reply(None, audit=reply.audit).placed(r.channel_id, r.thread_ts)
         return reply

@@ -6,6 +6,10 @@ k2)`, tried every POLL_S up to `timeout_s`) on a connection held for the decisio
 turns too. A lock that is free tells a bot that nobody is deciding: the leader settles a launch left `starting` or
 `stopping` only when its lock is free (the bot that was launching or killing it is gone), never behind a live bot's
 back. SQLite (one bot per database): the process's own locks are the whole story.
+
+A bot's life lock (`hold_life`) is held on a connection of its own for as long as the bot runs: another bot that
+finds it free (`alive` False) knows that bot is gone (dead, or frozen and its sessions ended by a new leader), and
+answers the commands it left (bot.services.journal). On SQLite every other bot is an earlier run: gone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ POLL_S = 0.1
 #: Advisory lock classes (the first key): a host's launch decision, a launch's kill.
 HOST_CLASS = 0x6770
 KILL_CLASS = 0x6771
+#: Advisory lock class of a bot's life (the second key: its `host:pid`).
+LIFE_CLASS = 0x6772
 
 
 class LockTimeout(Exception):
@@ -45,6 +51,8 @@ class DecisionLocks:
         self._engine = engine if engine is not None and engine.dialect.name == "postgresql" else None
         self.timeout_s = timeout_s
         self._local: dict[tuple[int, str], asyncio.Lock] = {}
+        self._life: tuple[str, Connection] | None = None
+        self._identity: str | None = None  # this bot's, once it held its life lock
 
     @property
     def shared(self) -> bool:
@@ -71,6 +79,46 @@ class DecisionLocks:
     async def kill_free(self, launch_id: int) -> bool:
         """True when no bot kills launch `launch_id` now (checked and let go at once)."""
         return await self._free(KILL_CLASS, str(launch_id))
+
+    async def hold_life(self, identity: str) -> bool:
+        """Hold this bot's life lock (`identity`: its `host:pid`) until `release_life`, taking it again when its
+        session was lost (ended by a leader that found this bot frozen, or a dropped connection). Returns True
+        when it is held (always, off PostgreSQL). Raises what the database raises."""
+        self._identity = identity
+        if self._engine is None:
+            return True
+        if self._life is not None and await asyncio.to_thread(self._session_alive, self._life[1]):
+            return True
+        self.release_life()
+        conn = await asyncio.to_thread(self._try, LIFE_CLASS, _key(identity))
+        if conn is not None:
+            self._life = (identity, conn)
+        return conn is not None
+
+    def release_life(self) -> None:
+        """Let go of the life lock (its session closes: the server lets go of the lock)."""
+        if self._life is not None:
+            conn, self._life = self._life[1], None
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+                conn.close()
+
+    async def alive(self, identity: str) -> bool:
+        """True while the bot `identity` (`host:pid`) holds its life lock: it runs (or is frozen and nobody ended
+        its session yet). This bot itself: True. Off PostgreSQL, any other bot: False (an earlier run)."""
+        if identity == self._identity:
+            return True
+        if self._engine is None:
+            return False
+        return not await self._free(LIFE_CLASS, identity)
+
+    @staticmethod
+    def _session_alive(conn: Connection) -> bool:
+        try:
+            conn.exec_driver_sql("SELECT 1")
+            return True
+        except Exception:
+            return False
 
     @contextlib.asynccontextmanager
     async def _hold(self, cls: int, name: str, wait_s: float | None = None) -> AsyncIterator[None]:

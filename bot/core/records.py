@@ -142,3 +142,4 @@ class OutboxItem:
     error: str | None = None
     needs_lookup: int = 0
     user_id: str | None = None
+    command_id: int | None = None

@@ -30,6 +30,10 @@ The Slack calls are a `Transport` (bot.slack.transport.SlackTransport in product
 makes one call per row and sorts its failures into `DeliveryRetry` and `DeliveryFailed`. The rows are the
 store's `OutboxRepository`.
 
+A command's answer: rows queued inside `answering(command_id)` carry the command's id (`command_id`), so the
+command journal (bot.services.journal) can tell a command answered from one whose bot died before its answer was
+queued, from the rows alone.
+
 Limits: an upload interrupted by a crash between Slack's last upload call and the database write is
 sent again (files carry no metadata to look up). Rows are kept `retention_s` after they are sent.
 """
@@ -38,11 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +57,21 @@ from bot.core.records import OutboxItem
 from bot.present.render import Message, redact_blocks
 
 log = logging.getLogger(__name__)
+
+#: The command (table `commands`) whose answer is being queued in this task, or None (see `answering`).
+_ANSWERING: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpubot_answering", default=None)
+
+
+@contextlib.contextmanager
+def answering(command_id: int | None) -> Iterator[None]:
+    """Within this block (in this task), every row the outbox queues or changes carries `command_id`: the rows of
+    that command's answer."""
+    token = _ANSWERING.set(command_id)
+    try:
+        yield
+    finally:
+        _ANSWERING.reset(token)
+
 
 #: Prefix of a reference to a not-yet-sent outbox post: `q:<row id>`.
 REF_PREFIX = "q:"
@@ -214,6 +234,8 @@ class Outbox:
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
+        if (command := _ANSWERING.get()) is not None:
+            fields["command_id"] = command
         if self._redact is not None:
             fields = self._redacted(fields)
         try:
@@ -351,6 +373,8 @@ class Outbox:
         (a negative id), or the database refuses: edit the post instead."""
         fields: dict[str, Any] = {"text": message.text,
                                   "blocks_json": json.dumps(message.blocks) if message.blocks is not None else None}
+        if (command := _ANSWERING.get()) is not None:
+            fields["command_id"] = command
         row = self._change_queued_post(row_id, channel, self._redacted(fields) if self._redact else fields)
         if row is None:
             return False

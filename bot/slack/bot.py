@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import Config
 from bot.present.render import mrkdwn_escape
-from bot.services.outbox import ref_id
+from bot.services.outbox import answering, ref_id
 from bot.services.surface import OutboxSurface
 from bot.wiring import Runtime
 from handlers import SAME, Reply, Request, Source, deliver
@@ -67,6 +67,7 @@ class SlackBot:
         self.clicks = SeenIds(ttl_s=3.0)  # a double click (two action_ts within a moment) acts once
         self.tasks: set[asyncio.Task] = set()
         self._claiming = asyncio.Lock()  # FIFO: deliveries are claimed, and so started, in the order they came
+        self._beginning = asyncio.Lock()  # FIFO: commands are written ahead, and so started, in that order too
         self._groups: dict[str, tuple[float, set[str]]] = {}
 
     def _configured_groups(self) -> set[str]:
@@ -134,18 +135,27 @@ class SlackBot:
 
     async def run(self, *, user_id: str, channel_id: str, thread_ts: str | None, source: Source, word: str,
                   work: Callable[[Request], Awaitable[Reply]], message_ts: str | None = None,
-                  respond: Any = None) -> str | None:
+                  respond: Any = None, text: str = "") -> str | None:
         """Build the request (with the user's groups), run `work` (a dispatcher call) and deliver its Reply.
         A command slower than `slack.progress_after_s` gets a placeholder message at once, edited into the
         answer (or deleted, with a pointer to the launch's thread for its user). A placeholder still waiting in
         the outbox when the answer is ready is never sent: the answer takes its place (one Slack call instead of
         two), or it is dropped. When Slack refuses the answer for good (e.g. not_in_channel), a slash command's
         user gets it privately through `respond`. Returns the answer's ts (a `q:` reference while queued; None
-        if there was none or it was refused)."""
+        if there was none or it was refused).
+
+        The command (`text`, what was typed) is written ahead with its audit row before the work starts, its
+        placeholder is noted there, and the rows of its answer carry its id (bot.services.journal): a bot that dies
+        meanwhile leaves it to the leader to answer, once."""
+        async with self._beginning:
+            command_id = await self.runtime.audit.begin_command(user_id=user_id, channel=channel_id,
+                                                                thread_ts=thread_ts, source=str(source), word=word,
+                                                                text=text or word)
+
         async def answer() -> Reply:  # the user-group lookup counts as the command's time (it may be slow)
             groups = await self.user_groups_of(user_id) if self._configured_groups() else frozenset()
             return await work(Request(user_id=user_id, channel_id=channel_id, thread_ts=thread_ts, source=source,
-                                      user_groups=groups, message_ts=message_ts))
+                                      user_groups=groups, message_ts=message_ts, command_id=command_id))
 
         task = asyncio.ensure_future(answer())
         placeholder = None
@@ -154,15 +164,21 @@ class SlackBot:
             if not done:  # slow: say so at once; the placeholder becomes the answer
                 progress = self.runtime.renderer.render("progress", command=word, user_id=user_id, elsewhere=False)
                 placeholder = await self._post_now(channel_id, progress, thread_ts)
+                if placeholder is not None and command_id is not None:
+                    await self._noted(self.runtime.store.commands.set_placeholder, command_id, placeholder)
             reply = await task
-            if placeholder is not None and self._absorbed(reply, placeholder, thread_ts):
-                ts = await self._deliver_absorbed(reply, placeholder, thread_ts)
-            else:
-                if placeholder is not None and not await self._placeholder_alive(placeholder):
-                    placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
-                if placeholder is not None:
-                    return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
-                ts = await deliver(self.surface, reply)
+            with answering(command_id):
+                if placeholder is not None and self._absorbed(reply, placeholder, thread_ts):
+                    ts = await self._deliver_absorbed(reply, placeholder, thread_ts)
+                else:
+                    if placeholder is not None and not await self._placeholder_alive(placeholder):
+                        placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
+                    if placeholder is not None:
+                        ts = await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
+                        await self._answered(command_id)
+                        return ts
+                    ts = await deliver(self.surface, reply)
+            await self._answered(command_id)
         except Exception:  # e.g. the database refused the outbox row: say so privately rather than vanish
             log.exception("answering %s of %s in %s failed", word, user_id, channel_id)
             text = (f"gpubot could not answer `{word}`: it failed while answering (the bot logged the details); "
@@ -179,6 +195,19 @@ class SlackBot:
         if ts is None and reply.message is not None and respond is not None:
             await self._respond_privately(respond, reply)
         return ts
+
+    @staticmethod
+    async def _noted(write: Callable[..., Any], *args: Any) -> None:
+        """A journal write off the event loop; a database that refuses is logged (the answer matters more)."""
+        try:
+            await asyncio.to_thread(write, *args)
+        except Exception as e:
+            log.warning("command journal: %s", e)
+
+    async def _answered(self, command_id: int | None) -> None:
+        """The command's answer is queued: its journal row is settled."""
+        if command_id is not None:
+            await self._noted(self.runtime.store.commands.answered, command_id)
 
     async def _post_now(self, channel: str, message: Any, thread_ts: str | None) -> str | None:
         """Post the placeholder without waiting for Slack; None when it was refused at once."""

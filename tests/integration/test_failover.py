@@ -145,16 +145,91 @@ async def test_sigkill_of_the_leader_loses_nothing_repeats_nothing_and_keeps_wat
             await stop_everything(bots, store, pg_url)
 
 
+def _journal(url: str, channel: str) -> list[tuple[str, str]]:
+    """(state, owner) of the commands written ahead in `channel`."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return [tuple(r) for r in c.execute(sa.text("SELECT state, owner FROM commands WHERE channel = :ch "
+                                                        "ORDER BY id"), {"ch": channel})]
+    finally:
+        engine.dispose()
+
+
+def _audited(url: str, channel: str) -> list[tuple[str, str, str | None]]:
+    """(action, result, detail) of the `command:*` audit rows of `channel`."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return [tuple(r) for r in c.execute(sa.text(
+                "SELECT action, result, detail FROM events WHERE channel = :ch AND action LIKE 'command:%' "
+                "ORDER BY id"), {"ch": channel})]
+    finally:
+        engine.dispose()
+
+
+async def test_a_command_whose_leader_is_sigkilled_while_running_it_is_answered_once_with_its_audit_row(
+        ssh_server, fake_gpu, tmp_path, pg_url):
+    """`/launch` reaches the leader (Slack picks its connection), which writes it ahead and is SIGKILLed within
+    1 s of the ack, while it still runs it: the new leader answers it in its channel, once, saying it was cut off
+    and what it had recorded; its one audit row reads `interrupted`, never `running`; the launch it may have
+    started is settled and followed, and nothing about it is posted twice."""
+    config = service_config(ssh_server, fake_gpu, tmp_path, pg_url)
+    bots: list[ServiceBot] = []
+    store: Store | None = None
+    async with FakeSlack() as fake:
+        try:
+            a, b = await _leader_and_follower(fake, config, tmp_path, bots)
+            env_id = await fake.push_slash_command("/launch", "v2 mode=hang workers=1", user_id=OPERATOR,
+                                                   channel_id="C5", connection=a.connection)
+            await fake.wait_for_ack_count(env_id, 1, timeout=30)
+            acked = fake.acks[env_id][1]
+            await wait_until(lambda: _journal(pg_url, "C5"), 30, what=f"the command written ahead; a:\n{a.output()}")
+            state_at_kill = _journal(pg_url, "C5")[0][0]
+            await a.kill()
+            after_ack = time.monotonic() - acked
+            print(f"bot a SIGKILLed {after_ack:.2f} s after it acked /launch; its command was {state_at_kill}")
+            assert after_ack < 1.0, after_ack
+            assert state_at_kill == "running", "the command ended before the kill: nothing was cut off"
+
+            def answers() -> list[str]:
+                return [m.get("text") or "" for m in fake.messages if m.get("channel") == "C5"
+                        and not m.get("thread_ts")]
+
+            await wait_until(lambda: any("cut off" in t for t in answers()), 90,
+                             what=lambda: f"the new leader's answer; C5: {answers()}; b's log:\n{b.output()}")
+            assert _journal(pg_url, "C5")[0][0] == "recovered"
+            rows = _audited(pg_url, "C5")
+            assert [(act, res) for act, res, _ in rows] == [("command:launch", "interrupted")], rows
+            assert "stopped" in (rows[0][2] or ""), rows
+            # whatever launch it recorded is settled by the new leader (never left `starting` without a PID)
+            store = Store(pg_url)
+            await wait_until(lambda: all(la.state.value != "starting" for la in store.launches.recent()), 60,
+                             what=lambda: f"the launch settled: {[(la.name, la.state) for la in store.launches.recent()]}")
+            # a sync point: b answers the next command in C5; the cut-off one is still answered once
+            await fake.push_slash_command("/gpu", "help", user_id=OPERATOR, channel_id="C5")
+            await wait_until(lambda: len(answers()) >= 2, 60, what=lambda: f"the help answer; C5: {answers()}")
+            cut = [t for t in answers() if "cut off" in t]
+            assert len(cut) == 1 and "/launch v2 mode=hang workers=1" in cut[0], answers()
+            print(f"the new leader's answer: {cut[0]!r}")
+            assert not any(t.startswith("Launched v2") for t in answers()), answers()
+        finally:
+            await stop_everything(bots, store, pg_url)
+
+
 async def _leader_and_follower(fake: FakeSlack, config: Path, tmp_path: Path,
                                bots: list[ServiceBot]) -> tuple[ServiceBot, ServiceBot]:
     """Two `gpubot run` of `config` against `fake` (added to `bots`, for the finalizer), sharing their sealing key:
-    bot a started first and leading, bot b following, both connected."""
+    bot a started first and leading (its Socket Mode connection's number in `a.connection`), bot b following, both
+    connected."""
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLACK_BOT_TOKEN": "xoxb-test",
            "SLACK_APP_TOKEN": "xapp-test", "SLACK_API_URL": fake.api_url,
            "GPUBOT_SECRET_KEY": Fernet.generate_key().decode()}
     a = await ServiceBot("a", config, env, tmp_path).start()
     bots.append(a)
     await wait_until(lambda: _role_is(a, "leader"), 60, what=f"bot a leading; its log:\n{a.output()}")
+    await fake.wait_connected(30, count=1)
+    a.connection = next(c.number for c in fake._connections if not c.closed)
     b = await ServiceBot("b", config, env, tmp_path).start()
     bots.append(b)
     await wait_until(lambda: _role_is(b, "follower"), 60, what=f"bot b following; its log:\n{b.output()}")

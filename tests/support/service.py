@@ -28,6 +28,8 @@ class ServiceBot:
                       "--metrics-port", str(self.port)]
         self._env = env
         self.proc: asyncio.subprocess.Process | None = None
+        #: the number of its Socket Mode connection to the fake Slack, where a test knows it
+        self.connection: int | None = None
 
     async def start(self) -> ServiceBot:
         with open(self.log, "ab") as out:

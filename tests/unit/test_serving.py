@@ -316,3 +316,23 @@ def test_a_mention_in_a_log_line_or_command_line_never_pings_anyone():
     assert slack_text(line).count("<@") == 0 and "<!subteam" not in slack_text(line) and "<#C" not in slack_text(line)
     assert line.replace("\u2060", "") == "ERROR ping <@U0CEO> and <!subteam^S0ALL> <#C0GEN> <!channel>"
     assert slack_text("asked by <@U0OPERATOR>") == "asked by <@U0OPERATOR>"  # the bot's own mention stays
+
+
+def test_a_log_silent_since_before_the_launchs_oldest_process_started_counts_from_that_start():
+    """A requeued Slurm job writes to the log its first run wrote: the 10 minutes since that run's last line are no
+    silence of the processes running now (20 s old); an ordinary silence (the log written after they started)
+    counts in full."""
+    from bot.core.models import LogInfo
+
+    la = launch()
+
+    def probe(age_s: int, log_age_s: float) -> Snapshot:
+        table = [ProcessInfo(pid=99, ppid=1, pgid=99, sid=99, stat="S", elapsed_s=age_s, args="sh"),
+                 ProcessInfo(pid=100, ppid=99, pgid=99, sid=99, stat="S", elapsed_s=age_s - 1, args="python -m x")]
+        return Snapshot(host="h", clock=5000.0, table=table, launch_tags={99: "3-abc", 100: "3-abc"},
+                        tagged_pids=[99, 100], log=LogInfo(path="/l", tail=["loading"], mtime=5000.0 - log_age_s))
+
+    rerun, record = observation_from_snapshot(probe(20, 600.0), la, None)
+    assert rerun.log_silent_s == 20.0 and record.last_progress_t == 4980.0
+    quiet, _ = observation_from_snapshot(probe(900, 600.0), la, None)
+    assert quiet.log_silent_s == 600.0

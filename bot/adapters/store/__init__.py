@@ -2,8 +2,9 @@
 
 `Store(url)` opens the database (creating and migrating its tables) and exposes the repositories:
 `launches` (launches and their incident threads), `events` (the audit trail), `observations` (readiness
-check records), `confirmations` (typed kills waiting for a click), `outbox` (messages to Slack) and
-`deliveries` (Slack deliveries taken, acted on once). Only services use it (bot.services); `url` is also the
+check records), `confirmations` (typed kills waiting for a click), `outbox` (messages to Slack),
+`deliveries` (Slack deliveries taken, acted on once) and `commands` (the commands being answered, written
+ahead). Only services use it (bot.services); `url` is also the
 APScheduler job store's URL.
 
 Importing this package does not import SQLAlchemy: `DatabaseUnavailable` comes from the light `errors` module,
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> Any:
 def tables() -> MetaData:
     """The declarative metadata with every repository's table (their modules imported)."""
     from bot.adapters.store import (  # noqa: F401
+        commands,
         confirmations,
         deliveries,
         events,
@@ -56,6 +58,7 @@ class Store:
     opened (see Database); the repositories raise it when a read or write is refused."""
 
     def __init__(self, url: str, clock: Clock = SYSTEM_CLOCK):
+        from bot.adapters.store.commands import CommandRepository
         from bot.adapters.store.confirmations import ConfirmationRepository
         from bot.adapters.store.db import Database
         from bot.adapters.store.deliveries import DeliveryRepository
@@ -73,6 +76,7 @@ class Store:
         self.confirmations = ConfirmationRepository(self.db, clock)
         self.outbox = OutboxRepository(self.db, clock)
         self.deliveries = DeliveryRepository(self.db, clock)
+        self.commands = CommandRepository(self.db, clock)
 
     def close(self) -> None:
         """Dispose of the engine's connections."""

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 #: Alembic's script directory (env.py, versions/); a revision's file is named `<revision>_<slug>.py`.
 SCRIPTS = Path(__file__).with_name("alembic")
 #: The newest revision: the schema of this release's models (a test checks it is Alembic's head).
-HEAD = "0005"
+HEAD = "0006"
 #: PostgreSQL advisory lock key taken while a schema is created or upgraded ("gpub" in ASCII).
 SCHEMA_LOCK_KEY = 0x67707562
 

@@ -50,6 +50,8 @@ class OutboxRow(Base):
     #: 1 while an earlier attempt may have reached Slack (5xx, timeout, crash): look before posting again.
     needs_lookup: Mapped[int] = mapped_column(Integer, default=0)
     user_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: the command (table `commands`) whose answer this row carries, or None
+    command_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
 
 
 def _number(value: Any, default: float = 0.0) -> float:

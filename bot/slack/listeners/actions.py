@@ -32,7 +32,8 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
         bot.spawn(bot.run(user_id=user, channel_id=channel, source=Source.BUTTON, message_ts=msg_ts,
                           thread_ts=(body.get("message") or {}).get("thread_ts") or msg_ts,
                           word=(click_command(action_id, value) or "button").split()[0],
-                          work=lambda r: bot.dispatcher.click(r, action_id, value)))
+                          work=lambda r: bot.dispatcher.click(r, action_id, value),
+                          text=f"[button] {click_command(action_id, value) or action_id}"))
 
     for action_id in ActionId:
         app.action(str(action_id))(on_click)

@@ -33,7 +33,8 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
             call = e
         bot.spawn(bot.run(user_id=command.get("user_id", ""), channel_id=command.get("channel_id", ""),
                           thread_ts=None, source=Source.SLASH, word=getattr(call, "word", "") or "command",
-                          work=lambda r: bot.dispatcher.run(r, call), respond=respond))
+                          work=lambda r: bot.dispatcher.run(r, call), respond=respond,
+                          text=f"{command.get('command', '')} {command.get('text', '')}".strip()))
 
     for name in slash_names(bot.config).values():
         app.command(name)(on_slash)

@@ -41,7 +41,8 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
             return
         bot.spawn(bot.run(user_id=event["user"], channel_id=event["channel"], source=source,
                           thread_ts=event.get("thread_ts") or event.get("ts"),
-                          word=getattr(call, "word", "") or "command", work=lambda r: bot.dispatcher.run(r, call)))
+                          word=getattr(call, "word", "") or "command", work=lambda r: bot.dispatcher.run(r, call),
+                          text=text))
 
     @app.event("app_mention")
     async def on_mention(event, context):
@@ -70,5 +71,5 @@ def register(app: AsyncApp, bot: SlackBot) -> None:
         why = "an edited message is not run as a command; send it again as a new message"
         bot.spawn(bot.run(user_id=user, channel_id=channel, source=Source.PREFIX,
                           thread_ts=edited.get("thread_ts") or edited.get("ts"), word="edit",
-                          work=lambda r: bot.dispatcher.ignored(r, text, why)))
+                          work=lambda r: bot.dispatcher.ignored(r, text, why), text=text))
         return None

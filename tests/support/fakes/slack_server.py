@@ -139,6 +139,7 @@ class FakeSlack:
         self._port: int | None = None
         self._cond = asyncio.Condition()
         self._outbox: deque[str] = deque()
+        self._targets: dict[str, int] = {}  # envelope id -> the only connection (number) to send it on
         self._connections: list[_Connection] = []
         self._ws_tasks: set[asyncio.Task[Any]] = set()
         self._failures: list[_Failure] = []
@@ -441,8 +442,11 @@ class FakeSlack:
         retry_reason: str = "",
         *,
         accepts_response_payload: bool | None = None,
+        connection: int | None = None,
     ) -> str:
-        """Queue a Socket Mode envelope; it is sent on the open connection (or on the next one).
+        """Queue a Socket Mode envelope; it is sent on the open connection (or on the next one); with
+        ``connection`` (a connection's ``number``), only on that connection (as Slack picks one connection of an
+        app for each envelope).
 
         Returns the envelope id. ``retry_attempt``/``retry_reason`` are included for
         ``events_api`` envelopes (as Slack does) or whenever ``retry_attempt`` > 0.
@@ -468,7 +472,10 @@ class FakeSlack:
             "envelope": envelope,
             "pushed_at": time.monotonic(),
             "sent_at": None,
+            "connection": None,
         }
+        if connection is not None:
+            self._targets[envelope_id] = connection
         async with self._cond:
             self._outbox.append(json.dumps(envelope))
             self._cond.notify_all()
@@ -481,6 +488,7 @@ class FakeSlack:
         user_id: str = "U1",
         channel_id: str = "C1",
         response_url: str | None = None,
+        connection: int | None = None,
         **extra: Any,
     ) -> str:
         """Push a ``slash_commands`` envelope with a realistic payload; return its envelope id.
@@ -506,7 +514,7 @@ class FakeSlack:
             "trigger_id": self._trigger_id(),
         }
         payload.update(extra)
-        return await self.push_envelope("slash_commands", payload, envelope_id=envelope_id)
+        return await self.push_envelope("slash_commands", payload, envelope_id=envelope_id, connection=connection)
 
     async def push_event(
         self,
@@ -1116,13 +1124,26 @@ class FakeSlack:
             await self._notify()
         return ws
 
+    def _next_for(self, conn: _Connection) -> int | None:
+        """The index in the queue of the first envelope `conn` may carry (not one meant for another connection)."""
+        if not self._targets:
+            return 0 if self._outbox else None
+        for i, raw in enumerate(self._outbox):
+            target = self._targets.get(json.loads(raw)["envelope_id"])
+            if target is None or target == conn.number:
+                return i
+        return None
+
     async def _sender(self, conn: _Connection) -> None:
         while not conn.closed:
             async with self._cond:
-                await self._cond.wait_for(lambda: bool(self._outbox) or conn.closed)
+                await self._cond.wait_for(lambda: self._next_for(conn) is not None or conn.closed)
                 if conn.closed:
                     return
-                raw = self._outbox.popleft()
+                i = self._next_for(conn)
+                assert i is not None
+                raw = self._outbox[i]
+                del self._outbox[i]
             try:
                 await conn.ws.send_str(raw)
             except (ConnectionError, RuntimeError):
@@ -1131,3 +1152,4 @@ class FakeSlack:
             env_id = json.loads(raw)["envelope_id"]
             if env_id in self.envelopes:
                 self.envelopes[env_id]["sent_at"] = time.monotonic()
+                self.envelopes[env_id]["connection"] = conn.number
