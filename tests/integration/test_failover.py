@@ -204,8 +204,9 @@ async def test_a_command_whose_leader_is_sigkilled_while_running_it_is_answered_
             assert "stopped" in (rows[0][2] or ""), rows
             # whatever launch it recorded is settled by the new leader (never left `starting` without a PID)
             store = Store(pg_url)
-            await wait_until(lambda: all(la.state.value != "starting" for la in store.launches.recent()), 60,
-                             what=lambda: f"the launch settled: {[(la.name, la.state) for la in store.launches.recent()]}")
+            rows_now = store.launches.recent
+            await wait_until(lambda: all(la.state.value != "starting" for la in rows_now()), 60,
+                             what=lambda: f"the launch settled: {[(la.name, la.state) for la in rows_now()]}")
             # a sync point: b answers the next command in C5; the cut-off one is still answered once
             await fake.push_slash_command("/gpu", "help", user_id=OPERATOR, channel_id="C5")
             await wait_until(lambda: len(answers()) >= 2, 60, what=lambda: f"the help answer; C5: {answers()}")
