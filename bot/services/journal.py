@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 RECOVER_GRACE_S = 3.0
 #: Launches looked at for what a cut-off command had recorded.
 RECENT_LAUNCHES = 50
+#: Settled commands (answered, recovered) are deleted this many seconds after they began (their audit rows stay).
+KEEP_S = 86400.0
+#: Seconds between two purges of settled commands.
+PURGE_EVERY_S = 3600.0
 
 
 class CommandJournal:
@@ -57,11 +61,15 @@ class CommandJournal:
         self.owner = owner
         self._clock = clock
         self.grace_s = grace_s
+        self._purged_at: float | None = None
 
     async def recover(self) -> int:
         """Take over and answer every command a gone bot left unsettled. Returns how many were answered. Raises
         what the database raises (the caller tries again later)."""
         now = self._clock.time()
+        if self._purged_at is None or now - self._purged_at >= PURGE_EVERY_S:
+            self._purged_at = now
+            await asyncio.to_thread(self._rows.purge, now - KEEP_S)
         entries = await asyncio.to_thread(self._rows.unsettled, not_owner=self.owner, older_than=now - self.grace_s)
         gone: dict[str, bool] = {}
         answered = 0

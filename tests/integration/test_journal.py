@@ -111,3 +111,16 @@ async def test_a_live_bots_commands_and_young_ones_are_left_alone_and_a_placehol
     assert len(surface.posts) == 1 and "cut off" in surface.posts[0].edits[-1].text  # the placeholder edited
     states = sorted(e.state for e in store.commands.unsettled(not_owner="nobody"))
     assert states == ["running", "running"]  # the live bots' own
+
+
+async def test_settled_commands_are_purged_after_a_day_and_their_audit_rows_stay(parts):
+    store, gone, journal, surface, clock = parts
+    mine = Audit(store.events, Redactor(), commands=store.commands, owner="me:1")
+    old = await _begin(mine, "/gpu status")
+    assert mine.finish_command(old, user_id="U1", action="command:status", args={}, result="ok", detail=None,
+                               launch_id=None, channel="C1", expects_answer=True)
+    store.commands.answered(old)
+    clock.t += 2 * 86400
+    assert await journal.recover() == 0
+    assert store.commands.get(old) is None
+    assert [e.result for e in store.events.list() if e.action == "command:status"] == ["ok"]
