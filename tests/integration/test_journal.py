@@ -114,7 +114,7 @@ async def test_a_live_bots_commands_and_young_ones_are_left_alone_and_a_placehol
 
 
 async def test_settled_commands_are_purged_after_a_day_and_their_audit_rows_stay(parts):
-    store, gone, journal, surface, clock = parts
+    store, _gone, journal, _surface, clock = parts
     mine = Audit(store.events, Redactor(), commands=store.commands, owner="me:1")
     old = await _begin(mine, "/gpu status")
     assert mine.finish_command(old, user_id="U1", action="command:status", args={}, result="ok", detail=None,
