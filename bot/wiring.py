@@ -19,6 +19,7 @@ import functools
 import gc
 import logging
 import os
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -207,15 +208,16 @@ class Runtime:
                 self.watcher.adopt()
             except Exception as e:  # the database refuses for now: next time
                 log.warning("cannot look for other bots' launches: %s", e)
-            await self._answer_orphans()
 
     async def _keep_up(self) -> None:
         """On a shared database, leader or follower: learn the secret values of the launches the other bots start
         (every ADOPT_EVERY_S, off the event loop), so that this bot masks them too."""
         while True:
             await asyncio.sleep(ADOPT_EVERY_S)
+            await self._hold_life()  # first: a bot whose session was ended must not look gone for long
+            if self.leading:
+                await self._answer_orphans()
             await asyncio.to_thread(self.launches.secrets.learn_new)
-            await self._hold_life()
 
     async def _follow(self) -> None:
         """This bot stopped leading (its heartbeat failed): stop sending and checking at once."""
@@ -357,7 +359,7 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     from bot.services.confirmations import ConfirmationService
     from bot.services.history import CheckHistory
     from bot.services.hosts import HostService
-    from bot.services.journal import CommandJournal
+    from bot.services.journal import CONFIRM_GONE_S, CommandJournal
     from bot.services.launches import LaunchService
     from bot.services.outbox import Outbox
     from bot.services.stacks import StackService
@@ -388,7 +390,9 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
             lock.release()
         raise
     metrics = Metrics()
-    audit = Audit(store.events, redactor, metrics, commands=store.commands, owner=bot_identity())
+    # this run's name in the command journal: `host:pid` and a token (a restarted container has the same host:pid)
+    owner = f"{bot_identity()[:280]}:{secrets.token_hex(4)}"
+    audit = Audit(store.events, redactor, metrics, commands=store.commands, owner=owner)
     hosts = HostService(config, dict(executors or {}), redactor=redactor, nvml_reader=nvml_reader,
                         extra_path=extra_path, clock=store.clock, metrics=metrics)
     outbox = None
@@ -403,8 +407,10 @@ def build_runtime(config: Config, *, surface: Surface | None = None, transport: 
     locks = DecisionLocks(store.db.engine)
     launches = LaunchService(config, hosts, store, audit, threads, redactor=redactor, poll_s=poll_s,
                              start_check_s=start_check_s, secretbox=_secret_box(store, config), locks=locks)
-    journal = CommandJournal(store.commands, store.launches, surface, renderer, locks.alive, owner=audit.owner,
-                             clock=store.clock)
+    # only a bot that talks to Slack answers the commands of another (a console prints; Slack would never see them)
+    journal = CommandJournal(store.commands, store.launches, surface, renderer, locks.alive, owner=owner,
+                             clock=store.clock, confirm_s=CONFIRM_GONE_S if leadership.shared else 0.0) \
+        if transport is not None else None
     launches.secrets.relearn()
     if outbox is not None and leadership.shared:
         outbox.shared = True

@@ -181,5 +181,5 @@ class Dispatcher:
             # another bot took this command over (this one was taken for gone) and answered it: say nothing more
             log.warning("command %s of %s was taken over by another bot; its answer here is dropped", name,
                         r.user_id)
-            return Reply(None, audit=reply.audit).placed(r.channel_id, r.thread_ts)
+            return Reply(None, audit=reply.audit, taken_over=True).placed(r.channel_id, r.thread_ts)
         return reply

@@ -27,7 +27,8 @@ class Reply:
     request's channel; `thread_ts` SAME: the request's thread, None: channel level), what the audit trail
     records (`audit` result, `detail`, `launch_id`), and `edits`: (ts, message) of messages in the channel to
     replace first (a decided confirmation). `private_to`: a Slack user ID who alone sees the message
-    (ephemeral: permission denials and usage errors go only to the person who typed them)."""
+    (ephemeral: permission denials and usage errors go only to the person who typed them). `taken_over`: another
+    bot took the command over and answered it (this one was taken for gone): nothing of this reply is sent."""
 
     message: Message | None
     thread_ts: str | object | None = SAME
@@ -37,6 +38,7 @@ class Reply:
     launch_id: int | None = None
     edits: list[tuple[str, Message]] = field(default_factory=list)
     private_to: str | None = None
+    taken_over: bool = False
 
     def placed(self, channel: str, thread_ts: str | None) -> Reply:
         """A copy whose channel and thread are concrete: those of the request where the reply left them."""

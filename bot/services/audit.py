@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 #: Seconds between the retries of an audit row the database refused (about 31 s in all: a lock held 15 s is
 #: outlasted).
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+#: Seconds commands are not written ahead after the database refused one (they run, and are audited at the end).
+JOURNAL_PAUSE_S = 10.0
 
 
 class Audit:
@@ -37,6 +40,7 @@ class Audit:
                  commands: CommandRepository | None = None, owner: str = ""):
         self._events = events
         self._commands = commands
+        self._journal_down_until = 0.0  # monotonic s: commands are not written ahead until then (it refused)
         #: this bot (`host:pid`): the owner of the commands it writes ahead
         self.owner = owner
         self._metrics = metrics
@@ -71,7 +75,7 @@ class Audit:
         """Write a command ahead of its work (table `commands`, with its audit row `command:<word>`, result
         `running`; `text` redacted). Returns its id, or None without a journal or when the database refused
         (logged: the command then runs and is audited as before, at its end)."""
-        if self._commands is None:
+        if self._commands is None or time.monotonic() < self._journal_down_until:
             return None
         text = self._redactor(text)[:500]
         try:
@@ -79,8 +83,10 @@ class Audit:
                 self._commands.begin, owner=self.owner, user_id=user_id, channel=channel, thread_ts=thread_ts,
                 source=source, text=text, action=f"command:{word[:40]}", args={"text": text, "source": source})
         except Exception as e:
-            log.warning("audit: cannot write the command %r of %s ahead (it runs all the same): %s", word[:40],
-                        user_id, e)
+            # the next commands do not wait on a database that refuses, one after the other
+            self._journal_down_until = time.monotonic() + JOURNAL_PAUSE_S
+            log.warning("audit: cannot write the command %r of %s ahead (it runs all the same; the next ones are "
+                        "not written ahead for %.0f s): %s", word[:40], user_id, JOURNAL_PAUSE_S, e)
             return None
         return command_id
 
@@ -90,9 +96,6 @@ class Audit:
         `finished`, in one transaction. Returns False when another bot took the command over meanwhile (this bot
         was taken for gone): its answer must not be sent. A database that refuses: the row is recorded as `record`
         does (logged, retried) and True is returned."""
-        if self._metrics is not None:
-            name = "unknown" if result == "unknown" else action.removeprefix("command:")
-            self._metrics.count_command(name, result)
         assert self._commands is not None
         args = self._redactor.deep(args)
         detail = self._redactor(detail) if detail else detail
@@ -105,11 +108,14 @@ class Audit:
                                          launch_id=launch_id, expects_answer=expects_answer, owner=self.owner)
 
         try:
-            return write()
+            held = write()
         except Exception as e:
             log.error("audit: cannot finish command %s (%s); will retry: %s", command_id, result, e)
-        self._keep(write, row)
-        return True
+            self._keep(write, row)
+            held = True
+        if held and self._metrics is not None:
+            self._metrics.count_command("unknown" if result == "unknown" else action.removeprefix("command:"), result)
+        return held
 
     def _keep(self, write: Callable[[], object], row: dict[str, Any]) -> None:
         """Call `write` (which records `row`) again later, RETRY_DELAYS_S apart, while an event loop runs; else

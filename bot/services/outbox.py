@@ -30,9 +30,11 @@ The Slack calls are a `Transport` (bot.slack.transport.SlackTransport in product
 makes one call per row and sorts its failures into `DeliveryRetry` and `DeliveryFailed`. The rows are the
 store's `OutboxRepository`.
 
-A command's answer: rows queued inside `answering(command_id)` carry the command's id (`command_id`), so the
-command journal (bot.services.journal) can tell a command answered from one whose bot died before its answer was
-queued, from the rows alone.
+A command's answer: rows queued inside `answering(command_id, owner)` carry the command's id (`command_id`) and
+are written only while `owner` (this bot) still holds the command, which becomes `answered` in the same transaction
+(bot.adapters.store.commands): a bot another bot took over (taken for gone while frozen) queues nothing of its
+answer (TakenOver is raised, never turned into a direct send), so the command journal's answer
+(bot.services.journal) is the only one.
 
 Limits: an upload interrupted by a crash between Slack's last upload call and the database write is
 sent again (files carry no metadata to look up). Rows are kept `retention_s` after they are sent.
@@ -51,6 +53,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from bot.adapters.store.commands import TakenOver
 from bot.adapters.store.outbox import DONE_STATES, OutboxRepository
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.records import OutboxItem
@@ -58,15 +61,16 @@ from bot.present.render import Message, redact_blocks
 
 log = logging.getLogger(__name__)
 
-#: The command (table `commands`) whose answer is being queued in this task, or None (see `answering`).
-_ANSWERING: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpubot_answering", default=None)
+#: The command (table `commands`: its id and owner) whose answer is being queued in this task (see `answering`).
+_ANSWERING: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar("gpubot_answering",
+                                                                                    default=None)
 
 
 @contextlib.contextmanager
-def answering(command_id: int | None) -> Iterator[None]:
-    """Within this block (in this task), every row the outbox queues or changes carries `command_id`: the rows of
-    that command's answer."""
-    token = _ANSWERING.set(command_id)
+def answering(command_id: int | None, owner: str) -> Iterator[None]:
+    """Within this block (in this task), every row the outbox queues or changes is part of command `command_id`'s
+    answer, written only while `owner` holds it (TakenOver otherwise). `command_id` None: no command."""
+    token = _ANSWERING.set((command_id, owner) if command_id is not None else None)
     try:
         yield
     finally:
@@ -234,12 +238,12 @@ class Outbox:
 
     # -- enqueue ------------------------------------------------------------------------------------
     def _add(self, **fields: Any) -> int:
-        if (command := _ANSWERING.get()) is not None:
-            fields["command_id"] = command
         if self._redact is not None:
             fields = self._redacted(fields)
         try:
-            row_id = self.rows.add(**fields)
+            row_id = self.rows.add(answer_of=_ANSWERING.get(), **fields)
+        except TakenOver:
+            raise
         except Exception as e:  # disk full, locked past the busy timeout, corrupted: the answer goes anyway
             return self._add_direct(fields, e)
         self._kick()
@@ -373,8 +377,6 @@ class Outbox:
         (a negative id), or the database refuses: edit the post instead."""
         fields: dict[str, Any] = {"text": message.text,
                                   "blocks_json": json.dumps(message.blocks) if message.blocks is not None else None}
-        if (command := _ANSWERING.get()) is not None:
-            fields["command_id"] = command
         row = self._change_queued_post(row_id, channel, self._redacted(fields) if self._redact else fields)
         if row is None:
             return False
@@ -396,7 +398,9 @@ class Outbox:
         if row_id < 0:  # sent straight to Slack: already on its way, there is no queued row to change
             return None
         try:
-            return self.rows.change_queued_post(row_id, channel, **values)
+            return self.rows.change_queued_post(row_id, channel, answer_of=_ANSWERING.get(), **values)
+        except TakenOver:
+            raise
         except Exception as e:
             log.warning("outbox: cannot change queued post %s (%s); it goes as it is", row_id, e)
             return None

@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import Config
 from bot.present.render import mrkdwn_escape
-from bot.services.outbox import answering, ref_id
+from bot.services.outbox import TakenOver, answering, ref_id
 from bot.services.surface import OutboxSurface
 from bot.wiring import Runtime
 from handlers import SAME, Reply, Request, Source, deliver
@@ -145,8 +145,11 @@ class SlackBot:
         if there was none or it was refused).
 
         The command (`text`, what was typed) is written ahead with its audit row before the work starts, its
-        placeholder is noted there, and the rows of its answer carry its id (bot.services.journal): a bot that dies
-        meanwhile leaves it to the leader to answer, once."""
+        placeholder is noted there, and the rows of its answer are queued only while this bot still holds it
+        (bot.services.journal): a bot that dies meanwhile leaves it to the leader to answer, once; one the leader
+        took over (this bot was taken for gone) sends nothing more."""
+        # a secret param's value typed in the command is masked from here on, in the journal too
+        self.runtime.launches.secrets.learn_typed(text)
         async with self._beginning:
             command_id = await self.runtime.audit.begin_command(user_id=user_id, channel=channel_id,
                                                                 thread_ts=thread_ts, source=str(source), word=word,
@@ -167,18 +170,21 @@ class SlackBot:
                 if placeholder is not None and command_id is not None:
                     await self._noted(self.runtime.store.commands.set_placeholder, command_id, placeholder)
             reply = await task
-            with answering(command_id):
+            if reply.taken_over:  # another bot answered it (this one was taken for gone): its placeholder too
+                return None
+            with answering(command_id, self.runtime.audit.owner):
                 if placeholder is not None and self._absorbed(reply, placeholder, thread_ts):
                     ts = await self._deliver_absorbed(reply, placeholder, thread_ts)
                 else:
                     if placeholder is not None and not await self._placeholder_alive(placeholder):
                         placeholder = None  # refused by Slack (not_in_channel, ...): answer as if there were none
                     if placeholder is not None:
-                        ts = await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
-                        await self._answered(command_id)
-                        return ts
+                        return await self._into_placeholder(reply, placeholder, thread_ts, word, user_id)
                     ts = await deliver(self.surface, reply)
-            await self._answered(command_id)
+        except TakenOver:
+            log.warning("the answer to %s of %s is not sent: another bot took the command over and answered it",
+                        word, user_id)
+            return None
         except Exception:  # e.g. the database refused the outbox row: say so privately rather than vanish
             log.exception("answering %s of %s in %s failed", word, user_id, channel_id)
             text = (f"gpubot could not answer `{word}`: it failed while answering (the bot logged the details); "
@@ -203,11 +209,6 @@ class SlackBot:
             await asyncio.to_thread(write, *args)
         except Exception as e:
             log.warning("command journal: %s", e)
-
-    async def _answered(self, command_id: int | None) -> None:
-        """The command's answer is queued: its journal row is settled."""
-        if command_id is not None:
-            await self._noted(self.runtime.store.commands.answered, command_id)
 
     async def _post_now(self, channel: str, message: Any, thread_ts: str | None) -> str | None:
         """Post the placeholder without waiting for Slack; None when it was refused at once."""

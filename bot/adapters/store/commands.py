@@ -2,12 +2,15 @@
 
 A command's row and its audit row (table `events`, result `running`) are written in one transaction before its
 work starts. When the work ends, its audit row gets the result and its journal row becomes `finished`, again in
-one transaction, and only if no other bot took the row over meanwhile (compare and set on `state`). The answer's
-outbox rows carry the command's id (`outbox.command_id`), so "was it answered?" is one lookup and never a second
-flag that a crash could leave behind. A bot that dies leaves `running` (or `finished` but unanswered) rows; the
-leader takes them over (`take`, compare and set to `recovered`) and answers them (bot.services.journal).
+one transaction, and only while its owner still holds it (compare and set on `state` and `owner`). Each outbox row
+of its answer is inserted in the same transaction as the compare and set that makes the command `answered` by its
+owner (`claim_answer`, called by bot.adapters.store.outbox): an answer is queued only by the bot that still holds
+the command, so a bot taken for gone that wakes up queues nothing, and "was it answered?" is the row's state. A bot
+that dies leaves `running` (or `finished`, not answered) rows; the leader takes them over (`take`, compare and set
+to `recovered`) and answers them (bot.services.journal).
 
-States: running -> finished -> answered; running | finished -> recovered (by another bot, once).
+States: running -> finished -> answered, or running -> answered (the finish write was refused and is retried);
+running | finished -> recovered (by another bot, once).
 """
 
 from __future__ import annotations
@@ -15,18 +18,24 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import Float, Integer, String, Text, exists, insert, select, update
+from sqlalchemy import Connection, Float, Integer, String, Text, delete, insert, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
 from bot.adapters.store.db import Base, Database
 from bot.adapters.store.events import EventRow
-from bot.adapters.store.outbox import OutboxRow
 from bot.core.clock import SYSTEM_CLOCK, Clock
 
 #: The states of a journal row that nobody has settled yet.
 UNSETTLED = ("running", "finished")
+#: The longest owner (`host:pid:token`) stored.
+OWNER_CHARS = 300
+
+
+class TakenOver(Exception):
+    """The command is no longer held by the bot that writes for it (another bot took it over): nothing of its
+    answer may be queued."""
 
 
 class CommandRow(Base):
@@ -35,9 +44,10 @@ class CommandRow(Base):
     runs; `expects_answer`: 1 when its finished reply has a message. Times are epoch seconds."""
 
     __tablename__ = "commands"
+    __table_args__: ClassVar[dict[str, Any]] = {"sqlite_autoincrement": True}  # ids never reused
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    owner: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(OWNER_CHARS))
     state: Mapped[str] = mapped_column(String(16), default="running", index=True)
     user_id: Mapped[str] = mapped_column(String(64), default="")
     channel: Mapped[str] = mapped_column(String(64), default="")
@@ -68,19 +78,28 @@ class JournalEntry:
     expects_answer: bool
     started_at: float
     finished_at: float | None
-    #: whether an outbox row of its answer exists, and its audit row's result and detail (read by `unsettled`)
-    answered: bool = False
+    #: its audit row's result and detail (read by `unsettled`)
     result: str | None = None
     detail: str | None = None
 
 
-def _entry(row: CommandRow, answered: bool = False, result: str | None = None,
-           detail: str | None = None) -> JournalEntry:
+def _entry(row: CommandRow, result: str | None = None, detail: str | None = None) -> JournalEntry:
     return JournalEntry(id=row.id, owner=row.owner, state=row.state, user_id=row.user_id, channel=row.channel,
                         thread_ts=row.thread_ts, source=row.source, text=row.text, audit_id=row.audit_id,
                         placeholder=row.placeholder, expects_answer=bool(row.expects_answer),
-                        started_at=float(row.started_at), finished_at=row.finished_at, answered=answered,
-                        result=result, detail=detail)
+                        started_at=float(row.started_at), finished_at=row.finished_at, result=result,
+                        detail=detail)
+
+
+def claim_answer(c: Connection, command_id: int, owner: str) -> None:
+    """Within the caller's transaction (an outbox row of the command's answer being written): make the command
+    `answered` by `owner`, which must still hold it (running, finished or answered, and its own). Raises TakenOver,
+    so that the caller's transaction is rolled back, when it does not."""
+    done = c.execute(update(CommandRow).where(
+        CommandRow.id == command_id, CommandRow.owner == owner,
+        CommandRow.state.in_(("running", "finished", "answered"))).values(state="answered")).rowcount
+    if done != 1:
+        raise TakenOver(f"command {command_id} is no longer {owner}'s")
 
 
 class CommandRepository:
@@ -108,12 +127,17 @@ class CommandRepository:
     def finish(self, command_id: int, *, action: str, args: dict[str, Any], result: str, detail: str | None,
                launch_id: int | None, expects_answer: bool, owner: str) -> bool:
         """Record the command's end: its audit row's action, args, result, detail and launch, and its journal row
-        `finished`, in one transaction, only while `owner` still runs it (no other bot took it over). Returns
-        False, writing nothing, when it was taken over (or is unknown)."""
+        `finished` (one already `answered`, when this write is a retry, stays so), in one transaction, only while
+        `owner` still holds it (no other bot took it over). Returns False, writing nothing, when it was taken over
+        (or is unknown)."""
+        from sqlalchemy import case
+
         with self._db.writing() as c:
             done = c.execute(update(CommandRow).where(
-                CommandRow.id == command_id, CommandRow.state == "running", CommandRow.owner == owner).values(
-                state="finished", finished_at=self._clock.time(), expects_answer=int(expects_answer))).rowcount
+                CommandRow.id == command_id, CommandRow.state.in_(("running", "answered")),
+                CommandRow.owner == owner).values(
+                state=case((CommandRow.state == "running", "finished"), else_=CommandRow.state),
+                finished_at=self._clock.time(), expects_answer=int(expects_answer))).rowcount
             if done != 1:
                 return False
             audit_id = c.execute(select(CommandRow.audit_id).where(CommandRow.id == command_id)).scalar()
@@ -128,32 +152,24 @@ class CommandRepository:
         with self._db.writing() as c:
             c.execute(update(CommandRow).where(CommandRow.id == command_id).values(placeholder=ref[:32]))
 
-    def answered(self, command_id: int) -> None:
-        """The command's answer is queued: its row is settled (`answered`)."""
-        with self._db.writing() as c:
-            c.execute(update(CommandRow).where(CommandRow.id == command_id, CommandRow.state == "finished")
-                      .values(state="answered"))
-
     def unsettled(self, *, not_owner: str, older_than: float | None = None) -> list[JournalEntry]:
         """The commands still `running` or `finished` of every bot but `not_owner` (started before `older_than`,
-        epoch s, when given), oldest first, each with whether an outbox row of its answer exists and its audit row's
-        result and detail."""
-        has_answer = exists().where(OutboxRow.command_id == CommandRow.id)
+        epoch s, when given), oldest first, each with its audit row's result and detail."""
         with self._db.transaction() as s:
-            q = (select(CommandRow, has_answer, EventRow.result, EventRow.detail)
+            q = (select(CommandRow, EventRow.result, EventRow.detail)
                  .outerjoin(EventRow, EventRow.id == CommandRow.audit_id)
                  .where(CommandRow.state.in_(UNSETTLED), CommandRow.owner != not_owner))
             if older_than is not None:
                 q = q.where(CommandRow.started_at < older_than)
-            return [_entry(row, bool(answered), result, detail)
-                    for row, answered, result, detail in s.execute(q.order_by(CommandRow.id)).all()]
+            return [_entry(row, result, detail) for row, result, detail in s.execute(q.order_by(CommandRow.id)).all()]
 
     def take(self, entry: JournalEntry, *, detail: str) -> bool:
-        """Take `entry` over (compare and set from the state read to `recovered`); a `running` one's audit row
-        gets result `interrupted` with `detail`, in the same transaction. False when another bot (or its owner,
+        """Take `entry` over (compare and set from the state and owner read to `recovered`); a `running` one's audit
+        row gets result `interrupted` with `detail`, in the same transaction. False when another bot (or its owner,
         awake again) changed it first."""
         with self._db.writing() as c:
-            done = c.execute(update(CommandRow).where(CommandRow.id == entry.id, CommandRow.state == entry.state)
+            done = c.execute(update(CommandRow).where(CommandRow.id == entry.id, CommandRow.state == entry.state,
+                                                      CommandRow.owner == entry.owner)
                              .values(state="recovered", finished_at=self._clock.time())).rowcount
             if done != 1:
                 return False
@@ -170,8 +186,6 @@ class CommandRepository:
 
     def purge(self, older_than: float) -> int:
         """Delete the settled rows started before `older_than` (epoch s); returns how many."""
-        from sqlalchemy import delete
-
         with self._db.writing() as c:
             return int(c.execute(delete(CommandRow).where(CommandRow.state.in_(("answered", "recovered")),
                                                           CommandRow.started_at < older_than)).rowcount or 0)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, LargeBinary, String, Text, delete, func, select, update
 from sqlalchemy.orm import Mapped, mapped_column
 
+from bot.adapters.store.commands import claim_answer
 from bot.adapters.store.db import Base, Database
 from bot.core.clock import SYSTEM_CLOCK, Clock
 from bot.core.records import OutboxItem
@@ -93,9 +94,14 @@ class OutboxRepository:
         self._db = db
         self._clock = clock
 
-    def add(self, **fields: Any) -> int:
-        """Insert a pending row with a fresh 24-hex `key`; returns its id."""
+    def add(self, *, answer_of: tuple[int, str] | None = None, **fields: Any) -> int:
+        """Insert a pending row with a fresh 24-hex `key`; returns its id. `answer_of` (command id, owner): the row
+        is part of that command's answer, written only while `owner` holds the command (made `answered` in the
+        same transaction; bot.adapters.store.commands.claim_answer raises TakenOver otherwise)."""
         with self._db.transaction() as s:
+            if answer_of is not None:
+                claim_answer(s.connection(), *answer_of)
+                fields["command_id"] = answer_of[0]
             row = OutboxRow(key=secrets.token_hex(12), created_at=self._clock.time(), next_at=0.0, **fields)
             s.add(row)
             s.flush()
@@ -111,12 +117,16 @@ class OutboxRepository:
                 s.execute(update(OutboxRow).where(OutboxRow.id.in_(old)).values(state="superseded"))
             return old
 
-    def change_queued_post(self, row_id: int, channel: str, **values: Any) -> OutboxItem | None:
+    def change_queued_post(self, row_id: int, channel: str, *, answer_of: tuple[int, str] | None = None,
+                           **values: Any) -> OutboxItem | None:
         """Write `values` (column -> value) to post `row_id` of `channel` only while it is still just queued: pending,
         and no earlier attempt of it may have reached Slack (`needs_lookup` 0). One conditional UPDATE, so a row the
         sender has claimed (`sending`), sent, failed or superseded is left as it is. Returns the row's columns after
-        the change, or None when it was not changed."""
+        the change, or None when it was not changed. `answer_of`: as for `add`."""
         with self._db.transaction() as s:
+            if answer_of is not None:
+                claim_answer(s.connection(), *answer_of)
+                values["command_id"] = answer_of[0]
             res = s.execute(update(OutboxRow).where(
                 OutboxRow.id == row_id, OutboxRow.channel == channel, OutboxRow.kind == "post",
                 OutboxRow.state == "pending", OutboxRow.needs_lookup == 0).values(**values))

@@ -22,7 +22,7 @@ def upgrade() -> None:
     op.create_table(
         "commands",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("owner", sa.String(200), nullable=False),
+        sa.Column("owner", sa.String(300), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("user_id", sa.String(64), nullable=False),
         sa.Column("channel", sa.String(64), nullable=False),
@@ -34,6 +34,7 @@ def upgrade() -> None:
         sa.Column("expects_answer", sa.Integer, nullable=False),
         sa.Column("started_at", sa.Float, nullable=False),
         sa.Column("finished_at", sa.Float, nullable=True),
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_commands_state", "commands", ["state"])
     with op.batch_alter_table("outbox") as batch:
