@@ -171,9 +171,10 @@ def _audited(url: str, channel: str) -> list[tuple[str, str, str | None]]:
 async def test_a_command_whose_leader_is_sigkilled_while_running_it_is_answered_once_with_its_audit_row(
         ssh_server, fake_gpu, tmp_path, pg_url):
     """`/launch` reaches the leader (Slack picks its connection), which writes it ahead and is SIGKILLed as soon as
-    its journal row is there (about 0.2-0.7 s after the ack here; printed), while it still runs it: the new leader answers it in its channel, once, saying it was cut off
-    and what it had recorded; its one audit row reads `interrupted`, never `running`; the launch it may have
-    started is settled and followed, and nothing about it is posted twice."""
+    its journal row is there (about 0.2-0.7 s after the ack here; printed), while it still runs it: the new leader
+    answers it in its channel, once, saying it was cut off and what it had recorded; its one audit row reads
+    `interrupted`, never `running`; the launch it may have started is settled and followed, and nothing about it is
+    posted twice."""
     config = service_config(ssh_server, fake_gpu, tmp_path, pg_url)
     bots: list[ServiceBot] = []
     store: Store | None = None
