@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bot.core.models import LaunchState
+from bot.core.transitions import LaunchEvent
 from bot.present.actions import SNOOZE_BUTTON_MIN
 from tests.support.alerts import alerts, full_text, is_alert, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config, launch_row
@@ -213,12 +214,15 @@ async def test_an_old_relaunch_button_is_refused_naming_the_live_launch(serving,
 
 async def test_a_crash_between_start_and_pid_record_is_killed_after_a_restart(make_bot, serving_config):
     first = await make_bot(serving_config)
-    repo = first.runtime.store.launches
+    launches = first.runtime.launches
+    transition = launches.transition
 
-    def crash(*_a, **_k):
-        raise RuntimeError("the bot died right after starting the process")
+    def crash(la, event, *a, **k):  # the `started` event records the PID: the bot dies before it is written
+        if event == LaunchEvent.STARTED:
+            raise RuntimeError("the bot died right after starting the process")
+        return transition(la, event, *a, **k)
 
-    repo.set_started = crash  # type: ignore[method-assign]
+    launches.transition = crash  # type: ignore[method-assign]
     await first.chat.say("/launch base mode=hang")
     la = first.launch(1)
     assert la.pid is None and la.state == LaunchState.STARTING
