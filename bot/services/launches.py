@@ -45,6 +45,7 @@ from bot.present.views import kill_view
 from bot.services.audit import Audit
 from bot.services.holders import GpuHolders, GpuWhois
 from bot.services.hosts import HostService
+from bot.services.lookup import find_launch
 from bot.services.probes import LaunchProbes
 from bot.services.runners import Runner, runner_for
 from bot.services.runners.host import HostRunner
@@ -139,52 +140,10 @@ class LaunchService:
 
     def find(self, ref: str | None, *, channel: str | None = None, thread_ts: str | None = None,
              allow_only_live: bool = True) -> Launch:
-        """Resolve a launch reference: `12`, `#12`, `base#12`, a variant name (its live launch), or nothing: the
-        launch of this thread; otherwise (outside a thread, or in a thread that is no launch's) the only live
-        launch when `allow_only_live`. Raises LaunchError naming the live launches."""
-        la = self._find(ref, channel=channel, thread_ts=thread_ts, allow_only_live=allow_only_live)
-        if la.host not in self.config.hosts:
-            raise LaunchError(f"{la.name} ran on host {la.host!r}, which is no longer in the config")
-        return la
-
-    def _find(self, ref: str | None, *, channel: str | None, thread_ts: str | None,
-              allow_only_live: bool) -> Launch:
-        if ref:
-            text = ref.strip()
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise LaunchError(f"no launch {text[:40]!r}: not valid text; {self._live_list()}") from None
-            prefix, _, num = text.rpartition("#") if "#" in text else ("", "", text)
-            if num.isascii() and num.isdigit() and len(num) <= 12:
-                la = self._launches.get(int(num))
-                if la is None or (prefix and prefix != la.variant):
-                    raise LaunchError(f"no launch {text[:40]!r}; {self._live_list()}")
-                return la
-            live = self._launches.live(variant=text)
-            if len(live) == 1:
-                return live[0]
-            if len(live) > 1:
-                raise LaunchError(f"{text[:40]!r} has {len(live)} live launches: "
-                                  + ", ".join(f"{la.name} on {la.host}" for la in live) + "; name one")
-            raise LaunchError(f"no live launch of {text[:40]!r}; {self._live_list()}")
-        if channel and thread_ts:
-            la = self._launches.for_thread(channel, thread_ts)
-            if la is not None:
-                return la
-        if allow_only_live:  # the same outside a thread and in a thread that is no launch's
-            live = self._launches.live()
-            if len(live) == 1:
-                return live[0]
-        if channel and thread_ts:
-            raise LaunchError(f"this thread belongs to no launch: name one; {self._live_list()}")
-        raise LaunchError(f"name the launch (id or variant); {self._live_list()}")
-
-    def _live_list(self) -> str:
-        live = self._launches.live()
-        if not live:
-            return "no launch is live"
-        return "live launches: " + ", ".join(f"{la.name} on {la.host}" for la in live[:10])
+        """Resolve a launch reference (bot.services.lookup.find_launch: `12`, `#12`, `base#12`, a variant name, or
+        nothing: this thread's launch, else the only live one). Raises LaunchError naming the live launches."""
+        return find_launch(self.config, self._launches, ref, channel=channel, thread_ts=thread_ts,
+                           allow_only_live=allow_only_live)
 
     def note_activity(self, launch_id: int) -> None:
         """Record that the bot itself just worked on the launch's processes (a stack dump): the next check does
@@ -742,19 +701,7 @@ class LaunchService:
         same host with its params updated by `params`, in the same thread. Returns both outcomes; the launch
         outcome is None when the kill did not complete. Raises LaunchError for bad params (before killing)
         or while another kill of `la` runs."""
-        merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
-                  if v != MASK}  # a secret param is stored masked: its sealed value, else its default, or given
-        sealed = self.secrets.sealed(la)
-        merged.update({k: v for k, v in sealed.items() if la.params.get(k) == MASK})
-        merged.update(params)
-        lost = sorted(k for k, v in la.params.items() if MASK in str(v) and k not in params
-                      and not (v == MASK and k in sealed))
-        if lost:  # a value stored masked that cannot be restored: never relaunch with "[REDACTED]" or a default
-            given = " ".join(f"{k}=" for k in lost)  # no placeholder value: redaction would mask it
-            raise LaunchError(f"{la.name}'s {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} stored masked and "
-                              f"cannot be reused here (its sealed copy is missing or its key changed): give "
-                              f"{'it' if len(lost) == 1 else 'them'} again: `{slash('relaunch', la.id, given)}` with "
-                              f"the value after {'the' if len(lost) == 1 else 'each'} `=`")
+        merged = self.secrets.relaunch_params(la, params)
         # validate before killing: the params, and a placed launch's host still in its group
         plan = placement_plan(self.config, la.variant, la.host, la.gpus)
         render_launch(self.config, la.variant, merged, launch_id=0, host=la.host,

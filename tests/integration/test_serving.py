@@ -410,7 +410,7 @@ async def test_the_generation_check_is_capped_under_the_command_timeout_and_drop
     assert launches.launch_probe_request(slow).generate_path is None  # only when asked
     # a check the probe cannot send (the config refuses such values; a request built around it) is left out alone
     monkeypatch.setattr(GenerateCheck, "request", lambda self: ("/x y", None))
-    launches._probe_parts.clear()  # worked out again, as by a fresh bot
+    launches.probes._probe_parts.clear()  # worked out again, as by a fresh bot
     with caplog.at_level("WARNING"):
         req = launches.launch_probe_request(slow, generate=True)
     assert req.generate_path is None and req.port == 8000 and req.health_path == "/health"  # the rest stays

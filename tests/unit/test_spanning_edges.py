@@ -1,5 +1,5 @@
 """The edges of a Slurm job's life in its checks (bot/services/watch_spans.py `_job_side`, `_job_requeued`,
-`_rank_not_alive`, `_rank_hosts`) and of a Slurm kill (bot/services/spans.py, bot/core/lifecycle.py `kill_end`),
+`_rank_not_alive`, `_rank_hosts`) and of a Slurm kill (bot/services/runners/slurm.py, bot/core/lifecycle.py `kill_end`),
 found by an adversarial review: on a Watcher built without its services (fakes for its rows, Slurm and notices
 only: the logic under test is the real one)."""
 
@@ -135,7 +135,7 @@ def test_completing_after_a_requeue_is_not_running_again_and_its_dying_ranks_are
 
 
 def test_a_requeue_before_the_first_read_is_told():
-    """A job just submitted is recorded with no requeue (job_restarts 0, bot.services.spans): a job requeued before
+    """A job just submitted is recorded with no requeue (job_restarts 0, runners/slurm.py): a job requeued before
     the first check that reads it is told; a launch of an older release (None) is recorded quietly."""
     la = running_launch(job_restarts=0, ready_at=None, alert_state=None, nodes=[])
     w, rows, notices, _ = watcher(la, [slurm_job("PENDING", 1)])
