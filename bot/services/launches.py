@@ -349,21 +349,23 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", result="invalid", detail=str(e), channel=channel,
                                args={"variant": variant, **self.secrets.for_record(params)})
             raise
+        assert runner is not None  # an unknown variant: placement_plan raised
         if plan is not None:
-            return await self._launch_placed(plan, variant, params, user=user, channel=channel, thread_ts=thread_ts,
-                                             relaunch_of=relaunch_of)
+            return await self._launch_placed(plan, runner, variant, params, user=user, channel=channel,
+                                             thread_ts=thread_ts, relaunch_of=relaunch_of)
         # One launch decision at a time per host: two /launch racing (on one bot or two) must not both pass the checks.
         try:
             async with self.locks.host(preview.host):
-                return await self._launch_locked(preview, variant, params, user=user, channel=channel,
+                return await self._launch_locked(preview, runner, variant, params, user=user, channel=channel,
                                                  thread_ts=thread_ts, relaunch_of=relaunch_of)
         except LockTimeout as e:
             self._audit.record(user_id=user, action="launch", args={"variant": variant, "host": preview.host},
                                result="error", detail=str(e), host=preview.host, channel=channel)
             return LaunchOutcome(None, error=f"{e}; try again in a moment", host=preview.host)
 
-    async def _launch_placed(self, plan: PlacementPlan, variant: str, params: dict[str, str], *, user: str,
-                             channel: str | None, thread_ts: str | None, relaunch_of: int | None) -> LaunchOutcome:
+    async def _launch_placed(self, plan: PlacementPlan, runner: Runner, variant: str, params: dict[str, str], *,
+                             user: str, channel: str | None, thread_ts: str | None,
+                             relaunch_of: int | None) -> LaunchOutcome:
         """Pick a host and GPUs for `plan` and launch there. The hosts are tried best fit first (a status of the
         group); on each, under its launch lock, the free GPUs are read again from a fresh probe and the launches
         recorded in the database, which a launch placed at the same moment has claimed (recorded with its GPUs)
@@ -392,7 +394,7 @@ class LaunchService:
                     preview = render_launch(self.config, variant, params, launch_id=0, host=host, gpus=gpus)
                     note = PlacementNote(host=host, gpus=gpus, free_there=len(free), plan=plan, skipped=dict(skipped),
                                          fitting=fitting)
-                    out = await self._launch_locked(preview, variant, params, user=user, channel=channel,
+                    out = await self._launch_locked(preview, runner, variant, params, user=user, channel=channel,
                                                     thread_ts=thread_ts, relaunch_of=relaunch_of, snap=snap,
                                                     live=(same, others), placed=note)
                     if out.launch is None and out.checks.problems and len(order) > 1:
@@ -436,8 +438,8 @@ class LaunchService:
                 await self._threads.show(la)
         return same, others
 
-    async def _launch_locked(self, preview: RenderedLaunch, variant: str, params: dict[str, str], *, user: str,
-                             channel: str | None, thread_ts: str | None, relaunch_of: int | None,
+    async def _launch_locked(self, preview: RenderedLaunch, runner: Runner, variant: str, params: dict[str, str], *,
+                             user: str, channel: str | None, thread_ts: str | None, relaunch_of: int | None,
                              snap: Snapshot | None = None, live: tuple[list[Launch], list[Launch]] | None = None,
                              placed: PlacementNote | None = None) -> LaunchOutcome:
         """The checks, the record (the GPUs' claim) and the start, under the host's launch lock. `snap` and `live`
@@ -464,7 +466,6 @@ class LaunchService:
             self._audit.record(user_id=user, action="launch", args=args, result="refused",
                                detail="; ".join(checks.problems), host=host, channel=channel)
             return LaunchOutcome(None, checks=checks, host=host)
-        runner = self._runners[LaunchKind.HOST]
         la = self.record_launch(variant, preview.params, user=user, channel=channel, thread_ts=thread_ts,
                                 relaunch_of=relaunch_of, **runner.row(variant, [preview]))
         out = await self._begin(la, runner, runner.render(variant, params, la), user, args, checks)

@@ -26,8 +26,6 @@ from bot.services.runners.kill import ProcessKiller
 class RankedRunner:
     """The part of a runner of launches across nodes that does not depend on how their ranks were started."""
 
-    own_checks = True
-
     def __init__(self, config: Config, hosts: HostService, probes: LaunchProbes, killer: ProcessKiller) -> None:
         self.config = config
         self.hosts = hosts
