@@ -137,8 +137,8 @@ async def _run(args: argparse.Namespace) -> None:
         with cleanup(lambda: _stop_launches(launches)):
             now = time.time()
             for la, (proc, _log) in zip(rows, launches, strict=True):
-                store.launches.set_started(la.id, proc.pid)
-                store.launches.update(la.id, ready_at=now - 60, alert_state="ready", state=LaunchState.RUNNING)
+                store.launches.update(la.id, pid=proc.pid, pgid=proc.pid, sid=proc.pid, ready_at=now - 60,
+                                      alert_state="ready", state=LaunchState.RUNNING)
             policy = WatchPolicy(interval_s=INTERVAL_S, serving_interval_s=INTERVAL_S, silence_after_s=600,
                                  stack_dump_on_hang=False)
             runtime = build_runtime(cfg, surface=RecordingSurface(), store=store, watch_policy=policy)

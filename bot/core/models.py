@@ -438,6 +438,16 @@ class HostFailure:
 # --- launches, the audit trail and confirmations: what the store keeps, as the rest of the bot sees it ---
 
 
+class LaunchKind(StrEnum):
+    """How a launch runs, as its row records it (the one reading of that record: `Launch.kind`; the services ask
+    the runner of the kind, bot.services.runners): `host`, one process tree on `host`; `hosts`, one per host of a
+    multi-host SSH variant (`nodes`); `slurm`, a Slurm job (`job_id`) submitted on the login node `host`."""
+
+    HOST = "host"
+    HOSTS = "hosts"
+    SLURM = "slurm"
+
+
 class LaunchState(StrEnum):
     """The life of a launch. `starting` until its process is confirmed, `running` while it lives,
     `stopping` while a kill runs (not watched, not live for new commands), then one of the terminal states.
@@ -523,6 +533,12 @@ class Launch:
         """True for a launch that runs on nodes of its own (`nodes`: a Slurm job's allocation, or a multi-host SSH
         variant's hosts) rather than as one process tree on `host`."""
         return bool(self.job_id or self.nodes)
+
+    @property
+    def kind(self) -> LaunchKind:
+        """How the launch runs, as its row records it (LaunchKind): a Slurm job once it has a job id, ranks on its
+        `nodes`, else one process tree on `host` (a Slurm launch whose sbatch has not answered yet, too)."""
+        return LaunchKind.SLURM if self.job_id else LaunchKind.HOSTS if self.nodes else LaunchKind.HOST
 
     @property
     def live(self) -> bool:

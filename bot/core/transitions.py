@@ -18,7 +18,7 @@ S = LaunchState
 class LaunchEvent(StrEnum):
     """What happens to a launch."""
 
-    STARTED = "started"  # its server process was recorded (the store's compare-and-set: only from starting)
+    STARTED = "started"  # its server process (or its Slurm job) was recorded, in the same write: only from starting
     START_FAILED = "start_failed"  # the launch script could not start it
     GONE = "gone"  # no process left: at its first look, or seen at a later launch
     ENDED = "ended"  # a check's verdict ended it (its server is gone): exited, or failed

@@ -16,7 +16,7 @@ from bot.core.commands import OPEN, SLASH, for_launch, slash
 from bot.core.fleet import FleetSummary
 from bot.core.fleet import HostLine as FleetLine
 from bot.core.lifecycle import CGROUP_PARENT, Holder, holder_labels, is_launch_wrapper
-from bot.core.models import GpuSection, HostFailure, Launch, LaunchState, ProcessInfo, Snapshot
+from bot.core.models import GpuSection, HostFailure, Launch, LaunchKind, LaunchState, ProcessInfo, Snapshot
 from bot.core.parse.log import no_mentions
 from bot.core.parse.ps import process_tree
 from bot.core.redact import RedactedLines, redact, redact_lines
@@ -232,6 +232,7 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
     scope `unit` it runs in, if any), state; with a `verdict`, the state detail says the verdict and phase
     (`silent_hang in weight_loading`)."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(la.params.items())) or "(defaults)"
+    job_id = la.job_id  # shown only: what kind of launch it is, `la.kind` says
     detail = la.state_detail or ""
     if verdict is not None:
         detail = verdict.verdict + (f" in {verdict.phase}" if verdict.phase else "")
@@ -248,27 +249,27 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "pid": la.pid,
         "pgid": la.pgid,
         "port": la.port,
-        "gpus": ",".join(map(str, la.gpus)) + (" on each host" if la.nodes and not la.job_id else "") if la.gpus
-        else "Slurm's" if la.job_id else "all",
+        "gpus": ",".join(map(str, la.gpus)) + (" on each host" if la.kind == LaunchKind.HOSTS else "") if la.gpus
+        else "Slurm's" if la.kind == LaunchKind.SLURM else "all",
         "log": la.log_path,
         "command": redact(short_command(la.command, 300)) if la.command else "",
         "relaunch_of": la.relaunch_of,
         "unit": (f"{CGROUP_PARENT}/{la.unit}" if la.unit_manager == "cgroup" else
                  f"{la.unit}{' (user manager)' if la.unit_manager == 'user' else ''}") if la.unit else None,
         "unit_kind": "cgroup" if la.unit_manager == "cgroup" else "systemd scope",
-        "job_id": la.job_id,
+        "job_id": job_id,
         "nodes": ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else ""),
-        "where": _where(la),
+        "where": _where(la, job_id),
     }
 
 
-def _where(la: Launch) -> str:
+def _where(la: Launch, job_id: str | None) -> str:
     """Where a launch runs, for its root's PID field: `Slurm job 12 on n1, n2`, `job 12 (not running yet)`, `ranks on
     a, b (rank 0: pid 123)`, or the pid and process group of a launch on one host."""
     nodes = ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else "")
-    if la.job_id:
-        return f"Slurm job {la.job_id}" + (f" on {nodes}" if nodes else " (not running yet)")
-    if la.nodes:
+    if la.kind == LaunchKind.SLURM:
+        return f"Slurm job {job_id}" + (f" on {nodes}" if nodes else " (not running yet)")
+    if la.kind == LaunchKind.HOSTS:
         return f"{len(la.nodes)} hosts: {nodes}" + (f" (rank 0: pid {la.pid})" if la.pid else "")
     return f"{la.pid} ({la.pgid})" if la.pid else "(not started yet)"
 

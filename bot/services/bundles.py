@@ -18,12 +18,12 @@ from bot.core.collect import bundle_files, extras_budget_s, extras_script, obser
 from bot.core.diagnose import SIGNATURES
 from bot.core.models import HostFailure, Launch
 from bot.core.probe import ProbeRequest
-from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, rank_view
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, rank_view
 from bot.core.redact import Redactor
-from bot.core.slurm import SlurmError
 from bot.services.audit import Audit
 from bot.services.hosts import HostService
 from bot.services.launches import LaunchService
+from bot.services.runners import Runner
 from bot.services.stacks import StackDumpError, StackService
 
 #: Seconds between the two probes: long enough for a moving log or GPU memory to show it.
@@ -90,8 +90,9 @@ class BundleService:
         """Collect a bundle of `launch` (its processes, log, port, health and generation checks, ranks' stacks) or
         of `host` (its GPU holders, GPUs, sockets, dmesg). Raises CollectError when the host cannot be probed;
         anything that could not be collected later is listed in the bundle's collected.md. Audited as `bundle`."""
-        if launch is not None and launch.spans_nodes:
-            return await self._collect_ranks(launch, user=user, channel=channel, tail_lines=tail_lines)
+        runner = self._launches.runner(launch) if launch is not None else None
+        if launch is not None and runner is not None and runner.spans:
+            return await self._collect_ranks(launch, runner, user=user, channel=channel, tail_lines=tail_lines)
         if launch is not None:
             host = launch.host
             req = self._launches.launch_probe_request(launch, tail_lines=tail_lines)
@@ -154,17 +155,16 @@ class BundleService:
                            launch_id=launch.id if launch else None)
         return Bundle(name=name, host=host, launch=launch, files=files)
 
-    async def _collect_ranks(self, launch: Launch, *, user: str, channel: str | None, tail_lines: int) -> Bundle:
+    async def _collect_ranks(self, launch: Launch, runner: Runner, *, user: str, channel: str | None,
+                             tail_lines: int) -> Bundle:
         """The bundle of a launch across nodes: rank 0's at the top level, every other rank's (each collected on its
         node, at the same time) in `node-NAME/`, `ranks.txt` (`K NAME` lines) and, for a Slurm job, `scontrol.txt`
         (`scontrol show job -o`). A rank whose node cannot be probed is listed in collected.md. Raises
         CollectError when rank 0 cannot be collected (the job has not started, or its node is no host of the
         config or cannot be probed)."""
-        ranks = self._launches.spans.ranks(launch)
+        ranks = runner.ranks(launch)
         if not ranks or ranks[0][2] is None:
-            where = (f"node {ranks[0][1]} is not a host of the config" + (
-                " and the job has ended (srun reaches a node only while its job runs)" if launch.job_id else "")
-                if ranks else "it runs on no node yet")
+            where = runner.unreachable_rank0(launch, ranks[0][1]) if ranks else "it runs on no node yet"
             raise CollectError(f"{launch.name}: rank 0 cannot be collected: {where}")
 
         async def one(rank: int, host: str) -> Bundle:
@@ -183,18 +183,9 @@ class BundleService:
                 continue
             files.update({f"{NODE_DIR_PREFIX}{node}/{rel}": data for rel, data in res.files.items()})
         files[RANKS_FILE] = "".join(f"{k} {node}\n" for k, node, _ in ranks).encode()
-        if launch.job_id:
-            try:
-                client = self._launches.spans.slurm(launch.host)
-                text = await client.show_text(launch.job_id)
-                if text is None:  # the controller forgot it: its accounting's record, under scontrol's keys
-                    job = await client.forgotten(launch.job_id)
-                    text = f"Slurm no longer knows job {launch.job_id}\n" + (
-                        "" if job is None else f"{job.source} {launch.job_id}: " + " ".join(
-                            f"{k}={v}" for k, v in job.fields.items()) + "\n")
-                files[SCONTROL_FILE] = self._redact(text).encode()
-            except (RemoteError, SlurmError) as e:
-                missing.append(f"scontrol show job {launch.job_id}: {e}")
+        extra, not_collected = await runner.bundle_parts(launch)  # a Slurm job's scontrol record
+        files.update({name: self._redact(text).encode() for name, text in extra.items()})
+        missing += not_collected
         if missing:
             files["collected.md"] = files.get("collected.md", b"") + (
                 "\n## Ranks not collected\n\n" + "".join(f"- {m}\n" for m in missing)).encode()

@@ -11,6 +11,8 @@ from typing import Any
 from bot.adapters.secretbox import SecretBox, SecretBoxError
 from bot.adapters.store.launches import LaunchRepository
 from bot.config import Config
+from bot.core.commands import slash
+from bot.core.lifecycle import LaunchError
 from bot.core.models import Launch
 from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 
@@ -120,6 +122,25 @@ class SecretService:
     def seal(self, secret: dict[str, str]) -> str | None:
         """`secret` sealed for a launch's row, or None without a box or without a secret."""
         return self._box.seal(secret) if self._box is not None and secret else None
+
+    def relaunch_params(self, la: Launch, params: dict[str, str]) -> dict[str, str]:
+        """The params a relaunch of `la` runs with: its own, updated by `params`; a secret stored masked gets its
+        sealed value back. Raises LaunchError for a value stored masked that cannot be restored (never relaunched
+        with "[REDACTED]" or a default: it must be given again)."""
+        merged = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in la.params.items()
+                  if v != MASK}  # a secret param is stored masked: its sealed value, else its default, or given
+        sealed = self.sealed(la)
+        merged.update({k: v for k, v in sealed.items() if la.params.get(k) == MASK})
+        merged.update(params)
+        lost = sorted(k for k, v in la.params.items() if MASK in str(v) and k not in params
+                      and not (v == MASK and k in sealed))
+        if lost:  # a value stored masked that cannot be restored: never relaunch with "[REDACTED]" or a default
+            given = " ".join(f"{k}=" for k in lost)  # no placeholder value: redaction would mask it
+            raise LaunchError(f"{la.name}'s {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} stored masked and "
+                              f"cannot be reused here (its sealed copy is missing or its key changed): give "
+                              f"{'it' if len(lost) == 1 else 'them'} again: `{slash('relaunch', la.id, given)}` with "
+                              f"the value after {'the' if len(lost) == 1 else 'each'} `=`")
+        return merged
 
     def sealed(self, la: Launch) -> dict[str, str]:
         """The secret param values sealed in `la`'s row ({} without a box, or when they cannot be opened)."""

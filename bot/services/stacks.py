@@ -59,8 +59,9 @@ class StackService:
         """Probe the launch's processes (no GPUs, no port: a wedged GPU must not delay the dump of a hung
         server), then `dump_processes`. Raises StackDumpError when the host cannot be read or no process of
         the launch is alive. A launch across nodes: every rank's node, in one StackDump (`_dump_ranks`)."""
-        if la.spans_nodes:
-            return await self._dump_ranks(la, native=native, user=user, channel=channel, timeout_s=timeout_s,
+        ranks = self._launches.runner(la).stack_targets(la)
+        if ranks is not None:
+            return await self._dump_ranks(la, ranks, native=native, user=user, channel=channel, timeout_s=timeout_s,
                                           ranks_only=ranks_only)
         req = self._launches.launch_probe_request(la, tail_lines=1, gpu=False, port=False)
         snap = await self._hosts.probe(la.host, req)
@@ -69,11 +70,10 @@ class StackService:
         return await self.dump_processes(la, self._launches.launch_processes_of(la, snap), native=native,
                                          user=user, channel=channel, timeout_s=timeout_s, ranks_only=ranks_only)
 
-    async def _dump_ranks(self, la: Launch, **options: Any) -> StackDump:
+    async def _dump_ranks(self, la: Launch, ranks: list[tuple[int, str, str | None]], **options: Any) -> StackDump:
         """The dump of every rank of a launch across nodes, each on its node (bot.core.ranks.rank_view), merged:
         host `n1, n2`, each process labelled `NODE:LABEL` (its rank label, else `pid N`), so the cross-rank summary
         spans the nodes. A node that cannot be dumped is left out; raises StackDumpError when none could be."""
-        ranks = self._launches.spans.ranks(la)
         errors = [f"rank {rank} on {node}: not a host of the config" for rank, node, host in ranks if host is None]
         reachable = [(rank, node, host) for rank, node, host in ranks if host is not None]
         got = await asyncio.gather(*(self.dump(rank_view(la, rank, host), **options) for rank, _, host in reachable),

@@ -423,7 +423,7 @@ class Watcher(SpanningChecks):
             self._not_live(launch_id, la)
             return CheckOutcome(None, False, la)
         history = await self._history.recent(la.id, HISTORY_CHECKS)  # bounded: a launch may serve for weeks
-        if la.spans_nodes:
+        if self.launches.runner(la).spans:
             return await self._check_spanning(la, history)
         looked = await self._gather(la, history)
         if isinstance(looked, HostFailure):
@@ -583,7 +583,7 @@ class Watcher(SpanningChecks):
             return verdict, [(f"{la.variant}-{la.id}-stackdump.txt", text.encode("utf-8", "replace"))]
         row = self._launch_rows.get(la.id)
         try:
-            if row is not None and row.spans_nodes:  # every rank, each on its node: the summary spans the nodes
+            if row is not None and self.launches.runner(row).spans:  # every rank on its node: the summary spans them
                 dump = await self._stacks.dump(row, native=policy.stack_dump_native, user="watcher",
                                                channel=la.channel, timeout_s=HANG_DUMP_TIMEOUT_S, ranks_only=True)
             else:

@@ -15,7 +15,7 @@ from bot.adapters.remote import RemoteError
 from bot.adapters.store import DatabaseUnavailable
 from bot.core.commands import slash
 from bot.core.diagnose import Verdict
-from bot.core.models import HostFailure, Launch, LaunchState
+from bot.core.models import HostFailure, Launch, LaunchKind, LaunchState
 from bot.core.ranks import (
     NodeLook,
     job_end_verdict,
@@ -57,13 +57,13 @@ class SpanningChecks:
         odd one (bot.core.ranks.weigh_nodes), a rank gone of its own failure by its own log. Where a rank is gone or
         rank 0 not seen alive, Slurm is asked again (`_rank_not_alive`: its word of now decides whether the job
         ended or was requeued)."""
-        spans = self.launches.spans
+        runner = self.launches.runner(la)
         job = None
-        if la.job_id:
+        if runner.kind == LaunchKind.SLURM:  # the job first, as Slurm says it
             la, job, done = await self._job_side(la, history)
             if done is not None:
                 return done
-        ranks = spans.ranks(la)
+        ranks = runner.ranks(la)
         if not ranks or ranks[0][2] is None:  # no node gpubot can probe: Slurm's word alone
             return CheckOutcome(None, False, la)
         view = rank_view(la, 0, ranks[0][2])
@@ -72,8 +72,8 @@ class SpanningChecks:
             self._history.add(la.id, CheckRecord.failed(self._clock.time(), looked.reason))
             await self._host_unreachable(view, looked.reason)
             return CheckOutcome(None, False, self._launch_rows.get(la.id) or la, error=looked.reason)
-        looks = [spans.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
-                 *await spans.look_ranks(la, ranks[1:])]
+        looks = [runner.node_look(view, 0, ranks[0][1], looked.snap, looked.verdict.verdict),
+                 *await runner.look_ranks(la, ranks[1:])]
         await self._rank_hosts(la, ranks, looks)
         if job is not None and (looked.obs.process_alive is not True or any(x.alive is False for x in looks)):
             ended = await self._rank_not_alive(la, looked, looks, history)
@@ -113,7 +113,7 @@ class SpanningChecks:
         squeue per login node for all its jobs), and the outcome where that decides the check (Slurm unreachable,
         the job ended, requeued or pending); else None, with the job's nodes recorded (and told once they change)."""
         try:
-            job = await self.launches.spans.job(la, max_age_s=self._interval(la))
+            job = await self.launches.slurm.job(la, max_age_s=self._interval(la))
         except (RemoteError, SlurmError) as e:
             reason = f"Slurm on {la.host}: {e}"
             self._history.add(la.id, CheckRecord.failed(self._clock.time(), reason))
@@ -157,7 +157,7 @@ class SpanningChecks:
             job = await self._job_after_end(la)
         else:  # rank 0 not told: Slurm's word of now; ranks gone already waited for: of this check interval
             try:
-                job = await self.launches.spans.job(la, max_age_s=self._interval(la) if gone else 0.0)
+                job = await self.launches.slurm.job(la, max_age_s=self._interval(la) if gone else 0.0)
             except (RemoteError, SlurmError) as e:
                 log.info("%s: job %s not read again: %s", la.name, la.job_id, e)
                 return None
@@ -211,7 +211,7 @@ class SpanningChecks:
         job = None
         while True:
             try:
-                job = await self.launches.spans.job(la)
+                job = await self.launches.slurm.job(la)
             except (RemoteError, SlurmError) as e:
                 log.warning("%s: job %s not read: %s", la.name, la.job_id, e)
                 return job
@@ -227,7 +227,7 @@ class SpanningChecks:
         of the restart count wins tells it."""
         old, nodes = la.job_restarts, list(la.nodes)
         try:
-            states = await self.launches.spans.slurm(la.host).node_states(nodes) if nodes else {}
+            states = await self.launches.slurm.slurm(la.host).node_states(nodes) if nodes else {}
         except (RemoteError, SlurmError) as e:
             log.info("%s: the states of nodes %s not read: %s", la.name, nodes, e)
             states = {}

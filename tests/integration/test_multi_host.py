@@ -157,8 +157,8 @@ async def test_the_second_host_unreachable_is_told_and_back_and_a_relaunch_then_
     assert down.thread_ts == la.thread_ts
     assert len(bot.store.observations.list(1)) - checks_before <= 3, "told after more than three checks"
     assert [p.text.split("\n")[0] for p in alerts(bot)] == [alerts(bot, "ready")[0].text.split("\n")[0]]
-    spans, watcher = bot.runtime.launches.spans, bot.runtime.watcher
-    kill = spans.kill
+    spans, watcher = bot.runtime.launches.runner(la), bot.runtime.watcher
+    kill = spans.stop
 
     async def kill_with_a_check_meanwhile(la, out):
         assert bot.launch(1).state == LaunchState.STOPPING
@@ -166,9 +166,9 @@ async def test_the_second_host_unreachable_is_told_and_back_and_a_relaunch_then_
         assert watcher.scheduler.is_watched(1)
         return await kill(la, out)
 
-    monkeypatch.setattr(spans, "kill", kill_with_a_check_meanwhile)
+    monkeypatch.setattr(spans, "stop", kill_with_a_check_meanwhile)
     said = await bot.chat.say("!relaunch", thread=la.thread_ts)
-    monkeypatch.setattr(spans, "kill", kill)
+    monkeypatch.setattr(spans, "stop", kill)
     assert "duo#2" not in said.text or "Launched duo#2" not in said.text, said.text
     first = bot.launch(1)
     assert first.state == LaunchState.KILL_FAILED, (first.state, first.state_detail)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bot.core.models import LaunchState
+from bot.core.transitions import LaunchEvent
 from bot.present.actions import SNOOZE_BUTTON_MIN
 from tests.support.alerts import alerts, full_text, is_alert, wait_alert, wait_checks
 from tests.support.builders import FAST_WATCH, launch_config, launch_row
@@ -213,12 +214,15 @@ async def test_an_old_relaunch_button_is_refused_naming_the_live_launch(serving,
 
 async def test_a_crash_between_start_and_pid_record_is_killed_after_a_restart(make_bot, serving_config):
     first = await make_bot(serving_config)
-    repo = first.runtime.store.launches
+    launches = first.runtime.launches
+    transition = launches.transition
 
-    def crash(*_a, **_k):
-        raise RuntimeError("the bot died right after starting the process")
+    def crash(la, event, *a, **k):  # the `started` event records the PID: the bot dies before it is written
+        if event == LaunchEvent.STARTED:
+            raise RuntimeError("the bot died right after starting the process")
+        return transition(la, event, *a, **k)
 
-    repo.set_started = crash  # type: ignore[method-assign]
+    launches.transition = crash  # type: ignore[method-assign]
     await first.chat.say("/launch base mode=hang")
     la = first.launch(1)
     assert la.pid is None and la.state == LaunchState.STARTING
@@ -406,7 +410,7 @@ async def test_the_generation_check_is_capped_under_the_command_timeout_and_drop
     assert launches.launch_probe_request(slow).generate_path is None  # only when asked
     # a check the probe cannot send (the config refuses such values; a request built around it) is left out alone
     monkeypatch.setattr(GenerateCheck, "request", lambda self: ("/x y", None))
-    launches._probe_parts.clear()  # worked out again, as by a fresh bot
+    launches.probes._probe_parts.clear()  # worked out again, as by a fresh bot
     with caplog.at_level("WARNING"):
         req = launches.launch_probe_request(slow, generate=True)
     assert req.generate_path is None and req.port == 8000 and req.health_path == "/health"  # the rest stays

@@ -351,7 +351,7 @@ async def test_a_job_name_planted_with_slurm_fields_and_newlines_changes_nothing
     la = bot.launch(1)
     assert la.live and la.state == LaunchState.RUNNING and la.alert_state == "ready", (la.state, la.alert_state)
     assert len(alerts(bot)) == posted, [p.text for p in alerts(bot)][posted:]
-    assert bot.runtime.launches.spans.slurm_calls("login") >= 1  # the checks read the job through squeue
+    assert bot.runtime.launches.slurm.slurm_calls("login") >= 1  # the checks read the job through squeue
     await bot.chat.say("/kill 1 --yes")
     assert bot.launch(1).state == LaunchState.KILLED
     await wait_until(lambda: not cluster.jobs() and not _fake_servers(cluster), what="the job's step stopped")

@@ -13,7 +13,7 @@ import pytest
 from bot.config import Config
 from bot.core.models import LaunchState
 from bot.demo.fakegpu import install_fake_gpu
-from bot.services.spans import SpanService
+from bot.services.runners.hosts import MultiHostRunner
 from tests.support.builders import FAST_WATCH, OPERATOR
 from tests.support.procs import free_port, wait_until
 
@@ -100,13 +100,13 @@ def _tagged(tag: str) -> list[tuple[int, str]]:
 
 async def test_kill_while_multi_host_ranks_start_stops_every_rank(sl_bot, monkeypatch):
     bot = sl_bot
-    orig = SpanService._start_rank
+    orig = MultiHostRunner._start_rank
 
     async def slow(self, r, host):  # an SSH round trip to a far host
         res = await orig(self, r, host)
         await asyncio.sleep(2)
         return res
-    monkeypatch.setattr(SpanService, "_start_rank", slow)
+    monkeypatch.setattr(MultiHostRunner, "_start_rank", slow)
     t = asyncio.ensure_future(bot.chat.say("/launch m"))
     row = await wait_until(lambda: bot.runtime.launches.get(1), what="the launch recorded")
     await wait_until(lambda: _tagged(row.tag), what="rank 1 started")
@@ -119,12 +119,12 @@ async def test_kill_while_multi_host_ranks_start_stops_every_rank(sl_bot, monkey
 
 async def test_rank1_fails_rank0_not_started_and_nothing_left(sl_bot, monkeypatch):
     bot = sl_bot
-    orig = SpanService._start_rank
+    orig = MultiHostRunner._start_rank
 
     async def failing(self, r, host):  # rank 1's script ran (its process started) but the SSH session timed out
         await orig(self, r, host)
         return "timed out after 30 s"
-    monkeypatch.setattr(SpanService, "_start_rank", failing)
+    monkeypatch.setattr(MultiHostRunner, "_start_rank", failing)
     said = await bot.chat.say("/launch m")
     assert "rank 1 on b could not start" in said.text, said.text
     la = bot.launch(1)

@@ -83,7 +83,7 @@ def test_a_launch_written_is_read_again_and_the_others_stay_as_read(tmp_path):
         a, b = (store.launches.create(host="h", variant="base", params={}, command="c", log_path=None, port=None,
                                       gpus=[0], created_by="U1") for _ in range(2))
         assert store.launches.get(a.id).pid is None and store.launches.get(b.id).pid is None
-        store.launches.set_started(a.id, 4242)
+        store.launches.update(a.id, pid=4242)
         store.launches.update(b.id, alert_state="loading")
         assert store.launches.get(a.id).pid == 4242 and store.launches.get(b.id).alert_state == "loading"
         store.launches.update(a.id, alert_state="ready")

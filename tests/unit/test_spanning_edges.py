@@ -1,5 +1,5 @@
 """The edges of a Slurm job's life in its checks (bot/services/watch_spans.py `_job_side`, `_job_requeued`,
-`_rank_not_alive`, `_rank_hosts`) and of a Slurm kill (bot/services/spans.py, bot/core/lifecycle.py `kill_end`),
+`_rank_not_alive`, `_rank_hosts`) and of a Slurm kill (bot/services/runners/slurm.py, bot/core/lifecycle.py `kill_end`),
 found by an adversarial review: on a Watcher built without its services (fakes for its rows, Slurm and notices
 only: the logic under test is the real one)."""
 
@@ -69,7 +69,7 @@ def watcher(la: Launch, jobs: list[SlurmJob]) -> tuple[Watcher, Rows, list[str],
     w._launch_rows = rows
     w._clock = Clock()
     w._history = SimpleNamespace(add=lambda *a: None)
-    w.launches = SimpleNamespace(spans=SimpleNamespace(job=job, slurm=lambda h: SimpleNamespace(
+    w.launches = SimpleNamespace(slurm=SimpleNamespace(job=job, slurm=lambda h: SimpleNamespace(
         node_states=node_states)), config=SimpleNamespace(hosts={}))
     w._threads = SimpleNamespace(show=show)
     w._notice = notice
@@ -135,7 +135,7 @@ def test_completing_after_a_requeue_is_not_running_again_and_its_dying_ranks_are
 
 
 def test_a_requeue_before_the_first_read_is_told():
-    """A job just submitted is recorded with no requeue (job_restarts 0, bot.services.spans): a job requeued before
+    """A job just submitted is recorded with no requeue (job_restarts 0, runners/slurm.py): a job requeued before
     the first check that reads it is told; a launch of an older release (None) is recorded quietly."""
     la = running_launch(job_restarts=0, ready_at=None, alert_state=None, nodes=[])
     w, rows, notices, _ = watcher(la, [slurm_job("PENDING", 1)])
@@ -232,9 +232,9 @@ def test_a_slurm_kill_whose_job_is_still_completing_is_kill_failed():
     """scancel was accepted and the job is ending (COMPLETING past SCANCEL_WAIT_S: a process stuck in D state, a
     slow epilog) on nodes that are no config host: the kill is incomplete, the launch kill_failed (never left
     running and ready while Slurm kills its ranks)."""
-    import bot.services.spans as spans_mod
+    import bot.services.runners.slurm as spans_mod
     from bot.core.lifecycle import KillOutcome, kill_end
-    from bot.services.spans import SpanService
+    from bot.services.runners.slurm import SlurmRunner
 
     class Client:
         async def cancel(self, job_id):
@@ -248,13 +248,13 @@ def test_a_slurm_kill_whose_job_is_still_completing_is_kill_failed():
         async def cancel(self, job_id):  # noqa: F811
             self.cancelled = True
 
-    s = SpanService.__new__(SpanService)
+    s = SlurmRunner.__new__(SlurmRunner)
     s.slurm = lambda login: Client()
     s.ranks = lambda la: [(0, "n1", None), (1, "n2", None)]
-    s._svc = SimpleNamespace(poll_s=0.0, config=SimpleNamespace(hosts={}))
+    s.poll_s, s.config = 0.0, SimpleNamespace(hosts={})
     old, spans_mod.SCANCEL_WAIT_S = spans_mod.SCANCEL_WAIT_S, 0.0
     try:
-        out = asyncio.run(s.kill(running_launch(), KillOutcome(target="base#3")))
+        out = asyncio.run(s.stop(running_launch(), KillOutcome(target="base#3")))
     finally:
         spans_mod.SCANCEL_WAIT_S = old
     assert out.error and "still COMPLETING after scancel" in out.error and not out.cancelled_job
@@ -267,7 +267,7 @@ def test_killing_an_ended_slurm_launch_does_not_say_its_job_was_cancelled():
     scancel is sent and the kill never says the job was cancelled."""
     from bot.core.lifecycle import KillOutcome, kill_end
     from bot.present.views import kill_view
-    from bot.services.spans import SpanService
+    from bot.services.runners.slurm import SlurmRunner
     from tests.support.names import renderer
 
     class Client:
@@ -277,31 +277,31 @@ def test_killing_an_ended_slurm_launch_does_not_say_its_job_was_cancelled():
         async def show(self, job_id):
             return SlurmJob(job_id="12", state="FAILED", nodes=("n1", "n2"), exit_code=1)
 
-    s = SpanService.__new__(SpanService)
+    s = SlurmRunner.__new__(SlurmRunner)
     s.slurm = lambda login: Client()
     s.ranks = lambda la: [(0, "n1", None), (1, "n2", None)]
-    s._svc = SimpleNamespace(poll_s=0.0, config=SimpleNamespace(hosts={}))
+    s.poll_s, s.config = 0.0, SimpleNamespace(hosts={})
     ended = running_launch(state=LaunchState.FAILED, state_detail="Rank 0 on node n1: GPU memory exhausted")
-    out = asyncio.run(s.kill(ended, KillOutcome(target="base#3")))
+    out = asyncio.run(s.stop(ended, KillOutcome(target="base#3")))
     text = renderer().render("kill_result", **kill_view(out, [0])).text
     assert "cancelled" not in text and out.cancelled_job is None, text
     assert kill_end(out, LaunchState.FAILED, ended.state_detail)[0] == LaunchState.FAILED
 
 
 def test_a_kill_whose_host_drops_before_any_signal_keeps_the_launch_s_state(monkeypatch):
-    """LaunchService._kill lists the processes before _signal_and_wait sends anything; a RemoteError there (the SSH
+    """ProcessKiller.stop lists the processes before signal_and_wait sends anything; a RemoteError there (the SSH
     connection drops at the signal step) is a kill that failed: the launch keeps its state, nothing 'stopped'."""
-    import bot.services.launches as launches_mod
+    import bot.services.runners.kill as launches_mod
     from bot.adapters.remote import RemoteError
     from bot.core.lifecycle import KillOutcome, kill_end
     from bot.core.models import ProcessInfo
-    from bot.services.launches import LaunchService
+    from bot.services.runners.kill import ProcessKiller
 
     procs = [ProcessInfo(pid=100, ppid=1, pgid=99, sid=99, stat="Sl", pcpu=50.0, rss_kib=1, elapsed_s=10,
                          cpu_time_s=5, args="python -m vllm"),
              ProcessInfo(pid=101, ppid=100, pgid=99, sid=99, stat="Sl", pcpu=50.0, rss_kib=1, elapsed_s=10,
                          cpu_time_s=5, args="python worker")]
-    svc = LaunchService.__new__(LaunchService)
+    svc = ProcessKiller.__new__(ProcessKiller)
 
     async def snapshot(host, req):
         return SimpleNamespace(table=procs, gpu=SimpleNamespace(ok=False, gpus=[], processes=[], error="x"),
@@ -310,20 +310,18 @@ def test_a_kill_whose_host_drops_before_any_signal_keeps_the_launch_s_state(monk
     async def signal_and_wait(*a, **k):
         raise RemoteError("h", "ssh: connection lost")
 
-    svc._snapshot = snapshot
-    svc.launch_processes_of = lambda la, snap: procs
-    svc._signal_and_wait = signal_and_wait
-    svc._launches = SimpleNamespace(update=lambda *a, **k: None)
-    svc._stat_pids = lambda la: ()
-    svc._tagged = lambda la, snap: [100, 101]
+    svc.probes = SimpleNamespace(snapshot=snapshot, processes_of=lambda la, snap: procs, stat_pids=lambda la: (),
+                                 tagged=lambda la, snap: [100, 101])
+    svc.signal_and_wait = signal_and_wait
+    svc._rows = SimpleNamespace(update=lambda *a, **k: None)
     monkeypatch.setattr(launches_mod, "remember_processes", lambda *a, **k: None)
     monkeypatch.setattr(launches_mod, "group_confirmed", lambda *a, **k: True)
     monkeypatch.setattr(launches_mod, "ended_by", lambda *a, **k: None)
     la = launch_row()
     out = KillOutcome(target=la.name, host=la.host)
     try:
-        asyncio.run(svc._kill(la, out))
-    except RemoteError as e:  # what _kill_locked does
+        asyncio.run(svc.stop(la, out))
+    except RemoteError as e:  # what LaunchService._kill_locked does
         out.error = str(e)
     state, detail, result = kill_end(out, LaunchState.RUNNING, None)
     assert (state, result) == (LaunchState.RUNNING, "error"), (state, detail)

@@ -246,23 +246,6 @@ class LaunchRepository:
                 row.ended_at = self._clock.time()
             return _launch(row)
 
-    def set_started(self, launch_id: int, pid: int, pgid: int | None = None, *, unit: str | None = None,
-                    unit_manager: str | None = None) -> Launch:
-        """Record the started server process `pid`, its wrapper's process group = session `pgid` (default:
-        `pid`) and the systemd scope `unit` it runs in (with its `unit_manager`), if any. The state becomes
-        `running` only if it is still `starting` (compare-and-set): a launch cancelled meanwhile keeps its
-        state. Raises KeyError."""
-        with self._writing(launch_id) as s:
-            row = s.get(LaunchRow, launch_id)
-            if row is None:
-                raise KeyError(launch_id)
-            row.pid = pid
-            row.pgid = row.sid = pgid or pid
-            row.unit, row.unit_manager = unit, unit_manager
-            if row.state == LaunchState.STARTING:
-                row.state = LaunchState.RUNNING.value
-            return _launch(row)
-
     def get(self, launch_id: int) -> Launch | None:
         """The launch with this id, or None: a copy of what this process last read, when it wrote no launch since
         (see `__init__`), else read (a Core read: every watch check looks at its launch twice)."""
