@@ -26,7 +26,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise args.bad("one number at most: how many free GPUs a host must have", USAGE)
     n = args.count(call.args[0], 1, MAX_N, "N (free GPUs)", USAGE) if call.args else 1
     hosts = args.hosts(ctx, [], call.kwargs.get("group"))
-    lines = await ctx.services.launches.fleet(hosts)
+    lines = await ctx.services.launches.gpu_holders.fleet(hosts)
     fit = with_free(lines, n)
     failed = [h.name for h in lines if h.failed]
     down = len(failed)

@@ -28,9 +28,9 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
         raise args.bad(f"detail={call.kwargs['detail'][:20]!r}: say detail=yes or detail=no", USAGE)
     hosts = args.hosts(ctx, call.args, call.kwargs.get("group"))
     if len(hosts) > TABLES_UP_TO and detail == "no":
-        lines = await ctx.services.launches.fleet(hosts)
+        lines = await ctx.services.launches.gpu_holders.fleet(hosts)
         return ctx.reply(ctx.render("fleet", **fleet_view(summarize(lines), title="GPU fleet", hint=DETAIL_HINT)))
-    results, holders, _ = await ctx.services.launches.status(hosts)
+    results, holders, _ = await ctx.services.launches.gpu_holders.status(hosts)
     return ctx.reply(ctx.render("status", **status_view(results, holders)))
 
 

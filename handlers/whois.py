@@ -37,7 +37,7 @@ async def handle(call: CommandCall, ctx: Context) -> Reply:
     name, gpu = _target(call)
     index = args.count(gpu, 0, MAX_GPU_INDEX, "GPU (its index, as nvidia-smi numbers it)", USAGE)
     host = args.host(ctx, name)
-    who = await ctx.services.launches.whois(host, index)
+    who = await ctx.services.launches.gpu_holders.whois(host, index)
     return ctx.reply(ctx.render("whois", **whois_view(who)))
 
 

@@ -460,7 +460,7 @@ def fleet_view(summary: FleetSummary, *, title: str, hint: str = "", show_free: 
 
 
 def whois_view(w: Any) -> dict[str, Any]:
-    """Context for templates/whois.*: one GPU (a bot.services.launches.GpuWhois) and who holds it. `status` one line
+    """Context for templates/whois.*: one GPU (a bot.services.holders.GpuWhois) and who holds it. `status` one line
     (its reading, or why it could not be read), `holders` [{pid, gib, who (mrkdwn: the launch and a mention of the
     Slack user who launched it, or `[foreign]` and its user on the host), command, age (text), kill (a command)}],
     `claims` the live launches that claim it without memory showing, `free` True when it is free (under

@@ -24,7 +24,7 @@ from bot.adapters.secretbox import SecretBox
 from bot.adapters.store import Store
 from bot.config import Config, GenerateCheck, placement_plan, render_launch
 from bot.core.commands import slash
-from bot.core.fleet import DigestNotes, HostLine, free_gpus
+from bot.core.fleet import free_gpus
 from bot.core.lifecycle import (
     Holder,
     KillOutcome,
@@ -43,11 +43,11 @@ from bot.core.redact import MASK, SECRET_NAME_RE, Redactor
 from bot.core.transitions import InvalidTransition, LaunchEvent, being_stopped, next_state
 from bot.present.views import kill_view
 from bot.services.audit import Audit
-from bot.services.holders import GpuHolders, GpuWhois
+from bot.services.holders import GpuHolders
 from bot.services.hosts import HostService
 from bot.services.lookup import find_launch
 from bot.services.probes import LaunchProbes
-from bot.services.runners import Runner, runner_for
+from bot.services.runners import Begun, Runner, runner_for
 from bot.services.runners.host import HostRunner
 from bot.services.runners.hosts import MultiHostRunner
 from bot.services.runners.kill import KillPolicy, ProcessKiller
@@ -164,29 +164,6 @@ class LaunchService:
         """GpuHolders.owners: pid -> owner label of each GPU holder in `snap`."""
         return self.gpu_holders.owners(snap, host_launches)
 
-    async def status(self, hosts: Sequence[str]
-                     ) -> tuple[list[Snapshot | HostFailure], dict[str, list[Holder]], dict[str, list[Launch]]]:
-        """GpuHolders.status: the GPU status of `hosts`, their holders and their recent launches."""
-        return await self.gpu_holders.status(hosts)
-
-    async def whois(self, host: str, index: int) -> GpuWhois:
-        """GpuHolders.whois: who holds GPU `index` of `host` now. Never raises for remote failures."""
-        return await self.gpu_holders.whois(host, index)
-
-    async def fleet(self, hosts: Sequence[str]) -> list[HostLine]:
-        """GpuHolders.fleet: one line per host of `hosts`, in order."""
-        return await self.gpu_holders.fleet(hosts)
-
-    def fleet_lines(self, results: Sequence[Snapshot | HostFailure],
-                    holders: Mapping[str, Sequence[Holder]]) -> list[HostLine]:
-        """GpuHolders.fleet_lines: `fleet`'s lines from a status already probed."""
-        return self.gpu_holders.fleet_lines(results, holders)
-
-    def digest_notes(self, results: Sequence[Snapshot | HostFailure], holders: Mapping[str, Sequence[Holder]],
-                     recent: Mapping[str, Sequence[Launch]]) -> DigestNotes:
-        """GpuHolders.digest_notes: the digest's notes from a status already probed."""
-        return self.gpu_holders.digest_notes(results, holders, recent)
-
     def launch_processes_of(self, la: Launch, snap: Snapshot) -> list[ProcessInfo]:
         """The live processes of `la` in a snapshot taken with `select_tag=la.tag` (LaunchProbes.processes_of)."""
         return self.probes.processes_of(la, snap)
@@ -237,7 +214,7 @@ class LaunchService:
                 return done
         log.warning("%s: %s lost %d races for its state; it stays %s", la.name, event.value, TRANSITION_TRIES,
                     current.state.value)
-        return self._launches.get(la.id) or current
+        return self._launches.update(la.id, **fields) if fields else (self._launches.get(la.id) or current)
 
     # -- launch -------------------------------------------------------------------------------------
     def recover_interrupted_kills(self) -> list[Launch]:
@@ -550,6 +527,16 @@ class LaunchService:
             except Exception:
                 log.exception("a follow hook failed for %s", la.name)
 
+    async def _then(self, la: Launch, begun: Begun) -> Launch:
+        """What the runner does once its outcome `begun` is recorded (`Begun.then`), its fields written while `la`
+        still runs (a kill meanwhile keeps what it wrote). Returns the launch as stored."""
+        if begun.then is None:
+            return la
+        fields = await begun.then(la)
+        if not fields:
+            return la
+        return self._launches.update_if(la.id, {"state": LaunchState.RUNNING}, **fields) or self.get(la.id) or la
+
     async def _begin(self, la: Launch, runner: Runner, rendered: list[RenderedLaunch], user: str,
                      args: dict[str, Any], checks: PreflightResult) -> LaunchOutcome:
         """Start the launch recorded as `la` with its runner and apply what it returned (bot.services.runners.Begun):
@@ -562,15 +549,21 @@ class LaunchService:
         begun = await runner.start(la, rendered)
         checks = PreflightResult(passed=begun.passed) if begun.passed else checks
         if begun.cancelled is not None:  # killed while it started; the runner stopped what had started
-            la = self._launches.update(la.id, **(begun.fields or {}), state_detail=begun.cancelled)
-            self._audit.record(user_id=user, action="launch", args=args, result="cancelled", detail=begun.cancelled,
-                               launch_id=la.id, host=begun.audit_host or la.host, channel=la.channel)
+            # what the kill recorded stands (a kill that could not stop every rank is kill_failed, with its reason)
+            cancelled = self._launches.update_if(la.id, {"state": LaunchState.KILLED}, **(begun.fields or {}),
+                                                 state_detail=begun.cancelled)
+            la = cancelled or self._launches.update(la.id, **(begun.fields or {}))
+            if cancelled is not None:
+                self._audit.record(user_id=user, action="launch", args=args, result="cancelled",
+                                   detail=begun.cancelled, launch_id=la.id, host=begun.audit_host or la.host,
+                                   channel=la.channel)
             await self._threads.show(la)
             return LaunchOutcome(la, error=begun.cancelled, host=begun.host)
         if begun.fields is None:
             la = self.transition(la, LaunchEvent.START_FAILED, state_detail=begun.failed)
             self._audit.record(user_id=user, action="launch", args=args, result="error", detail=begun.failed,
                                launch_id=la.id, host=begun.audit_host or la.host, channel=la.channel)
+            await self._then(la, begun)
             await self._threads.show(la)
             return LaunchOutcome(la, checks=checks, error=begun.error, host=begun.host)
         la = self.transition(la, LaunchEvent.STARTED, **begun.fields)
@@ -583,6 +576,7 @@ class LaunchService:
             await self._threads.show(la)
             return LaunchOutcome(la, checks=checks, error=f"{la.name} was cancelled while it was starting ({detail})",
                                  host=begun.host)
+        la = await self._then(la, begun)
         self._audit.record(user_id=user, action="launch", args={**args, "launch": la.name}, result="started",
                            detail=begun.detail, launch_id=la.id, host=la.host, channel=la.channel)
         await self._threads.show(la)

@@ -242,13 +242,13 @@ class Watcher(SpanningChecks):
             return False
         try:
             hosts = self.config.host_names()
-            results, holders, recent = await self.launches.status(hosts)
+            results, holders, recent = await self.launches.gpu_holders.status(hosts)
             if len(hosts) > TABLES_UP_TO:  # a fleet: one line per host under its totals
-                lines = self.launches.fleet_lines(results, holders)
+                lines = self.launches.gpu_holders.fleet_lines(results, holders)
                 msg = self._render.render("fleet", **fleet_view(summarize(lines), title="GPU fleet digest"))
             else:
                 msg = self._render.render("status", **status_view(results, holders))
-            notes = digest_notes_view(self.launches.digest_notes(results, holders, recent))
+            notes = digest_notes_view(self.launches.gpu_holders.digest_notes(results, holders, recent))
             said = self._render.render("digest_notes", **notes)
             # what needs someone (idle held GPUs, failed or hung launches, unreachable hosts) before the hosts' rows
             msg = said.then(msg) if notes["sections"] else msg.then(said)

@@ -29,10 +29,14 @@ echo 4242
 SQUEUE = """#!/bin/sh
 D={d}
 echo >> $D/shown
+sleep $(cat $D/squeue_delay 2>/dev/null || echo 0)
 if [ -e $D/cancelled ]; then st=CANCELLED; status=15; else st=RUNNING; status=0; fi
 echo "4242|$st|$status|elsewhere1|0:05|UNLIMITED|0|None"
 """
 SCANCEL = """#!/bin/sh
+if [ -e {d}/scancel_fails ]; then
+  echo "scancel: error: Unable to contact slurm controller (connect failure)" >&2; exit 1
+fi
 touch {d}/cancelled
 """
 
@@ -129,6 +133,57 @@ async def test_rank1_fails_rank0_not_started_and_nothing_left(sl_bot, monkeypatc
     assert "rank 1 on b could not start" in said.text, said.text
     la = bot.launch(1)
     assert la.state == LaunchState.FAILED
+    await wait_until(lambda: not _tagged(la.tag), timeout=20, what="rank 1 stopped")
+
+
+async def test_a_kill_while_the_submitted_job_is_read_back_cancels_it_or_stays_followed(sl_bot):
+    """The job's id is recorded as soon as sbatch returns: a `/kill` while the start still reads the job back
+    (`squeue`, slow here) scancels it; when scancel fails, the launch stays live and followed with its job, and the
+    kill says it failed (never "nothing was left to kill" with the job running unseen)."""
+    bot = sl_bot
+    (bot.dir / "squeue_delay").write_text("3")
+    (bot.dir / "scancel_fails").write_text("")
+    t = asyncio.ensure_future(bot.chat.say("/launch s"))
+    await wait_until(lambda: (bot.dir / "shown").exists(), what="the start reading the job back")
+    assert bot.launch(1).job_id == "4242"
+    killed = await bot.chat.say("/kill 1 --yes")
+    said = await t
+    (bot.dir / "squeue_delay").write_text("0")
+    la = bot.launch(1)
+    assert "scancel" in killed.text and "no process was left" not in killed.text, killed.text
+    assert la.live and la.job_id == "4242", (la.state, la.state_detail, said.text)
+    assert bot.runtime.watcher.scheduler.is_watched(1)
+    kills = [e.result for e in bot.store.events.list() if e.action == "kill"]
+    assert kills and kills[-1] not in ("cancelled", "released", "killed"), kills
+    (bot.dir / "scancel_fails").unlink()
+    again = await bot.chat.say("/kill 1 --yes")
+    assert (bot.dir / "cancelled").exists() and not bot.launch(1).live, again.text
+
+
+async def test_rank0_failing_to_start_is_recorded_failed_then_the_started_ranks_are_stopped(sl_bot, monkeypatch):
+    bot = sl_bot
+    from bot.services.runners import hosts as hosts_runner
+
+    real = hosts_runner.run_launch_script
+    states: list[LaunchState] = []
+
+    async def rank0_fails(config, hosts, host, r):
+        if host == "a":  # rank 0's host; rank 1 on b has started by now
+            return None, "planted: the launch script could not run"
+        return await real(config, hosts, host, r)
+
+    stop = MultiHostRunner._stop_ranks
+
+    async def stopping(self, la, ranks):
+        states.append(bot.launch(la.id).state)  # what the thread shows while the ranks are stopped
+        return await stop(self, la, ranks)
+
+    monkeypatch.setattr(hosts_runner, "run_launch_script", rank0_fails)
+    monkeypatch.setattr(MultiHostRunner, "_stop_ranks", stopping)
+    said = await bot.chat.say("/launch m")
+    assert "planted" in said.text, said.text
+    la = bot.launch(1)
+    assert la.state == LaunchState.FAILED and states == [LaunchState.FAILED], (la.state, states)
     await wait_until(lambda: not _tagged(la.tag), timeout=20, what="rank 1 stopped")
 
 

@@ -3,14 +3,16 @@ render and start it, look at it (rank 0 and every rank), stop it, where its log 
 bundle. `runner_for` chooses the runner of a variant, `Runners.of` the runner of a recorded launch: the only places
 that read the kind. A runner gets narrow collaborators (host access, probes of a launch, the process killer, a Slurm
 client), never `LaunchService`, and it *returns* outcomes (`Begun`, KillOutcome) that `LaunchService` applies once for
-every kind: the record, the thread, the transitions (bot.core.transitions), the audit, the hooks.
+every kind: the record, the thread, the transitions (bot.core.transitions), the audit, the hooks. Two writes of a
+runner's own remain, of what only a stop learns: the nodes a Slurm job ran on (SlurmRunner.stop) and the processes a
+kill saw (ProcessKiller: `seen_pids`).
 
 What a runner cannot do, it says by raising `Unsupported` (a LaunchError: the user is told why).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,7 +38,10 @@ class Begun:
     while it started and the runner stopped what it had started (why; `fields` recorded with it). `detail`: the
     audit's detail once started; `passed`: checks the start itself passed (sbatch accepted it); `first_look`: a
     process tree that is looked at once `start_check_s` after it started (gone: its early exit); `host`: where it
-    ran, as the outcome names it; `audit_host`: the host the audit names."""
+    ran, as the outcome names it; `audit_host`: the host the audit names. `then`: what the runner does once this
+    outcome is recorded (a Slurm job read back once its id is recorded, so a kill meanwhile cancels it; the ranks a
+    failed start left, stopped once the failure is recorded); it returns fields to record then, on a launch still
+    `running` (none for a failure)."""
 
     fields: dict[str, Any] | None = None
     failed: str | None = None
@@ -47,6 +52,7 @@ class Begun:
     first_look: bool = False
     host: str | None = None
     audit_host: str | None = None
+    then: Callable[[Launch], Awaitable[dict[str, Any]]] | None = None
 
 
 class Runner(Protocol):

@@ -10,7 +10,7 @@ start, or a kill while they start, stops the ranks already started (verified, as
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from bot.adapters.remote import RemoteError
@@ -76,7 +76,8 @@ class MultiHostRunner(RankedRunner):
                               rank=k) for k, h in enumerate(la.nodes)]
 
     async def start(self, la: Launch, rendered: Sequence[RenderedLaunch]) -> Begun:
-        """The ranks above 0, then rank 0; a rank that does not start (or a kill meanwhile) stops those started."""
+        """The ranks above 0, then rank 0; a kill meanwhile stops those started; a rank that does not start has
+        those started stopped once the failure is recorded (`then`: the launch is no longer live meanwhile)."""
         hosts = [r.host for r in rendered]
         where = ", ".join(hosts)
         for k in range(1, len(hosts)):
@@ -86,20 +87,28 @@ class MultiHostRunner(RankedRunner):
                 await self._stop_ranks(la, range(1, k + 1))  # killed while its ranks started
                 return Begun(cancelled="killed while its ranks were starting", host=where)
             if why is not None:
-                await self._stop_ranks(la, range(1, k + 1))  # rank k too: it may have started half way
                 why = f"rank {k} on {hosts[k]} could not start: {why}"
-                return Begun(failed=why, error=why, host=where, audit_host=hosts[k])
+                # rank k too: it may have started half way
+                return Begun(failed=why, error=why, host=where, audit_host=hosts[k],
+                             then=self._stopping(la, range(1, k + 1)))
         r = rendered[0]
         started, why = await run_launch_script(self.config, self.hosts, hosts[0], r)
         if started is None:
-            await self._stop_ranks(la, range(1, len(hosts)))
-            return Begun(failed=why, error=f"could not start: {why}")
+            return Begun(failed=why, error=f"could not start: {why}", then=self._stopping(la, range(1, len(hosts))))
         return Begun(fields=started_fields(started), detail=f"pid {started.pid} log {r.log_path}", first_look=True)
 
     async def _start_rank(self, r: RenderedLaunch, host: str) -> str | None:
         """Start one rank's process tree on `host` (the launch script, as for any launch). Returns why it did not
         start, or None."""
         return (await run_launch_script(self.config, self.hosts, host, r))[1]
+
+    def _stopping(self, la: Launch, ranks: Sequence[int]) -> Callable[[Launch], Awaitable[dict[str, Any]]]:
+        """`_stop_ranks(la, ranks)` as a Begun's `then` (nothing to record)."""
+        async def stop(_: Launch) -> dict[str, Any]:
+            await self._stop_ranks(la, ranks)
+            return {}
+
+        return stop
 
     async def _stop_ranks(self, la: Launch, ranks: Sequence[int]) -> None:
         """Stop ranks `ranks` of `la` (a start that failed part way), verified like any kill; never raises."""

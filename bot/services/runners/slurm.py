@@ -128,8 +128,9 @@ class SlurmRunner(RankedRunner):
                               slurm=True)]
 
     async def start(self, la: Launch, rendered: Sequence[RenderedLaunch]) -> Begun:
-        """`sbatch --parsable` of the batch script on the login node, the job read back (PENDING with its reason,
-        or RUNNING on its nodes). A refusal by Slurm or an unreachable login node is `failed`."""
+        """`sbatch --parsable` of the batch script on the login node; the job's id is recorded with the `started`
+        event at once (a kill from then on cancels the job), then the job is read back (`then`: PENDING with its
+        reason, or RUNNING on its nodes). A refusal by Slurm or an unreachable login node is `failed`."""
         v = self.config.resolved_variant(la.variant)
         r, login = rendered[0], la.host
         prefix, suffix = rank_log_parts(r.log_path)
@@ -151,18 +152,22 @@ class SlurmRunner(RankedRunner):
             except (SlurmError, RemoteError) as e:
                 why = f"killed while it was being submitted, but Slurm job {job_id} could not be cancelled: {e}"
             return Begun(cancelled=why, fields={"job_id": job_id}, host=login)
-        try:
-            job = await client.show(job_id)
-        except (SlurmError, RemoteError) as e:
-            log.warning("%s: job %s submitted, but not read back: %s", la.name, job_id, e)
-            job = None
+
+        async def read_back(la: Launch) -> dict[str, Any]:
+            try:
+                job = await client.show(job_id)
+            except (SlurmError, RemoteError) as e:
+                log.warning("%s: job %s submitted, but not read back: %s", la.name, job_id, e)
+                return {}
+            fields: dict[str, Any] = {"state_detail": job_nodes_text(job)}
+            if job.nodes and not job.pending:
+                fields["nodes"] = list(job.nodes)
+            return fields
+
         # a job just submitted has not been requeued: a requeue before the first check is told too
-        fields: dict[str, Any] = {"job_id": job_id, "job_restarts": 0,
-                                  "state_detail": job_nodes_text(job) if job else f"Slurm job {job_id} submitted"}
-        if job is not None and job.nodes and not job.pending:
-            fields["nodes"] = list(job.nodes)
-        return Begun(fields=fields, detail=f"Slurm job {job_id} log {r.log_path}", host=login,
-                     passed=[f"sbatch accepted it: job {job_id}"])
+        return Begun(fields={"job_id": job_id, "job_restarts": 0, "state_detail": f"Slurm job {job_id} submitted"},
+                     detail=f"Slurm job {job_id} log {r.log_path}", host=login,
+                     passed=[f"sbatch accepted it: job {job_id}"], then=read_back)
 
     # -- stop ---------------------------------------------------------------------------------------
     async def undo(self, la: Launch, out: KillOutcome) -> KillOutcome:
