@@ -233,6 +233,7 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
     (`silent_hang in weight_loading`)."""
     params = ", ".join(f"{k}={v}" for k, v in sorted(la.params.items())) or "(defaults)"
     job_id = la.job_id  # shown only: what kind of launch it is, `la.kind` says
+    where, gpus = _where(la, job_id)
     detail = la.state_detail or ""
     if verdict is not None:
         detail = verdict.verdict + (f" in {verdict.phase}" if verdict.phase else "")
@@ -249,8 +250,7 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "pid": la.pid,
         "pgid": la.pgid,
         "port": la.port,
-        "gpus": ",".join(map(str, la.gpus)) + (" on each host" if la.kind == LaunchKind.HOSTS else "") if la.gpus
-        else "Slurm's" if la.kind == LaunchKind.SLURM else "all",
+        "gpus": gpus,
         "log": la.log_path,
         "command": redact(short_command(la.command, 300)) if la.command else "",
         "relaunch_of": la.relaunch_of,
@@ -259,19 +259,22 @@ def launch_view(la: Launch, verdict: Verdict | None = None) -> dict[str, Any]:
         "unit_kind": "cgroup" if la.unit_manager == "cgroup" else "systemd scope",
         "job_id": job_id,
         "nodes": ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else ""),
-        "where": _where(la, job_id),
+        "where": where,
     }
 
 
-def _where(la: Launch, job_id: str | None) -> str:
-    """Where a launch runs, for its root's PID field: `Slurm job 12 on n1, n2`, `job 12 (not running yet)`, `ranks on
-    a, b (rank 0: pid 123)`, or the pid and process group of a launch on one host."""
+def _where(la: Launch, job_id: str | None) -> tuple[str, str]:
+    """Where a launch runs and which GPUs, for its root: (`Slurm job 12 on n1, n2` or `Slurm job 12 (not running
+    yet)`, `Slurm's`), (`2 hosts: a, b (rank 0: pid 123)`, `0,1 on each host`), or the pid and process group of a
+    launch on one host and its GPUs (`all` when it names none). The one place a view reads the launch's kind."""
     nodes = ", ".join(la.nodes[:8]) + (f" +{len(la.nodes) - 8}" if len(la.nodes) > 8 else "")
+    gpus = ",".join(map(str, la.gpus))
     if la.kind == LaunchKind.SLURM:
-        return f"Slurm job {job_id}" + (f" on {nodes}" if nodes else " (not running yet)")
+        return f"Slurm job {job_id}" + (f" on {nodes}" if nodes else " (not running yet)"), gpus or "Slurm's"
     if la.kind == LaunchKind.HOSTS:
-        return f"{len(la.nodes)} hosts: {nodes}" + (f" (rank 0: pid {la.pid})" if la.pid else "")
-    return f"{la.pid} ({la.pgid})" if la.pid else "(not started yet)"
+        return (f"{len(la.nodes)} hosts: {nodes}" + (f" (rank 0: pid {la.pid})" if la.pid else ""),
+                f"{gpus} on each host" if gpus else "all")
+    return f"{la.pid} ({la.pgid})" if la.pid else "(not started yet)", gpus or "all"
 
 
 def launch_outcome_view(outcome: Any, variant: str, host: str | None) -> dict[str, Any]:

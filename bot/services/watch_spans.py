@@ -15,7 +15,7 @@ from bot.adapters.remote import RemoteError
 from bot.adapters.store import DatabaseUnavailable
 from bot.core.commands import slash
 from bot.core.diagnose import Verdict
-from bot.core.models import HostFailure, Launch, LaunchKind, LaunchState
+from bot.core.models import HostFailure, Launch, LaunchState
 from bot.core.ranks import (
     NodeLook,
     job_end_verdict,
@@ -59,7 +59,7 @@ class SpanningChecks:
         ended or was requeued)."""
         runner = self.launches.runner(la)
         job = None
-        if runner.kind == LaunchKind.SLURM:  # the job first, as Slurm says it
+        if runner.scheduled:  # the job first, as Slurm says it
             la, job, done = await self._job_side(la, history)
             if done is not None:
                 return done

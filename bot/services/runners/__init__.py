@@ -64,6 +64,9 @@ class Runner(Protocol):
     spans: bool
     #: its host and GPUs are picked by placement (bot.core.placement) under each host's launch decision
     placed: bool
+    #: a scheduler owns its life (a Slurm job): each check reads the job first, and Slurm's word decides whether it
+    #: waits, was requeued or ended
+    scheduled: bool
 
     def plan(self, variant: str, params: Mapping[str, str]) -> list[RenderedLaunch]:
         """The variant rendered for its pre-launch checks (one per rank; ids 0). Raises LaunchError for bad input."""

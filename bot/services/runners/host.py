@@ -53,6 +53,7 @@ class HostRunner:
     kind = LaunchKind.HOST
     spans = False
     placed = True
+    scheduled = False
 
     def __init__(self, config: Config, hosts: HostService, killer: ProcessKiller) -> None:
         self.config = config

@@ -40,6 +40,7 @@ class MultiHostRunner(RankedRunner):
     kind = LaunchKind.HOSTS
     spans = True
     placed = False
+    scheduled = False
 
     def __init__(self, config: Config, hosts: HostService, probes: LaunchProbes, killer: ProcessKiller,
                  rows: RowReader) -> None:

@@ -54,6 +54,7 @@ class SlurmRunner(RankedRunner):
     kind = LaunchKind.SLURM
     spans = True
     placed = False
+    scheduled = True
 
     def __init__(self, config: Config, hosts: HostService, probes: LaunchProbes, killer: ProcessKiller,
                  rows: JobRows, *, poll_s: float) -> None:
