@@ -307,8 +307,11 @@ class SpanningChecks:
     async def _rank_hosts(self, la: Launch, ranks: Sequence[tuple[int, str, str | None]],
                           looks: Sequence[NodeLook]) -> None:
         """Tell the thread once when the host of a rank above 0 has not answered two looks in a row (which rank,
-        which host, since when, why), and once when it answers again; rank 0's host is the launch's own
-        (`_host_unreachable`). Kept in memory: a restart of the bot tells a host still down once more."""
+        which host, why), and once when it answers again, with how long it was out: since the last look it answered
+        (a host that hangs fails a look only at the probe's deadline, so the first failed look's time would say
+        too little). Rank 0's host is the launch's own (`_host_unreachable`). Kept in memory (host -> looks failed
+        in a row, the last look it answered or the first failed, told): a restart of the bot tells a host still
+        down once more."""
         down = self._rank_hosts_down.setdefault(la.id, {})
         now = self._clock.time()
         for (rank, node, host), look in zip(ranks[1:], looks[1:], strict=False):
@@ -323,8 +326,8 @@ class SpanningChecks:
                                        f"{node} (rank {rank} of {la.name}) cannot be reached: {look.error}",
                                        f"The checks of {la.name} go on and tell this thread when {node} is back; "
                                        f"rank {rank} is not seen meanwhile.")
-            elif host in down:
-                del down[host]
+            else:
+                down[host] = (0, now, False)  # answered now: an outage from here on counts from this look
                 if told:
                     await self._notice(la, ":white_check_mark:",
                                        f"{node} (rank {rank} of {la.name}) is reachable again (it was not for "

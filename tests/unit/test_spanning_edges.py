@@ -357,3 +357,23 @@ def test_a_rank_that_stays_gone_is_read_once_not_at_every_check():
     assert reads == [1, 1, 2], reads  # once for rank 1 alone, then once for ranks 1 and 2
     assert got[:3] == [(1, "n2", oom)] * 3 and got[3] == (1, "n2", oom) and got[4] is None
     assert la.id not in w._gone_failures
+
+
+def test_a_hanging_rank_host_is_said_out_since_the_last_look_it_answered():
+    """A host that hangs fails each look only at the probe's deadline (30 s later here): its outage counts from the
+    last look it answered, not from the end of the first look that failed."""
+    la = running_launch(job_restarts=0)
+    w, rows, notices, _ = watcher(la, [])
+    ranks = [(0, "n1", "n1"), (1, "n2", "n2")]
+    up = [NodeLook(0, "n1", True), NodeLook(1, "n2", True)]
+    hung = [NodeLook(0, "n1", True), NodeLook(1, "n2", None, error="ssh: timed out after 30 s")]
+
+    async def go():
+        await w._rank_hosts(rows.la, ranks, up)  # t=1000: answered
+        for _ in range(2):  # each failed look ends 35 s after the one before (interval 5 s + deadline 30 s)
+            w._clock.t += 35
+            await w._rank_hosts(rows.la, ranks, hung)
+        w._clock.t += 5
+        await w._rank_hosts(rows.la, ranks, up)  # t=1075
+    asyncio.run(go())
+    assert [n.split(" | ")[0] for n in notices][-1].endswith("is reachable again (it was not for 1m15s)"), notices
