@@ -348,7 +348,7 @@ class LaunchService:
         recorded in the database, which a launch placed at the same moment has claimed (recorded with its GPUs)
         before it released the lock. A host that cannot take it now is passed over with its reason."""
         if len(plan.hosts) > 1:
-            order, skipped = order_hosts(await self.fleet(list(plan.hosts)), plan)
+            order, skipped = order_hosts(await self.gpu_holders.fleet(list(plan.hosts)), plan)
         else:
             order, skipped = list(plan.hosts), {}
         fitting = len(order)

@@ -7,7 +7,7 @@ from bot.core.fleet import digest_notes
 from bot.core.lifecycle import Holder
 from bot.core.models import GpuProcess, GpuReading, GpuSection, HostFailure, LaunchState, ProcessInfo, Snapshot
 from bot.present.views import whois_view
-from bot.services.launches import GpuWhois
+from bot.services.holders import GpuWhois
 from tests.support.builders import launch_row
 from tests.support.names import renderer
 

@@ -176,7 +176,7 @@ def _whois(lines, line):
     from bot.core.lifecycle import Holder
     from bot.core.models import GpuReading
     from bot.present.views import whois_view
-    from bot.services.launches import GpuWhois
+    from bot.services.holders import GpuWhois
 
     holders = [Holder(pid=10, gpu_index=0, mib=1.0, command=line, state="S", owner="foreign", user=line),
                Holder(pid=11, gpu_index=0, mib=1.0, command="\n".join(lines), state="S", owner="foreign")]
