@@ -81,8 +81,9 @@ async def wait_log(path: str | os.PathLike[str] | None, text: str, timeout: floa
     await wait_until(found, timeout, what=f"{count} x {text!r} in {path}")
 
 
-def pids_with_env(name: str, value: str) -> list[int]:
-    """Live (not zombie) processes on this machine whose environment carries NAME=value."""
+def pids_with_env(name: str, value: str, *, prefix: bool = False) -> list[int]:
+    """Live (not zombie) processes on this machine whose environment carries NAME=value (with `prefix`: a value
+    that starts with `value`)."""
     out = []
     needle = f"{name}={value}".encode()
     for d in os.listdir("/proc"):
@@ -95,14 +96,18 @@ def pids_with_env(name: str, value: str) -> list[int]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != "Z" and needle in env:
+        if state != "Z" and (any(x.startswith(needle) for x in env) if prefix else needle in env):
             out.append(int(d))
     return out
 
 
 def pids_of_launch(la: Any) -> list[int]:
-    """Every live process on this machine carrying the launch's unique GPUBOT_LAUNCH tag."""
-    return pids_with_env("GPUBOT_LAUNCH", la.tag) if getattr(la, "tag", "") else []
+    """Every live process on this machine carrying the launch's unique GPUBOT_LAUNCH tag, or a rank's tag of it
+    (`<tag>-rK`: the ranks of a launch across hosts, every host being this machine in tests)."""
+    tag = getattr(la, "tag", "")
+    if not tag:
+        return []
+    return sorted({*pids_with_env("GPUBOT_LAUNCH", tag), *pids_with_env("GPUBOT_LAUNCH", f"{tag}-r", prefix=True)})
 
 
 def kill_launches(launches: Iterable[Any]) -> int:
