@@ -135,11 +135,11 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
     size = snap.log.size_bytes if snap.log else None
     procs = own_processes(snap, la)
     own = {p.pid for p in procs}
-    ages = [p.elapsed_s for p in procs if p.elapsed_s is not None]
-    if ages and now - last_progress > max(ages):
+    oldest_s = max((p.elapsed_s for p in procs if p.elapsed_s is not None), default=None)
+    if oldest_s is not None and now - last_progress > oldest_s:
         # a log silent since before the launch's oldest process started was last written by an earlier run (a
         # requeued job's): this run's silence starts with it
-        last_progress = now - max(ages)
+        last_progress = now - oldest_s
     # without a process table (ps failed or timed out) only the tags in /proc tell: alive when any is tagged,
     # unknown otherwise; never "gone"
     alive: bool | None = bool(own) if snap.table else (True if snap.tagged_pids else None)
