@@ -28,9 +28,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bot.adapters.bundle import read_bundle, read_nodes
-from bot.core.diagnose import diagnose
-from bot.core.ranks import weigh_bundle
+try:
+    from bot.adapters.bundle import diagnose_bundle
+except ImportError:  # a tree from before diagnose_bundle (--tree): the same steps, as gpubot diagnose took them there
+    from bot.adapters.bundle import read_bundle, read_nodes
+    from bot.core.diagnose import diagnose
+    from bot.core.ranks import weigh_bundle
+
+    def diagnose_bundle(directory: Path):  # type: ignore[no-redef]
+        obs = read_bundle(directory)
+        v = diagnose(obs)
+        nodes = read_nodes(directory)
+        return weigh_bundle(v, obs, nodes.rank0, nodes.ranks, nodes.scontrol) if nodes else v
 
 SEALED = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sealed"
 #: Verdicts that raise no alarm: a control expects one of them, and an alarm verdict on it is a false alarm.
@@ -39,12 +48,7 @@ QUIET = frozenset({"ready", "loading", "exited"})
 
 def verdict_of(bundle: Path) -> dict[str, object]:
     """What `gpubot diagnose BUNDLE --json` prints, as a dict."""
-    obs = read_bundle(bundle)
-    v = diagnose(obs)
-    nodes = read_nodes(bundle)
-    if nodes:
-        v = weigh_bundle(v, obs, nodes.rank0, nodes.ranks, nodes.scontrol)
-    return v.to_dict()
+    return diagnose_bundle(bundle).to_dict()
 
 
 def score(bundle: Path) -> dict[str, object]:
@@ -101,7 +105,7 @@ def main() -> None:
                     "(default: the newest, %(default)s; an earlier round is spent once it was scored)")
     a = ap.parse_args()
     print(f"sealed round {a.round}" if a.dir is None else f"bundles of {a.dir}")
-    print(f"bot from {Path(diagnose.__code__.co_filename).resolve().parents[3]}")  # which tree is scored
+    print(f"bot from {Path(diagnose_bundle.__code__.co_filename).resolve().parents[2]}")  # which tree is scored
     with unpacked(a.dir, a.round) as bundles:
         rows = [score(b) for b in bundles]
     n = len(rows)

@@ -283,19 +283,13 @@ def diagnose(directory: str, as_json: bool) -> None:
     """
     import json
 
-    from bot.adapters.bundle import BundleError, read_bundle, read_nodes
-    from bot.core.diagnose import diagnose as run_diagnosis
+    from bot.adapters.bundle import BundleError, diagnose_bundle
     from bot.core.diagnose import format_verdict
-    from bot.core.ranks import weigh_bundle
 
     try:
-        observation = read_bundle(directory)
+        verdict = diagnose_bundle(directory)  # a launch across nodes: every rank's folder and Slurm's word weigh in
     except BundleError as e:
         _fail(str(e))
-    verdict = run_diagnosis(observation)
-    nodes = read_nodes(directory)  # a launch across nodes: every rank's folder and Slurm's word weigh in
-    if nodes:
-        verdict = weigh_bundle(verdict, observation, nodes.rank0, nodes.ranks, nodes.scontrol)
     if as_json:
         click.echo(json.dumps(verdict.to_dict(), indent=2, ensure_ascii=False))
     else:

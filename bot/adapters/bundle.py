@@ -13,8 +13,8 @@ import stat
 from pathlib import Path
 
 from bot.core.bundle import BUNDLE_FILES, STACK_DIR, NodeBundles, node_bundles, observation_from_files
-from bot.core.diagnose import Observation
-from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE
+from bot.core.diagnose import Observation, Verdict, diagnose
+from bot.core.ranks import NODE_DIR_PREFIX, RANKS_FILE, SCONTROL_FILE, weigh_bundle
 
 __all__ = ["BundleError", "NodeBundles", "read_bundle", "read_nodes"]
 
@@ -134,3 +134,15 @@ def read_nodes(directory: str | Path) -> NodeBundles:
         except OSError:
             continue
     return node_bundles(files, mtimes)
+
+
+def diagnose_bundle(directory: str | Path) -> Verdict:
+    """The verdict `gpubot diagnose DIR` gives: the bundle read (read_bundle), diagnosed, then weighed with its other
+    nodes' folders and Slurm's word (bot.core.ranks.weigh_bundle) for a launch across nodes. Raises BundleError for
+    a directory that is no bundle."""
+    observation = read_bundle(directory)
+    verdict = diagnose(observation)
+    nodes = read_nodes(directory)
+    if nodes:
+        verdict = weigh_bundle(verdict, observation, nodes.rank0, nodes.ranks, nodes.scontrol)
+    return verdict

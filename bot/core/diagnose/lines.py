@@ -32,6 +32,7 @@ joined back to the line above, with nothing between them at an exact width and o
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -71,9 +72,14 @@ _KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
 #: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
 _JOURNAL = re.compile(r"^(?:[^\W\d_]{2,5}\.?|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} "
                       r"(?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")  # the month in the host's language (`авг`, `11月`)
+#: `kubectl logs --timestamps` and `docker logs -t`: an RFC 3339 time in nanoseconds (docker's fixed 9 digits, the
+#: CRI log's RFC3339Nano less its trailing zeros; an engine's own stamp has 6 at most), Z or an offset, one space.
+#: Its time stays the line's where the engine's own line has none.
+_STAMPED = re.compile(r"^(?P<src>)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{7,9}(?:Z|[+-]\d\d:\d\d) ")
 #: A terminal UI's pane (k9s, lazydocker, htop-like viewers): every line between box-drawing borders.
 _PANE = re.compile(r"^[│┃║|] ?(?P<src>)")
-_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL), ("pane", _PANE))
+_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL), ("pane", _PANE),
+          ("stamped", _STAMPED))
 _PANE_RIGHT = re.compile(r"\s*[│┃║]\s*$")
 
 # --- the engine's own prefix: read for level / module / source, removed for `body` -----------------------------------
@@ -137,6 +143,13 @@ _LINE_START = re.compile(
     r"|time=|Traceback |During handling|The above exception|File \"|(?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Exit|"
     r"Interrupt|Warning)\b|\w[\w.-]{0,80}\s+\| |terminate called|what\(\)|Exception raised from|frame #"
     r"|\d+\s*(?:%|/\d)|[a-z_][\w.]*:\s)")
+#: How a log record's own first line starts (a timestamp, a level, a bracketed or parenthesised label, a traceback's
+#: structure): after a line cut at the terminal's exact width, only such a line is a new one.
+_RECORD_START = re.compile(
+    r"^(?:\d{4}-\d\d-\d\d|\d\d-\d\d \d\d:|\d\d:\d\d:\d\d|\d\d/\d\d/\d{4}|[IWEFD]\d{4} \d|\[[\w\s:./-]{1,40}\]"
+    r"|\((?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)="
+    r"|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|PANIC)\b|[A-Z][a-z]{2} [ \d]\d \d\d:|time="
+    r"|Traceback |During handling|The above exception|\s+File \"|\s+frame #|terminate called|\w[\w.-]{0,80}\s+\| )")
 #: How a paste's continuation starts: mid-sentence (a lower-case word, a digit, closing punctuation), never a new
 #: capitalised message.
 _CONTINUES = re.compile(r"^[a-z0-9)\]},.;:/'\"_-]")
@@ -226,51 +239,70 @@ def _engine_start(text: str) -> bool:
     return bool(_ENGINE_START.match(text))
 
 
-def _wrap_width(texts: Sequence[str]) -> tuple[int, bool] | None:
-    """The width this log's long lines were cut at, and whether exactly (a terminal keeps every character, so three or
-    more lines have exactly that length, at least 60, and none is longer) or at word boundaries (a paste or a chat
-    client: four or more lines end within 15 % under a width of 60 to 200 that none exceeds). None when neither."""
+def _wrap_width(texts: Sequence[str], raw: Sequence[str]) -> tuple[int, bool] | None:
+    """The width this log's long lines were cut at, and whether exactly (a terminal keeps every character, so three
+    or more lines as it printed them, `raw`, or two in a row, have exactly that length, at least 60, none longer) or
+    at word boundaries (a paste or a chat client: four or more lines of `texts` end within 15 % under a width of 60
+    to 200 that none exceeds). None when neither."""
+    for size in (len, lambda t: len(t.rstrip())):  # a cut at a space keeps it where a log keeps whitespace
+        lengths = Counter(size(t) for t in raw if len(t) >= 50)
+        if not lengths or (width := max(lengths)) < 60:
+            continue
+        # three rows of that width, or two in a row (one line that took three rows or more)
+        if lengths[width] >= 3 or (lengths[width] == 2 and any(
+                size(a) == size(b) == width and a != b for a, b in itertools.pairwise(raw))):
+            return width, True
     lengths = Counter(len(t.rstrip()) for t in texts if len(t) >= 50)
     if not lengths:
         return None
     longest = max(lengths)
-    if longest >= 60 and lengths[longest] >= 3:
-        return longest, True
     if 60 <= longest <= 200 and sum(n for w, n in lengths.items() if w >= 0.85 * longest) >= 4:
         return longest, False
     return None
 
 
-def _joined(segments: list[tuple[int, str]]) -> list[tuple[tuple[int, ...], str]]:
-    """Segments with hard-wrapped continuations joined back (see the module docstring)."""
-    texts = [t for _, t in segments]
-    wrap = _wrap_width(texts)
+def _joined(segments: list[tuple[int, str]], raw: dict[int, str] | None = None) -> list[tuple[tuple[int, ...], str]]:
+    """Segments with hard-wrapped continuations joined back (see the module docstring). `raw`: each input line as
+    it was before an outer prefix came off: a terminal cut the line with its prefix, so widths are read there."""
+    raw = raw or {}
+    wrap = _wrap_width([t for _, t in segments], [raw.get(i, t) for i, t in segments])
     out: list[tuple[tuple[int, ...], str]] = []
-    prev_len = 0  # the length of the physical line above (a join's last part)
+    prev_len = phys_len = phys_raw = 0  # the physical line above: its text's length; as printed, less / with end spaces
     for i, text in segments:
         if out and text.strip() and wrap is not None:
             phys, before = out[-1]
             width, exact = wrap
             starts = _starts_a_line(text)
-            if exact and prev_len == width and len(before) < MAX_LINE and (
-                    not starts or (before[-1:].isalnum() and text[:1].isalnum())):
+            if exact and width in (phys_len, phys_raw) and len(before) < MAX_LINE and (
+                    not starts or not _RECORD_START.match(text)):
                 out[-1] = ((*phys, i), (before + text)[:MAX_LINE])
-                prev_len = len(text)
+                prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
+                continue
+            if exact and phys_len == width - 1 == phys_raw and len(before) < MAX_LINE and not starts \
+                    and text[:1].strip():
+                # cut at a space, which the line lost with its trailing whitespace
+                out[-1] = ((*phys, i), (before + " " + text)[:MAX_LINE])
+                prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
                 continue
             if (not exact and prev_len >= 0.85 * width and not starts and _CONTINUES.match(text)
                     and not before.rstrip().endswith((".", "!", "?", ":")) and len(before) < MAX_LINE):
                 sep = "" if before.endswith((" ", "-", "/", "=")) else " "
                 out[-1] = ((*phys, i), (before + sep + text)[:MAX_LINE])
-                prev_len = len(text.rstrip())
+                prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
                 continue
         if out and text.strip() and _continues(out[-1][1], text):
             phys, before = out[-1]
             out[-1] = ((*phys, i), (before.rstrip() + " " + text.strip())[:MAX_LINE])
-            prev_len = len(text.rstrip())
+            prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
             continue
         out.append(((i,), text))
-        prev_len = len(text.rstrip())
+        prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
     return out
+
+
+def _lengths(line: str) -> tuple[int, int]:
+    """A physical line's length without and with its trailing whitespace."""
+    return len(line.rstrip()), len(line)
 
 
 _PROCESS_LABEL = re.compile(r"\((?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)=")
@@ -380,31 +412,44 @@ def _parsed(text: str) -> tuple[str, str | None, str | None, str | None, tuple[s
     return body, level, module, source, stamp(text)
 
 
+#: How many outer prefixes are taken off, one inside the other.
+OUTER_LAYERS = 2
+
+
+def _stripped(segments: list[tuple[int, str]], outer: tuple[str, re.Pattern[str]],
+              sources: dict[int, str]) -> list[tuple[int, str]]:
+    """`segments` with the outer prefix `outer` off the lines that carry it; each one's source (a compose service, a
+    pod, a unit) recorded in `sources` by input line, the outermost kept."""
+    name, rx = outer
+    out: list[tuple[int, str]] = []
+    for i, t in segments:
+        m = rx.match(t)
+        if m is None:
+            out.append((i, t))
+            continue
+        rest = _unpasted(t[m.end():])  # colour codes a paste left bare, after the prefix too
+        out.append((i, _PANE_RIGHT.sub("", rest) if name == "pane" else rest))
+        if m.group("src"):
+            sources.setdefault(i, m.group("src"))
+    return out
+
+
 def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = None) -> list[LogLine]:
     """The logical lines of a log (see the module docstring). Pure; never raises for any input. `parsed`: a caller's
     memo of each line's parsed prefix (a launch's lines seen at its last check), read and added to."""
     segments = _split_cr(lines or ())
     outer = _outer([t for _, t in segments])
-    sources: list[str | None] = []
     raw_rows = dict(segments)  # a pane row as it was, its borders included
-    if outer is not None:
-        stripped: list[tuple[int, str]] = []
-        rx = outer[1]
-        for i, t in segments:
-            m = rx.match(t)
-            if m:
-                rest = t[m.end():]
-                stripped.append((i, _PANE_RIGHT.sub("", rest) if outer[0] == "pane" else rest))
-                sources.append(m.group("src"))
-            else:
-                stripped.append((i, t))
-                sources.append(None)
-        segments = stripped
+    layers: list[str] = []
+    sources: dict[int, str] = {}
+    while outer is not None and len(layers) < OUTER_LAYERS:  # compose around journald, kubectl around a stamp
+        layers.append(outer[0])
+        segments = _stripped(segments, outer, sources)
         if outer[0] == "pane":
             segments = _pane_rows(segments, raw_rows)
-    by_input = {i: s for (i, _), s in zip(segments, sources, strict=False)} if sources else {}
+        outer = _outer([t for _, t in segments])
     out: list[LogLine] = []
-    for phys, text in _joined(segments):
+    for phys, text in _joined(segments, raw_rows if layers else None):
         if parsed is None:
             body, level, module, source, ts = _parsed(text)
         else:
@@ -412,7 +457,9 @@ def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = 
             if got is None:
                 got = parsed[text] = _parsed(text)
             body, level, module, source, ts = got
-        src = by_input.get(phys[0]) or source
+        src = sources.get(phys[0]) or source
+        if ts is None and "stamped" in layers:
+            ts = stamp(raw_rows.get(phys[0], ""))
         out.append(LogLine(text=text, body=body, source=src, level=level, module=module,
                            ts=ts[1] if ts else None, ts_kind=ts[0] if ts else None, physical=phys))
     return out

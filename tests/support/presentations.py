@@ -1,0 +1,89 @@
+"""The same evidence in the layouts users paste it in (issue 44): a presentation changes only how a bundle's lines are
+laid out, never what they say, so a diagnosis that reads structure gives the same verdict, phase and quotes on it.
+
+- `wrap80` / `wrap120`: server.log hard-wrapped by an 80- or 120-column terminal (a long line goes on at column 0);
+- `compose`: every server.log line under a docker compose prefix (`engine-1  | `);
+- `journald`: under a journald / syslog prefix (`Dec 07 10:11:12 gpu-host-1 engine[4242]: `);
+- `kubectl`: under `kubectl logs --timestamps` (`2026-12-07T10:11:12.123456789Z `);
+- `ansi`: each line's first word coloured (ANSI SGR escapes, as a terminal capture keeps them);
+- `crlf`: lines ending in CR LF (a log copied from Windows or a serial console);
+- `ps_noheader`: ps.txt without its header row (a `ps ... | grep` paste);
+- `tb_cut`: every Python traceback cut before its final exception line (a paste that stopped short): judged on the
+  phase and on raising an alarm at all (the exception's type may be gone with its line), not on the quotes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+
+def _lines(text: str) -> list[str]:
+    return text.split("\n")
+
+
+def _wrap(width: int) -> Callable[[str], str]:
+    def wrap(text: str) -> str:
+        out: list[str] = []
+        for line in _lines(text):
+            while len(line) > width:
+                out.append(line[:width])
+                line = line[width:]
+            out.append(line)
+        return "\n".join(out)
+    return wrap
+
+
+def _prefix(prefix: str) -> Callable[[str], str]:
+    def add(text: str) -> str:
+        return "\n".join(prefix + x if x else x for x in _lines(text))
+    return add
+
+
+def _ansi(text: str) -> str:
+    return "\n".join(re.sub(r"^(\S+)", "\x1b[32m\\1\x1b[0m", x, count=1) for x in _lines(text))
+
+
+def _crlf(text: str) -> str:
+    return text.replace("\n", "\r\n")
+
+
+_TB_HEAD = re.compile(r"^\s*Traceback \(most recent call last\):")
+_FRAME = re.compile(r'^\s*File "')
+
+
+def _tb_cut(text: str) -> str:
+    """Drop the final exception line of every Python traceback (the first unindented line after its frames)."""
+    lines, out, i = _lines(text), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        if _TB_HEAD.match(lines[i]):
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
+                out.append(lines[j])
+                j += 1
+            if j < len(lines) and re.match(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?\b", lines[j]):
+                j += 1  # the exception line, dropped
+            i = j
+            continue
+        i += 1
+    return "\n".join(out)
+
+
+def _ps_noheader(text: str) -> str:
+    lines = _lines(text)
+    return "\n".join(lines[1:]) if lines and "PID" in lines[0] else text
+
+
+#: name -> (the bundle file it changes, how)
+PRESENTATIONS: dict[str, tuple[str, Callable[[str], str]]] = {
+    "wrap80": ("server.log", _wrap(80)),
+    "wrap120": ("server.log", _wrap(120)),
+    "compose": ("server.log", _prefix("engine-1  | ")),
+    "journald": ("server.log", _prefix("Dec 07 10:11:12 gpu-host-1 engine[4242]: ")),
+    "kubectl": ("server.log", _prefix("2026-12-07T10:11:12.123456789Z ")),
+    "ansi": ("server.log", _ansi),
+    "crlf": ("server.log", _crlf),
+    "ps_noheader": ("ps.txt", _ps_noheader),
+    "tb_cut": ("server.log", _tb_cut),
+}

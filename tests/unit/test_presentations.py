@@ -1,0 +1,116 @@
+"""The same evidence in another layout gets the same diagnosis (issue 44: read structure, not layout).
+
+Every shared and rule-writing bundle that `gpubot diagnose` gets fully right is laid out again the ways users paste
+logs (tests/support/presentations.py: a terminal's hard wrap at 80 and 120 columns, compose / journald / kubectl
+prefixes, colour codes, CR LF, ps without its header, a traceback cut before its last line) and must stay fully
+right. The bundles known to change are listed with why; the list is strict: a bundle that stops changing fails too,
+so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from bot.adapters.bundle import diagnose_bundle
+from tests.support.paths import CASES
+from tests.support.presentations import PRESENTATIONS
+from tests.support.split import fourth_set, split, third_set
+
+pytestmark = pytest.mark.timeout(300)
+
+QUIET = frozenset({"ready", "loading", "exited"})
+
+#: presentation -> {bundle number: what the diagnosis misses in that layout}
+KNOWN: dict[str, dict[str, str]] = {
+    # a log of one or two long lines: too few rows at the width to tell a terminal's cut from a line's end
+    "wrap80": {
+        "222": "a quote is not whole in the evidence: 'metrics_port is used by a process already'",
+        "225": "a quote is not whole in the evidence: '\"GET /health HTTP/1.1\" 503 Service Unavailable'",
+        "229": "a quote is not whole in the evidence: 'Watchdog timeout (self.watchdog_timeout=300)'",
+        "251": "a quote is not whole in the evidence: 'no CUDA-capable device is detected'",
+        "263": "a quote is not whole in the evidence: 'NCCL error /opt/lmdeploy/src/turbomind/utils/nccl_'",
+        "272": "a quote is not whole in the evidence: 'warming up the model with an empty run - please wa'",
+        "297": "nccl_error/comm_init, not nccl_error/None",
+        "37": "crashed/cuda_graph_capture, not nccl_error/serving",
+        "430": "crashed/serving, not nccl_error/serving",
+        "434": "a quote is not whole in the evidence: 'CANCELLED AT 2025-08-19T17:09:34 DUE TO TIME LIMIT'",
+    },
+    "wrap120": {
+        "109": "crashed/cuda_graph_capture, not nccl_error/cuda_graph_capture",
+        "15": "a quote is not whole in the evidence: 'EADDRINUSE'",
+        "201": "a quote is not whole in the evidence: 'Engine core proc EngineCore_DP0 died unexpectedly,'",
+        "223": "a quote is not whole in the evidence: 'nranks 16 cudaDev 3 nvmlDev 3 busId 5a000 commId 0'",
+        "272": "unknown/warmup, not crashed/warmup",
+        "295": "a quote is not whole in the evidence: 'handle = pynvml.nvmlDeviceGetHandleByIndex(device)'",
+        "297": "nccl_error/comm_init, not nccl_error/None",
+        "400": "a quote is not whole in the evidence: \"unable to find backend library for backend 'tensor\"",
+    },
+    "kubectl": {
+        "241": "a quote is not whole in the evidence: 'PromptTuningBuffers::fill'",
+        "254": "a quote is not whole in the evidence: 'The following component could not be created: Addi'",
+        "430": "nccl_error/comm_init, not nccl_error/serving",
+    },
+    "compose": {},
+    "journald": {},
+    "ansi": {},
+    "crlf": {},
+    "ps_noheader": {},
+    "tb_cut": {},
+}
+
+
+def _rule_writing() -> list[Path]:
+    every = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
+    shared, rules, _held = split(every)
+    rules_3, _held_3 = third_set(every)
+    return sorted({*shared, *rules, *rules_3, *fourth_set(every)}, key=lambda p: p.name)
+
+
+def _right(bundle: Path, exp: dict, loose: bool) -> bool:
+    got = diagnose_bundle(bundle)
+    if got.phase != exp.get("phase"):
+        return False
+    if loose:  # the exception's line is gone: an alarm where one is due (any), the same quiet verdict where not
+        return got.verdict == exp["verdict"] or (exp["verdict"] not in QUIET and got.verdict not in QUIET)
+    joined = "\n".join(got.evidence)
+    return got.verdict == exp["verdict"] and all(q in joined for q in exp["evidence_must_mention"])
+
+
+@cache
+def _fully_right() -> tuple[tuple[Path, str], ...]:
+    out = []
+    for b in _rule_writing():
+        exp = (b / "expected.json").read_text(encoding="utf-8")
+        if _right(b, json.loads(exp), loose=False):
+            out.append((b, exp))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("name", sorted(PRESENTATIONS))
+def test_a_bundle_laid_out_another_way_gets_the_same_diagnosis(name, tmp_path):
+    file, how = PRESENTATIONS[name]
+    changed, missed = 0, {}
+    for bundle, exp_text in _fully_right():
+        src = bundle / file
+        if not src.is_file():
+            continue
+        text = src.read_text(encoding="utf-8", errors="replace")
+        new = how(text)
+        if new == text:
+            continue
+        changed += 1
+        copy = tmp_path / bundle.name
+        shutil.copytree(bundle, copy)
+        (copy / file).write_text(new, encoding="utf-8")
+        exp = json.loads(exp_text)
+        if not _right(copy, exp, loose=name == "tb_cut"):
+            got = diagnose_bundle(copy)
+            missed[bundle.name.split("-", 1)[0]] = f"{got.verdict}/{got.phase}"
+    assert changed > 0 or name == "ps_noheader", f"{name} changed no bundle"
+    assert set(missed) == set(KNOWN[name]), {k: v for k, v in missed.items() if k not in KNOWN[name]} \
+        or f"no longer missed: {sorted(set(KNOWN[name]) - set(missed))}"
