@@ -5,6 +5,8 @@ laid out, never what they say, so a diagnosis that reads structure gives the sam
 - `compose`: every server.log line under a docker compose prefix (`engine-1  | `);
 - `journald`: under a journald / syslog prefix (`Dec 07 10:11:12 gpu-host-1 engine[4242]: `);
 - `kubectl`: under `kubectl logs --timestamps` (`2026-12-07T10:11:12.123456789Z `);
+- `journald_iso`: under `journalctl -o short-iso` (`2026-12-07T10:11:12+0000 gpu-host-1 engine[4242]: `);
+- `srun_label`: under `srun --label`'s task number (`0: `);
 - `ansi`: each line's first word coloured (ANSI SGR escapes, as a terminal capture keeps them);
 - `crlf`: lines ending in CR LF (a log copied from Windows or a serial console);
 - `ps_noheader`: ps.txt without its header row (a `ps ... | grep` paste);
@@ -48,26 +50,39 @@ def _crlf(text: str) -> str:
     return text.replace("\n", "\r\n")
 
 
-_TB_HEAD = re.compile(r"^\s*Traceback \(most recent call last\):")
-_FRAME = re.compile(r'^\s*File "')
+_TB_HEAD = re.compile(r"Traceback \(most recent call last\):\s*$")
+
+
+def _shared(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` have in common."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _tb_cut(text: str) -> str:
-    """Drop the final exception line of every Python traceback (the first unindented line after its frames)."""
-    lines, out, i = _lines(text), [], 0
-    while i < len(lines):
-        out.append(lines[i])
-        if _TB_HEAD.match(lines[i]):
-            j = i + 1
-            while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
-                out.append(lines[j])
-                j += 1
-            if j < len(lines) and re.match(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)?\b", lines[j]):
-                j += 1  # the exception line, dropped
-            i = j
+    """Drop the final exception line of every Python traceback: the first line after its frames that, less what it
+    shares of the prefix the `Traceback` line had (a level, a timestamp, a process label), is not indented and
+    starts with a name and a colon."""
+    lines = _lines(text)
+    drop: set[int] = set()
+    for i, line in enumerate(lines):
+        m = _TB_HEAD.search(line)
+        if m is None:
             continue
-        i += 1
-    return "\n".join(out)
+        prefix, frames = line[:m.start()], 0
+        for j in range(i + 1, min(len(lines), i + 400)):
+            rest = lines[j][_shared(prefix, lines[j]):]  # a shorter label on frame lines too
+            if rest[:1] in (" ", "\t", "^", "~") or not rest.strip():
+                frames += rest.lstrip().startswith("File ")
+                continue
+            if frames and re.match(r"[A-Za-z_][\w.]*(?::|$)", rest):
+                drop.add(j)  # the exception's own line
+            break
+    return "\n".join(x for k, x in enumerate(lines) if k not in drop)
 
 
 def _ps_noheader(text: str) -> str:
@@ -82,6 +97,8 @@ PRESENTATIONS: dict[str, tuple[str, Callable[[str], str]]] = {
     "compose": ("server.log", _prefix("engine-1  | ")),
     "journald": ("server.log", _prefix("Dec 07 10:11:12 gpu-host-1 engine[4242]: ")),
     "kubectl": ("server.log", _prefix("2026-12-07T10:11:12.123456789Z ")),
+    "journald_iso": ("server.log", _prefix("2026-12-07T10:11:12+0000 gpu-host-1 engine[4242]: ")),
+    "srun_label": ("server.log", _prefix("0: ")),
     "ansi": ("server.log", _ansi),
     "crlf": ("server.log", _crlf),
     "ps_noheader": ("ps.txt", _ps_noheader),

@@ -57,10 +57,14 @@ KNOWN: dict[str, dict[str, str]] = {
     },
     "compose": {},
     "journald": {},
+    "journald_iso": {},
+    "srun_label": {},
     "ansi": {},
     "crlf": {},
     "ps_noheader": {},
-    "tb_cut": {},
+    "tb_cut": {
+        "212": "crashed/None, not crashed/weight_loading: the phase came from the KeyError's own line",
+    },
 }
 
 

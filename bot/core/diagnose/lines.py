@@ -70,16 +70,20 @@ _COMPOSE = re.compile(r"^(?P<src>[A-Za-z0-9][\w.-]{0,80}?)\s*\|(?: |$)")
 #: `kubectl logs --prefix` and `stern`: `[pod/NAME/CONTAINER] `.
 _KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
 #: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
-_JOURNAL = re.compile(r"^(?:[^\W\d_]{2,5}\.?|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? \S{1,64} "
-                      r"(?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")  # the month in the host's language (`авг`, `11月`)
+#: Its `-o short-iso` / `short-iso-precise` form: `2024-12-06T10:00:00+0000 host unit[123]: `.
+_JOURNAL = re.compile(r"^(?:(?:[^\W\d_]{2,5}\.?|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)?"  # `авг`, `11月`
+                      r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) \S{1,64} "
+                      r"(?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")
+#: `srun --label` (Slurm): each line after its task's number, `0: ` (padded where a job has ten tasks or more).
+_SRUN_LABEL = re.compile(r"^ {0,4}(?P<src>\d{1,5}): ")
 #: `kubectl logs --timestamps` and `docker logs -t`: an RFC 3339 time in nanoseconds (docker's fixed 9 digits, the
 #: CRI log's RFC3339Nano less its trailing zeros; an engine's own stamp has 6 at most), Z or an offset, one space.
 #: Its time stays the line's where the engine's own line has none.
 _STAMPED = re.compile(r"^(?P<src>)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{7,9}(?:Z|[+-]\d\d:\d\d) ")
 #: A terminal UI's pane (k9s, lazydocker, htop-like viewers): every line between box-drawing borders.
 _PANE = re.compile(r"^[│┃║|] ?(?P<src>)")
-_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("journal", _JOURNAL), ("pane", _PANE),
-          ("stamped", _STAMPED))
+_OUTER = (("compose", _COMPOSE), ("kubectl", _KUBECTL), ("stamped", _STAMPED), ("journal", _JOURNAL),
+          ("pane", _PANE), ("srun", _SRUN_LABEL))  # a stamp before a journal's: `Z I common_init: ` is no host
 _PANE_RIGHT = re.compile(r"\s*[│┃║]\s*$")
 
 # --- the engine's own prefix: read for level / module / source, removed for `body` -----------------------------------
