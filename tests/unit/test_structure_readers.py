@@ -131,6 +131,8 @@ def test_a_native_crash_is_read_as_a_structure(sample):
         assert any(b.exc_type == expect["type"] for b in blocks), [(b.kind, b.exc_type) for b in blocks]
     if expect.get("message_contains"):
         assert any(expect["message_contains"] in b.message for b in blocks), [b.message for b in blocks]
+    for func in expect.get("frames_contain") or ():  # a dump's frames (a goroutine's), read with the crash
+        assert any(f.func == func for b in blocks for f in b.frames), [(b.kind, b.frames) for b in blocks]
 
 
 @pytest.mark.parametrize("sample", _of("ps"))

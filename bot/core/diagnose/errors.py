@@ -19,7 +19,8 @@ frames, where it starts and ends, and whether its last line was cut off.
 - a native backtrace (`3   0x7f4a46a29091 ns::Class::method(args) + 140`: TensorRT-LLM, glog, boost) under an error
   line: its frames (function and qualified name) added to that line's error.
 - a Rust panic (`thread 'main' panicked at ...`, Rust 1.0-1.8x, both the old one-line and the newer two-line form)
-  and a Go panic (`panic: ...` with `goroutine N [running]:`).
+  and a Go panic (`panic: ...` with `goroutine N [running]:`) or runtime crash (`fatal error: ...`, `SIGSEGV:
+  segmentation violation` over `PC=0x...`), with its first goroutine's frames.
 
 What an error MEANS (its verdict, its phase) is decided elsewhere (bot.core.diagnose.taxonomy, .frames); this module
 only reads the shape. Never raises.
@@ -127,6 +128,18 @@ _SIGNAL_NUMBERS = MappingProxyType({"11": "SIGSEGV", "6": "SIGABRT", "7": "SIGBU
                                     "9": "SIGKILL", "15": "SIGTERM", "2": "SIGINT", "3": "SIGQUIT"})
 _RUST = re.compile(r"thread '(?P<thread>[^']{0,80})' panicked at (?:'(?P<msg>.*)', )?(?P<where>\S+?):?$")
 _GO = re.compile(r"^panic: (?P<msg>.+)")
+#: The Go runtime's own crashes (runtime/panic.go, runtime/signal_unix.go, Go 1.x): `fatal error: MSG`, and a signal
+#: in cgo or the runtime as `SIGSEGV: segmentation violation` over `PC=0x... m=N sigcode=N`; each before its
+#: goroutine dump.
+_GO_FATAL = re.compile(r"^fatal error: (?P<msg>.+)")
+_GO_SIGNAL = re.compile(r"^(?P<sig>SIG[A-Z]{2,6}): (?P<msg>[a-z][a-z -]{2,60})$")
+_GO_PC = re.compile(r"^PC=0x[0-9a-f]+ m=\d+")
+#: A goroutine dump's header and its frames: `pkg/path.(*Type).method(args)` over `\t/path/file.go:N +0x1b4`
+#: (innermost first); cgo calls as `pkg._Cfunc_name(...)`.
+_GOROUTINE = re.compile(r"^goroutine \d+(?: gp=\S+)?(?: m=\S+)?(?: mp=\S+)? \[[^\]]{1,80}\]:$")
+_GO_FRAME = re.compile(r"^(?P<q>[\w.\-/]*?[\w\-]+(?:\.\(\*?\w+\))?\.(?:_Cfunc_)?(?P<func>\w+)"
+                       r"(?:\.func\d+(?:\.\d+)*)?)\(.*\)$")
+_GO_FILE = re.compile(r"^\s+(?P<file>\S+\.(?:go|s|c)):(?P<line>\d{1,7})(?: \+0x[0-9a-f]+)?(?: \w+=\S+)*$")
 #: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
 _CARET = re.compile(r"^[\s~^]+$")
 #: Python 3.13's elision of a multi-line call's middle: `...<2 lines>...`.
@@ -388,7 +401,8 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
 
 #: Words one of the native error shapes below needs: a line with none of them is not read further (most are not).
 _NATIVE_WORDS = re.compile(r"terminate|what\(\)|frame #|Exception raised|SIG|[Ss]egment|Abort|abort|Bus error|Illegal|"
-                           r"[Ii]llegal|Floating|[Ff]loating|[Ss]egfault|[Ss]ignal|Assert|GGML_ASSERT|panic")
+                           r"[Ii]llegal|Floating|[Ff]loating|[Ss]egfault|[Ss]ignal|Assert|GGML_ASSERT|panic|"
+                           r"^fatal error: ")
 
 
 @functools.lru_cache(maxsize=1 << 15)
@@ -445,8 +459,46 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
             out.append(ErrorBlock("panic", "panic", msg, start=i, line=i, end=i, source=ln.source))
             continue
         if (m := _GO.match(body)) and any("goroutine " in lines[j].body for j in range(i + 1, min(len(lines), i + 4))):
-            out.append(ErrorBlock("panic", "panic", m.group("msg"), start=i, line=i, end=i, source=ln.source))
+            out.append(_go_frames(ErrorBlock("panic", "panic", m.group("msg"), start=i, line=i, end=i,
+                                             source=ln.source), lines))
+            continue
+        if (m := _GO_FATAL.match(body) or _GO_SIGNAL.match(body)) and _go_dump_follows(lines, i):
+            kind = m.groupdict().get("sig") or "fatal error"
+            out.append(_go_frames(ErrorBlock("panic", kind, m.group("msg"), start=i, line=i, end=i,
+                                             source=ln.source), lines))
     return out
+
+
+def _go_dump_follows(lines: Sequence[LogLine], i: int) -> bool:
+    """Whether the Go runtime's crash report goes on after line `i`: its `PC=` line, a `[signal ...]` line or a
+    goroutine header within the next few lines."""
+    for j in range(i + 1, min(len(lines), i + 6)):
+        body = lines[j].body.strip()
+        if _GO_PC.match(body) or body.startswith("[signal SIG") or _GOROUTINE.match(body):
+            return True
+    return False
+
+
+def _go_frames(block: ErrorBlock, lines: Sequence[LogLine], limit: int = 200) -> ErrorBlock:
+    """`block` with the frames of the first goroutine dump after it (outermost first, as Python's), its `end` moved
+    to the dump's last frame. The dump is read until a line that is neither a frame, its file line nor blank."""
+    i = block.start + 1
+    end = min(len(lines), block.start + limit)
+    while i < end and not _GOROUTINE.match(lines[i].body.strip()):
+        i += 1
+    frames: list[TraceFrame] = []
+    for j in range(i + 1, end):
+        body = lines[j].body.rstrip()
+        if m := _GO_FRAME.match(body.strip()):
+            frames.append(TraceFrame("", m.group("func")))
+            block.end = j
+        elif (f := _GO_FILE.match(body)) and frames and not frames[-1].file:
+            frames[-1] = TraceFrame(f.group("file"), frames[-1].func, int(f.group("line")))
+            block.end = j
+        elif body.strip() or _GOROUTINE.match(body.strip()):
+            break
+    block.frames.extend(reversed(frames))
+    return block
 
 
 def error_blocks(lines: Sequence[LogLine]) -> list[ErrorBlock]:

@@ -70,9 +70,12 @@ _COMPOSE = re.compile(r"^(?P<src>[A-Za-z0-9][\w.-]{0,80}?)\s*\|(?: |$)")
 #: `kubectl logs --prefix` and `stern`: `[pod/NAME/CONTAINER] `.
 _KUBECTL = re.compile(r"^\[(?P<src>pod/[^\]\s/]{1,120}/[^\]\s]{1,80})\] ")
 #: journald's short output: `Dec 06 10:00:00 host unit[123]: `.
-#: Its `-o short-iso` / `short-iso-precise` form: `2024-12-06T10:00:00+0000 host unit[123]: `.
+#: Its `-o short-iso` / `short-iso-precise` form: `2024-12-06T10:00:00+0000 host unit[123]: ` (an offset as
+#: strftime's %z writes it, never `Z`, and a host that is no level word: a Rust or Go service's `TIME LEVEL target: `
+#: is no journal).
 _JOURNAL = re.compile(r"^(?:(?:[^\W\d_]{2,5}\.?|\d{1,2}月) {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)?"  # `авг`, `11月`
-                      r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)) \S{1,64} "
+                      r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{6})?[+-]\d{4})"  # strftime's %z: never `Z`
+                      r" (?!(?:TRACE|DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL|FATAL)\b)\S{1,64} "
                       r"(?P<src>[\w.@/-]{1,80})(?:\[\d+\])?: ")
 #: `srun --label` (Slurm): each line after its task's number, `0: ` (padded where a job has ten tasks or more).
 _SRUN_LABEL = re.compile(r"^ {0,4}(?P<src>\d{1,5}): ")
