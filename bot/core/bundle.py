@@ -1,6 +1,6 @@
 """Parse the file texts of a case bundle (tests/fixtures/cases/README.md) into an `Observation` for `diagnose`.
 
-A bundle holds evidence files (`server.log`, `ps.txt`, `nvidia-smi.txt` / `.csv`, `netstat.txt` / `ss.txt`,
+A bundle holds evidence files (`server.log`, `ps.txt`, `top.txt`, `nvidia-smi.txt` / `.csv`, `netstat.txt` / `ss.txt`,
 `curl.txt`, `dmesg.txt`, `proc-stack.txt`, `ipcs-m.txt`, `docker-ps.txt`) plus `observed.json` (facts only
 watching over time could give). `case.md` and `expected.json` hold the answer and are NEVER read.
 
@@ -52,6 +52,7 @@ __all__ = [
 BUNDLE_FILES: tuple[str, ...] = (
     "server.log",
     "ps.txt",
+    "top.txt",
     "nvidia-smi.txt",
     "nvidia-smi.csv",
     "netstat.txt",
@@ -87,6 +88,12 @@ _KIND_RE: Mapping[str, re.Pattern[str]] = MappingProxyType({
     "nlwp": re.compile(r"\d+"),
     "c": re.compile(r"\d+"),
     "tty": re.compile(r"\?{1,2}|pts/\d+|tty\w*|console|s\d{3}"),
+    "pr": re.compile(r"-?\d{1,3}|rt"),
+    "ni": re.compile(r"-?\d{1,2}"),
+    "virt": re.compile(r"\d+(?:\.\d+)?[kmgtpe]?"),
+    "res": re.compile(r"\d+(?:\.\d+)?[kmgtpe]?"),
+    "shr": re.compile(r"\d+(?:\.\d+)?[kmgtpe]?"),
+    "toptime": re.compile(r"\d+:\d\d(?:\.\d\d)?"),
     # procps (`19:08`, `Dec06`, `2024`) and BSD / macOS ps (`10:19AM`, `Tue05PM`, `6Dec24`)
     "start": re.compile(r"\d{1,2}:\d\d(?:[AP]M)?|[A-Z][a-z]{2}\d\d(?:[AP]M)?|\d{4}|\d{1,2}[A-Z][a-z]{2}\d\d"),
     "etimes": re.compile(r"\d+|(?:\d+-)?(?:\d+:)?\d+:\d\d"),
@@ -109,6 +116,9 @@ _PS_LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("pid", "ppid", "stat", "pcpu", "etimes", "time", "args"),
     ("pid", "tty", "time", "args"),  # ps -e
     ("pid", "stat", "time", "args"),
+    # top's task rows (procps-ng top: PID USER PR NI VIRT RES SHR S %CPU %MEM TIME+ COMMAND)
+    ("pid", "user", "pr", "ni", "virt", "res", "shr", "stat", "pcpu", "pmem", "toptime", "args"),
+    ("pid", "args"),  # pgrep -a, ps -o pid,args: the loosest, last
 )
 _HEADER_HINT = re.compile(r"^\s*(?:USER\s+)?PID\b|\bPID\s+PPID\b|\bCOMMAND\s*$|\bCMD\s*$")
 
@@ -190,6 +200,23 @@ def parse_ps_text(text: str) -> tuple[list[ProcessInfo], dict[int, str]]:
             rows.append(parsed[0])
             raw_by_pid.setdefault(parsed[0].pid, ln.strip())
     return rows, raw_by_pid
+
+
+#: top's task table header (procps-ng top 3.x / 4.x): its summary block comes before it.
+_TOP_HEADER = re.compile(r"^\s*PID\s+USER\s+PR\s+NI\s+VIRT\s+RES\b")
+
+
+def parse_top_text(text: str) -> tuple[list[ProcessInfo], dict[int, str]]:
+    """The task rows of a `top` capture (procps-ng top, batch or pasted: the summary block, then `PID USER PR NI
+    VIRT RES SHR S %CPU %MEM TIME+ COMMAND`) as (rows, raw line per PID): pid, user, state, %CPU and the command as
+    top shows it (cut to its column, 15 characters by default). Rows before a header, or without one, are read by
+    shape. Never raises."""
+    if not isinstance(text, str):
+        return [], {}
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if _TOP_HEADER.match(ln)]
+    body = lines[heads[-1] + 1:] if heads else lines
+    return parse_ps_text("\n".join(ln for ln in body if ln.strip() and not _TOP_HEADER.match(ln)))
 
 
 # --- nvidia-smi -----------------------------------------------------------------------------------------
@@ -591,6 +618,11 @@ def observation_from_texts(texts: Mapping[str, str], observed: Any = None, *,
         obs.log_lines = [line for line in obs.log_lines if not EXIT_LINE_RE.match(line.strip())]
     if (ps := texts.get("ps.txt")) is not None:
         obs.processes, obs.process_lines = parse_ps_text(ps)
+    if (top := texts.get("top.txt")) is not None:  # a `top` capture: its task rows, where ps did not list the PID
+        rows, raw = parse_top_text(top)
+        known = {p.pid for p in obs.processes or []}
+        obs.processes = (obs.processes or []) + [r for r in rows if r.pid not in known]
+        obs.process_lines = {**raw, **(obs.process_lines or {})}
     gpu_errors: list[str] | None = None
     if (table := texts.get("nvidia-smi.txt")) is not None:
         gpus, procs, raw, errors = parse_gpu_table(table)

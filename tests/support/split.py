@@ -95,7 +95,6 @@ KNOWN_MISSES = {
     "215": "a traceback cut before its exception line, repeated across the Ray cluster: read as a crash, not unknown",
     "232": "phase: a device-side assert in run_batch after start-up is placed in serving; the writer leaves it open",
     "233": "phase: a lone CUDA OOM line (a request's, by the report's words) has nothing that places it in serving",
-    "234": "the `top` row of the schedulers at 300 % CPU (top.txt) is not quoted",
     "244": "phase: a Dynamo request that hangs without a serving line in the excerpt: phase not known",
     "245": "phase: a TypeError in vLLM's stat-logger set-up is placed in kv_cache_alloc (its last milestone)",
     "247": "phase: TensorRT-LLM's mempool error in a Triton table wrapped by hand is not tied to the model's load",

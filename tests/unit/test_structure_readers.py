@@ -214,3 +214,16 @@ def test_an_error_the_same_ranks_say_again_later_was_outlived(sample):
     assert verdict.verdict not in ("oom", "crashed"), verdict.summary
     # the same words from ranks that said them once, at one moment, stay a failure
     assert diagnose(Observation(log_lines=[x for x in lines if "21:49:33" in x])).verdict == "oom"
+
+
+def test_a_top_capture_gives_its_task_rows():
+    """top's summary block and header come before its task rows (sgl-project/sglang#3752, bundle 234's top.txt)."""
+    from bot.core.bundle import parse_top_text
+    from tests.support.paths import CASES
+
+    text = next(CASES.glob("234-*")).joinpath("top.txt").read_text(encoding="utf-8")
+    rows, raw = parse_top_text(text)
+    assert [r.pid for r in rows][:3] == [22098, 22094, 22095]
+    assert rows[0].stat == "R" and rows[0].args == "sglang::schedul"
+    assert "300.7" in raw[22098]
+    assert parse_top_text("top - 08:56:03 up 7:49\nTasks: 3035 total\n") == ([], {})
