@@ -78,6 +78,8 @@ class ProbeRequest:
     `generate_path` (with `port`): a generation check beside the health endpoint, a GET or, with `generate_body`
     (JSON text, at most 8192 bytes), a POST of that body, waiting up to `generate_timeout_s` seconds (1..300); it
     runs beside the other parts, so it adds nothing to a probe whose generation answers at once.
+    `gpu_max_age_s`: a reading of the host's GPUs another probe took at most this many seconds ago will do (the
+    GPUs are the host's, not the launch's: launches checked on one host share it); 0, a fresh one.
     Immutable: derive variants with `dataclasses.replace`.
     """
 
@@ -102,6 +104,7 @@ class ProbeRequest:
     generate_path: str | None = None
     generate_body: str | None = None
     generate_timeout_s: float = 20.0
+    gpu_max_age_s: float = 0.0
 
     def validate(self) -> None:
         """Raise ProbeRequestError when a value is out of range or unsafe to send."""
@@ -138,6 +141,8 @@ class ProbeRequest:
                 ok = False
             if not ok:
                 raise ProbeRequestError("generation body must be text of at most 8192 bytes")
+        if not 0 <= self.gpu_max_age_s <= 300:
+            raise ProbeRequestError("GPU reading age must be 0..300 seconds")
         if not 1 <= self.generate_timeout_s <= 300:
             raise ProbeRequestError("generation timeout must be 1..300 seconds")
         if not 1 <= self.tail_lines <= 500:

@@ -117,6 +117,8 @@ class HostService:
         self._job_nodes: dict[str, tuple[HostConfig, str, str, str]] = {}
         # where the line count of each log read so far stopped: the next probe counts on from there
         self._log_cursors: dict[tuple[str, str], LogCursor] = {}
+        #: host -> (monotonic time, its last whole GPU reading): what a request with gpu_max_age_s may reuse
+        self._gpu_readings: dict[str, tuple[float, GpuSection]] = {}
         self._nvml_reader = nvml_reader or LocalNvml().read_async
         self._extra_path = extra_path
         self._slots = asyncio.Semaphore(config.probe_concurrency)
@@ -230,6 +232,9 @@ class HostService:
                 req = dataclasses.replace(req, gpu=False)
         if req.log_path is not None and req.log_cursor is None:
             req = dataclasses.replace(req, log_cursor=self._log_cursors.get((host, req.log_path)))
+        shared = self._shared_gpu(host, req)
+        if shared is not None:  # another probe's reading of this host's GPUs, recent enough
+            gpu_override, req = shared, dataclasses.replace(req, gpu=False)
         nvml_task = self._start_nvml(host, cfg, executor) if req.gpu else None
         nonce = new_nonce()
         script = build_script(dataclasses.replace(req, gpu=False) if nvml_task else req, nonce, policy)
@@ -267,9 +272,21 @@ class HostService:
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         if snap.log is not None and snap.log.cursor is not None:
             self._remember_cursor(host, snap.log.path, snap.log.cursor)
+        if shared is None and snap.gpu.ok and snap.gpu.gpus and (req.gpu or gpu_override is not None):
+            self._gpu_readings[host] = (time.monotonic(), snap.gpu)
         snap.duration_s = time.monotonic() - start
         snap.local_clock = sent_at
         return snap
+
+    def _shared_gpu(self, host: str, req: ProbeRequest) -> GpuSection | None:
+        """The last whole GPU reading of `host`, when `req` takes one of its age (`gpu_max_age_s`); else None. A
+        reading that failed is never kept, so a GPU that fell off the bus is seen by the next probe that reads."""
+        if not req.gpu or req.gpu_max_age_s <= 0:
+            return None
+        got = self._gpu_readings.get(host)
+        if got is None or time.monotonic() - got[0] > req.gpu_max_age_s:
+            return None
+        return got[1]
 
     def _remember_cursor(self, host: str, path: str, cursor: LogCursor) -> None:
         """Keep where the line count of `path` on `host` stopped (at most LOG_CURSORS of them: the oldest go)."""

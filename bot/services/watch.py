@@ -74,6 +74,8 @@ ENDING_POLL_S = 1.0
 #: A serving launch gets a full look (every process on its host, its log's last lines) at least every this many
 #: checks; the checks in between are cheap (`Watcher._liveness_request`) while it stays fine.
 FULL_CHECK_EVERY = 10
+#: The oldest reading of a host's GPUs (seconds) a cheap check takes from another launch's check on the same host.
+GPU_SHARE_MAX_S = 10.0
 
 
 def _new_fields(verdict: Verdict, current: Launch, record: CheckRecord, *, news: bool, serving: bool,
@@ -298,7 +300,8 @@ class Watcher(SpanningChecks):
     def _liveness_request(self, la: Launch, prev: CheckRecord | None, *, generate: bool = False) -> ProbeRequest | None:
         """The cheap check of a launch that serves and was fine last time: only its own processes (`ps -p`, their
         tags), what its log got since the last check (from that check's cursor), its port, health endpoint and
-        GPUs; not every process on the host nor the log's last 200 lines. None when a full look is due: while it
+        GPUs (the host's reading of another launch's check within half an interval will do); not every process on
+        the host nor the log's last 200 lines. None when a full look is due: while it
         starts, after trouble, without a previous record to go on, or every FULL_CHECK_EVERY checks (to see new
         processes of the launch)."""
         cursor = LogCursor.from_list(prev.log_cursor) if prev is not None else None
@@ -311,7 +314,10 @@ class Watcher(SpanningChecks):
             return None
         self._cheap[la.id] = n + 1
         req = self.launches.launch_probe_request(la, tail_lines=200, generate=generate)
-        return replace(req, ps_pids=tuple(pids), log_cursor=cursor, log_since=cursor is not None)
+        # the host's GPUs as another launch's check read them within half an interval: one reading for them all
+        shared_s = min(GPU_SHARE_MAX_S, self.policy_for(la).serving_interval_s / 2)
+        return replace(req, ps_pids=tuple(pids), log_cursor=cursor, log_since=cursor is not None,
+                       gpu_max_age_s=max(0.0, shared_s))
 
     def _generation_due(self, la: Launch, history: list[CheckRecord]) -> bool:
         """Whether this check of `la` runs its variant's generation check: only once it serves, and then by
