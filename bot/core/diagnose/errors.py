@@ -108,6 +108,9 @@ _FAULT = re.compile(r"^Fatal Python error: (?P<msg>.+)")
 _FAULT_FRAME = re.compile(r'File "(?P<file>[^"]{1,400})", line (?P<line>\d{1,7}) in (?P<func>\S{1,200})')
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']{1,200})'")
 _WHAT = re.compile(r"^\s*what\(\):\s*(?P<msg>.*)")
+#: c10's exception dump (torch c10/util/Exception.cpp): `Exception raised from FUNC at FILE:LINE (most recent call
+#: first):`, then `frame #N:` lines.
+_RAISED_FROM = re.compile(r"^Exception raised from (?P<func>[\w:~<>]+) at \S+")
 _NATIVE_FRAME = re.compile(r"^frame #\d+: (?:0x[0-9a-f]+ \(?)?(?P<func>[^\s(+]{1,200})")
 _SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) received|^Signal Received: (?P<g3num>\d{1,2})\b|"
                      r"^(?P<word>Segmentation fault|Aborted|Bus error|"
@@ -242,6 +245,8 @@ class _PyReader:
         if not body:
             return
         if self.cur is None and not _MAY_START.search(body):
+            if ("Error" in body or "Exception" in body) and (exc := exception_line(body)) is not None:
+                self._tail(i, exc)
             return  # no traceback open and nothing that could begin or continue one: most lines
         if _TB_HEAD in body:
             self.start(i)
@@ -281,6 +286,22 @@ class _PyReader:
             return
         self.close(cut=True)  # something else began: the traceback was cut before its exception line
 
+    def _tail(self, i: int, exc: tuple[str, str]) -> None:
+        """An exception line `i` right under a frame's code line (indented, or carets) with no traceback open: the
+        tail of a traceback whose head a paste or an excerpt cut off. Read as a traceback with no frames."""
+        j = i - 1
+        while j >= 0 and not self.lines[j].body.strip():
+            j -= 1
+        if j < 0 or (self.lines[j].source != self.lines[i].source and self.lines[j].source is not None):
+            return
+        raw = self.lines[j].body
+        if not (_CARET.match(raw.strip()) or len(raw) - len(raw.lstrip(" ")) >= 4):
+            return
+        last = self.out[-1] if self.out else None
+        if last is not None and last.end >= j:  # the code line closed a traceback already read
+            return
+        self.out.append(ErrorBlock("python", exc[0], exc[1], start=j, line=i, end=i, source=self.source))
+
     def finish(self) -> list[ErrorBlock]:
         """The blocks read; a traceback still open at the end was cut."""
         if self.cur is not None and (self.cur.frames or self.cur.start == self.cur.end):
@@ -305,7 +326,10 @@ _BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$"
                         # UCX's `ucs_handle_error` backtrace: ` 6  /path/libuct.so(uct_tcp_ep_am_bcopy+0x8a) [0x7a..]`
                         r"|^\s*\d{1,3}\s+(?P<ulib>/\S+?)\((?P<usym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s+\[0x[0-9a-f]+\]$"
                         # absl's FailureSignalHandler (Ray, gRPC): `PC: @ 0x7f.. (unknown) func()`, `@ 0x7f.. 80 func`
-                        r"|^(?:PC: )?@\s+0x[0-9a-f]{1,16}\s+(?:\d+|\(unknown\))\s+(?P<asym>\S.*)$")
+                        r"|^(?:PC: )?@\s+0x[0-9a-f]{1,16}\s+(?:\d+|\(unknown\))\s+(?P<asym>\S.*)$"
+                        # glibc's backtrace_symbols(_fd) (execinfo.h; ggml_print_backtrace): `/x.so(sym+0x1b)[0x7f..]`
+                        r"|^(?P<blib>/\S+?|[\w.-]+\.so[\w.]*)\((?P<bsym>[^)+\s]*)(?:\+0x[0-9a-f]+)?\) ?"
+                        r"\[0x[0-9a-f]+\]$")
 
 
 #: An Itanium C++ ABI mangled name (GCC, Clang): `_ZN` nested-name `E` or `_Z` one name, then the parameters.
@@ -379,7 +403,8 @@ def _backtraces(lines: Sequence[LogLine], out: list[ErrorBlock]) -> None:
                     j += 1
                     continue
                 break
-            sym = next((g for g in (m.group("sym"), m.group("gsym"), m.group("usym"), m.group("asym")) if g), None)
+            sym = next((g for g in (m.group("sym"), m.group("gsym"), m.group("usym"), m.group("asym"), m.group("bsym"))
+                        if g), None)
             if sym and (fn := native_function(sym)) is not None:
                 frames.append(TraceFrame(fn[1], fn[0]))
             j += 1
@@ -429,6 +454,12 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
             cpp = ErrorBlock("cpp", m.group("type"), before, start=i, line=i, end=i, source=ln.source)
             out.append(cpp)
             continue
+        if (cpp is None or i - cpp.end > 3) and (m := _RAISED_FROM.match(body)):
+            # c10's dump of an exception whose `terminate called` / `what()` head the excerpt does not hold
+            cpp = ErrorBlock("cpp", "c10::Error", f"raised from {m.group('func')}", start=i, line=i, end=i,
+                             source=ln.source)
+            out.append(cpp)
+            continue
         if cpp is not None and i - cpp.end <= 3:
             if m := _WHAT.match(body):
                 cpp.message, cpp.line, cpp.end = m.group("msg").strip(), i, i
@@ -458,15 +489,20 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
                 msg = lines[i + 1].body.strip()
             out.append(ErrorBlock("panic", "panic", msg, start=i, line=i, end=i, source=ln.source))
             continue
-        if (m := _GO.match(body)) and any("goroutine " in lines[j].body for j in range(i + 1, min(len(lines), i + 4))):
-            out.append(_go_frames(ErrorBlock("panic", "panic", m.group("msg"), start=i, line=i, end=i,
-                                             source=ln.source), lines))
-            continue
-        if (m := _GO_FATAL.match(body) or _GO_SIGNAL.match(body)) and _go_dump_follows(lines, i):
-            kind = m.groupdict().get("sig") or "fatal error"
-            out.append(_go_frames(ErrorBlock("panic", kind, m.group("msg"), start=i, line=i, end=i,
-                                             source=ln.source), lines))
+        if (go := _go_crash(lines, i, body)) is not None:
+            out.append(go)
     return out
+
+
+def _go_crash(lines: Sequence[LogLine], i: int, body: str) -> ErrorBlock | None:
+    """A Go panic or runtime crash whose report starts at line `i` (with its first goroutine's frames), or None."""
+    if (m := _GO.match(body)) and any("goroutine " in lines[j].body for j in range(i + 1, min(len(lines), i + 4))):
+        return _go_frames(ErrorBlock("panic", "panic", m.group("msg"), start=i, line=i, end=i,
+                                     source=lines[i].source), lines)
+    if (m := _GO_FATAL.match(body) or _GO_SIGNAL.match(body)) and _go_dump_follows(lines, i):
+        return _go_frames(ErrorBlock("panic", m.groupdict().get("sig") or "fatal error", m.group("msg"), start=i,
+                                     line=i, end=i, source=lines[i].source), lines)
+    return None
 
 
 def _go_dump_follows(lines: Sequence[LogLine], i: int) -> bool:

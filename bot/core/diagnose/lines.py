@@ -115,6 +115,8 @@ _ELEMENTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("glog", re.compile(r"\[" + _TS_CORE + r" (?P<v>[IWEFD]) \d{1,10} \d{1,10}\]\s*"
                         r"(?:(?P<m>[\w./-]+\.(?:cc|cpp|h)):\d+:\s*)?")),
     ("ts", re.compile(r"\[?" + _TS_CORE + r"(?: ?(?:UTC|[A-Z]{3}))?\]?[ :,]?\s*")),
+    # llama.cpp's `--log-timestamps`: `0.01.323.172 I ` (time since start, then the level letter)
+    ("glog", re.compile(r"\d{1,6}\.\d\d\.\d{3}\.\d{3} (?P<v>[IWED]) (?:[a-z]{2,5} {1,2}(?=\w+:))?(?P<m>)")),
     # glog / c10: `I1206 10:00:00.123456  123 file.cc:12] `, `[W1206 10:00:00.1 file.cc:12] `
     ("glog", re.compile(r"\[?(?P<v>[IWEF])\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)?\s+(?P<m>[\w./-]+):\d+\]\s*\]?\s*")),
     # torch c10's short form: `[E ProcessGroupNCCL.cpp:828] `
@@ -150,13 +152,9 @@ _LINE_START = re.compile(
     r"|time=|Traceback |During handling|The above exception|File \"|(?:[\w]+\.)*[A-Z]\w*(?:Error|Exception|Exit|"
     r"Interrupt|Warning)\b|\w[\w.-]{0,80}\s+\| |terminate called|what\(\)|Exception raised from|frame #"
     r"|\d+\s*(?:%|/\d)|[a-z_][\w.]*:\s)")
-#: How a log record's own first line starts (a timestamp, a level, a bracketed or parenthesised label, a traceback's
-#: structure): after a line cut at the terminal's exact width, only such a line is a new one.
-_RECORD_START = re.compile(
-    r"^(?:\d{4}-\d\d-\d\d|\d\d-\d\d \d\d:|\d\d:\d\d:\d\d|\d\d/\d\d/\d{4}|[IWEFD]\d{4} \d|\[[\w\s:./-]{1,40}\]"
-    r"|\((?:[\w:./-]{1,80} ){0,3}(?:rank|pid|ip|node|tp|dp)="
-    r"|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|PANIC)\b|[A-Z][a-z]{2} [ \d]\d \d\d:|time="
-    r"|Traceback |During handling|The above exception|\s+File \"|\s+frame #|terminate called|\w[\w.-]{0,80}\s+\| )")
+#: A row that goes on after a cut at a space: one space, then a word in lower case or an opening bracket (`
+#: was encountered`, ` (core dumped)`); an indented line (code, a frame) has more than one.
+_SPACE_WORD = re.compile(r"^ [a-z(]")
 #: How a paste's continuation starts: mid-sentence (a lower-case word, a digit, closing punctuation), never a new
 #: capitalised message.
 _CONTINUES = re.compile(r"^[a-z0-9)\]},.;:/'\"_-]")
@@ -187,9 +185,9 @@ def _repeated_label(text: Sequence[str]) -> re.Pattern[str] | None:
     return None
 
 
-def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
+def _outer(lines: Sequence[str], label: bool = True) -> tuple[str, re.Pattern[str]] | None:
     """The outer prefix shape most lines of the log carry: one that at least 60 % of its non-blank lines (at least 2,
-    or the only line) start with; else a label repeated before every line. None when there is none."""
+    or the only line) start with; else (with `label`) a label repeated before every line. None when there is none."""
     text = [ln for ln in lines[:100] if ln.strip()]
     if not text:
         return None
@@ -197,7 +195,7 @@ def _outer(lines: Sequence[str]) -> tuple[str, re.Pattern[str]] | None:
         n = sum(1 for ln in text if rx.match(ln))
         if n >= max(1 if len(text) == 1 else 2, 0.6 * len(text)):
             return name, rx
-    if sum(1 for ln in text if _engine_start(ln)) >= 0.6 * len(text):
+    if not label or sum(1 for ln in text if _engine_start(ln)) >= 0.6 * len(text):
         return None  # most lines start with the engine's own prefix: no label before them
     label = _repeated_label(text)
     return ("label", label) if label is not None else None
@@ -247,17 +245,21 @@ def _engine_start(text: str) -> bool:
 
 
 def _wrap_width(texts: Sequence[str], raw: Sequence[str]) -> tuple[int, bool] | None:
-    """The width this log's long lines were cut at, and whether exactly (a terminal keeps every character, so three
-    or more lines as it printed them, `raw`, or two in a row, have exactly that length, at least 60, none longer) or
-    at word boundaries (a paste or a chat client: four or more lines of `texts` end within 15 % under a width of 60
-    to 200 that none exceeds). None when neither."""
-    for size in (len, lambda t: len(t.rstrip())):  # a cut at a space keeps it where a log keeps whitespace
-        lengths = Counter(size(t) for t in raw if len(t) >= 50)
+    """The width this log's long lines were cut at, and whether exactly (a terminal keeps every character: three or
+    more lines as it printed them, `raw`, or two in a row, have exactly that length, at least 60, none longer, and
+    one of them goes on in a row that does not start like a line) or at word boundaries (a paste or a chat client:
+    four or more lines of `texts` end within 15 % under a width of 60 to 200 that none exceeds). A log whose long
+    rows are padded with spaces (a terminal copy that pads every row) is measured without the padding. None when
+    neither."""
+    long_rows = [t for t in raw if len(t) >= 50]
+    padded = sum(1 for t in long_rows if t[-1:].isspace()) * 2 > len(long_rows)
+    for size in ((len, _stripped_len) if not padded else (_stripped_len,)):  # a cut at a space keeps the space
+        lengths = Counter(size(t) for t in long_rows)
         if not lengths or (width := max(lengths)) < 60:
             continue
-        # three rows of that width, or two in a row (one line that took three rows or more)
-        if lengths[width] >= 3 or (lengths[width] == 2 and any(
-                size(a) == size(b) == width and a != b for a, b in itertools.pairwise(raw))):
+        cut = [b for a, b in itertools.pairwise(raw) if size(a) == width and _goes_on(a, b)]
+        if cut and (lengths[width] >= 3 or (lengths[width] == 2 and any(
+                size(a) == size(b) == width and a != b and _goes_on(a, b) for a, b in itertools.pairwise(raw)))):
             return width, True
     lengths = Counter(len(t.rstrip()) for t in texts if len(t) >= 50)
     if not lengths:
@@ -266,6 +268,20 @@ def _wrap_width(texts: Sequence[str], raw: Sequence[str]) -> tuple[int, bool] | 
     if 60 <= longest <= 200 and sum(n for w, n in lengths.items() if w >= 0.85 * longest) >= 4:
         return longest, False
     return None
+
+
+def _stripped_len(text: str) -> int:
+    return len(text.rstrip())
+
+
+def _goes_on(row: str, text: str) -> bool:
+    """Whether `text` reads as the rest of a `row` a terminal cut at its width: it does not start like a line, or
+    the cut fell inside a word (a letter or digit on both sides, the rest in lower case: `torch.OutOfMemoryEr` /
+    `ror: CUDA out of memory`), or at a space (`_SPACE_WORD`)."""
+    if not text.strip():
+        return False
+    return (not _starts_a_line(text) or bool(_SPACE_WORD.match(text))
+            or (row[-1:].isalnum() and text[:1].isalnum() and text[:1].islower()))
 
 
 def _joined(segments: list[tuple[int, str]], raw: dict[int, str] | None = None) -> list[tuple[tuple[int, ...], str]]:
@@ -280,13 +296,12 @@ def _joined(segments: list[tuple[int, str]], raw: dict[int, str] | None = None) 
             phys, before = out[-1]
             width, exact = wrap
             starts = _starts_a_line(text)
-            if exact and width in (phys_len, phys_raw) and len(before) < MAX_LINE and (
-                    not starts or not _RECORD_START.match(text)):
+            if exact and width in (phys_len, phys_raw) and len(before) < MAX_LINE and _goes_on(before, text):
                 out[-1] = ((*phys, i), (before + text)[:MAX_LINE])
                 prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
                 continue
             if exact and phys_len == width - 1 == phys_raw and len(before) < MAX_LINE and not starts \
-                    and text[:1].strip():
+                    and text[:1].islower():
                 # cut at a space, which the line lost with its trailing whitespace
                 out[-1] = ((*phys, i), (before + " " + text)[:MAX_LINE])
                 prev_len, (phys_len, phys_raw) = len(text.rstrip()), _lengths(raw.get(i, text))
@@ -454,7 +469,8 @@ def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = 
         segments = _stripped(segments, outer, sources)
         if outer[0] == "pane":
             segments = _pane_rows(segments, raw_rows)
-        outer = _outer([t for _, t in segments])
+        # a second layer only of the listed shapes (a label repeated inside one is the message's own words)
+        outer = _outer([t for _, t in segments], label=False)
     out: list[LogLine] = []
     for phys, text in _joined(segments, raw_rows if layers else None):
         if parsed is None:
@@ -465,8 +481,8 @@ def normalise(lines: Iterable[object] | None, parsed: dict[str, tuple] | None = 
                 got = parsed[text] = _parsed(text)
             body, level, module, source, ts = got
         src = sources.get(phys[0]) or source
-        if ts is None and "stamped" in layers:
-            ts = stamp(raw_rows.get(phys[0], ""))
+        if "stamped" in layers:  # one clock for every line: the stamp the tool put on each, not the engine's own
+            ts = stamp(raw_rows.get(phys[0], "")) or ts
         out.append(LogLine(text=text, body=body, source=src, level=level, module=module,
                            ts=ts[1] if ts else None, ts_kind=ts[0] if ts else None, physical=phys))
     return out

@@ -47,11 +47,16 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
                 return kind
     text = f"{block.exc_type or ''}: {block.message}" if block.exc_type else block.message
     family = _message_family(text, sig) or "crashed"
+    if family == "crashed" and any((f.func or "").rsplit("::", 1)[-1] in CUDA_CHECK_FRAMES
+                                   for f in block.frames):
+        return "cuda_error"  # raised by the CUDA runtime's error check, wherever it ran (a collective's watchdog too)
     if family == "crashed" and in_collective(block.frames, sig):
         return "nccl_error"  # a fault inside a collective (NCCL's, MPI's, an all-reduce plugin's own code)
     return family
 
 
+#: The functions that raise a CUDA runtime error they checked (torch c10/cuda/CUDAException.cpp, C10_CUDA_CHECK).
+CUDA_CHECK_FRAMES = frozenset({"c10_cuda_check_implementation"})
 #: How many named frames, innermost first, are read for a collective a fault happened in.
 COLLECTIVE_DEPTH = 4
 

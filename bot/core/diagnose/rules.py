@@ -467,11 +467,13 @@ def _block_summary(hit: _Hit, scan: LogScan) -> str | None:
             if body and not body.startswith(("^", "~")) and (b.cut or j + 1 != b.line):
                 code = body
         steps.append(f"{func}: `{_q(code, 200)}`" if code else func)
-    if not steps:  # frames read from another shape (a goroutine dump, a native backtrace): their functions
+    order = "outermost first"
+    if not steps:  # frames read from another shape (a goroutine dump, c10's frame list): their functions
         steps = [f"{f.func or '?'} ({f.file}:{f.line})" if f.file and f.line else (f.func or "?") for f in b.frames]
+        order = "outermost first" if b.kind == "panic" else "as printed"
     shown = steps if len(steps) <= 8 else [*steps[:2], "…", *steps[-6:]]
     cut = ", cut before its exception line" if b.cut else ""
-    return f"traceback ({len(b.frames)} frames{cut}), outermost first: " + " → ".join(shown)
+    return f"traceback ({len(b.frames)} frames{cut}), {order}: " + " → ".join(shown)
 
 
 def _message_context(ev: _Ev, root: _Hit | None, scan: LogScan) -> None:

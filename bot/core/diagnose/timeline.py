@@ -13,6 +13,8 @@ kind compare with each other; kinds do not mix. Formats, with where they are wri
   syslog / journald (`Dec  6 10:00:00`). Seconds within a notional leap year.
 - `hms`: a time alone (`[10:00:00]`, `10:00:00.123 `). Seconds within a day.
 - `uptime`: the kernel's `[ 12345.678901]` (dmesg). Seconds since boot.
+- `elapsed`: llama.cpp's `--log-timestamps` (`0.01.323.172 I ...`: minutes, seconds, ms, µs). Seconds since the
+  process started.
 
 `timeline(stamps)` puts one kind's values in order: a clock that goes back by more than half a day (`hms`) or half a
 year (`md`) went past midnight or a new year, and is carried forward. Never raises.
@@ -35,6 +37,9 @@ _TRT = re.compile(r"(?<!\d)(\d\d)/(\d\d)/(\d{4})-(\d\d):(\d\d):(\d\d)")
 _DMESG_T = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
 _EPOCH = re.compile(r"^\[?(1[5-9]\d{8})(?:\.(\d{1,9}))?\]?\s")
 _UPTIME = re.compile(r"^\[\s*(\d{1,9})\.(\d{3,9})\]")
+#: llama.cpp's `--log-timestamps` (common/log.cpp): minutes.seconds.milliseconds.microseconds since the process
+#: started, then the level letter: `0.01.323.172 I common_fit_params: ...`.
+_GGML_ELAPSED = re.compile(r"^(\d{1,6})\.(\d\d)\.(\d{3})\.(\d{3}) [IWEDT] ")
 _MD = re.compile(r"(?<![\d-])(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?")
 _GLOG = re.compile(r"(?:^|\[|\]:?\[?)[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
 _SYSLOG = re.compile(r"^([A-Z][a-z]{2}) ([ \d]\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?")
@@ -73,6 +78,8 @@ def _epoch_stamp(head: str, text: str) -> tuple[str, float] | None:
         return "iso", int(m.group(1)) + _frac(m.group(2))
     if m := _UPTIME.match(head):
         return "uptime", int(m.group(1)) + _frac(m.group(2))
+    if m := _GGML_ELAPSED.match(head):
+        return "elapsed", int(m.group(1)) * 60.0 + int(m.group(2)) + int(m.group(3)) / 1e3 + int(m.group(4)) / 1e6
     if ("ts" in text or "time" in text) and (m := _KV_EPOCH.search(text)):
         return "iso", int(m.group(1)) + _frac(m.group(2))
     return None
