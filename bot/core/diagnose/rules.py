@@ -1282,6 +1282,7 @@ def _serving_rule(c: _Case) -> Verdict | None:
         ev = _Ev()
         if ready_line:
             ev.add(f"readiness line: `{_q(ready_line)}`")
+        _serving_work(ev, obs, scan)
         summary = "Serving: " + (
             "the health probe answered."
             if health == "ok"
@@ -1311,6 +1312,16 @@ def _serving_rule(c: _Case) -> Verdict | None:
         return _verdict(sig, "unhealthy", "serving", ev, summary, obs, scan, confidence="medium",
                         runner_up="loading in warmup")
     return None
+
+
+def _serving_work(ev: _Ev, obs: Observation, scan: LogScan) -> None:
+    """What shows it serves, beside its readiness line: the newest line of request work in the log (an answered
+    request, a stats line), and what a client probe got back (its last line: the answer's body or status)."""
+    if scan.phase == "serving" and scan.phase_index is not None and not ev.quotes(scan.lines[scan.phase_index]):
+        ev.add(f"serving (log line {scan.phase_index + 1}): `{_q(scan.lines[scan.phase_index])}`")
+    answer = next((x.strip() for x in reversed(obs.probe_lines or []) if x.strip()), None)
+    if answer is not None:
+        ev.add(f"a client probe got: `{_q(answer, 800)}`")
 
 
 def _starting_phase(c: _Case, ev: _Ev) -> tuple[str | None, float]:
