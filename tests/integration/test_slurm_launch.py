@@ -22,7 +22,7 @@ from tests.support.builders import FAST_WATCH, OPERATOR
 from tests.support.bundles import bundle_files
 from tests.support.procs import FAKE_SERVER, free_port, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 COMMAND = ("{{ python }} {{ server }} --workers 1 --gpus 0 --port {{ port }} --mode {{ mode }} --load-s {{ load_s }}"
            " --gpu-state {{ state }} --nnodes {{ nnodes }} --node-rank {{ node_rank }}"
@@ -274,7 +274,8 @@ async def _requeued_then_ready_again(bot, cluster, la, *, cause: str | None, rel
         release()
     moved = cluster.run("scontrol", "update", f"JobId={la.job_id}", "StartTime=now")
     assert moved.returncode == 0, moved.stderr
-    await wait_until(lambda: len(alerts(bot, "ready")) == 2, 200, what="a fresh ready after the requeue")
+    await wait_until(lambda: len(alerts(bot, "ready")) == 2, 300, what=lambda: (
+        f"a fresh ready after the requeue (Slurm's jobs: {cluster.jobs()}; the launch: {bot.launch(la.id)})"))
     again = [p for p in bot.chat.posts if "again (after 1 requeue)" in p.text]
     assert len(again) == 1 and again[0].thread_ts == la.thread_ts, [p.text for p in again]
     assert len([p for p in bot.chat.posts if "Slurm requeued job" in p.text]) == 1
