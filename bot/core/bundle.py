@@ -120,6 +120,7 @@ _PS_LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("pid", "user", "pr", "ni", "virt", "res", "shr", "stat", "pcpu", "pmem", "toptime", "args"),
     ("pid", "args"),  # pgrep -a, ps -o pid,args: the loosest, last
 )
+_LOOSEST = _PS_LAYOUTS[-1]
 _HEADER_HINT = re.compile(r"^\s*(?:USER\s+)?PID\b|\bPID\s+PPID\b|\bCOMMAND\s*$|\bCMD\s*$")
 
 
@@ -157,6 +158,8 @@ def detect_ps_layout(lines: Sequence[str]) -> tuple[str, ...] | None:
     best: tuple[int, tuple[str, ...] | None] = (0, None)
     for layout in _PS_LAYOUTS:
         n = sum(_fits(layout, ln) for ln in data)
+        if layout == _LOOSEST and best[0] * 2 >= len(data):
+            return best[1]  # a layout with columns fits most rows: one truncated or wrapped row drops none
         if n == len(data):
             return layout
         if n > best[0]:

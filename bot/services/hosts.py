@@ -232,7 +232,7 @@ class HostService:
                 req = dataclasses.replace(req, gpu=False)
         if req.log_path is not None and req.log_cursor is None:
             req = dataclasses.replace(req, log_cursor=self._log_cursors.get((host, req.log_path)))
-        shared = self._shared_gpu(host, req)
+        shared = self._shared_gpu(host, req, cfg)
         if shared is not None:  # another probe's reading of this host's GPUs, recent enough
             gpu_override, req = shared, dataclasses.replace(req, gpu=False)
         nvml_task = self._start_nvml(host, cfg, executor) if req.gpu else None
@@ -246,6 +246,7 @@ class HostService:
             if nvml_task is not None:
                 nvml_task.cancel()
             log.warning("probe of %s failed: %s", host, e)
+            self._keep_gpu_reading(host, None)
             return HostFailure(host=host, reason=str(e))
         sections = split_sections(res.stdout, nonce)
         if not sections:
@@ -272,16 +273,27 @@ class HostService:
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         if snap.log is not None and snap.log.cursor is not None:
             self._remember_cursor(host, snap.log.path, snap.log.cursor)
-        if shared is None and snap.gpu.ok and snap.gpu.gpus and (req.gpu or gpu_override is not None):
-            self._gpu_readings[host] = (time.monotonic(), snap.gpu)
+        if shared is None and (req.gpu or gpu_override is not None):  # a fresh reading: kept, or a failed one's
+            self._keep_gpu_reading(host, snap.gpu if snap.gpu.ok and snap.gpu.gpus else None)
         snap.duration_s = time.monotonic() - start
         snap.local_clock = sent_at
         return snap
 
-    def _shared_gpu(self, host: str, req: ProbeRequest) -> GpuSection | None:
+    def _keep_gpu_reading(self, host: str, reading: GpuSection | None) -> None:
+        """Keep `host`'s newest whole GPU reading for others to share; None (a reading that failed, a host that did
+        not answer) forgets the one kept, so no probe is handed a good reading older than a failure. At most
+        LOG_CURSORS hosts are kept (the oldest go)."""
+        self._gpu_readings.pop(host, None)
+        if reading is not None:
+            self._gpu_readings[host] = (time.monotonic(), reading)
+            while len(self._gpu_readings) > LOG_CURSORS:
+                self._gpu_readings.pop(next(iter(self._gpu_readings)))
+
+    def _shared_gpu(self, host: str, req: ProbeRequest, cfg: HostConfig) -> GpuSection | None:
         """The last whole GPU reading of `host`, when `req` takes one of its age (`gpu_max_age_s`); else None. A
-        reading that failed is never kept, so a GPU that fell off the bus is seen by the next probe that reads."""
-        if not req.gpu or req.gpu_max_age_s <= 0:
+        failed reading forgets the one kept (see _keep_gpu_reading), so a GPU that fell off the bus is seen by the
+        next probe. A host read through NVML in this process reads at once: nothing to share."""
+        if not req.gpu or req.gpu_max_age_s <= 0 or (cfg.local and cfg.use_nvml):
             return None
         got = self._gpu_readings.get(host)
         if got is None or time.monotonic() - got[0] > req.gpu_max_age_s:

@@ -83,3 +83,13 @@ def test_the_reading_age_is_bounded():
         ProbeRequest(gpu_max_age_s=301).validate()
     with pytest.raises(ProbeRequestError):
         ProbeRequest(gpu_max_age_s=-1).validate()
+
+
+async def test_a_fresh_failure_is_never_hidden_by_an_older_good_reading(svc, scripts, fake_gpu):
+    good = await _probe(svc, gpu_max_age_s=30)  # launch A's cheap check: a good reading, kept
+    assert good.gpu.ok
+    fake_gpu.set_mode("exit:9")
+    fresh = await _probe(svc)  # launch B's full look reads afresh: the driver fails
+    assert not fresh.gpu.ok
+    cheap = await _probe(svc, gpu_max_age_s=30)  # launch C's cheap check a moment later
+    assert _reads_gpus(scripts[-1]) and not cheap.gpu.ok  # reads again, and sees the failure

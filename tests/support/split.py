@@ -102,6 +102,7 @@ KNOWN_MISSES = {
     "255": "phase and quote: an MPI/PRTE parameter error before `Initializing Executor.` is not placed in comm_init",
     "257": "phase: silence after TensorRT-LLM's KV-cache set-up is placed in kv_cache_alloc; MPI size line not quoted",
     "261": "phase: a systemd OOM kill of Ollama's runner while it loads: the load step is not read from the journal",
+    "253": "the client's answers are the report's own `DATE: 200` lines, no JSON body nor HTTP status line: not quoted",
     "264": "Ollama's slow `| 200 | 3m24s |` access lines are not quoted as answered requests",
     "265": "LocalAI's watchdog kills a backend whose process survives holding GPU memory: not read as orphans",
     "269": "phase: TGI's router spinning on two long prompts: no serving line in the excerpt",

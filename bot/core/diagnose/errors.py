@@ -140,8 +140,8 @@ _GO_PC = re.compile(r"^PC=0x[0-9a-f]+ m=\d+")
 #: A goroutine dump's header and its frames: `pkg/path.(*Type).method(args)` over `\t/path/file.go:N +0x1b4`
 #: (innermost first); cgo calls as `pkg._Cfunc_name(...)`.
 _GOROUTINE = re.compile(r"^goroutine \d+(?: gp=\S+)?(?: m=\S+)?(?: mp=\S+)? \[[^\]]{1,80}\]:$")
-_GO_FRAME = re.compile(r"^(?P<q>[\w.\-/]*?[\w\-]+(?:\.\(\*?\w+\))?\.(?:_Cfunc_)?(?P<func>\w+)"
-                       r"(?:\.func\d+(?:\.\d+)*)?)\(.*\)$")
+_GO_FRAME = re.compile(r"^(?P<q>[^\s(]+(?:\(\*?\w{1,200}\)[^\s(]*)?)\([^\n]*\)$")
+_GO_CLOSURE = re.compile(r"(?:\.func\d+)+(?:\.\d+)*$")
 _GO_FILE = re.compile(r"^\s+(?P<file>\S+\.(?:go|s|c)):(?P<line>\d{1,7})(?: \+0x[0-9a-f]+)?(?: \w+=\S+)*$")
 #: Lines after a frame that belong to it: code, carets (`^^^^`, `~~~~`), and the `...` of an elided chain.
 _CARET = re.compile(r"^[\s~^]+$")
@@ -295,7 +295,8 @@ class _PyReader:
         if j < 0 or (self.lines[j].source != self.lines[i].source and self.lines[j].source is not None):
             return
         raw = self.lines[j].body
-        if not (_CARET.match(raw.strip()) or len(raw) - len(raw.lstrip(" ")) >= 4):
+        if not (_CARET.match(raw.strip()) or len(raw) - len(raw.lstrip(" ")) >= 3) \
+                or exception_line(raw.strip()) is not None:  # an indented error of its own is no code line
             return
         last = self.out[-1] if self.out else None
         if last is not None and last.end >= j:  # the code line closed a traceback already read
@@ -320,15 +321,15 @@ def _python(lines: Sequence[LogLine], idx: list[int], source: str | None) -> lis
 #: A native backtrace frame as TensorRT-LLM, glog and many C++ programs print it: `3   0x7f4a46a29091
 #: tensorrt_llm::batch_manager::PromptTuningBuffers::fill(std::vector<...>) + 140`, or unresolved `lib.so(+0x745b36)`.
 _BACKTRACE = re.compile(r"^\s*\d{1,3}\s+0x[0-9a-fA-F]{6,16}\s+(?P<sym>\S.*)$"
-                        r"|^(?:\[[\w.-]{1,64}:\d{1,9}\] )?\[\s?\d{1,3}\] (?P<lib>\S+?)"
+                        r"|^(?:\[[\w.-]{1,64}:\d{1,9}\] )?\[\s?\d{1,3}\] (?P<lib>[^\s(]+)"
                         r"\((?P<gsym>[^)+]*)(?:\+0x[0-9a-f]+)?\)"
                         r"\[0x[0-9a-f]+\]$"
                         # UCX's `ucs_handle_error` backtrace: ` 6  /path/libuct.so(uct_tcp_ep_am_bcopy+0x8a) [0x7a..]`
-                        r"|^\s*\d{1,3}\s+(?P<ulib>/\S+?)\((?P<usym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s+\[0x[0-9a-f]+\]$"
+                        r"|^\s*\d{1,3}\s+(?P<ulib>/[^\s(]+)\((?P<usym>[^)+]*)(?:\+0x[0-9a-f]+)?\)\s+\[0x[0-9a-f]+\]$"
                         # absl's FailureSignalHandler (Ray, gRPC): `PC: @ 0x7f.. (unknown) func()`, `@ 0x7f.. 80 func`
                         r"|^(?:PC: )?@\s+0x[0-9a-f]{1,16}\s+(?:\d+|\(unknown\))\s+(?P<asym>\S.*)$"
                         # glibc's backtrace_symbols(_fd) (execinfo.h; ggml_print_backtrace): `/x.so(sym+0x1b)[0x7f..]`
-                        r"|^(?P<blib>/\S+?|[\w.-]+\.so[\w.]*)\((?P<bsym>[^)+\s]*)(?:\+0x[0-9a-f]+)?\) ?"
+                        r"|^(?P<blib>/[^\s(]+|[\w.-]+\.so[\w.]*)\((?P<bsym>[^)+\s]*)(?:\+0x[0-9a-f]+)?\) ?"
                         r"\[0x[0-9a-f]+\]$")
 
 
@@ -454,7 +455,7 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
             cpp = ErrorBlock("cpp", m.group("type"), before, start=i, line=i, end=i, source=ln.source)
             out.append(cpp)
             continue
-        if (cpp is None or i - cpp.end > 3) and (m := _RAISED_FROM.match(body)):
+        if (cpp is None or i - cpp.end > 3) and (m := _RAISED_FROM.match(body)) and not _under_warning(lines, i):
             # c10's dump of an exception whose `terminate called` / `what()` head the excerpt does not hold
             cpp = ErrorBlock("cpp", "c10::Error", f"raised from {m.group('func')}", start=i, line=i, end=i,
                              source=ln.source)
@@ -494,6 +495,21 @@ def _native(lines: Sequence[LogLine]) -> list[ErrorBlock]:
     return out
 
 
+def _under_warning(lines: Sequence[LogLine], i: int) -> bool:
+    """Whether line `i` comes right under a warning (torch prints a c10 dump under `[W...] recvValue failed` at
+    exit): within the 3 non-blank lines above it."""
+    seen = 0
+    for j in range(i - 1, -1, -1):
+        if not lines[j].body.strip():
+            continue
+        if lines[j].level == "WARNING" or "Warning" in lines[j].body:
+            return True
+        seen += 1
+        if seen >= 3:
+            break
+    return False
+
+
 def _go_crash(lines: Sequence[LogLine], i: int, body: str) -> ErrorBlock | None:
     """A Go panic or runtime crash whose report starts at line `i` (with its first goroutine's frames), or None."""
     if (m := _GO.match(body)) and any("goroutine " in lines[j].body for j in range(i + 1, min(len(lines), i + 4))):
@@ -503,6 +519,13 @@ def _go_crash(lines: Sequence[LogLine], i: int, body: str) -> ErrorBlock | None:
         return _go_frames(ErrorBlock("panic", m.groupdict().get("sig") or "fatal error", m.group("msg"), start=i,
                                      line=i, end=i, source=lines[i].source), lines)
     return None
+
+
+def _go_func(qualified: str) -> str | None:
+    """A goroutine frame's function (`pkg/path.(*Server).processBatch` -> `processBatch`; a closure's
+    `Decode.func1` -> `Decode`; a cgo call `_Cfunc_llama_decode` -> `llama_decode`), or None."""
+    name = _GO_CLOSURE.sub("", qualified).rsplit(".", 1)[-1].removeprefix("_Cfunc_")
+    return name if name.isidentifier() else None
 
 
 def _go_dump_follows(lines: Sequence[LogLine], i: int) -> bool:
@@ -525,8 +548,8 @@ def _go_frames(block: ErrorBlock, lines: Sequence[LogLine], limit: int = 200) ->
     frames: list[TraceFrame] = []
     for j in range(i + 1, end):
         body = lines[j].body.rstrip()
-        if m := _GO_FRAME.match(body.strip()):
-            frames.append(TraceFrame("", m.group("func")))
+        if (m := _GO_FRAME.match(body.strip())) and (func := _go_func(m.group("q"))):
+            frames.append(TraceFrame("", func))
             block.end = j
         elif (f := _GO_FILE.match(body)) and frames and not frames[-1].file:
             frames[-1] = TraceFrame(f.group("file"), frames[-1].func, int(f.group("line")))

@@ -1319,8 +1319,10 @@ def _serving_work(ev: _Ev, obs: Observation, scan: LogScan) -> None:
     request, a stats line), and what a client probe got back (its last line: the answer's body or status)."""
     if scan.phase == "serving" and scan.phase_index is not None and not ev.quotes(scan.lines[scan.phase_index]):
         ev.add(f"serving (log line {scan.phase_index + 1}): `{_q(scan.lines[scan.phase_index])}`")
-    answer = next((x.strip() for x in reversed(obs.probe_lines or []) if x.strip()), None)
-    if answer is not None:
+    # the answer itself: a JSON body, or an HTTP status line with a 2xx status (not the command, not curl's chatter)
+    answer = next((x.strip() for x in reversed(obs.probe_lines or [])
+                   if x.strip().startswith("{") or re.match(r"HTTP/[\d.]+ 2\d\d\b", x.strip())), None)
+    if answer is not None and '"error"' not in answer:
         ev.add(f"a client probe got: `{_q(answer, 800)}`")
 
 
