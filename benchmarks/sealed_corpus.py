@@ -105,7 +105,9 @@ def main() -> None:
                     "(default: the newest, %(default)s; an earlier round is spent once it was scored)")
     a = ap.parse_args()
     print(f"sealed round {a.round}" if a.dir is None else f"bundles of {a.dir}")
-    print(f"bot from {Path(diagnose_bundle.__code__.co_filename).resolve().parents[2]}")  # which tree is scored
+    import bot  # which tree is scored: the bot package this run imported
+
+    print(f"bot from {Path(bot.__file__).resolve().parents[1]}")
     with unpacked(a.dir, a.round) as bundles:
         rows = [score(b) for b in bundles]
     n = len(rows)
