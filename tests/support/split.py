@@ -96,7 +96,6 @@ KNOWN_MISSES = {
     "232": "phase: a device-side assert in run_batch after start-up is placed in serving; the writer leaves it open",
     "233": "phase: a lone CUDA OOM line (a request's, by the report's words) has nothing that places it in serving",
     "244": "phase: a Dynamo request that hangs without a serving line in the excerpt: phase not known",
-    "245": "phase: a TypeError in vLLM's stat-logger set-up is placed in kv_cache_alloc (its last milestone)",
     "247": "phase: TensorRT-LLM's mempool error in a Triton table wrapped by hand is not tied to the model's load",
     "249": "a defunct Python stub behind a Triton that still answers health 200 reads as ready",
     "255": "phase and quote: an MPI/PRTE parameter error before `Initializing Executor.` is not placed in comm_init",
