@@ -22,33 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks.sealed_corpus import QUIET, verdict_of
-from tests.support.paths import CASES
-from tests.support.presentations import PRESENTATIONS
-from tests.support.split import fourth_set, split, third_set
-
-
-def _score(bundle: Path, exp: dict, loose: bool) -> bool:
-    got = verdict_of(bundle)
-    joined = "\n".join(str(x) for x in got.get("evidence") or [])
-    if got["phase"] != exp.get("phase"):
-        return False
-    if loose:  # the exception's line is gone: an alarm where one is due, quiet where not
-        return (got["verdict"] in QUIET) == (exp["verdict"] in QUIET) and (
-            got["verdict"] == exp["verdict"] or exp["verdict"] not in QUIET)
-    return got["verdict"] == exp["verdict"] and all(q in joined for q in exp.get("evidence_must_mention") or [])
-
-
-def rule_writing() -> list[Path]:
-    """The shared and rule-writing bundles (the parts whose misses may be read)."""
-    every = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
-    shared, rules, _held = split(every)
-    rules_3, _held_3 = third_set(every)
-    return sorted({*shared, *rules, *rules_3, *fourth_set(every)}, key=lambda p: p.name)
+from bot.adapters.bundle import diagnose_bundle
+from tests.support.presentations import PRESENTATIONS, fully_right, laid_out, rule_writing_bundles
 
 
 def main() -> None:
@@ -57,42 +35,34 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="name the bundles that change")
     args = ap.parse_args()
     bundles = []
-    for b in rule_writing():
+    for b in rule_writing_bundles():
         exp = json.loads((b / "expected.json").read_text(encoding="utf-8"))
         try:
-            if _score(b, exp, loose=False):
+            if fully_right(b, exp):
                 bundles.append((b, exp))
         except Exception:  # a crash on the bundle as it is: not a presentation's doing
             continue
     print(f"{len(bundles)} shared and rule-writing bundles fully right as they are")
     with tempfile.TemporaryDirectory(prefix="gpubot-perturb-") as tmp:
-        for name, (file, how) in PRESENTATIONS.items():
+        for name in PRESENTATIONS:
             if args.only and name != args.only:
                 continue
             n = kept = 0
             changed: list[str] = []
             for b, exp in bundles:
-                src = b / file
-                if not src.is_file():
+                copy = laid_out(b, name, Path(tmp))
+                if copy is None:
                     continue
-                text = src.read_text(encoding="utf-8", errors="replace")
-                new = how(text)
-                if new == text:
-                    continue
-                dst = Path(tmp) / name / b.name
-                shutil.copytree(b, dst)
-                (dst / file).write_text(new, encoding="utf-8")
                 n += 1
                 try:
-                    ok = _score(dst, exp, loose=name == "tb_cut")
+                    ok = fully_right(copy, exp, loose=name == "tb_cut")
                 except Exception as e:  # a crash is a change, counted
                     ok = False
                     changed.append(f"{b.name} (crash: {type(e).__name__})")
                 else:
                     if not ok:
-                        got = verdict_of(dst)
-                        changed.append(f"{b.name}: {got['verdict']}/{got['phase']} "
-                                       f"(was {exp['verdict']}/{exp.get('phase')})")
+                        got = diagnose_bundle(copy)
+                        changed.append(f"{b.name}: {got.verdict}/{got.phase} (was {exp['verdict']}/{exp.get('phase')})")
                 kept += ok
             print(f"{name:<12} {n:>4} bundles changed by it, {kept:>4} still right ({100 * kept / max(1, n):.0f} %)")
             if args.list:

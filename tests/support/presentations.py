@@ -17,7 +17,13 @@ laid out, never what they say, so a diagnosis that reads structure gives the sam
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
+from pathlib import Path
+
+from bot.adapters.bundle import diagnose_bundle
+from tests.support.paths import CASES
+from tests.support.split import fourth_set, split, third_set
 
 
 def _lines(text: str) -> list[str]:
@@ -104,3 +110,45 @@ PRESENTATIONS: dict[str, tuple[str, Callable[[str], str]]] = {
     "ps_noheader": ("ps.txt", _ps_noheader),
     "tb_cut": ("server.log", _tb_cut),
 }
+
+
+#: Verdicts that raise no alarm (a control expects one of them).
+QUIET = frozenset({"ready", "loading", "exited"})
+
+
+def rule_writing_bundles() -> list[Path]:
+    """The shared and rule-writing case bundles (tests/support/split.py: never a held-out one), by name."""
+    every = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
+    shared, rules, _held = split(every)
+    rules_3, _held_3 = third_set(every)
+    return sorted({*shared, *rules, *rules_3, *fourth_set(every)}, key=lambda p: p.name)
+
+
+def fully_right(bundle: Path, expected: dict, loose: bool = False) -> bool:
+    """Whether `gpubot diagnose BUNDLE` gives the expected verdict, phase and quotes. `loose` (a traceback cut
+    before its exception line: its type may be gone with it): the phase, and an alarm where one is due (any) or
+    the same quiet verdict where not; no quotes. Raises what diagnose_bundle raises (BundleError)."""
+    got = diagnose_bundle(bundle)
+    if got.phase != expected.get("phase"):
+        return False
+    if loose:
+        return got.verdict == expected["verdict"] or (expected["verdict"] not in QUIET and got.verdict not in QUIET)
+    joined = "\n".join(got.evidence)
+    return got.verdict == expected["verdict"] and all(q in joined for q in expected["evidence_must_mention"])
+
+
+def laid_out(bundle: Path, name: str, into: Path) -> Path | None:
+    """A copy of `bundle` under `into`, with the file presentation `name` changes laid out its way; None when the
+    bundle has no such file or the presentation leaves it as it is."""
+    file, how = PRESENTATIONS[name]
+    src = bundle / file
+    if not src.is_file():
+        return None
+    text = src.read_text(encoding="utf-8", errors="replace")
+    new = how(text)
+    if new == text:
+        return None
+    copy = into / name / bundle.name
+    shutil.copytree(bundle, copy)
+    (copy / file).write_text(new, encoding="utf-8")
+    return copy

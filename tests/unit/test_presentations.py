@@ -10,20 +10,15 @@ so the list only shrinks.
 from __future__ import annotations
 
 import json
-import shutil
 from functools import cache
 from pathlib import Path
 
 import pytest
 
 from bot.adapters.bundle import diagnose_bundle
-from tests.support.paths import CASES
-from tests.support.presentations import PRESENTATIONS
-from tests.support.split import fourth_set, split, third_set
+from tests.support.presentations import PRESENTATIONS, fully_right, laid_out, rule_writing_bundles
 
 pytestmark = pytest.mark.timeout(300)
-
-QUIET = frozenset({"ready", "loading", "exited"})
 
 #: presentation -> {bundle number: what the diagnosis misses in that layout}
 KNOWN: dict[str, dict[str, str]] = {
@@ -82,51 +77,25 @@ KNOWN: dict[str, dict[str, str]] = {
 }
 
 
-def _rule_writing() -> list[Path]:
-    every = sorted(p for p in CASES.iterdir() if (p / "expected.json").is_file())
-    shared, rules, _held = split(every)
-    rules_3, _held_3 = third_set(every)
-    return sorted({*shared, *rules, *rules_3, *fourth_set(every)}, key=lambda p: p.name)
-
-
-def _right(bundle: Path, exp: dict, loose: bool) -> bool:
-    got = diagnose_bundle(bundle)
-    if got.phase != exp.get("phase"):
-        return False
-    if loose:  # the exception's line is gone: an alarm where one is due (any), the same quiet verdict where not
-        return got.verdict == exp["verdict"] or (exp["verdict"] not in QUIET and got.verdict not in QUIET)
-    joined = "\n".join(got.evidence)
-    return got.verdict == exp["verdict"] and all(q in joined for q in exp["evidence_must_mention"])
-
-
 @cache
-def _fully_right() -> tuple[tuple[Path, str], ...]:
+def _fully_right() -> tuple[tuple[Path, dict], ...]:
     out = []
-    for b in _rule_writing():
-        exp = (b / "expected.json").read_text(encoding="utf-8")
-        if _right(b, json.loads(exp), loose=False):
+    for b in rule_writing_bundles():
+        exp = json.loads((b / "expected.json").read_text(encoding="utf-8"))
+        if fully_right(b, exp):
             out.append((b, exp))
     return tuple(out)
 
 
 @pytest.mark.parametrize("name", sorted(PRESENTATIONS))
 def test_a_bundle_laid_out_another_way_gets_the_same_diagnosis(name, tmp_path):
-    file, how = PRESENTATIONS[name]
     changed, missed = 0, {}
-    for bundle, exp_text in _fully_right():
-        src = bundle / file
-        if not src.is_file():
-            continue
-        text = src.read_text(encoding="utf-8", errors="replace")
-        new = how(text)
-        if new == text:
+    for bundle, exp in _fully_right():
+        copy = laid_out(bundle, name, tmp_path)
+        if copy is None:
             continue
         changed += 1
-        copy = tmp_path / bundle.name
-        shutil.copytree(bundle, copy)
-        (copy / file).write_text(new, encoding="utf-8")
-        exp = json.loads(exp_text)
-        if not _right(copy, exp, loose=name == "tb_cut"):
+        if not fully_right(copy, exp, loose=name == "tb_cut"):
             got = diagnose_bundle(copy)
             missed[bundle.name.split("-", 1)[0]] = f"{got.verdict}/{got.phase}"
     assert changed > 0 or name == "ps_noheader", f"{name} changed no bundle"

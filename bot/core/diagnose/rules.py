@@ -1314,6 +1314,10 @@ def _serving_rule(c: _Case) -> Verdict | None:
     return None
 
 
+#: An HTTP status line with a success status (`HTTP/1.1 200 OK`), as curl -i prints it.
+_HTTP_2XX = re.compile(r"HTTP/[\d.]+ 2\d\d\b")
+
+
 def _serving_work(ev: _Ev, obs: Observation, scan: LogScan) -> None:
     """What shows it serves, beside its readiness line: the newest line of request work in the log (an answered
     request, a stats line), and what a client probe got back (its last line: the answer's body or status)."""
@@ -1321,7 +1325,7 @@ def _serving_work(ev: _Ev, obs: Observation, scan: LogScan) -> None:
         ev.add(f"serving (log line {scan.phase_index + 1}): `{_q(scan.lines[scan.phase_index])}`")
     # the answer itself: a JSON body, or an HTTP status line with a 2xx status (not the command, not curl's chatter)
     answer = next((x.strip() for x in reversed(obs.probe_lines or [])
-                   if x.strip().startswith("{") or re.match(r"HTTP/[\d.]+ 2\d\d\b", x.strip())), None)
+                   if x.strip().startswith("{") or _HTTP_2XX.match(x.strip())), None)
     if answer is not None and '"error"' not in answer:
         ev.add(f"a client probe got: `{_q(answer, 800)}`")
 
