@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
 import pwd
 import resource
@@ -61,6 +62,8 @@ def _args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--launches", type=int, default=500)
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--window", type=float, default=None, help="seconds measured (default 60, --quick 30)")
+    ap.add_argument("--profile", metavar="FILE", default=None,
+                    help="write a cProfile (CPU time of the process) over the window to FILE (pstats format)")
 
 
 def _vm(field: str) -> float:
@@ -148,11 +151,17 @@ async def _run(args: argparse.Namespace) -> None:
             try:
                 t0 = time.monotonic()
                 await runtime.start(watch=True)
-                await _wait(lambda: len(stats.checked) >= n, 4 * INTERVAL_S + n * 0.2, "every launch's first check")
+                await _wait(lambda: len(stats.checked) >= n, 4 * INTERVAL_S + n * 0.4, "every launch's first check")
                 note(f"every launch had its first check {time.monotonic() - t0:.1f} s after the start")
                 stats.reset()
+                profiler = cProfile.Profile(time.process_time) if args.profile else None
                 c0, w0, m0 = bot_cpu_s(), time.monotonic(), _machine_busy()
+                if profiler is not None:
+                    profiler.enable()
                 await asyncio.sleep(window)
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(args.profile)
                 cpu, wall = bot_cpu_s() - c0, time.monotonic() - w0
                 m1 = _machine_busy()
                 snapshot = stats.copy()

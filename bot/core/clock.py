@@ -8,9 +8,10 @@ compared with a host's own clock (the bot's activity on a launch's processes) an
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Protocol
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "aligned_delay"]
 
 
 class Clock(Protocol):
@@ -41,3 +42,13 @@ class SystemClock:
 
 #: The clock of a bot that was given none.
 SYSTEM_CLOCK: Clock = SystemClock()
+
+
+def aligned_delay(key: str, interval_s: float, now: float) -> float:
+    """Seconds from `now` (epoch seconds) to the next moment of the phase that `key` names within a period of
+    `interval_s` seconds (0 <= result < interval_s): everything scheduled with the same key and interval comes due at
+    the same moments, and different keys spread over the period (a CRC-32 of the key picks the phase)."""
+    if not interval_s > 0:
+        return 0.0
+    phase = (zlib.crc32(key.encode("utf-8", "surrogatepass")) % 100_000) / 100_000 * interval_s
+    return (phase - now) % interval_s

@@ -394,7 +394,8 @@ class Snapshot:
     `errors` lists section-level problems (missing tools, timeouts) as human-readable strings.
     `launch_tags` maps PID -> the GPUBOT_LAUNCH tag in its environment; `tagged_pids` are the PIDs carrying
     the tag a probe selected; `start_ticks` PID -> start time in clock ticks after boot (/proc/PID/stat), read for
-    the tagged processes and the ones a launch remembers; `shm_free_mib` is free MiB in
+    the tagged processes and the ones a launch remembers, and `children_cpu_s` PID -> seconds of CPU its ended
+    children used (from the same lines); `shm_free_mib` is free MiB in
     /dev/shm (when asked). `table` is the host's whole process table minus the probe's own processes
     (used to attribute GPU holders to launches and to find every process of a launch).
     """
@@ -417,6 +418,7 @@ class Snapshot:
     tagged_pids: list[int] = field(default_factory=list)
     launch_tags: dict[int, str] = field(default_factory=dict)
     start_ticks: dict[int, int] = field(default_factory=dict)
+    children_cpu_s: dict[int, float] = field(default_factory=dict)  # PID -> CPU s of its reaped children (stat)
     shm_free_mib: float | None = None
     table: list[ProcessInfo] = field(default_factory=list, repr=False)
 

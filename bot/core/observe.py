@@ -134,6 +134,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         last_progress = snap.log.mtime if snap.log and snap.log.mtime is not None else now
     size = snap.log.size_bytes if snap.log else None
     procs = own_processes(snap, la)
+    cpu = cpu_seconds(procs, snap)
     own = {p.pid for p in procs}
     oldest_s = max((p.elapsed_s for p in procs if p.elapsed_s is not None), default=None)
     if oldest_s is not None and now - last_progress > oldest_s:
@@ -168,7 +169,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         gpu_processes=gpu_procs,
         gpu_error_lines=[snap.gpu.error] if not snap.gpu.ok and snap.gpu.error else None,
         gpu_mem_rising=_rising(gpus, prev),
-        cpu_time_growing=_cpu_growing(procs, _cpu_base(prev, earlier, now), now, quiet_since),
+        cpu_time_growing=_cpu_growing(cpu, _cpu_base(prev, earlier, now), now, quiet_since),
         port=la.port,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
@@ -183,7 +184,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         gpu_mem_mib={str(g.index): g.memory_used_mib for g in gpus or []},
         gpu_util_pct={str(g.index): g.utilization_gpu_pct for g in gpus or []},
         gpu_power_w={str(g.index): g.power_draw_w for g in gpus or []},
-        cpu_s={str(p.pid): p.cpu_time_s for p in procs},
+        cpu_s={str(pid): v for pid, v in cpu.items()},
         alive=alive,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
@@ -318,15 +319,23 @@ def _cpu_base(prev: CheckRecord, earlier: Sequence[CheckRecord], now: float) -> 
     return prev
 
 
-def _cpu_growing(procs: list, prev: CheckRecord, now: float, quiet_since: float | None) -> bool | None:
+def cpu_seconds(procs: list, snap: Snapshot) -> dict[int, float | None]:
+    """PID -> CPU seconds each process used, its ended children's included (`Snapshot.children_cpu_s`: work done in
+    short-lived children, a compiler's `ptxas`, is the launch's work too); None where `ps` gave no TIME."""
+    kids = snap.children_cpu_s
+    return {p.pid: (p.cpu_time_s + kids.get(p.pid, 0.0)) if p.cpu_time_s is not None else None for p in procs}
+
+
+def _cpu_growing(cpu: dict[int, float | None], prev: CheckRecord, now: float,
+                 quiet_since: float | None) -> bool | None:
     before = prev.cpu_s
     t0 = prev.t
     if not t0 < now:  # NaN (no previous check) or a clock that went back
         return None
     if quiet_since is not None and quiet_since >= t0:
         return None  # the bot's own work (a stack dump) is in the window: it cannot tell progress from that
-    return cpu_progress([p.cpu_time_s - before[str(p.pid)] for p in procs
-                         if p.cpu_time_s is not None and before.get(str(p.pid)) is not None], now - t0)
+    return cpu_progress([v - before[str(pid)] for pid, v in cpu.items()
+                         if v is not None and before.get(str(pid)) is not None], now - t0)
 
 
 def _rising(gpus: list | None, prev: CheckRecord) -> bool | None:

@@ -362,6 +362,36 @@ def _generate_job(req: ProbeRequest) -> str:
             f"{curl} 2>&1; r=$?; else echo 'curl: command not found'; r=127; fi; e generate $r; }}")
 
 
+def batchable(req: ProbeRequest) -> bool:
+    """Whether `req` may share its round trip with other probes of its host (`build_batch_script`): the cheap look
+    of a launch that serves (its own processes, its log since the last check), without a generation check (which
+    may take its whole timeout, and would hold the others' answers that long)."""
+    return req.ps_pids is not None and req.log_since and req.generate_path is None
+
+
+def build_batch_script(scripts: list[str]) -> str:
+    """ONE POSIX sh script running each of `scripts` (each from `build_script`, with a nonce of its own) in a subshell
+    of its own, all at once, each one's output to a file of a private temporary directory, printed one after another
+    when all ended (also when the budget's `timeout` cut them short): each probe's sections lie whole, under its own
+    nonce, so `split_sections` with that nonce finds its own and no other's. Without a usable temporary directory
+    they run one after another, straight to stdout. A script's `exit` ends only its subshell."""
+    funcs = [f"p{i}() (\n{script.rstrip()}\n)" for i, script in enumerate(scripts)]
+    files = " ".join(f'"$D/{i}"' for i in range(len(scripts)))
+    return "\n".join([
+        *funcs,
+        'D=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-batch.XXXXXX" 2>/dev/null) || D=',
+        'if [ -n "$D" ] && [ -d "$D" ]; then',
+        f"trap 'rm -rf \"$D\"' EXIT; trap 'cat {files} 2>/dev/null; exit 143' HUP INT TERM",
+        *(f'p{i} > "$D/{i}" 2>&1 &' for i in range(len(scripts))),
+        "wait",
+        f"cat {files} 2>/dev/null",
+        "else",
+        "; ".join(f"p{i}" for i in range(len(scripts))),
+        "fi",
+        "exit 0",
+    ]) + "\n"
+
+
 def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:
     """Return the POSIX sh script for `req` on a host with `policy` (default: `HostPolicy()`). Every value
     from a request is validated and shell-quoted.
@@ -580,6 +610,26 @@ def parse_proc_stat_starts(text: str) -> dict[int, int]:
     return out
 
 
+#: Clock ticks per second of /proc/PID/stat's times (USER_HZ: 100 on every mainstream Linux architecture).
+USER_HZ = 100
+
+
+def parse_proc_stat_children_cpu(text: str) -> dict[int, float]:
+    """PID -> seconds of CPU time of its children that ended and were waited for (fields 16 and 17, cutime and cstime,
+    in USER_HZ ticks) from /proc/PID/stat lines (proc(5)), counted from the COMM's last `)` as
+    `parse_proc_stat_starts` does. Work a launch does in short-lived children (Triton's `ptxas`, one compile after
+    another) shows there, not in its own TIME. Malformed lines are skipped."""
+    out: dict[int, float] = {}
+    for line in text.split("\n"):
+        head, sep, rest = line.rpartition(")")
+        pid, _, _ = head.partition(" (")
+        fields = rest.split()
+        if sep and pid.isdigit() and len(pid) <= 10 and len(fields) >= 15 and fields[13].isdigit() \
+                and fields[14].isdigit():
+            out[int(pid)] = (int(fields[13]) + int(fields[14])) / USER_HZ
+    return out
+
+
 def parse_df_available_mib(text: str) -> float | None:
     """Available MiB from `df -Pk PATH` (POSIX format: header, then `fs 1024-blocks used avail cap% mount`).
     None when the output is not in that format."""
@@ -713,7 +763,9 @@ def assemble_snapshot(
         snap.tagged_pids = sorted(pid for pid, tag in snap.launch_tags.items() if tag == req.select_tag)
     starts = sections.get("starts")
     if starts is not None:
-        snap.start_ticks = parse_proc_stat_starts(_text(starts))
+        stat_text = _text(starts)
+        snap.start_ticks = parse_proc_stat_starts(stat_text)
+        snap.children_cpu_s = parse_proc_stat_children_cpu(stat_text)
     gpu_pids = [gp.pid for gp in snap.gpu.processes] + snap.tagged_pids
     snap.processes = [
         p

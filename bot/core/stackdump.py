@@ -73,14 +73,27 @@ class ThreadDump:
         return ("active" if self.active else "idle") + ("+gil" if self.owns_gil else "")
 
 
+#: How many frames deeper than the main thread an idle thread's stack must be to tell more than it, when no thread
+#: runs (`telling_thread`).
+DEEPER_BY = 10
+
+
 def telling_thread(threads: Sequence[ThreadDump]) -> ThreadDump | None:
     """The thread that shows what a process does: its main thread while that one runs (py-spy's `active`), else the
-    first thread that runs (an engine whose model runs in a worker thread, its main thread joined on it), else the
-    main thread, else the first; None for no threads."""
+    first thread that runs (an engine whose model runs in a worker thread, its main thread joined on it). When none
+    runs (the work waits on a child process, a compiler's `ptxas`, or on the GPU): the deepest stack when it is at
+    least DEEPER_BY frames deeper than the main thread's (the worker under a main thread that only waits for it),
+    else the main thread, else the first; None for no threads."""
     main = next((t for t in threads if t.name == "MainThread"), None)
     if main is not None and main.active:
         return main
-    return next((t for t in threads if t.active), None) or main or (threads[0] if threads else None)
+    running = next((t for t in threads if t.active), None)
+    if running is not None:
+        return running
+    deepest = max(threads, key=lambda t: len(t.frames), default=None)
+    if main is not None and deepest is not None and len(deepest.frames) >= len(main.frames) + DEEPER_BY:
+        return deepest
+    return main or (threads[0] if threads else None)
 
 
 @dataclass

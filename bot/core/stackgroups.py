@@ -39,7 +39,22 @@ class FrameRule:
     phase: str | None
     cause: str
     waiting: bool
+    files: str | None = None  # the frame's file must match this too (a regex, searched); None: any file
 
+    def matches(self, frame: Frame) -> bool:
+        """Whether `frame` is one this rule speaks of: its function name, and its file where the rule names one."""
+        return re.search(self.pattern, frame.name) is not None and (
+            self.files is None or re.search(self.files, frame.file or "") is not None)
+
+
+#: Files whose functions run collectives: torch.distributed (distributed_c10d.py), the engines' own communicators
+#: (vllm/distributed, sglang/srt/distributed, pynccl, custom all-reduce), DeepSpeed's and Megatron's comm modules,
+#: native libraries (py-spy --native: libnccl.so, libtorch_cuda.so) and frames without a file.
+COLLECTIVE_FILES = r"(?i)distributed|nccl|c10d|gloo|comm|collective|parallel_state|\.so(?:\.\d+)*$|^$"
+
+#: Any file but the compiler's own modules (Dynamo, Inductor, functorch, FX, Triton), which lower and trace
+#: collectives (`all_reduce`) without running them.
+NOT_COMPILER_FILES = r"^(?!.*(?:torch/_inductor|torch/_dynamo|torch/_functorch|torch/fx|triton)/)"
 
 #: What a frame means, most specific first. torch 2.x function names (torch/distributed/*), NCCL/c10d native
 #: symbols (py-spy --native), vLLM/SGLang loader and CUDA-graph names.
@@ -48,8 +63,15 @@ FRAME_RULES: tuple[FrameRule, ...] = (
               "comm_init", "waiting for the other ranks to join the rendezvous", True),
     FrameRule(r"ncclCommInit|init_process_group|_new_process_group_helper|new_group|ProcessGroupNCCL::getNCCLComm",
               "communicator init", "comm_init", "waiting in NCCL communicator init", True),
-    FrameRule(r"^(?:all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|barrier|all_to_all\w*|reduce|gather|"
-              r"scatter|send|recv|isend|irecv|monitored_barrier)$|ncclAllReduce|ncclAllGather|ncclBroadcast",
+    # a collective's own name anywhere but in the compiler; a generic name (`broadcast`, `gather`, `send`) only where
+    # communication code runs it: Inductor's lowering of `broadcast_tensors` or a model's `gather` is no collective
+    FrameRule(r"^(?:all_reduce|all_gather\w*|reduce_scatter\w*|all_to_all\w*|barrier|monitored_barrier)$",
+              "a collective", None, "waiting on a collective the other ranks have not entered", True,
+              files=NOT_COMPILER_FILES),
+    FrameRule(r"^(?:broadcast\w*|reduce|gather|scatter|send|recv|isend|irecv)$",
+              "a collective", None, "waiting on a collective the other ranks have not entered", True,
+              files=COLLECTIVE_FILES),
+    FrameRule(r"ncclAllReduce|ncclAllGather|ncclBroadcast|ncclReduceScatter|ncclGroupEnd",
               "a collective", None, "waiting on a collective the other ranks have not entered", True),
     FrameRule(r"capture|cuda_graph|CUDAGraph|graph_capture", "CUDA graph capture", "cuda_graph_capture",
               "capturing CUDA graphs", False),
@@ -149,7 +171,7 @@ def rank_place(label: str, dump: ProcessDump) -> RankPlace:
         return RankPlace(label, gil=gil)
     for rule in FRAME_RULES:  # the most telling rule anywhere in the stack (a sleep inside TCPStore is a wait)
         for frame in main.frames:
-            if re.search(rule.pattern, frame.name):
+            if rule.matches(frame):
                 return RankPlace(label, rule=rule, frame=frame, gil=gil)
     return RankPlace(label, frame=main.frames[0], gil=gil)
 

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 
 from bot.adapters.nvml import LocalNvml
 from bot.adapters.probe_pool import POOL_MIN_HOSTS, ProbePool, WorkerGone, probe_worker_count
-from bot.adapters.remote import Executor, NvmlUnavailable, RemoteError, SSHExecutor, build_executor
+from bot.adapters.remote import (
+    CommandResult,
+    Executor,
+    NvmlUnavailable,
+    RemoteError,
+    SSHExecutor,
+    build_executor,
+)
 from bot.adapters.slurm import SrunExecutor
 from bot.config import Config, HostConfig
 from bot.core.clock import SYSTEM_CLOCK, Clock
@@ -29,6 +36,8 @@ from bot.core.probe import (
     ProbeRequest,
     Section,
     assemble_snapshot,
+    batchable,
+    build_batch_script,
     build_gpu_script,
     build_script,
     new_nonce,
@@ -36,6 +45,7 @@ from bot.core.probe import (
     split_sections,
 )
 from bot.core.redact import Redactor
+from bot.services.probe_batch import BATCH_GATHER_S, ProbeBatches
 
 if TYPE_CHECKING:
     from bot.adapters.metrics import Metrics  # only the type: prometheus_client is imported by the wiring
@@ -67,6 +77,18 @@ def split_concurrency(total: int, sizes: dict[int, int]) -> dict[int, int]:
     for k in sorted(exact, key=lambda k: exact[k] - int(exact[k]), reverse=True)[:max(0, left)]:
         share[k] += 1
     return share
+
+
+@dataclasses.dataclass
+class _Prepared:
+    """One probe's script and what its answer is assembled with (HostService._prepare)."""
+
+    req: ProbeRequest
+    nonce: str
+    script: str
+    gpu_override: GpuSection | None
+    nvml_task: asyncio.Task | None
+    shared: bool  # the GPUs are another probe's recent reading
 
 
 class UnknownHost(KeyError):
@@ -101,6 +123,7 @@ class HostService:
         clock: Clock = SYSTEM_CLOCK,
         metrics: Metrics | None = None,
         probe_workers: int | None = None,
+        batch_gather_s: float | None = BATCH_GATHER_S,
     ):
         self.config = config
         self._workers = probe_worker_count(config) if probe_workers is None else probe_workers
@@ -126,6 +149,8 @@ class HostService:
         self._host_slots: dict[str, asyncio.Semaphore] = {}
         # status probes in flight, by host, with when they started: a burst of `/gpu status` shares them
         self._status_in_flight: dict[str, tuple[asyncio.Future[Snapshot | HostFailure], float]] = {}
+        # the cheap looks of one host asked for within `batch_gather_s` of each other share a round trip (None: never)
+        self._batches = ProbeBatches(self._batch, gather_s=batch_gather_s) if batch_gather_s is not None else None
 
     def resolve_host(self, name: str | None) -> str:
         """Return a configured host name: `name`, else the default host, else the only host.
@@ -196,7 +221,9 @@ class HostService:
         and, on a host with `nvml_python`, one NVML reading beside it. Returns Snapshot or HostFailure; a
         HostFailure too when the host has not answered within `probe_deadline_s` of its start. At most
         `probe_concurrency` probes run at once (the config), and on one host no more than it runs at once (its
-        probe agents): the others wait for a slot first, and their deadline starts once they have it.
+        probe agents): the others wait for a slot first, and their deadline starts once they have it. A watcher's
+        cheap look (bot.core.probe.batchable) waits up to `batch_gather_s` for the other looks of the host asked for
+        meanwhile, and shares their round trip (bot.services.probe_batch).
 
         Raises ProbeRequestError for an invalid request, or one the host's policy refuses (a log outside
         its log_dirs), before anything is sent. `req` is not modified.
@@ -204,27 +231,30 @@ class HostService:
         cfg = self.host_config(host)
         policy = host_policy(cfg)
         policy.check(req)
-        limit = self.probe_deadline_s(host)
-        host_slots = self._host_slots.get(host)
-        if host_slots is None:
-            host_slots = self._host_slots[host] = asyncio.Semaphore(max(1, self.executor(host).script_slots()))
-        async with host_slots, self._slots:
-            started = time.monotonic()
-            try:
-                result = await asyncio.wait_for(self._probe(host, cfg, policy, req), limit)
-            except TimeoutError:
-                log.warning("probe of %s: no answer within %g s", host, limit)
-                result = HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")
-            if self._metrics is not None:  # a job's node counts as its login node (one label per host of the config)
-                self._metrics.observe_probe(self._job_nodes[host][1] if host in self._job_nodes else host,
-                                            time.monotonic() - started, not isinstance(result, HostFailure))
-            return result
+        if self._batches is not None and batchable(req):
+            return await self._batches.probe(host, req)
+        return (await self._batch(host, [req]))[0]
 
     async def _probe(self, host: str, cfg: HostConfig, policy: HostPolicy,
                      req: ProbeRequest) -> Snapshot | HostFailure:
         """`probe` once it has its slot, without its deadline."""
-        executor = self.executor(host)
+        prep = await self._prepare(host, cfg, policy, req)
+        started, sent_at = time.monotonic(), self._clock.time()
+        try:
+            res = await self.executor(host).run_script(prep.script, timeout_s=cfg.command_timeout_s)
+        except RemoteError as e:
+            return self._failed(host, prep, e)
+        return await self._finish(host, cfg, policy, prep, res, started, sent_at)
+
+    async def _prepare(self, host: str, cfg: HostConfig, policy: HostPolicy, req: ProbeRequest, *,
+                       gpu: bool = True) -> _Prepared:
+        """The script of one probe of `host` with `req`, and what its answer is assembled with: the GPUs from NVML
+        in this process, from another probe's recent reading (`gpu_max_age_s`) or from the host's NVML reader
+        (started now, to run beside the script); the log's cursor where the request has none. Without `gpu`, the
+        GPUs are left to another probe of the same round trip (`_probe_together`)."""
         gpu_override = None
+        if not gpu and req.gpu:
+            req = dataclasses.replace(req, gpu=False)
         if cfg.local and cfg.use_nvml and req.gpu:
             reading = await self._nvml_reader()
             if reading.ok:
@@ -235,20 +265,26 @@ class HostService:
         shared = self._shared_gpu(host, req, cfg)
         if shared is not None:  # another probe's reading of this host's GPUs, recent enough
             gpu_override, req = shared, dataclasses.replace(req, gpu=False)
-        nvml_task = self._start_nvml(host, cfg, executor) if req.gpu else None
+        nvml_task = self._start_nvml(host, cfg, self.executor(host)) if req.gpu else None
         nonce = new_nonce()
         script = build_script(dataclasses.replace(req, gpu=False) if nvml_task else req, nonce, policy)
-        start = time.monotonic()
-        sent_at = self._clock.time()
-        try:
-            res = await executor.run_script(script, timeout_s=cfg.command_timeout_s)
-        except RemoteError as e:
-            if nvml_task is not None:
-                nvml_task.cancel()
-            log.warning("probe of %s failed: %s", host, e)
-            self._keep_gpu_reading(host, None)
-            return HostFailure(host=host, reason=str(e))
-        sections = split_sections(res.stdout, nonce)
+        return _Prepared(req, nonce, script, gpu_override, nvml_task, shared is not None)
+
+    def _failed(self, host: str, prep: _Prepared, error: RemoteError) -> HostFailure:
+        """The HostFailure of a probe whose script could not be run (`error`)."""
+        if prep.nvml_task is not None:
+            prep.nvml_task.cancel()
+        log.warning("probe of %s failed: %s", host, error)
+        self._keep_gpu_reading(host, None)
+        return HostFailure(host=host, reason=str(error))
+
+    async def _finish(self, host: str, cfg: HostConfig, policy: HostPolicy, prep: _Prepared, res: CommandResult,
+                      started: float, sent_at: float, *, gpu_from: GpuSection | None = None) -> Snapshot | HostFailure:
+        """The Snapshot of one probe from the output `res` of its script (its sections found by its own nonce: the
+        output may hold other probes' too), or the HostFailure that output shows. `gpu_from`: the GPUs as another
+        probe of the same round trip read them."""
+        req, gpu_override, nvml_task = prep.req, prep.gpu_override if gpu_from is None else gpu_from, prep.nvml_task
+        sections = split_sections(res.stdout, prep.nonce)
         if not sections:
             if nvml_task is not None:
                 nvml_task.cancel()
@@ -259,6 +295,7 @@ class HostService:
                 reason = f"probe script failed (exit {res.exit_status}){': ' + err if err else ''}"
             return HostFailure(host=host, reason=reason)
         gpu_note = cfg.gpu_note
+        executor = self.executor(host)
         if nvml_task is not None:
             gpu_override, problem = await nvml_task
             if gpu_override is None:  # the reader did not answer: nvidia-smi, as without it
@@ -273,11 +310,72 @@ class HostService:
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         if snap.log is not None and snap.log.cursor is not None:
             self._remember_cursor(host, snap.log.path, snap.log.cursor)
-        if shared is None and (req.gpu or gpu_override is not None):  # a fresh reading: kept, or a failed one's
+        if not prep.shared and gpu_from is None and (req.gpu or gpu_override is not None):
+            # a fresh reading: kept, or a failed one's forgotten
             self._keep_gpu_reading(host, snap.gpu if snap.gpu.ok and snap.gpu.gpus else None)
-        snap.duration_s = time.monotonic() - start
+        snap.duration_s = time.monotonic() - started
         snap.local_clock = sent_at
         return snap
+
+    async def _batch(self, host: str, reqs: list[ProbeRequest]) -> list[Snapshot | HostFailure]:
+        """Answer the batched probes `reqs` of `host` (ProbeBatches' `run`): with the host's slot and one of
+        `probe_concurrency`, as one probe; a batch of one is sent as it would be alone."""
+        host_slots = self._host_slots.get(host)
+        if host_slots is None:
+            host_slots = self._host_slots[host] = asyncio.Semaphore(max(1, self.executor(host).script_slots()))
+        async with host_slots, self._slots:
+            started = time.monotonic()
+            if len(reqs) == 1:
+                limit = self.probe_deadline_s(host)
+                cfg = self.host_config(host)
+                try:
+                    results = [await asyncio.wait_for(self._probe(host, cfg, host_policy(cfg), reqs[0]), limit)]
+                except TimeoutError:
+                    log.warning("probe of %s: no answer within %g s", host, limit)
+                    results = [HostFailure(host=host, reason=f"{host} did not answer within {limit:g} s")]
+            else:
+                results = await self._probe_together(host, reqs)
+            if self._metrics is not None:
+                label = self._job_nodes[host][1] if host in self._job_nodes else host
+                for r in results:
+                    self._metrics.observe_probe(label, time.monotonic() - started, not isinstance(r, HostFailure))
+            return results
+
+    async def _probe_together(self, host: str, reqs: list[ProbeRequest]) -> list[Snapshot | HostFailure]:
+        """Probe `host` with each of `reqs` in ONE round trip (bot.core.probe.build_batch_script: each request's
+        script in a subshell of its own, its sections under its own nonce), within one probe's deadline; one result
+        per request, in order. The host's GPUs are read once, by the first request that wants them, for all.
+        Never raises (a host that did not answer is a HostFailure for each)."""
+        cfg = self.host_config(host)
+        policy = host_policy(cfg)
+        preps: list[_Prepared] = []
+        reader: int | None = None  # the request that reads the GPUs for the others
+        for req in reqs:
+            prep = await self._prepare(host, cfg, policy, req, gpu=reader is None)
+            if reader is None and (prep.req.gpu or prep.nvml_task is not None):
+                reader = len(preps)
+            preps.append(prep)
+        started, sent_at = time.monotonic(), self._clock.time()
+        try:
+            res = await asyncio.wait_for(
+                self.executor(host).run_script(build_batch_script([p.script for p in preps]),
+                                               timeout_s=cfg.command_timeout_s), self.probe_deadline_s(host))
+        except (RemoteError, TimeoutError) as e:
+            error = e if isinstance(e, RemoteError) else RemoteError(
+                f"{host} did not answer within {self.probe_deadline_s(host):g} s")
+            return [self._failed(host, p, error) for p in preps]
+        out: list[Snapshot | HostFailure | None] = [None] * len(preps)
+        gpus: GpuSection | None = None
+        if reader is not None:
+            first = out[reader] = await self._finish(host, cfg, policy, preps[reader], res, started, sent_at)
+            gpus = first.gpu if isinstance(first, Snapshot) else GpuSection(
+                ok=False, error=f"GPU readings missing: the probe that read them failed ({first.reason})")
+        for k, prep in enumerate(preps):
+            if out[k] is None:
+                wants = reqs[k].gpu and not prep.shared and prep.gpu_override is None
+                out[k] = await self._finish(host, cfg, policy, prep, res, started, sent_at,
+                                            gpu_from=gpus if wants and gpus is not None else None)
+        return [r for r in out if r is not None]
 
     def _keep_gpu_reading(self, host: str, reading: GpuSection | None) -> None:
         """Keep `host`'s newest whole GPU reading for others to share; None (a reading that failed, a host that did
@@ -473,6 +571,8 @@ class HostService:
 
     async def close(self) -> None:
         """Close every executor (SSH connections) and end the probe workers."""
+        if self._batches is not None:
+            await self._batches.close()
         for task in list(self._pool_calls):
             task.cancel()
         if self._pool is not None:

@@ -23,6 +23,7 @@ from bot.adapters.cpu import CpuPool
 from bot.adapters.scheduler import Scheduler
 from bot.adapters.store import DatabaseUnavailable, Store
 from bot.config import Config, WatchPolicy
+from bot.core.clock import aligned_delay
 from bot.core.diagnose import LineMemo, Observation, Verdict
 from bot.core.diagnose.stacks import STACK_EVIDENCE_PREFIX, stack_activity, with_stacks
 from bot.core.fleet import TABLES_UP_TO, summarize
@@ -124,6 +125,7 @@ class Watcher(SpanningChecks):
         self._running: set[asyncio.Task] = set()  # checks in flight (cancelled by stop)
         self._unrecorded: dict[int, str | None] = {}  # alert_state posted while the database refused to record it
         self._cheap: dict[int, int] = {}  # cheap checks since the last full look, per launch
+        self._aligned: set[int] = set()  # serving launches checked at their host's moment (`watch`)
         self._memos: dict[int, LineMemo] = {}  # per launch: the lines its checks matched (never matched again)
         #: per launch: the last dump taken to tell a busy-wait from work (monotonic time, dump)
         self._busy: dict[int, tuple[float, StackDump]] = {}
@@ -178,12 +180,20 @@ class Watcher(SpanningChecks):
             self._policies[la.variant] = policy
         return policy
 
-    def watch(self, la: Launch, *, spread: float = 1.0) -> None:
+    def watch(self, la: Launch, *, spread: float = 1.0, aligned: bool = False) -> None:
         """Check `la` every `interval_s` seconds of its policy while it starts, every `serving_interval_s` once it
         was ready; the first time `spread` (0..1) of an interval from now (one interval by default: many launches
-        watched at once get spread over it, so their checks, and their writes, do not all come due together)."""
+        watched at once get spread over it, so their checks, and their writes, do not all come due together). With
+        `aligned`, a launch that serves is checked at its host's moment within the interval instead
+        (bot.core.clock.aligned_delay): the launches of a host come due together, and their cheap looks share a
+        round trip (bot.services.probe_batch)."""
         interval = self._interval(la)
-        self.scheduler.watch(la.id, interval, interval * min(1.0, max(0.0, spread)))
+        if aligned and la.ready_at is not None:
+            self.scheduler.watch(la.id, interval, aligned_delay(la.host, interval, self._clock.time()))
+            self._aligned.add(la.id)
+        else:
+            self.scheduler.watch(la.id, interval, interval * min(1.0, max(0.0, spread)))
+            self._aligned.discard(la.id)
 
     def _interval(self, la: Launch) -> float:
         """Seconds between two checks of `la` now: its policy's `interval_s` while it starts, `serving_interval_s`
@@ -196,6 +206,7 @@ class Watcher(SpanningChecks):
         self.scheduler.unwatch(launch_id)
         self._history.forget(launch_id)
         self._cheap.pop(launch_id, None)
+        self._aligned.discard(launch_id)
         self._memos.pop(launch_id, None)
         self._busy.pop(launch_id, None)
         self._rank_hosts_down.pop(launch_id, None)
@@ -523,8 +534,8 @@ class Watcher(SpanningChecks):
         with self._unless_refused(la, "its schedule"):  # the job store is in the same database
             if ended:
                 self.unwatch(la.id)
-            elif "ready_at" in fields:
-                self.watch(la)  # from now on: liveness checks at the serving interval
+            elif "ready_at" in fields or (la.ready_at is not None and la.id not in self._aligned):
+                self.watch(la, aligned=True)  # from now on: liveness checks at the serving interval, with its host's
         return CheckOutcome(verdict, alerted, la)
 
     async def _after_failed_kill(self, la: Launch, obs: Observation, verdict: Verdict) -> CheckOutcome:

@@ -11,7 +11,8 @@ import pytest
 from bot.core.diagnose import Observation, diagnose
 from bot.core.diagnose.stacks import stack_activity
 from bot.core.models import GpuReading
-from bot.core.stackdump import ProcessDump, parse_stack_json, telling_thread
+from bot.core.stackdump import Frame, ProcessDump, ThreadDump, parse_stack_json, telling_thread
+from bot.core.stackgroups import rank_place
 from tests.support.paths import FIXTURES
 
 PYSPY = FIXTURES / "pyspy"
@@ -73,3 +74,51 @@ def test_cpu_time_alone_past_the_grace_and_no_stacks_is_a_low_confidence_guess_t
     assert v.runner_up == "silent_hang in cuda_graph_capture" and "busy-wait" in (v.missing or "")
     assert v.next_steps[0].startswith("Dump every rank's Python stack") and not any(
         s.startswith("Nothing to do") for s in v.next_steps)
+
+
+def test_a_compile_in_inductors_lowering_of_broadcast_tensors_is_work_not_a_collective():
+    """The H100 run of 2026-12-08: the watcher's dump caught the compile in `broadcast_tensors
+    (torch/_inductor/lowering.py)`, a collective's name in the compiler's own module; the alert called it a wait on
+    a collective and the launch a hang. A frame of the compiler's modules is its work, whatever its name."""
+    stacks = _dump("h100/compile_lowering-rank0.json")
+    assert stack_activity(stacks) == ("working", next(
+        f"{f.name} ({f.file}:{f.line})" for f in telling_thread(stacks[0][1].threads).frames))
+    place = rank_place("TP0", stacks[0][1])
+    assert place.rule is None or not place.rule.waiting, place
+    v = diagnose(_silent_but_busy(stacks, util=0.0))
+    assert (v.verdict, v.phase) == ("loading", "cuda_graph_capture"), v.summary
+    assert "collective" not in " ".join(v.evidence), v.evidence
+
+
+@pytest.mark.parametrize(("file", "waits"), [
+    ("/usr/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", True),
+    ("/usr/lib/python3.12/site-packages/vllm/distributed/device_communicators/pynccl.py", True),
+    ("libnccl.so.2", True),
+    ("/usr/lib/python3.12/site-packages/torch/_inductor/lowering.py", False),
+    ("/data/model/modeling_llama.py", False),
+])
+def test_a_broadcast_is_a_collective_only_in_communication_code(file, waits):
+    frame = Frame("broadcast", file, 10)
+    dump = ProcessDump(1, True, [ThreadDump("MainThread", 1, True, True, [frame])])
+    place = rank_place("TP0", dump)
+    assert (place.rule is not None and place.rule.waiting) is waits, place
+
+
+@pytest.mark.parametrize(("file", "waits"), [
+    ("/data/app/parallel_utils.py", True),  # a collective's own name in the user's code: a collective
+    ("/usr/lib/python3.12/site-packages/torch/_inductor/lowering.py", False),  # the compiler lowering one: not
+])
+def test_all_reduce_is_a_collective_anywhere_but_in_the_compiler(file, waits):
+    dump = ProcessDump(1, True, [ThreadDump("MainThread", 1, True, True, [Frame("all_reduce", file, 10)])])
+    place = rank_place("TP0", dump)
+    assert (place.rule is not None and place.rule.waiting) is waits, place
+
+
+def test_with_no_thread_running_the_deep_worker_tells_more_than_the_main_thread_that_waits_for_it():
+    """H100, 2026-12-08: the compile thread waited on Triton's `ptxas` (subprocess.Popen.wait), so no thread was
+    active; the main thread (3 frames) only waits for it. The worker's stack says it compiles."""
+    stacks = _dump("h100/compile_ptxas-rank0.json")
+    t = telling_thread(stacks[0][1].threads)
+    assert t is not None and t.name.startswith("Thread-1") and not t.active
+    activity = stack_activity(stacks)
+    assert activity is not None and activity[0] == "working" and "make_cubin" in activity[1], activity

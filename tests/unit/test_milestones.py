@@ -21,9 +21,6 @@ DISAGREE = {
     "sglang.log": (["comm_init", "weight_loading", "kv_cache_alloc", "cuda_graph_capture", "warmup", "serving"],
                    "SGLang's HTTP server listens before its own warm-up request: gpubot keeps the launch in warmup "
                    "(from the scheduler's `max_total_num_tokens=` line) until it serves; serving is always last"),
-    "vllm-v0.log": (["comm_init", "weight_loading", "kv_cache_alloc", "cuda_graph_capture", "warmup", "serving"],
-                    "the API server's start (`Available routes are`) after the engine is up and before Uvicorn "
-                    "accepts requests is read as warmup: a hang there is neither the engine's start-up nor serving"),
     "vllm-v1.log": (["comm_init", "weight_loading", "kv_cache_alloc", "cuda_graph_capture", "warmup", "serving"],
                     "vLLM V1 runs torch.compile inside the memory-profiling run that sizes the KV cache, so its "
                     "compile lines are kv_cache_alloc (with a 20-minute grace); `init engine (profile, create kv "

@@ -40,6 +40,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "422": "a quote is not whole in the evidence: 'torch.OutOfMemoryError: CUDA out of memory. Tried '",
         "430": "crashed/serving, not nccl_error/serving",
         "434": "a quote is not whole in the evidence: 'CANCELLED AT 2025-08-19T17:09:34 DUE TO TIME LIMIT'",
+        "490": "a quote is not whole in the evidence: 'Starting to load model neuralmagic/Meta-Llama-3.1-40'",
     },
     "wrap120": {
         "109": "crashed/cuda_graph_capture, not nccl_error/cuda_graph_capture",
@@ -54,6 +55,9 @@ KNOWN: dict[str, dict[str, str]] = {
         "400": "a quote is not whole in the evidence: \"unable to find backend library for backend 'tensor\"",
         "460": "a quote is not whole in the evidence: 'Running: 3 reqs'",
         "469": "ready/serving, not crashed/serving",
+        "427": "a quote is not whole in the evidence: 'Shard process was signaled to shutdown with signal 6'",
+        "479": "a quote is not whole in the evidence: 'Engine core proc EngineCore_DP0 died unexpectedly,'",
+        "481": "a quote is not whole in the evidence: '| 200 |  7.316823498s |'",
     },
     "compose": {},
     "journald": {

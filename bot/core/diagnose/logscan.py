@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bot.core.diagnose.errors import ErrorBlock, error_blocks
+from bot.core.diagnose.errors import ErrorBlock, TraceFrame, error_blocks
 from bot.core.diagnose.lines import MAX_LINE, LogLine, normalise
 from bot.core.diagnose.meaning import STOP_SIGNALS, block_family, frame_phase, is_echo
 from bot.core.diagnose.signatures import _FAILURE_KINDS, SIGNATURES, Signatures, _Pat, all_in, found_in
@@ -613,12 +613,32 @@ def _is_frame_part(line: str) -> bool:
     return _FRAME_RE.search(line) is not None
 
 
+#: The function a line of Python source calls first: `x = self.init_torch_distributed()` -> init_torch_distributed,
+#: `self.model_runner = ModelRunner(` -> ModelRunner (the name right before the first `(` that follows a name).
+_CALLED_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,80})\s*\(")
+
+
+def _called_frame(b: ErrorBlock, scan: LogScan) -> TraceFrame | None:
+    """A traceback cut before its exception line: the function its innermost frame's code line was calling, as one
+    more frame (no file, no line). What failed was in there or below: `min_per_gpu_memory =
+    self.init_torch_distributed()` says comm_init where the frames above say only `__init__`. None when the block
+    is whole, or its last line is no code line."""
+    if not b.cut or not b.frames or b.end >= len(scan.lines):
+        return None
+    code = scan.lines[b.end]
+    if _FRAME_RE.search(code) or (m := _CALLED_RE.search(code)) is None:
+        return None
+    return TraceFrame("", m.group(1))
+
+
 def _frame_of(hit: _Hit, b: ErrorBlock, scan: LogScan, sig: Signatures) -> None:
-    """Set the start-up step `b`'s frames show on `hit`, with the line of the frame that shows it."""
-    if (fp := frame_phase(b.frames, sig)) is not None:
+    """Set the start-up step `b`'s frames show on `hit` (with, for a cut traceback, the function its last code line
+    calls), with the line of the frame that shows it."""
+    called = _called_frame(b, scan)
+    if (fp := frame_phase([*b.frames, called] if called else b.frames, sig)) is not None:
         hit.frame_phase, hit.frame_sure = fp[0], fp[2]
-        hit.frame = next((j for j in range(b.end, b.start - 1, -1)
-                          if fp[1].func and f"in {fp[1].func}" in scan.lines[j]), None)
+        hit.frame = b.end if fp[1] is called else next(
+            (j for j in range(b.end, b.start - 1, -1) if fp[1].func and f"in {fp[1].func}" in scan.lines[j]), None)
 
 
 def _host_allocations(scan: LogScan, sig: Signatures) -> None:

@@ -92,7 +92,8 @@ def frame_phase(frames: Sequence[TraceFrame], sig: Signatures) -> tuple[str, Tra
         if not name:
             continue
         for phase, rx in sig.frame_phases:
-            if rx.pattern.endswith(("py$", "/")) or not rx.search(name):
+            if rx.pattern.endswith(("py$", "/")) or not rx.search(
+                    f"{fr.file}:{name}" if "\\.py:" in rx.pattern else name):
                 continue
             if phase == "serving":
                 serving = serving or fr

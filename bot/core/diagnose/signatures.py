@@ -212,6 +212,7 @@ class Signatures:
     stack_waits: re.Pattern[str] = re.compile(r"(?!)")  # frames of a busy-wait (synchronize, collectives, barriers)
     stack_work: re.Pattern[str] = re.compile(r"(?!)")  # frames of work (compiling, autotuning, loading)
     stack_compile: re.Pattern[str] = re.compile(r"(?!)")  # frames of a compile: a wait under one is its work
+    stack_work_files: re.Pattern[str] = re.compile(r"(?!)")  # the compiler's modules: a frame there is work
 
 
 def _compile(spec: Any, where: str, engine: str, **attrs: Any) -> _Pat:
@@ -377,6 +378,7 @@ def load_signatures(text: str | None = None) -> Signatures:
         stack_waits=regex("stack_waits", r"(?!)"),
         stack_work=regex("stack_work", r"(?!)"),
         stack_compile=regex("stack_compile", r"(?!)"),
+        stack_work_files=regex("stack_work_files", r"(?!)"),
         **{k: generic(k) for k in _GENERIC_GROUPS},
         **{k: [p.regex for p in _pats(data.get(k), k, "generic")] for k in _PATTERN_LISTS},
     ))

@@ -13,7 +13,7 @@ from bot.core.diagnose.errors import TraceFrame
 from bot.core.diagnose.meaning import frame_phase
 from bot.core.diagnose.observation import Verdict
 from bot.core.diagnose.signatures import SIGNATURES, Signatures
-from bot.core.stackdump import ProcessDump, ThreadDump, frame_text, telling_thread
+from bot.core.stackdump import Frame, ProcessDump, ThreadDump, frame_text, telling_thread
 from bot.core.stackgroups import CrossRankSummary, summarize_ranks
 
 __all__ = ["STACK_EVIDENCE_PREFIX", "stack_activity", "stack_phase", "with_stacks"]
@@ -73,9 +73,13 @@ def _bare(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _telling(name: str, sig: Signatures) -> bool:
-    bare = _bare(name)
-    return bool(sig.stack_work.search(bare) or sig.stack_waits.search(bare))
+def _works(frame: Frame, sig: Signatures) -> bool:
+    """Whether `frame` is work: a function of work by its name, or any function of the compiler's modules."""
+    return bool(sig.stack_work.search(_bare(frame.name)) or sig.stack_work_files.search(frame.file or ""))
+
+
+def _telling(frame: Frame, sig: Signatures) -> bool:
+    return _works(frame, sig) or bool(sig.stack_waits.search(_bare(frame.name)))
 
 
 def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
@@ -92,10 +96,10 @@ def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
             continue
         # the innermost frame that tells decides; a wait inside a compile (autotuning times kernels, and a
         # synchronize that does) is the compile's work; a collective inside a weight load is a wait all the same
-        told = next((f for f in t.frames if _telling(f.name, sig)), None)
+        told = next((f for f in t.frames if _telling(f, sig)), None)
         if told is None:
             continue
-        if sig.stack_work.search(_bare(told.name)):
+        if _works(told, sig):
             seen.append(("working", frame_text(told)))
         elif compiling := next((f for f in t.frames if sig.stack_compile.search(_bare(f.name))), None):
             seen.append(("working", frame_text(compiling)))

@@ -53,8 +53,8 @@ def strip_control(text: str) -> str:
     Format source: ECMA-48 / xterm control sequences as written by terminal-aware loggers.
     Never raises for any `str` input.
     """
-    if not text:
-        return ""
+    if not text or (text.isascii() and text.isprintable()):  # most lines: nothing to strip, no regex run
+        return text if text else ""
     return _CONTROL_RE.sub("", _ANSI_RE.sub("", text))
 
 
