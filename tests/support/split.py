@@ -107,7 +107,6 @@ KNOWN_MISSES = {
     "269": "phase: TGI's router spinning on two long prompts: no serving line in the excerpt",
     "270": "llama-bench ran to its end (a results table): no completion line is known for it, unknown",
     "271": "phase: LMDeploy's start-up stuck in the attention forward of its warm-up: no warm-up milestone matched",
-    "273": "phase: KoboldCpp's assert glued to a `Generating` line is not placed in serving",
     "276": "phase: llama.cpp's HIP launch failure at a prompt checkpoint is not placed in serving",
     "281": "phase: an Xid 62/154 from dmesg alone (the report says during inference) has nothing that places it",
     "288": "the torch distributed debug `Running collective: CollectiveFingerPrint` line is not quoted",

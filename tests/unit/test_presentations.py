@@ -58,6 +58,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "427": "a quote is not whole in the evidence: 'Shard process was signaled to shutdown with signal 6'",
         "479": "a quote is not whole in the evidence: 'Engine core proc EngineCore_DP0 died unexpectedly,'",
         "481": "a quote is not whole in the evidence: '| 200 |  7.316823498s |'",
+        "273": "unknown/serving, not crashed/serving (the assert glued to a `Generating` counter, cut at 120)",
     },
     "compose": {},
     "journald": {
