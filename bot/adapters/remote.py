@@ -758,6 +758,8 @@ class LocalExecutor:
         except asyncio.CancelledError:  # the caller gave up (shutdown): the command must not outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception, asyncio.CancelledError):  # reaped, its pipes closed, within a bound
+                await asyncio.wait_for(proc.wait(), KILL_AFTER_S)
             raise
         rc = proc.returncode
         sig = None

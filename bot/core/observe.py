@@ -184,7 +184,7 @@ def observation_from_snapshot(snap: Snapshot, la: Launch, prev: CheckRecord | No
         gpu_mem_mib={str(g.index): g.memory_used_mib for g in gpus or []},
         gpu_util_pct={str(g.index): g.utilization_gpu_pct for g in gpus or []},
         gpu_power_w={str(g.index): g.power_draw_w for g in gpus or []},
-        cpu_s={str(pid): v for pid, v in cpu.items()},
+        cpu_s=cpu,
         alive=alive,
         port_open=snap.port_listening,
         health=snap.health.status if snap.health else None,
@@ -319,14 +319,22 @@ def _cpu_base(prev: CheckRecord, earlier: Sequence[CheckRecord], now: float) -> 
     return prev
 
 
-def cpu_seconds(procs: list, snap: Snapshot) -> dict[int, float | None]:
-    """PID -> CPU seconds each process used, its ended children's included (`Snapshot.children_cpu_s`: work done in
-    short-lived children, a compiler's `ptxas`, is the launch's work too); None where `ps` gave no TIME."""
+#: The suffix of a CheckRecord.cpu_s key that holds a process's ended children's CPU seconds (`123c`), beside its own
+#: (`123`): the two are compared apart, so a check that could not read the children's adds no growth.
+CHILDREN_KEY = "c"
+
+
+def cpu_seconds(procs: list, snap: Snapshot) -> dict[str, float | None]:
+    """CPU seconds by key: `PID` -> what each process used itself (None where `ps` gave no TIME), `PIDc` -> what its
+    ended children used (`Snapshot.children_cpu_s`, where the probe read it: work done in short-lived children, a
+    compiler's `ptxas`, is the launch's work too)."""
     kids = snap.children_cpu_s
-    return {p.pid: (p.cpu_time_s + kids.get(p.pid, 0.0)) if p.cpu_time_s is not None else None for p in procs}
+    out: dict[str, float | None] = {str(p.pid): p.cpu_time_s for p in procs}
+    out.update({f"{p.pid}{CHILDREN_KEY}": kids[p.pid] for p in procs if p.pid in kids})
+    return out
 
 
-def _cpu_growing(cpu: dict[int, float | None], prev: CheckRecord, now: float,
+def _cpu_growing(cpu: dict[str, float | None], prev: CheckRecord, now: float,
                  quiet_since: float | None) -> bool | None:
     before = prev.cpu_s
     t0 = prev.t
@@ -334,8 +342,8 @@ def _cpu_growing(cpu: dict[int, float | None], prev: CheckRecord, now: float,
         return None
     if quiet_since is not None and quiet_since >= t0:
         return None  # the bot's own work (a stack dump) is in the window: it cannot tell progress from that
-    return cpu_progress([v - before[str(pid)] for pid, v in cpu.items()
-                         if v is not None and before.get(str(pid)) is not None], now - t0)
+    return cpu_progress([v - before[key] for key, v in cpu.items()
+                         if v is not None and before.get(key) is not None], now - t0)
 
 
 def _rising(gpus: list | None, prev: CheckRecord) -> bool | None:

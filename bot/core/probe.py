@@ -369,27 +369,49 @@ def batchable(req: ProbeRequest) -> bool:
     return req.ps_pids is not None and req.log_since and req.generate_path is None
 
 
-def build_batch_script(scripts: list[str]) -> str:
+def build_batch_script(scripts: list[str], nonce: str) -> str:
     """ONE POSIX sh script running each of `scripts` (each from `build_script`, with a nonce of its own) in a subshell
     of its own, all at once, each one's output to a file of a private temporary directory, printed one after another
-    when all ended (also when the budget's `timeout` cut them short): each probe's sections lie whole, under its own
-    nonce, so `split_sections` with that nonce finds its own and no other's. Without a usable temporary directory
-    they run one after another, straight to stdout. A script's `exit` ends only its subshell."""
+    when all ended (also when the budget's `timeout` cut them short), each after a line `@@<nonce> MEMBER <i>` and,
+    when it ran to its end, followed by `@@<nonce> DONE` (`split_members`): what one part printed, whole or cut short,
+    never runs into the next part's. Without a usable
+    temporary directory they run one after another, straight to stdout, each after its line. A script's `exit` ends
+    only its subshell."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
+        raise ValueError("nonce must be hex")
     funcs = [f"p{i}() (\n{script.rstrip()}\n)" for i, script in enumerate(scripts)]
-    files = " ".join(f'"$D/{i}"' for i in range(len(scripts)))
+    show = "; ".join(f"m {i}; cat \"$D/{i}\" 2>/dev/null" for i in range(len(scripts)))
     return "\n".join([
         *funcs,
+        f"m() {{ printf '\\n@@%s MEMBER %s\\n' {nonce} \"$1\"; }}",
+        f"d() {{ printf '\\n@@%s DONE\\n' {nonce}; }}",
         'D=$(mktemp -d "${TMPDIR:-/tmp}/gpubot-batch.XXXXXX" 2>/dev/null) || D=',
         'if [ -n "$D" ] && [ -d "$D" ]; then',
-        f"trap 'rm -rf \"$D\"' EXIT; trap 'cat {files} 2>/dev/null; exit 143' HUP INT TERM",
-        *(f'p{i} > "$D/{i}" 2>&1 &' for i in range(len(scripts))),
+        f"trap 'rm -rf \"$D\"' EXIT; trap '{show}; exit 143' HUP INT TERM",
+        *(f'{{ p{i}; d; }} > "$D/{i}" 2>&1 &' for i in range(len(scripts))),
         "wait",
-        f"cat {files} 2>/dev/null",
+        show,
         "else",
-        "; ".join(f"p{i}" for i in range(len(scripts))),
+        "; ".join(f"m {i}; p{i}; d" for i in range(len(scripts))),
         "fi",
         "exit 0",
     ]) + "\n"
+
+
+def split_members(output: bytes, nonce: str, count: int) -> list[tuple[bytes, bool]]:
+    """The output of each of the `count` parts of a `build_batch_script` run, in order, and whether the part ran to its
+    end: what follows its `@@<nonce> MEMBER <i>` line up to the next such line, whole when it ends with `@@<nonce>
+    DONE` ((b"", False) for a part whose line never came). Never raises."""
+    parts: list[tuple[bytes, bool]] = [(b"", False)] * count
+    marks = list(re.finditer(rb"\n@@" + nonce.encode() + rb" MEMBER (\d{1,4})\n", output))
+    done = b"\n@@" + nonce.encode() + b" DONE\n"
+    for k, m in enumerate(marks):
+        i = int(m.group(1))
+        if 0 <= i < count:
+            body = output[m.end(): marks[k + 1].start() if k + 1 < len(marks) else len(output)]
+            whole = body.rstrip(b"\n").endswith(done.rstrip(b"\n"))
+            parts[i] = (body[: body.rfind(done)] if whole else body, whole)
+    return parts
 
 
 def build_script(req: ProbeRequest, nonce: str, policy: HostPolicy | None = None) -> str:

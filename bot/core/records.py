@@ -24,7 +24,7 @@ class CheckRecord:
     log_bytes / log_lines: the server log's size and line count; log_cursor: where its line count stopped
         (bot.core.models.LogCursor.as_list), so the next check reads only what came after.
     gpu_mem_mib / gpu_util_pct / gpu_power_w: per GPU index (as a string): MiB, percent, W (None: not read).
-    cpu_s: per pid (as a string): CPU seconds of the launch's processes.
+    cpu_s: per pid (as a string): CPU seconds of the launch's processes; `PIDc`: of their ended children (observe).
     alive: any process of the launch left (None: unknown); port_open: its port listens; health: the health
         state (bot.core.parse.health: `ok`, `http_503`, `timeout`, ...); generate: the generation check's state
         (same values; None: none ran this time); exit_status: what the launch wrapper

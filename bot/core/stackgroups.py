@@ -49,8 +49,10 @@ class FrameRule:
 
 #: Files whose functions run collectives: torch.distributed (distributed_c10d.py), the engines' own communicators
 #: (vllm/distributed, sglang/srt/distributed, pynccl, custom all-reduce), DeepSpeed's and Megatron's comm modules,
-#: native libraries (py-spy --native: libnccl.so, libtorch_cuda.so) and frames without a file.
-COLLECTIVE_FILES = r"(?i)distributed|nccl|c10d|gloo|comm|collective|parallel_state|\.so(?:\.\d+)*$|^$"
+#: and the native libraries that run them (py-spy --native: libnccl.so, libtorch_cuda.so, MPI, UCC, NVSHMEM); not
+#: libc (a socket's `recv` there is any program's).
+COLLECTIVE_FILES = (r"(?i)distributed|nccl|c10d|gloo|comm|collective|parallel_state|libtorch_cuda|libmpi|libucc|"
+                    r"libnvshmem")
 
 #: Any file but the compiler's own modules (Dynamo, Inductor, functorch, FX, Triton), which lower and trace
 #: collectives (`all_reduce`) without running them.

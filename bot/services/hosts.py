@@ -42,6 +42,7 @@ from bot.core.probe import (
     build_script,
     new_nonce,
     shown_command,
+    split_members,
     split_sections,
 )
 from bot.core.redact import Redactor
@@ -279,18 +280,23 @@ class HostService:
         return HostFailure(host=host, reason=str(error))
 
     async def _finish(self, host: str, cfg: HostConfig, policy: HostPolicy, prep: _Prepared, res: CommandResult,
-                      started: float, sent_at: float, *, gpu_from: GpuSection | None = None) -> Snapshot | HostFailure:
-        """The Snapshot of one probe from the output `res` of its script (its sections found by its own nonce: the
-        output may hold other probes' too), or the HostFailure that output shows. `gpu_from`: the GPUs as another
-        probe of the same round trip read them."""
+                      started: float, sent_at: float, *, gpu_from: GpuSection | None = None,
+                      batched: bool = False) -> Snapshot | HostFailure:
+        """The Snapshot of one probe from the output `res` of its script (its sections found by its own nonce), or the
+        HostFailure that output shows. `gpu_from`: the GPUs as another probe of the same round trip read them.
+        `batched`: `res` is this probe's part of a batch's output (bot.core.probe.split_members; exit status 0 when
+        the part ran to its end, the batch's otherwise), and its raw output is never quoted in a failure's reason."""
         req, gpu_override, nvml_task = prep.req, prep.gpu_override if gpu_from is None else gpu_from, prep.nvml_task
         sections = split_sections(res.stdout, prep.nonce)
+        cut_short = res.exit_status in (124, 137)
         if not sections:
             if nvml_task is not None:
                 nvml_task.cancel()
-            err = (res.stderr or res.stdout).decode("utf-8", "replace").strip()[-300:]
-            if res.exit_status in (124, 137):
+            err = "" if batched else (res.stderr or res.stdout).decode("utf-8", "replace").strip()[-300:]
+            if cut_short:
                 reason = f"probe did not finish within {cfg.command_timeout_s:g} s"
+            elif batched:
+                reason = "probe script failed: this launch's part of the host's probe printed nothing"
             else:
                 reason = f"probe script failed (exit {res.exit_status}){': ' + err if err else ''}"
             return HostFailure(host=host, reason=reason)
@@ -306,7 +312,7 @@ class HostService:
         helpers = [*executor.helper_pids(), *self._remote_helpers.get(host, ())]
         snap = assemble_snapshot(host, req, sections, policy=policy, gpu_override=gpu_override,
                                  gpu_note=gpu_note, redactor=self.redactor, helper_pids=helpers)
-        if res.exit_status in (124, 137):
+        if cut_short:
             snap.errors.append(f"probe cut short after {cfg.command_timeout_s:g} s; some sections are missing")
         if snap.log is not None and snap.log.cursor is not None:
             self._remember_cursor(host, snap.log.path, snap.log.cursor)
@@ -356,25 +362,29 @@ class HostService:
                 reader = len(preps)
             preps.append(prep)
         started, sent_at = time.monotonic(), self._clock.time()
+        nonce, limit = new_nonce(), self.probe_deadline_s(host)
         try:
             res = await asyncio.wait_for(
-                self.executor(host).run_script(build_batch_script([p.script for p in preps]),
-                                               timeout_s=cfg.command_timeout_s), self.probe_deadline_s(host))
+                self.executor(host).run_script(build_batch_script([p.script for p in preps], nonce),
+                                               timeout_s=cfg.command_timeout_s), limit)
         except (RemoteError, TimeoutError) as e:
-            error = e if isinstance(e, RemoteError) else RemoteError(
-                f"{host} did not answer within {self.probe_deadline_s(host):g} s")
+            error = e if isinstance(e, RemoteError) else RemoteError(host, f"{host} did not answer within {limit:g} s")
             return [self._failed(host, p, error) for p in preps]
+        # each part's own output: a part cut short never runs into the next one's
+        parts = [dataclasses.replace(res, stdout=b, stderr=b"", exit_status=0 if whole else res.exit_status)
+                 for b, whole in split_members(res.stdout, nonce, len(preps))]
         out: list[Snapshot | HostFailure | None] = [None] * len(preps)
         gpus: GpuSection | None = None
         if reader is not None:
-            first = out[reader] = await self._finish(host, cfg, policy, preps[reader], res, started, sent_at)
+            first = out[reader] = await self._finish(host, cfg, policy, preps[reader], parts[reader], started,
+                                                     sent_at, batched=True)
             gpus = first.gpu if isinstance(first, Snapshot) else GpuSection(
                 ok=False, error=f"GPU readings missing: the probe that read them failed ({first.reason})")
         for k, prep in enumerate(preps):
             if out[k] is None:
                 wants = reqs[k].gpu and not prep.shared and prep.gpu_override is None
-                out[k] = await self._finish(host, cfg, policy, prep, res, started, sent_at,
-                                            gpu_from=gpus if wants and gpus is not None else None)
+                out[k] = await self._finish(host, cfg, policy, prep, parts[k], started, sent_at,
+                                            gpu_from=gpus if wants and gpus is not None else None, batched=True)
         return [r for r in out if r is not None]
 
     def _keep_gpu_reading(self, host: str, reading: GpuSection | None) -> None:

@@ -59,8 +59,7 @@ class ProbeBatches:
         try:
             await asyncio.sleep(self.gather_s)
         except asyncio.CancelledError:
-            for _, fut in members:
-                fut.cancel()
+            _stopped(host, members)
             raise
         finally:
             if self._open.get(host) is members:
@@ -73,8 +72,7 @@ class ProbeBatches:
             if len(results) != len(waiting):
                 raise RuntimeError(f"{len(results)} answers to {len(waiting)} probes of {host}")
         except asyncio.CancelledError:
-            for _, fut in waiting:
-                fut.cancel()
+            _stopped(host, waiting)
             raise
         except Exception as e:
             log.exception("probes of %s together failed", host)
@@ -87,9 +85,16 @@ class ProbeBatches:
                 fut.set_result(result)
 
     async def close(self) -> None:
-        """Stop every batch being gathered or sent (their probes are cancelled)."""
+        """Stop every batch being gathered or sent (their probes get a HostFailure saying so)."""
         for task in list(self._sending):
             task.cancel()
         for task in list(self._sending):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _stopped(host: str, members: list[tuple[ProbeRequest, asyncio.Future[Result]]]) -> None:
+    """Answer the members still waiting when their batch was stopped (`close`): the host was not reached."""
+    for _, fut in members:
+        if not fut.done():
+            fut.set_result(HostFailure(host=host, reason="the probe was stopped: the bot is shutting down"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.config import Config, HostConfig
-from bot.core.models import Snapshot
+from bot.core.models import HostFailure, Snapshot
 from bot.core.observe import cpu_seconds
 from bot.core.probe import ProbeRequest
 from bot.services.hosts import HostService
@@ -153,7 +153,8 @@ async def test_cpu_time_spent_in_reaped_children_counts_as_the_parents(tmp_path,
                                                       gpu=False))
             assert isinstance(snap, Snapshot), snap
             row = next(p for p in snap.processes if p.pid == proc.pid)
-            total = cpu_seconds(snap.processes, snap)[proc.pid] or 0.0
+            cpu = cpu_seconds(snap.processes, snap)
+            total = (cpu[str(proc.pid)] or 0.0) + (cpu.get(f"{proc.pid}c") or 0.0)
             if total >= 2:
                 assert (row.cpu_time_s or 0) < 1 <= snap.children_cpu_s[proc.pid]  # its own TIME did not show it
                 break
@@ -163,3 +164,21 @@ async def test_cpu_time_spent_in_reaped_children_counts_as_the_parents(tmp_path,
         await svc.close()
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+async def test_a_batch_past_its_deadline_answers_each_look_with_a_host_failure(tmp_path, fake_gpu, launches,
+                                                                              monkeypatch):
+    """A host that stops answering mid-batch (the adversarial review of 2026-12-08: a TypeError reached every
+    caller): each look gets a HostFailure naming the deadline, the watcher's host-unreachable path."""
+    svc = _service(tmp_path, fake_gpu, batch_gather_s=0.2)
+    try:
+        reqs = await _cheap_requests(svc, launches)
+        async def silent(script, **kw):  # the host took the script and never answered
+            await asyncio.sleep(60)
+
+        monkeypatch.setattr(svc.executor("me"), "run_script", silent)
+        monkeypatch.setattr(svc, "probe_deadline_s", lambda host: 1.0)
+        got = await asyncio.gather(*(svc.probe("me", r) for r in reqs))
+        assert all(isinstance(g, HostFailure) and "did not answer within 1 s" in g.reason for g in got), got
+    finally:
+        await svc.close()

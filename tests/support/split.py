@@ -144,4 +144,9 @@ KNOWN_MISSES = {
     "489": "not quoted: 'Capture piecewise CUDA graph begin' (the step's newest begin, not its first)",
     "492": "crashed, not unknown: a traceback cut inside profile_run could be an OOM or another error",
     "494": "crashed with no phase, not silent_hang in serving: five minutes of shm_broadcast waits, then TimeoutError",
+    "498": "not quoted: 'dynamo/trtllm/main.py\", line 373, in main' (the cut traceback's outer frame)",
+    "499": "unknown, not crashed: only a benchmark harness's log says the pod crashed",
+    "501": "phase None, not serving; not quoted: 'Started HTTPService at 0.0.0.0:8000' (a hang told by the report)",
+    "502": "loading in weight_loading, not unknown: eight shards ready, the failure itself not in the log",
+    "504": "not quoted: 'Process ApiServer_5:' (the cut traceback's header line)",
 }

@@ -122,3 +122,21 @@ def test_with_no_thread_running_the_deep_worker_tells_more_than_the_main_thread_
     assert t is not None and t.name.startswith("Thread-1") and not t.active
     activity = stack_activity(stacks)
     assert activity is not None and activity[0] == "working" and "make_cubin" in activity[1], activity
+
+
+def test_a_compiled_model_running_is_not_compile_work():
+    """A compiled model's own frames when it runs (Inductor's kernel launcher, Dynamo's `_fn`) lie in the compiler's
+    modules too; without a compile frame in the stack they are no work (the adversarial review of 2026-12-08)."""
+    frames = [Frame("run", "torch/_inductor/runtime/triton_heuristics.py", 1200),
+              Frame("call", "/tmp/torchinductor_root/ab/cabc.py", 300),
+              Frame("_fn", "torch/_dynamo/eval_frame.py", 838),
+              Frame("profile_run", "vllm/worker/model_runner.py", 1300)]
+    dump = ProcessDump(1, True, [ThreadDump("MainThread", 1, True, True, frames)])
+    activity = stack_activity([("TP0", dump)])
+    assert activity is None or activity[0] != "working", activity
+
+
+def test_a_socket_recv_in_libc_is_no_collective():
+    dump = ProcessDump(1, True, [ThreadDump("MainThread", 1, True, True, [Frame("recv", "libc.so.6", 0)])])
+    place = rank_place("TP0", dump)
+    assert place.rule is None or not place.rule.waiting, place

@@ -41,6 +41,8 @@ KNOWN: dict[str, dict[str, str]] = {
         "430": "crashed/serving, not nccl_error/serving",
         "434": "a quote is not whole in the evidence: 'CANCELLED AT 2025-08-19T17:09:34 DUE TO TIME LIMIT'",
         "490": "a quote is not whole in the evidence: 'Starting to load model neuralmagic/Meta-Llama-3.1-40'",
+        "500": "a quote is not whole in the evidence: 'WorkerProc hit an exception'",
+        "505": "crashed/None, not crashed/weight_loading (the cut traceback's last code line wrapped)",
     },
     "wrap120": {
         "109": "crashed/cuda_graph_capture, not nccl_error/cuda_graph_capture",

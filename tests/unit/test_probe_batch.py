@@ -13,7 +13,15 @@ import pytest
 
 from bot.core.clock import aligned_delay
 from bot.core.models import HostFailure, Snapshot
-from bot.core.probe import ProbeRequest, batchable, build_batch_script, build_script, new_nonce, split_sections
+from bot.core.probe import (
+    ProbeRequest,
+    batchable,
+    build_batch_script,
+    build_script,
+    new_nonce,
+    split_members,
+    split_sections,
+)
 from bot.services.probe_batch import ProbeBatches
 
 pytestmark = pytest.mark.timeout(30)
@@ -79,8 +87,8 @@ async def test_a_batch_that_fails_fails_each_look_and_close_cancels_looks_still_
     waiting = asyncio.ensure_future(slow.probe("h", _req(3)))
     await asyncio.sleep(0.01)
     await slow.close()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    stopped = await waiting
+    assert isinstance(stopped, HostFailure) and "shutting down" in stopped.reason
 
 
 def test_only_the_cheap_look_of_a_serving_launch_is_batched():
@@ -90,17 +98,40 @@ def test_only_the_cheap_look_of_a_serving_launch_is_batched():
     assert not batchable(ProbeRequest(ps_pids=(1,)))
 
 
+def _run_batch(scripts: list[str], batch_nonce: str, *, budget_s: int = 20) -> bytes:
+    """Run a batch script as the host does: under `timeout`, through `sh -s`."""
+    return subprocess.run(["timeout", "-k", "2", str(budget_s), "sh", "-s"],
+                          input=build_batch_script(scripts, batch_nonce).encode(), capture_output=True,
+                          timeout=budget_s + 20).stdout
+
+
 def test_the_scripts_of_a_batch_run_in_one_shell_and_each_finds_only_its_own_sections():
     reqs = [ProbeRequest(pid=1, ps_pids=(1,), gpu=False, tags=False), ProbeRequest(gpu=False, processes=False)]
-    nonces = [new_nonce() for _ in reqs]
-    out = subprocess.run(["sh", "-s"], input=build_batch_script([build_script(r, n) for r, n in zip(reqs, nonces,
-                                                                                                      strict=True)]),
-                         capture_output=True, text=True, timeout=20).stdout.encode()
-    first, second = (split_sections(out, n) for n in nonces)
+    nonces, batch = [new_nonce() for _ in reqs], new_nonce()
+    parts = split_members(_run_batch([build_script(r, n) for r, n in zip(reqs, nonces, strict=True)], batch),
+                          batch, 2)
+    assert [whole for _, whole in parts] == [True, True]
+    first, second = (split_sections(out, n) for (out, _), n in zip(parts, nonces, strict=True))
     assert first["ps"].complete and first["ps"].rc == 0 and b"PID" in first["ps"].body  # its own `ps -p 1`
     assert "ps" not in second and second["clock"].complete  # the second asked for no process table
-    assert first["clock"].body != b"" and first["hostname"].body == second["hostname"].body
-    assert nonces[1].encode() not in b"".join(s.body for s in first.values())
+    assert first["hostname"].body == second["hostname"].body
+    assert nonces[1].encode() not in parts[0][0] and nonces[0].encode() not in parts[1][0]
+
+
+def test_a_part_cut_short_keeps_what_it_printed_and_never_runs_into_the_next_parts():
+    """A part that hangs inside a section (a log on a dead mount) is stopped by the budget's `timeout`: its open
+    section ends where its own output ends; the parts that ran to their end are whole."""
+    nonces, batch = [new_nonce() for _ in range(3)], new_nonce()
+    hung = f"printf '\\n@@%s BEGIN log_tail\\nhung line\\n' {nonces[0]}; sleep 60"
+    quick = [f"printf '\\n@@%s BEGIN log_tail\\nline of part {k}\\n@@%s END log_tail rc=0\\n' {n} {n}"
+             for k, n in enumerate(nonces[1:], start=1)]
+    parts = split_members(_run_batch([hung, *quick], batch, budget_s=3), batch, 3)
+    assert [whole for _, whole in parts] == [False, True, True]
+    cut = split_sections(parts[0][0], nonces[0])["log_tail"]
+    assert not cut.complete and cut.body.strip() == b"hung line"  # nothing of parts 1 and 2
+    for k in (1, 2):
+        sec = split_sections(parts[k][0], nonces[k])["log_tail"]
+        assert sec.complete and sec.body.strip() == f"line of part {k}".encode()
 
 
 def test_the_launches_of_a_host_come_due_together_and_hosts_spread_over_the_interval():

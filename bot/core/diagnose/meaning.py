@@ -52,7 +52,13 @@ def block_family(block: ErrorBlock, sig: Signatures) -> str:
         return "cuda_error"  # raised by the CUDA runtime's error check, wherever it ran (a collective's watchdog too)
     if family == "crashed" and in_collective(block.frames, sig):
         return "nccl_error"  # a fault inside a collective (NCCL's, MPI's, an all-reduce plugin's own code)
+    if family == "crashed" and block.cut and block.frames and _C10D_FILES.search(block.frames[-1].file or ""):
+        return "nccl_error"  # cut before its exception, inside torch.distributed's own code (a group being made)
     return family
+
+
+#: torch.distributed's own modules (torch 2.x): a traceback cut inside one failed in the collective layer.
+_C10D_FILES = re.compile(r"torch/distributed/(?:distributed_c10d|rendezvous|c10d_logger|elastic/rendezvous/\w+)\.py$")
 
 
 #: The functions that raise a CUDA runtime error they checked (torch c10/cuda/CUDAException.cpp, C10_CUDA_CHECK).

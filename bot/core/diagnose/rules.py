@@ -696,6 +696,8 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
     quote = _said(root, scan, sig) if root else (f.dmesg_oom or f.kernel_fault or [""])[0].strip()
     summary = f"{_FAILURE_LABEL[f.kind]}{where}{f.how}."
     if root is None and obs.exit_code is not None:  # an exit status decided: it comes first
+        if not f.dmesg_oom and f.kind == "crashed" and (torn := _torn_down(obs, scan, sig)) is not None:
+            return torn
         ev = _led_by(ev, _exit_line(obs.exit_code))
         if not f.dmesg_oom and f.kind == "crashed":
             return _exit_only(obs, scan, sig, ev, phase, f.how)
@@ -711,6 +713,25 @@ def _failure_verdict(obs: Observation, scan: LogScan, sig: Signatures) -> Verdic
         v = replace(v, next_steps=["Check the kernel log on the host: `dmesg -T | grep -i -E 'killed process|oom'` "
                                    "(the OOM killer names the process it killed and why)", *v.next_steps])
     return v
+
+
+#: Signals a program raises on itself when its teardown goes wrong (glibc's heap checks abort; a destructor faults).
+TEARDOWN_SIGNALS = frozenset({6, 11})
+
+
+def _torn_down(obs: Observation, scan: LogScan, sig: Signatures) -> Verdict | None:
+    """`exited` in `shutdown`: a stop was asked for and the log shows it carried out, and the process then died of an
+    abort or a fault with no error logged (glibc's `corrupted size vs. prev_size`, a destructor's segfault): the stop
+    that was asked for happened; what went wrong at the very end is said, not alarmed on. None otherwise."""
+    rc = obs.exit_code
+    if rc is None or exit_signal(rc) not in TEARDOWN_SIGNALS or scan.stop_requested is None or scan.ending is None:
+        return None
+    ev = _Ev()
+    _shutdown_evidence(ev, scan, scan.ending)
+    ev.add(f"then, once stopped, {_exit_line(rc)}: an abort or fault during teardown, after the stop was carried out")
+    summary = ("The launch was stopped on request and the log shows it stopping in order; the process then "
+               f"ended, {describe_exit(rc)}, while tearing down.")
+    return _verdict(sig, "exited", "shutdown", ev, summary, obs, scan, confidence="medium")
 
 
 def _exit_line(rc: int) -> str:

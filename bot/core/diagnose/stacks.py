@@ -73,13 +73,16 @@ def _bare(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _works(frame: Frame, sig: Signatures) -> bool:
-    """Whether `frame` is work: a function of work by its name, or any function of the compiler's modules."""
-    return bool(sig.stack_work.search(_bare(frame.name)) or sig.stack_work_files.search(frame.file or ""))
+def _works(frame: Frame, sig: Signatures, compiling: bool) -> bool:
+    """Whether `frame` is work: a function of work by its name, or, in a stack that compiles (`compiling`: a frame of
+    Dynamo's or Inductor's compile further out), any function of the compiler's modules. A compiled model's own
+    frames when it runs (Dynamo's `_fn`, Inductor's kernel launcher `run`) are no compile."""
+    return bool(sig.stack_work.search(_bare(frame.name))
+                or (compiling and sig.stack_work_files.search(frame.file or "")))
 
 
-def _telling(frame: Frame, sig: Signatures) -> bool:
-    return _works(frame, sig) or bool(sig.stack_waits.search(_bare(frame.name)))
+def _telling(frame: Frame, sig: Signatures, compiling: bool) -> bool:
+    return _works(frame, sig, compiling) or bool(sig.stack_waits.search(_bare(frame.name)))
 
 
 def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
@@ -96,10 +99,11 @@ def stack_activity(ranks: list[tuple[str, ProcessDump]] | None,
             continue
         # the innermost frame that tells decides; a wait inside a compile (autotuning times kernels, and a
         # synchronize that does) is the compile's work; a collective inside a weight load is a wait all the same
-        told = next((f for f in t.frames if _telling(f, sig)), None)
+        compiling = any(sig.stack_compile.search(_bare(f.name)) for f in t.frames)
+        told = next((f for f in t.frames if _telling(f, sig, compiling)), None)
         if told is None:
             continue
-        if _works(told, sig):
+        if _works(told, sig, compiling):
             seen.append(("working", frame_text(told)))
         elif compiling := next((f for f in t.frames if sig.stack_compile.search(_bare(f.name))), None):
             seen.append(("working", frame_text(compiling)))
