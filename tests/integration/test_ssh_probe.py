@@ -177,7 +177,7 @@ async def test_unknown_host_key_is_refused(ssh_server, tmp_path):
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
-        ("hang", "did not answer in 3 s"),
+        ("hang", "did not answer in 10 s"),
         ("exit:9", "driver is not loaded"),
         ("exit:15", "fallen off the bus"),
         ("exit:6", "No devices were found"),

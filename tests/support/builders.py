@@ -30,7 +30,7 @@ def ssh_host(srv: Any, **overrides: Any) -> HostConfig:
         "known_hosts": str(srv.known_hosts_path),
         "connect_timeout_s": 5,
         "command_timeout_s": 20,
-        "nvidia_smi_timeout_s": 3,
+        "nvidia_smi_timeout_s": 10,  # the replaying fake is a Python start: seconds on a loaded 2-core machine
         "keepalive_interval_s": 5,
         "log_dirs": ["/tmp"],
     }
