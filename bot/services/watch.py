@@ -318,7 +318,9 @@ class Watcher(SpanningChecks):
         cursor = LogCursor.from_list(prev.log_cursor) if prev is not None else None
         own = {int(p) for p in (prev.cpu_s if prev is not None else ()) if p.isascii() and p.isdigit() and len(p) <= 7}
         pids = sorted(own | ({la.pid} if la.pid else set()))
-        n = self._cheap.get(la.id, 0)
+        # the launches of a host are checked at the same moment: their full looks are spread over the cycle by their
+        # ids, not all due together (a whole process table each)
+        n = self._cheap.get(la.id, la.id % FULL_CHECK_EVERY)
         if (la.ready_at is None or la.alert_state != "ready" or la.unreachable_since is not None or prev is None
                 or not pids or (la.log_path and cursor is None) or n >= FULL_CHECK_EVERY):
             self._cheap[la.id] = 0
