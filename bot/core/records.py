@@ -108,8 +108,9 @@ def _numbers_by_key(data: dict[Any, Any]) -> dict[str, float | None]:
     return {
         str(k): v
         for k, v in data.items()
-        # keys are GPU indexes or PIDs: ASCII digits ('²'.isdigit() is True, and int() refuses it)
-        if str(k).isascii() and str(k).isdigit() and len(str(k)) <= 10
+        # keys are GPU indexes or PIDs: ASCII digits ('²'.isdigit() is True, and int() refuses it); a PID's ended
+        # children's CPU seconds under `PIDc` (bot.core.observe.cpu_seconds)
+        if str(k).isascii() and str(k).removesuffix("c").isdigit() and len(str(k)) <= 11
         and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)))
     }
 

@@ -5,6 +5,8 @@ read the children's (a probe cut short) adds no growth by itself."""
 
 from __future__ import annotations
 
+import json
+
 from bot.core.models import ProcessInfo, Snapshot
 from bot.core.observe import _cpu_growing, cpu_seconds
 from bot.core.probe import parse_proc_stat_children_cpu
@@ -39,3 +41,10 @@ def test_childrens_cpu_is_compared_apart_from_the_processs_own():
     # and this one could not: nothing grows either
     procs2, snap2 = _snap({})
     assert _cpu_growing(cpu_seconds(procs2, snap2), before, 110.0, None) is not True
+
+
+def test_the_childrens_cpu_survives_a_record_stored_and_read_back():
+    rec = CheckRecord(t=1.0, cpu_s={"4242": 1.0, "4242c": 5.0})
+    back = CheckRecord.from_json(json.loads(json.dumps(rec.as_json())))
+    assert back is not None
+    assert back.cpu_s == {"4242": 1.0, "4242c": 5.0}
