@@ -376,7 +376,7 @@ def build_batch_script(scripts: list[str], nonce: str) -> str:
     when it ran to its end, followed by `@@<nonce> DONE` (`split_members`): what one part printed, whole or cut short,
     never runs into the next part's. Without a usable
     temporary directory they run one after another, straight to stdout, each after its line. A script's `exit` ends
-    only its subshell."""
+    only its subshell. Raises ValueError when `nonce` is not 8..64 lower-case hex digits."""
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise ValueError("nonce must be hex")
     funcs = [f"p{i}() (\n{script.rstrip()}\n)" for i, script in enumerate(scripts)]
